@@ -1,0 +1,48 @@
+"""The exception tree. Library exceptions are translated into these at the
+edge that calls the library, so callers handle one family.
+
+    ReconcilerError          a failure a person can act on; exit code 1
+    ├── UsageError           the command line is wrong; exit code 2
+    ├── StoreError           the Git repository cannot be read or written
+    │   └── RefMoved         compare-and-swap lost: re-read, never force
+    ├── KeyFileError         a key file is missing, unreadable or too open
+    └── AgentError           an agent answered something we cannot use
+
+Every error carries ``hint``: what the person can do next. Problems found in
+documents are values (``model.Problem``), not exceptions: one bad file must
+never hide the others.
+"""
+
+from __future__ import annotations
+
+
+class ReconcilerError(Exception):
+    exit_code = 1
+
+    def __init__(self, message: str, hint: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return f"{self.message} ({self.hint})" if self.hint else self.message
+
+
+class UsageError(ReconcilerError):
+    exit_code = 2
+
+
+class StoreError(ReconcilerError):
+    pass
+
+
+class RefMoved(StoreError):
+    """The branch no longer points where the pass read it."""
+
+
+class KeyFileError(ReconcilerError):
+    pass
+
+
+class AgentError(ReconcilerError):
+    pass

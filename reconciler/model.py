@@ -1,0 +1,129 @@
+"""Domain values read from the fleet repository: nodes, rollouts, settings,
+and the problems found while reading them. Frozen dataclasses; built by
+``documents``, consumed by the engine and everything else. Pure: no IO.
+
+Field names follow the documents (DESIGN.md section 2) in snake_case.
+Defaults here are the defaults the schemas declare; a test checks both agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+API_VERSION = "reconciler/v1"
+
+ON_FAILURE_MODES = ("observe", "pause", "retry_once", "stop", "rollback")
+
+DEFAULT_BATCH_SIZE = 1
+DEFAULT_HEALTH_TIMEOUT = 300  # seconds: 5m
+DEFAULT_ON_FAILURE = "pause"
+DEFAULT_OFFLINE_AFTER = 120  # seconds: 2m
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with one document, in words a person can act on.
+
+    Renders as ``rollouts/llama.yaml:7:14: spec.batchSize: must be at least 1, got 0``.
+    ``line`` and ``column`` are 1-based; 0 means the whole file.
+    """
+
+    path: str
+    line: int
+    column: int
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        where = f"{self.path}:{self.line}:{self.column}" if self.line else self.path
+        return (
+            f"{where}: {self.field}: {self.message}" if self.field else f"{where}: {self.message}"
+        )
+
+
+@dataclass(frozen=True)
+class Target:
+    runtime: str
+    provider: str
+    model: str
+    profile: str = "default"
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    agent: str
+    labels: tuple[tuple[str, str], ...] = ()  # sorted by key
+    maintenance: bool = False
+
+    def label(self, key: str) -> str | None:
+        return dict(self.labels).get(key)
+
+
+@dataclass(frozen=True)
+class RollbackRequest:
+    id: str
+    nodes: tuple[str, ...] | None  # None means ``all``
+
+
+@dataclass(frozen=True)
+class RolloutSpec:
+    """A rollout as its file declares it, with settings defaults applied."""
+
+    name: str
+    target: Target
+    selector: tuple[tuple[str, str], ...] | None = None  # sorted by key
+    node_ids: tuple[str, ...] | None = None  # order kept, duplicates dropped
+    batch_size: int = DEFAULT_BATCH_SIZE
+    health_timeout: int = DEFAULT_HEALTH_TIMEOUT  # seconds
+    live: bool = False
+    on_failure: str = DEFAULT_ON_FAILURE
+    pause_after: tuple[int, ...] = ()  # 1-based batch numbers
+    start_at: str | None = None  # RFC 3339 text, as written
+    include_maintenance: bool = False
+    allow_overlap: bool = False
+    # operator intents
+    paused: bool = False
+    abort: bool = False
+    resume_request: str = ""
+    skip_nodes: tuple[str, ...] = ()
+    rollback_request: RollbackRequest | None = None
+
+
+# Fields that may change after a rollout started (DESIGN.md section 2);
+# a change to any other field is reported and not applied.
+MUTABLE_FIELDS = frozenset(
+    {
+        "paused",
+        "abort",
+        "resume_request",
+        "skip_nodes",
+        "rollback_request",
+        "health_timeout",
+        "pause_after",
+    }
+)
+
+
+@dataclass(frozen=True)
+class Defaults:
+    batch_size: int = DEFAULT_BATCH_SIZE
+    health_timeout: int = DEFAULT_HEALTH_TIMEOUT
+    on_failure: str = DEFAULT_ON_FAILURE
+
+
+@dataclass(frozen=True)
+class Settings:
+    status_branch: str | None = None
+    offline_after: int = DEFAULT_OFFLINE_AFTER  # seconds
+    defaults: Defaults = field(default_factory=Defaults)
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """Every valid node document of one tree, by name."""
+
+    nodes: tuple[Node, ...] = ()
+
+    def by_name(self) -> dict[str, Node]:
+        return {node.name: node for node in self.nodes}

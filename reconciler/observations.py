@@ -1,0 +1,68 @@
+"""What the daemon saw of the fleet in one pass, as values handed to the
+engine. Agent times (``finished_at``, heartbeat ``time``) are the agent's own
+clock and are compared only with each other; the daemon's clock enters the
+engine only as ``now``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+
+# Job states as the agent reports them, plus what the daemon's client adds:
+#   refused      the agent answered the POST with a 4xx (a failed verdict)
+#   unreachable  connection error, timeout, 5xx or an answer we cannot use
+JOB_STATES = ("accepted", "running", "succeeded", "failed", "refused", "unreachable")
+
+
+@dataclass(frozen=True)
+class JobObservation:
+    job_id: str
+    state: str
+    error: str = ""  # agent error code and message, for failed and refused
+    backup_id: str | None = None
+    finished_at: str | None = None  # RFC 3339, agent clock
+    source_commit: str | None = None
+    detail: str = ""  # what a dry-run would change, or the after-apply output tail
+
+
+@dataclass(frozen=True)
+class RuntimeReport:
+    type: str
+    provider: str
+    model: str
+    profile: str
+    config_digest: str = ""
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    node: str
+    time: str  # RFC 3339, agent clock
+    agent_version: str = ""
+    runtimes: tuple[RuntimeReport, ...] = ()
+
+    def runtime(self, runtime_type: str) -> RuntimeReport | None:
+        return next((r for r in self.runtimes if r.type == runtime_type), None)
+
+
+@dataclass(frozen=True)
+class Backup:
+    backup_id: str
+    runtime: str
+    created_at: str
+    job_id: str
+    rollout: str
+    provider: str
+    model: str
+
+
+@dataclass(frozen=True)
+class Observations:
+    jobs: Mapping[str, JobObservation] = field(default_factory=dict)  # by job id
+    heartbeats: Mapping[str, Heartbeat] = field(default_factory=dict)  # by node
+    # by node: when the current run of failed contacts began (daemon clock,
+    # kept in memory only, so a restart can delay `unknown`, never hasten it)
+    unreachable_since: Mapping[str, datetime] = field(default_factory=dict)
+    backups: Mapping[str, tuple[Backup, ...]] = field(default_factory=dict)  # by node, newest first
