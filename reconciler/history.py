@@ -1,0 +1,249 @@
+"""Facts about the tracked branch's first-parent history that a reconcile
+pass needs every time: which commit last changed a spec file, which commit
+first added it, and a total order of commits.
+
+Only files that are specs count: everything under ``rollouts/`` and
+``nodes/``, and ``reconciler.yaml``. Status-only commits never count, so the
+daemon's own commits never move a rollout's ``specCommit``.
+
+The index is built once by a full walk and then advanced by walking only the
+commits that are new since the previous tip; a pass on an unchanged tip
+costs one string comparison. A commit changed a spec path when the subtree
+id of ``rollouts/`` or ``nodes/`` (or the blob id of ``reconciler.yaml``)
+differs from its first parent's; only then are those subtrees diffed.
+
+This module reads Git objects; it must not write to the repository or decide
+anything about rollouts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import pygit2
+
+from .errors import StoreError
+
+SPEC_FOLDERS = ("rollouts", "nodes")
+SPEC_FILES = ("reconciler.yaml",)
+
+# Subtree/blob ids of the spec paths of one commit: equal keys, equal specs.
+_Key = tuple[pygit2.Oid | None, ...]
+
+
+class History:
+    """An incremental index over the first-parent history of one branch.
+
+    ``advance(tip)`` before querying; queries answer as of that tip. Not
+    thread-safe: one History per thread (it is cheap to rebuild).
+    """
+
+    def __init__(self, repo: pygit2.Repository) -> None:
+        self._repo = repo
+        self._tip: str | None = None
+        self._order: list[str] = []  # first-parent commits, oldest first
+        self._position: dict[str, int] = {}
+        self._last_change: dict[str, str] = {}
+        self._first_added: dict[str, str] = {}
+        self._changes: list[str] = []  # commits that changed a spec path, oldest first
+        self._tip_key: _Key = ()
+        self.full_walks = 0  # how many times the whole history was walked (for tests/bench)
+
+    @property
+    def tip(self) -> str | None:
+        """The tip the index answers for (None before the first advance)."""
+        return self._tip
+
+    def advance(self, tip: str) -> None:
+        """Bring the index up to `tip`, walking only first-parent commits not
+        seen yet. When `tip`'s first-parent chain does not run through the
+        previous tip (history rewritten, or a merge whose first parent is
+        another line), the index is rebuilt from scratch: callers that must
+        refuse such a move check ``GitStore.is_descendant`` first."""
+        if tip == self._tip:
+            return
+        new: list[pygit2.Commit] = []
+        stop: str | None = None
+        try:
+            commit = self._commit(tip)
+            while True:
+                cid = str(commit.id)
+                if cid in self._position:
+                    stop = cid
+                    break
+                new.append(commit)
+                if not commit.parent_ids:
+                    break
+                commit = self._commit(str(commit.parent_ids[0]))
+        except (KeyError, ValueError, pygit2.GitError) as e:
+            raise StoreError(
+                f"cannot walk history from {tip}: {e}",
+                "the repository is missing objects; re-fetch or check the repository",
+            ) from e
+        if stop is not None and stop != self._tip:
+            # The first-parent line changed below the old tip: start over.
+            self._reset()
+            self.advance(tip)
+            return
+        if stop is None and self._tip is not None:
+            self._reset()
+        if self._tip is None:
+            self.full_walks += 1
+        new.reverse()
+        prev_key = self._tip_key if stop is not None else _EMPTY_KEY
+        prev_tree: pygit2.Tree | None = self._commit(stop).tree if stop is not None else None
+        for commit in new:
+            cid = str(commit.id)
+            tree = commit.tree
+            key = _key(tree)
+            if key != prev_key:
+                self._record(cid, prev_tree, tree, prev_key, key)
+            self._position[cid] = len(self._order)
+            self._order.append(cid)
+            prev_key, prev_tree = key, tree
+        self._tip = tip
+        self._tip_key = prev_key
+
+    def last_change(self, path: str) -> str | None:
+        """The newest first-parent commit (as of the tip) that added, changed or
+        deleted `path` (a spec path), or None if no commit ever touched it."""
+        return self._last_change.get(path)
+
+    def first_added(self, path: str) -> str | None:
+        """The oldest first-parent commit that added `path` (its queue order).
+        A file deleted and added again keeps its first addition."""
+        return self._first_added.get(path)
+
+    def position(self, commit: str) -> int:
+        """First-parent order of `commit`: the root commit is 0, the tip is the
+        largest. KeyError for a commit not on the first-parent line."""
+        return self._position[commit]
+
+    def __contains__(self, commit: object) -> bool:
+        return commit in self._position
+
+    def newest(self, commits: Iterable[str | None]) -> str | None:
+        """The newest of `commits` in first-parent order (None entries and
+        commits off the line are ignored); None when there are none."""
+        best: str | None = None
+        best_pos = -1
+        for c in commits:
+            if c is None:
+                continue
+            pos = self._position.get(c, -1)
+            if pos > best_pos:
+                best, best_pos = c, pos
+        return best
+
+    def last_change_of(self, paths: Iterable[str]) -> str | None:
+        """The newest commit that changed any of `paths`."""
+        return self.newest(self._last_change.get(p) for p in paths)
+
+    def change_commits(self) -> Iterator[str]:
+        """First-parent commits that changed a spec path, newest first (for the
+        approval walk: the newest change commit decides what is verified)."""
+        return reversed(self._changes)
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    # -- internals ---------------------------------------------------------
+
+    def _reset(self) -> None:
+        self._tip = None
+        self._order.clear()
+        self._position.clear()
+        self._last_change.clear()
+        self._first_added.clear()
+        self._changes.clear()
+        self._tip_key = ()
+
+    def _commit(self, cid: str) -> pygit2.Commit:
+        obj = self._repo[cid]
+        if not isinstance(obj, pygit2.Commit):
+            raise StoreError(f"{cid} is not a commit")
+        return obj
+
+    def _record(
+        self,
+        cid: str,
+        old_tree: pygit2.Tree | None,
+        new_tree: pygit2.Tree,
+        old_key: _Key,
+        new_key: _Key,
+    ) -> None:
+        changed: list[tuple[str, bool]] = []  # (path, added)
+        for i, folder in enumerate(SPEC_FOLDERS):
+            if old_key[i] == new_key[i]:
+                continue
+            old_sub = _subtree(old_tree, folder)
+            new_sub = _subtree(new_tree, folder)
+            changed.extend(_diff(self._repo, folder, old_sub, new_sub))
+        for j, name in enumerate(SPEC_FILES, start=len(SPEC_FOLDERS)):
+            if old_key[j] != new_key[j]:
+                changed.append((name, old_key[j] is None))
+        if not changed:
+            return  # e.g. only a mode change outside spec blobs
+        for path, added in changed:
+            self._last_change[path] = cid
+            if added and path not in self._first_added:
+                self._first_added[path] = cid
+        self._changes.append(cid)
+
+
+_EMPTY_KEY: _Key = (None,) * (len(SPEC_FOLDERS) + len(SPEC_FILES))
+
+
+def _key(tree: pygit2.Tree) -> _Key:
+    ids: list[pygit2.Oid | None] = []
+    for folder in SPEC_FOLDERS:
+        ids.append(_entry_id(tree, folder, pygit2.Tree))
+    for name in SPEC_FILES:
+        ids.append(_entry_id(tree, name, pygit2.Blob))
+    return tuple(ids)
+
+
+def _entry_id(tree: pygit2.Tree, name: str, kind: type) -> pygit2.Oid | None:
+    if name not in tree:
+        return None
+    entry = tree[name]
+    return entry.id if entry.type_str == ("tree" if kind is pygit2.Tree else "blob") else None
+
+
+def _subtree(tree: pygit2.Tree | None, folder: str) -> pygit2.Tree | None:
+    if tree is None or folder not in tree:
+        return None
+    obj = tree[folder]
+    return obj if isinstance(obj, pygit2.Tree) else None
+
+
+def _diff(
+    repo: pygit2.Repository, folder: str, old: pygit2.Tree | None, new: pygit2.Tree | None
+) -> list[tuple[str, bool]]:
+    """(path, added) for every blob that differs between two versions of a folder."""
+    if old is None and new is None:
+        return []
+    if old is None:
+        assert new is not None
+        return [(p, True) for p in _walk(repo, new, folder)]
+    if new is None:
+        return [(p, False) for p in _walk(repo, old, folder)]
+    out: list[tuple[str, bool]] = []
+    for delta in old.diff_to_tree(new).deltas:
+        added = delta.status == pygit2.enums.DeltaStatus.ADDED
+        path = delta.new_file.path if added else delta.old_file.path
+        out.append((f"{folder}/{path}", added))
+        if delta.status == pygit2.enums.DeltaStatus.TYPECHANGE:
+            out.append((f"{folder}/{delta.new_file.path}", True))
+    return out
+
+
+def _walk(repo: pygit2.Repository, tree: pygit2.Tree, prefix: str) -> Iterator[str]:
+    for entry in tree:
+        path = f"{prefix}/{entry.name}"
+        if entry.type_str == "tree":
+            sub = repo[entry.id]
+            assert isinstance(sub, pygit2.Tree)
+            yield from _walk(repo, sub, path)
+        elif entry.type_str == "blob":
+            yield path
