@@ -172,18 +172,18 @@ def _parse_signer_line(line: str) -> AllowedSigner:
             raise ValueError(
                 "cert-authority lines are not supported: list each signer's own public key"
             )
+        if name not in ("namespaces", "valid-after", "valid-before"):
+            raise ValueError(
+                f"unknown option {name!r} (known: namespaces, valid-after, valid-before)"
+            )
         if value is None:
             raise ValueError(f"option {name!r} needs a value")
         if name == "namespaces":
             namespaces = tuple(n for n in value.split(",") if n)
         elif name == "valid-after":
             valid_after = parse_validity_time(value)
-        elif name == "valid-before":
-            valid_before = parse_validity_time(value)
         else:
-            raise ValueError(
-                f"unknown option {name!r} (known: namespaces, valid-after, valid-before)"
-            )
+            valid_before = parse_validity_time(value)
     return AllowedSigner(principals, namespaces, valid_after, valid_before, key_type, blob)
 
 
