@@ -21,12 +21,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import TypeVar
 
 import pygit2
 
-from reconciler.errors import StoreError
-from reconciler.sshsig import AllowedSigner, SignatureCheck, verify_sshsig
+from reconciler.errors import ReconcilerError, StoreError
+from reconciler.sshsig import AllowedSigner, SignatureCheck, parse_allowed_signers, verify_sshsig
 
 SPEC_PATHS = ("rollouts", "nodes", "reconciler.yaml")
 
@@ -134,6 +135,29 @@ class Approver:
         if len(self._approvals) >= _MAX_APPROVALS:
             _drop_oldest(self._approvals)
         self._approvals[commit_id] = approval
+
+
+def load_allowed_signers(path: Path) -> tuple[AllowedSigner, ...]:
+    """Read an allowed-signers file (kept outside the fleet repository).
+
+    Raises ReconcilerError naming the file (and line) when it cannot be read,
+    has a bad line, or lists nobody: a daemon told to verify must not start
+    with a list that can approve nothing.
+    """
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ReconcilerError(
+            f"cannot read allowed-signers file {path}: {getattr(exc, 'strerror', None) or exc}",
+            "give the path of a git allowed-signers file (`principals keytype base64-key` per line)",
+        ) from None
+    signers = parse_allowed_signers(text, source=str(path))
+    if not signers:
+        raise ReconcilerError(
+            f"allowed-signers file {path} lists no signers",
+            "add a line `EMAIL ssh-ed25519 AAAA...` for each person who may approve",
+        )
+    return signers
 
 
 def check_commit_signature(

@@ -179,7 +179,7 @@ def _parse_signer_line(line: str) -> AllowedSigner:
         if value is None:
             raise ValueError(f"option {name!r} needs a value")
         if name == "namespaces":
-            namespaces = tuple(n for n in value.split(",") if n)
+            namespaces = tuple(n.strip() for n in value.split(",") if n.strip())
         elif name == "valid-after":
             valid_after = parse_validity_time(value)
         else:

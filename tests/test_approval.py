@@ -12,10 +12,9 @@ from pathlib import Path
 
 import pygit2
 import pytest
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from reconciler.approval import Approver, is_spec_commit
+from reconciler.signing import load_private_key
 from reconciler.sshsig import parse_allowed_signers, sign_commit_payload
 
 ENV = {
@@ -455,8 +454,7 @@ def test_a_status_commit_signed_by_the_daemon_passes_git_verify_commit(
     tmp_path: Path, repo: FleetRepo, keys: Keys, base: str
 ) -> None:
     daemon_key = keygen(tmp_path, "reconciler", "-t", "ed25519")
-    private = serialization.load_ssh_private_key(daemon_key.read_bytes(), password=None)
-    assert isinstance(private, ed25519.Ed25519PrivateKey)
+    private = load_private_key(daemon_key).private_key  # what `run --key` loads
     git = pygit2.Repository(str(repo.path))
     parent = git[base].peel(pygit2.Commit)
     builder = git.TreeBuilder(parent.tree)

@@ -150,6 +150,7 @@ def test_a_repository_with_no_spec_files_is_fine(
     ("argv", "message"),
     [
         (["--allowed-signers", "{missing}"], "cannot read allowed-signers file"),
+        (["--allowed-signers", "{empty}"], "lists no signers"),
         (["--allowed-signers", "{bad}"], "bad_signers:2: key type 'ssh-dss' is not supported"),
         (["nosuchrev", "--allowed-signers", "{signers}"], "nosuchrev is not a commit"),
         (["--branch", "trunk", "--allowed-signers", "{signers}"], "branch trunk does not exist"),
@@ -170,7 +171,11 @@ def test_usage_errors_exit_2(
     commit(repo, "rollouts/llama.yaml", "kind: Rollout\n", "Start llama", key)
     bad = tmp_path / "bad_signers"
     bad.write_text("# comment\nbob@example.com ssh-dss AAAA\n")
-    filled = [a.format(missing=tmp_path / "none", bad=bad, signers=signers) for a in argv]
+    empty = tmp_path / "empty_signers"
+    empty.write_text("# nobody yet\n")
+    filled = [
+        a.format(missing=tmp_path / "none", bad=bad, empty=empty, signers=signers) for a in argv
+    ]
     if "--repo" not in filled:
         filled += ["--repo", str(repo)]
 

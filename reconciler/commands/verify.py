@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pygit2
 
-from reconciler.approval import Approval, Approver
+from reconciler.approval import Approval, Approver, load_allowed_signers
 from reconciler.errors import ReconcilerError, UsageError
-from reconciler.sshsig import AllowedSigner, parse_allowed_signers
+from reconciler.sshsig import AllowedSigner
 
 HELP = "tell whether a commit would be acted on under --allowed-signers, and why"
 
@@ -45,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    allowed = load_allowed_signers(Path(args.allowed_signers))
+    allowed = _allowed_signers(Path(args.allowed_signers))
     repo = _open_repository(args.repo)
     label, tip = _resolve(repo, args.rev, args.branch)
     approver = Approver(repo, allowed)
@@ -54,27 +54,14 @@ def run(args: argparse.Namespace) -> int:
     return 0 if approval.acted_on else 1
 
 
-def load_allowed_signers(path: Path) -> tuple[AllowedSigner, ...]:
-    """Read and parse an allowed-signers file; a bad file is a usage error."""
+def _allowed_signers(path: Path) -> tuple[AllowedSigner, ...]:
+    # 1 must mean "refused", so a bad file is a usage error here.
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(
-            f"cannot read allowed-signers file {path}: {getattr(exc, 'strerror', None) or exc}",
-            "give the path of a git allowed-signers file (`principals keytype base64-key` per line)",
-        ) from None
-    try:
-        signers = parse_allowed_signers(text, source=str(path))
+        return load_allowed_signers(path)
     except UsageError:
         raise
     except ReconcilerError as exc:
         raise UsageError(exc.message, exc.hint) from None
-    if not signers:
-        raise UsageError(
-            f"allowed-signers file {path} lists no signers",
-            "add a line `EMAIL ssh-ed25519 AAAA...` for each person who may approve",
-        )
-    return signers
 
 
 def _open_repository(where: str) -> pygit2.Repository:
