@@ -209,3 +209,19 @@ def test_the_installed_command_exits_1_on_a_refusal(setup: tuple[Path, Path, Pat
 
     assert result.returncode == 1
     assert "refused: the commit is not signed" in result.stdout
+
+
+def test_a_shallow_clone_without_the_signed_commit_says_so(
+    setup: tuple[Path, Path, Path], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    repo, signers, key = setup
+    commit(repo, "rollouts/llama.yaml", "abort: false\n", "Start llama", key)
+    commit(repo, "rollouts/llama.yaml", "abort: true\n", "Abort llama")
+    shallow = tmp_path / "shallow"
+    git(tmp_path, "clone", "-q", "--depth", "1", f"file://{repo}", str(shallow))
+
+    code, out, _ = verify(capsys, "--repo", str(shallow), "--allowed-signers", str(signers))
+
+    assert code == 1
+    assert "the daemon falls back to: nothing" in out
+    assert "shallow clone" in out

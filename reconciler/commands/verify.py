@@ -121,6 +121,11 @@ def describe(
             "  the daemon falls back to: nothing; no spec change at or before it verifies,"
             " so it acts on no rollouts"
         )
+        if repo.is_shallow:
+            lines.append(
+                "  note: this is a shallow clone, so older signed commits may be missing;"
+                " `git fetch --unshallow` and check again"
+            )
     else:
         lines.append(f"  the daemon falls back to: {_show_commit(repo, approval.verified_commit)}")
         lines.append(f"    {approver.check_commit(approval.verified_commit).reason}")
