@@ -36,9 +36,10 @@ from ruamel.yaml.error import YAMLError
 from ruamel.yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from reconciler.errors import ReconcilerError
+from reconciler.status import TERMINAL_PHASES, RolloutStatus, status_from_files
 from reconciler.timefmt import format_time
+from reconciler.yamlio import YamlProblem, load_yaml
 
-TERMINAL_PHASES = frozenset({"completed", "failed", "aborted"})
 # Node states whose restore is still under way: a new rollback would race it.
 RESTORING_STATES = frozenset({"rollback_pending", "restoring"})
 
@@ -147,7 +148,7 @@ def load_rollout(root: Path, name: str) -> Rollout:
         text = path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ReconcilerError(f"{path}: not UTF-8 text ({exc.reason})") from exc
-    data = _plain(text, path.name)
+    data = load_data(text, path.name)
     spec = data.get("spec") if isinstance(data, dict) else None
     if not isinstance(spec, dict):
         raise ReconcilerError(
@@ -158,46 +159,66 @@ def load_rollout(root: Path, name: str) -> Rollout:
 
 
 def read_status(root: Path, name: str) -> StatusFacts | None:
-    """The facts of ``status/NAME.yaml`` in the working tree, or None if the
-    daemon has not written one here (not seen yet, or status kept on a
-    ``statusBranch``)."""
+    """The facts of ``status/NAME.yaml`` (and its node pages) in the working
+    tree, or None if the daemon has not written one here (not seen yet, or
+    status kept on a ``statusBranch``)."""
     path = root / "status" / f"{name}.yaml"
     if not path.is_file():
         return None
-    record = _plain(path.read_bytes().decode("utf-8"), f"status/{name}.yaml")
+    record = load_data(path.read_bytes().decode("utf-8"), f"status/{name}.yaml")
     if not isinstance(record, dict):
         raise ReconcilerError(f"status/{name}.yaml is not a mapping")
-    nodes = _status_node_records(root, name, record)
-    return facts_from_record(record, nodes)
+    pages = {
+        f"status/{name}/{page.name}": load_data(page.read_bytes().decode("utf-8"), page.name)
+        for page in sorted((root / "status" / name).glob("nodes-*.yaml"))
+    }
+    try:
+        return facts_from_status(status_from_files(record, pages))
+    except (KeyError, ValueError, TypeError, AttributeError):
+        # A record this version cannot fully read (older or newer daemon):
+        # the few plain fields an intent needs are enough.
+        return facts_from_record(record, pages)
 
 
-def facts_from_record(
-    record: Mapping[str, Any], node_records: Sequence[Mapping[str, Any]]
-) -> StatusFacts:
+def facts_from_status(status: RolloutStatus) -> StatusFacts:
+    return StatusFacts(
+        phase=status.phase,
+        hold_reason=status.hold.reason if status.hold else None,
+        hold_message=status.hold.message if status.hold else "",
+        operator_paused=status.operator_paused,
+        live=status.frozen.live if status.frozen else None,
+        nodes=tuple(n.name for n in status.nodes),
+        node_states={n.name: n.state for n in status.nodes},
+        last_handled_resume=status.last_handled_resume,
+        rollback_ids=tuple(r.id for r in status.rollbacks),
+    )
+
+
+def facts_from_record(record: Mapping[str, Any], pages: Mapping[str, Any]) -> StatusFacts:
     """Read the plain fields of a status record (DESIGN.md section 2)."""
     hold = _mapping(record.get("hold"))
     frozen = _mapping(record.get("frozen"))
-    frozen_spec = _mapping(frozen.get("spec")) or frozen
-    live = frozen_spec.get("live") if "live" in frozen_spec else None
-    names = [str(n["name"]) for n in node_records if isinstance(n, dict) and "name" in n]
-    frozen_nodes = frozen.get("nodes")
-    if not names and isinstance(frozen_nodes, list):
-        names = [str(n["name"]) if isinstance(n, dict) else str(n) for n in frozen_nodes]
-    states = {
-        str(n["name"]): str(n.get("state", ""))
-        for n in node_records
-        if isinstance(n, dict) and "name" in n
-    }
+    node_records = [n for n in _list(record.get("nodes")) if isinstance(n, dict)]
+    for _, page in sorted(pages.items()):
+        node_records += [n for n in _list(_mapping(page).get("nodes")) if isinstance(n, dict)]
+    names = [str(n.get("name")) for n in node_records]
+    if not names:
+        names = [str(n) for n in _list(frozen.get("nodes"))]
+    live = frozen.get("live")
     return StatusFacts(
         phase=str(record.get("phase", "")),
-        hold_reason=str(hold["reason"]) if hold and hold.get("reason") else None,
-        hold_message=str(hold.get("message", "")) if hold else "",
+        hold_reason=str(hold["reason"]) if hold.get("reason") else None,
+        hold_message=str(hold.get("message", "")),
         operator_paused=bool(record.get("operatorPaused", False)),
         live=bool(live) if live is not None else None,
         nodes=tuple(names),
-        node_states=states,
+        node_states={str(n.get("name")): str(n.get("state", "")) for n in node_records},
         last_handled_resume=str(record.get("lastHandledResume") or ""),
-        rollback_ids=tuple(_rollback_ids(record)),
+        rollback_ids=tuple(
+            str(r["id"])
+            for r in _list(record.get("rollbacks"))
+            if isinstance(r, dict) and "id" in r
+        ),
     )
 
 
@@ -205,30 +226,8 @@ def _mapping(value: object) -> dict[str, Any]:
     return dict(value) if isinstance(value, dict) else {}
 
 
-def _status_node_records(root: Path, name: str, record: Mapping[str, Any]) -> list[Any]:
-    nodes = record.get("nodes")
-    if isinstance(nodes, list) and nodes:
-        return nodes
-    # Over 200 nodes the records live in status/NAME/nodes-NNNN.yaml.
-    records: list[Any] = []
-    for part in sorted((root / "status" / name).glob("nodes-*.yaml")):
-        data = _plain(part.read_bytes().decode("utf-8"), part.name)
-        chunk = data.get("nodes") if isinstance(data, dict) else data
-        if isinstance(chunk, list):
-            records.extend(chunk)
-    return records
-
-
-def _rollback_ids(record: Mapping[str, Any]) -> list[str]:
-    ids: list[str] = []
-    for key in ("rollbacks", "handledRollbacks", "rollbackRequests"):
-        value = record.get(key)
-        if isinstance(value, list):
-            ids += [str(v["id"]) for v in value if isinstance(v, dict) and "id" in v]
-            ids += [str(v) for v in value if isinstance(v, str)]
-        elif isinstance(value, dict):
-            ids += [str(k) for k in value]
-    return ids
+def _list(value: object) -> list[Any]:
+    return list(value) if isinstance(value, list) else []
 
 
 # --------------------------------------------------------------------------
@@ -297,6 +296,18 @@ def rollback(root: Path, name: str, nodes: Sequence[str] | None, *, now: datetim
         raise ReconcilerError(
             f"{name} is a dry-run rollout (live is not true): it changed nothing, "
             "so there is nothing to restore",
+        )
+    if (
+        status is not None
+        and status.phase == "running"
+        and not status.hold_reason
+        and rollout.spec.get("paused") is not True
+    ):
+        raise ReconcilerError(
+            f"{name} is running and holds nothing: the daemon refuses a rollback while "
+            "batches are still being sent",
+            hint=f"pause it first (`reconciler pause {name}`, in the same commit is fine), "
+            "or wait for a hold",
         )
     notes: list[str] = []
     if nodes is not None:
@@ -494,10 +505,10 @@ def set_spec_fields(text: str, values: Mapping[str, object], *, source: str = "<
     after = text
     for key, value in values.items():
         after = _set_one(after, key, value, source)
-    before_data = _plain(text, source)
+    before_data = load_data(text, source)
     expected = json.loads(json.dumps(before_data, default=str))
     expected["spec"].update(json.loads(json.dumps(dict(values))))
-    if json.loads(json.dumps(_plain(after, source), default=str)) != expected:
+    if json.loads(json.dumps(load_data(after, source), default=str)) != expected:
         raise ReconcilerError(
             f"{source}: could not edit spec.{', spec.'.join(values)} without changing "
             "something else",
@@ -607,7 +618,7 @@ def _render(value: object, old: Node | None = None) -> str:
         style = getattr(old, "style", None) if isinstance(old, ScalarNode) else None
         if style == "'" and value.isprintable():
             return "'" + value.replace("'", "''") + "'"
-        if style != '"' and _PLAIN_SAFE.match(value) and _plain(value, "<value>") == value:
+        if style != '"' and _PLAIN_SAFE.match(value) and load_data(value, "<value>") == value:
             return value
         return json.dumps(value, ensure_ascii=False)
     if isinstance(value, Mapping):
@@ -617,10 +628,11 @@ def _render(value: object, old: Node | None = None) -> str:
     raise TypeError(f"cannot render {value!r}")
 
 
-def _plain(text: str, source: str) -> Any:
+def load_data(text: str, source: str) -> Any:
+    """Plain data of a YAML text, read as every reconciler document is read
+    (timestamps stay text); ReconcilerError naming ``source`` if it is not
+    such YAML."""
     try:
-        return YAML(typ="safe", pure=True).load(text)
-    except YAMLError as exc:
-        raise ReconcilerError(
-            f"{source}: not valid YAML: {exc}", hint="run `reconciler validate`"
-        ) from exc
+        return load_yaml(source, text.encode("utf-8"))
+    except YamlProblem as exc:
+        raise ReconcilerError(str(exc.problem), hint="run `reconciler validate`") from exc

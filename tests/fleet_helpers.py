@@ -6,10 +6,25 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from reconciler.model import Target
+from reconciler.status import (
+    BatchRecord,
+    FrozenSpec,
+    Hold,
+    NodeRecord,
+    RolloutStatus,
+    TransitionRecord,
+    count_progress,
+    status_files,
+)
+from reconciler.yamlio import dump_yaml
 
 IDENTITY = {
     "GIT_AUTHOR_NAME": "Alice Operator",
@@ -88,3 +103,89 @@ def node_doc(name: str, labels: str = "{role: canary}", agent: str = "") -> str:
         f"  agent: {agent}\n"
         f"  labels: {labels}\n"
     )
+
+
+# -- status files written with the engine's own values ----------------------
+
+T0 = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
+
+
+def make_status(
+    name: str,
+    phase: str,
+    nodes: Sequence[tuple[str, int, str]] = (),
+    *,
+    live: bool = True,
+    hold: str | None = None,
+    hold_nodes: Sequence[str] = (),
+    operator_paused: bool = False,
+    batch_size: int = 1,
+    transitions: Sequence[tuple[str, str, str]] = (),
+    **fields: Any,
+) -> RolloutStatus:
+    """A status as the engine records it: ``nodes`` are (name, batch, state)."""
+    records = tuple(
+        NodeRecord(
+            name=node,
+            batch=batch,
+            state=state,
+            attempt=0 if state == "pending" else 1,
+            job_id=None if state == "pending" else f"{name}-{node}-1",
+            verdict={"succeeded": "passed", "failed": "failed"}.get(state),
+            error="agent: exit 1" if state == "failed" else "",
+        )
+        for node, batch, state in nodes
+    )
+    batch_count = max((b for _, b, _ in nodes), default=0)
+    batches = tuple(
+        BatchRecord(
+            index,
+            "done"
+            if all(r.state == "succeeded" for r in records if r.batch == index)
+            else "pending"
+            if all(r.state == "pending" for r in records if r.batch == index)
+            else "running",
+        )
+        for index in range(1, batch_count + 1)
+    )
+    started = phase not in ("pending", "scheduled")
+    return RolloutStatus(
+        name=name,
+        phase=phase,
+        hold=Hold(
+            hold,
+            f"{', '.join(hold_nodes) or 'a node'}: {hold}",
+            T0,
+            tuple(hold_nodes),
+            len(hold_nodes),
+        )
+        if hold
+        else None,
+        operator_paused=operator_paused,
+        spec_commit="0" * 40,
+        start_commit="0" * 40 if started else None,
+        first_seen_commit="0" * 40,
+        frozen=FrozenSpec(
+            target=Target("hermes", "ollama", "llama3.1-8b"),
+            batch_size=batch_size,
+            live=live,
+            on_failure="pause",
+            selector=(("role", "canary"),),
+        )
+        if started
+        else None,
+        started_at=T0 if started else None,
+        progress=count_progress(records),
+        batches=batches,
+        nodes=records,
+        transitions=tuple(
+            TransitionRecord(T0, before, after, reason, "0" * 40)
+            for before, after, reason in transitions
+        ),
+        **fields,
+    )
+
+
+def status_text(status: RolloutStatus) -> dict[str, str]:
+    """The status files of ``status`` as the daemon writes them."""
+    return {path: dump_yaml(record).decode() for path, record in status_files(status).items()}

@@ -8,7 +8,15 @@ import re
 from pathlib import Path
 
 import pytest
-from fleet_helpers import commit_files, git, identity, make_fleet, node_doc
+from fleet_helpers import (
+    commit_files,
+    git,
+    identity,
+    make_fleet,
+    make_status,
+    node_doc,
+    status_text,
+)
 
 from reconciler import cli
 from reconciler.intents import set_spec_fields
@@ -53,22 +61,20 @@ spec:
 """
 
 
-def status_doc(phase: str, hold: str | None = None, operator_paused: bool = False) -> str:
-    hold_text = (
-        f"hold: {{reason: {hold}, message: 'gpu-a2 failed its health check', "
-        "nodes: [gpu-a2], since: '2026-12-01T09:05:00Z'}\n"
-        if hold
-        else "hold: null\n"
+def status_files(
+    name: str, phase: str, hold: str | None = None, operator_paused: bool = False
+) -> dict[str, str]:
+    """The status files the daemon would have committed next to the rollout."""
+    nodes = [("gpu-a1", 1, "succeeded"), ("gpu-a2", 2, "failed" if hold else "succeeded")]
+    status = make_status(
+        name,
+        phase,
+        nodes,
+        hold=hold,
+        hold_nodes=["gpu-a2"] if hold else [],
+        operator_paused=operator_paused,
     )
-    return (
-        "apiVersion: reconciler/v1\n"
-        "kind: RolloutStatus\n"
-        "metadata: {name: llama-canary}\n"
-        f"phase: {phase}\n"
-        f"{hold_text}"
-        f"operatorPaused: {'true' if operator_paused else 'false'}\n"
-        "lastHandledResume: ''\n"
-    )
+    return status_text(status)
 
 
 @pytest.fixture
@@ -149,7 +155,7 @@ def test_abort_adds_one_line_and_keeps_everything_else(fleet: Path) -> None:
 def test_abort_of_a_finished_rollout_is_refused(
     fleet: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    commit_files(fleet, {"status/llama-canary.yaml": status_doc("completed")}, "status")
+    commit_files(fleet, status_files("llama-canary", "completed"), "status")
 
     assert reconcile("abort", "llama-canary", "--repo", str(fleet)) == 1
 
@@ -183,7 +189,7 @@ def test_resume_answers_a_policy_hold_and_lifts_the_pause(fleet: Path) -> None:
     )
     commit_files(
         fleet,
-        {"status/llama-canary.yaml": status_doc("paused", "health_failed", operator_paused=True)},
+        status_files("llama-canary", "paused", "health_failed", operator_paused=True),
         "pause",
     )
     before = read(fleet)
@@ -207,7 +213,7 @@ def test_resume_of_an_operator_pause_only_flips_paused(fleet: Path) -> None:
     )
     commit_files(
         fleet,
-        {"status/llama-canary.yaml": status_doc("paused", "operator_paused", True)},
+        status_files("llama-canary", "paused", "operator_paused", True),
         "pause",
     )
     before = read(fleet)
@@ -222,7 +228,7 @@ def test_resume_of_an_operator_pause_only_flips_paused(fleet: Path) -> None:
 def test_resume_adds_a_request_when_the_key_is_absent(fleet: Path) -> None:
     commit_files(
         fleet,
-        {"status/mistral-wide.yaml": status_doc("paused", "pause_after_batch")},
+        status_files("mistral-wide", "paused", "pause_after_batch"),
         "status",
     )
 
@@ -238,7 +244,7 @@ def test_resume_adds_a_request_when_the_key_is_absent(fleet: Path) -> None:
 def test_resume_with_nothing_held_and_not_paused_is_refused(
     fleet: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    commit_files(fleet, {"status/llama-canary.yaml": status_doc("running")}, "status")
+    commit_files(fleet, status_files("llama-canary", "running"), "status")
 
     assert reconcile("resume", "llama-canary", "--repo", str(fleet)) == 1
 
@@ -247,7 +253,7 @@ def test_resume_with_nothing_held_and_not_paused_is_refused(
 
 
 def test_resume_of_a_finished_rollout_is_refused(fleet: Path) -> None:
-    commit_files(fleet, {"status/llama-canary.yaml": status_doc("aborted")}, "status")
+    commit_files(fleet, status_files("llama-canary", "aborted"), "status")
     assert reconcile("resume", "llama-canary", "--repo", str(fleet)) == 1
     assert read(fleet) == ROLLOUT
 
