@@ -1,0 +1,555 @@
+"""The reconcile pass and the loop around it (DESIGN.md section 6).
+
+One pass: read the branch tip; parse the documents that changed (cached by
+blob id); with verification on, keep to the verified tree; observe the
+agents; step every rollout through the engine with one ``now``; if any
+status changed, write all changed status files and the dashboard in one
+commit whose parent is the tip read, moving the branch only if it still
+points there; only then send the jobs just recorded. A pass that loses the
+compare-and-swap starts over and executes nothing.
+
+Must not: decide anything (that is the engine's), or keep rollout state
+anywhere but the status files. What it keeps in memory is either a cache of
+something in Git (parsed blobs), or what DESIGN.md allows to be forgotten on
+restart (how long an agent has been unreachable).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from types import FrameType
+from typing import Any
+
+from reconciler import crashpoints, engine
+from reconciler import status as status_values
+from reconciler.agent_client import AgentClient
+from reconciler.approval import Approval, Approver
+from reconciler.dashboard import render_dashboard
+from reconciler.documents import Documents, ParsedFile, assemble, parse_file
+from reconciler.effects import SendJob
+from reconciler.engine import FleetStep, RolloutInput
+from reconciler.errors import RefMoved, StoreError
+from reconciler.gitstore import GitStore
+from reconciler.history import History
+from reconciler.logs import EventLog
+from reconciler.metrics import Metrics
+from reconciler.model import Fleet, Problem
+from reconciler.observations import Heartbeat, JobObservation, Observations
+from reconciler.status import RolloutStatus
+from reconciler.watch import BranchWatcher
+from reconciler.yamlio import YamlProblem, dump_yaml, load_yaml
+
+SPEC_FOLDERS = ("rollouts", "nodes")
+SETTINGS_PATH = "reconciler.yaml"
+DASHBOARD_PATH = "status/README.md"
+MAX_RACES = 20  # passes lost in a row to other writers before giving up
+MESSAGE_LINES = 60  # transitions listed in one commit message
+
+
+@dataclass(frozen=True)
+class PassOutcome:
+    tip: str  # the commit the pass read
+    commit: str | None  # the status commit it made, if any
+    transitions: int
+    jobs_sent: int
+    active: bool  # some rollout still needs passes
+    wakeup: datetime | None  # earliest deadline or start time
+    refused: str = ""  # why the pass did not act (rewritten history)
+
+
+class Daemon:
+    """Runs reconcile passes against one store; the loop is ``serve``."""
+
+    def __init__(
+        self,
+        store: GitStore,
+        client: AgentClient,
+        *,
+        log: EventLog | None = None,
+        metrics: Metrics | None = None,
+        approver: Approver | None = None,
+        sign: Callable[[bytes], str] | None = None,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self.store = store
+        self.client = client
+        self.log = log or EventLog()
+        self.metrics = metrics or Metrics()
+        self.approver = approver
+        self.sign = sign
+        self.clock = clock
+        self._parsed: dict[str, ParsedFile] = {}  # blob id -> parsed document
+        self._documents: tuple[tuple[str | None, ...], Documents] | None = None
+        self._status_data: dict[str, Any] = {}  # blob id -> plain data (or the Problem)
+        self._statuses: dict[tuple[str, ...], RolloutStatus] = {}  # blob ids -> value
+        self._unreachable: dict[str, datetime] = {}  # node -> first failed contact
+        self._seen_tip: str | None = None
+        self._reported: set[str] = set()  # problems already logged, to log each once
+
+    # -- one pass ------------------------------------------------------------
+
+    def run_pass(self) -> PassOutcome:
+        """One reconcile pass, started again from the top when another writer
+        moved the branch between our read and our commit."""
+        started = time.perf_counter()
+        try:
+            for _ in range(MAX_RACES):
+                try:
+                    return self._attempt()
+                except RefMoved:
+                    self.metrics.conflicts.inc()
+                    self.log.info("conflict", "the branch moved under the pass; reading again")
+            raise StoreError(
+                f"lost the compare-and-swap {MAX_RACES} times in a row",
+                "another writer commits to the branch continuously; the next pass tries again",
+            )
+        finally:
+            self.metrics.passes.inc()
+            self.metrics.pass_seconds.observe(time.perf_counter() - started)
+
+    def _attempt(self) -> PassOutcome:
+        store = self.store
+        tip = store.refresh()
+        if tip is None:
+            raise StoreError(
+                f"branch {store.branch!r} does not exist in {store.location}",
+                "push the fleet repository's first commit, or pass --branch",
+            )
+        if (
+            self._seen_tip
+            and tip != self._seen_tip
+            and not store.is_descendant(tip, self._seen_tip)
+        ):
+            message = (
+                f"branch {store.branch!r} moved from {self._seen_tip[:12]} to {tip[:12]}, which does "
+                "not contain it: history was rewritten (a force-push?). Refusing to act on it; "
+                "push a commit on top of the history the daemon has seen, or restart the daemon "
+                "to accept the new history"
+            )
+            self._report("history_rewritten", message, commit=tip)
+            return PassOutcome(tip, None, 0, 0, False, None, refused=message)
+        history = store.history()
+        history.advance(tip)
+        approval = self.approver.approve(tip) if self.approver else None
+        spec_commit = tip if approval is None else approval.verified_commit
+        documents = self._read_documents(spec_commit)
+        settings = documents.settings
+        status_branch = settings.status_branch or store.branch
+        status_tip = tip if status_branch == store.branch else store.tip(status_branch)
+        statuses, broken = self._read_statuses(status_tip)
+        inputs = self._inputs(tip, history, approval, documents, statuses, broken)
+        observations = self._observe(statuses.values(), documents.fleet)
+        now = self.clock()
+        step = engine.step_fleet(inputs, documents.fleet, settings, observations, now)
+        crashpoints.reach("after_step")
+        merged = {**statuses, **step.statuses}
+        commit = None
+        if step.statuses:
+            commit = self._commit(status_branch, status_tip, statuses, step, merged, spec_commit)
+            crashpoints.reach("after_push")
+        sent = self._execute(step.effects, documents.fleet, now)
+        self._seen_tip = commit if commit and status_branch == store.branch else tip
+        self._update_gauges(merged.values())
+        return PassOutcome(
+            tip=tip,
+            commit=commit,
+            transitions=len(step.transitions),
+            jobs_sent=sent,
+            active=any(engine.is_active(s) for s in merged.values()),
+            wakeup=engine.next_wakeup(merged.values(), settings),
+        )
+
+    # -- reading -------------------------------------------------------------
+
+    def _parse(self, blob_id: str, path: str) -> ParsedFile:
+        parsed = self._parsed.get(blob_id)
+        if parsed is None or parsed.path != path:
+            parsed = parse_file(path, self.store.blob(blob_id))
+            self._parsed[blob_id] = parsed
+        return parsed
+
+    def _read_documents(self, commit: str | None) -> Documents:
+        """The documents of ``commit``'s tree; reassembled only when a spec
+        subtree changed, reparsed only for blobs not seen before."""
+        store = self.store
+        if commit is None:
+            key: tuple[str | None, ...] = (None,)
+        else:
+            key = (
+                *(store.subtree_id(commit, folder) for folder in SPEC_FOLDERS),
+                store.file_blob(commit, SETTINGS_PATH),
+            )
+        if self._documents and self._documents[0] == key:
+            return self._documents[1]
+        blobs: dict[str, str] = {}  # path -> blob id
+        if commit is not None:
+            for folder in SPEC_FOLDERS:
+                blobs.update(store.files(commit, folder))
+            if key[-1]:
+                blobs[SETTINGS_PATH] = str(key[-1])
+        documents = assemble(self._parse(blob_id, path) for path, blob_id in blobs.items())
+        for problem in documents.problems:
+            self._report("invalid_document", str(problem), path=problem.path)
+        self._documents = (key, documents)
+        live = set(blobs.values())
+        for blob_id in [b for b in self._parsed if b not in live]:
+            del self._parsed[blob_id]
+        return documents
+
+    def _read_statuses(self, commit: str | None) -> tuple[dict[str, RolloutStatus], dict[str, str]]:
+        """Recorded statuses by rollout name, and the names whose status
+        files cannot be read (with why): those are held, never overwritten."""
+        if commit is None:
+            return {}, {}
+        store = self.store
+        statuses: dict[str, RolloutStatus] = {}
+        broken: dict[str, str] = {}
+        for path, blob_id in store.files(commit, "status").items():
+            if not path.endswith(".yaml"):
+                continue
+            name = path[len("status/") : -len(".yaml")]
+            try:
+                main = self._load_status_blob(path, blob_id)
+                pages: dict[str, Any] = {}
+                page_blobs: list[str] = []
+                if main.get("nodePages"):
+                    for page_path, page_blob in sorted(
+                        store.files(commit, f"status/{name}").items()
+                    ):
+                        pages[page_path] = self._load_status_blob(page_path, page_blob)
+                        page_blobs.append(page_blob)
+                key = (blob_id, *page_blobs)
+                value = self._statuses.get(key)
+                if value is None:
+                    value = status_values.status_from_files(main, pages)
+                    if value.name != name:
+                        raise ValueError(f"metadata.name is {value.name!r}, not {name!r}")
+                    self._statuses[key] = value
+                statuses[name] = value
+            except (YamlProblem, ValueError, KeyError, TypeError, AttributeError) as exc:
+                reason = str(exc.problem) if isinstance(exc, YamlProblem) else f"{path}: {exc}"
+                broken[name] = reason
+                self._report(
+                    "status_unreadable",
+                    f"{reason}; the rollout is held and its status file is left as it is: "
+                    f"restore it with `git revert` or delete {path} to start the rollout anew",
+                    rollout=name,
+                )
+        return statuses, broken
+
+    def _load_status_blob(self, path: str, blob_id: str) -> Any:
+        data = self._status_data.get(blob_id)
+        if data is None:
+            data = load_yaml(path, self.store.blob(blob_id))
+            if not isinstance(data, dict):
+                raise ValueError("not a mapping")
+            self._status_data[blob_id] = data
+        return data
+
+    def _inputs(
+        self,
+        tip: str,
+        history: History,
+        approval: Approval | None,
+        documents: Documents,
+        statuses: Mapping[str, RolloutStatus],
+        broken: Mapping[str, str],
+    ) -> list[RolloutInput]:
+        store = self.store
+        refusal = _refusal_text(approval)
+        unverified_names: set[str] = set()
+        if approval is not None and approval.refusals:
+            # Rollouts seen only in the unverified tree still get a status
+            # that says why nothing happens (DESIGN.md section 8).
+            for path in store.files(tip, "rollouts"):
+                unverified_names.add(path[len("rollouts/") : -len(".yaml")])
+        names = (
+            set(documents.rollouts)
+            | set(documents.invalid_rollouts)
+            | set(statuses)
+            | unverified_names
+        ) - set(broken)
+        settings_change = history.last_change(SETTINGS_PATH)
+        inputs: list[RolloutInput] = []
+        for name in sorted(names):
+            path = f"rollouts/{name}.yaml"
+            spec = documents.rollouts.get(name)
+            problems = tuple(documents.invalid_rollouts.get(name, ()))
+            present = spec is not None or bool(problems)
+            recorded = statuses.get(name)
+            if spec is not None:
+                used = (
+                    [n.name for n in recorded.nodes]
+                    if recorded and recorded.started
+                    else engine.resolve_nodes(spec, documents.fleet)
+                )
+                node_paths = [f"nodes/{n}.yaml" for n in used]
+            else:
+                node_paths = []
+            spec_commit = history.newest(
+                [history.last_change(path), settings_change, history.last_change_of(node_paths)]
+            )
+            first_seen = history.first_added(path)
+            if recorded is not None:
+                spec_commit = spec_commit or recorded.spec_commit
+                first_seen = recorded.first_seen_commit or first_seen
+            only_unverified = name in unverified_names and not present and recorded is None
+            if only_unverified:
+                problems = (Problem(path, 0, 0, "", refusal or "not verified"),)
+                present = True
+            first_seen = first_seen or spec_commit or tip
+            inputs.append(
+                RolloutInput(
+                    name=name,
+                    spec=spec,
+                    file_present=present,
+                    problems=problems,
+                    status=recorded,
+                    spec_commit=spec_commit or tip,
+                    first_seen_commit=first_seen,
+                    queue_key=history.position(first_seen) if first_seen in history else 1 << 62,
+                    author=store.author(spec_commit) if spec_commit else "",
+                    refusal=refusal,
+                )
+            )
+        return inputs
+
+    # -- observing -----------------------------------------------------------
+
+    def _observe(self, statuses: Iterable[RolloutStatus], fleet: Fleet) -> Observations:
+        """Read every unfinished job, resend those the agent does not know
+        (same id, same payload, fresh signature), and read the heartbeats
+        and backup lists the engine needs. Failures are observations."""
+        statuses = list(statuses)
+        nodes = fleet.by_name()
+        now = self.clock()
+        reachable: dict[str, bool] = {}
+
+        def address(node: str) -> str | None:
+            spec = nodes.get(node)
+            return spec.agent if spec is not None else None
+
+        jobs = [(url, job) for job in engine.in_flight(statuses) if (url := address(job.node))]
+        observed: dict[str, JobObservation] = {}
+        unknown: list[tuple[str, SendJob]] = []
+        for (url, job), (job_id, seen) in zip(
+            jobs, _ordered(self.client.read_jobs(jobs), jobs), strict=True
+        ):
+            if seen is None:
+                unknown.append((url, job))
+                reachable[job.node] = True
+                continue
+            observed[job_id] = seen
+            reachable[job.node] = reachable.get(job.node, False) or seen.state != "unreachable"
+        if unknown:
+            for job_id, answer in self.client.send_jobs(unknown, now).items():
+                observed[job_id] = answer
+            self.log.info("resent", f"{len(unknown)} job(s) the agents did not know, sent again")
+            self.metrics.jobs_sent.labels(kind="resend").inc(len(unknown))
+        heartbeat_nodes = [
+            (url, n) for n in engine.wanted_heartbeats(statuses) if (url := address(n))
+        ]
+        heartbeats: dict[str, Heartbeat] = {}
+        for node, beat in self.client.read_heartbeats(heartbeat_nodes).items():
+            if beat is not None:
+                heartbeats[node] = beat
+            reachable[node] = reachable.get(node, False) or beat is not None
+        backup_nodes = [(url, n) for n in engine.wanted_backups(statuses) if (url := address(n))]
+        backups = {
+            node: listed
+            for node, listed in self.client.read_backups(backup_nodes).items()
+            if listed is not None
+        }
+        for node, ok in reachable.items():
+            if ok:
+                self._unreachable.pop(node, None)
+            else:
+                self._unreachable.setdefault(node, now)
+        return Observations(
+            jobs=observed,
+            heartbeats=heartbeats,
+            unreachable_since=dict(self._unreachable),
+            backups=backups,
+        )
+
+    # -- writing -------------------------------------------------------------
+
+    def _commit(
+        self,
+        branch: str,
+        parent: str | None,
+        old: Mapping[str, RolloutStatus],
+        step: FleetStep,
+        merged: Mapping[str, RolloutStatus],
+        spec_commit: str | None,
+    ) -> str:
+        changes: dict[str, bytes | None] = {}
+        for name, new in step.statuses.items():
+            write, gone = status_values.changed_files(old.get(name), new)
+            for path, data in write.items():
+                changes[path] = dump_yaml(data)
+            for path in gone:
+                changes[path] = None
+        dashboard = render_dashboard(merged).encode()
+        current = self.store.file_blob(parent, DASHBOARD_PATH) if parent else None
+        if current is None or self.store.blob(current) != dashboard:
+            changes[DASHBOARD_PATH] = dashboard
+        message = _commit_message(step, spec_commit)
+        new_commit = self.store.commit(branch, parent, changes, message, sign=self.sign)
+        self.metrics.commits.inc()
+        for t in step.transitions:
+            self.log.info(
+                "transition",
+                f"{t.from_state} -> {t.to_state}" + (f" ({t.reason})" if t.reason else ""),
+                rollout=t.rollout,
+                node=t.node,
+                commit=new_commit[:12],
+            )
+            if t.node:
+                self.metrics.verdicts.labels(state=t.to_state).inc()
+        return new_commit
+
+    def _execute(self, effects: Iterable[SendJob], fleet: Fleet, now: datetime) -> int:
+        """Send the jobs the committed status records. Their answers are
+        not needed: the next pass reads every unfinished job anyway."""
+        nodes = fleet.by_name()
+        jobs = [(nodes[job.node].agent, job) for job in effects if job.node in nodes]
+        half = (len(jobs) + 1) // 2
+        self._send(jobs[:half], now)
+        if jobs[half:]:
+            crashpoints.reach("mid_send")
+            self._send(jobs[half:], now)
+        return len(jobs)
+
+    def _send(self, jobs: list[tuple[str, SendJob]], now: datetime) -> None:
+        if not jobs:
+            return
+        answers = self.client.send_jobs(jobs, now)
+        for url, job in jobs:
+            answer = answers.get(job.job_id)
+            self.log.info(
+                "sent",
+                f"{job.kind} attempt {job.attempt}: {answer.state if answer else 'unreachable'}",
+                rollout=job.rollout,
+                node=job.node,
+                job=job.job_id,
+                commit=job.source_commit[:12],
+                agent=url,
+            )
+            self.metrics.jobs_sent.labels(kind=job.kind).inc()
+
+    # -- reporting -----------------------------------------------------------
+
+    def _report(self, event: str, message: str, **fields: Any) -> None:
+        """Log a standing problem once, not on every pass."""
+        if message in self._reported:
+            return
+        self._reported.add(message)
+        if len(self._reported) > 10_000:
+            self._reported.clear()
+        self.log.warning(event, message, **fields)
+
+    def _update_gauges(self, statuses: Iterable[RolloutStatus]) -> None:
+        counts = dict.fromkeys(status_values.PHASES, 0)
+        for s in statuses:
+            counts[s.phase] = counts.get(s.phase, 0) + 1
+        for phase, count in counts.items():
+            self.metrics.rollouts.labels(phase=phase).set(count)
+
+    # -- the loop ------------------------------------------------------------
+
+    def serve(self, watcher: BranchWatcher, *, interval: float, reread: float = 60.0) -> None:
+        """Pass, then sleep until the branch changes, the next deadline, or
+        the interval while a rollout is active; until ``stop``. Errors that
+        a retry can fix are logged and retried with backoff."""
+        self._watcher = watcher
+        self._stopping = False
+        backoff = 0.0
+        while not self._stopping:
+            try:
+                outcome = self.run_pass()
+            except StoreError as exc:
+                backoff = min(max(backoff * 2, 1.0), 60.0)
+                self.metrics.pass_errors.labels(kind="store").inc()
+                self.log.error("pass_failed", f"{exc}; retrying in {backoff:.0f}s")
+                watcher.wait(backoff)
+                continue
+            backoff = 0.0
+            sleep = interval if outcome.active else reread
+            if outcome.wakeup is not None:
+                until = (outcome.wakeup - self.clock()).total_seconds()
+                sleep = min(sleep, max(until, 0.0) + 0.01)
+            if not self._stopping:
+                watcher.wait(sleep)
+
+    def stop(self, *_: Any) -> None:
+        """Finish the pass in progress, then return from ``serve``."""
+        self._stopping = True
+        watcher = getattr(self, "_watcher", None)
+        if watcher is not None:
+            watcher.stop()
+
+
+def _ordered(
+    answers: Mapping[str, JobObservation | None], jobs: list[tuple[str, SendJob]]
+) -> list[tuple[str, JobObservation | None]]:
+    return [(job.job_id, answers.get(job.job_id)) for _, job in jobs]
+
+
+def _refusal_text(approval: Approval | None) -> str | None:
+    if approval is None or not approval.refusals:
+        return None
+    newest = approval.refusals[0]
+    fallback = (
+        f"acting on {approval.verified_commit[:12]}, the newest verified change"
+        if approval.verified_commit
+        else "no verified change yet, so nothing is acted on"
+    )
+    return (
+        f"commit {newest.commit[:12]} by {newest.author} not verified: {newest.reason}; {fallback}"
+    )
+
+
+def _commit_message(step: FleetStep, spec_commit: str | None) -> str:
+    rollouts = sorted({t.rollout for t in step.transitions} | set(step.statuses))
+    phases = [t for t in step.transitions if t.node is None]
+    head = ", ".join(f"{t.rollout} {t.to_state}" for t in phases[:3]) or ", ".join(rollouts[:3])
+    if len(rollouts) > 3:
+        head += f" and {len(rollouts) - 3} more"
+    lines = [f"status: {head}", ""]
+    for t in step.transitions[:MESSAGE_LINES]:
+        who = f"{t.rollout}/{t.node}" if t.node else t.rollout
+        lines.append(
+            f"{who}: {t.from_state} -> {t.to_state}" + (f" ({t.reason})" if t.reason else "")
+        )
+    if len(step.transitions) > MESSAGE_LINES:
+        lines.append(f"... and {len(step.transitions) - MESSAGE_LINES} more transitions")
+    if step.effects:
+        lines.append(f"jobs recorded: {len(step.effects)}")
+    if spec_commit:
+        lines += ["", f"Spec-Commit: {spec_commit}"]
+    return "\n".join(lines) + "\n"
+
+
+@contextlib.contextmanager
+def stop_on_signals(daemon: Daemon) -> Any:
+    """SIGINT and SIGTERM finish the current pass, then stop the loop."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        daemon.log.info("stopping", f"signal {signal.Signals(signum).name}: finishing the pass")
+        daemon.stop()
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+__all__ = ["Daemon", "PassOutcome", "stop_on_signals"]
