@@ -66,7 +66,16 @@ BATCH_STATES = ("pending", "running", "done")
 JOB_KINDS = ("apply", "restore")
 
 # Outcomes of one node in one rollback request.
-ROLLBACK_OUTCOMES = ("restoring", "rolled_back", "rollback_failed", "skipped", "refused")
+ROLLBACK_OUTCOMES = (
+    "restoring",  # restore job sent
+    "rolled_back",
+    "rollback_failed",
+    "skipped",  # the rollout never changed this node
+    "unavailable",  # changed, but no backup to put back (the node had no config)
+    "refused",  # job in flight, changed since by another rollout, not a node of this rollout
+)
+# waiting: for agents' backup lists; refused: the whole request (dry-run,
+# running and not held, never started); restoring: restores in flight; done.
 ROLLBACK_STATES = ("waiting", "refused", "restoring", "done")
 
 # How many node names a hold lists; the rest are counted (DESIGN.md section 2).
@@ -133,9 +142,11 @@ class NodeRecord:
 
     ``job_id`` .. ``verdict`` describe the current apply attempt (attempt 0:
     never sent). ``held`` is the hold reason this node waits on for a person
-    (None: not held). ``first_result_seen`` is true once the first apply's
-    result was read, or the agent's backup list was searched for its job id;
-    until then ``first_backup_id`` may still be unknown.
+    (None: not held). ``first_backup_known`` is true while ``first_backup_id``
+    is certain: every apply so far reported its result (with a backup or
+    without), or the agent's backup list was searched for this rollout's job
+    ids. It turns false when an apply ended without a result (timed out,
+    unknown) before any backup was seen; a restore then searches the list.
     """
 
     name: str
@@ -151,7 +162,7 @@ class NodeRecord:
     error: str = ""
     backup_id: str | None = None
     first_backup_id: str | None = None
-    first_result_seen: bool = False
+    first_backup_known: bool = True
     auto_retried: bool = False
     held: str | None = None
     restore: RestoreRecord | None = None
@@ -219,6 +230,7 @@ class RolloutStatus:
     start_commit: str | None = None
     first_seen_commit: str = ""
     health_timeout: int | None = None  # seconds, in force for new deadlines
+    scheduled_for: datetime | None = None  # startAt while scheduled
     frozen: FrozenSpec | None = None
     started_at: datetime | None = None
     finished_at: datetime | None = None
@@ -353,7 +365,7 @@ def node_to_record(n: NodeRecord) -> dict[str, Any]:
         "error": n.error,
         "backupId": n.backup_id,
         "firstBackupId": n.first_backup_id,
-        "firstResultSeen": n.first_result_seen,
+        "firstBackupKnown": n.first_backup_known,
         "autoRetried": n.auto_retried,
         "held": n.held,
         "restore": None if n.restore is None else _restore_record(n.restore),
@@ -376,7 +388,7 @@ def node_from_record(d: Mapping[str, Any]) -> NodeRecord:
         error=d.get("error", ""),
         backup_id=d.get("backupId"),
         first_backup_id=d.get("firstBackupId"),
-        first_result_seen=d.get("firstResultSeen", False),
+        first_backup_known=d.get("firstBackupKnown", True),
         auto_retried=d.get("autoRetried", False),
         held=d.get("held"),
         restore=None if restore is None else _restore_from(restore),
@@ -445,6 +457,7 @@ def to_record(status: RolloutStatus, *, inline_nodes: bool = True) -> dict[str, 
         "healthTimeout": (
             None if status.health_timeout is None else format_duration(status.health_timeout)
         ),
+        "scheduledFor": _t(status.scheduled_for),
         "frozen": (
             None
             if status.frozen is None
@@ -509,6 +522,7 @@ def from_record(
         start_commit=record.get("startCommit"),
         first_seen_commit=record.get("firstSeenCommit", ""),
         health_timeout=None if ht is None else parse_duration(ht),
+        scheduled_for=_pt(record.get("scheduledFor")),
         frozen=None if frozen is None else _frozen_from(frozen),
         started_at=_pt(record.get("startedAt")),
         finished_at=_pt(record.get("finishedAt")),
