@@ -13,11 +13,12 @@ crash, hang, answer garbage, name another node) raises out of this module.
 Design, from measurements (README, ``bench/dispatch.py``): httpx's
 AsyncClient costs ~2 ms of CPU per request and a sync httpx.Client ~0.5 ms,
 too much for 2,000 jobs/s on a 2-core machine where each job is a POST and a
-GET. So this is a small HTTP/1.1 client on asyncio streams: keep-alive
+GET. So this is a small HTTP/1.1 client on asyncio protocols (streams and
+``wait_for`` cost a task and several buffers per request): keep-alive
 connections pooled per origin, a fixed number of worker coroutines (the
-concurrency cap) per call, one timeout per request, one retry on a fresh
-connection when a reused keep-alive connection turns out closed (safe: jobs
-are idempotent by id). The event loop runs in a private thread, so the
+concurrency cap) per call, one deadline per request (connect included), one
+retry on a fresh connection when a reused keep-alive connection turns out
+closed (safe: jobs are idempotent by id). The event loop runs in a private thread, so the
 synchronous API can be called from any thread, including one running its
 own event loop.
 
@@ -41,12 +42,13 @@ from urllib.parse import urlsplit
 from reconciler.effects import SendJob
 from reconciler.jobs import build_payload
 from reconciler.observations import Backup, Heartbeat, JobObservation, RuntimeReport
-from reconciler.signing import SigningKey, canonical_json, make_envelope
+from reconciler.signing import SigningKey, envelope_bytes
 
 log = logging.getLogger(__name__)
 
 AGENT_JOB_STATES = frozenset({"accepted", "running", "succeeded", "failed"})
 MAX_RESPONSE_BYTES = 8 * 1024 * 1024
+MAX_HEAD_BYTES = 64 * 1024
 MAX_IDLE_CONNECTIONS = 512  # across all origins; a fleet of 10,000 agents must not pin 10,000 fds
 USER_AGENT = "reconciler-daemon"
 _T = TypeVar("_T")
@@ -82,46 +84,123 @@ def _parse_base(url: str) -> _Origin:
     return _Origin(parts.scheme, parts.hostname, port, parts.path.rstrip("/"))
 
 
-class _Connection:
-    __slots__ = ("reader", "writer")
+class _StaleConnection(Exception):
+    """A reused keep-alive connection was closed before any answer: retry fresh."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader = reader
-        self.writer = writer
+
+class _Connection(asyncio.Protocol):
+    """One HTTP/1.1 connection: one request at a time, answer parsed as bytes arrive."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.buffer = b""
+        self.waiter: asyncio.Future[tuple[int, bytes, bool]] | None = None
+        self.head: tuple[int, int | None, bool, bool] | None = None
+        self.body_start = 0
+        self.closed = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        waiter = self.waiter
+        if waiter is None or waiter.done():
+            return
+        if self.head is not None and self.head[1] is None and not self.head[2]:
+            self._complete(self.buffer[self.body_start :], False)  # body ends with the connection
+        elif not self.buffer:
+            reason = f"{exc}" if exc else "closed before answering"
+            waiter.set_exception(_StaleConnection(reason))
+        else:
+            waiter.set_exception(_Unreachable("connection closed in the middle of the answer"))
+
+    def data_received(self, data: bytes) -> None:
+        waiter = self.waiter
+        if waiter is None or waiter.done():
+            self.close()  # bytes nobody asked for: this connection cannot be trusted
+            return
+        self.buffer = self.buffer + data if self.buffer else data
+        try:
+            self._parse()
+        except _Unreachable as exc:
+            waiter.set_exception(exc)
+            self.close()
+
+    def _parse(self) -> None:
+        buffer = self.buffer
+        if self.head is None:
+            end = buffer.find(b"\r\n\r\n")
+            if end < 0:
+                if len(buffer) > MAX_HEAD_BYTES:
+                    raise _Unreachable("answer headers too large")
+                return
+            self.head = _parse_head(buffer[:end])
+            self.body_start = end + 4
+        _, length, chunked, keep_alive = self.head
+        if chunked:
+            body = _chunked_body(buffer, self.body_start)
+            if body is not None:
+                self._complete(body, keep_alive)
+        elif length is not None:
+            if len(buffer) - self.body_start >= length:
+                self._complete(buffer[self.body_start : self.body_start + length], keep_alive)
+        elif len(buffer) - self.body_start > MAX_RESPONSE_BYTES:
+            raise _Unreachable("answer too large")
+
+    def _complete(self, body: bytes, keep_alive: bool) -> None:
+        assert self.head is not None and self.waiter is not None
+        self.waiter.set_result((self.head[0], body, keep_alive))
+
+    async def exchange(self, data: bytes) -> tuple[int, bytes, bool]:
+        assert self.transport is not None
+        self.buffer = b""
+        self.head = None
+        self.waiter = asyncio.get_running_loop().create_future()
+        self.transport.write(data)
+        return await self.waiter
 
     def close(self) -> None:
-        self.writer.close()
+        self.closed = True
+        if self.transport is not None:
+            self.transport.abort()
 
 
 class _Pool:
     """Idle keep-alive connections, per origin, capped overall (oldest go first)."""
 
     def __init__(self, limit: int) -> None:
-        self._idle: OrderedDict[tuple[_Origin, int], _Connection] = OrderedDict()
-        self._counter = 0
+        self._idle: dict[_Origin, list[_Connection]] = {}
+        self._order: OrderedDict[int, tuple[_Origin, _Connection]] = OrderedDict()
         self._limit = limit
 
     def take(self, origin: _Origin) -> _Connection | None:
-        for key in reversed(self._idle):  # newest first: least likely closed by the server
-            if key[0] == origin:
-                return self._idle.pop(key)
+        idle = self._idle.get(origin)
+        while idle:
+            conn = idle.pop()  # newest first: least likely closed by the server
+            del self._order[id(conn)]
+            if not conn.closed:
+                return conn
         return None
 
     def give(self, origin: _Origin, conn: _Connection) -> None:
-        self._counter += 1
-        self._idle[(origin, self._counter)] = conn
-        while len(self._idle) > self._limit:
-            _, old = self._idle.popitem(last=False)
+        self._idle.setdefault(origin, []).append(conn)
+        self._order[id(conn)] = (origin, conn)
+        while len(self._order) > self._limit:
+            _, (old_origin, old) = self._order.popitem(last=False)
+            self._idle[old_origin].remove(old)
             old.close()
 
     def close_all(self) -> None:
-        while self._idle:
-            _, conn = self._idle.popitem()
+        for _, conn in self._order.values():
             conn.close()
+        self._order.clear()
+        self._idle.clear()
 
 
 class _HttpClient:
-    """HTTP/1.1 over asyncio streams: just what the agent protocol needs."""
+    """HTTP/1.1 on asyncio protocols: just what the agent protocol needs."""
 
     def __init__(self, timeout: float, idle_limit: int) -> None:
         self.timeout = timeout
@@ -146,70 +225,55 @@ class _HttpClient:
         if body is not None:
             head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
         data = (head + "\r\n").encode("latin-1") + (body or b"")
-        try:
-            return await asyncio.wait_for(self._exchange(origin, data), self.timeout)
-        except TimeoutError:
-            raise _Unreachable(f"no answer within {self.timeout:g}s") from None
-
-    async def _exchange(self, origin: _Origin, data: bytes) -> tuple[int, bytes]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout
         conn = self.pool.take(origin)
         if conn is not None:
             try:
-                return await self._send(origin, conn, data)
+                return await self._send(origin, conn, data, deadline)
             except _StaleConnection:
-                pass  # the server closed an idle keep-alive connection: retry once, fresh
-        conn = await self._connect(origin)
+                pass  # the agent closed an idle keep-alive connection: retry once, fresh
+        conn = await self._connect(origin, deadline)
         try:
-            return await self._send(origin, conn, data)
+            return await self._send(origin, conn, data, deadline)
         except _StaleConnection as exc:
             raise _Unreachable(f"connection closed by the agent: {exc}") from None
 
-    async def _connect(self, origin: _Origin) -> _Connection:
+    async def _connect(self, origin: _Origin, deadline: float) -> _Connection:
+        loop = asyncio.get_running_loop()
         context = None
         if origin.scheme == "https":
             if self._ssl is None:
                 self._ssl = ssl.create_default_context()
             context = self._ssl
         try:
-            reader, writer = await asyncio.open_connection(
-                origin.host, origin.port, ssl=context, limit=MAX_RESPONSE_BYTES
+            _, conn = await asyncio.wait_for(
+                loop.create_connection(_Connection, origin.host, origin.port, ssl=context),
+                max(deadline - loop.time(), 0.001),
             )
+        except TimeoutError:
+            raise _Unreachable(
+                f"cannot connect to {origin.host}:{origin.port}: no answer within {self.timeout:g}s"
+            ) from None
         except OSError as exc:
             raise _Unreachable(f"cannot connect to {origin.host}:{origin.port}: {exc}") from None
-        return _Connection(reader, writer)
+        return conn
 
-    async def _send(self, origin: _Origin, conn: _Connection, data: bytes) -> tuple[int, bytes]:
+    async def _send(
+        self, origin: _Origin, conn: _Connection, data: bytes, deadline: float
+    ) -> tuple[int, bytes]:
+        loop = asyncio.get_running_loop()
+        # A timer instead of wait_for: wait_for costs a task per request.
+        timer = loop.call_at(deadline, _time_out, conn, self.timeout)
         done = False
         try:
-            conn.writer.write(data)
-            try:
-                head = await conn.reader.readuntil(b"\r\n\r\n")
-            except asyncio.IncompleteReadError as exc:
-                if not exc.partial:
-                    raise _StaleConnection("closed before answering") from None
-                raise _Unreachable("answer cut off in its headers") from None
-            except ConnectionError as exc:
-                raise _StaleConnection(str(exc) or type(exc).__name__) from None
-            except asyncio.LimitOverrunError:
-                raise _Unreachable("answer headers too large") from None
-            status, length, chunked, keep_alive = _parse_head(head)
-            try:
-                if chunked:
-                    body = await _read_chunked(conn.reader)
-                elif length is not None:
-                    body = await conn.reader.readexactly(length)
-                else:
-                    body = await conn.reader.read(MAX_RESPONSE_BYTES)
-                    keep_alive = False
-            except (asyncio.IncompleteReadError, ConnectionError):
-                raise _Unreachable("answer cut off in its body") from None
+            status, body, keep_alive = await conn.exchange(data)
             done = True
-        except OSError as exc:
-            raise _Unreachable(f"connection failed: {exc}") from None
         finally:
+            timer.cancel()
             if not done:
                 conn.close()
-        if keep_alive:
+        if keep_alive and not conn.closed:
             self.pool.give(origin, conn)
         else:
             conn.close()
@@ -219,8 +283,10 @@ class _HttpClient:
         self.pool.close_all()
 
 
-class _StaleConnection(Exception):
-    pass
+def _time_out(conn: _Connection, timeout: float) -> None:
+    if conn.waiter is not None and not conn.waiter.done():
+        conn.waiter.set_exception(_Unreachable(f"no answer within {timeout:g}s"))
+    conn.close()
 
 
 def _parse_head(head: bytes) -> tuple[int, int | None, bool, bool]:
@@ -255,24 +321,30 @@ def _parse_head(head: bytes) -> tuple[int, int | None, bool, bool]:
     return status, length, chunked, keep_alive
 
 
-async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
+def _chunked_body(buffer: bytes, start: int) -> bytes | None:
+    """The decoded body when ``buffer[start:]`` holds all of it, else None."""
     parts: list[bytes] = []
+    pos = start
     total = 0
     while True:
-        line = await reader.readuntil(b"\r\n")
+        end = buffer.find(b"\r\n", pos)
+        if end < 0:
+            return None
         try:
-            size = int(line.split(b";", 1)[0].strip(), 16)
+            size = int(buffer[pos:end].split(b";", 1)[0].strip(), 16)
         except ValueError:
             raise _Unreachable("bad chunk in the answer") from None
+        pos = end + 2
         if size == 0:
-            while (await reader.readuntil(b"\r\n")) != b"\r\n":
-                pass  # trailers
-            return b"".join(parts)
+            trailer_end = buffer.find(b"\r\n\r\n", pos - 2)
+            return b"".join(parts) if trailer_end >= 0 else None
         total += size
         if total > MAX_RESPONSE_BYTES:
             raise _Unreachable("answer too large")
-        parts.append(await reader.readexactly(size))
-        await reader.readexactly(2)
+        if len(buffer) < pos + size + 2:
+            return None
+        parts.append(buffer[pos : pos + size])
+        pos += size + 2
 
 
 # -- reading answers -----------------------------------------------------------
@@ -412,7 +484,7 @@ class AgentClient:
         key = self.key
 
         def body(job: SendJob) -> bytes:
-            return canonical_json(make_envelope(build_payload(job, now), key))
+            return envelope_bytes(build_payload(job, now), key)
 
         async def one(item: tuple[str, SendJob]) -> tuple[str, JobObservation]:
             url, job = item

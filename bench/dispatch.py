@@ -1,0 +1,166 @@
+"""Dispatch throughput: signed jobs to a simulated fleet and their results.
+
+Starts ``reconciler sim-fleet`` with N nodes as a subprocess, sends one
+signed job per node with ``AgentClient.send_jobs``, then reads every job
+back with ``read_jobs`` until all have finished, and prints jobs per second
+end to end (POST + GET per job), the client's CPU time, and the share of
+time spent building and signing payloads.
+
+    .venv/bin/python bench/dispatch.py                # 10,000 nodes
+    .venv/bin/python bench/dispatch.py --nodes 2000 --compare-httpx
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from reconciler.agent_client import AgentClient
+from reconciler.effects import SendJob
+from reconciler.jobs import build_payload
+from reconciler.model import Target
+from reconciler.signing import canonical_json, generate_key, load_private_key, make_envelope
+
+
+def start_fleet(tmp: Path, nodes: int, pub: Path) -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "reconciler",
+            "sim-fleet",
+            "--nodes",
+            str(nodes),
+            "--state-dir",
+            str(tmp / "sim"),
+            "--trust-key",
+            str(pub),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line.startswith("listening on "):
+        proc.kill()
+        raise SystemExit(f"sim-fleet did not start: {line!r}")
+    return proc, "http://" + line.split()[-1]
+
+
+def make_jobs(url: str, count: int, mode: str, run: str) -> list[tuple[str, SendJob]]:
+    target = Target("hermes", "ollama", "llama3.1-8b", "default")
+    return [
+        (
+            url,
+            SendJob(
+                job_id=f"apply-{run}-{i:06d}",
+                kind="apply",
+                node=f"sim-{i:04d}",
+                rollout="bench",
+                attempt=1,
+                mode=mode,
+                target=target,
+                source_commit="0" * 40,
+            ),
+        )
+        for i in range(1, count + 1)
+    ]
+
+
+def compare_httpx(url: str, count: int) -> None:
+    """Plain GET heartbeats through httpx, for the README's comparison."""
+    import asyncio
+
+    import httpx
+
+    paths = [f"/v1/nodes/sim-{i % 1000 + 1:04d}/heartbeat" for i in range(count)]
+    with httpx.Client(base_url=url) as client:
+        start = time.perf_counter()
+        for path in paths:
+            client.get(path)
+        elapsed = time.perf_counter() - start
+    print(f"httpx.Client, one at a time:      {count / elapsed:8.0f} requests/s")
+
+    async def run_async() -> float:
+        limits = httpx.Limits(max_connections=64)
+        async with httpx.AsyncClient(base_url=url, limits=limits) as client:
+            sem = asyncio.Semaphore(64)
+
+            async def one(path: str) -> None:
+                async with sem:
+                    await client.get(path)
+
+            start = time.perf_counter()
+            await asyncio.gather(*(one(p) for p in paths))
+            return time.perf_counter() - start
+
+    elapsed = asyncio.run(run_async())
+    print(f"httpx.AsyncClient, 64 in flight:  {count / elapsed:8.0f} requests/s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=10_000)
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--mode", choices=("dry_run", "live"), default="live")
+    parser.add_argument("--rounds", type=int, default=1, help="jobs per node, one round each")
+    parser.add_argument("--compare-httpx", action="store_true")
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory() as tmpdir:
+        tmp = Path(tmpdir)
+        private, public = generate_key(tmp / "keys")
+        key = load_private_key(private)
+        fleet, url = start_fleet(tmp, args.nodes, public)
+        try:
+            client = AgentClient(key, concurrency=args.concurrency)
+            # warm up: connections and code paths
+            client.read_heartbeats([(url, f"sim-{i:04d}") for i in range(1, 201)])
+            for round_no in range(1, args.rounds + 1):
+                jobs = make_jobs(url, args.nodes, args.mode, f"r{round_no}")
+                now = datetime.now(UTC)
+                cpu0 = time.process_time()
+                start = time.perf_counter()
+                sent = client.send_jobs(jobs, now)
+                sent_at = time.perf_counter()
+                pending = list(jobs)
+                reads = 0
+                while pending:
+                    results = client.read_jobs(pending)
+                    reads += len(pending)
+                    pending = [
+                        item
+                        for item in pending
+                        if (obs := results[item[1].job_id]) is None
+                        or obs.state not in ("succeeded", "failed")
+                    ]
+                elapsed = time.perf_counter() - start
+                cpu = time.process_time() - cpu0
+                refused = sum(1 for o in sent.values() if o.state in ("refused", "unreachable"))
+                # signing share: the same payload building and signing, alone
+                sign_start = time.perf_counter()
+                for _, job in jobs:
+                    canonical_json(make_envelope(build_payload(job, now), key))
+                signing = time.perf_counter() - sign_start
+                print(
+                    f"round {round_no}: {len(jobs)} jobs ({args.mode}) to {args.nodes} nodes: "
+                    f"send {sent_at - start:.2f}s, collect {elapsed - (sent_at - start):.2f}s "
+                    f"({reads} reads), total {elapsed:.2f}s = {len(jobs) / elapsed:,.0f} jobs/s "
+                    f"end to end; client CPU {cpu:.2f}s; signing {signing:.2f}s "
+                    f"= {signing / elapsed:.0%} of the time; not accepted: {refused}"
+                )
+            client.close()
+            if args.compare_httpx:
+                compare_httpx(url, min(args.nodes, 3000))
+        finally:
+            fleet.terminate()
+            fleet.wait(timeout=10)
+
+
+if __name__ == "__main__":
+    main()
