@@ -30,7 +30,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from types import MappingProxyType
 from typing import Any
-from urllib.parse import urlsplit
 
 from reconciler import schemas, yamlio
 from reconciler.durations import parse_duration
@@ -63,6 +62,9 @@ _FOLDER_OF = {NODES_DIR: "Node", ROLLOUTS_DIR: "Rollout"}
 
 NAME_RE = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
 NAME_RULE = "1 to 63 lowercase letters, digits and '-', starting and ending with a letter or digit"
+
+# scheme://host[:port] of an agent URL; the schema has checked the rest
+_AUTHORITY = re.compile(r"https?://(\[[0-9A-Fa-f:.]+\]|[^:/\[\]]+)(?::([0-9]{1,5}))?(?:/|$)")
 
 # Rollout fields that take their default from reconciler.yaml when omitted.
 _SETTINGS_DEFAULTED = ("batchSize", "healthTimeout", "onFailure")
@@ -122,25 +124,24 @@ def classify(path: str) -> str:
     ``rollout``, ``misplaced`` (a YAML file where documents live but not in a
     form the daemon reads), ``stray`` (a top-level YAML file that may hold a
     document in the wrong place) or ``ignored``."""
-    parts = PurePosixPath(path).parts
-    if not parts:
-        return "ignored"
+    # Plain string work: this runs for every file of a big tree.
+    parts = path.split("/")
     base = parts[-1]
-    if base.startswith("."):
+    if not base or base.startswith("."):
         return "ignored"
     if len(parts) == 1:
         if path == SETTINGS_PATH:
             return "settings"
-        if base.lower() in ("reconciler.yml", "reconciler.json", "reconciler.yaml"):
+        lower = base.lower()
+        if lower in ("reconciler.yml", "reconciler.json", "reconciler.yaml"):
             return "misplaced"
-        return "stray" if base.lower().endswith((".yaml", ".yml")) else "ignored"
+        return "stray" if lower.endswith((".yaml", ".yml")) else "ignored"
     top = parts[0]
-    if top not in _FOLDER_OF:
+    if top != NODES_DIR and top != ROLLOUTS_DIR:
         return "ignored"
     if len(parts) == 2 and base.endswith(".yaml"):
         return "node" if top == NODES_DIR else "rollout"
-    lower = base.lower()
-    if lower.endswith((".yaml", ".yml", ".json")):
+    if base.lower().endswith((".yaml", ".yml", ".json")):
         return "misplaced"
     return "ignored"
 
@@ -165,7 +166,7 @@ def parse_file(path: str, data: bytes) -> ParsedFile:
     if role == "stray":
         return _parse_stray(path, data)
     kind = {"settings": "Settings", "node": "Node", "rollout": "Rollout"}[role]
-    stem = PurePosixPath(path).stem if kind != "Settings" else ""
+    stem = path[path.index("/") + 1 : -len(".yaml")] if kind != "Settings" else ""
     try:
         doc = yamlio.load_yaml(path, data)
     except yamlio.YamlProblem as exc:
@@ -343,20 +344,18 @@ class _Checker:
             return self.result()
         agent = spec.get("agent")
         if isinstance(agent, str) and self._ok("spec.agent"):
-            try:
-                parts = urlsplit(agent)
-                port = parts.port
-                if not parts.hostname:
-                    raise ValueError("no host")
-            except ValueError as exc:
+            match = _AUTHORITY.match(agent)
+            port = match.group(2) if match else None
+            if (
+                match is None
+                or not match.group(1)
+                or (port is not None and not 0 < int(port or 0) < 65536)
+            ):
                 self.add(
                     ["spec", "agent"],
-                    f"not a usable agent URL ({exc}): write it like http://10.0.0.5:8710 "
-                    "(a host, and a port from 1 to 65535)",
+                    "not a usable agent URL: write it like http://10.0.0.5:8710 "
+                    "(a host, and if given a port from 1 to 65535)",
                 )
-            else:
-                if port == 0:
-                    self.add(["spec", "agent"], "port 0 is not a usable port: use 1 to 65535")
         if self.problems:
             return self.result()
         return self.result(
@@ -787,55 +786,53 @@ def _index_in_file(source: bytes, name: str, index: int) -> int:
 # --- a working tree ------------------------------------------------------------------
 
 
-def _read(path: Path) -> bytes:
-    # Read one byte past the cap: enough to know the file is too big.
-    with path.open("rb") as handle:
-        return handle.read(yamlio.MAX_BYTES + 1)
+def _tree_files(root: Path) -> list[tuple[str, str, bool]]:
+    """(relative POSIX path, full path, is a symlink) of the files
+    ``parse_file`` cares about, sorted."""
+    found: list[tuple[str, str, bool]] = []
+    with os.scandir(root) as top:
+        for entry in top:
+            if is_document_path(entry.name) and (
+                entry.is_symlink() or entry.is_file(follow_symlinks=False)
+            ):
+                found.append((entry.name, entry.path, entry.is_symlink()))
+    pending = [(folder, os.path.join(root, folder)) for folder in (NODES_DIR, ROLLOUTS_DIR)]
+    while pending:
+        rel_dir, full_dir = pending.pop()
+        try:
+            entries = list(os.scandir(full_dir))
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        for entry in entries:
+            rel = f"{rel_dir}/{entry.name}"
+            if entry.is_dir(follow_symlinks=False):
+                if not entry.name.startswith("."):
+                    pending.append((rel, entry.path))
+            elif is_document_path(rel):
+                found.append((rel, entry.path, entry.is_symlink()))
+    found.sort()
+    return found
 
 
 def tree_paths(root: Path) -> list[str]:
     """Relative POSIX paths of the files ``parse_file`` cares about."""
-    found: list[str] = []
-    with os.scandir(root) as top:
-        for entry in top:
-            if entry.is_file(follow_symlinks=False) and is_document_path(entry.name):
-                found.append(entry.name)
-    for folder in _FOLDER_OF:
-        base = root / folder
-        if not base.is_dir():
-            continue
-        for dirpath, dirnames, filenames in os.walk(base):
-            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-            rel_dir = Path(dirpath).relative_to(root).as_posix()
-            for filename in filenames:
-                rel = f"{rel_dir}/{filename}"
-                if is_document_path(rel):
-                    found.append(rel)
-    return sorted(found)
+    return [rel for rel, _full, _link in _tree_files(root)]
+
+
+def _read(path: str) -> bytes:
+    # Read one byte past the cap: enough to know the file is too big.
+    with open(path, "rb") as handle:
+        return handle.read(yamlio.MAX_BYTES + 1)
 
 
 def load_directory(root: Path) -> Documents:
     """Every document of a fleet repository's working tree (status/ is the
     daemon's and is not read). ``root`` must be a directory."""
     parsed = []
-    for rel in tree_paths(root):
-        full = root / rel
-        if full.is_symlink():
-            parsed.append(
-                ParsedFile(
-                    rel,
-                    "",
-                    problems=(
-                        Problem(
-                            rel,
-                            0,
-                            0,
-                            "",
-                            "is a symbolic link; documents must be regular files",
-                        ),
-                    ),
-                )
-            )
+    for rel, full, is_link in _tree_files(root):
+        if is_link:
+            problem = Problem(rel, 0, 0, "", "is a symbolic link; documents must be regular files")
+            parsed.append(ParsedFile(rel, "", problems=(problem,)))
             continue
         parsed.append(parse_file(rel, _read(full)))
     return assemble(parsed)

@@ -186,7 +186,15 @@ class _Compiler:
         if len(checks) == 1:
             return checks[0]
         tup = tuple(checks)
-        return lambda v: all(c(v) for c in tup)
+
+        def every(v: Any) -> bool:
+            # a plain loop: about twice as fast as all() over a generator
+            for c in tup:  # noqa: SIM110
+                if not c(v):
+                    return False
+            return True
+
+        return every
 
     # Each _kw_ returns a check, or None when the keyword is handled by a
     # sibling (additionalProperties is compiled together with properties).
@@ -269,7 +277,15 @@ class _Compiler:
 
     def _kw_required(self, arg: list[str], _schema: Mapping[str, Any]) -> Check:
         names = tuple(arg)
-        return lambda v: not isinstance(v, dict) or all(n in v for n in names)
+
+        def required(v: Any) -> bool:
+            if isinstance(v, dict):
+                for n in names:
+                    if n not in v:
+                        return False
+            return True
+
+        return required
 
     def _kw_properties(self, arg: Mapping[str, Any], schema: Mapping[str, Any]) -> Check:
         props = {key: self.compile(sub) for key, sub in arg.items()}

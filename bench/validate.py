@@ -1,0 +1,128 @@
+"""How long ``reconciler validate`` takes on a big fleet repository.
+
+Generates 10,000 nodes and 1,000 rollouts (half by selector, half by
+nodeIds) in a temporary directory, then times ``load_directory`` on it and
+prints seconds and files per second, median of a few runs. Also times the
+parts: reading + YAML only, and ``assemble`` alone.
+
+    .venv/bin/python bench/validate.py [--nodes N] [--rollouts N] [--runs N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from reconciler import yamlio
+from reconciler.documents import assemble, load_directory, parse_file, tree_paths
+
+ZONES = ("lab", "east", "west", "north")
+ROLES = ("canary", "serving", "batch", "edge")
+
+
+def node_text(index: int) -> str:
+    return f"""\
+apiVersion: reconciler/v1
+kind: Node
+metadata:
+  name: node-{index:05d}
+spec:
+  agent: http://10.{index // 65536 % 256}.{index // 256 % 256}.{index % 256}:8710
+  labels:
+    role: {ROLES[index % len(ROLES)]}
+    zone: {ZONES[index // 7 % len(ZONES)]}
+    rack: r{index // 40:03d}
+  maintenance: {"true" if index % 97 == 0 else "false"}
+"""
+
+
+def rollout_text(index: int, nodes: int) -> str:
+    if index % 2:
+        chosen = ", ".join(f"node-{(index * 13 + k) % nodes:05d}" for k in range(8))
+        selection = f"nodeIds: [{chosen}]"
+    else:
+        selection = f"selector: {{role: {ROLES[index % 4]}, zone: {ZONES[index % 3]}}}"
+    return f"""\
+# Rollout {index}: generated for the benchmark.
+apiVersion: reconciler/v1
+kind: Rollout
+metadata:
+  name: rollout-{index:04d}
+spec:
+  target: {{runtime: hermes, provider: ollama, model: llama3.1-8b, profile: default}}
+  {selection}
+  batchSize: {1 + index % 5}
+  healthTimeout: 5m
+  live: {"true" if index % 3 == 0 else "false"}
+  onFailure: {("pause", "retry_once", "rollback", "observe", "stop")[index % 5]}
+  pauseAfter: [1]
+  startAt: "2026-12-01T09:00:00Z"
+  paused: false
+  resumeRequest: ""
+"""
+
+
+def generate(root: Path, nodes: int, rollouts: int) -> None:
+    (root / "nodes").mkdir()
+    (root / "rollouts").mkdir()
+    (root / "reconciler.yaml").write_text(
+        "apiVersion: reconciler/v1\nkind: Settings\nspec:\n  offlineAfter: 2m\n"
+    )
+    for i in range(nodes):
+        (root / "nodes" / f"node-{i:05d}.yaml").write_text(node_text(i))
+    for i in range(rollouts):
+        (root / "rollouts" / f"rollout-{i:04d}.yaml").write_text(rollout_text(i, nodes))
+
+
+def timed(func: object, runs: int) -> list[float]:
+    out = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        func()  # type: ignore[operator]
+        out.append(time.perf_counter() - start)
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=10_000)
+    parser.add_argument("--rollouts", type=int, default=1_000)
+    parser.add_argument("--runs", type=int, default=5)
+    args = parser.parse_args()
+    print(f"C loader in use: {yamlio.C_LOADER}")
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        generate(root, args.nodes, args.rollouts)
+        files = len(tree_paths(root))
+        documents = load_directory(root)
+        if documents.problems:
+            print("generated repository has problems:", *documents.problems[:5], sep="\n")
+            return 1
+        print(
+            f"{files} files: {len(documents.fleet.nodes)} nodes, {len(documents.rollouts)} rollouts"
+        )
+
+        full = timed(lambda: load_directory(root), args.runs)
+        median = statistics.median(full)
+        print(
+            f"load_directory: median {median:.3f} s over {args.runs} runs "
+            f"(min {min(full):.3f}, max {max(full):.3f}), {files / median:,.0f} files/s"
+        )
+
+        blobs = [(rel, (root / rel).read_bytes()) for rel in tree_paths(root)]
+        yaml_only = timed(lambda: [yamlio.load_yaml(p, d) for p, d in blobs], args.runs)
+        print(f"  YAML only (from memory): median {statistics.median(yaml_only):.3f} s")
+        parse_only = timed(lambda: [parse_file(p, d) for p, d in blobs], args.runs)
+        print(f"  parse_file (from memory): median {statistics.median(parse_only):.3f} s")
+        parsed = [parse_file(p, d) for p, d in blobs]
+        assembled = timed(lambda: assemble(parsed), args.runs)
+        print(f"  assemble (cached parses): median {statistics.median(assembled) * 1000:.1f} ms")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
