@@ -1,0 +1,239 @@
+"""Scenarios: explicit rollback (`rollbackRequest`, DESIGN.md section 5)."""
+
+from __future__ import annotations
+
+from engine_world import World
+
+from reconciler.model import Settings
+
+
+def live_three_with_third_failed() -> World:
+    """Live, batches of one, pause policy: a and b passed, c failed and is held."""
+    w = World(["a", "b", "c"])
+    w.rollout(batch_size=1, live=True)
+    w.step(0)
+    for k, node in enumerate(["a", "b"]):
+        w.succeed(node, backup_id=f"bk-{node}")
+        w.heartbeat(node, at=w.at(10 * k + 2))
+        w.step(10 * k + 5)
+    w.fail("c", backup_id=None)
+    w.step(30)
+    assert w.hold() == "health_failed"
+    return w
+
+
+def test_rollback_all_restores_changed_nodes_and_reports_the_rest_as_skipped() -> None:
+    w = live_three_with_third_failed()
+
+    w.rollback(id="rb1", author="Ana <ana@example.org>")
+    step = w.step(40)
+
+    restores = {j.node: j for j in step.effects}
+    assert set(restores) == {"a", "b"}
+    assert restores["a"].kind == "restore" and restores["a"].backup_id == "bk-a"
+    assert restores["b"].backup_id == "bk-b"
+    assert w.state("a") == "restoring" and w.state("b") == "restoring"
+    record = w.status().rollbacks[0]
+    assert record.id == "rb1" and record.requested_by == "Ana <ana@example.org>"
+    assert record.time == w.at(40)
+    outcomes = {n.name: n.outcome for n in record.nodes}
+    assert outcomes == {"a": "restoring", "b": "restoring", "c": "skipped"}
+    assert w.phase() == "paused" and w.hold() == "health_failed"
+
+    w.answer(restores["a"], "succeeded")
+    w.answer(restores["b"], "failed", error="restore_failed: checksum")
+    w.step(45)
+    assert w.state("a") == "rolled_back" and w.state("b") == "rollback_failed"
+    record = w.status().rollbacks[0]
+    assert record.state == "done"
+    assert {n.name: n.outcome for n in record.nodes} == {
+        "a": "rolled_back",
+        "b": "rollback_failed",
+        "c": "skipped",
+    }
+
+
+def test_nothing_else_is_dispatched_while_restoring() -> None:
+    w = live_three_with_third_failed()
+    w.rollback(nodes=["a"])
+    w.step(40)
+
+    w.resume()
+    w.step(45)
+
+    assert w.last.effects == () and w.status().condition("resume_refused") is not None
+    assert w.job("c").attempt == 1
+
+
+def test_a_node_that_needed_a_retry_restores_the_first_attempts_backup() -> None:
+    w = World(["a"])
+    w.rollout(live=True, on_failure="retry_once")
+    w.step(0)
+    w.fail("a", backup_id="bk-first")
+    w.step(5)
+    w.succeed("a", backup_id="bk-second")
+    w.heartbeat("a", at=w.at(7))
+    w.step(10)
+    assert w.phase() == "completed"
+
+    w.rollback(id="undo", nodes=["a"])
+    w.step(20)
+
+    assert w.job("a").kind == "restore" and w.job("a").backup_id == "bk-first"
+
+
+def test_rollback_of_a_completed_rollout_keeps_the_phase_and_lists_the_rollback() -> None:
+    w = World(["a"])
+    w.rollout(live=True)
+    w.step(0)
+    w.succeed("a", backup_id="bk-a")
+    w.heartbeat("a", at=w.at(2))
+    w.step(5)
+    assert w.phase() == "completed"
+
+    w.rollback(id="undo")
+    w.step(10)
+    assert w.phase() == "completed" and w.state("a") == "restoring"
+    assert w.status().rollbacks[0].id == "undo"
+
+    w.answer(w.job("a"), "succeeded")
+    w.step(15)
+    assert w.phase() == "completed" and w.state("a") == "rolled_back"
+    assert w.status().rollbacks[0].state == "done"
+
+
+def test_rollback_of_a_running_rollout_that_is_not_held_is_refused() -> None:
+    w = World(["a", "b"])
+    w.rollout(live=True, batch_size=1)
+    w.step(0)
+    w.succeed("a", backup_id="bk-a")
+    w.heartbeat("a", at=w.at(2))
+    w.step(5)
+
+    w.rollback(id="rb1")
+    step = w.step(10)
+
+    assert step.effects == ()
+    assert w.status().rollbacks[0].state == "refused"
+    condition = w.status().condition("rollback_refused")
+    assert condition is not None and "pause" in condition.message
+
+
+def test_rollback_of_a_dry_run_rollout_is_refused() -> None:
+    w = World(["a"])
+    w.rollout()
+    w.step(0)
+    w.succeed("a")
+    w.step(5)
+
+    w.rollback(id="rb1")
+    step = w.step(10)
+
+    assert step.effects == () and w.status().rollbacks[0].state == "refused"
+    assert "dry-run" in w.status().rollbacks[0].message
+
+
+def test_rollback_naming_an_unknown_node_refuses_that_node() -> None:
+    w = live_three_with_third_failed()
+
+    w.rollback(id="rb1", nodes=["a", "ghost"])
+    step = w.step(40)
+
+    assert [j.node for j in step.effects] == ["a"]
+    outcomes = {n.name: n.outcome for n in w.status().rollbacks[0].nodes}
+    assert outcomes == {"a": "restoring", "ghost": "refused"}
+    condition = w.status().condition("rollback_refused")
+    assert condition is not None and "ghost" in condition.message
+
+
+def test_the_same_rollback_id_restores_once() -> None:
+    w = live_three_with_third_failed()
+    w.rollback(id="rb1", nodes=["a"])
+    w.step(40)
+    w.answer(w.job("a"), "succeeded")
+    w.step(45)
+
+    w.edit(paused=True)  # another edit, same request id still in the file
+    w.step(50)
+    w.edit(paused=False)
+    w.step(55)
+
+    assert len([j for j in w.jobs_to("a") if j.kind == "restore"]) == 1
+
+
+def test_rollback_of_a_node_a_later_rollout_changed_is_refused() -> None:
+    w = World(["a"])
+    w.rollout("old", live=True)
+    w.step(0)
+    w.succeed("a", "old", backup_id="bk-a")
+    w.heartbeat("a", at=w.at(2))
+    w.step(5)
+    w.rollout("new", live=True)
+    w.step(10)
+    assert w.phase("new") == "running"
+
+    w.rollback("old", id="rb1")
+    step = w.step(15)
+
+    assert [j for j in step.effects if j.kind == "restore"] == []
+    node = w.status("old").rollbacks[0].nodes[0]
+    assert node.outcome == "refused" and "new" in node.message
+
+
+def test_rollback_of_a_node_with_a_job_in_flight_is_refused_for_that_node() -> None:
+    w = World(["a", "b"])
+    w.rollout(live=True, batch_size=2)
+    w.step(0)
+    w.succeed("a", backup_id="bk-a")
+    w.heartbeat("a", at=w.at(1))
+    w.edit(paused=True)
+    w.step(5)
+    assert w.state("b") == "dispatched"
+
+    w.rollback(id="rb1")
+    step = w.step(10)
+
+    assert [j.node for j in step.effects] == ["a"]
+    outcomes = {n.name: n.outcome for n in w.status().rollbacks[0].nodes}
+    assert outcomes == {"a": "restoring", "b": "refused"}
+
+
+def test_rollback_waits_for_the_backup_list_when_the_first_apply_was_never_seen() -> None:
+    w = World(["a", "b"], settings=Settings(offline_after=30))
+    w.rollout(live=True, batch_size=1)
+    w.step(0)
+    first = w.job("a")
+    w.go_offline("a")
+    w.step(31)
+    assert w.state("a") == "unknown" and not w.node("a").first_backup_known
+
+    w.rollback(id="rb1", nodes=["a"])
+    step = w.step(40)
+    assert step.effects == () and w.status().rollbacks[0].state == "waiting"
+
+    from reconciler.engine import wanted_backups
+
+    assert wanted_backups([w.status()]) == ("a",)
+    w.come_back("a")
+    w.backup("a", "bk-a", first)
+    step = w.step(45)
+
+    assert [(j.kind, j.backup_id) for j in step.effects] == [("restore", "bk-a")]
+    assert w.status().rollbacks[0].state == "restoring"
+
+
+def test_restore_decided_before_an_abort_is_still_carried_out() -> None:
+    w = World(["a", "b"])
+    w.rollout(live=True, batch_size=1, on_failure="rollback")
+    w.step(0)
+    w.fail("a", backup_id="bk-a")
+    w.step(5)
+    assert w.state("a") == "rollback_pending"
+
+    w.edit(abort=True)
+    w.step(10)
+    w.answer(w.job("a"), "succeeded")
+    w.step(15)
+
+    assert w.phase() == "aborted" and w.state("a") == "rolled_back"
+    assert w.node("a").held is None
