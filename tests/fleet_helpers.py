@@ -136,17 +136,17 @@ def make_status(
         )
         for node, batch, state in nodes
     )
-    batch_count = max((b for _, b, _ in nodes), default=0)
+    states_by_batch: dict[int, set[str]] = {}
+    for record in records:
+        states_by_batch.setdefault(record.batch, set()).add(record.state)
+
+    def batch_state(states: set[str]) -> str:
+        if states == {"succeeded"}:
+            return "done"
+        return "pending" if states == {"pending"} else "running"
+
     batches = tuple(
-        BatchRecord(
-            index,
-            "done"
-            if all(r.state == "succeeded" for r in records if r.batch == index)
-            else "pending"
-            if all(r.state == "pending" for r in records if r.batch == index)
-            else "running",
-        )
-        for index in range(1, batch_count + 1)
+        BatchRecord(index, batch_state(states)) for index, states in sorted(states_by_batch.items())
     )
     started = phase not in ("pending", "scheduled")
     return RolloutStatus(

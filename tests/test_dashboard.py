@@ -1,0 +1,137 @@
+"""``status/README.md``: one row per rollout and a Mermaid diagram of the
+active ones, the same bytes for the same statuses."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+
+from fleet_helpers import make_status
+
+from reconciler.dashboard import render_dashboard
+from reconciler.status import Condition
+
+CANARY = make_status(
+    "llama-canary",
+    "paused",
+    [
+        (f"gpu-a{i}", i, "succeeded" if i < 4 else "failed" if i == 4 else "pending")
+        for i in range(1, 9)
+    ],
+    hold="health_failed",
+    hold_nodes=["gpu-a4"],
+    transitions=[("pending", "running", "started"), ("running", "paused", "health_failed")],
+)
+WIDE = make_status(
+    "qwen-wide",
+    "running",
+    [
+        (
+            f"n{i:03d}",
+            (i - 1) // 10 + 1,
+            "succeeded" if i <= 30 else "dispatched" if i <= 40 else "pending",
+        )
+        for i in range(1, 201)
+    ],
+    batch_size=10,
+    transitions=[("pending", "running", "started")],
+)
+DONE = make_status(
+    "mistral-old",
+    "completed",
+    [("gpu-b1", 1, "succeeded")],
+    transitions=[("running", "completed", "all_succeeded")],
+)
+WAITING = make_status(
+    "phi-next",
+    "pending",
+    reason="overlap",
+    message="shares nodes with qwen-wide",
+    conditions=(
+        Condition(
+            "unverified",
+            "commit 1234abc is not signed by an allowed signer",
+            DONE.transitions[0].time,
+        ),
+    ),
+)
+ALL = {s.name: s for s in (DONE, WIDE, WAITING, CANARY)}
+
+
+def rows(text: str) -> dict[str, list[str]]:
+    """Table rows by rollout name: the cells after the name."""
+    table: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        if match := re.match(r"\| \[([a-z0-9-]+)\]", line):
+            table[match.group(1)] = [cell.strip() for cell in line.split("|")[2:-1]]
+    return table
+
+
+def test_one_row_per_rollout_with_phase_progress_batch_and_hold() -> None:
+    text = render_dashboard(ALL)
+
+    table = rows(text)
+    assert list(table) == ["llama-canary", "qwen-wide", "phi-next", "mistral-old"]
+    phase, progress, batch, why, since = table["llama-canary"]
+    assert "paused" in phase and "live" in phase
+    assert progress == "`███░░░░░░░ 3/8 ✗1`"
+    assert batch == "4/8"
+    assert why == "`health_failed`"
+    assert since == "2026-12-01 09:00Z"
+    assert table["qwen-wide"][1] == "`█░░░░░░░░░ 30/200`"
+    assert table["phi-next"][3] == "`overlap`"
+    assert table["mistral-old"][1] == "`██████████ 1/1`"
+    assert "[llama-canary](llama-canary.yaml)" in text  # links to the status file
+
+
+def test_holds_and_conditions_are_listed_for_a_person() -> None:
+    text = render_dashboard(ALL)
+
+    attention = text.split("## Needs attention")[1].split("##")[0]
+    assert "**llama-canary** `health_failed`: gpu-a4: health_failed. Nodes: gpu-a4." in attention
+    assert "**phi-next** condition `unverified`: commit 1234abc is not signed" in attention
+
+
+def test_mermaid_diagram_of_active_rollouts_coloured_by_batch_state() -> None:
+    text = render_dashboard(ALL)
+
+    diagram = text.split("```mermaid\n")[1].split("```")[0]
+    assert diagram.startswith("flowchart LR")
+    assert 'subgraph r1["llama-canary: paused (health_failed)"]' in diagram
+    assert 'subgraph r2["qwen-wide: running"]' in diagram
+    assert "mistral-old" not in diagram and "phi-next" not in diagram  # not active
+    assert '["batches 1-3<br/>3/3 ok · done"]:::done' in diagram
+    assert '["batch 4<br/>0/1 ok · held"]:::held' in diagram
+    assert '["batches 5-8<br/>0/4 ok · pending"]:::pending' in diagram
+    assert '["batch 4<br/>0/10 ok · running"]:::running' in diagram
+    assert "r1b1 --> r1b4 --> r1b5" in diagram
+    for state in ("done", "running", "held", "failed", "pending"):
+        assert re.search(rf"^  classDef {state} fill:#", diagram, re.M)
+
+
+def test_a_huge_rollout_is_still_a_handful_of_boxes() -> None:
+    nodes = [(f"n{i:05d}", i, "succeeded" if i <= 4000 else "pending") for i in range(1, 10001)]
+    nodes[4000] = ("n04001", 4001, "dispatched")
+    text = render_dashboard({"huge": make_status("huge", "running", nodes)})
+
+    assert text.count(":::") == 3
+    assert len(text) < 3000
+
+
+def test_same_statuses_give_the_same_bytes_in_any_order() -> None:
+    forward = render_dashboard(ALL)
+    backward = render_dashboard(dict(reversed(list(ALL.items()))))
+
+    assert forward == backward
+    assert forward.encode() == render_dashboard(dict(ALL)).encode()
+
+
+def test_no_rollouts_and_hostile_text_render_safely() -> None:
+    assert "No rollouts yet" in render_dashboard({})
+    nasty = make_status("x", "paused", [("a", 1, "failed")], hold="health_failed")
+    assert nasty.hold is not None
+    hold = replace(nasty.hold, message='boom | <script>"x"</script>\nsecond line')
+    text = render_dashboard({"x": replace(nasty, hold=hold)})
+    assert "<script>" not in text
+    assert "boom \\| &lt;script&gt;" in text
+    assert "second line" in text.split("## Needs attention")[1].splitlines()[2]
