@@ -1,0 +1,73 @@
+"""``reconciler init``: a new fleet repository seeded from the examples."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from fleet_helpers import git, identity
+
+from reconciler import cli
+from reconciler.commands.init import example_dir
+
+__all__ = ["identity"]
+
+
+def seeded_files(directory: Path) -> set[str]:
+    skipped = {".keep", "status"}
+    return {
+        p.relative_to(directory).as_posix()
+        for p in directory.rglob("*")
+        if p.is_file()
+        and not skipped & set(p.relative_to(directory).parts)
+        and ".git" not in p.relative_to(directory).parts
+    }
+
+
+def test_init_makes_a_bare_origin_and_a_clone_with_the_first_commit_pushed(
+    tmp_path: Path, identity: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = cli.main(["init", str(tmp_path / "lab")])
+
+    assert code == 0
+    origin, clone = tmp_path / "lab/fleet.git", tmp_path / "lab/fleet"
+    assert git(origin, "rev-parse", "--is-bare-repository").strip() == "true"
+    tip = git(origin, "rev-parse", "refs/heads/main").strip()
+    assert git(clone, "rev-parse", "HEAD").strip() == tip
+    assert git(clone, "rev-parse", "--abbrev-ref", "HEAD").strip() == "main"
+    assert git(clone, "rev-parse", "--abbrev-ref", "main@{upstream}").strip() == "origin/main"
+    assert git(clone, "status", "--porcelain") == ""
+    # every example file, and nothing the daemon writes
+    committed = set(git(clone, "ls-files").split())
+    assert committed == seeded_files(example_dir())
+    assert any(f.startswith("rollouts/") for f in committed)
+    assert "deploy/reconciler.service" in committed
+    assert not any(f.startswith("status/") for f in committed)
+    assert git(clone, "log", "-1", "--format=%an").strip() == "Alice Operator"
+    out = capsys.readouterr().out
+    assert f"created {origin}" in out
+    assert f"reconciler run --repo {origin}" in out
+
+
+def test_init_bare_makes_one_bare_repository(tmp_path: Path, identity: dict[str, str]) -> None:
+    target = tmp_path / "fleet.git"
+
+    assert cli.main(["init", str(target), "--bare"]) == 0
+
+    assert git(target, "rev-parse", "--is-bare-repository").strip() == "true"
+    files = set(git(target, "ls-tree", "-r", "--name-only", "main").split())
+    assert files == seeded_files(example_dir())
+    assert not (tmp_path / "fleet").exists()
+
+
+def test_init_never_overwrites(
+    tmp_path: Path, identity: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "lab/fleet").mkdir(parents=True)
+    (tmp_path / "lab/fleet/notes.txt").write_text("mine")
+
+    assert cli.main(["init", str(tmp_path / "lab")]) == 1
+
+    assert "already exists and is not empty" in capsys.readouterr().err
+    assert not (tmp_path / "lab/fleet.git").exists()
+    assert (tmp_path / "lab/fleet/notes.txt").read_text() == "mine"
