@@ -33,18 +33,24 @@ def admit_job(
     runtimes: Collection[str] | None,
     allow_live: bool,
     known: Callable[[str], Mapping[str, Any] | None],
+    path_node: str | None = None,
 ) -> dict[str, Any]:
     """The verified payload, or ``JobRefused`` with the first failing check's code.
 
     ``node`` is the node this agent is (or, in the simulator, the node the
     request's path names); ``runtimes`` None means every runtime is managed;
-    ``known`` returns the payload already recorded under a job id, or None.
+    ``known`` returns the payload already recorded under a job id, or None;
+    ``path_node`` is the node the request's URL names, when it may differ.
     """
     payload = verify_envelope(envelope, trusted)
     if payload["node"] != node:
         raise JobRefused(
             "wrong_node",
             f"this agent is node {node}; the job is addressed to {payload['node']}",
+        )
+    if path_node is not None and path_node != node:
+        raise JobRefused(
+            "wrong_node", f"this agent is node {node}; the request was sent for {path_node}"
         )
     expires = parse_time(payload["expiresAt"])
     if now >= expires:
