@@ -32,6 +32,7 @@ from typing import Any
 import pygit2
 from pygit2.enums import CredentialType, FetchPrune, FileMode, RepositoryOpenFlag
 
+from . import crashpoints
 from .errors import RefMoved, StoreError
 from .history import History
 
@@ -296,6 +297,8 @@ class GitStore:
                 raise RefMoved(f"branch {branch!r} moved from {parent}", "re-read and step again")
             return parent
         new = self._create_commit(tree_id, parent, message, sign)
+        # Tests kill the daemon here: the commit object exists, the branch has not moved.
+        crashpoints.reach("after_commit")
         if self.is_remote:
             self._push(branch, parent, new)
         else:
