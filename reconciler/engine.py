@@ -348,7 +348,7 @@ class _RolloutStep:
 
     def set_node(self, i: int, new: NodeRecord, reason: str) -> None:
         old = self.nodes[i]
-        if old == new:
+        if old.__dict__ == new.__dict__:
             return
         if self._nodes is None:
             self._nodes = list(self.old.nodes)
@@ -611,7 +611,7 @@ class _RolloutStep:
         for i in list(self.open_indexes()):
             node = self.nodes[i]
             if node.held is not None and not _restore_waiting(node):
-                self.set_node(i, replace(node, held=None), "rollout ended")
+                self.set_node(i, _evolve(node, held=None), "rollout ended")
         self.update_batches()
 
     def check_frozen(self, spec: RolloutSpec) -> None:
@@ -732,7 +732,7 @@ class _RolloutStep:
                 # The apply may have run without our seeing it: only the
                 # agent's backup list can tell (DESIGN.md 5).
                 known = False
-        new = replace(
+        new = _evolve(
             node,
             state=state,
             verdict=verdict,
@@ -759,7 +759,7 @@ class _RolloutStep:
         held = node.held
         if restore.request == "policy" or held is not None:
             held = None if self.phase_terminal() else outcome
-        new = replace(
+        new = _evolve(
             node,
             state=outcome,
             held=held,
@@ -799,12 +799,12 @@ class _RolloutStep:
                     continue  # nothing else is dispatched while a restore runs
                 self.dispatch(i, "automatic retry (retry_once)", auto_retry=True)
             elif decision.action == "stop":
-                self.set_node(i, replace(node, state="stopped", held="stopped"), "policy stop")
+                self.set_node(i, _evolve(node, state="stopped", held="stopped"), "policy stop")
             elif decision.action == "rollback":
-                self.set_node(i, replace(node, held="rollback_pending"), "policy rollback")
+                self.set_node(i, _evolve(node, held="rollback_pending"), "policy rollback")
                 self.start_policy_restore(i)
             elif decision.action == "hold":
-                self.set_node(i, replace(node, held=decision.hold), decision.hold or "hold")
+                self.set_node(i, _evolve(node, held=decision.hold), decision.hold or "hold")
             progressed = True
         return progressed
 
@@ -824,7 +824,7 @@ class _RolloutStep:
         }
         matches = [b for b in backups if b.job_id in ours]
         found = matches[-1].backup_id if matches else None  # newest first: last is oldest
-        new = replace(node, first_backup_id=found, first_backup_known=True)
+        new = _evolve(node, first_backup_id=found, first_backup_known=True)
         self.set_node(i, new, "backup list searched")
         return new
 
@@ -833,7 +833,7 @@ class _RolloutStep:
         if not node.first_backup_known:
             return False  # wait for the backup list (wanted_backups asks for it)
         if node.first_backup_id is None:
-            self.set_node(i, replace(node, held="rollback_unavailable"), "no backup to restore")
+            self.set_node(i, _evolve(node, held="rollback_unavailable"), "no backup to restore")
             return True
         self.send_restore(i, "policy", "rollback_pending")
         return True
@@ -847,7 +847,7 @@ class _RolloutStep:
                 if node.first_backup_known and node.first_backup_id is not None:
                     self.send_restore(i, "policy", "rollback_pending")
                 elif node.first_backup_known:
-                    self.set_node(i, replace(node, held=None), "no backup to restore")
+                    self.set_node(i, _evolve(node, held=None), "no backup to restore")
 
     def send_restore(self, i: int, request: str, state: str) -> None:
         node = self.nodes[i]
@@ -863,7 +863,7 @@ class _RolloutStep:
             dispatched_at=self.now,
             deadline=self.deadline(),
         )
-        self.set_node(i, replace(node, state=state, restore=restore), f"restore ({request})")
+        self.set_node(i, _evolve(node, state=state, restore=restore), f"restore ({request})")
         self.effects.append(_restore_job(self.inp.name, self.frozen, node.name, restore))
 
     def restores_in_flight(self) -> bool:
@@ -876,7 +876,7 @@ class _RolloutStep:
         fleet_node = self.ctx.node(node.name)
         if fleet_node is None:
             if node.state == "pending":
-                new = replace(
+                new = _evolve(
                     node,
                     state="unknown",
                     verdict="unknown",
@@ -887,7 +887,7 @@ class _RolloutStep:
                 self.set_node(i, new, "node removed from nodes/")
             else:
                 error = "node removed from nodes/"
-                self.set_node(i, replace(node, held="dispatch_refused", error=error), error)
+                self.set_node(i, _evolve(node, held="dispatch_refused", error=error), error)
             return
         refusal = ""
         if fleet_node.maintenance and not self.frozen.include_maintenance:
@@ -896,11 +896,11 @@ class _RolloutStep:
             refusal = f"agent address {fleet_node.agent!r} is not http(s)://host[:port]"
         if refusal:
             # A resumed question node keeps its verdict and is held again.
-            self.set_node(i, replace(node, held="dispatch_refused", error=refusal), refusal)
+            self.set_node(i, _evolve(node, held="dispatch_refused", error=refusal), refusal)
             return
         attempt = node.attempt + 1
         jid = job_id(self.inp.name, self.start_commit, node.name, attempt, "apply")
-        new = replace(
+        new = _evolve(
             node,
             state="dispatched",
             attempt=attempt,
@@ -926,7 +926,7 @@ class _RolloutStep:
             node = self.nodes[i]
             if node.state in ("succeeded", "skipped", "dispatched") or node.state in RESTORE_STATES:
                 continue
-            self.set_node(i, replace(node, state="skipped", held=None), "skipNodes")
+            self.set_node(i, _evolve(node, state="skipped", held=None), "skipNodes")
 
     def handle_resume(self, spec: RolloutSpec) -> bool:
         token = spec.resume_request
@@ -959,7 +959,7 @@ class _RolloutStep:
                 )
                 if node.state in STATEMENT_STATES or gone:
                     why = "resume: removed or in maintenance" if gone else "resume"
-                    self.set_node(i, replace(node, state="skipped", held=None), why)
+                    self.set_node(i, _evolve(node, state="skipped", held=None), why)
                 else:
                     self.dispatch(i, f"resume {token!r}")
             return True
@@ -1243,6 +1243,19 @@ class _RolloutStep:
                 record, nodes=nodes, state=state, message=_rollback_summary(list(nodes))
             )
         self.rollbacks = tuple(records)
+
+
+_NODE_FIELDS = frozenset(NodeRecord.__dataclass_fields__)
+
+
+def _evolve(node: NodeRecord, **changes: Any) -> NodeRecord:
+    """``dataclasses.replace`` for node records without its per-call field
+    introspection, which dominated stepping large rollouts."""
+    assert changes.keys() <= _NODE_FIELDS, changes.keys() - _NODE_FIELDS
+    new = object.__new__(NodeRecord)
+    new.__dict__.update(node.__dict__)
+    new.__dict__.update(changes)
+    return new
 
 
 def _rollback_summary(nodes: Sequence[RollbackNode]) -> str:

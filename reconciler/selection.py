@@ -4,6 +4,7 @@ address a node's agent at all. Pure: values in, values out."""
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 from reconciler.model import Fleet, Node, RolloutSpec
 
@@ -15,6 +16,7 @@ _AGENT_URL = re.compile(
 )
 
 
+@lru_cache(maxsize=65536)
 def valid_agent_url(url: str) -> bool:
     """True for ``http(s)://host[:port]`` (port 1-65535)."""
     if not isinstance(url, str) or not _AGENT_URL.match(url):
