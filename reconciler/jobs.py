@@ -103,8 +103,11 @@ def payload_problems(document: Any, *, envelope: bool = False) -> list[str]:
             problems.append(f"{where}: {error.message}")
         return problems[:5]
     payload = document["payload"] if envelope else document
-    issued = parse_time(payload["issuedAt"])
-    expires = parse_time(payload["expiresAt"])
+    try:
+        issued = parse_time(payload["issuedAt"])
+        expires = parse_time(payload["expiresAt"])
+    except ValueError as exc:  # matches the pattern, yet no such date (month 13)
+        return [f"issuedAt/expiresAt: {exc}"]
     if not issued < expires <= issued + JOB_TTL:
         return ["expiresAt: must be after issuedAt and at most 15 minutes later"]
     return []

@@ -1,0 +1,281 @@
+"""Keys, key ids and signed envelopes: what the daemon signs is what every
+agent verifies, and the key id is the one ssh-keygen shows."""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from agent_helpers import job, new_key
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from jsonschema import Draft202012Validator
+
+from reconciler.errors import KeyFileError
+from reconciler.jobs import JOB_TTL, _validators, build_payload, payload_problems, same_job
+from reconciler.signing import (
+    JobRefused,
+    canonical_json,
+    envelope_bytes,
+    generate_key,
+    load_private_key,
+    load_public_key,
+    load_trusted_keys,
+    make_envelope,
+    verify_envelope,
+)
+
+NOW = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
+
+
+def ssh_keygen_fingerprint(path: Path) -> str:
+    out = subprocess.run(
+        ["ssh-keygen", "-lf", str(path)], check=True, capture_output=True, text=True
+    ).stdout
+    return out.split()[1]
+
+
+def test_generated_key_id_is_what_ssh_keygen_prints(tmp_path: Path) -> None:
+    private, public = generate_key(tmp_path / "keys")
+
+    key = load_private_key(private)
+
+    assert key.key_id.startswith("SHA256:")
+    assert key.key_id == ssh_keygen_fingerprint(public)
+    assert key.key_id == ssh_keygen_fingerprint(private)
+    assert load_public_key(public).key_id == key.key_id
+
+
+def test_generated_files_are_openssh_and_the_private_key_is_0600(tmp_path: Path) -> None:
+    old_umask = os.umask(0)  # a careless umask must not make the key readable
+    try:
+        private, public = generate_key(tmp_path / "keys")
+    finally:
+        os.umask(old_umask)
+
+    assert private.name == "reconciler" and public.name == "reconciler.pub"
+    assert private.stat().st_mode & 0o777 == 0o600
+    assert private.read_text().startswith("-----BEGIN OPENSSH PRIVATE KEY-----")
+    derived = subprocess.run(
+        ["ssh-keygen", "-y", "-f", str(private)], check=True, capture_output=True, text=True
+    ).stdout
+    assert derived.split()[:2] == public.read_text().split()[:2]
+
+
+def test_a_key_made_by_ssh_keygen_loads_with_the_same_id(tmp_path: Path) -> None:
+    path = tmp_path / "id_ed25519"
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "ops", "-f", str(path)], check=True
+    )
+
+    assert load_private_key(path).key_id == ssh_keygen_fingerprint(path)
+    assert load_public_key(path.with_suffix(".pub")).key_id == ssh_keygen_fingerprint(path)
+
+
+@pytest.mark.parametrize("mode", [0o640, 0o604, 0o660])
+def test_a_private_key_readable_by_others_is_refused_with_the_fix(
+    tmp_path: Path, mode: int
+) -> None:
+    private, _ = generate_key(tmp_path / "keys")
+    private.chmod(mode)
+
+    with pytest.raises(KeyFileError) as refused:
+        load_private_key(private)
+
+    assert "accessible by others" in str(refused.value)
+    assert refused.value.hint == f"make it private: chmod 600 {private}"
+
+
+def test_generate_never_overwrites_a_key(tmp_path: Path) -> None:
+    private, _ = generate_key(tmp_path / "keys")
+    before = private.read_bytes()
+
+    with pytest.raises(KeyFileError, match="already exists"):
+        generate_key(tmp_path / "keys")
+
+    assert private.read_bytes() == before
+
+
+def test_missing_and_wrong_key_files_say_what_to_do(tmp_path: Path) -> None:
+    with pytest.raises(KeyFileError, match="does not exist"):
+        load_private_key(tmp_path / "nothing")
+    junk = tmp_path / "junk.pub"
+    junk.write_text("not a key\n")
+    with pytest.raises(KeyFileError, match="not an OpenSSH public key"):
+        load_public_key(junk)
+    rsa = tmp_path / "id_rsa"
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "rsa", "-b", "1024", "-N", "", "-f", str(rsa)], check=True
+    )
+    with pytest.raises(KeyFileError, match="not an Ed25519"):
+        load_private_key(rsa)
+    with pytest.raises(KeyFileError, match="no trust key"):
+        load_trusted_keys([])
+
+
+def test_canonical_json_sorts_keys_without_spaces_and_keeps_utf8() -> None:
+    assert canonical_json({"b": 1, "a": {"é": "ü", "c": [1, 2]}}) == (
+        '{"a":{"c":[1,2],"é":"ü"},"b":1}'.encode()
+    )
+
+
+def test_payload_has_every_field_and_expires_after_fifteen_minutes() -> None:
+    payload = build_payload(job(), NOW)
+
+    assert payload == {
+        "schema": "reconciler.job/v1",
+        "jobId": "apply-0001",
+        "kind": "apply",
+        "node": "node-a",
+        "rollout": "llama",
+        "attempt": 1,
+        "mode": "live",
+        "target": {
+            "runtime": "hermes",
+            "provider": "vllm",
+            "model": "llama3.1-8b",
+            "profile": "default",
+        },
+        "sourceCommit": "0123456789abcdef0123456789abcdef01234567",
+        "issuedAt": "2026-12-01T09:00:00Z",
+        "expiresAt": "2026-12-01T09:15:00Z",
+    }
+    assert timedelta(minutes=15) == JOB_TTL
+    restore = build_payload(job(kind="restore", backup_id="hermes-1"), NOW)
+    assert restore["backupId"] == "hermes-1"
+    assert payload_problems(payload) == [] and payload_problems(restore) == []
+
+
+def test_same_job_ignores_only_the_send_times() -> None:
+    first = build_payload(job(), NOW)
+    later = build_payload(job(), NOW + timedelta(minutes=7))
+
+    assert same_job(first, later)
+    assert not same_job(first, build_payload(job(attempt=2), NOW))
+
+
+def test_envelope_round_trip_and_its_bytes(tmp_path: Path) -> None:
+    key, _ = new_key(tmp_path)
+    payload = build_payload(job(), NOW)
+
+    env = make_envelope(payload, key)
+
+    assert set(env) == {"payload", "keyId", "signature"}
+    assert env["keyId"] == key.key_id
+    assert verify_envelope(env, {key.key_id: key.trusted()}) == payload
+    assert envelope_bytes(payload, key) == canonical_json(env)
+
+
+def refusal(env: Any, trusted: dict[str, Any]) -> str:
+    with pytest.raises(JobRefused) as refused:
+        verify_envelope(env, trusted)
+    return refused.value.code
+
+
+def test_verification_refuses_in_the_documented_order(tmp_path: Path) -> None:
+    key, _ = new_key(tmp_path / "a")
+    stranger, _ = new_key(tmp_path / "b")
+    trusted = {key.key_id: key.trusted()}
+    good = make_envelope(build_payload(job(), NOW), key)
+
+    assert refusal([good], trusted) == "invalid_job"
+    assert refusal({**good, "extra": 1}, trusted) == "invalid_job"
+    broken = copy.deepcopy(good)
+    del broken["payload"]["sourceCommit"]
+    assert refusal(broken, trusted) == "invalid_job"
+    # a stranger's envelope that is also malformed: the schema speaks first
+    strange = make_envelope(build_payload(job(), NOW), stranger)
+    assert refusal({**strange, "signature": "x"}, trusted) == "invalid_job"
+    assert refusal(strange, trusted) == "untrusted_key"
+    forged = {**strange, "keyId": key.key_id}
+    assert refusal(forged, trusted) == "bad_signature"
+
+
+def test_several_trust_keys_accept_either_signer(tmp_path: Path) -> None:
+    old, old_pub = new_key(tmp_path / "old")
+    new, new_pub = new_key(tmp_path / "new")
+    trusted = load_trusted_keys([old_pub, new_pub])
+    payload = build_payload(job(), NOW)
+
+    assert verify_envelope(make_envelope(payload, old), trusted) == payload
+    assert verify_envelope(make_envelope(payload, new), trusted) == payload
+
+
+def test_any_change_to_a_signed_payload_is_refused(tmp_path: Path) -> None:
+    key, _ = new_key(tmp_path)
+    trusted = {key.key_id: key.trusted()}
+    env = make_envelope(build_payload(job(kind="restore", backup_id="b-1"), NOW), key)
+    changes = {
+        "jobId": "apply-0002",
+        "kind": "apply",
+        "node": "node-b",
+        "rollout": "other",
+        "attempt": 2,
+        "backupId": "b-2",
+        "sourceCommit": "f" * 40,
+        "issuedAt": "2026-12-01T09:00:01Z",
+        "expiresAt": "2026-12-01T09:14:00Z",
+    }
+    for field, value in changes.items():
+        tampered = copy.deepcopy(env)
+        tampered["payload"][field] = value
+        assert refusal(tampered, trusted) in ("bad_signature", "invalid_job"), field
+    for field in ("runtime", "provider", "model", "profile"):
+        tampered = copy.deepcopy(env)
+        tampered["payload"]["target"][field] = "x" + tampered["payload"]["target"][field]
+        assert refusal(tampered, trusted) == "bad_signature", field
+
+
+# -- the schema's fast path agrees with jsonschema --------------------------------
+
+VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-2, 3),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=5),
+    st.sampled_from(["apply", "restore", "live", "dry_run", "x\n", "a" * 300, "Node", "-a"]),
+    st.just({}),
+    st.just([]),
+)
+
+
+@st.composite
+def mutated(draw: st.DrawFn) -> dict[str, Any]:
+    kind = draw(st.sampled_from(["apply", "restore"]))
+    base = build_payload(
+        job(kind=kind, backup_id="b-1" if kind == "restore" else None, mode="live"), NOW
+    )
+    document: dict[str, Any] = copy.deepcopy(base)
+    for _ in range(draw(st.integers(0, 3))):
+        where = draw(st.sampled_from([*sorted(base), "target", "extra"]))
+        if where == "target":
+            inner = draw(st.sampled_from(["runtime", "provider", "model", "profile", "x"]))
+            if draw(st.booleans()) and inner in document["target"]:
+                del document["target"][inner]
+            else:
+                document["target"][inner] = draw(VALUES)
+        elif draw(st.booleans()) and where in document:
+            del document[where]
+        else:
+            document[where] = draw(VALUES)
+    return document
+
+
+@settings(max_examples=400, deadline=None)
+@given(mutated())
+def test_the_fast_check_never_accepts_what_the_schema_refuses(document: dict[str, Any]) -> None:
+    validator: Draft202012Validator = _validators()[0]
+
+    if not payload_problems(document):
+        assert validator.is_valid(document)
+    elif validator.is_valid(document):
+        # the two corners refused on purpose (see jobs.py)
+        values = [*document.values(), *document.get("target", {}).values()]
+        text_fields = [v for v in values if isinstance(v, str)]
+        assert any(t.endswith("\n") for t in text_fields) or type(document["attempt"]) is float
