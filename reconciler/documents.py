@@ -320,10 +320,13 @@ class _Checker:
             self.declared_name = name
             self.declared_at = yamlio.locate(self.path, self.data, ["metadata", "name"])
             folder = PurePosixPath(self.path).parent
+            fix = f"rename the file to {folder}/{name}.yaml"
+            if NAME_RE.fullmatch(self.stem):
+                fix += f" or set the name to {_show(self.stem)}"
             self.add(
                 ["metadata", "name"],
-                f"must equal the file name: the file is {self.path} but the name is {_show(name)}; "
-                f"rename the file to {folder}/{name}.yaml or set the name to {_show(self.stem)}",
+                f"must equal the file name: the file is {self.path} but the name is "
+                f"{_show(name)}; {fix}",
             )
 
     def _duration(self, field_path: list[str | int], value: Any) -> int | None:

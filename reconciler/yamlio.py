@@ -43,6 +43,7 @@ from ruamel.yaml.events import (
     StreamEndEvent,
     StreamStartEvent,
 )
+from ruamel.yaml.reader import ReaderError
 
 from reconciler.model import Problem
 
@@ -418,8 +419,25 @@ def load_yaml(path: str, data: bytes) -> Any:
         return _build(path, text)
     except MarkedYAMLError as exc:
         raise YamlProblem(_syntax_problem(path, text, exc)) from None
+    except ReaderError as exc:
+        raise YamlProblem(_reader_problem(path, text, exc)) from None
     except YAMLError as exc:  # unmarked: should not happen with libyaml
         raise YamlProblem(Problem(path, 0, 0, "", f"not valid YAML: {exc}")) from None
+
+
+def _reader_problem(path: str, text: str, exc: ReaderError) -> Problem:
+    position = exc.position if isinstance(exc.position, int) else 0
+    line = text.count("\n", 0, position) + 1
+    column = position - (text.rfind("\n", 0, position) + 1) + 1
+    code = exc.character if isinstance(exc.character, int) else 0
+    return Problem(
+        path,
+        line,
+        column,
+        _field_at(text, line, column),
+        f"character U+{code:04X} is not allowed in YAML ({exc.reason}): remove it, or "
+        f"write it as the escape \\u{code:04x} inside double quotes",
+    )
 
 
 def _syntax_problem(path: str, text: str, exc: MarkedYAMLError) -> Problem:
@@ -448,8 +466,8 @@ def _field_at(text: str, line: int, column: int) -> str:
     """The field path of the last key that starts before (line, column)."""
     best: list[str | int] = []
     try:
-        for field_path, key_mark, _value_mark in _walk(text):
-            if key_mark is None:
+        for field_path, key_mark, value_mark in _walk(text):
+            if key_mark is None or value_mark is not None:
                 continue
             if (key_mark.line + 1, key_mark.column + 1) > (line, column):
                 break
@@ -463,8 +481,9 @@ def _field_at(text: str, line: int, column: int) -> str:
 
 
 def _walk(text: str) -> Iterator[tuple[list[str | int], Any, Any]]:
-    """Every node as (field path, key mark or None, value start mark), in
-    document order. Tolerant: stops quietly where the document breaks."""
+    """Every key as (field path, key mark, None) and every value as (field
+    path, key mark or None, value start mark), in document order. Stops
+    where the document breaks (the parser raises)."""
     get_event = _event_source(text)
     # path entries: for mappings the current key, for sequences the index
     stack: list[list[Any]] = []  # [is_mapping, key_or_index, expecting_key, key_mark]
@@ -482,12 +501,12 @@ def _walk(text: str) -> Iterator[tuple[list[str | int], Any, Any]]:
             continue
         if stack and stack[-1][0] and stack[-1][2]:
             # a key
-            key = event.value if kind is ScalarEvent else None
-            stack[-1][1] = key
-            stack[-1][2] = False
-            stack[-1][3] = event.start_mark
             if kind is not ScalarEvent:
                 return  # complex keys: give up
+            stack[-1][1] = event.value
+            stack[-1][2] = False
+            stack[-1][3] = event.start_mark
+            yield [entry[1] for entry in stack], event.start_mark, None
             continue
         field_path = [entry[1] for entry in stack]
         key_mark = stack[-1][3] if stack and stack[-1][0] else None
@@ -516,6 +535,8 @@ def _locate_mark(
     best_len = -1
     try:
         for found, key_mark, value_mark in _walk(text):
+            if value_mark is None:
+                continue
             n = len(found)
             if n > len(want) or found != want[:n] or n <= best_len:
                 continue

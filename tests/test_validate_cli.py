@@ -1,0 +1,163 @@
+"""``reconciler validate``: what a person (or a CI job) sees, and the exit
+codes: 0 clean, 1 problems, 2 usage."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from corpus import write_tree
+
+from reconciler import cli
+from reconciler.commands.validate import github_annotation
+from reconciler.model import Problem
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLE = REPO / "example-repo"
+
+
+def broken_repo(root: Path) -> Path:
+    (root / "nodes").mkdir(parents=True)
+    (root / "rollouts").mkdir()
+    (root / "nodes" / "gpu-a1.yaml").write_text(
+        "apiVersion: reconciler/v1\nkind: Node\nmetadata: {name: gpu-a1}\n"
+        "spec:\n  agent: http://127.0.0.1:8710\n"
+    )
+    (root / "rollouts" / "llama.yaml").write_text(
+        "apiVersion: reconciler/v1\n"
+        "kind: Rollout\n"
+        "metadata: {name: llama}\n"
+        "spec:\n"
+        "  target: {runtime: hermes, provider: ollama, model: llama3.1-8b}\n"
+        "  nodeIds: [gpu-a1]\n"
+        "  batchSize: 0\n"
+    )
+    (root / "rollouts" / "x.yml").write_text("a: 1\n")
+    return root
+
+
+def test_the_example_repository_validates_clean(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["validate", str(EXAMPLE)]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "ok: 8 nodes, 4 rollouts" in captured.err
+
+
+def test_problems_print_one_line_each_and_exit_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = broken_repo(tmp_path / "fleet")
+
+    code = cli.main(["validate", str(root)])
+
+    assert code == 1
+    out = capsys.readouterr()
+    assert out.out.splitlines() == [
+        f"{root}/rollouts/llama.yaml:7:14: spec.batchSize: must be at least 1, got 0",
+        f"{root}/rollouts/x.yml: Rollout files must end in .yaml: rename it to "
+        "rollouts/x.yaml; the daemon ignores it as it is",
+    ]
+    assert "2 problems in 2 files" in out.err
+
+
+def test_inside_the_repository_paths_are_relative(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = broken_repo(tmp_path / "fleet")
+    monkeypatch.chdir(root)
+
+    assert cli.main(["validate"]) == 1
+
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first == "rollouts/llama.yaml:7:14: spec.batchSize: must be at least 1, got 0"
+
+
+def test_github_format_prints_error_annotations(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = broken_repo(tmp_path / "fleet")
+    monkeypatch.chdir(root)
+
+    assert cli.main(["validate", ".", "--format", "github"]) == 1
+
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [
+        "::error file=rollouts/llama.yaml,line=7,col=14,title=spec.batchSize::"
+        "spec.batchSize: must be at least 1, got 0",
+        "::error file=rollouts/x.yml,title=document::Rollout files must end in .yaml: "
+        "rename it to rollouts/x.yaml; the daemon ignores it as it is",
+    ]
+
+
+def test_github_annotations_escape_what_github_would_misread() -> None:
+    problem = Problem("nodes/a,b.yaml", 3, 4, "spec.labels.a:b", "50% done\nnext line")
+    assert github_annotation(problem, "fleet/") == (
+        "::error file=fleet/nodes/a%2Cb.yaml,line=3,col=4,title=spec.labels.a%3Ab::"
+        "spec.labels.a:b: 50%25 done%0Anext line"
+    )
+
+
+def test_the_whole_corpus_fails_with_one_line_per_problem(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cases = write_tree(tmp_path)
+    monkeypatch.chdir(tmp_path)
+
+    assert cli.main(["validate"]) == 1
+
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == sum(len(case.expected) for case in cases)
+    assert all(line.split(":")[0] in {c.path for c in cases} for line in lines)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["validate", "/nonexistent/fleet"],
+        ["validate", "--format", "xml"],
+        ["validate", "a", "b"],
+    ],
+)
+def test_usage_errors_exit_2(argv: list[str]) -> None:
+    try:
+        code = cli.main(argv)
+    except SystemExit as exited:  # argparse's own errors
+        code = int(exited.code or 0)
+    assert code == 2
+
+
+def test_a_file_instead_of_a_directory_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = tmp_path / "file.yaml"
+    target.write_text("a: 1\n")
+    assert cli.main(["validate", str(target)]) == 2
+    assert "is not a directory" in capsys.readouterr().err
+
+
+def test_the_installed_command_runs_as_a_process(tmp_path: Path) -> None:
+    root = broken_repo(tmp_path / "fleet")
+    env = {**os.environ, "PYTHONWARNINGS": "error"}
+
+    clean = subprocess.run(
+        [sys.executable, "-m", "reconciler", "validate", str(EXAMPLE)],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    broken = subprocess.run(
+        [sys.executable, "-m", "reconciler", "validate", "--format", "github"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=root,
+        check=False,
+    )
+
+    assert (clean.returncode, clean.stdout) == (0, "")
+    assert broken.returncode == 1
+    assert broken.stdout.startswith("::error file=rollouts/llama.yaml,line=7,col=14,")

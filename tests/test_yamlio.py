@@ -1,0 +1,280 @@
+"""Safe YAML at the edge: what loads, what is refused and where, and the
+writer's output reading back the same."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from reconciler import yamlio
+from reconciler.yamlio import YamlProblem, dump_yaml, load_yaml, locate
+
+
+def refused(text: str | bytes) -> YamlProblem:
+    data = text.encode() if isinstance(text, str) else text
+    with pytest.raises(YamlProblem) as caught:
+        load_yaml("f.yaml", data)
+    return caught.value
+
+
+def test_the_c_parser_is_in_use() -> None:
+    # pyproject names ruamel.yaml.clib; a silently pure parser is 4x slower
+    assert yamlio.C_LOADER
+    assert yamlio.loader_warning() is None
+
+
+def test_scalars_follow_the_yaml_1_2_core_schema() -> None:
+    data = load_yaml(
+        "f.yaml",
+        b"""\
+int: 010
+hex: 0x1F
+octal: 0o17
+float: 1.5
+exp: 1e3
+inf: -.inf
+yes: yes
+on: on
+null1: ~
+null2:
+t: true
+F: False
+when: 2026-12-01T09:00:00Z
+date: 2026-12-01
+quoted: "010"
+single: 'true'
+forced: !!str 42
+block: |
+  two
+  lines
+""",
+    )
+    assert data == {
+        "int": 10,
+        "hex": 31,
+        "octal": 15,
+        "float": 1.5,
+        "exp": 1000.0,
+        "inf": -math.inf,
+        "yes": "yes",
+        "on": "on",
+        "null1": None,
+        "null2": None,
+        "t": True,
+        "F": False,
+        "when": "2026-12-01T09:00:00Z",
+        "date": "2026-12-01",
+        "quoted": "010",
+        "single": "true",
+        "forced": "42",
+        "block": "two\nlines\n",
+    }
+    assert isinstance(data["when"], str)
+
+
+def test_an_empty_file_is_none_and_a_bom_is_fine() -> None:
+    assert load_yaml("f.yaml", b"") is None
+    assert load_yaml("f.yaml", b"# only a comment\n") is None
+    assert load_yaml("f.yaml", b"\xef\xbb\xbfa: 1\n") == {"a": 1}
+
+
+def test_duplicate_keys_are_refused_with_both_lines() -> None:
+    problem = refused("spec:\n  a: 1\n  b: 2\n  a: 3\n").problem
+    assert (problem.path, problem.line, problem.column, problem.field) == ("f.yaml", 4, 3, "spec.a")
+    assert 'duplicate key "a" (first at line 2)' in problem.message
+
+
+def test_anchors_and_aliases_are_refused_even_unused() -> None:
+    assert "anchors (&name) and aliases" in refused("a: &x 1\n").problem.message
+    problem = refused("a: 1\nb:\n  - *x\n").problem
+    # an undefined alias is a parser error; a defined one is refused by us
+    assert problem.line == 3
+    problem = refused("a: &x [1]\nb: *x\n").problem
+    assert (problem.line, problem.column, problem.field) == (1, 4, "a")
+
+
+def test_an_alias_bomb_is_refused_at_its_first_anchor() -> None:
+    lines = ['l0: &l0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    for i in range(1, 30):
+        lines.append(f"l{i}: &l{i} [" + ",".join([f"*l{i - 1}"] * 9) + "]")
+    problem = refused("\n".join(lines)).problem
+    assert (problem.line, problem.field) == (1, "l0")
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        ("a: !!python/object/apply:os.system [echo]\n", "!!python/object/apply:os.system"),
+        ("a: !!binary aGk=\n", "!!binary"),
+        ("a: !!set {x}\n", "!!set"),
+        ("a: !!timestamp 2026-01-01\n", "!!timestamp"),
+        ("a: !include other.yaml\n", "!include"),
+        ("a: !!omap [x: 1]\n", "!!omap"),
+    ],
+)
+def test_tags_that_build_objects_are_refused(text: str, shown: str) -> None:
+    problem = refused(text).problem
+    assert f"tag {shown} is not allowed" in problem.message
+    assert problem.field == "a"
+
+
+def test_keys_must_be_text() -> None:
+    problem = refused("labels:\n  010: x\n").problem
+    assert problem.field == "labels.010"
+    assert 'put it in quotes, like "010":' in problem.message
+    assert "a key must be plain text" in refused("? [a]\n: 1\n").problem.message
+
+
+def test_files_over_one_mebibyte_are_refused_whole() -> None:
+    at_limit = b"a: 1\n" + b"#" * (yamlio.MAX_BYTES - 6) + b"\n"
+    assert len(at_limit) == yamlio.MAX_BYTES
+    assert load_yaml("f.yaml", at_limit) == {"a": 1}
+    problem = refused(at_limit + b"\n").problem
+    assert (problem.line, problem.column) == (0, 0)
+    assert "larger than the limit of 1 MiB" in problem.message
+
+
+def test_bytes_that_are_not_utf8_are_refused_where_they_are() -> None:
+    problem = refused(b"a: 1\nb: caf\xe9\n").problem
+    assert (problem.line, problem.column) == (2, 7)
+    assert "not UTF-8: byte 0xe9" in problem.message
+    assert "looks like UTF-16" in refused("a: 1\n".encode("utf-16")).problem.message
+
+
+def test_control_characters_are_refused_where_they_are() -> None:
+    problem = refused(b"a: 1\nb: x\x01y\n").problem
+    assert (problem.line, problem.column) == (2, 5)
+    assert "U+0001" in problem.message
+
+
+def test_one_document_per_file() -> None:
+    problem = refused("a: 1\n---\nb: 2\n").problem
+    assert problem.line == 2
+    assert "exactly one document" in problem.message
+
+
+def test_syntax_errors_name_the_place_and_a_hint() -> None:
+    problem = refused("spec:\n  nodeIds: [a, b\n  batchSize: 1\n").problem
+    assert (problem.line, problem.field) == (3, "spec.nodeIds")
+    assert problem.message.startswith("YAML syntax error: ")
+    assert "use spaces" in refused("a:\n\tb: 1\n").problem.message
+    assert "in quotes" in refused("a: b: c\n").problem.message
+
+
+def test_nesting_is_capped() -> None:
+    deep = "[" * (yamlio.MAX_DEPTH + 1) + "]" * (yamlio.MAX_DEPTH + 1)
+    assert "nested more than" in refused(deep).problem.message
+    ok = "[" * yamlio.MAX_DEPTH + "]" * yamlio.MAX_DEPTH
+    load_yaml("f.yaml", ok.encode())
+
+
+def test_overlong_numbers_are_refused_not_parsed() -> None:
+    assert "too long" in refused("a: " + "9" * 5000 + "\n").problem.message
+
+
+DOC = b"""\
+apiVersion: reconciler/v1
+metadata: {name: gpu-a1}
+spec:
+  batchSize: 0
+  nodeIds:
+    - gpu-a1
+    - gpu-a2
+  labels:
+    role: canary
+"""
+
+
+@pytest.mark.parametrize(
+    ("field_path", "at_key", "where"),
+    [
+        (["apiVersion"], False, (1, 13)),
+        (["metadata", "name"], False, (2, 18)),
+        (["metadata", "name"], True, (2, 12)),
+        (["spec", "batchSize"], False, (4, 14)),
+        (["spec", "nodeIds"], False, (5, 3)),  # a block list: its key
+        (["spec", "nodeIds", 1], False, (7, 7)),
+        (["spec", "labels", "role"], True, (9, 5)),
+        (["spec", "missing"], False, (3, 1)),  # the nearest parent
+        (["spec", "nodeIds", 9], False, (5, 3)),
+        ([], False, (1, 1)),
+    ],
+)
+def test_locate_finds_a_field_or_its_nearest_parent(
+    field_path: list[str | int], at_key: bool, where: tuple[int, int]
+) -> None:
+    assert locate("f.yaml", DOC, field_path, at_key=at_key) == where
+
+
+def test_locate_tolerates_a_broken_file() -> None:
+    assert locate("f.yaml", b"a: [1\n", ["a"]) == (1, 4)
+    assert locate("f.yaml", b"\xff", ["a"]) == (1, 1)
+
+
+def test_dump_keeps_order_quotes_lookalikes_and_uses_block_style() -> None:
+    text = dump_yaml(
+        {
+            "phase": "running",
+            "code": "010",
+            "flag": "true",
+            "when": "2026-12-01T09:00:00Z",
+            "word": "yes",
+            "empty": "",
+            "none": None,
+            "nodes": [{"name": "gpu-a1", "attempt": 1}],
+            "hold": {},
+            "message": "line one\nline two\n",
+        }
+    ).decode()
+    assert text == (
+        "phase: running\n"
+        "code: '010'\n"
+        "flag: 'true'\n"
+        "when: '2026-12-01T09:00:00Z'\n"
+        "word: 'yes'\n"
+        "empty: ''\n"
+        "none: null\n"
+        "nodes:\n"
+        "- name: gpu-a1\n"
+        "  attempt: 1\n"
+        "hold: {}\n"
+        "message: |\n"
+        "  line one\n"
+        "  line two\n"
+    )
+
+
+def test_dump_refuses_what_it_cannot_write_plainly() -> None:
+    with pytest.raises(TypeError):
+        dump_yaml({"a": object()})
+    with pytest.raises(TypeError):
+        dump_yaml({1: "a"})
+
+
+json_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(10**30), max_value=10**30)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=30)
+)
+json_values = st.recursive(
+    json_scalars,
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4)
+    ),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(json_values)
+def test_whatever_is_dumped_loads_back_equal(value: Any) -> None:
+    data = dump_yaml(value)
+    assert load_yaml("f.yaml", data) == value
+    assert dump_yaml(value) == data  # deterministic
+    assert b"!!" not in data
