@@ -10,7 +10,7 @@ it changes, so a test or the demo can change a node's behaviour mid-run::
     initial: {provider: sim, model: base-model, profile: default}
     nodes:
       sim-0002: {action: fail, error: "model not found"}
-      sim-0003: {action: succeed, delay: 2, attempts: {1: fail}}  # fail attempt 1 only
+      sim-0003: {action: succeed, delay: 2, attempts: {"1": fail}}  # fail attempt 1 only
       sim-0004: {action: succeed, clockSkew: 300}                 # clock 5 minutes ahead
       sim-0005: drift
 
@@ -29,7 +29,8 @@ Actions (``action``, or the whole value as a string):
     impostor     answer as node ``as``: its heartbeat names that node, jobs are
                  refused with wrong_node
 
-``attempts: {N: behaviour}`` overrides the behaviour for a job's attempt N;
+``attempts: {"N": behaviour}`` (keys quoted: YAML keys are text here)
+overrides the behaviour for a job's attempt N, inheriting the node's settings;
 the node's own behaviour is used for everything else (heartbeats, backups,
 other attempts). ``names: [...]`` at the top replaces the generated names.
 
