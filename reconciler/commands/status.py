@@ -53,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 # --- reading a branch -----------------------------------------------------------
 
 
-class _WorkingRepo:
+class RepoReader:
     """The few reads ``status`` needs, on a repository GitStore will not
     open for the daemon (a working clone with the branch checked out).
     Reading committed objects is safe there; only moving the branch is not."""
@@ -96,7 +96,7 @@ class _WorkingRepo:
 class Branch:
     """One branch of a fleet repository, read-only."""
 
-    reader: GitStore | _WorkingRepo
+    reader: GitStore | RepoReader
     branch: str
     label: str  # where it is read from, for headers and messages
 
@@ -148,7 +148,7 @@ def open_branch(location: str, branch: str) -> Branch:
         if not is_remote_location(origin) and not Path(origin).is_absolute():
             target = str((Path(repo.workdir) / origin).resolve())
         return Branch(GitStore.open(target, branch), branch, f"{origin} (origin of {location})")
-    return Branch(_WorkingRepo(repo, location), branch, str(location))
+    return Branch(RepoReader(repo, location), branch, str(location))
 
 
 def _origin_url(repo: pygit2.Repository) -> str | None:

@@ -1,0 +1,337 @@
+"""``reconciler plan`` on pairs of real commits: each kind of change shows
+up as the engine would act on it, the Markdown carries the facts a reviewer
+needs, and invalid documents fail the check."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fleet_helpers import commit_files, git, identity, make_fleet, node_doc, status_text
+
+from reconciler import cli, plan
+from reconciler.engine import RolloutInput, step_fleet
+from reconciler.observations import JobObservation, Observations
+from reconciler.status import RolloutStatus
+
+__all__ = ["identity"]
+
+# Statuses are made by the engine a minute ago, so no deadline has passed.
+EARLIER = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=1)
+
+
+def rollout(name: str, selector: str, *, live: bool = True, extra: str = "") -> str:
+    return (
+        "apiVersion: reconciler/v1\n"
+        "kind: Rollout\n"
+        f"metadata: {{name: {name}}}\n"
+        "spec:\n"
+        "  target: {runtime: hermes, provider: ollama, model: llama3.1-8b}\n"
+        f"  selector: {selector}\n"
+        "  batchSize: 1\n"
+        f"  live: {'true' if live else 'false'}\n"
+        f"{extra}"
+    )
+
+
+NODES = {
+    "nodes/gpu-a1.yaml": node_doc("gpu-a1", "{role: canary}"),
+    "nodes/gpu-a2.yaml": node_doc("gpu-a2", "{role: canary}"),
+    **{f"nodes/gpu-b{i}.yaml": node_doc(f"gpu-b{i}", "{role: wide}") for i in range(1, 6)},
+}
+CANARY = rollout("canary", "{role: canary}")
+
+
+def engine_statuses(
+    root: Path,
+    previous: dict[str, RolloutStatus] | None = None,
+    observations: Observations | None = None,
+) -> dict[str, RolloutStatus]:
+    """Step the working tree's rollouts through the engine, as the daemon would."""
+    files = {
+        p.relative_to(root).as_posix(): p.read_bytes()
+        for p in root.rglob("*.yaml")
+        if ".git" not in p.parts
+    }
+    docs = plan.parse_tree(files)
+    previous = previous or {}
+    inputs = [
+        RolloutInput(
+            name=name,
+            spec=spec,
+            file_present=True,
+            problems=(),
+            status=previous.get(name),
+            spec_commit="c" * 40,
+            first_seen_commit="c" * 40,
+            queue_key=0,
+        )
+        for name, spec in docs.rollouts.items()
+    ]
+    step = step_fleet(inputs, docs.fleet, docs.settings, observations or Observations(), EARLIER)
+    return {**previous, **step.statuses}
+
+
+def status_files(statuses: dict[str, RolloutStatus]) -> dict[str, str]:
+    return {p: t for s in statuses.values() for p, t in status_text(s).items()}
+
+
+@pytest.fixture
+def fleet(tmp_path: Path, identity: dict[str, str]) -> Path:
+    """main: the canary rollout running, its first node dispatched; HEAD on a
+    branch `change` that the tests edit."""
+    root = make_fleet(tmp_path / "fleet", {**NODES, "rollouts/canary.yaml": CANARY})
+    commit_files(root, status_files(engine_statuses(root)), "status: canary running")
+    git(root, "checkout", "--quiet", "-b", "change")
+    return root
+
+
+def run_plan(
+    fleet: Path, capsys: pytest.CaptureFixture[str], fmt: str = "json", *extra: str
+) -> tuple[int, str]:
+    code = cli.main(["plan", "--repo", str(fleet), "--format", fmt, *extra])
+    return code, capsys.readouterr().out
+
+
+def json_plan(fleet: Path, capsys: pytest.CaptureFixture[str], *extra: str) -> Any:
+    code, out = run_plan(fleet, capsys, "json", *extra)
+    assert code == 0, out
+    return json.loads(out)
+
+
+# -- new rollouts ---------------------------------------------------------------------
+
+
+def test_a_new_live_rollout_shows_its_batches_and_jobs_at_merge(
+    fleet: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    commit_files(fleet, {"rollouts/wide.yaml": rollout("wide", "{role: wide}")}, "add wide")
+
+    result = json_plan(fleet, capsys)
+
+    [added] = result["added"]
+    assert added["name"] == "wide"
+    assert added["live"] is True
+    assert added["phase"] == "running"
+    assert added["batches"] == [["gpu-b1"], ["gpu-b2"], ["gpu-b3"], ["gpu-b4"], ["gpu-b5"]]
+    assert added["jobs_at_merge"] == 1
+    assert added["overlaps"] == []
+    assert result["intents"] == [] and result["removed"] == [] and result["refused"] == []
+
+
+def test_a_new_rollout_overlapping_a_running_one_waits(
+    fleet: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    commit_files(
+        fleet,
+        {"rollouts/all-gpus.yaml": rollout("all-gpus", "{}", live=False)},
+        "add all-gpus",
+    )
+
+    result = json_plan(fleet, capsys)
+
+    [added] = result["added"]
+    assert added["phase"] == "pending"
+    assert added["reason"] == "overlap"
+    assert added["jobs_at_merge"] == 0
+    assert added["overlaps"] == [{"rollout": "canary", "nodes": ["gpu-a1", "gpu-a2"]}]
+    assert len(added["batches"]) == 7
+
+
+def test_a_scheduled_rollout_says_when_it_starts(
+    fleet: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    later = '  startAt: "2099-01-01T09:00:00Z"\n'
+    commit_files(fleet, {"rollouts/wide.yaml": rollout("wide", "{role: wide}", extra=later)}, "add")
+
+    code, out = run_plan(fleet, capsys, "text")
+
+    assert code == 0
+    assert "starts at 2099-01-01T09:00:00Z" in out
+
+
+# -- intents ------------------------------------------------------------------------
+
+
+def test_abort_of_a_running_rollout(fleet: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    commit_files(fleet, {"rollouts/canary.yaml": CANARY + "  abort: true\n"}, "abort canary")
+
+    result = json_plan(fleet, capsys)
+
+    [intent] = result["intents"]
+    assert (intent["rollout"], intent["intent"]) == ("canary", "abort")
+    assert "phase running -> aborted (aborted)" in intent["effects"]
+
+
+def test_pause_holds_the_running_rollout(fleet: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    commit_files(fleet, {"rollouts/canary.yaml": CANARY + "  paused: true\n"}, "pause canary")
+
+    result = json_plan(fleet, capsys)
+
+    [intent] = result["intents"]
+    assert intent["intent"] == "pause"
+    assert intent["change"] == "paused: false -> true"
+    assert "hold none -> operator_paused" in intent["effects"]
+
+
+def test_resume_answers_a_health_hold_and_dispatches_again(
+    fleet: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # main: gpu-a1 failed its health check, the rollout holds health_failed
+    git(fleet, "checkout", "--quiet", "main")
+    running = engine_statuses(fleet)
+    job = running["canary"].nodes[0].job_id
+    assert job is not None
+    failed = Observations(jobs={job: JobObservation(job, "failed", error="exit 1")})
+    held = engine_statuses(fleet, running, failed)
+    assert held["canary"].hold is not None and held["canary"].hold.reason == "health_failed"
+    commit_files(fleet, status_files(held), "status: canary holds")
+    git(fleet, "checkout", "--quiet", "-B", "change")
+    resumed = CANARY + '  resumeRequest: "2026-12-01T09:00:00Z alice: fixed gpu-a1"\n'
+    commit_files(fleet, {"rollouts/canary.yaml": resumed}, "resume canary")
+
+    result = json_plan(fleet, capsys)
+
+    [intent] = result["intents"]
+    assert intent["intent"] == "resume"
+    effects = " / ".join(intent["effects"])
+    assert "gpu-a1: failed -> dispatched" in effects
+    assert "phase paused -> running" in effects
+    assert "1 job sent at merge" in effects
+
+
+def test_skip_and_rollback_requests(fleet: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    edited = CANARY + "  skipNodes: [gpu-a2]\n  rollbackRequest: {id: r1, nodes: all}\n"
+    commit_files(fleet, {"rollouts/canary.yaml": edited}, "skip and roll back")
+
+    result = json_plan(fleet, capsys)
+
+    kinds = [i["intent"] for i in result["intents"]]
+    assert kinds == ["skip", "rollback"]
+    assert result["intents"][1]["change"] == "rollbackRequest r1: all"
+    effects = " / ".join(result["intents"][0]["effects"])
+    assert "gpu-a2: pending -> skipped" in effects
+    # running and not held: the engine refuses the rollback, and says so
+    [refusal] = result["refused"]
+    assert refusal["type"] == "rollback_refused"
+    assert "pause it first" in refusal["message"]
+
+
+# -- refused and removed ----------------------------------------------------------------
+
+
+def test_a_frozen_field_change_is_reported_as_refused(
+    fleet: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    commit_files(
+        fleet,
+        {"rollouts/canary.yaml": CANARY.replace("batchSize: 1", "batchSize: 2")},
+        "bigger batches",
+    )
+
+    result = json_plan(fleet, capsys)
+
+    [refusal] = result["refused"]
+    assert refusal["rollout"] == "canary"
+    assert refusal["type"] == "frozen_fields_changed"
+    assert "batchSize" in refusal["message"]
+
+
+def test_removing_a_running_rollout_aborts_it(
+    fleet: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    git(fleet, "rm", "--quiet", "rollouts/canary.yaml")
+    git(fleet, "commit", "--quiet", "-m", "remove canary")
+
+    result = json_plan(fleet, capsys)
+
+    [removal] = result["removed"]
+    assert removal["rollout"] == "canary"
+    assert removal["phase"] == "running"
+    assert "phase running -> aborted (spec_removed)" in removal["effects"]
+
+
+def test_node_edits_are_listed(fleet: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    maintenance = node_doc("gpu-b1", "{role: wide}") + "  maintenance: true\n"
+    commit_files(
+        fleet,
+        {"nodes/gpu-b1.yaml": maintenance, "nodes/gpu-c1.yaml": node_doc("gpu-c1", "{role: c}")},
+        "nodes",
+    )
+
+    result = json_plan(fleet, capsys)
+
+    assert result["nodes"] == ["added gpu-c1", "changed gpu-b1: maintenance false -> true"]
+
+
+# -- invalid documents ------------------------------------------------------------------
+
+
+def test_invalid_documents_fail_the_plan_with_file_and_line(
+    fleet: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    broken = rollout("wide", "{role: wide}").replace("batchSize: 1", "batchSize: 0")
+    commit_files(fleet, {"rollouts/wide.yaml": broken}, "broken")
+
+    code, out = run_plan(fleet, capsys, "text")
+
+    assert code == 1
+    assert "INVALID" in out
+    assert "rollouts/wide.yaml:7:" in out and "spec.batchSize" in out
+
+
+# -- markdown and defaults ----------------------------------------------------------------
+
+
+def test_markdown_puts_the_risky_facts_first(
+    fleet: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    commit_files(
+        fleet,
+        {
+            "rollouts/wide.yaml": rollout("wide", "{role: wide}"),
+            "rollouts/all-gpus.yaml": rollout("all-gpus", "{}", live=False),
+            "rollouts/canary.yaml": CANARY + "  paused: true\n",
+        },
+        "several changes",
+    )
+
+    code, out = run_plan(fleet, capsys, "markdown")
+
+    assert code == 0
+    assert out.startswith(plan.MARKER)
+    bullets = [line for line in out.splitlines() if line.startswith("- ")]
+    # live before dry-run, the overlap right after the rollout it concerns, then intents
+    assert "LIVE rollout wide: 5 node(s) in 5 batch(es)" in bullets[0]
+    assert "dry-run rollout all-gpus: 7 node(s)" in bullets[1]
+    assert "overlap: all-gpus shares 2 node(s) with canary" in bullets[2]
+    assert "overlap: all-gpus shares 5 node(s) with wide" in bullets[3]
+    assert "pause canary: paused: false → true" in bullets[4]
+    assert "<details><summary>wide: LIVE, 5 node(s)</summary>" in out
+    assert "| 1 | gpu-b1 |" in out
+
+
+def test_the_default_base_is_the_merge_base_with_main(
+    fleet: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    commit_files(fleet, {"rollouts/wide.yaml": rollout("wide", "{role: wide}")}, "add wide")
+    fork = git(fleet, "merge-base", "HEAD", "main").strip()
+    # main moves on meanwhile: its own changes are not part of this plan
+    git(fleet, "checkout", "--quiet", "main")
+    commit_files(fleet, {"rollouts/other.yaml": rollout("other", "{role: c}")}, "other")
+    git(fleet, "checkout", "--quiet", "change")
+
+    result = json_plan(fleet, capsys)
+
+    assert result["base"] == fork
+    assert [a["name"] for a in result["added"]] == ["wide"]
+    assert json_plan(fleet, capsys, "--base", "main", "--head", "main")["added"] == []
+
+
+def test_no_change_says_so(fleet: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out = run_plan(fleet, capsys, "markdown", "--base", "HEAD")
+    assert code == 0
+    assert "No rollout, node or settings changes." in out
