@@ -1,0 +1,269 @@
+"""The daemon's agent client against real servers on 127.0.0.1: every answer,
+good or bad, becomes an observation; nothing raises."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from agent_helpers import FleetThread, Served, job, new_key, wait_for
+
+from reconciler.agent_client import AgentClient
+from reconciler.httpserver import Request, Response, error_response, json_response
+from reconciler.model import Target
+from reconciler.observations import Backup, JobObservation
+from reconciler.signing import SigningKey
+
+SCRIPT = """
+nodes:
+  busy: {action: refuse, status: 409, code: busy, message: try later}
+  down: unreachable
+  broken: error500
+  noise: garbage
+  gone: disconnect
+  slow: stall
+  liar: {action: impostor, as: ok}
+"""
+NAMES = ["ok", "busy", "down", "broken", "noise", "gone", "slow", "liar"]
+
+
+@pytest.fixture
+def key(tmp_path: Path) -> SigningKey:
+    return new_key(tmp_path / "keys")[0]
+
+
+@pytest.fixture
+def fleet(tmp_path: Path, key: SigningKey) -> Iterator[FleetThread]:
+    served = FleetThread(tmp_path / "sim", [key], names=NAMES, script=SCRIPT)
+    yield served
+    served.close()
+
+
+@pytest.fixture
+def client(key: SigningKey) -> Iterator[AgentClient]:
+    agent_client = AgentClient(key, concurrency=4, timeout=0.5)
+    yield agent_client
+    agent_client.close()
+
+
+def closed_port() -> str:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+def test_sent_jobs_are_observed_until_they_finish(fleet: FleetThread, client: AgentClient) -> None:
+    now = datetime.now(UTC)
+    send = job(node="ok")
+
+    sent = client.send_jobs([(fleet.url, send)], now)
+
+    assert sent == {
+        "apply-0001": JobObservation("apply-0001", "accepted", source_commit=send.source_commit)
+    }
+    done = wait_for(
+        lambda: (
+            (r := client.read_jobs([(fleet.url, send)])["apply-0001"])
+            and r.state == "succeeded"
+            and r
+        ),
+        what="the job to succeed",
+    )
+    assert done.backup_id and done.finished_at and done.source_commit == send.source_commit
+    payload = fleet.call(lambda: fleet.fleet.nodes["ok"].jobs["apply-0001"].payload)
+    assert payload["issuedAt"] == now.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def test_refusals_and_failures_become_observations(
+    tmp_path: Path, fleet: FleetThread, client: AgentClient
+) -> None:
+    stranger = AgentClient(new_key(tmp_path / "stranger")[0], timeout=0.5)
+    jobs = [
+        (fleet.url, job(f"apply-{name}", node=name))
+        for name in ("busy", "down", "broken", "noise", "gone", "slow")
+    ]
+    jobs.append((closed_port(), job("apply-closed", node="ok")))
+    jobs.append(("not a url", job("apply-bad-url", node="ok")))
+    try:
+        seen = client.send_jobs(jobs, datetime.now(UTC))
+        untrusted = stranger.send_jobs([(fleet.url, job(node="ok"))], datetime.now(UTC))
+    finally:
+        stranger.close()
+
+    states = {job_id: (o.state, o.error) for job_id, o in seen.items()}
+    assert states["apply-busy"] == ("refused", "busy: try later")
+    assert states["apply-down"] == ("unreachable", "unavailable: simulated outage")
+    assert states["apply-broken"] == ("unreachable", "internal: simulated server error")
+    assert states["apply-noise"][0] == "unreachable"
+    assert "not JSON" in states["apply-noise"][1]
+    assert states["apply-gone"][0] == "unreachable"
+    assert states["apply-slow"] == ("unreachable", "no answer within 0.5s")
+    assert states["apply-closed"][0] == "unreachable"
+    assert "cannot connect" in states["apply-closed"][1]
+    assert states["apply-bad-url"][0] == "unreachable"
+    assert untrusted["apply-0001"].state == "refused"
+    assert untrusted["apply-0001"].error.startswith("untrusted_key: key SHA256:")
+
+
+def test_reading_an_unknown_job_is_none_and_failures_are_unreachable(
+    fleet: FleetThread, client: AgentClient
+) -> None:
+    seen = client.read_jobs(
+        [
+            (fleet.url, job("apply-x", node="ok")),
+            (fleet.url, job("apply-y", node="down")),
+            (closed_port(), job("apply-z", node="ok")),
+        ]
+    )
+
+    assert seen["apply-x"] is None
+    assert seen["apply-y"] is not None and seen["apply-y"].state == "unreachable"
+    assert seen["apply-z"] is not None and seen["apply-z"].state == "unreachable"
+
+
+def test_heartbeats_from_the_right_node_only(fleet: FleetThread, client: AgentClient) -> None:
+    beats = client.read_heartbeats(
+        [(fleet.url, "ok"), (fleet.url, "liar"), (fleet.url, "noise"), (fleet.url, "slow")]
+    )
+
+    assert beats["ok"] is not None and beats["ok"].node == "ok"
+    hermes = beats["ok"].runtime("hermes")
+    assert hermes is not None and (hermes.provider, hermes.model) == ("sim", "base-model")
+    assert hermes.config_digest.startswith("sha256:")
+    assert beats["liar"] is None  # it answered as node "ok"
+    assert beats["noise"] is None and beats["slow"] is None
+
+
+def test_backups_newest_first(fleet: FleetThread, client: AgentClient) -> None:
+    for attempt, model in ((1, "m1"), (2, "m2")):
+        target = Target("hermes", "vllm", model, "default")
+        send = job(f"apply-{attempt}", node="ok", attempt=attempt, target=target)
+        client.send_jobs([(fleet.url, send)], datetime.now(UTC))
+        wait_for(
+            lambda s=send: (
+                (r := client.read_jobs([(fleet.url, s)])[s.job_id]) and r.state == "succeeded"
+            ),
+            what="apply",
+        )
+
+    backups = client.read_backups([(fleet.url, "ok"), (fleet.url, "down")])
+
+    assert backups["down"] is None
+    listed = backups["ok"]
+    assert listed is not None
+    assert [(b.job_id, b.model) for b in listed] == [("apply-2", "m1"), ("apply-1", "base-model")]
+    assert all(isinstance(b, Backup) and b.runtime == "hermes" for b in listed)
+
+
+def test_an_answer_about_another_job_or_a_retry_later_is_unreachable(
+    key: SigningKey, client: AgentClient
+) -> None:
+    def handler(request: Request) -> Response:
+        if request.path.endswith("/busy/jobs"):
+            return error_response(429, "slow_down", "too many requests")
+        return json_response(200, {"jobId": "apply-other", "state": "succeeded"})
+
+    served = Served(handler)
+    try:
+        sent = client.send_jobs([(served.url, job(node="busy"))], datetime.now(UTC))
+        read = client.read_jobs([(served.url, job())])
+    finally:
+        served.close()
+
+    assert sent["apply-0001"].state == "unreachable"
+    assert sent["apply-0001"].error == "slow_down: too many requests"
+    observed = read["apply-0001"]
+    assert observed is not None and observed.state == "unreachable"
+    assert "apply-other" in observed.error
+
+
+class _OldStyleHandler(BaseHTTPRequestHandler):
+    """Chunked answers for heartbeats, close-delimited HTTP/1.0 ones for backups."""
+
+    def do_GET(self) -> None:
+        if self.path.endswith("/heartbeat"):
+            self.protocol_version = "HTTP/1.1"
+            body = b'{"node": "old", "time": "2026-12-01T09:00:00Z", "runtimes": []}'
+            self.send_response(200)
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for part in (body[:10], body[10:]):
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(part), part))
+            self.wfile.write(b"0\r\n\r\n")
+        else:
+            self.protocol_version = "HTTP/1.0"
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"[]")
+            self.close_connection = True
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def test_chunked_and_close_delimited_answers(client: AgentClient) -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _OldStyleHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        beats = client.read_heartbeats([(url, "old")] * 3)
+        backups = client.read_backups([(url, "old")])
+    finally:
+        server.shutdown()
+        server.server_close()
+
+    assert beats["old"] is not None and beats["old"].time == "2026-12-01T09:00:00Z"
+    assert backups["old"] == ()
+
+
+def test_keep_alive_connections_are_reused_and_renewed_when_the_agent_drops_them(
+    fleet: FleetThread, client: AgentClient
+) -> None:
+    nodes = [(fleet.url, "ok")] * 20
+    assert all(client.read_heartbeats(nodes).values())
+    open_before = fleet.call(lambda: len(fleet.server.connections))
+
+    def drop_all() -> None:
+        for conn in list(fleet.server.connections):
+            if conn.transport is not None:
+                conn.transport.close()
+
+    fleet.call(drop_all)
+    beats = client.read_heartbeats(nodes)
+
+    assert 1 <= open_before <= client.concurrency
+    assert all(beats.values())
+
+
+def test_many_jobs_at_once(tmp_path: Path, key: SigningKey) -> None:
+    names = [f"n{i:03d}" for i in range(300)]
+    fleet = FleetThread(tmp_path / "many", [key], names=names)
+    client = AgentClient(key, concurrency=16)
+    try:
+        jobs = [(fleet.url, job(f"apply-{n}", node=n)) for n in names]
+        sent = client.send_jobs(jobs, datetime.now(UTC))
+        read = client.read_jobs(jobs)
+        connections = fleet.call(lambda: len(fleet.server.connections))
+    finally:
+        client.close()
+        fleet.close()
+
+    assert len(sent) == 300 and {o.state for o in sent.values()} == {"accepted"}
+    assert all(o is not None and o.state in ("running", "succeeded") for o in read.values())
+    assert connections <= 16
+
+
+def test_a_closed_client_says_so(key: SigningKey) -> None:
+    client = AgentClient(key)
+    client.close()
+    client.close()  # twice is fine
+
+    with pytest.raises(RuntimeError, match="closed"):
+        client.read_heartbeats([("http://127.0.0.1:1", "a")])
