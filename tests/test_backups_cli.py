@@ -1,0 +1,91 @@
+"""``reconciler backups NODE`` asks the node's real agent (on 127.0.0.1),
+found through the node file on the branch."""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from agent_helpers import AgentThread, envelope, job, new_key
+from fleet_helpers import identity, make_fleet, node_doc
+
+from reconciler import cli
+from reconciler.model import Target
+
+__all__ = ["identity"]
+
+
+@pytest.fixture
+def agent(tmp_path: Path) -> Iterator[AgentThread]:
+    """An agent for node-a that has applied two live jobs, so it keeps two backups."""
+    key, _ = new_key(tmp_path / "keys")
+    config = tmp_path / "state" / "runtimes" / "hermes.yaml"
+    config.parent.mkdir(parents=True)
+    config.write_text("provider: ollama\nmodel: llama3-old\nprofile: default\n")
+    served = AgentThread(tmp_path / "state", [key])
+    served.post(envelope(job("apply-0001", rollout="llama-canary"), key))
+    served.wait_finished("apply-0001")
+    second = job(
+        "apply-0002", rollout="mistral-lab", target=Target("hermes", "ollama", "mistral-7b")
+    )
+    served.post(envelope(second, key))
+    served.wait_finished("apply-0002")
+    yield served
+    served.close()
+
+
+def test_backups_lists_the_agents_backups_newest_first(
+    tmp_path: Path,
+    identity: dict[str, str],
+    agent: AgentThread,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    fleet = make_fleet(
+        tmp_path / "fleet", {"nodes/node-a.yaml": node_doc("node-a", agent=agent.url)}
+    )
+
+    assert cli.main(["backups", "node-a", "--repo", str(fleet)]) == 0
+
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"node-a ({agent.url}): 2 backups, newest first"
+    assert lines[1].split() == ["BACKUP", "RUNTIME", "CREATED", "JOB", "ROLLOUT", "PROVIDER/MODEL"]
+    newest, oldest = lines[2].split(), lines[3].split()
+    assert newest[3:] == ["apply-0002", "mistral-lab", "vllm/llama3.1-8b"]
+    assert oldest[3:] == ["apply-0001", "llama-canary", "ollama/llama3-old"]
+    assert newest[1] == oldest[1] == "hermes"
+    assert newest[2] >= oldest[2]  # createdAt, RFC 3339 text
+
+    assert cli.main(["backups", "node-a", "--repo", str(fleet), "--format", "json"]) == 0
+    records = json.loads(capsys.readouterr().out)
+    assert [r["jobId"] for r in records] == ["apply-0002", "apply-0001"]
+    assert records[1]["provider"] == "ollama" and records[1]["model"] == "llama3-old"
+
+
+def test_an_unknown_node_names_the_known_ones(
+    tmp_path: Path, identity: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    fleet = make_fleet(tmp_path / "fleet", {"nodes/node-a.yaml": node_doc("node-a")})
+
+    assert cli.main(["backups", "node-z", "--repo", str(fleet)]) == 1
+
+    err = capsys.readouterr().err
+    assert "no node named 'node-z'" in err and "nodes: node-a" in err
+
+
+def test_an_unreachable_agent_is_a_clear_failure(
+    tmp_path: Path, identity: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    fleet = make_fleet(
+        tmp_path / "fleet",
+        {"nodes/node-a.yaml": node_doc("node-a", agent=f"http://127.0.0.1:{port}")},
+    )
+
+    assert cli.main(["backups", "node-a", "--repo", str(fleet)]) == 1
+
+    assert f"cannot reach the agent of node-a at http://127.0.0.1:{port}" in capsys.readouterr().err
