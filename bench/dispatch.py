@@ -13,6 +13,7 @@ time spent building and signing payloads.
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import tempfile
@@ -50,6 +51,12 @@ def start_fleet(tmp: Path, nodes: int, pub: Path) -> tuple[subprocess.Popen[str]
         proc.kill()
         raise SystemExit(f"sim-fleet did not start: {line!r}")
     return proc, "http://" + line.split()[-1]
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time a process has used so far (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def make_jobs(url: str, count: int, mode: str, run: str) -> list[tuple[str, SendJob]]:
@@ -124,6 +131,8 @@ def main() -> None:
             for round_no in range(1, args.rounds + 1):
                 jobs = make_jobs(url, args.nodes, args.mode, f"r{round_no}")
                 now = datetime.now(UTC)
+                load_before = os.getloadavg()[0]
+                fleet_cpu0 = cpu_seconds(fleet.pid)
                 cpu0 = time.process_time()
                 start = time.perf_counter()
                 sent = client.send_jobs(jobs, now)
@@ -141,18 +150,27 @@ def main() -> None:
                     ]
                 elapsed = time.perf_counter() - start
                 cpu = time.process_time() - cpu0
+                fleet_cpu = cpu_seconds(fleet.pid) - fleet_cpu0
                 refused = sum(1 for o in sent.values() if o.state in ("refused", "unreachable"))
                 # signing share: the same payload building and signing, alone
                 sign_start = time.perf_counter()
                 for _, job in jobs:
                     canonical_json(make_envelope(build_payload(job, now), key))
                 signing = time.perf_counter() - sign_start
+                count = len(jobs)
                 print(
-                    f"round {round_no}: {len(jobs)} jobs ({args.mode}) to {args.nodes} nodes: "
-                    f"send {sent_at - start:.2f}s, collect {elapsed - (sent_at - start):.2f}s "
-                    f"({reads} reads), total {elapsed:.2f}s = {len(jobs) / elapsed:,.0f} jobs/s "
-                    f"end to end; client CPU {cpu:.2f}s; signing {signing:.2f}s "
-                    f"= {signing / elapsed:.0%} of the time; not accepted: {refused}"
+                    f"round {round_no}: {count} {args.mode} jobs to {args.nodes} nodes, "
+                    f"{args.concurrency} connections: send {sent_at - start:.2f}s, "
+                    f"collect {elapsed - (sent_at - start):.2f}s ({reads} reads), "
+                    f"total {elapsed:.2f}s = {count / elapsed:,.0f} jobs/s end to end"
+                )
+                print(
+                    f"  CPU per 1,000 jobs: client {cpu / count * 1000:.2f}s "
+                    f"(signing {signing / count * 1000:.2f}s = {signing / elapsed:.0%} of the "
+                    f"wall time), sim fleet {fleet_cpu / count * 1000:.2f}s; "
+                    f"CPU-bound capacity on 2 idle cores ~{count / max(cpu, fleet_cpu):,.0f} jobs/s; "
+                    f"load average {load_before:.1f} -> {os.getloadavg()[0]:.1f}; "
+                    f"not accepted: {refused}"
                 )
             client.close()
             if args.compare_httpx:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 import signal
 import sys
 from pathlib import Path
@@ -25,6 +26,10 @@ from reconciler.durations import parse_duration
 from reconciler.errors import UsageError
 from reconciler.httpserver import parse_listen
 from reconciler.signing import load_trusted_keys
+
+# A runtime names a file, so no '/' (the job schema allows more; such a
+# runtime is simply never managed here and is refused as unsupported_runtime).
+RUNTIME_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 HELP = "run the node agent: verify signed jobs, apply configs, keep backups"
 
@@ -88,6 +93,12 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     if args.backup_retention < 1:
         raise UsageError("--backup-retention must be at least 1")
+    for runtime in args.runtime or ():
+        if not RUNTIME_NAME.fullmatch(runtime):
+            raise UsageError(
+                f"--runtime {runtime!r}: use letters, digits, '.', '_' and '-' "
+                "(it names the file STATE/runtimes/TYPE.yaml)"
+            )
     trusted = load_trusted_keys([Path(p) for p in args.trust_key])
     state = StateDir.open(Path(args.state_dir))
     try:

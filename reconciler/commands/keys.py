@@ -11,7 +11,7 @@ import argparse
 from pathlib import Path
 
 from reconciler.errors import UsageError
-from reconciler.signing import load_private_key, load_public_key
+from reconciler.signing import generate_key, load_private_key, load_public_key
 
 HELP = "create the daemon's signing key pair (OpenSSH Ed25519)"
 
@@ -27,8 +27,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from reconciler.signing import generate_key
-
     if args.keys_action == "generate":
         private_path, public_path = generate_key(Path(args.out))
         key = load_private_key(private_path)
