@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pygit2
 from pygit2.enums import RepositoryOpenFlag
@@ -182,7 +183,17 @@ def status_branch(source: Branch, tip: str) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
-def read_snapshot(source: Branch) -> Snapshot:
+class StatusCache:
+    """Statuses already read, by the blob ids of their files: a watch that
+    sees a new commit re-reads only the files that changed (a transition on a
+    large rollout rewrites its main file and one node page)."""
+
+    def __init__(self) -> None:
+        self.statuses: dict[str, tuple[tuple[str, ...], RolloutStatus]] = {}
+        self.pages: dict[str, Any] = {}
+
+
+def read_snapshot(source: Branch, cache: StatusCache | None = None) -> Snapshot:
     tip = source.refresh()
     if tip is None:
         raise StoreError(f"branch {source.branch!r} not found in {source.label}")
@@ -190,28 +201,48 @@ def read_snapshot(source: Branch) -> Snapshot:
     commit = tip if other is None else source.tip(other)
     if commit is None:
         return Snapshot(None, {})
-    return read_statuses(source, commit)
+    return read_statuses(source, commit, cache)
 
 
-def read_statuses(source: Branch, commit: str) -> Snapshot:
+def read_statuses(source: Branch, commit: str, cache: StatusCache | None = None) -> Snapshot:
     reader = source.reader
+    cache = cache or StatusCache()
     statuses: dict[str, RolloutStatus] = {}
     problems: list[str] = []
+    kept_statuses: dict[str, tuple[tuple[str, ...], RolloutStatus]] = {}
+    kept_pages: dict[str, Any] = {}
     for path, blob in sorted(reader.files(commit, "status").items()):
         if not path.endswith(".yaml"):
             continue
         name = path.removeprefix("status/").removesuffix(".yaml")
         try:
-            main = load_yaml(path, reader.blob(blob))
-            pages = {}
-            if isinstance(main, dict) and main.get("nodePages"):
-                for page_path, page_blob in reader.files(commit, f"status/{name}").items():
-                    pages[page_path] = load_yaml(page_path, reader.blob(page_blob))
-            statuses[name] = status_from_files(main, pages)
+            page_blobs = {
+                p: b
+                for p, b in reader.files(commit, f"status/{name}").items()
+                if p.endswith(".yaml")
+            }
+            key = (blob, *sorted(page_blobs.values()))
+            hit = cache.statuses.get(name)
+            if hit is not None and hit[0] == key:
+                status = hit[1]
+            else:
+                main = load_yaml(path, reader.blob(blob))
+                if not (isinstance(main, dict) and main.get("nodePages")):
+                    page_blobs = {}
+                pages = {}
+                for page_path, page_blob in page_blobs.items():
+                    data = cache.pages.get(page_blob)
+                    if data is None:
+                        data = load_yaml(page_path, reader.blob(page_blob))
+                    pages[page_path] = kept_pages[page_blob] = data
+                status = status_from_files(main, pages)
+            statuses[name] = status
+            kept_statuses[name] = (key, status)
         except YamlProblem as exc:
             problems.append(str(exc.problem))
         except (KeyError, ValueError, TypeError, AttributeError) as exc:
             problems.append(f"{path}: not a status this version can read ({exc})")
+    cache.statuses, cache.pages = kept_statuses, kept_pages
     return Snapshot(commit, statuses, tuple(problems))
 
 
@@ -263,6 +294,7 @@ def watch(source: Branch, name: str | None, fmt: str) -> int:
     other = status_branch(source, tip) if tip else None
     branches = [source.branch, other] if other else [source.branch]
     snapshot: Snapshot | None = None
+    cache = StatusCache()
     shown: tuple[str | None, str] | None = None
     last_read = -REMOTE_REFETCH
     hinted = True
@@ -274,7 +306,7 @@ def watch(source: Branch, name: str | None, fmt: str) -> int:
                 # on a hint from the watcher, or now and then in case one was missed.
                 if hinted or not source.is_remote or now - last_read >= REMOTE_REFETCH:
                     try:
-                        snapshot = read_snapshot(source)
+                        snapshot = read_snapshot(source, cache)
                     except StoreError as exc:
                         print(f"warning: {exc}", file=sys.stderr)
                     last_read = now

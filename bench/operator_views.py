@@ -1,0 +1,144 @@
+"""What the operator's views cost: the dashboard, the status table, reading
+status files from Git, and ``plan`` on a large fleet.
+
+Statuses are made by the engine itself (started rollouts with their first
+batch dispatched), so the records have real sizes.
+
+    .venv/bin/python bench/operator_views.py
+    .venv/bin/python bench/operator_views.py --nodes 10000 --rollouts 50
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+from reconciler import plan
+from reconciler.commands.status import StatusCache, open_branch, read_snapshot
+from reconciler.dashboard import render_dashboard
+from reconciler.engine import RolloutInput, step_fleet
+from reconciler.observations import Observations
+from reconciler.status import RolloutStatus, status_files
+from reconciler.statusview import render_detail, render_table
+from reconciler.yamlio import dump_yaml
+
+NOW = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
+
+
+def timed(label: str, action: Callable[[], object], repeat: int = 3) -> object:
+    best = float("inf")
+    result: object = None
+    for _ in range(repeat):
+        start = time.perf_counter()
+        result = action()
+        best = min(best, time.perf_counter() - start)
+    print(f"{label:<58} {best * 1000:9.1f} ms")
+    return result
+
+
+def fleet_files(nodes: int, rollouts: int) -> dict[str, bytes]:
+    files: dict[str, bytes] = {}
+    for i in range(nodes):
+        files[f"nodes/n{i:05d}.yaml"] = (
+            "apiVersion: reconciler/v1\nkind: Node\n"
+            f"metadata: {{name: n{i:05d}}}\n"
+            f"spec: {{agent: 'http://10.0.{i // 250}.{i % 250}:8710', "
+            f"labels: {{group: g{i % rollouts}}}}}\n"
+        ).encode()
+    for r in range(rollouts):
+        files[f"rollouts/r{r:03d}.yaml"] = (
+            "apiVersion: reconciler/v1\nkind: Rollout\n"
+            f"metadata: {{name: r{r:03d}}}\n"
+            "spec:\n"
+            "  target: {runtime: hermes, provider: ollama, model: llama3.1-8b}\n"
+            f"  selector: {{group: g{r}}}\n"
+            "  batchSize: 10\n"
+            "  live: true\n"
+        ).encode()
+    return files
+
+
+def started(files: dict[str, bytes]) -> dict[str, RolloutStatus]:
+    docs = plan.parse_tree(files)
+    inputs = [
+        RolloutInput(name, spec, True, (), None, "c" * 40, "c" * 40, 0)
+        for name, spec in docs.rollouts.items()
+    ]
+    step = step_fleet(inputs, docs.fleet, docs.settings, Observations(), NOW)
+    return dict(step.statuses)
+
+
+def git(cwd: Path, *args: str) -> None:
+    env = {
+        **os.environ,
+        "GIT_AUTHOR_NAME": "bench",
+        "GIT_AUTHOR_EMAIL": "bench@example.com",
+        "GIT_COMMITTER_NAME": "bench",
+        "GIT_COMMITTER_EMAIL": "bench@example.com",
+    }
+    subprocess.run(["git", "-C", str(cwd), *args], check=True, capture_output=True, env=env)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--nodes", type=int, default=2000)
+    parser.add_argument("--rollouts", type=int, default=20)
+    args = parser.parse_args()
+
+    files = fleet_files(args.nodes, args.rollouts)
+    statuses = started(files)
+    print(f"{args.nodes} nodes, {args.rollouts} running rollouts of {args.nodes // args.rollouts}")
+
+    timed("render_dashboard (status/README.md)", lambda: render_dashboard(statuses))
+    timed("render_table (status)", lambda: render_table(statuses, NOW))
+    one = next(iter(statuses.values()))
+    timed(f"render_detail (status NAME, {len(one.nodes)} nodes)", lambda: render_detail(one, NOW))
+
+    big_files = fleet_files(10000, 1)
+    big = started(big_files)
+    timed("render_dashboard, one rollout of 10,000 nodes", lambda: render_dashboard(big))
+    timed("render_detail, one rollout of 10,000 nodes", lambda: render_detail(big["r000"], NOW))
+
+    with tempfile.TemporaryDirectory() as tmp:
+        repo = Path(tmp) / "fleet"
+        repo.mkdir()
+        git(repo, "init", "-q", "-b", "main")
+        for path, data in files.items():
+            (repo / path).parent.mkdir(parents=True, exist_ok=True)
+            (repo / path).write_bytes(data)
+        for status in statuses.values():
+            for path, record in status_files(status).items():
+                (repo / path).parent.mkdir(parents=True, exist_ok=True)
+                (repo / path).write_bytes(dump_yaml(record))
+        git(repo, "add", "-A")
+        git(repo, "commit", "-q", "-m", "fleet")
+        source = open_branch(str(repo), "main")
+        timed(f"read {len(statuses)} status files from the branch", lambda: read_snapshot(source))
+        cache = StatusCache()
+        read_snapshot(source, cache)
+        timed("re-read with the watch cache, nothing changed", lambda: read_snapshot(source, cache))
+
+    base = plan.Tree("b" * 40, files)
+    extra = dict(files)
+    extra["rollouts/new.yaml"] = (
+        b"apiVersion: reconciler/v1\nkind: Rollout\nmetadata: {name: new}\nspec:\n"
+        b"  target: {runtime: hermes, provider: ollama, model: qwen2}\n  selector: {}\n"
+        b"  batchSize: 100\n  live: true\n  allowOverlap: true\n"
+    )
+    head = plan.Tree("h" * 40, extra)
+    result = timed(
+        "make_plan (parse both trees, step both, compare)",
+        lambda: plan.make_plan(base, head, statuses, now=NOW),
+        repeat=2,
+    )
+    assert isinstance(result, plan.Plan) and result.added
+
+
+if __name__ == "__main__":
+    main()
