@@ -18,7 +18,7 @@ import pytest
 from agent_helpers import AgentThread, envelope, job, new_key, start_process, wait_for
 from agent_helpers import request as http
 
-from reconciler.agentstate import BackupInfo, JobRecord, StateDir, backups_to_prune
+from reconciler.agentstate import BackupInfo, JobRecord, StateDir, backups_to_prune, digest
 from reconciler.model import Target
 from reconciler.signing import SigningKey, canonical_json
 
@@ -564,3 +564,33 @@ def test_killed_mid_apply_the_job_is_reported_and_never_run_again(
         if sleeper:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(sleeper, signal.SIGKILL)
+
+
+def test_a_crash_before_the_config_was_written_reports_it_left_old(
+    state: Path, key: SigningKey
+) -> None:
+    # What the journal holds when an agent dies between "running" and the rename.
+    directory = StateDir.open(state)
+    payload = envelope(job(), key)["payload"]
+    directory.save_job(
+        JobRecord(
+            "apply-0001",
+            payload,
+            "running",
+            "2026-12-01T09:00:00Z",
+            before=digest(OLD_CONFIG),
+            after=digest(b"provider: vllm\n"),
+            planned_backup="hermes-never-written",
+        )
+    )
+    directory.close()
+
+    agent = AgentThread(state, [key])
+    try:
+        record = agent.get("jobs/apply-0001")[1]
+    finally:
+        agent.close()
+
+    assert record["state"] == "failed"
+    assert record["error"] == "agent restarted during apply; config left as old"
+    assert record["backupId"] is None  # the backup was never completed
