@@ -82,10 +82,18 @@ def summarize(status: RolloutStatus) -> Summary:
         trouble=trouble,
         batch=current_batch(status),
         batch_count=len(status.batches),
-        why=status.hold.reason if status.hold else status.reason,
+        why=_why(status),
         message=status.hold.message if status.hold else status.message,
         since=last_change(status),
     )
+
+
+def _why(status: RolloutStatus) -> str:
+    if status.hold is not None:
+        return status.hold.reason
+    if status.phase == "scheduled" and status.scheduled_for is not None:
+        return "starts " + status.scheduled_for.strftime("%Y-%m-%d %H:%MZ")
+    return status.reason
 
 
 def current_batch(status: RolloutStatus) -> int | None:
@@ -123,7 +131,10 @@ def progress_bar(done: int, total: int, width: int = BAR_WIDTH) -> str:
 
 
 def progress_text(summary: Summary) -> str:
-    """``████░░░░░░ 4/8``, with ``✗1`` when nodes are in trouble."""
+    """``████░░░░░░ 4/8``, with ``✗1`` when nodes are in trouble; ``-``
+    before the rollout has nodes."""
+    if not summary.total:
+        return "-"
     text = f"{progress_bar(summary.done, summary.total)} {summary.done}/{summary.total}"
     return text + (f" ✗{summary.trouble}" if summary.trouble else "")
 

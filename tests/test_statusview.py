@@ -254,3 +254,14 @@ def test_status_reads_node_pages_of_a_large_rollout(
     out = capsys.readouterr().out
     assert "250/250" in out
     assert re.search(r"^n250\s+5\s+succeeded", out, re.M)
+
+
+def test_a_scheduled_rollout_says_when_it_starts_and_has_no_progress_yet() -> None:
+    later = make_status(
+        "qwen-serving", "scheduled", reason="start_at", scheduled_for=T0 + timedelta(days=1)
+    )
+
+    [line] = statusview.render_table({"q": later}, NOW).splitlines()[1:]
+
+    assert line.split()[:4] == ["qwen-serving", "scheduled", "-", "-"]
+    assert line.endswith("starts 2026-12-02 09:00Z")
