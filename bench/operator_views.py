@@ -12,7 +12,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import pty
+import select
+import signal
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -138,6 +142,71 @@ def main() -> None:
         repeat=2,
     )
     assert isinstance(result, plan.Plan) and result.added
+
+    watch_latency(statuses)
+
+
+def watch_latency(statuses: dict[str, RolloutStatus], pushes: int = 5) -> None:
+    """From a push of a status commit into a bare origin to the redraw of
+    ``status --watch`` (a real process on a pty, reading the origin of a clone)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        seed = root / "seed"
+        seed.mkdir()
+        git(seed, "init", "-q", "-b", "main")
+        one = next(iter(statuses.values()))
+        for path, record in status_files(one).items():
+            (seed / path).parent.mkdir(parents=True, exist_ok=True)
+            (seed / path).write_bytes(dump_yaml(record))
+        git(seed, "add", "-A")
+        git(seed, "commit", "-q", "-m", "status")
+        git(root, "clone", "-q", "--bare", str(seed), str(root / "fleet.git"))
+        git(root, "clone", "-q", str(root / "fleet.git"), str(root / "mine"))
+        git(seed, "remote", "add", "origin", str(root / "fleet.git"))
+        master, slave = pty.openpty()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "reconciler", "status", "--watch", "--repo", str(root / "mine")],
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            env={**os.environ, "TERM": "xterm"},
+        )
+        os.close(slave)
+        screen = b""
+
+        def read_until(marker: bytes, timeout: float = 20.0) -> None:
+            nonlocal screen
+            deadline = time.monotonic() + timeout
+            while marker not in screen:
+                ready, _, _ = select.select([master], [], [], max(0.0, deadline - time.monotonic()))
+                if not ready:
+                    raise SystemExit(f"no redraw showing {marker!r}")
+                screen += os.read(master, 65536)
+
+        try:
+            read_until(b"Ctrl-C")
+            latencies = []
+            for k in range(pushes):
+                (seed / "status" / "marker.txt").write_text(str(k))
+                git(seed, "add", "-A")
+                git(seed, "commit", "-q", "-m", f"status {k}")
+                tip = subprocess.run(
+                    ["git", "-C", str(seed), "rev-parse", "HEAD"], capture_output=True, text=True
+                ).stdout.strip()
+                screen = b""
+                start = time.perf_counter()
+                git(seed, "push", "-q", "origin", "main")
+                read_until(tip[:10].encode())
+                latencies.append(time.perf_counter() - start)
+        finally:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=10)
+            os.close(master)
+        latencies.sort()
+        print(
+            f"{'status --watch: push to redraw (median of ' + str(pushes) + ')':<58} "
+            f"{latencies[len(latencies) // 2] * 1000:9.1f} ms  (includes the git push)"
+        )
 
 
 if __name__ == "__main__":
