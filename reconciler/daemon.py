@@ -25,7 +25,9 @@ from datetime import UTC, datetime
 from types import FrameType
 from typing import Any
 
-from reconciler import crashpoints, engine
+from jsonschema.exceptions import best_match  # type: ignore[import-untyped]
+
+from reconciler import crashpoints, engine, schemas
 from reconciler import status as status_values
 from reconciler.agent_client import AgentClient
 from reconciler.approval import Approval, Approver
@@ -49,6 +51,7 @@ SETTINGS_PATH = "reconciler.yaml"
 DASHBOARD_PATH = "status/README.md"
 MAX_RACES = 20  # passes lost in a row to other writers before giving up
 MESSAGE_LINES = 60  # transitions listed in one commit message
+STATUS_SCHEMA = "rollout-status"
 
 
 @dataclass(frozen=True)
@@ -149,8 +152,11 @@ class Daemon:
         crashpoints.reach("after_step")
         merged = {**statuses, **step.statuses}
         commit = None
-        if step.statuses:
-            commit = self._commit(status_branch, status_tip, statuses, step, merged, spec_commit)
+        changes = self._status_changes(statuses, step, merged, broken, status_tip)
+        if changes:
+            message = _commit_message(step, spec_commit, broken)
+            commit = self.store.commit(status_branch, status_tip, changes, message, sign=self.sign)
+            self._committed(step, commit)
             crashpoints.reach("after_push")
         sent = self._execute(step.effects, documents.fleet, now)
         self._seen_tip = commit if commit and status_branch == store.branch else tip
@@ -248,6 +254,10 @@ class Daemon:
             data = load_yaml(path, self.store.blob(blob_id))
             if not isinstance(data, dict):
                 raise ValueError("not a mapping")
+            if not schemas.fast_check(STATUS_SCHEMA)(data):
+                # It parses but is not a status (a hand edit): the engine must
+                # never step from it, or it raises and the daemon exits.
+                raise ValueError(f"not a valid status: {_status_schema_error(data)}")
             self._status_data[blob_id] = data
         return data
 
@@ -379,15 +389,16 @@ class Daemon:
 
     # -- writing -------------------------------------------------------------
 
-    def _commit(
+    def _status_changes(
         self,
-        branch: str,
-        parent: str | None,
         old: Mapping[str, RolloutStatus],
         step: FleetStep,
         merged: Mapping[str, RolloutStatus],
-        spec_commit: str | None,
-    ) -> str:
+        broken: Mapping[str, str],
+        parent: str | None,
+    ) -> dict[str, bytes | None]:
+        """The files of every changed status, and the dashboard if its text
+        changed; empty when nothing changed, so an idle pass commits nothing."""
         changes: dict[str, bytes | None] = {}
         for name, new in step.statuses.items():
             write, gone = status_values.changed_files(old.get(name), new)
@@ -395,12 +406,13 @@ class Daemon:
                 changes[path] = dump_yaml(data)
             for path in gone:
                 changes[path] = None
-        dashboard = render_dashboard(merged).encode()
+        dashboard = _dashboard(merged, broken).encode()
         current = self.store.file_blob(parent, DASHBOARD_PATH) if parent else None
         if current is None or self.store.blob(current) != dashboard:
             changes[DASHBOARD_PATH] = dashboard
-        message = _commit_message(step, spec_commit)
-        new_commit = self.store.commit(branch, parent, changes, message, sign=self.sign)
+        return changes
+
+    def _committed(self, step: FleetStep, commit: str) -> None:
         self.metrics.commits.inc()
         for t in step.transitions:
             self.log.info(
@@ -408,11 +420,10 @@ class Daemon:
                 f"{t.from_state} -> {t.to_state}" + (f" ({t.reason})" if t.reason else ""),
                 rollout=t.rollout,
                 node=t.node,
-                commit=new_commit[:12],
+                commit=commit[:12],
             )
             if t.node:
                 self.metrics.verdicts.labels(state=t.to_state).inc()
-        return new_commit
 
     def _execute(self, effects: Iterable[SendJob], fleet: Fleet, now: datetime) -> int:
         """Send the jobs the committed status records. Their answers are
@@ -495,6 +506,14 @@ class Daemon:
             watcher.stop()
 
 
+def _status_schema_error(data: Any) -> str:
+    error = best_match(schemas.validator(STATUS_SCHEMA).iter_errors(data))
+    if error is None:
+        return "does not match the status schema"
+    where = ".".join(str(p) for p in error.absolute_path)
+    return f"{where}: {error.message}" if where else str(error.message)
+
+
 def _ordered(
     answers: Mapping[str, JobObservation | None], jobs: list[tuple[str, SendJob]]
 ) -> list[tuple[str, JobObservation | None]]:
@@ -515,10 +534,27 @@ def _refusal_text(approval: Approval | None) -> str | None:
     )
 
 
-def _commit_message(step: FleetStep, spec_commit: str | None) -> str:
+def _dashboard(statuses: Mapping[str, RolloutStatus], broken: Mapping[str, str]) -> str:
+    """The dashboard, with the status files that cannot be read listed last,
+    since those rollouts are held until a person repairs them."""
+    text = render_dashboard(statuses)
+    if broken:
+        lines = ["", "## Status files that cannot be read", ""]
+        lines += [
+            f"- `{name}`: {reason} (held until repaired)" for name, reason in sorted(broken.items())
+        ]
+        text = text.rstrip("\n") + "\n" + "\n".join(lines) + "\n"
+    return text
+
+
+def _commit_message(
+    step: FleetStep, spec_commit: str | None, broken: Mapping[str, str] | None = None
+) -> str:
     rollouts = sorted({t.rollout for t in step.transitions} | set(step.statuses))
     phases = [t for t in step.transitions if t.node is None]
     head = ", ".join(f"{t.rollout} {t.to_state}" for t in phases[:3]) or ", ".join(rollouts[:3])
+    if not head and broken:
+        head = "unreadable status of " + ", ".join(sorted(broken)[:3])
     if len(rollouts) > 3:
         head += f" and {len(rollouts) - 3} more"
     lines = [f"status: {head}", ""]
