@@ -126,30 +126,40 @@ class Branch:
 
 def open_branch(location: str, branch: str) -> Branch:
     """The branch at ``location``: a remote URL, a bare repository, or a
-    working clone (whose ``origin`` is followed when it is a repository the
-    daemon could write to)."""
+    working clone, whose ``origin`` is read instead when it has one (the
+    daemon pushes status there; the clone's branch is as old as its last pull)."""
     if is_remote_location(location):
         return Branch(GitStore.open(location, branch), branch, location)
-    path = Path(location)
+    repo = _discover(location)
+    origin = None if repo.is_bare else _origin_url(repo)
+    if origin is None:
+        return _local(repo, branch, location)
+    if is_remote_location(origin):
+        return Branch(GitStore.open(origin, branch), branch, f"{origin} (origin of {location})")
+    target = Path(repo.workdir) / origin  # a relative origin is relative to the clone
+    return _local(_discover(str(target)), branch, f"{origin} (origin of {location})")
+
+
+def _discover(location: str) -> pygit2.Repository:
     try:
-        discovered = pygit2.discover_repository(str(path.resolve()))
+        found = pygit2.discover_repository(str(Path(location).resolve()))
     except (pygit2.GitError, OSError):
-        discovered = None
-    if discovered is None:
+        found = None
+    if found is None:
         raise ReconcilerError(
             f"{location} is not a Git repository",
             hint="pass --repo with a fleet repository: a clone, a bare repository or a URL",
         )
-    repo = pygit2.Repository(discovered, RepositoryOpenFlag.NO_SEARCH)
+    return pygit2.Repository(found, RepositoryOpenFlag.NO_SEARCH)
+
+
+def _local(repo: pygit2.Repository, branch: str, label: str) -> Branch:
+    """A bare repository through GitStore, as the daemon reads it; a
+    non-bare one directly (GitStore refuses a checked-out branch, which
+    matters for writing only)."""
     if repo.is_bare:
-        return Branch(GitStore.open(str(Path(discovered)), branch), branch, str(path))
-    origin = _origin_url(repo)
-    if origin is not None:
-        target = origin
-        if not is_remote_location(origin) and not Path(origin).is_absolute():
-            target = str((Path(repo.workdir) / origin).resolve())
-        return Branch(GitStore.open(target, branch), branch, f"{origin} (origin of {location})")
-    return Branch(RepoReader(repo, location), branch, str(location))
+        return Branch(GitStore.open(str(repo.path), branch), branch, label)
+    return Branch(RepoReader(repo, label), branch, label)
 
 
 def _origin_url(repo: pygit2.Repository) -> str | None:
