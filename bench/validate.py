@@ -11,10 +11,12 @@ parts: reading + YAML only, and ``assemble`` alone.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from reconciler import yamlio
@@ -78,12 +80,15 @@ def generate(root: Path, nodes: int, rollouts: int) -> None:
         (root / "rollouts" / f"rollout-{i:04d}.yaml").write_text(rollout_text(i, nodes))
 
 
-def timed(func: object, runs: int) -> list[float]:
+def timed(func: Callable[[], object], runs: int, cpu: list[float] | None = None) -> list[float]:
+    """Wall-clock seconds of each run; CPU seconds of this process into ``cpu``."""
     out = []
     for _ in range(runs):
-        start = time.perf_counter()
-        func()  # type: ignore[operator]
+        start, start_cpu = time.perf_counter(), time.process_time()
+        func()
         out.append(time.perf_counter() - start)
+        if cpu is not None:
+            cpu.append(time.process_time() - start_cpu)
     return out
 
 
@@ -106,11 +111,21 @@ def main() -> int:
             f"{files} files: {len(documents.fleet.nodes)} nodes, {len(documents.rollouts)} rollouts"
         )
 
-        full = timed(lambda: load_directory(root), args.runs)
+        cpu: list[float] = []
+        full = timed(lambda: load_directory(root), args.runs, cpu)
         median = statistics.median(full)
         print(
             f"load_directory: median {median:.3f} s over {args.runs} runs "
-            f"(min {min(full):.3f}, max {max(full):.3f}), {files / median:,.0f} files/s"
+            f"(min {min(full):.3f}, max {max(full):.3f}), {files / median:,.0f} files/s; "
+            f"CPU of the parent process median {statistics.median(cpu):.3f} s"
+        )
+        print(f"  load average while measuring: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
+
+        serial_cpu: list[float] = []
+        serial = timed(lambda: load_directory(root, workers=1), args.runs, serial_cpu)
+        print(
+            f"  one process: median {statistics.median(serial):.3f} s, "
+            f"CPU median {statistics.median(serial_cpu):.3f} s"
         )
 
         blobs = [(rel, (root / rel).read_bytes()) for rel in tree_paths(root)]

@@ -23,9 +23,13 @@ from __future__ import annotations
 
 import difflib
 import json
+import multiprocessing
 import os
 import re
+import threading
 from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from types import MappingProxyType
@@ -828,14 +832,48 @@ def _read(path: str) -> bytes:
         return handle.read(yamlio.MAX_BYTES + 1)
 
 
-def load_directory(root: Path) -> Documents:
-    """Every document of a fleet repository's working tree (status/ is the
-    daemon's and is not read). ``root`` must be a directory."""
+# Below this many files a process pool costs more than it saves.
+_PARALLEL_FROM = 3000
+
+
+def _parse_entries(entries: Sequence[tuple[str, str, bool]]) -> list[ParsedFile]:
     parsed = []
-    for rel, full, is_link in _tree_files(root):
+    for rel, full, is_link in entries:
         if is_link:
             problem = Problem(rel, 0, 0, "", "is a symbolic link; documents must be regular files")
             parsed.append(ParsedFile(rel, "", problems=(problem,)))
             continue
         parsed.append(parse_file(rel, _read(full)))
+    return parsed
+
+
+def _parse_in_processes(
+    entries: Sequence[tuple[str, str, bool]], workers: int
+) -> list[ParsedFile] | None:
+    """Parse in forked worker processes; None when that is not possible."""
+    if "fork" not in multiprocessing.get_all_start_methods():
+        return None
+    size = max(1, len(entries) // (workers * 4))
+    chunks = [entries[i : i + size] for i in range(0, len(entries), size)]
+    try:
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+            return [item for chunk in pool.map(_parse_entries, chunks) for item in chunk]
+    except (OSError, BrokenProcessPool):
+        return None
+
+
+def load_directory(root: Path, *, workers: int | None = None) -> Documents:
+    """Every document of a fleet repository's working tree (status/ is the
+    daemon's and is not read). ``root`` must be a directory.
+
+    ``workers``: processes to parse with; by default one per CPU for a big
+    tree (thousands of files) when this process has no other threads (a
+    fork must not copy a lock held by another thread), else 1."""
+    entries = _tree_files(root)
+    if workers is None:
+        big = len(entries) >= _PARALLEL_FROM and threading.active_count() == 1
+        workers = min(os.cpu_count() or 1, 8) if big else 1
+    parsed = _parse_in_processes(entries, workers) if workers > 1 else None
+    if parsed is None:
+        parsed = _parse_entries(entries)
     return assemble(parsed)

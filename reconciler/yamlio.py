@@ -168,33 +168,6 @@ def _short_tag(tag: str) -> str:
 _NO_KEY = object()
 
 
-class _Frame:
-    """One open mapping or sequence while building."""
-
-    __slots__ = ("container", "key", "key_mark", "last_key")
-
-    def __init__(self, container: dict[str, Any] | list[Any]) -> None:
-        self.container = container
-        self.key: Any = _NO_KEY  # the key waiting for its value (mappings)
-        self.key_mark: Any = None
-        self.last_key: Any = None  # for the field path in messages
-
-
-def _field_path(stack: Sequence[_Frame], key: Any = _NO_KEY) -> list[str | int]:
-    path: list[str | int] = []
-    for frame in stack:
-        if isinstance(frame.container, list):
-            # the open child was appended already; the top frame's next item was not
-            path.append(len(frame.container) - (frame is not stack[-1]))
-        elif frame.key is not _NO_KEY:
-            path.append(frame.key)
-        elif frame is not stack[-1] and frame.last_key is not None:
-            path.append(frame.last_key)
-    if key is not _NO_KEY:
-        path.append(key)
-    return path
-
-
 def format_field(field_path: Sequence[str | int]) -> str:
     """``["spec", "nodeIds", 2]`` -> ``spec.nodeIds[2]``."""
     out = ""
@@ -208,136 +181,146 @@ def format_field(field_path: Sequence[str | int]) -> str:
     return out
 
 
-def _problem(path: str, mark: Any, field_path: Sequence[str | int], message: str) -> YamlProblem:
+def _problem(path: str, text: str, mark: Any, message: str, *, key: bool = False) -> YamlProblem:
     line = mark.line + 1 if mark is not None else 0
     column = mark.column + 1 if mark is not None else 0
-    return YamlProblem(Problem(path, line, column, format_field(field_path), message))
+    field = format_field(_path_at(text, mark, key)) if mark is not None else ""
+    return YamlProblem(Problem(path, line, column, field, message))
+
+
+def _tagged_scalar(path: str, text: str, event: Any) -> Any:
+    if event.anchor is not None:
+        raise _problem(path, text, event.start_mark, _ANCHORS)
+    if event.tag in _STR_TAGS:
+        return event.value
+    raise _problem(
+        path,
+        text,
+        event.start_mark,
+        f"tag {_short_tag(event.tag)} is not allowed: remove it and write the value "
+        "as plain YAML (text in quotes)",
+    )
 
 
 _ANCHORS = "anchors (&name) and aliases (*name) are not allowed here: write the value out in full"
 
 
 def _build(path: str, text: str) -> Any:
+    """Plain values from the events of ``text``. The hot loop keeps no field
+    paths: on a problem, ``_path_at`` finds the path from the position."""
     get_event = _event_source(text)
     get_event()  # StreamStart
     event = get_event()
     if type(event) is StreamEndEvent:
         return None
-    stack: list[_Frame] = []
+    outer: list[tuple[Any, bool]] = []  # enclosing (container, is_mapping)
+    container: Any = None
+    is_map = False
+    key: Any = _NO_KEY
     root: Any = None
     while True:
         event = get_event()
         kind = type(event)
         if kind is ScalarEvent:
-            if event.anchor is not None:
-                raise _problem(path, event.start_mark, _field_path(stack), _ANCHORS)
-            tag = event.tag
-            if tag is None:
-                if event.implicit[0]:
-                    try:
-                        value: Any = resolve_plain(event.value)
-                    except _TooLong:
+            if event.anchor is not None or event.tag is not None:
+                value: Any = _tagged_scalar(path, text, event)
+            elif event.implicit[0]:
+                try:
+                    value = resolve_plain(event.value)
+                except _TooLong:
+                    raise _problem(
+                        path,
+                        text,
+                        event.start_mark,
+                        f"number with {len(event.value)} characters is too long; "
+                        "if it is meant as text, put it in quotes",
+                    ) from None
+            else:
+                value = event.value
+            if is_map:
+                if key is _NO_KEY:
+                    if type(value) is not str:
+                        shown = event.value or "(empty)"
                         raise _problem(
                             path,
+                            text,
                             event.start_mark,
-                            _field_path(stack),
-                            f"number with {len(event.value)} characters is too long; "
-                            "if it is meant as text, put it in quotes",
-                        ) from None
+                            f"key {shown} is read as {_kind_of(value)}; keys are text: "
+                            f'put it in quotes, like "{shown}":',
+                            key=True,
+                        )
+                    if value in container:
+                        first = _locate_mark(
+                            text, _path_at(text, event.start_mark, True), at_key=True
+                        )
+                        raise _problem(
+                            path,
+                            text,
+                            event.start_mark,
+                            f'duplicate key "{value}" (first at line {first[0]}); '
+                            "a key may appear only once in a mapping",
+                            key=True,
+                        )
+                    key = value
                 else:
-                    value = event.value
-            elif tag in _STR_TAGS:
-                value = event.value
+                    container[key] = value
+                    key = _NO_KEY
+            elif container is not None:
+                container.append(value)
             else:
-                raise _problem(
-                    path,
-                    event.start_mark,
-                    _field_path(stack),
-                    f"tag {_short_tag(tag)} is not allowed: remove it and write the value "
-                    "as plain YAML (text in quotes)",
-                )
-            is_scalar = True
+                root = value
+                break
+        elif kind is MappingEndEvent or kind is SequenceEndEvent:
+            if not outer:
+                break
+            container, is_map = outer.pop()
         elif kind is MappingStartEvent or kind is SequenceStartEvent:
             if event.anchor is not None:
-                raise _problem(path, event.start_mark, _field_path(stack), _ANCHORS)
-            allowed = _MAP_TAGS if kind is MappingStartEvent else _SEQ_TAGS
-            if event.tag is not None and event.tag not in allowed:
+                raise _problem(path, text, event.start_mark, _ANCHORS)
+            if event.tag is not None and event.tag not in (
+                _MAP_TAGS if kind is MappingStartEvent else _SEQ_TAGS
+            ):
                 raise _problem(
                     path,
+                    text,
                     event.start_mark,
-                    _field_path(stack),
                     f"tag {_short_tag(event.tag)} is not allowed: remove it",
                 )
-            if len(stack) >= MAX_DEPTH:
-                raise _problem(
-                    path,
-                    event.start_mark,
-                    _field_path(stack),
-                    f"nested more than {MAX_DEPTH} levels deep",
-                )
-            value = {} if kind is MappingStartEvent else []
-            is_scalar = False
-        elif kind is MappingEndEvent or kind is SequenceEndEvent:
-            stack.pop()
-            if not stack:
-                break
-            continue
-        elif kind is AliasEvent:
-            raise _problem(path, event.start_mark, _field_path(stack), _ANCHORS)
-        else:  # pragma: no cover - libyaml emits nothing else inside a document
-            raise _problem(path, event.start_mark, _field_path(stack), "unexpected YAML event")
-
-        if not stack:
-            root = value
-            if is_scalar:
-                break
-        else:
-            frame = stack[-1]
-            container = frame.container
-            if type(container) is list:
-                container.append(value)
-            elif frame.key is _NO_KEY:
-                if not is_scalar:
-                    raise _problem(
-                        path,
-                        event.start_mark,
-                        _field_path(stack),
-                        "a key must be plain text, not a mapping or list",
-                    )
-                if type(value) is not str:
-                    shown = event.value or "(empty)"
-                    raise _problem(
-                        path,
-                        event.start_mark,
-                        _field_path(stack, shown),
-                        f"key {shown} is read as {_kind_of(value)}; keys are text: "
-                        f'put it in quotes, like "{shown}":',
-                    )
-                if value in container:
-                    raise _problem(
-                        path,
-                        event.start_mark,
-                        _field_path(stack, value),
-                        f'duplicate key "{value}" (first at line '
-                        f"{_locate_mark(text, _field_path(stack, value), at_key=True)[0]}); "
-                        "a key may appear only once in a mapping",
-                    )
-                frame.key = value
-                frame.key_mark = event.start_mark
+            new: Any = {} if kind is MappingStartEvent else []
+            if container is None:
+                root = new
             else:
-                container[frame.key] = value
-                frame.last_key = frame.key
-                frame.key = _NO_KEY
-        if not is_scalar:
-            stack.append(_Frame(value))
+                if len(outer) + 1 >= MAX_DEPTH:
+                    raise _problem(
+                        path, text, event.start_mark, f"nested more than {MAX_DEPTH} levels deep"
+                    )
+                if is_map:
+                    if key is _NO_KEY:
+                        raise _problem(
+                            path,
+                            text,
+                            event.start_mark,
+                            "a key must be plain text, not a mapping or list",
+                        )
+                    container[key] = new
+                    key = _NO_KEY
+                else:
+                    container.append(new)
+                outer.append((container, is_map))
+            container = new
+            is_map = kind is MappingStartEvent
+        elif kind is AliasEvent:
+            raise _problem(path, text, event.start_mark, _ANCHORS)
+        else:  # pragma: no cover - libyaml emits nothing else inside a document
+            raise _problem(path, text, event.start_mark, "unexpected YAML event")
 
     event = get_event()  # DocumentEnd
     event = get_event()
     if type(event) is DocumentStartEvent:
         raise _problem(
             path,
+            "",
             event.start_mark,
-            [],
             "a file holds exactly one document: remove the second '---' and what follows, "
             "or move it into its own file",
         )
@@ -460,6 +443,26 @@ def _syntax_problem(path: str, text: str, exc: MarkedYAMLError) -> Problem:
     # The path up to the error, from the part that did parse.
     field = _field_at(text, line, column)
     return Problem(path, line, column, field, message)
+
+
+def _path_at(text: str, mark: Any, key: bool) -> list[str | int]:
+    """The field path of the key (``key``) or the value that starts at
+    ``mark`` (the innermost, when several start there); [] if none does."""
+    if not text:
+        return []
+    where = (mark.line, mark.column)
+    best: list[str | int] = []
+    try:
+        for field_path, key_mark, value_mark in _walk(text):
+            here = key_mark if value_mark is None else value_mark
+            if (value_mark is None) != key or (here.line, here.column) != where:
+                continue
+            best = field_path
+            if key:
+                break
+    except YAMLError:
+        pass
+    return best
 
 
 def _field_at(text: str, line: int, column: int) -> str:

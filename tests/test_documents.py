@@ -320,3 +320,8 @@ def test_parsed_file_holds_values_only_when_valid() -> None:
     assert bad.node is None and not bad.valid
     good = parse_file(*node("gpu-a1"))
     assert good.node is not None and good.valid
+
+
+def test_parsing_in_worker_processes_gives_the_same_documents(tmp_path: Path) -> None:
+    write_tree(tmp_path)
+    assert load_directory(tmp_path, workers=2) == load_directory(tmp_path, workers=1)
