@@ -26,6 +26,7 @@ import io
 import math
 import re
 from collections.abc import Callable, Iterator, Sequence
+from functools import lru_cache
 from typing import Any
 
 import ruamel.yaml.main
@@ -608,64 +609,82 @@ def _plain_is_safe(text: str) -> bool:
     return resolved == text and type(resolved) is str and not _YAML11_SPECIAL.fullmatch(text)
 
 
-def _events(data: Any) -> Iterator[Event]:
-    yield StreamStartEvent()
-    yield DocumentStartEvent(explicit=False)
-    stack: list[Iterator[Any]] = []
-    is_map: list[bool] = []
-    yield from _value_events(data, stack, is_map)
-    while stack:
-        try:
-            item = next(stack[-1])
-        except StopIteration:
-            stack.pop()
-            yield MappingEndEvent() if is_map.pop() else SequenceEndEvent()
-            continue
-        if is_map[-1]:
-            key, value = item
-            if not isinstance(key, str):
-                raise TypeError(f"mapping keys must be str, got {type(key).__name__}: {key!r}")
-            yield _scalar(key)
-            yield from _value_events(value, stack, is_map)
-        else:
-            yield from _value_events(item, stack, is_map)
-    yield DocumentEndEvent(explicit=False)
-    yield StreamEndEvent()
-
-
+@lru_cache(maxsize=8192)
 def _scalar(text: str) -> ScalarEvent:
+    # Cached: status files repeat the same keys and states thousands of times,
+    # and an event is plain data the emitter only reads.
     if "\n" in text and text.strip() and not text[0].isspace():
         return ScalarEvent(None, None, (False, True), text, style="|")
     return ScalarEvent(None, None, (_plain_is_safe(text), True), text)
 
 
-def _value_events(value: Any, stack: list[Iterator[Any]], is_map: list[bool]) -> Iterator[Event]:
-    if isinstance(value, str):
-        yield _scalar(value)
+@lru_cache(maxsize=4096)
+def _number(text: str) -> ScalarEvent:
+    return ScalarEvent(None, None, (True, False), text)
+
+
+_NULL = ScalarEvent(None, None, (True, False), "null")
+_TRUE = ScalarEvent(None, None, (True, False), "true")
+_FALSE = ScalarEvent(None, None, (True, False), "false")
+_MAPPING_END = MappingEndEvent()
+_SEQUENCE_END = SequenceEndEvent()
+_DONE = object()
+
+
+def _emit_value(value: Any, emit: Callable[[Event], None], stack: list[tuple[Any, bool]]) -> None:
+    kind = type(value)
+    if kind is str:
+        emit(_scalar(value))
     elif value is None:
-        yield ScalarEvent(None, None, (True, False), "null")
-    elif isinstance(value, bool):
-        yield ScalarEvent(None, None, (True, False), "true" if value else "false")
-    elif isinstance(value, int):
-        yield ScalarEvent(None, None, (True, False), str(value))
-    elif isinstance(value, float):
+        emit(_NULL)
+    elif kind is bool:
+        emit(_TRUE if value else _FALSE)
+    elif kind is int:
+        emit(_number(str(value)))
+    elif kind is float:
         if math.isnan(value):
-            text = ".nan"
+            emit(_number(".nan"))
         elif math.isinf(value):
-            text = ".inf" if value > 0 else "-.inf"
+            emit(_number(".inf" if value > 0 else "-.inf"))
         else:
-            text = repr(value)
-        yield ScalarEvent(None, None, (True, False), text)
+            emit(_number(repr(value)))
     elif isinstance(value, dict):
-        yield MappingStartEvent(None, None, True, flow_style=not value)
-        stack.append(iter(value.items()))
-        is_map.append(True)
+        emit(MappingStartEvent(None, None, True, flow_style=not value))
+        stack.append((iter(value.items()), True))
     elif isinstance(value, list | tuple):
-        yield SequenceStartEvent(None, None, True, flow_style=not value)
-        stack.append(iter(value))
-        is_map.append(False)
+        emit(SequenceStartEvent(None, None, True, flow_style=not value))
+        stack.append((iter(value), False))
+    elif isinstance(value, str):  # a str subclass
+        emit(_scalar(str(value)))
+    elif isinstance(value, bool):
+        emit(_TRUE if value else _FALSE)
+    elif isinstance(value, int | float):
+        _emit_value(int(value) if isinstance(value, int) else float(value), emit, stack)
     else:
         raise TypeError(f"cannot write {type(value).__name__} to YAML: {value!r}")
+
+
+def _emit_document(data: Any, emit: Callable[[Event], None]) -> None:
+    emit(StreamStartEvent())
+    emit(DocumentStartEvent(explicit=False))
+    stack: list[tuple[Any, bool]] = []
+    _emit_value(data, emit, stack)
+    while stack:
+        items, is_map = stack[-1]
+        item: Any = next(items, _DONE)
+        if item is _DONE:
+            stack.pop()
+            emit(_MAPPING_END if is_map else _SEQUENCE_END)
+        elif is_map:
+            key, value = item
+            if not isinstance(key, str):
+                raise TypeError(f"mapping keys must be str, got {type(key).__name__}: {key!r}")
+            emit(_scalar(str(key)))
+            _emit_value(value, emit, stack)
+        else:
+            _emit_value(item, emit, stack)
+    emit(DocumentEndEvent(explicit=False))
+    emit(StreamEndEvent())
 
 
 def dump_yaml(data: Any) -> bytes:
@@ -681,8 +700,7 @@ def dump_yaml(data: Any) -> bytes:
     else:
         emitter = ruamel.yaml.emitter.Emitter(stream, width=4096, allow_unicode=True)
     try:
-        for event in _events(data):
-            emitter.emit(event)
+        _emit_document(data, emitter.emit)
     finally:
         dispose = getattr(emitter, "dispose", None)
         if dispose is not None:

@@ -325,3 +325,26 @@ def test_parsed_file_holds_values_only_when_valid() -> None:
 def test_parsing_in_worker_processes_gives_the_same_documents(tmp_path: Path) -> None:
     write_tree(tmp_path)
     assert load_directory(tmp_path, workers=2) == load_directory(tmp_path, workers=1)
+
+
+@pytest.mark.parametrize(
+    ("branch", "ok"),
+    [
+        ("reconciler-status", True),
+        ("ops/status", True),
+        ("ops..status", False),
+        ("status.lock", False),
+        ("-status", False),
+        ("ops/", False),
+        ("has space", False),
+    ],
+)
+def test_status_branch_must_be_a_git_branch_name(branch: str, ok: bool) -> None:
+    text = f'apiVersion: reconciler/v1\nkind: Settings\nspec:\n  statusBranch: "{branch}"\n'
+    parsed = parse_file("reconciler.yaml", text.encode())
+    if ok:
+        assert parsed.settings is not None and parsed.settings.status_branch == branch
+    else:
+        (problem,) = parsed.problems
+        assert (problem.line, problem.column, problem.field) == (4, 17, "spec.statusBranch")
+        assert "must be a Git branch name" in problem.message
