@@ -77,7 +77,7 @@ class Daemon:
         metrics: Metrics | None = None,
         approver: Approver | None = None,
         sign: Callable[[bytes], str] | None = None,
-        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC).replace(microsecond=0),
     ) -> None:
         self.store = store
         self.client = client
@@ -551,12 +551,11 @@ def _commit_message(
     step: FleetStep, spec_commit: str | None, broken: Mapping[str, str] | None = None
 ) -> str:
     rollouts = sorted({t.rollout for t in step.transitions} | set(step.statuses))
-    phases = [t for t in step.transitions if t.node is None]
-    head = ", ".join(f"{t.rollout} {t.to_state}" for t in phases[:3]) or ", ".join(rollouts[:3])
-    if not head and broken:
-        head = "unreadable status of " + ", ".join(sorted(broken)[:3])
+    head = ", ".join(_summary(step, name) for name in rollouts[:3])
     if len(rollouts) > 3:
         head += f" and {len(rollouts) - 3} more"
+    if not head and broken:
+        head = "unreadable status of " + ", ".join(sorted(broken)[:3])
     lines = [f"status: {head}", ""]
     for t in step.transitions[:MESSAGE_LINES]:
         who = f"{t.rollout}/{t.node}" if t.node else t.rollout
@@ -570,6 +569,19 @@ def _commit_message(
     if spec_commit:
         lines += ["", f"Spec-Commit: {spec_commit}"]
     return "\n".join(lines) + "\n"
+
+
+def _summary(step: FleetStep, rollout: str) -> str:
+    """``web running`` for a phase change, else ``web: 2 succeeded, 1 dispatched``."""
+    phases = [t.to_state for t in step.transitions if t.rollout == rollout and t.node is None]
+    if phases:
+        return f"{rollout} {phases[-1]}"
+    counts: dict[str, int] = {}
+    for t in step.transitions:
+        if t.rollout == rollout and t.node is not None:
+            counts[t.to_state] = counts.get(t.to_state, 0) + 1
+    detail = ", ".join(f"{n} {state}" for state, n in counts.items())
+    return f"{rollout}: {detail}" if detail else rollout
 
 
 @contextlib.contextmanager
