@@ -40,6 +40,7 @@ DEFAULT_NAME = "reconciler"
 DEFAULT_EMAIL = "reconciler@localhost"
 SSH_KEY_ENV = "RECONCILER_SSH_KEY"
 TOKEN_ENV = "RECONCILER_GIT_TOKEN"
+LOCK_WAIT = 0.5  # seconds to wait for another writer's ref lock
 PUSH_REF = "refs/reconciler/push"  # local ref a push is made from (libgit2 pushes refs)
 
 # git's rule: "host:path" is SSH when the colon comes before any slash.
@@ -329,29 +330,42 @@ class GitStore:
         return str(oid)
 
     def _swap(self, refname: str, parent: str | None, new: str, message: str) -> None:
-        """``git update-ref REF NEW PARENT``: move only if REF is still PARENT."""
+        """``git update-ref REF NEW PARENT``: move only if REF is still PARENT.
+
+        A held ref lock means another writer is mid-update: wait for it
+        briefly, then it is either a race (the ref moved: RefMoved) or a lock
+        nobody releases (StoreError naming the lock file)."""
         moved = RefMoved(
             f"{refname} no longer points at {parent or 'nothing'}",
             "another writer moved the branch: re-read it and step again",
         )
-        try:
-            if parent is None:
-                self._repo.references.create(refname, new, force=False)
+        deadline = time.monotonic() + LOCK_WAIT
+        while True:
+            try:
+                if parent is None:
+                    self._repo.references.create(refname, new, force=False)
+                    return
+                ref = self._repo.references.get(refname)
+                if ref is None or str(ref.target) != parent:
+                    raise moved
+                ref.set_target(new, message.splitlines()[0] if message else "reconciler")
                 return
-            ref = self._repo.references.get(refname)
-            if ref is None or str(ref.target) != parent:
-                raise moved
-            ref.set_target(new, message.splitlines()[0] if message else "reconciler")
-        except RefMoved:
-            raise
-        except pygit2.AlreadyExistsError as e:
-            raise moved from e
-        except (pygit2.GitError, OSError) as e:
-            # A held lock is another writer mid-update: that is a race, not a fault.
-            text = str(e).lower()
-            if self.tip(refname) != parent or "lock" in text or "does not match" in text:
+            except RefMoved:
+                raise
+            except pygit2.AlreadyExistsError as e:
                 raise moved from e
-            raise StoreError(f"cannot move {refname} in {self.location}: {e}") from e
+            except (pygit2.GitError, OSError) as e:
+                if self.tip(refname) != parent:
+                    raise moved from e
+                if "lock" not in str(e).lower():
+                    raise StoreError(f"cannot move {refname} in {self.location}: {e}") from e
+                if time.monotonic() >= deadline:
+                    lock = Path(self._repo.path) / f"{refname}.lock"
+                    raise StoreError(
+                        f"{refname} in {self.location} stays locked",
+                        f"another git process is writing it; if none is, remove {lock}",
+                    ) from e
+                time.sleep(0.005)
 
     # -- remote ------------------------------------------------------------
 
