@@ -24,5 +24,8 @@ typecheck: $(STAMP)
 pytest: $(STAMP)
 	$(BIN)/pytest -n 2 -q
 
+demo: $(STAMP)
+	$(BIN)/reconciler demo
+
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,35 @@
+"""The demo runs the whole product and ends with the story's phases
+committed in the fleet repository it leaves behind."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+from reconciler.demo import run_demo
+from reconciler.yamlio import load_yaml
+from tests.gitutil import git
+
+
+def test_the_demo_tells_its_story_and_leaves_the_repository(tmp_path: Path) -> None:
+    out = io.StringIO()
+
+    root = run_demo(tmp_path / "demo", out, delay=0.2, interval=0.2)
+
+    bare = root / "fleet.git"
+    phases = {}
+    for name in ("llama-canary", "qwen-serving", "mistral-b3"):
+        text = git("show", f"main:status/{name}.yaml", cwd=bare)
+        phases[name] = load_yaml(name, text.encode())["phase"]
+    assert phases == {
+        "llama-canary": "completed",
+        "qwen-serving": "completed",
+        "mistral-b3": "completed",
+    }
+    log = git("log", "--format=%an|%s", "main", cwd=bare).splitlines()
+    assert "Alice Operator|resume qwen-serving: canary batch looks healthy" in log
+    assert any(line.startswith("reconciler|status: mistral-b3 paused") for line in log)
+    story = out.getvalue()
+    assert "pause_after_batch" in story and "health_failed" in story
+    assert "no space left on device" in story  # the hold names what happened
+    assert str(bare) in story  # the user is told where to explore
