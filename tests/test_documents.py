@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 from corpus import Case, bad_cases, base_fleet, cases, write_tree
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from reconciler.documents import (
     Documents,
@@ -348,3 +350,53 @@ def test_status_branch_must_be_a_git_branch_name(branch: str, ok: bool) -> None:
         (problem,) = parsed.problems
         assert (problem.line, problem.column, problem.field) == (4, 17, "spec.statusBranch")
         assert "must be a Git branch name" in problem.message
+
+
+# --- robustness: whatever is committed, parsing reports problems, never raises --------
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=300))
+def test_any_bytes_give_a_result_not_an_exception(data: bytes) -> None:
+    for path in ("rollouts/x.yaml", "nodes/x.yaml", "reconciler.yaml"):
+        parsed = parse_file(path, data)
+        assert parsed.valid or parsed.problems or data.strip() == b""
+
+
+yaml_ish = st.lists(
+    st.sampled_from(
+        [
+            "apiVersion: reconciler/v1\n",
+            "kind: Rollout\n",
+            "metadata: {name: x}\n",
+            "spec:\n",
+            "  target: {runtime: a, provider: b, model: c}\n",
+            "  selector: {role: canary}\n",
+            "  nodeIds: [gpu-a1, 010]\n",
+            "  batchSize: [1]\n",
+            "  rollbackRequest: {id: r, nodes: [1, all]}\n",
+            "  pauseAfter: [1, 1, x]\n",
+            "  labels: {a: [1]}\n",
+            "  skipNodes: {a: 1}\n",
+            "  startAt: 2026-13-45T99:99:99Z\n",
+            "  healthTimeout: 0m\n",
+            "  target: null\n",
+            "- a\n",
+            "  ? x\n",
+            "    - 1\n",
+            "  onFailure: {a: b}\n",
+        ]
+    ),
+    max_size=10,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(yaml_ish)
+def test_mangled_documents_give_problems_with_places_not_exceptions(lines: list[str]) -> None:
+    data = "".join(lines).encode()
+    documents = assemble([parse_file("rollouts/x.yaml", data), parse_file(*node("gpu-a1"))])
+    for problem in documents.problems:
+        assert problem.path == "rollouts/x.yaml"
+        assert problem.message
+    assert ("x" in documents.rollouts) != ("x" in documents.invalid_rollouts)
