@@ -47,7 +47,10 @@ class History:
         self._first_added: dict[str, str] = {}
         self._changes: list[str] = []  # commits that changed a spec path, oldest first
         self._tip_key: _Key = ()
-        self.full_walks = 0  # how many times the whole history was walked (for tests/bench)
+        # Work counters, for tests and the benchmark: whole-history walks, and
+        # commits visited by advance() in total.
+        self.full_walks = 0
+        self.walked = 0
 
     @property
     def tip(self) -> str | None:
@@ -90,6 +93,7 @@ class History:
         if self._tip is None:
             self.full_walks += 1
         new.reverse()
+        self.walked += len(new)
         prev_key = self._tip_key if stop is not None else _EMPTY_KEY
         prev_tree: pygit2.Tree | None = self._commit(stop).tree if stop is not None else None
         for commit in new:
