@@ -229,32 +229,44 @@ def step_fleet(
     Started and terminal rollouts go first (intents and terminations), then
     the rest in queue order (``queue_key``, then name), so a rollout freed by
     an abort in this pass starts in this pass, and each start sees the nodes
-    claimed by the ones before it.
+    claimed by the ones before it. Rollouts see each other (overlaps, nodes
+    changed since), so the round repeats until no status changes: stepping
+    again with the same inputs then changes nothing.
     """
     ctx = _Pass(fleet, settings, observations, now)
     order = sorted(rollouts, key=lambda r: (r.queue_key, r.name))
     for inp in order:
         if inp.status is not None:
             ctx.current[inp.name] = inp.status
-    changed: dict[str, RolloutStatus] = {}
     effects: list[SendJob] = []
     transitions: list[Transition] = []
 
-    def run(inp: RolloutInput) -> None:
-        step = _RolloutStep(inp, ctx.current.get(inp.name), ctx)
+    def run(inp: RolloutInput) -> bool:
+        before = ctx.current.get(inp.name)
+        step = _RolloutStep(inp, before, ctx)
         new = step.run()
-        if inp.status is None or new != inp.status:
-            changed[inp.name] = new
         ctx.current[inp.name] = new
         effects.extend(step.effects)
         transitions.extend(step.transitions)
+        return before is None or new is not before
 
-    first = [i for i in order if i.status is not None and (i.status.started or i.status.terminal)]
-    for inp in first:
-        run(inp)
-    for inp in order:
-        if not (inp.status is not None and (inp.status.started or inp.status.terminal)):
-            run(inp)
+    # Each round can only move rollouts forward; a bound keeps a bug from looping.
+    for _ in range(len(order) + 2):
+        progressed = False
+        ahead = {n for n, s in ctx.current.items() if s.started or s.terminal}
+        for inp in order:
+            if inp.name in ahead:
+                progressed |= run(inp)
+        for inp in order:
+            if inp.name not in ahead:
+                progressed |= run(inp)
+        if not progressed:
+            break
+    changed = {
+        inp.name: ctx.current[inp.name]
+        for inp in order
+        if inp.status is None or ctx.current[inp.name] != inp.status
+    }
     return FleetStep(statuses=changed, effects=tuple(effects), transitions=tuple(transitions))
 
 
@@ -407,6 +419,8 @@ class _RolloutStep:
         elif not self.old.started:
             if self.pre_start():
                 self.started_step()
+            elif self.phase_terminal():
+                self.terminal_step()  # aborted before start
         else:
             self.started_step()
         return self.build()
