@@ -112,6 +112,11 @@ QUESTION_STATES = frozenset({"failed", "timed_out", "unknown", "pending"})
 # Held nodes a resume turns into `skipped` ("statement nodes").
 STATEMENT_STATES = frozenset({"stopped", "rolled_back", "rollback_failed"})
 RESTORE_STATES = frozenset({"rollback_pending", "restoring"})
+# How a node's error starts when its agent itself failed or refused the apply
+# job (not a health verdict): the agent then leaves or puts the previous
+# config back byte for byte (DESIGN.md 7), so that attempt changed nothing.
+JOB_FAILED = "job failed"
+JOB_REFUSED = "refused by the agent"
 
 # The spec fields frozen at start, with their document names.
 FROZEN_FIELDS = (
@@ -676,7 +681,7 @@ class _RolloutStep:
         drift = ""
         if job is not None:
             if job.state in ("failed", "refused"):
-                what = "refused by the agent" if job.state == "refused" else "job failed"
+                what = JOB_REFUSED if job.state == "refused" else JOB_FAILED
                 return "failed", "failed", f"{what}: {job.error}" if job.error else what, job
             if job.state == "succeeded":
                 if not self.frozen.live:
@@ -1170,6 +1175,12 @@ class _RolloutStep:
             if name in changed_by:
                 plan.append((name, "refused", f"changed since by rollout {changed_by[name]}"))
                 continue
+            if _never_applied(node):
+                # Its backup holds what the agent already put back; restoring
+                # it would rerun the after-apply command for nothing.
+                why = node.error if len(node.error) <= 160 else node.error[:157] + "..."
+                plan.append((name, "skipped", f"never changed: its only apply failed ({why})"))
+                continue
             node = self.resolve_first_backup(i)
             if not node.first_backup_known:
                 waiting.append(name)
@@ -1270,6 +1281,16 @@ def _evolve(node: NodeRecord, **changes: Any) -> NodeRecord:
     new.__dict__.update(node.__dict__)
     new.__dict__.update(changes)
     return new
+
+
+def _never_applied(node: NodeRecord) -> bool:
+    """The node's one apply attempt was failed or refused by its agent, so
+    this rollout never changed its config (a later attempt might have)."""
+    return (
+        node.attempt == 1
+        and node.verdict == "failed"
+        and node.error.startswith((JOB_FAILED, JOB_REFUSED))
+    )
 
 
 def _rollback_summary(nodes: Sequence[RollbackNode]) -> str:
