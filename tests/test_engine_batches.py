@@ -128,3 +128,45 @@ def test_deadline_is_dispatch_time_plus_health_timeout() -> None:
     node = w.node("a")
     assert node.dispatched_at == w.at(10)
     assert node.deadline == w.at(100)
+
+
+def test_node_in_maintenance_at_dispatch_holds_dispatch_refused_until_fixed_and_resumed() -> None:
+    w = World(["a", "b"])
+    w.rollout(batch_size=1)
+    w.step(0)
+    w.set_node("b", maintenance=True)
+    w.succeed("a")
+
+    w.step(5)
+    assert w.hold() == "dispatch_refused" and w.last.effects == ()
+    assert w.state("b") == "pending" and "maintenance" in w.node("b").error
+
+    w.set_node("b", maintenance=False)
+    w.resume()
+    w.step(10)
+    assert w.sent_now() == ["b"] and w.phase() == "running"
+
+
+def test_invalid_agent_address_at_dispatch_holds_dispatch_refused() -> None:
+    w = World(["a"])
+    w.set_node("a", agent="ftp://10.0.0.1")
+    w.rollout()
+
+    w.step(0)
+
+    assert w.hold() == "dispatch_refused" and w.sent == []
+    assert "http(s)://host[:port]" in w.status().hold.message  # type: ignore[union-attr]
+
+
+def test_a_hold_names_at_most_twenty_nodes_and_counts_them_all() -> None:
+    w = World(25)
+    w.rollout(batch_size=25)
+    w.step(0)
+    for job in list(w.sent):
+        w.answer(job, "failed", error="boom")
+
+    w.step(5)
+
+    hold = w.status().hold
+    assert hold is not None and len(hold.nodes) == 20 and hold.node_count == 25
+    assert "and 5 more" in hold.message
