@@ -29,6 +29,7 @@ SPEC_FILES = ("reconciler.yaml",)
 
 # Subtree/blob ids of the spec paths of one commit: equal keys, equal specs.
 _Key = tuple[pygit2.Oid | None, ...]
+_Subs = tuple[pygit2.Tree | None, ...]
 
 
 class History:
@@ -47,6 +48,9 @@ class History:
         self._first_added: dict[str, str] = {}
         self._changes: list[str] = []  # commits that changed a spec path, oldest first
         self._tip_key: _Key = ()
+        # The tip's spec subtrees, kept loaded: a 10,000-entry nodes/ tree costs
+        # milliseconds to inflate, so every version is loaded once, not twice.
+        self._tip_subs: _Subs = _EMPTY_SUBS
         # Work counters, for tests and the benchmark: whole-history walks, and
         # commits visited by advance() in total.
         self.full_walks = 0
@@ -95,18 +99,24 @@ class History:
         new.reverse()
         self.walked += len(new)
         prev_key = self._tip_key if stop is not None else _EMPTY_KEY
-        prev_tree: pygit2.Tree | None = self._commit(stop).tree if stop is not None else None
+        prev_subs = self._tip_subs if stop is not None else _EMPTY_SUBS
         for commit in new:
             cid = str(commit.id)
             tree = commit.tree
             key = _key(tree)
+            subs = prev_subs
             if key != prev_key:
-                self._record(cid, prev_tree, tree, prev_key, key)
+                subs = tuple(
+                    prev_subs[i] if key[i] == prev_key[i] else _subtree(tree, folder)
+                    for i, folder in enumerate(SPEC_FOLDERS)
+                )
+                self._record(cid, prev_subs, subs, prev_key, key)
             self._position[cid] = len(self._order)
             self._order.append(cid)
-            prev_key, prev_tree = key, tree
+            prev_key, prev_subs = key, subs
         self._tip = tip
         self._tip_key = prev_key
+        self._tip_subs = prev_subs
 
     def last_change(self, path: str) -> str | None:
         """The newest first-parent commit (as of the tip) that added, changed or
@@ -161,6 +171,7 @@ class History:
         self._first_added.clear()
         self._changes.clear()
         self._tip_key = ()
+        self._tip_subs = _EMPTY_SUBS
 
     def _commit(self, cid: str) -> pygit2.Commit:
         obj = self._repo[cid]
@@ -171,8 +182,8 @@ class History:
     def _record(
         self,
         cid: str,
-        old_tree: pygit2.Tree | None,
-        new_tree: pygit2.Tree,
+        old_subs: _Subs,
+        new_subs: _Subs,
         old_key: _Key,
         new_key: _Key,
     ) -> None:
@@ -180,9 +191,7 @@ class History:
         for i, folder in enumerate(SPEC_FOLDERS):
             if old_key[i] == new_key[i]:
                 continue
-            old_sub = _subtree(old_tree, folder)
-            new_sub = _subtree(new_tree, folder)
-            changed.extend(_diff(self._repo, folder, old_sub, new_sub))
+            changed.extend(_diff(self._repo, folder, old_subs[i], new_subs[i]))
         for j, name in enumerate(SPEC_FILES, start=len(SPEC_FOLDERS)):
             if old_key[j] != new_key[j]:
                 changed.append((name, old_key[j] is None))
@@ -196,6 +205,7 @@ class History:
 
 
 _EMPTY_KEY: _Key = (None,) * (len(SPEC_FOLDERS) + len(SPEC_FILES))
+_EMPTY_SUBS: _Subs = (None,) * len(SPEC_FOLDERS)
 
 
 def _key(tree: pygit2.Tree) -> _Key:
