@@ -65,10 +65,14 @@ def run(args: argparse.Namespace) -> int:
     from reconciler.signing import load_private_key
     from reconciler.sshsig import sign_commit_payload
     from reconciler.watch import BranchWatcher
+    from reconciler.yamlio import loader_warning
 
     if args.concurrency < 1:
         raise UsageError("--concurrency must be at least 1")
     log = EventLog(args.log_format)
+    warning = loader_warning()
+    if warning:
+        log.warning("yaml_loader", warning)
     key = load_private_key(args.key)
     store = GitStore.open(args.repo, args.branch, cache_dir=args.cache_dir, ssh_key=args.ssh_key)
     approver = None
