@@ -59,8 +59,10 @@ LIVE_TARGET = "{runtime: hermes, provider: ollama, model: llama3.1-70b, profile:
 class Result:
     name: str
     category: str  # crash | fault | repository | input
-    crashes: int = 0  # crash points the daemon was killed at and recovered from
-    faults: int = 0  # faults (fault x policy) that ended as DESIGN.md says
+    crash_points: int = 0  # crash points the scenario kills the daemon at
+    fault_cases: int = 0  # faults it injects (a fault against a policy counts once)
+    crashes: int = 0  # crash points the daemon was killed at (and restarted after)
+    faults: int = 0  # fault cases that ended as DESIGN.md says
     bad_inputs: int = 0  # invalid documents committed into the live repository
     commits_lost: int = 0
     executed_twice: int = 0
@@ -242,7 +244,7 @@ def crash_scenario(
     restarted each time, and finally run without a crash point: it ends
     exactly as the uninterrupted ``reference`` did."""
     where = "remote" if remote else "local"
-    result = Result(f"crash {'+'.join(points)} ({where})", "crash")
+    result = Result(f"crash {'+'.join(points)} ({where})", "crash", crash_points=len(points))
 
     def run(result: Result) -> None:
         with Lab(root) as lab:
@@ -279,7 +281,9 @@ def agent_crash_scenario(root: Path, points: Sequence[str]) -> Result:
     daemon SIGKILLed at each of ``points``: it completes, every agent's
     config shows the target, and every agent holds exactly one backup per
     applied job (a job executed twice would have made two)."""
-    result = Result(f"crash {'+'.join(points)} (real agents, live)", "crash")
+    result = Result(
+        f"crash {'+'.join(points)} (real agents, live)", "crash", crash_points=len(points)
+    )
 
     def run(result: Result) -> None:
         with Lab(root) as lab:
@@ -424,7 +428,7 @@ def fault_scenario(root: Path, faults: Sequence[Fault], title: str) -> Result:
     one rollout per (fault, policy) on its own three nodes, one daemon, one
     simulated fleet. Each rollout must end as ``expected`` says, the
     daemon still running, an idle daemon committing nothing."""
-    result = Result(title, "fault")
+    result = Result(title, "fault", fault_cases=len(faults) * len(POLICIES))
 
     def run(result: Result) -> None:
         with Lab(root) as lab:
@@ -544,7 +548,11 @@ def outage_scenario(root: Path) -> Result:
     offlineAfter: unknown, hold health_unknown (observe: recorded, carries
     on). The agent comes back: the hold stays (unknown waits for a person).
     A resumeRequest dispatches a new attempt, and the rollouts complete."""
-    result = Result("agent down mid-batch past offlineAfter, back, resumed", "fault")
+    result = Result(
+        "agent down mid-batch past offlineAfter, back, resumed",
+        "fault",
+        fault_cases=len(POLICIES),
+    )
     fault = Fault("down mid-batch", {"action": "succeed", "delay": 1.5}, "unknown")
 
     def run(result: Result) -> None:
@@ -624,7 +632,7 @@ def blip_scenario(root: Path) -> Result:
     less than offlineAfter in the middle of a batch, and agent clocks 90 s
     ahead and behind (heartbeat and job times are compared on the agent's
     own clock). A live rollout completes with one attempt per node."""
-    result = Result("agent blips: short outage, clocks 90s off", "fault")
+    result = Result("agent blips: short outage, clocks 90s off", "fault", fault_cases=3)
 
     def run(result: Result) -> None:
         with Lab(root) as lab:
@@ -692,7 +700,7 @@ def remote_outage_scenario(root: Path) -> Result:
     """The daemon acts on a ``file://`` remote. Mid-rollout the repository is
     renamed away for 3 seconds: the daemon logs that it cannot fetch, waits
     (backoff), and once the repository is back it resumes and completes."""
-    result = Result("remote unreachable for 3s mid-rollout", "repository")
+    result = Result("remote unreachable for 3s mid-rollout", "repository", fault_cases=1)
 
     def run(result: Result) -> None:
         with Lab(root) as lab:
@@ -732,7 +740,7 @@ def force_push_scenario(root: Path) -> Result:
     and commits nothing. Restarted, it accepts the new history: the rollout
     starts again from the same start commit, so the same job ids are sent
     and no agent executes any of them twice."""
-    result = Result("force-push of main backwards mid-rollout", "repository")
+    result = Result("force-push of main backwards mid-rollout", "repository", fault_cases=1)
 
     def run(result: Result) -> None:
         with Lab(root) as lab:
@@ -776,7 +784,7 @@ def status_nonsense_scenario(root: Path) -> Result:
     nodes), the file is left byte for byte as the person wrote it, the log
     says why, and another rollout carries on to completion. Restoring the
     file lets the rollout finish."""
-    result = Result("status file hand-edited into nonsense", "repository")
+    result = Result("status file hand-edited into nonsense", "repository", fault_cases=2)
 
     def run(result: Result) -> None:
         with Lab(root) as lab:
@@ -863,7 +871,7 @@ def rollout_removed_scenario(root: Path) -> Result:
     flight (the agent hangs): the rollout is aborted with reason
     spec_removed, its status file stays, the in-flight job is still
     observed to its deadline, and no later batch gets a job."""
-    result = Result("rollout file deleted mid-run", "repository")
+    result = Result("rollout file deleted mid-run", "repository", fault_cases=1)
 
     def run(result: Result) -> None:
         with Lab(root) as lab:
@@ -914,7 +922,9 @@ def concurrent_pushes_scenario(root: Path, people: int = 50, workers: int = 3) -
     and the rollout completes with consistent status."""
     from concurrent.futures import ThreadPoolExecutor
 
-    result = Result(f"{people} concurrent pushes while the daemon commits", "repository")
+    result = Result(
+        f"{people} concurrent pushes while the daemon commits", "repository", fault_cases=1
+    )
 
     def run(result: Result) -> None:
         with Lab(root) as lab:
