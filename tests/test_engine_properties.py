@@ -355,7 +355,7 @@ def _node(status: RolloutStatus, name: str) -> NodeRecord | None:
 
 
 EngineMachine.TestCase.settings = settings(
-    max_examples=30,
+    max_examples=200,
     stateful_step_count=40,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
