@@ -886,7 +886,13 @@ class _RolloutStep:
         self.effects.append(_restore_job(self.inp.name, self.frozen, node.name, restore))
 
     def restores_in_flight(self) -> bool:
-        return bool(self.progress("rollback_pending") or self.progress("restoring"))
+        """Restores sent, or an accepted rollback request waiting to send them:
+        either way nothing else is dispatched (DESIGN.md 5)."""
+        return bool(
+            self.progress("rollback_pending")
+            or self.progress("restoring")
+            or any(r.state == "waiting" for r in self.rollbacks)
+        )
 
     def dispatch(self, i: int, reason: str, auto_retry: bool = False) -> None:
         """Send the node's next attempt, or say why the daemon cannot."""
@@ -958,11 +964,20 @@ class _RolloutStep:
             for i in open_nodes
             if self.nodes[i].state in RESTORE_STATES or _restore_waiting(self.nodes[i])
         ]
+        asked = [r.id for r in self.rollbacks if r.state == "waiting"]
         if restoring:
             self.set_condition(
                 "resume_refused",
                 f"resumeRequest {token!r} refused: a restore is in progress on "
                 f"{_names(restoring)}; wait for it to finish, then resume again, or abort",
+            )
+            return True
+        if asked:
+            self.set_condition(
+                "resume_refused",
+                f"resumeRequest {token!r} refused: rollbackRequest {asked[0]!r} waits for "
+                "the agents' backup lists to send its restores; wait for it, then resume "
+                "again, or abort",
             )
             return True
         self.set_condition("resume_refused", None)
@@ -1147,7 +1162,9 @@ class _RolloutStep:
                 "a dry-run rollout changed nothing, so there is nothing to roll back"
             )
             return
-        if self.phase == "running":
+        if self.phase == "running" and previous is None:
+            # A request accepted while held and waiting for backup lists stays
+            # accepted: nothing is dispatched while it waits.
             self.refuse_rollback_request(
                 "the rollout is running and not held; pause it first (paused: true), "
                 "or wait for a hold"
@@ -1203,7 +1220,7 @@ class _RolloutStep:
                 return
             record = RollbackRecord(
                 request.id,
-                self.inp.author,
+                previous.requested_by if previous is not None else self.inp.author,
                 previous.time if previous is not None else self.now,
                 "waiting",
                 message,
@@ -1229,7 +1246,8 @@ class _RolloutStep:
         state = "restoring" if any(n.outcome == "restoring" for n in nodes) else "done"
         record = RollbackRecord(
             request.id,
-            self.inp.author,
+            # who asked is settled when the request is first seen
+            previous.requested_by if previous is not None else self.inp.author,
             previous.time if previous is not None else self.now,
             state,
             _rollback_summary(nodes),
