@@ -1,0 +1,319 @@
+"""Real node agents for end-to-end tests: ``reconciler agent`` processes on
+127.0.0.1 (port chosen by the OS), each with its own state directory, and a
+fleet repository whose node files point at them.
+
+    agent = start_agent(tmp_path / "a1", "gpu-a1", trust_key, config=b"provider: ...\\n")
+    agent.config_bytes()      # STATE/runtimes/hermes.yaml, byte for byte
+    agent.journal()           # every job record the agent keeps, as plain data
+    agent.backups()           # GET /v1/nodes/NODE/backups
+    agent.stop()
+
+    fleet = AgentFleet.create(tmp_path, {"gpu-a1": {"config": OLD}, "gpu-a2": {...}})
+    fleet.push({"rollouts/r.yaml": rollout_yaml("r", nodeIds=[...], live=True)})
+    daemon = fleet.daemon()
+    fleet.run_until(daemon, lambda s: s["r"]["phase"] == "completed")
+
+Nothing here is a double: the agents are the real command, the repository is
+a bare repository pushed to with the `git` binary, the daemon is the real
+``Daemon`` with the real ``AgentClient``.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from reconciler.agent_client import AgentClient
+from reconciler.daemon import Daemon
+from reconciler.gitstore import GitStore
+from reconciler.logs import EventLog
+from reconciler.signing import generate_key, load_private_key
+from reconciler.yamlio import YamlProblem, load_yaml
+from tests.fleetkit import node_yaml
+from tests.gitutil import clone, commit_and_push, git, make_bare_repo
+
+RUNTIME = "hermes"
+
+
+@dataclass
+class RealAgent:
+    """One ``reconciler agent`` process and its state directory."""
+
+    node: str
+    state: Path
+    url: str
+    process: subprocess.Popen[bytes]
+    log: Path
+    runtime: str = RUNTIME
+    args: tuple[str, ...] = ()
+
+    @property
+    def config_path(self) -> Path:
+        return self.state / "runtimes" / f"{self.runtime}.yaml"
+
+    def config_bytes(self) -> bytes | None:
+        """The runtime's config file as it is on disk, or None if there is none."""
+        try:
+            return self.config_path.read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def get(self, what: str) -> Any:
+        """``GET /v1/nodes/NODE/WHAT`` (``heartbeat``, ``backups``, ``jobs/ID``) as JSON."""
+        answer = httpx.get(f"{self.url}/v1/nodes/{self.node}/{what}", timeout=10)
+        answer.raise_for_status()
+        return answer.json()
+
+    def backups(self) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self.get("backups")
+        return result
+
+    def journal(self) -> list[dict[str, Any]]:
+        """Every job record in ``STATE/jobs/``, oldest accepted first."""
+        records = [
+            json.loads(p.read_bytes())
+            for p in (self.state / "jobs").glob("*.json")
+            if not p.name.startswith(".")
+        ]
+        return sorted(records, key=lambda r: (r["accepted_at"], r["job_id"]))
+
+    def jobs_of_kind(self, kind: str) -> list[dict[str, Any]]:
+        return [r for r in self.journal() if r["payload"]["kind"] == kind]
+
+    def wait_idle(self, timeout: float = 10.0) -> None:
+        """Until no job of this agent is accepted or running."""
+        deadline = time.monotonic() + timeout
+        while any(r["state"] in ("accepted", "running") for r in self.journal()):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"agent {self.node} still busy after {timeout}s")
+            time.sleep(0.02)
+
+    def restart(self) -> None:
+        """Stop and start again on the same state directory and address
+        (start it with a fixed ``port`` to keep the node file valid)."""
+        self.stop()
+        again = _launch(self.node, self.args, self.log)
+        if again.url != self.url:
+            again.stop()
+            raise AssertionError(f"agent {self.node} came back at {again.url}, not {self.url}")
+        self.process = again.process
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+
+
+def start_agent(
+    root: Path,
+    node: str,
+    trust_key: Path,
+    *,
+    config: bytes | None = None,
+    runtime: str = RUNTIME,
+    live: bool = True,
+    after_apply: str | None = None,
+    retention: int | None = None,
+    port: int = 0,
+    extra: Sequence[str] = (),
+) -> RealAgent:
+    """Start ``reconciler agent`` for ``node`` with state under ``root``.
+
+    ``config`` is written to ``STATE/runtimes/RUNTIME.yaml`` first: the
+    node's configuration before any rollout. The agent listens on ``port``
+    (0: chosen by the OS) and prints the address it got as its first line."""
+    state = root / "state"
+    (state / "runtimes").mkdir(parents=True, exist_ok=True)
+    if config is not None:
+        (state / "runtimes" / f"{runtime}.yaml").write_bytes(config)
+    args = [
+        sys.executable, "-m", "reconciler", "agent",
+        "--node", node,
+        "--state-dir", str(state),
+        "--trust-key", str(trust_key),
+        "--runtime", runtime,
+        "--listen", f"127.0.0.1:{port}",
+    ]  # fmt: skip
+    if live:
+        args.append("--allow-live-apply")
+    if after_apply is not None:
+        args += ["--after-apply", after_apply]
+    if retention is not None:
+        args += ["--backup-retention", str(retention)]
+    args += list(extra)
+    return _launch(node, tuple(args), root / "agent.log")
+
+
+def _launch(node: str, args: tuple[str, ...], log: Path) -> RealAgent:
+    with open(log, "ab") as stderr:
+        process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=stderr)
+    assert process.stdout is not None
+    line = process.stdout.readline().decode()
+    if not line.startswith("listening on "):
+        process.kill()
+        process.wait()
+        raise AssertionError(f"agent {node} did not start: {line!r}\n{log.read_text()}")
+    state = Path(args[args.index("--state-dir") + 1])
+    runtime = args[args.index("--runtime") + 1]
+    url = "http://" + line.split()[-1]
+    return RealAgent(node, state, url, process, log, runtime, args)
+
+
+def free_port() -> int:
+    """A port nothing listens on now (for an agent that must come back on it)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+class Clock:
+    """The daemon's clock: real time plus an offset a test can move forward
+    (deadlines pass without waiting). Agents check a job's ``issuedAt`` is
+    at most 2 minutes ahead of their own clock, so keep the offset below that."""
+
+    def __init__(self) -> None:
+        self.offset = timedelta()
+
+    def __call__(self) -> datetime:
+        return (datetime.now(UTC) + self.offset).replace(microsecond=0)
+
+    def advance(self, seconds: float) -> None:
+        self.offset += timedelta(seconds=seconds)
+
+
+@dataclass
+class AgentFleet:
+    """A bare fleet repository, a working clone, a daemon key, and one real
+    agent per node (``nodes/NODE.yaml`` points at it)."""
+
+    root: Path
+    bare: Path
+    work: Path
+    key_path: Path
+    agents: dict[str, RealAgent]
+    clock: Clock = field(default_factory=Clock)
+    daemons: list[Daemon] = field(default_factory=list)
+
+    @classmethod
+    def create(
+        cls,
+        root: Path,
+        nodes: Mapping[str, Mapping[str, Any]],
+        *,
+        files: Mapping[str, str] | None = None,
+    ) -> AgentFleet:
+        """``nodes``: name -> keyword arguments of ``start_agent`` (``config``,
+        ``after_apply``, ...) plus optional ``labels``."""
+        key_path, public = generate_key(root / "keys")
+        agents: dict[str, RealAgent] = {}
+        seed: dict[str, str] = {}
+        try:
+            for name, options in nodes.items():
+                options = dict(options)
+                labels = options.pop("labels", {"role": "gpu"})
+                agent = start_agent(root / "agents" / name, name, public, **options)
+                agents[name] = agent
+                seed[f"nodes/{name}.yaml"] = node_yaml(name, agent.url, labels)
+        except BaseException:
+            for agent in agents.values():
+                agent.stop()
+            raise
+        seed.update(files or {})
+        bare = make_bare_repo(root, seed, message="Seed the fleet")
+        work = clone(bare, root / "work")
+        return cls(root, bare, work, key_path, agents)
+
+    def push(self, files: Mapping[str, str | None], message: str = "Change the fleet") -> str:
+        return commit_and_push(self.work, files, message)
+
+    def pull(self) -> None:
+        git("pull", "--quiet", "--rebase", "origin", "main", cwd=self.work)
+
+    def git_push(self) -> None:
+        """Push what is committed in the working clone (after pulling the daemon's commits)."""
+        self.pull()
+        git("push", "--quiet", "origin", "HEAD:main", cwd=self.work)
+
+    def daemon(self, **kwargs: Any) -> Daemon:
+        store = GitStore.open(str(self.bare), "main")
+        client = AgentClient(load_private_key(self.key_path), timeout=5.0)
+        kwargs.setdefault("clock", self.clock)
+        daemon = Daemon(store, client, log=EventLog(stream=sys.stderr), **kwargs)
+        self.daemons.append(daemon)
+        return daemon
+
+    def statuses(self) -> dict[str, Any]:
+        """Every committed ``status/NAME.yaml`` on main, as plain data."""
+        names = git("ls-tree", "--name-only", "main", "status/", cwd=self.bare).split()
+        found: dict[str, Any] = {}
+        for path in names:
+            if path.endswith(".yaml"):
+                text = git("show", f"main:{path}", cwd=self.bare)
+                try:
+                    data = load_yaml(path, text.encode())
+                except YamlProblem as exc:
+                    data = {"unreadable": str(exc.problem)}
+                found[path[len("status/") : -len(".yaml")]] = data
+        return found
+
+    def run_until(
+        self,
+        daemon: Daemon,
+        done: Callable[[dict[str, Any]], bool],
+        timeout: float = 30.0,
+        pause: float = 0.05,
+    ) -> dict[str, Any]:
+        """Reconcile passes until ``done(statuses)``; fails with the statuses seen."""
+        deadline = time.monotonic() + timeout
+        while True:
+            daemon.run_pass()
+            statuses = self.statuses()
+            if done(statuses):
+                return statuses
+            if time.monotonic() > deadline:
+                raise AssertionError(f"not reached in {timeout}s; statuses: {statuses}")
+            time.sleep(pause)
+
+    def close(self) -> None:
+        for daemon in self.daemons:
+            daemon.client.close()
+        for agent in self.agents.values():
+            agent.stop()
+
+
+def node_map(status: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """A status's node records by name."""
+    return {n["name"]: n for n in status.get("nodes", [])}
+
+
+def rollback_outcomes(record: Mapping[str, Any]) -> dict[str, str]:
+    """``{node: outcome}`` of one rollback record of a status."""
+    return {n["name"]: n["outcome"] for n in record.get("nodes", [])}
+
+
+__all__ = [
+    "AgentFleet",
+    "Clock",
+    "RealAgent",
+    "free_port",
+    "node_map",
+    "rollback_outcomes",
+    "start_agent",
+]
