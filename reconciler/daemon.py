@@ -152,11 +152,13 @@ class Daemon:
         crashpoints.reach("after_step")
         merged = {**statuses, **step.statuses}
         commit = None
-        changes = self._status_changes(statuses, step, merged, broken, status_tip)
+        written: dict[str, Any] = {}  # status path -> the plain data written there
+        changes = self._status_changes(statuses, step, merged, broken, status_tip, written)
         if changes:
             message = _commit_message(step, spec_commit, broken)
             commit = self.store.commit(status_branch, status_tip, changes, message, sign=self.sign)
             self._committed(step, commit)
+            self._remember_written(commit, written, step.statuses)
             crashpoints.reach("after_push")
         sent = self._execute(step.effects, documents.fleet, now)
         self._seen_tip = commit if commit and status_branch == store.branch else tip
@@ -215,6 +217,8 @@ class Daemon:
         store = self.store
         statuses: dict[str, RolloutStatus] = {}
         broken: dict[str, str] = {}
+        live_blobs: set[str] = set()
+        live_keys: set[tuple[str, ...]] = set()
         for path, blob_id in store.files(commit, "status").items():
             if not path.endswith(".yaml"):
                 continue
@@ -230,6 +234,8 @@ class Daemon:
                         pages[page_path] = self._load_status_blob(page_path, page_blob)
                         page_blobs.append(page_blob)
                 key = (blob_id, *page_blobs)
+                live_blobs.update(key)
+                live_keys.add(key)
                 value = self._statuses.get(key)
                 if value is None:
                     value = status_values.status_from_files(main, pages)
@@ -246,7 +252,36 @@ class Daemon:
                     f"restore it with `git revert` or delete {path} to start the rollout anew",
                     rollout=name,
                 )
+        # Forget what the branch no longer holds: a long-running daemon must
+        # not keep every version of every status file it ever read.
+        for blob_id in [b for b in self._status_data if b not in live_blobs]:
+            del self._status_data[blob_id]
+        for key in [k for k in self._statuses if k not in live_keys]:
+            del self._statuses[key]
         return statuses, broken
+
+    def _remember_written(
+        self, commit: str, written: Mapping[str, Any], statuses: Mapping[str, RolloutStatus]
+    ) -> None:
+        """Seed the read caches with what this pass just committed, so the
+        next pass does not parse, check and rebuild its own status files
+        (the values round-trip losslessly through their files)."""
+        store = self.store
+        top = store.files(commit, "status")
+        for name, value in statuses.items():
+            path = status_values.main_path(name)
+            blob_id = top.get(path)
+            if blob_id is None or path not in written:
+                continue
+            pages = store.files(commit, f"status/{name}") if written[path].get("nodePages") else {}
+            page_blobs = [page_blob for _, page_blob in sorted(pages.items())]
+            if any(p not in written and b not in self._status_data for p, b in pages.items()):
+                continue  # a file we never read: the next pass reads this status itself
+            for page_path, page_blob in pages.items():
+                if page_path in written:
+                    self._status_data[page_blob] = written[page_path]
+            self._status_data[blob_id] = written[path]
+            self._statuses[(blob_id, *page_blobs)] = value
 
     def _load_status_blob(self, path: str, blob_id: str) -> Any:
         data = self._status_data.get(blob_id)
@@ -396,14 +431,17 @@ class Daemon:
         merged: Mapping[str, RolloutStatus],
         broken: Mapping[str, str],
         parent: str | None,
+        written: dict[str, Any],
     ) -> dict[str, bytes | None]:
         """The files of every changed status, and the dashboard if its text
-        changed; empty when nothing changed, so an idle pass commits nothing."""
+        changed; empty when nothing changed, so an idle pass commits nothing.
+        The plain data of each status file written goes into ``written``."""
         changes: dict[str, bytes | None] = {}
         for name, new in step.statuses.items():
             write, gone = status_values.changed_files(old.get(name), new)
             for path, data in write.items():
                 changes[path] = dump_yaml(data)
+                written[path] = data
             for path in gone:
                 changes[path] = None
         dashboard = _dashboard(merged, broken).encode()
