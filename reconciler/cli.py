@@ -1,7 +1,8 @@
 """``reconciler VERB``: one module per verb under ``reconciler.commands``.
 
-Each command module exposes ``HELP`` (one line), ``add_arguments(parser)``
-and ``run(args) -> int``. Errors from the ``ReconcilerError`` family are
+Each command module exposes ``HELP`` (one line; ``HELP_BY_VERB`` when it
+serves several verbs), ``add_arguments(parser)`` (or
+``add_arguments_for(verb, parser)``) and ``run(args) -> int``. Errors from the ``ReconcilerError`` family are
 caught here, once, and become a message on stderr and a stable exit code:
 0 success, 1 the command's own failure, 2 usage error.
 """
@@ -56,7 +57,9 @@ def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
             if exc.name == f"reconciler.commands.{COMMANDS[name]}":
                 continue
             raise
-        command = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        helps = getattr(module, "HELP_BY_VERB", {})
+        text = helps.get(name, module.HELP)
+        command = sub.add_parser(name, help=text, description=text)
         if hasattr(module, "add_arguments_for"):
             module.add_arguments_for(name, command)
         else:

@@ -12,7 +12,7 @@ from reconciler.errors import UsageError
 
 HELP = "pause, resume or abort a rollout by editing its file (then commit and push)"
 
-_HELP_BY_VERB = {
+HELP_BY_VERB = {
     "pause": "set spec.paused: true: nothing new is decided until a resume",
     "resume": "lift the pause and answer the current hold with a fresh resumeRequest",
     "abort": "set spec.abort: true: the rollout ends for good",
@@ -20,7 +20,7 @@ _HELP_BY_VERB = {
 
 
 def add_arguments_for(verb: str, parser: argparse.ArgumentParser) -> None:
-    parser.description = _HELP_BY_VERB.get(verb, HELP)
+    parser.description = HELP_BY_VERB.get(verb, HELP)
     parser.add_argument("name", metavar="NAME", help="the rollout (rollouts/NAME.yaml)")
     add_common_arguments(parser)
 
