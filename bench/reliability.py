@@ -7,7 +7,8 @@ The full set goes beyond the CI tests: every crash point at its 1st, 2nd
 and 3rd occurrence, more crash storms (local, ``file://`` remote, real
 agents on a live rollout), every agent fault against every failure policy,
 every repository fault, 50 people pushing with more concurrency, and the
-whole validation corpus. ``--repeat N`` runs it N times (a soak).
+whole validation corpus, two daemons at once, and a 250-node rollout whose
+status is paged. ``--repeat N`` runs it N times (a soak).
 
     .venv/bin/python bench/reliability.py              # everything once, 2 at a time
     .venv/bin/python bench/reliability.py --quick      # the CI set
@@ -44,12 +45,19 @@ def crash_set(quick: bool, reference: tuple[Any, ...]) -> list[Scenario]:
     def agents(points: list[str]) -> Scenario:
         return lambda root: scenarios.agent_crash_scenario(root, points)
 
+    def two(point: str | None) -> Scenario:
+        return lambda root: scenarios.two_daemons_scenario(root, reference, crash_at=point)
+
+    def paged(points: list[str]) -> Scenario:
+        return lambda root: scenarios.paged_crash_scenario(root, points)
+
     storms = [
         crash(["after_step:1", "after_commit:1", "after_push:1", "mid_send:1"]),
         crash(["mid_send:1", "mid_send:1", "mid_send:1"]),
         crash(["after_push:2", "after_commit:2", "after_step:3"]),
         crash(["after_commit:1", "after_commit:2", "after_push:2"], remote=True),
         agents(["after_commit:1", "after_push:1", "mid_send:1"]),
+        two(None),
     ]
     if quick:
         return storms
@@ -59,6 +67,9 @@ def crash_set(quick: bool, reference: tuple[Any, ...]) -> list[Scenario]:
         crash(["after_commit:3", "after_push:3"]),
         agents(["after_step:2", "after_push:2"]),
         agents(["mid_send:1", "mid_send:1"]),
+        two("after_step:5"),
+        paged(["mid_send:1", "after_commit:2"]),
+        paged(["after_push:1", "mid_send:1", "after_step:2"]),
     ]
     return storms + singles + more
 

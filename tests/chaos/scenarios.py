@@ -109,6 +109,9 @@ def audit(
     allowed_errors: Iterable[str] = (),
 ) -> None:
     """The checks every scenario ends with (see the module docstring)."""
+    # The log first: a commit is logged only after the branch moved to it,
+    # so every commit logged by now is in the history of the tip read next.
+    logged = {e["commit"] for e in lab.daemon_events("transition") if e.get("commit")}
     tip = lab.tip()
     assert tip is not None
     history = walk(lab.repo, tip)
@@ -117,7 +120,6 @@ def audit(
         jobs = check_jobs(history, sim.stats(), sim.journal(), clocks_agree=clocks_agree)
         result.violations += jobs.violations
         result.executed_twice += jobs.executed_twice
-    logged = {e["commit"] for e in lab.daemon_events("transition") if e.get("commit")}
     lost = lost_commits(lab.repo, tip, [*people, *sorted(logged)])
     result.commits_lost += len(lost)
     result.expect(not lost, f"commits lost from main: {lost}")
@@ -268,6 +270,131 @@ def crash_scenario(
             )
             result.expect(lab.unchanged_for(1.0), "an idle daemon kept committing")
             audit(lab, result, sim=sim, daemon=daemon, people=[person])
+
+    return timed(run, result)
+
+
+def two_daemons_scenario(
+    root: Path, reference: tuple[Any, ...], *, crash_at: str | None = None
+) -> Result:
+    """Two daemons on one repository at once (invariant 7), the second one
+    SIGKILLed at ``crash_at`` if given: the compare-and-swap lets one win
+    each pass and the other re-reads; the rollout ends as the uninterrupted
+    ``reference``, and no agent executes a job twice."""
+    killed = f", one killed at {crash_at}" if crash_at else ""
+    result = Result(f"two daemons at once{killed}", "crash", crash_points=1 if crash_at else 0)
+
+    def run(result: Result) -> None:
+        with Lab(root) as lab:
+            sim = lab.sim(CRASH_NODES, CRASH_BEHAVIOUR)
+            lab.init_repo(fleet_files(sim.url, {"crash": CRASH_NODES}))
+            person = lab.push(
+                {f"rollouts/{CRASH_ROLLOUT}.yaml": rollout_text(CRASH_ROLLOUT, **CRASH_SPEC)},
+                "Roll out",
+            )
+            steady = lab.daemon()
+            other = lab.daemon(crash_at=crash_at)
+            final = lab.wait(_terminal(CRASH_ROLLOUT), what="the rollout ends", daemon=steady)
+            if crash_at is None:
+                result.expect(
+                    other.alive(), f"the second daemon exited: {other.log_text()[-2000:]}"
+                )
+                other.stop()
+            elif other.crashed(10):
+                result.crashes += 1
+            else:
+                result.violations.append(f"the second daemon was not killed at {crash_at}")
+                other.stop()
+            got = outcome(final[CRASH_ROLLOUT])
+            result.expect(got == reference, f"two daemons ended as {got}, one as {reference}")
+            result.expect(lab.unchanged_for(1.0), "idle daemons kept committing")
+            audit(lab, result, sim=sim, daemon=steady, people=[person])
+
+    return timed(run, result)
+
+
+def paged_crash_scenario(root: Path, points: Sequence[str], nodes: int = 250) -> Result:
+    """The crash scenario at a size where node records move to page files
+    (over 200 nodes: status/NAME/nodes-0001.yaml, ...), two batches: the
+    daemon is killed at each of ``points`` and ends as a run without
+    crashes does."""
+    result = Result(
+        f"crash {'+'.join(points)} ({nodes} nodes, paged status)",
+        "crash",
+        crash_points=len(points),
+    )
+    names = [f"p-{i:03d}" for i in range(1, nodes + 1)]
+    behaviour = {"default": {"action": "succeed", "delay": 0.5}}
+    spec = {"selector": {"group": "paged"}, "batchSize": nodes // 2 + 1, "healthTimeout": "60s"}
+
+    def world(lab: Lab) -> tuple[SimProcess, str]:
+        sim = lab.sim(names, behaviour)
+        lab.init_repo(fleet_files(sim.url, {"paged": names}))
+        return sim, lab.push({"rollouts/paged.yaml": rollout_text("paged", **spec)}, "Roll out")
+
+    def run(result: Result) -> None:
+        with Lab(root / "reference") as lab:
+            world(lab)
+            daemon = lab.daemon()
+            reference = outcome(
+                lab.wait(_terminal("paged"), what="reference", daemon=daemon)["paged"]
+            )
+            daemon.stop()
+        with Lab(root / "crashed") as lab:
+            sim, person = world(lab)
+            for point in points:
+                _crash_at(lab, point, "paged", result, False, lambda: sim.stats()["received"])
+            daemon = lab.daemon()
+            final = lab.wait(_terminal("paged"), what="the rollout ends", daemon=daemon)
+            got = outcome(final["paged"])
+            result.expect(got == reference, f"after crashes at {points}: {describe(final)[:2000]}")
+            paged = lab.file_at_tip("status/paged/nodes-0002.yaml")
+            result.expect(paged is not None, "the node records were not paged")
+            audit(lab, result, sim=sim, daemon=daemon, people=[person])
+
+    return timed(run, result)
+
+
+def unreadable_status_overlap_scenario(root: Path) -> Result:
+    """While a running rollout's status file is unreadable, the nodes it
+    holds stay its own: a second rollout on the same nodes (allowOverlap
+    false) waits in pending (DESIGN.md section 3: pending while it overlaps
+    a running or paused rollout), and no node gets jobs of two rollouts."""
+    result = Result("unreadable status keeps its nodes claimed", "repository", fault_cases=1)
+
+    def run(result: Result) -> None:
+        with Lab(root) as lab:
+            v = ["v-1", "v-2", "v-3"]
+            sim = lab.sim(v, {"default": {"action": "succeed", "delay": 1.0}})
+            lab.init_repo(fleet_files(sim.url, {"victim": v}))
+            spec = {"selector": {"group": "victim"}, "healthTimeout": "30s"}
+            people = [
+                lab.push({"rollouts/victim.yaml": rollout_text("victim", **spec)}, "Roll out")
+            ]
+            daemon = lab.daemon()
+            lab.wait(
+                lambda s: (n := _node(s, "victim", "v-1")) is not None and n.state == "dispatched",
+                what="victim's first batch dispatched",
+                daemon=daemon,
+            )
+            people.append(lab.push({"status/victim.yaml": "phase: [nonsense\n"}, "Break status"))
+            people.append(
+                lab.push(
+                    {"rollouts/second.yaml": rollout_text("second", **spec)},
+                    "A second rollout on the same nodes",
+                )
+            )
+            time.sleep(3.0)
+            second = lab.snapshot().get("second")
+            result.expect(
+                second is not None and second.phase == "pending",
+                f"second rollout on victim's nodes is {second.phase if second else None}: "
+                f"{second.message if second else ''}",
+            )
+            both = {e["payload"]["rollout"] for e in sim.journal() if e.get("e") == "accept"}
+            result.expect(both == {"victim"}, f"rollouts that sent jobs to victim's nodes: {both}")
+            result.faults += result.ok
+            audit(lab, result, sim=sim, daemon=daemon, people=people)
 
     return timed(run, result)
 

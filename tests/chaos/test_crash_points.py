@@ -68,3 +68,12 @@ def test_a_live_rollout_on_real_agents_survives_crashes_and_applies_each_job_onc
 
     assert result.ok, result.explain()
     assert result.crashes == len(points) and result.executed_twice == 0
+
+
+def test_two_daemons_at_once_end_the_rollout_as_one_daemon_does(
+    tmp_path: Path, reference: tuple[Any, ...]
+) -> None:
+    result = scenarios.two_daemons_scenario(tmp_path, reference)
+
+    assert result.ok, result.explain()
+    assert result.executed_twice == 0
