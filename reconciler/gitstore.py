@@ -89,6 +89,7 @@ class GitStore:
         self._ssh_key = ssh_key
         self._name = name
         self._email = email
+        self.read_only = False
         self._history: History | None = None
         self._files_cache: dict[pygit2.Oid, dict[str, str]] = {}
         self._tree_cache: dict[str, pygit2.Tree] = {}
@@ -105,12 +106,15 @@ class GitStore:
         ssh_key: Path | None = None,
         name: str = DEFAULT_NAME,
         email: str = DEFAULT_EMAIL,
+        read_only: bool = False,
     ) -> GitStore:
         """Open a local repository (path) or a mirror of a remote (URL).
 
         Refuses, with a StoreError saying what to do: a path that is not a Git
-        repository, a non-bare repository whose `branch` is checked out, a
-        `branch` that does not exist, a remote that cannot be fetched."""
+        repository, a non-bare repository whose `branch` is checked out (unless
+        `read_only`: commands that only read, such as ``status``, may read a
+        working clone's committed branch), a `branch` that does not exist, a
+        remote that cannot be fetched. A read-only store refuses to commit."""
         if ssh_key is None and os.environ.get(SSH_KEY_ENV):
             ssh_key = Path(os.environ[SSH_KEY_ENV])
         if is_remote_location(location):
@@ -124,6 +128,7 @@ class GitStore:
                 name=name,
                 email=email,
             )
+            store.read_only = read_only
             store.refresh()
         else:
             repo = _open_local(location)
@@ -136,7 +141,9 @@ class GitStore:
                 name=name,
                 email=email,
             )
-            store._refuse_checked_out(branch)
+            store.read_only = read_only
+            if not read_only:
+                store._refuse_checked_out(branch)
         if store.tip(branch) is None:
             known = sorted(
                 r.removeprefix("refs/heads/")
@@ -283,6 +290,10 @@ class GitStore:
         If the changes leave the tree as it is, nothing is committed and
         `parent` is returned."""
         refname = _ref(branch)
+        if self.read_only:
+            raise StoreError(
+                f"{self.location} was opened read-only", "open it without read_only to commit"
+            )
         self._refuse_checked_out(branch)
         try:
             base = self._commit(parent).tree if parent is not None else None

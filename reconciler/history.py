@@ -19,6 +19,7 @@ anything about rollouts.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from itertools import repeat
 
 import pygit2
 
@@ -44,7 +45,9 @@ class History:
         self._tip: str | None = None
         self._order: list[str] = []  # first-parent commits, oldest first
         self._position: dict[str, int] = {}
-        self._last_change: dict[str, str] = {}
+        # path -> position of its last change: ints, so the newest of many
+        # paths is one C-level max() over dict lookups.
+        self._last_pos: dict[str, int] = {}
         self._first_added: dict[str, str] = {}
         self._changes: list[str] = []  # commits that changed a spec path, oldest first
         self._tip_key: _Key = ()
@@ -121,7 +124,8 @@ class History:
     def last_change(self, path: str) -> str | None:
         """The newest first-parent commit (as of the tip) that added, changed or
         deleted `path` (a spec path), or None if no commit ever touched it."""
-        return self._last_change.get(path)
+        pos = self._last_pos.get(path)
+        return self._order[pos] if pos is not None else None
 
     def first_added(self, path: str) -> str | None:
         """The oldest first-parent commit that added `path` (its queue order).
@@ -151,7 +155,8 @@ class History:
 
     def last_change_of(self, paths: Iterable[str]) -> str | None:
         """The newest commit that changed any of `paths`."""
-        return self.newest(self._last_change.get(p) for p in paths)
+        best = max(map(self._last_pos.get, paths, repeat(-1)), default=-1)
+        return self._order[best] if best >= 0 else None
 
     def change_commits(self) -> Iterator[str]:
         """First-parent commits that changed a spec path, newest first (for the
@@ -167,7 +172,7 @@ class History:
         self._tip = None
         self._order.clear()
         self._position.clear()
-        self._last_change.clear()
+        self._last_pos.clear()
         self._first_added.clear()
         self._changes.clear()
         self._tip_key = ()
@@ -197,8 +202,9 @@ class History:
                 changed.append((name, old_key[j] is None))
         if not changed:
             return  # e.g. only a mode change outside spec blobs
+        pos = len(self._order)  # cid's position: it is appended right after
         for path, added in changed:
-            self._last_change[path] = cid
+            self._last_pos[path] = pos
             if added and path not in self._first_added:
                 self._first_added[path] = cid
         self._changes.append(cid)

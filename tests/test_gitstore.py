@@ -121,6 +121,8 @@ def test_one_commit_writes_several_files_and_deletes_one(bare: Path, store: GitS
     )
     assert show(bare, "main", "status/llama.yaml") == "phase: running"
     assert show(bare, "main", "status/llama/nodes-0001.yaml") == "- gpu-a1"
+    assert list(store.files(written, "status/llama")) == ["status/llama/nodes-0001.yaml"]
+    assert sorted(store.files(written, "status")) == ["status/README.md", "status/llama.yaml"]
     assert ls_tree(bare, "main") == sorted(
         [*FLEET, "status/README.md", "status/llama.yaml", "status/llama/nodes-0001.yaml"]
     )
@@ -255,6 +257,16 @@ def test_refuses_a_non_bare_repository_with_the_branch_checked_out(
         GitStore.open(str(work))
     assert "checked out" in info.value.message
     assert "bare repository" in info.value.hint and "remote" in info.value.hint
+
+
+def test_a_working_clone_can_be_read_but_not_written_read_only(tmp_path: Path, bare: Path) -> None:
+    work = clone(bare, tmp_path / "work")
+    store = GitStore.open(str(work), read_only=True)
+    tip = store.refresh()
+    assert tip == head(bare, "main")
+    with pytest.raises(StoreError, match="read-only"):
+        store.commit("main", tip, {"status/x.yaml": b"x\n"}, "status")
+    assert head(work) == tip
 
 
 def test_refuses_a_branch_checked_out_in_a_linked_worktree(tmp_path: Path, bare: Path) -> None:
