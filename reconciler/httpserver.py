@@ -55,10 +55,11 @@ Handler = Callable[[Request], "Response | Awaitable[Response]"]
 _REASONS = {s.value: s.phrase for s in HTTPStatus}
 
 
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))  # built once
+
+
 def json_response(status: int, data: Any) -> Response:
-    return Response(
-        status, json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-    )
+    return Response(status, _ENCODER.encode(data).encode("utf-8"))
 
 
 def error_response(status: int, code: str, message: str) -> Response:

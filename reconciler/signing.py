@@ -227,11 +227,14 @@ def load_trusted_keys(paths: list[Path]) -> dict[str, TrustedKey]:
 # -- envelopes ---------------------------------------------------------------
 
 
+# Built once: json.dumps with options builds a new encoder on every call.
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
 def canonical_json(payload: Mapping[str, Any]) -> bytes:
-    """The signed bytes: keys sorted, no spaces, UTF-8 not escaped."""
-    return json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode(
-        "utf-8"
-    )
+    """The signed bytes: keys sorted, no spaces, UTF-8 not escaped; the same as
+    ``json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)``."""
+    return _CANONICAL.encode(payload).encode("utf-8")
 
 
 def make_envelope(payload: Mapping[str, Any], key: SigningKey) -> dict[str, Any]:

@@ -86,6 +86,7 @@ TRANSPORT_ACTIONS = frozenset({"unreachable", "disconnect", "error500", "garbage
 DEFAULT_INITIAL = {"provider": "sim", "model": "base-model", "profile": "default"}
 JOURNAL_NAME = "sim-journal.jsonl"
 RELOAD_INTERVAL = 0.25  # seconds between checks of the behaviour file
+_JOURNAL_ENCODER = json.JSONEncoder(separators=(",", ":"))
 FLUSH_DELAY = 0.05  # seconds an outcome may wait in the journal's buffer
 
 
@@ -352,7 +353,7 @@ class SimFleet:
         # SIGKILL never forgets a job it acknowledged; outcomes are flushed
         # with the next accept or within FLUSH_DELAY (losing one only turns
         # it into "restarted before the job finished").
-        self._journal.write(json.dumps(event, separators=(",", ":")) + "\n")
+        self._journal.write(_JOURNAL_ENCODER.encode(event) + "\n")
         if flush:
             self._journal.flush()
         elif not self._flush_pending:
