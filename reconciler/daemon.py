@@ -40,7 +40,7 @@ from reconciler.gitstore import GitStore
 from reconciler.history import History
 from reconciler.logs import EventLog
 from reconciler.metrics import Metrics
-from reconciler.model import Fleet, Problem
+from reconciler.model import Fleet, Problem, RolloutSpec
 from reconciler.observations import Heartbeat, JobObservation, Observations
 from reconciler.status import RolloutStatus
 from reconciler.watch import BranchWatcher
@@ -51,6 +51,7 @@ SETTINGS_PATH = "reconciler.yaml"
 DASHBOARD_PATH = "status/README.md"
 MAX_RACES = 20  # passes lost in a row to other writers before giving up
 MESSAGE_LINES = 60  # transitions listed in one commit message
+REQUEST_WALK = 1000  # spec commits searched for the one that asked for a rollback
 STATUS_SCHEMA = "rollout-status"
 
 
@@ -358,11 +359,51 @@ class Daemon:
                     spec_commit=spec_commit or tip,
                     first_seen_commit=first_seen,
                     queue_key=history.position(first_seen) if first_seen in history else 1 << 62,
-                    author=store.author(spec_commit) if spec_commit else "",
+                    author=self._author(name, spec, recorded, spec_commit, history),
                     refusal=refusal,
                 )
             )
         return inputs
+
+    def _author(
+        self,
+        name: str,
+        spec: RolloutSpec | None,
+        recorded: RolloutStatus | None,
+        spec_commit: str | None,
+        history: History,
+    ) -> str:
+        """Who asked: the author of the commit that wrote the rollout's
+        current ``rollbackRequest``, not of whatever commit touched its spec
+        last (a colleague's resume pushed in the same batch). Searched only
+        for a request the status has not recorded yet."""
+        if not spec_commit:
+            return ""
+        request = spec.rollback_request if spec is not None else None
+        if request is None or (recorded and any(r.id == request.id for r in recorded.rollbacks)):
+            return self.store.author(spec_commit)
+        return self.store.author(self._request_commit(name, request.id, spec_commit, history))
+
+    def _request_commit(self, name: str, request_id: str, start: str, history: History) -> str:
+        """The oldest spec commit in the unbroken run, ending at ``start``,
+        whose ``rollouts/NAME.yaml`` carries rollbackRequest ``request_id``."""
+        path = f"rollouts/{name}.yaml"
+        found = start
+        if start not in history:
+            return found
+        newest = history.position(start)
+        walked = 0
+        for commit in history.change_commits():  # newest first
+            if history.position(commit) > newest:
+                continue
+            walked += 1
+            blob = self.store.file_blob(commit, path)
+            rollout = self._parse(blob, path).rollout if blob is not None else None
+            asked = rollout.rollback_request if rollout is not None else None
+            if asked is None or asked.id != request_id or walked > REQUEST_WALK:
+                break
+            found = commit
+        return found
 
     # -- observing -----------------------------------------------------------
 

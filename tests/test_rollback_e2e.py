@@ -143,8 +143,9 @@ def test_rollback_all_restores_the_changed_nodes_and_leaves_the_failed_one_alone
     assert git("log", "-1", "--format=%an|%s", cwd=fleet.work) == (
         f"{RITA[0]}|rollback llama: llama3.1 breaks a3"
     )
-    # A resume pushed with it: nothing else is dispatched while restores run.
-    resumed = run_cli(fleet, "resume", "llama", "--commit")
+    # Someone else's resume pushed with it: nothing else is dispatched while
+    # restores run, and the rollback is still Rita's.
+    resumed = run_cli(fleet, "resume", "llama", "--commit", who=BORIS)
     assert resumed.returncode == 0, resumed.stderr
     fleet.git_push()
     statuses = fleet.run_until(daemon, rollback_done("llama", "r1"))
