@@ -27,7 +27,7 @@ import re
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pygit2
 from pygit2.enums import CredentialType, FetchPrune, FileMode, RepositoryOpenFlag
@@ -394,7 +394,7 @@ class GitStore:
             )
         except (pygit2.GitError, OSError) as e:
             raise StoreError(
-                f"cannot fetch {self.url}: {callbacks.explain(e)}",
+                f"cannot fetch {self.url}: {e}",
                 "check the URL, the network and the credentials "
                 f"(--ssh-key / {SSH_KEY_ENV}, {TOKEN_ENV})",
             ) from e
@@ -413,25 +413,48 @@ class GitStore:
         except _LeaseBroken as e:
             raise moved from e
         except (pygit2.GitError, OSError) as e:
-            if callbacks.lease_broken or _looks_non_ff(str(e)):
-                raise moved from e
-            raise StoreError(
-                f"push to {self.url} failed: {callbacks.explain(e)}",
-                "not a race: check permissions and server hooks; retried with backoff",
-            ) from e
+            self._refused(refname, parent, moved, f"failed: {e}", e)
         finally:
             ref = self._repo.references.get(PUSH_REF)
             if ref is not None:
                 ref.delete()
         if callbacks.rejected is not None:
-            if callbacks.lease_broken or _looks_non_ff(callbacks.rejected):
-                raise moved
-            raise StoreError(
-                f"push to {self.url} refused: {callbacks.rejected}",
-                "not a race: check permissions and server hooks; retried with backoff",
-            )
+            self._refused(refname, parent, moved, f"refused: {callbacks.rejected}", None)
         # The remote took it: the mirror follows without another fetch.
         self._repo.references.create(refname, new, force=True)
+
+    def _refused(
+        self,
+        refname: str,
+        parent: str | None,
+        moved: RefMoved,
+        why: str,
+        cause: BaseException | None,
+    ) -> NoReturn:
+        """A push that did not land: a race if the remote branch moved (in any
+        wording a server may use), otherwise an error worth a backoff."""
+        if _looks_non_ff(why):
+            raise moved from cause
+        try:
+            heads = self._list_heads()
+        except (pygit2.GitError, OSError, StoreError):
+            heads = None
+        if heads is not None and heads.get(refname) != parent:
+            raise moved from cause
+        raise StoreError(
+            f"push to {self.url} {why}",
+            "not a race (the branch did not move): check permissions and server hooks; "
+            "the daemon retries with backoff",
+        ) from cause
+
+    def _list_heads(self) -> dict[str, str]:
+        """The remote's refs now (``git ls-remote``), without fetching."""
+        # A fresh remote: a reused one answers its first listing again.
+        assert self.url is not None
+        remote = self._repo.remotes.create_anonymous(self.url)
+        return {
+            h.name: str(h.oid) for h in remote.list_heads(self._callbacks()) if h.name is not None
+        }
 
     # -- helpers -----------------------------------------------------------
 
@@ -628,6 +651,3 @@ class _Callbacks(pygit2.RemoteCallbacks):
     def push_update_reference(self, refname: str, message: str | None) -> None:
         if message:
             self.rejected = f"{refname}: {message}"
-
-    def explain(self, e: BaseException) -> str:
-        return str(e)

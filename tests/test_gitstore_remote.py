@@ -195,3 +195,25 @@ def test_ssh_credentials_come_from_the_key_file(tmp_path: Path) -> None:
     assert creds.credential_tuple == ("deploy", str(key) + ".pub", str(key), "")
     agent = _Callbacks(None).credentials("ssh://host/x.git", None, CredentialType.SSH_KEY)
     assert agent.credential_tuple[0] == "git"
+
+
+def test_a_refusal_while_the_branch_moved_meanwhile_is_a_race(tmp_path: Path, bare: Path) -> None:
+    """Whatever a server says, if the branch moved after we listed it, re-read."""
+    with GitHttpServer(tmp_path) as server:
+        store = open_remote(server.url_for(bare), tmp_path)
+        read = store.refresh()
+        work = clone(bare, tmp_path / "work")
+        theirs = commit_and_push(work, {"nodes/z.yaml": "z\n"}, "z")
+        git("update-ref", "refs/heads/main", read or "", cwd=bare)  # back, for now
+        # The hook lands their commit during our push, then refuses ours.
+        install_hook(
+            bare,
+            "pre-receive",
+            "unset GIT_QUARANTINE_PATH GIT_OBJECT_DIRECTORY GIT_ALTERNATE_OBJECT_DIRECTORIES\n"
+            f"git update-ref refs/heads/main {theirs}\n"
+            'echo "cannot lock ref" >&2; exit 1',
+        )
+
+        with pytest.raises(RefMoved):
+            store.commit("main", read, {"status/a.yaml": b"a\n"}, "status")
+        assert head(bare, "main") == theirs
