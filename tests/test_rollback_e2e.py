@@ -313,6 +313,8 @@ def test_a_node_whose_apply_was_never_seen_is_found_in_the_agents_backup_list(
 
 # --- a completed rollout, rolled back ------------------------------------------------
 
+RESTORE_FAILS = '[ "$RECONCILER_KIND" != restore ] || { echo model gone >&2; exit 1; }'
+
 
 def test_rollback_of_a_completed_rollout_keeps_it_completed_and_status_lists_the_rollback(
     tmp_path: Path, fleets: list[AgentFleet], capsys: pytest.CaptureFixture[str]
@@ -322,31 +324,33 @@ def test_rollback_of_a_completed_rollout_keeps_it_completed_and_status_lists_the
         {
             "gpu-c1": {"config": old_config("gpu-c1", 1)},
             "gpu-c2": {"config": old_config("gpu-c2", 2)},
+            # its runtime refuses to go back to the old model
+            "gpu-c3": {"config": old_config("gpu-c3", 3), "after_apply": RESTORE_FAILS},
         },
     )
     fleets.append(fleet)
-    fleet.push(
-        {
-            "rollouts/web.yaml": rollout_yaml(
-                "web", nodeIds=["gpu-c1", "gpu-c2"], live=True, batchSize=2
-            )
-        }
-    )
+    nodes = ["gpu-c1", "gpu-c2", "gpu-c3"]
+    fleet.push({"rollouts/web.yaml": rollout_yaml("web", nodeIds=nodes, live=True, batchSize=3)})
     daemon = fleet.daemon()
     fleet.run_until(daemon, phase("web", "completed"))
 
-    rollback(fleet, "web", "--nodes", "gpu-c1,gpu-c2")
+    applied = fleet.agents["gpu-c3"].config_bytes()
+    rollback(fleet, "web", "--nodes", "gpu-c1,gpu-c3")
     asked_at = parse_time(git("log", "-1", "--format=%cI", "main", cwd=fleet.bare))
     statuses = fleet.run_until(daemon, rollback_done("web", "r1"))
 
     status = statuses["web"]
     assert status["phase"] == "completed"
     assert fleet.agents["gpu-c1"].config_bytes() == old_config("gpu-c1", 1)
-    assert fleet.agents["gpu-c2"].config_bytes() == old_config("gpu-c2", 2)
+    assert fleet.agents["gpu-c2"].config_bytes() != old_config("gpu-c2", 2)  # not asked for
+    assert fleet.agents["gpu-c3"].config_bytes() == applied  # the agent undid the restore
     record = record_of(status, "r1")
     assert record["requestedBy"] == ROLLBACKER and record["state"] == "done"
     assert parse_time(record["time"]) >= asked_at.replace(microsecond=0)
-    assert rollback_outcomes(record) == {"gpu-c1": "rolled_back", "gpu-c2": "rolled_back"}
+    assert rollback_outcomes(record) == {"gpu-c1": "rolled_back", "gpu-c3": "rollback_failed"}
+    states = {n: r["state"] for n, r in node_map(status).items()}
+    assert states == {"gpu-c1": "rolled_back", "gpu-c2": "succeeded", "gpu-c3": "rollback_failed"}
+    assert status["hold"] is None
 
     capsys.readouterr()
     assert cli.main(["status", "web", "--repo", str(fleet.bare)]) == 0
@@ -354,7 +358,7 @@ def test_rollback_of_a_completed_rollout_keeps_it_completed_and_status_lists_the
     assert "completed" in shown.splitlines()[0]
     section = shown[shown.index("\nrollbacks\n") :]
     assert f"r1  done  by {ROLLBACKER} at {record['time']}" in section
-    assert "gpu-c1: rolled_back" in section and "gpu-c2: rolled_back" in section
+    assert "gpu-c1: rolled_back" in section and "gpu-c3: rollback_failed (restore failed" in section
 
     assert cli.main(["status", "web", "--repo", str(fleet.bare), "--format", "json"]) == 0
     data = json.loads(capsys.readouterr().out)
@@ -408,6 +412,8 @@ def test_refused_rollbacks_restore_nothing(tmp_path: Path, fleets: list[AgentFle
     assert "running and not held" in condition["message"] and "pause" in condition["message"]
     assert record_of(dry_status, "r1")["state"] == "refused"
     assert "dry-run" in record_of(dry_status, "r1")["message"]
+    (condition,) = [c for c in dry_status["conditions"] if c["type"] == "rollback_refused"]
+    assert "dry-run" in condition["message"]
     assert dry_status["phase"] == "completed"
     assert busy.jobs_of_kind("restore") == [] and dry.jobs_of_kind("restore") == []
     assert dry.config_bytes() == old_config("gpu-d2")
