@@ -1195,8 +1195,7 @@ class _RolloutStep:
             if _never_applied(node):
                 # Its backup holds what the agent already put back; restoring
                 # it would rerun the after-apply command for nothing.
-                why = node.error if len(node.error) <= 160 else node.error[:157] + "..."
-                plan.append((name, "skipped", f"never changed: its only apply failed ({why})"))
+                plan.append((name, "skipped", "never changed: its only apply failed"))
                 continue
             node = self.resolve_first_backup(i)
             if not node.first_backup_known:
