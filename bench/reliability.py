@@ -88,6 +88,8 @@ def other_set(quick: bool) -> list[Scenario]:
         scenarios.force_push_scenario,
         scenarios.status_nonsense_scenario,
         scenarios.rollout_removed_scenario,
+        scenarios.stale_lock_scenario,
+        scenarios.node_removed_scenario,
         lambda root: scenarios.concurrent_pushes_scenario(
             root, people=50, workers=3 if quick else 8
         ),

@@ -1040,6 +1040,79 @@ def rollout_removed_scenario(root: Path) -> Result:
     return timed(run, result)
 
 
+def stale_lock_scenario(root: Path) -> Result:
+    """A git process killed while updating main leaves refs/heads/main.lock
+    behind for 4 seconds, mid-rollout. The daemon cannot move the branch:
+    it logs which lock file to remove and retries with backoff; once the
+    lock is gone it completes the rollout."""
+    result = Result("stale ref lock for 4s mid-rollout", "repository", fault_cases=1)
+
+    def run(result: Result) -> None:
+        with Lab(root) as lab:
+            sim = _simple_world(lab, "lk", 3, {"default": {"action": "succeed", "delay": 1.0}})
+            spec = {"selector": {"group": "lk"}, "healthTimeout": "30s"}
+            person = lab.push({"rollouts/lk.yaml": rollout_text("lk", **spec)}, "Roll out")
+            daemon = lab.daemon()
+            lab.wait(
+                lambda s: (n := _node(s, "lk", "lk-2")) is not None and n.state == "dispatched",
+                what="second batch in flight",
+                daemon=daemon,
+            )
+            assert lab.bare is not None
+            lock = lab.bare / "refs" / "heads" / "main.lock"
+            lock.write_text("")
+            time.sleep(4.0)
+            lock.unlink()
+            final = lab.wait(_terminal("lk"), what="the rollout ends once unlocked", daemon=daemon)
+            result.expect(final["lk"].phase == "completed", f"after the lock: {describe(final)}")
+            said = [e for e in lab.daemon_events("pass_failed") if "main.lock" in e["message"]]
+            result.expect(bool(said), "the daemon did not name the lock file in its log")
+            result.faults += result.ok
+            audit(
+                lab, result, sim=sim, daemon=daemon, people=[person], allowed_errors={"pass_failed"}
+            )
+
+    return timed(run, result)
+
+
+def node_removed_scenario(root: Path) -> Result:
+    """A person removes a node's file while its job is in flight: no
+    evidence, so the verdict is unknown and the rollout holds
+    health_unknown (DESIGN.md section 4); the next batch gets nothing."""
+    result = Result("node file removed mid-batch", "repository", fault_cases=1)
+
+    def run(result: Result) -> None:
+        with Lab(root) as lab:
+            sim = _simple_world(lab, "nr", 3, {"default": {"action": "succeed", "delay": 1.5}})
+            spec = {"selector": {"group": "nr"}, "healthTimeout": "3s"}
+            people = [lab.push({"rollouts/nr.yaml": rollout_text("nr", **spec)}, "Roll out")]
+            daemon = lab.daemon()
+            lab.wait(
+                lambda s: (n := _node(s, "nr", "nr-2")) is not None and n.state == "dispatched",
+                what="second batch in flight",
+                daemon=daemon,
+            )
+            people.append(lab.push({"nodes/nr-2.yaml": None}, "Remove nr-2"))
+            final = lab.wait(
+                lambda s: (st := s.get("nr")) is not None and st.phase == "paused",
+                what="held after the node's removal",
+                daemon=daemon,
+            )
+            st = final["nr"]
+            states = {n.name: n.state for n in st.nodes}
+            result.expect(
+                st.hold is not None
+                and st.hold.reason == "health_unknown"
+                and states == {"nr-1": "succeeded", "nr-2": "unknown", "nr-3": "pending"},
+                f"after removing nr-2: {describe(final)}",
+            )
+            result.expect(lab.unchanged_for(1.0), "a held rollout kept committing")
+            result.faults += result.ok
+            audit(lab, result, sim=sim, daemon=daemon, people=people)
+
+    return timed(run, result)
+
+
 def concurrent_pushes_scenario(root: Path, people: int = 50, workers: int = 3) -> Result:
     """``people`` persons, each with an own clone and one commit ready, push
     to main at once (pulling with rebase and pushing again when refused)
