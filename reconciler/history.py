@@ -50,6 +50,10 @@ class History:
         self._last_pos: dict[str, int] = {}
         self._first_added: dict[str, str] = {}
         self._changes: list[str] = []  # commits that changed a spec path, oldest first
+        # Undo records of each change commit, by position: (path, previous
+        # last-change position or -1, whether it was the first addition).
+        # They let the index step back to a fork point instead of starting over.
+        self._undo: dict[int, list[tuple[str, int, bool]]] = {}
         self._tip_key: _Key = ()
         # The tip's spec subtrees, kept loaded: a 10,000-entry nodes/ tree costs
         # milliseconds to inflate, so every version is loaded once, not twice.
@@ -58,6 +62,7 @@ class History:
         # commits visited by advance() in total.
         self.full_walks = 0
         self.walked = 0
+        self.rewinds = 0
 
     @property
     def tip(self) -> str | None:
@@ -66,10 +71,12 @@ class History:
 
     def advance(self, tip: str) -> None:
         """Bring the index up to `tip`, walking only first-parent commits not
-        seen yet. When `tip`'s first-parent chain does not run through the
-        previous tip (history rewritten, or a merge whose first parent is
-        another line), the index is rebuilt from scratch: callers that must
-        refuse such a move check ``GitStore.is_descendant`` first."""
+        seen yet. When `tip`'s first-parent chain leaves the previous line
+        below its tip (history rewritten, or a ``git pull`` merge whose first
+        parent is the person's own commit), the index steps back to the fork
+        point and walks forward from there; with no common commit at all it
+        starts over. Callers that must refuse a rewrite check
+        ``GitStore.is_descendant`` first."""
         if tip == self._tip:
             return
         new: list[pygit2.Commit] = []
@@ -91,10 +98,7 @@ class History:
                 "the repository is missing objects; re-fetch or check the repository",
             ) from e
         if stop is not None and stop != self._tip:
-            # The first-parent line changed below the old tip: start over.
-            self._reset()
-            self.advance(tip)
-            return
+            self._rewind(stop)
         if stop is None and self._tip is not None:
             self._reset()
         if self._tip is None:
@@ -175,6 +179,7 @@ class History:
         self._last_pos.clear()
         self._first_added.clear()
         self._changes.clear()
+        self._undo.clear()
         self._tip_key = ()
         self._tip_subs = _EMPTY_SUBS
 
@@ -203,11 +208,37 @@ class History:
         if not changed:
             return  # e.g. only a mode change outside spec blobs
         pos = len(self._order)  # cid's position: it is appended right after
+        undo: list[tuple[str, int, bool]] = []
         for path, added in changed:
+            first = added and path not in self._first_added
+            undo.append((path, self._last_pos.get(path, -1), first))
             self._last_pos[path] = pos
-            if added and path not in self._first_added:
+            if first:
                 self._first_added[path] = cid
+        self._undo[pos] = undo
         self._changes.append(cid)
+
+    def _rewind(self, stop: str) -> None:
+        """Forget every commit after `stop`, as if the index had been
+        advanced only to `stop`."""
+        keep = self._position[stop]
+        for pos in range(len(self._order) - 1, keep, -1):
+            for path, previous, first in reversed(self._undo.pop(pos, [])):
+                if previous < 0:
+                    self._last_pos.pop(path, None)
+                else:
+                    self._last_pos[path] = previous
+                if first:
+                    self._first_added.pop(path, None)
+            del self._position[self._order[pos]]
+        del self._order[keep + 1 :]
+        while self._changes and self._changes[-1] not in self._position:
+            self._changes.pop()
+        tree = self._commit(stop).tree
+        self._tip = stop
+        self._tip_key = _key(tree)
+        self._tip_subs = tuple(_subtree(tree, folder) for folder in SPEC_FOLDERS)
+        self.rewinds += 1
 
 
 _EMPTY_KEY: _Key = (None,) * (len(SPEC_FOLDERS) + len(SPEC_FILES))

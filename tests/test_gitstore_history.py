@@ -5,12 +5,15 @@ are made by a person with the `git` binary and by the store itself."""
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
+import pygit2
 import pytest
 from gitutil import clone, commit, commit_and_push, git, head, make_bare_repo
 
 from reconciler.gitstore import GitStore
+from reconciler.history import History
 
 
 @pytest.fixture
@@ -142,8 +145,9 @@ def test_history_rewritten_backwards_is_detected_and_reindexed(bare: Path, work:
     # If the caller goes on anyway, the index answers for the new line.
     history.advance(tip)
     assert history.first_added("rollouts/dropped.yaml") is None
+    assert history.first_added("rollouts/kept.yaml") == kept
     assert dropped not in history
-    assert history.full_walks == 2
+    assert (history.full_walks, history.rewinds) == (1, 1)  # stepped back, no full walk
 
 
 def test_a_rewritten_line_with_new_commits_is_reindexed(bare: Path, work: Path) -> None:
@@ -162,3 +166,101 @@ def test_a_rewritten_line_with_new_commits_is_reindexed(bare: Path, work: Path) 
     assert history.last_change("rollouts/a.yaml") is None
     assert history.first_added("rollouts/b.yaml") == replacement
     assert history.position(replacement) == 1
+    assert history.full_walks == 1
+
+
+def test_a_pull_merge_pushed_by_a_person_steps_back_to_the_fork(
+    tmp_path: Path, bare: Path, work: Path
+) -> None:
+    """`git pull` (merge) makes the person's commit the first parent and the
+    daemon's status commit the second: first-parent history leaves the old
+    tip. The index steps back to the fork and agrees with a fresh walk."""
+    store = GitStore.open(str(bare))
+    fork = head(bare, "main")
+    status = store.commit("main", fork, {"status/r.yaml": b"phase: running\n"}, "status")
+    history = store.history()
+    history.advance(status)
+
+    mine = commit(work, {"rollouts/r.yaml": "paused: true\n"}, "pause r")  # made before pulling
+    git("pull", "-q", "--no-rebase", "--no-edit", "origin", "main", cwd=work)
+    git("push", "-q", "origin", "main", cwd=work)
+    merge = store.refresh()
+    assert merge is not None and merge != mine
+    assert store.is_descendant(merge, status)  # nothing was rewritten
+
+    history.advance(merge)
+
+    assert (history.full_walks, history.rewinds) == (1, 1)
+    assert status not in history  # off the first-parent line now
+    assert history.last_change("rollouts/r.yaml") == mine
+    assert history.first_added("rollouts/r.yaml") == mine
+    assert [history.position(c) for c in (fork, mine, merge)] == [0, 1, 2]
+    fresh = History(store.repository())
+    fresh.advance(merge)
+    for path in ("rollouts/r.yaml", "nodes/a.yaml", "nodes/b.yaml", "reconciler.yaml"):
+        assert history.last_change(path) == fresh.last_change(path), path
+        assert history.first_added(path) == fresh.first_added(path), path
+    assert list(history.change_commits()) == list(fresh.change_commits())
+
+
+def test_incremental_index_agrees_with_a_fresh_walk_through_merges_and_rewrites(
+    tmp_path: Path,
+) -> None:
+    """A seeded random history built straight with pygit2 (fast): after every
+    move of the branch, the incrementally advanced index equals a new one."""
+    rng = random.Random(1)
+    repo = pygit2.init_repository(str(tmp_path / "random.git"), bare=True)
+    who = pygit2.Signature("Ada Operator", "ada@example.com", 1_780_000_000, 0)
+    paths = (
+        [f"rollouts/r{i}.yaml" for i in range(4)]
+        + [f"nodes/n{i}.yaml" for i in range(4)]
+        + ["reconciler.yaml", "status/r0.yaml"]
+    )
+
+    def tree_with(base: pygit2.Commit | None, path: str, data: bytes | None) -> pygit2.Oid:
+        files = {}
+        if base is not None:
+            for p in paths:
+                if p in base.tree:
+                    blob = repo[base.tree[p].id]
+                    assert isinstance(blob, pygit2.Blob)
+                    files[p] = blob.data
+        if data is None:
+            files.pop(path, None)
+        else:
+            files[path] = data
+        index = pygit2.Index()
+        for p, content in files.items():
+            index.add(pygit2.IndexEntry(p, repo.create_blob(content), pygit2.enums.FileMode.BLOB))
+        return index.write_tree(repo)
+
+    def make(parents: list[pygit2.Commit], path: str, data: bytes | None) -> pygit2.Commit:
+        tree = tree_with(parents[0] if parents else None, path, data)
+        oid = repo.create_commit(None, who, who, "m", tree, [p.id for p in parents])
+        made = repo[oid]
+        assert isinstance(made, pygit2.Commit)
+        return made
+
+    line: list[pygit2.Commit] = [make([], "reconciler.yaml", b"s\n")]
+    incremental = History(repo)
+    for step in range(60):
+        roll = rng.random()
+        path = rng.choice(paths)
+        data = None if rng.random() < 0.2 else f"{step}\n".encode()
+        if roll < 0.15 and len(line) > 3:  # force-push backwards, then maybe on
+            line = line[: rng.randrange(1, len(line))]
+        elif roll < 0.3:  # a pull-merge: a side commit becomes the first parent
+            side = make([line[rng.randrange(len(line))]], path, data)
+            line.append(make([side, line[-1]], rng.choice(paths), f"m{step}\n".encode()))
+        else:
+            line.append(make([line[-1]], path, data))
+        tip = str(line[-1].id)
+        incremental.advance(tip)
+        fresh = History(repo)
+        fresh.advance(tip)
+        for p in paths:
+            assert incremental.last_change(p) == fresh.last_change(p), (step, p)
+            assert incremental.first_added(p) == fresh.first_added(p), (step, p)
+        assert list(incremental.change_commits()) == list(fresh.change_commits()), step
+        assert len(incremental) == len(fresh)
+    assert incremental.rewinds > 0 and incremental.full_walks == 1
