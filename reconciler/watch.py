@@ -125,7 +125,7 @@ class BranchWatcher:
 
     def wait(self, timeout: float) -> bool:
         """Block up to `timeout` seconds for a change hint. True if one came."""
-        if self._stop.value:
+        if self._stop.value or self._read_fd < 0:
             return False
         try:
             ready, _, _ = select.select([self._read_fd], [], [], max(0.0, timeout))
@@ -143,8 +143,7 @@ class BranchWatcher:
         """End watching; a pending or later ``wait`` returns False at once.
         Safe from a signal handler and from any thread."""
         self._stop.value = True
-        with contextlib.suppress(BlockingIOError, OSError):
-            os.write(self._write_fd, _STOP)
+        self._send(_STOP)
 
     @property
     def stopped(self) -> bool:
@@ -156,9 +155,14 @@ class BranchWatcher:
         for t in self._threads:
             if t is not threading.current_thread():
                 t.join(timeout)
-        for fd in (self._read_fd, self._write_fd):
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        # Mark the pipe closed before closing it: a late stop() from a signal
+        # handler must not write into a descriptor number reused meanwhile.
+        fds = (self._read_fd, self._write_fd)
+        self._read_fd = self._write_fd = -1
+        for fd in fds:
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
 
     def __enter__(self) -> BranchWatcher:
         return self
@@ -173,11 +177,16 @@ class BranchWatcher:
 
     # -- producers ---------------------------------------------------------
 
+    def _send(self, byte: bytes) -> None:
+        fd = self._write_fd
+        if fd >= 0:
+            with contextlib.suppress(BlockingIOError, OSError):
+                # A full pipe already holds a pending wake-up.
+                os.write(fd, byte)
+
     def _hint(self) -> None:
         self.hints += 1
-        with contextlib.suppress(BlockingIOError, OSError):
-            # A full pipe already holds a pending hint.
-            os.write(self._write_fd, _WAKE)
+        self._send(_WAKE)
 
     def _run_local(self, notify: RustNotify, wanted: set[str]) -> None:
         try:

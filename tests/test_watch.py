@@ -86,6 +86,8 @@ def test_stop_from_another_thread_ends_a_wait_at_once(bare: Path) -> None:
     assert watcher.stopped
     assert watcher.wait(30.0) is False  # stays stopped: no blocking
     watcher.close()
+    watcher.stop()  # a late signal after close is harmless
+    assert watcher.wait(1.0) is False
 
 
 def test_stop_from_a_signal_handler(bare: Path) -> None:
