@@ -1150,9 +1150,12 @@ class _RolloutStep:
 
     def handle_rollback_request(self) -> None:
         spec = self.inp.spec
-        if spec is None or spec.rollback_request is None:
+        if spec is None:
             return
         request = spec.rollback_request
+        self.withdraw_waiting(request.id if request is not None else None)
+        if request is None:
+            return
         previous = next((r for r in self.rollbacks if r.id == request.id), None)
         if previous is not None and previous.state != "waiting":
             return  # handled: the same id restores once
@@ -1254,6 +1257,20 @@ class _RolloutStep:
         )
         self.rollbacks = (*(r for r in self.rollbacks if r.id != request.id), record)
         self.spec_commit = self.inp.spec_commit
+
+    def withdraw_waiting(self, current: str | None) -> None:
+        """A request waiting for backup lists that the file no longer carries
+        (removed, or replaced by a new id) has sent nothing: it ends refused,
+        so it stops holding back dispatches and resumes."""
+        if not any(r.state == "waiting" and r.id != current for r in self.rollbacks):
+            return
+        why = f"replaced by {current!r}" if current is not None else "removed from the file"
+        self.rollbacks = tuple(
+            replace(r, state="refused", message=f"{why} before its restores were sent")
+            if r.state == "waiting" and r.id != current
+            else r
+            for r in self.rollbacks
+        )
 
     def changed_since(self) -> dict[str, str]:
         """Nodes of this rollout that a later-started or running rollout has

@@ -288,21 +288,26 @@ def test_a_node_whose_apply_was_never_seen_is_found_in_the_agents_backup_list(
     # Asked while the agent is still down: accepted, waiting for its backup list.
     rollback(fleet, "gone", "--all")
     statuses = fleet.run_until(daemon, lambda s: bool(s["gone"]["rollbacks"]))
-    record = record_of(statuses["gone"], "r1")
-    assert record["state"] == "waiting" and record["requestedBy"] == ROLLBACKER
+    assert record_of(statuses["gone"], "r1")["state"] == "waiting"
+    # Asked again with a new id: the first request, which sent nothing, is replaced.
+    rollback(fleet, "gone", "--all")
+    statuses = fleet.run_until(daemon, lambda s: len(s["gone"]["rollbacks"]) == 2)
+    first = record_of(statuses["gone"], "r1")
+    assert first["state"] == "refused" and "replaced by 'r2'" in first["message"]
+    assert record_of(statuses["gone"], "r2")["state"] == "waiting"
     # Someone else resumes meanwhile: refused, nothing is dispatched while it waits.
     resumed = run_cli(fleet, "resume", "gone", "--commit", who=BORIS)
     assert resumed.returncode == 0, resumed.stderr
     fleet.git_push()
     statuses = fleet.run_until(daemon, lambda s: s["gone"]["lastHandledResume"] != "")
     (refusal,) = [c for c in statuses["gone"]["conditions"] if c["type"] == "resume_refused"]
-    assert "rollbackRequest 'r1' waits" in refusal["message"]
+    assert "rollbackRequest 'r2' waits" in refusal["message"]
     assert node_map(statuses["gone"])["gpu-f1"]["attempt"] == 1
     agent.restart()
 
-    statuses = fleet.run_until(daemon, rollback_done("gone", "r1"))
+    statuses = fleet.run_until(daemon, rollback_done("gone", "r2"))
 
-    record = record_of(statuses["gone"], "r1")
+    record = record_of(statuses["gone"], "r2")
     assert rollback_outcomes(record) == {"gpu-f1": "rolled_back"}
     assert record["requestedBy"] == ROLLBACKER  # not the author of the newer resume commit
     assert len(agent.jobs_of_kind("apply")) == 1
