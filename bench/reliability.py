@@ -54,7 +54,7 @@ def crash_set(quick: bool, reference: tuple[Any, ...]) -> list[Scenario]:
     storms = [
         crash(["after_step:1", "after_commit:1", "after_push:1", "mid_send:1"]),
         crash(["mid_send:1", "mid_send:1", "mid_send:1"]),
-        crash(["after_push:2", "after_commit:2", "after_step:3"]),
+        crash(["after_step:3", "after_commit:2", "after_push:1"]),
         crash(["after_commit:1", "after_commit:2", "after_push:2"], remote=True),
         agents(["after_commit:1", "after_push:1", "mid_send:1"]),
         two(None),
@@ -64,7 +64,7 @@ def crash_set(quick: bool, reference: tuple[Any, ...]) -> list[Scenario]:
     singles = [crash([f"{p}:{n}"]) for p in POINTS for n in (1, 2, 3)]
     more = [
         crash(["after_push:1", "mid_send:1", "after_step:2"], remote=True),
-        crash(["after_commit:3", "after_push:3"]),
+        crash(["after_commit:3", "after_push:2"]),
         agents(["after_step:2", "after_push:2"]),
         agents(["mid_send:1", "mid_send:1"]),
         two("after_step:5"),

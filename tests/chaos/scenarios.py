@@ -493,7 +493,7 @@ FAULTS_FAILED = (
     Fault("hangs: accepts the job, never finishes", {"action": "hang"}, "failed",
           error_has="deadline passed"),
     Fault("slow past the timeout (attempt 1 only)",
-          {"action": "succeed", "delay": 3.5, "attempts": {"2": {"action": "succeed", "delay": 0}}},
+          {"action": "succeed", "delay": 4.5, "attempts": {"2": {"action": "succeed", "delay": 0}}},
           "failed", retry_passes=True, settle_seconds=3.0),
     Fault("refuses with 403", {"action": "refuse", "status": 403, "code": "forbidden"}, "failed",
           error_has="forbidden"),
@@ -680,7 +680,7 @@ def outage_scenario(root: Path) -> Result:
         "fault",
         fault_cases=len(POLICIES),
     )
-    fault = Fault("down mid-batch", {"action": "succeed", "delay": 1.5}, "unknown")
+    fault = Fault("down mid-batch", {"action": "succeed", "delay": 3.0}, "unknown")
 
     def run(result: Result) -> None:
         with Lab(root) as lab:
@@ -691,7 +691,7 @@ def outage_scenario(root: Path) -> Result:
             sim = lab.sim(names, {"default": "succeed", "nodes": slow})
             lab.init_repo(fleet_files(sim.url, {g: nodes for g, _, nodes in layout.values()}))
             specs = {
-                p: {"selector": {"group": g}, "batchSize": 2, "healthTimeout": "3s", "onFailure": p}
+                p: {"selector": {"group": g}, "batchSize": 2, "healthTimeout": "4s", "onFailure": p}
                 for p, (_, g, _) in layout.items()
             }
             files = {
@@ -919,7 +919,7 @@ def status_nonsense_scenario(root: Path) -> Result:
             b = ["b-1", "b-2", "b-3"]
             behaviour = {
                 "default": {"action": "succeed", "delay": 0.3},
-                "nodes": {"v-1": {"action": "succeed", "delay": 0.8}},
+                "nodes": {"v-1": {"action": "succeed", "delay": 3.0}},
             }
             sim = lab.sim(v + b, behaviour)
             lab.init_repo(fleet_files(sim.url, {"victim": v, "bystander": b}))
