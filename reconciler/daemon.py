@@ -40,7 +40,7 @@ from reconciler.gitstore import GitStore
 from reconciler.history import History
 from reconciler.logs import EventLog
 from reconciler.metrics import Metrics
-from reconciler.model import Fleet, Problem, RolloutSpec
+from reconciler.model import Fleet, Node, Problem, RolloutSpec
 from reconciler.observations import Heartbeat, JobObservation, Observations
 from reconciler.status import RolloutStatus
 from reconciler.watch import BranchWatcher
@@ -64,6 +64,21 @@ class PassOutcome:
     active: bool  # some rollout still needs passes
     wakeup: datetime | None  # earliest deadline or start time
     refused: str = ""  # why the pass did not act (rewritten history)
+
+
+@dataclass(frozen=True)
+class _Quiet:
+    """A pass that changed nothing and had nothing to observe. Until the
+    branches move or ``wakeup`` comes, another pass would step the same
+    inputs with the same (empty) observations: the engine is pure and, with
+    nothing in flight, reads the clock only against start times and
+    deadlines, which ``wakeup`` covers. So it is not run again."""
+
+    tip: str
+    status_branch: str
+    status_tip: str | None
+    wakeup: datetime | None
+    outcome: PassOutcome
 
 
 class Daemon:
@@ -94,6 +109,9 @@ class Daemon:
         self._unreachable: dict[str, datetime] = {}  # node -> first failed contact
         self._seen_tip: str | None = None
         self._reported: set[str] = set()  # problems already logged, to log each once
+        self._quiet: _Quiet | None = None  # the last pass, if it changed and watched nothing
+        self._watching = False  # the last pass had jobs, heartbeats or backups to read
+        self._by_name: tuple[Fleet, dict[str, Node]] | None = None
 
     # -- one pass ------------------------------------------------------------
 
@@ -137,6 +155,15 @@ class Daemon:
             )
             self._report("history_rewritten", message, commit=tip)
             return PassOutcome(tip, None, 0, 0, False, None, refused=message)
+        quiet, self._quiet = self._quiet, None
+        if (
+            quiet is not None
+            and quiet.tip == tip
+            and store.tip(quiet.status_branch) == quiet.status_tip
+            and (quiet.wakeup is None or self.clock() < quiet.wakeup)
+        ):
+            self._quiet = quiet
+            return quiet.outcome
         history = store.history()
         history.advance(tip)
         approval = self.approver.approve(tip) if self.approver else None
@@ -164,7 +191,7 @@ class Daemon:
         sent = self._execute(step.effects, documents.fleet, now)
         self._seen_tip = commit if commit and status_branch == store.branch else tip
         self._update_gauges(merged.values())
-        return PassOutcome(
+        outcome = PassOutcome(
             tip=tip,
             commit=commit,
             transitions=len(step.transitions),
@@ -172,6 +199,9 @@ class Daemon:
             active=any(engine.is_active(s) for s in merged.values()),
             wakeup=engine.next_wakeup(merged.values(), settings),
         )
+        if commit is None and not sent and not step.transitions and not self._watching:
+            self._quiet = _Quiet(tip, status_branch, status_tip, outcome.wakeup, outcome)
+        return outcome
 
     # -- reading -------------------------------------------------------------
 
@@ -412,7 +442,7 @@ class Daemon:
         (same id, same payload, fresh signature), and read the heartbeats
         and backup lists the engine needs. Failures are observations."""
         statuses = list(statuses)
-        nodes = fleet.by_name()
+        nodes = self._nodes_by_name(fleet)
         now = self.clock()
         reachable: dict[str, bool] = {}
 
@@ -420,7 +450,11 @@ class Daemon:
             spec = nodes.get(node)
             return spec.agent if spec is not None else None
 
-        jobs = [(url, job) for job in engine.in_flight(statuses) if (url := address(job.node))]
+        in_flight = engine.in_flight(statuses)
+        wanted_heartbeats = engine.wanted_heartbeats(statuses)
+        wanted_backups = engine.wanted_backups(statuses)
+        self._watching = bool(in_flight or wanted_heartbeats or wanted_backups)
+        jobs = [(url, job) for job in in_flight if (url := address(job.node))]
         observed: dict[str, JobObservation] = {}
         unknown: list[tuple[str, SendJob]] = []
         for (url, job), (job_id, seen) in zip(
@@ -437,15 +471,13 @@ class Daemon:
                 observed[job_id] = answer
             self.log.info("resent", f"{len(unknown)} job(s) the agents did not know, sent again")
             self.metrics.jobs_sent.labels(kind="resend").inc(len(unknown))
-        heartbeat_nodes = [
-            (url, n) for n in engine.wanted_heartbeats(statuses) if (url := address(n))
-        ]
+        heartbeat_nodes = [(url, n) for n in wanted_heartbeats if (url := address(n))]
         heartbeats: dict[str, Heartbeat] = {}
         for node, beat in self.client.read_heartbeats(heartbeat_nodes).items():
             if beat is not None:
                 heartbeats[node] = beat
             reachable[node] = reachable.get(node, False) or beat is not None
-        backup_nodes = [(url, n) for n in engine.wanted_backups(statuses) if (url := address(n))]
+        backup_nodes = [(url, n) for n in wanted_backups if (url := address(n))]
         backups = {
             node: listed
             for node, listed in self.client.read_backups(backup_nodes).items()
@@ -507,7 +539,7 @@ class Daemon:
     def _execute(self, effects: Iterable[SendJob], fleet: Fleet, now: datetime) -> int:
         """Send the jobs the committed status records. Their answers are
         not needed: the next pass reads every unfinished job anyway."""
-        nodes = fleet.by_name()
+        nodes = self._nodes_by_name(fleet)
         jobs = [(nodes[job.node].agent, job) for job in effects if job.node in nodes]
         half = (len(jobs) + 1) // 2
         self._send(jobs[:half], now)
@@ -532,6 +564,13 @@ class Daemon:
                 agent=url,
             )
             self.metrics.jobs_sent.labels(kind=job.kind).inc()
+
+    def _nodes_by_name(self, fleet: Fleet) -> dict[str, Node]:
+        """``fleet.by_name()``, built once per fleet (documents are cached
+        while the spec trees stay the same, and with them the fleet)."""
+        if self._by_name is None or self._by_name[0] is not fleet:
+            self._by_name = (fleet, fleet.by_name())
+        return self._by_name[1]
 
     # -- reporting -----------------------------------------------------------
 
