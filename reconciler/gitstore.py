@@ -24,7 +24,10 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shutil
 import time
+import urllib.parse
+import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NoReturn
@@ -41,7 +44,11 @@ DEFAULT_EMAIL = "reconciler@localhost"
 SSH_KEY_ENV = "RECONCILER_SSH_KEY"
 TOKEN_ENV = "RECONCILER_GIT_TOKEN"
 LOCK_WAIT = 0.5  # seconds to wait for another writer's ref lock
-PUSH_REF = "refs/reconciler/push"  # local ref a push is made from (libgit2 pushes refs)
+# libgit2 pushes from a ref, so each push gets its own under this prefix:
+# two daemons sharing a mirror must never push each other's commit.
+PUSH_REF_PREFIX = "refs/reconciler/push-"
+# On a file:// remote the commit lands on a ref of its own first (see _push).
+INCOMING_REF_PREFIX = "refs/reconciler/incoming-"
 
 # git's rule: "host:path" is SSH when the colon comes before any slash.
 _SCP_LIKE = re.compile(r"^(?:[^@/:]+@)?[^/:]+:(?!//)")
@@ -341,42 +348,7 @@ class GitStore:
         return str(oid)
 
     def _swap(self, refname: str, parent: str | None, new: str, message: str) -> None:
-        """``git update-ref REF NEW PARENT``: move only if REF is still PARENT.
-
-        A held ref lock means another writer is mid-update: wait for it
-        briefly, then it is either a race (the ref moved: RefMoved) or a lock
-        nobody releases (StoreError naming the lock file)."""
-        moved = RefMoved(
-            f"{refname} no longer points at {parent or 'nothing'}",
-            "another writer moved the branch: re-read it and step again",
-        )
-        deadline = time.monotonic() + LOCK_WAIT
-        while True:
-            try:
-                if parent is None:
-                    self._repo.references.create(refname, new, force=False)
-                    return
-                ref = self._repo.references.get(refname)
-                if ref is None or str(ref.target) != parent:
-                    raise moved
-                ref.set_target(new, message.splitlines()[0] if message else "reconciler")
-                return
-            except RefMoved:
-                raise
-            except pygit2.AlreadyExistsError as e:
-                raise moved from e
-            except (pygit2.GitError, OSError) as e:
-                if self.tip(refname) != parent:
-                    raise moved from e
-                if "lock" not in str(e).lower():
-                    raise StoreError(f"cannot move {refname} in {self.location}: {e}") from e
-                if time.monotonic() >= deadline:
-                    lock = Path(self._repo.path) / f"{refname}.lock"
-                    raise StoreError(
-                        f"{refname} in {self.location} stays locked",
-                        f"another git process is writing it; if none is, remove {lock}",
-                    ) from e
-                time.sleep(0.005)
+        _compare_and_swap(self._repo, self.location, refname, parent, new, message)
 
     # -- remote ------------------------------------------------------------
 
@@ -400,26 +372,47 @@ class GitStore:
             ) from e
 
     def _push(self, branch: str, parent: str | None, new: str) -> None:
+        """Fast-forward push of `new` onto `branch`, only if the remote branch
+        is still `parent` (a lease checked during negotiation; a server
+        applies it atomically). libgit2's file:// transport overwrites the
+        ref without that check, so there the commit goes to a fresh ref of its
+        own and the branch is moved by compare-and-swap in the remote
+        repository itself."""
         refname = _ref(branch)
-        self._repo.references.create(PUSH_REF, new, force=True)
+        unique = f"{os.getpid()}-{uuid.uuid4().hex}"
+        push_ref = f"{PUSH_REF_PREFIX}{unique}"
+        local_remote = _file_url_path(self.url or "")
+        target = f"{INCOMING_REF_PREFIX}{unique}" if local_remote else refname
+        self._repo.references.create(push_ref, new, force=False)
         callbacks = self._callbacks()
-        callbacks.lease = (refname, parent)
+        callbacks.lease = (refname, parent) if local_remote is None else None
         moved = RefMoved(
             f"{refname} on {self.url} no longer points at {parent or 'nothing'}",
             "someone pushed meanwhile: fetch, re-read and step again",
         )
         try:
-            self._remote().push([f"{PUSH_REF}:{refname}"], callbacks=callbacks)
+            self._remote().push([f"{push_ref}:{target}"], callbacks=callbacks)
         except _LeaseBroken as e:
             raise moved from e
         except (pygit2.GitError, OSError) as e:
             self._refused(refname, parent, moved, f"failed: {e}", e)
         finally:
-            ref = self._repo.references.get(PUSH_REF)
+            ref = self._repo.references.get(push_ref)
             if ref is not None:
                 ref.delete()
         if callbacks.rejected is not None:
             self._refused(refname, parent, moved, f"refused: {callbacks.rejected}", None)
+        if local_remote is not None:
+            try:
+                remote_repo = pygit2.Repository(str(local_remote), RepositoryOpenFlag.NO_SEARCH)
+            except (pygit2.GitError, OSError) as e:
+                raise StoreError(f"cannot open {self.url}: {e}") from e
+            try:
+                _compare_and_swap(remote_repo, str(self.url), refname, parent, new, "push")
+            finally:
+                incoming = remote_repo.references.get(target)
+                if incoming is not None:
+                    incoming.delete()
         # The remote took it: the mirror follows without another fetch.
         self._repo.references.create(refname, new, force=True)
 
@@ -493,6 +486,62 @@ class GitStore:
 # -- module helpers ---------------------------------------------------------
 
 
+def _compare_and_swap(
+    repo: pygit2.Repository,
+    location: str,
+    refname: str,
+    parent: str | None,
+    new: str,
+    message: str,
+) -> None:
+    """``git update-ref REF NEW PARENT``: move only if REF is still PARENT
+    (PARENT None: REF must not exist).
+
+    A held ref lock means another writer is mid-update: wait for it briefly,
+    then it is either a race (the ref moved: RefMoved) or a lock nobody
+    releases (StoreError naming the lock file)."""
+    moved = RefMoved(
+        f"{refname} no longer points at {parent or 'nothing'}",
+        "another writer moved the branch: re-read it and step again",
+    )
+    deadline = time.monotonic() + LOCK_WAIT
+    while True:
+        try:
+            if parent is None:
+                repo.references.create(refname, new, force=False)
+                return
+            ref = repo.references.get(refname)
+            if ref is None or str(ref.target) != parent:
+                raise moved
+            ref.set_target(new, message.splitlines()[0] if message else "reconciler")
+            return
+        except RefMoved:
+            raise
+        except pygit2.AlreadyExistsError as e:
+            raise moved from e
+        except (pygit2.GitError, OSError) as e:
+            current = repo.references.get(refname)
+            if (str(current.target) if current is not None else None) != parent:
+                raise moved from e
+            if "lock" not in str(e).lower():
+                raise StoreError(f"cannot move {refname} in {location}: {e}") from e
+            if time.monotonic() >= deadline:
+                lock = Path(repo.path) / f"{refname}.lock"
+                raise StoreError(
+                    f"{refname} in {location} stays locked",
+                    f"another git process is writing it; if none is, remove {lock}",
+                ) from e
+            time.sleep(0.005)
+
+
+def _file_url_path(url: str) -> Path | None:
+    """The repository path of a ``file://`` URL, else None."""
+    if not url.startswith("file://"):
+        return None
+    parsed = urllib.parse.urlparse(url)
+    return Path(urllib.parse.unquote(parsed.path))
+
+
 def _open_local(location: str) -> pygit2.Repository:
     path = Path(location)
     if not path.exists():
@@ -536,14 +585,23 @@ def _open_mirror(url: str, cache_dir: Path) -> pygit2.Repository:
     stem = re.sub(r"[^A-Za-z0-9._-]+", "-", url.rstrip("/").rsplit("/", 1)[-1])[:40] or "repo"
     path = cache_dir / f"{stem}-{digest}.git"
     try:
-        if (path / "HEAD").exists():
-            repo = pygit2.Repository(str(path), RepositoryOpenFlag.NO_SEARCH)
-            if repo.remotes["origin"].url != url:
-                repo.remotes.set_url("origin", url)
-            return repo
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        repo = pygit2.init_repository(str(path), bare=True)
-        repo.remotes.create("origin", url, "+refs/heads/*:refs/heads/*")
+        if not path.exists():
+            # Made aside and renamed into place: two daemons starting together
+            # must not initialise the same directory at once.
+            cache_dir.mkdir(parents=True, exist_ok=True)
+            tmp = cache_dir / f".{path.name}.{os.getpid()}-{uuid.uuid4().hex}"
+            made = pygit2.init_repository(str(tmp), bare=True)
+            made.remotes.create("origin", url, "+refs/heads/*:refs/heads/*")
+            del made
+            try:
+                os.rename(tmp, path)
+            except OSError:
+                if not path.exists():
+                    raise
+                shutil.rmtree(tmp, ignore_errors=True)  # the other one won
+        repo = pygit2.Repository(str(path), RepositoryOpenFlag.NO_SEARCH)
+        if repo.remotes["origin"].url != url:
+            repo.remotes.set_url("origin", url)
         return repo
     except (pygit2.GitError, OSError, KeyError) as e:
         raise StoreError(

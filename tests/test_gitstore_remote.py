@@ -5,6 +5,7 @@ refusal shows only in the push report."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
@@ -53,6 +54,9 @@ def test_file_url_is_mirrored_fetched_and_pushed(tmp_path: Path, bare: Path) -> 
     assert log(bare, "main")[:2] == [written, pushed]
     assert show(bare, "main", "status/llama.yaml") == "phase: running"
     assert store.tip("main") == written  # the mirror follows its own push
+    assert git("for-each-ref", "--format=%(refname)", cwd=bare).splitlines() == [
+        "refs/heads/main"
+    ]  # nothing left on the remote either
     assert git("for-each-ref", "--format=%(refname)", cwd=mirrors[0]).splitlines() == [
         "refs/heads/main"
     ]  # no helper ref left behind
@@ -71,6 +75,7 @@ def test_a_push_racing_a_person_raises_refmoved_and_changes_nothing(
         store.commit("main", read, {"status/llama.yaml": b"phase: running\n"}, "status")
 
     assert head(bare, "main") == theirs
+    assert git("for-each-ref", "--format=%(refname)", cwd=bare) == "refs/heads/main"
     assert store.tip("main") == read  # the mirror is not moved by a failed push
     again = store.commit("main", store.refresh(), {"status/llama.yaml": b"paused\n"}, "s")
     assert log(bare, "main")[:2] == [again, theirs]
@@ -217,3 +222,56 @@ def test_a_refusal_while_the_branch_moved_meanwhile_is_a_race(tmp_path: Path, ba
         with pytest.raises(RefMoved):
             store.commit("main", read, {"status/a.yaml": b"a\n"}, "status")
         assert head(bare, "main") == theirs
+
+
+@pytest.mark.parametrize("transport", ["file", "http"])
+def test_two_daemons_sharing_a_mirror_never_push_each_others_commits(
+    tmp_path: Path, bare: Path, transport: str
+) -> None:
+    """Every commit a writer was told it landed is on the remote, with that
+    writer's content; losers re-read. (Two stores, one cache directory.)"""
+    if transport == "http":
+        server = GitHttpServer(tmp_path)
+        url = server.url_for(bare)
+    else:
+        url = f"file://{bare}"
+    landed: dict[str, list[str]] = {"a": [], "b": []}
+    failures: list[BaseException] = []
+
+    def writer(name: str) -> None:
+        try:
+            write(name)
+        except BaseException as e:  # reported by the main thread
+            failures.append(e)
+
+    def write(name: str) -> None:
+        store = open_remote(url, tmp_path)  # both at once: one mirror is made
+        while len(landed[name]) < 6:
+            try:
+                tip = store.refresh()
+                landed[name].append(
+                    store.commit(
+                        "main",
+                        tip,
+                        {f"status/{name}.yaml": f"{name} {len(landed[name])}\n".encode()},
+                        f"{name} writes",
+                    )
+                )
+            except StoreError:
+                pass  # RefMoved, or the other writer holds a ref lock: re-read
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in landed]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert failures == []
+    assert [len(c) for c in landed.values()] == [6, 6]
+
+    if transport == "http":
+        server.close()
+    on_remote = set(log(bare, "main"))
+    for name, commits in landed.items():
+        for n, commit_id in enumerate(commits):
+            assert commit_id in on_remote, (name, n)
+            assert show(bare, commit_id, f"status/{name}.yaml") == f"{name} {n}"
