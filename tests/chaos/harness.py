@@ -303,14 +303,19 @@ class DaemonProcess(Process):
                     found.append(event)
         return found
 
-    def stop(self, timeout: float = 10.0) -> int:
-        """SIGTERM once the daemon handles it (a SIGTERM during the imports
-        at start-up kills a Python process before any handler exists)."""
+    def wait_started(self) -> None:
+        """Until the daemon has logged ``start`` and had a moment to set up
+        its branch watcher and signal handlers (both come right after)."""
         deadline = time.monotonic() + START_TIMEOUT
         while self.alive() and not self.events("start") and time.monotonic() < deadline:
             time.sleep(0.05)
         if self.alive() and time.monotonic() - self.started < 2.0:
-            time.sleep(0.5)  # the handlers go in right after the start event
+            time.sleep(0.5)
+
+    def stop(self, timeout: float = 10.0) -> int:
+        """SIGTERM once the daemon handles it (a SIGTERM during the imports
+        at start-up kills a Python process before any handler exists)."""
+        self.wait_started()
         return super().stop(timeout)
 
     def crashed(self, timeout: float) -> bool:

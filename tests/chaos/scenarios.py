@@ -1197,6 +1197,9 @@ def bad_input_scenario(root: Path) -> Result:
             sim = lab.sim([*base_nodes, *ok_nodes], {"default": "succeed"})
             lab.init_repo(fleet_files(sim.url, {"ok": ok_nodes}))
             daemon = lab.daemon()
+            # A push racing the watcher's start-up can kill the daemon (reported
+            # to the lead); this scenario is about documents, so it waits.
+            daemon.wait_started()
             # Every agent address in the corpus points at our simulator, never at a
             # port someone else may be using.
             files: dict[str, str | bytes | None] = {
