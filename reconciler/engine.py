@@ -178,8 +178,46 @@ HOLD_MESSAGES = {
 
 
 def resolve_nodes(spec: RolloutSpec, fleet: Fleet) -> tuple[str, ...]:
-    """The rollout's node selection, ordered (selector: by name; nodeIds: order kept)."""
-    return _resolve(spec, fleet)
+    """The rollout's node selection, ordered (selector: by name; nodeIds: order kept).
+
+    ``selection.resolve_nodes`` decides; it is handed only the nodes that can
+    match (by a label index of the fleet, or the named nodes), because the
+    daemon resolves every rollout not yet started on every pass, and a
+    scan of 10,000 nodes each time made a pass starting 1,000 rollouts take
+    tens of seconds."""
+    index = _fleet_index(fleet)
+    if spec.node_ids is not None:
+        named = (index.by_name.get(n) for n in dict.fromkeys(spec.node_ids))
+        return _resolve(spec, Fleet(tuple(node for node in named if node is not None)))
+    wanted = spec.selector or ()
+    if not wanted or not all(isinstance(v, str) for _, v in wanted):
+        return _resolve(spec, fleet)
+    # Nodes carrying the rarest wanted label: the only ones that can match.
+    candidates = min((index.by_label.get(pair, ()) for pair in wanted), key=len)
+    return _resolve(spec, Fleet(tuple(candidates)))
+
+
+class _FleetIndex:
+    def __init__(self, fleet: Fleet) -> None:
+        self.by_name = fleet.by_name()
+        self.by_label: dict[tuple[str, str], list[Node]] = {}
+        for node in fleet.nodes:
+            for pair in dict.fromkeys(node.labels):
+                self.by_label.setdefault(pair, []).append(node)
+
+
+# The index of the last fleet seen: a pass (and the next, while the node
+# files stay the same) hands the same Fleet value to every call. A cache of
+# a pure function's intermediate value; results do not depend on it.
+_last_index: list[tuple[Fleet, _FleetIndex]] = []
+
+
+def _fleet_index(fleet: Fleet) -> _FleetIndex:
+    if _last_index and _last_index[0][0] is fleet:
+        return _last_index[0][1]
+    index = _FleetIndex(fleet)
+    _last_index[:] = [(fleet, index)]
+    return index
 
 
 # --- the pass ------------------------------------------------------------------
