@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 
 STEP_MS = 10  # FACTS.md: step=10 gives ~20 ms latency (default 50: 75-90 ms)
 DEBOUNCE_MS = 200
+STAT_POLL = 0.1  # seconds between looks at the ref files when events cannot be had
 _WAKE = b"c"
 _STOP = b"s"
 
@@ -90,10 +91,15 @@ class BranchWatcher:
         wanted = {str(root / "packed-refs")}
         wanted.update(str(root / _refname(b)) for b in branches)
         # Registered here, before returning: a push right after start is seen.
-        notify = RustNotify([str(root)], False, False, 300, True, False)
-        t = threading.Thread(
-            target=self._run_local, args=(notify, wanted), name="branch-watch", daemon=True
-        )
+        notify = _notify(root)
+        if notify is None:
+            t = threading.Thread(
+                target=self._run_stat_poll, args=(wanted,), name="branch-watch", daemon=True
+            )
+        else:
+            t = threading.Thread(
+                target=self._run_local, args=(notify, wanted), name="branch-watch", daemon=True
+            )
         self._threads.append(t)
         t.start()
         return self
@@ -201,6 +207,16 @@ class BranchWatcher:
         finally:
             notify.close()
 
+    def _run_stat_poll(self, wanted: set[str]) -> None:
+        """The fallback when file events cannot be had: look at the ref
+        files every ``STAT_POLL`` seconds."""
+        seen = {path: _stat(path) for path in wanted}
+        while not self._sleep(STAT_POLL):
+            now = {path: _stat(path) for path in wanted}
+            if now != seen:
+                seen = now
+                self._hint()
+
     def _run_poll(
         self,
         mirror: Path,
@@ -236,6 +252,29 @@ class BranchWatcher:
         while not self._stop.value and (left := deadline - time.monotonic()) > 0:
             time.sleep(min(0.05, left))
         return self._stop.value
+
+
+def _notify(root: Path) -> RustNotify | None:
+    """A recursive watch on the Git directory, or None when it cannot be set
+    up. Setting it up walks the tree, and a push's temporary object folder
+    can vanish mid-walk (FileNotFoundError): that is retried; a watch that
+    still cannot be had falls back to looking at the ref files' stat."""
+    for attempt in range(5):
+        try:
+            return RustNotify([str(root)], False, False, 300, True, False)
+        except OSError as e:
+            log.warning("watching %s failed (%s), attempt %d", root, e, attempt + 1)
+            time.sleep(0.02 * (attempt + 1))
+    log.warning("watching %s: falling back to looking at the ref files every %ss", root, STAT_POLL)
+    return None
+
+
+def _stat(path: str) -> tuple[int, int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_mtime_ns, st.st_size)
 
 
 def _refname(branch: str) -> str:

@@ -126,3 +126,23 @@ def test_a_remote_over_http_is_polled(tmp_path: Path, bare: Path) -> None:
         with BranchWatcher.for_store(store, poll=0.05) as watcher:
             commit_and_push(work, {"rollouts/r.yaml": "x\n"}, "add r")
             assert watcher.wait(5.0) is True
+
+
+def test_when_file_events_cannot_be_had_the_ref_files_are_looked_at(
+    tmp_path: Path, bare: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # watchfiles' setup walks the Git directory and can fail when a push's
+    # temporary folder vanishes mid-walk; the watcher must not die of it.
+    import reconciler.watch as watch
+
+    def vanished(*args: object) -> None:
+        raise FileNotFoundError(2, "No such file or directory (os error 2)")
+
+    monkeypatch.setattr(watch, "RustNotify", vanished)
+    work = clone(bare, tmp_path / "work")
+    with BranchWatcher.for_store(GitStore.open(str(bare))) as watcher:
+        assert watcher.wait(0.3) is False
+
+        commit_and_push(work, {"rollouts/r.yaml": "x\n"}, "add r")
+
+        assert watcher.wait(5.0) is True
