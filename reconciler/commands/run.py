@@ -53,6 +53,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--concurrency", type=int, default=64, help="agent requests in flight at once"
     )
+    parser.add_argument(
+        "--agent-timeout",
+        type=_seconds,
+        default=5.0,
+        help="how long one agent request may take before the agent counts as unreachable",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -86,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     metrics = Metrics()
     if args.metrics:
         metrics.serve(args.metrics)
-    client = AgentClient(key, concurrency=args.concurrency)
+    client = AgentClient(key, concurrency=args.concurrency, timeout=args.agent_timeout)
     daemon = Daemon(store, client, log=log, metrics=metrics, approver=approver, sign=sign)
     log.info(
         "start",
