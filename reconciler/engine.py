@@ -235,29 +235,64 @@ class _Pass:
         self.obs = observations
         self.now = now
         self.offline_after = timedelta(seconds=settings.offline_after)
-        self.current: dict[str, RolloutStatus] = {}
+        self.current: dict[str, RolloutStatus] = {}  # written only through set_current
         self._fleet_by_name: dict[str, Node] | None = None
+        # Who claims which node, kept up to date once first asked for, so
+        # that each of 1,000 starts in one pass does not walk every status.
+        self._position: dict[str, int] = {}  # rollout -> order in ``current``
+        self._holders: dict[str, set[str]] | None = None  # node -> rollouts claiming it
+        self._claimed: dict[str, tuple[str, ...]] = {}  # rollout -> nodes it claims
 
     def node(self, name: str) -> Node | None:
         if self._fleet_by_name is None:
             self._fleet_by_name = self.fleet.by_name()
         return self._fleet_by_name.get(name)
 
-    def claims(self, exclude: str) -> dict[str, str]:
-        """node -> rollout, for nodes a running or paused rollout holds, or
-        any rollout is restoring."""
+    def set_current(self, name: str, status: RolloutStatus) -> None:
+        old = self.current.get(name)
+        if name not in self._position:
+            self._position[name] = len(self._position)
+        self.current[name] = status
+        if self._holders is not None and status is not old:
+            self._index_claims(name, status)
+
+    def claims(self, names: Iterable[str], exclude: str) -> dict[str, str]:
+        """node -> rollout, for each of ``names`` that a running or paused
+        rollout holds, or any rollout is restoring (other than ``exclude``);
+        of several, the first in ``current``."""
+        if self._holders is None:
+            self._holders = {}
+            for rollout, status in self.current.items():
+                self._index_claims(rollout, status)
         claimed: dict[str, str] = {}
-        for name, status in self.current.items():
-            if name == exclude:
-                continue
-            if status.phase in ("running", "paused"):
-                for node in status.nodes:
-                    claimed.setdefault(node.name, name)
-            elif _restores_in_flight(status):
-                for node in status.nodes:
-                    if node.state in RESTORE_STATES:
-                        claimed.setdefault(node.name, name)
+        for node in names:
+            holders = self._holders.get(node)
+            if holders:
+                first = min(
+                    (h for h in holders if h != exclude),
+                    key=self._position.__getitem__,
+                    default=None,
+                )
+                if first is not None:
+                    claimed[node] = first
         return claimed
+
+    def _index_claims(self, rollout: str, status: RolloutStatus) -> None:
+        assert self._holders is not None
+        if status.phase in ("running", "paused"):
+            nodes = tuple(node.name for node in status.nodes)
+        elif _restores_in_flight(status):
+            nodes = tuple(node.name for node in status.nodes if node.state in RESTORE_STATES)
+        else:
+            nodes = ()
+        old = self._claimed.get(rollout, ())
+        if old == nodes:
+            return
+        for node in old:
+            self._holders[node].discard(rollout)
+        for node in nodes:
+            self._holders.setdefault(node, set()).add(rollout)
+        self._claimed[rollout] = nodes
 
 
 def step_fleet(
@@ -280,7 +315,7 @@ def step_fleet(
     order = sorted(rollouts, key=lambda r: (r.queue_key, r.name))
     for inp in order:
         if inp.status is not None:
-            ctx.current[inp.name] = inp.status
+            ctx.set_current(inp.name, inp.status)
     effects: list[SendJob] = []
     transitions: list[Transition] = []
 
@@ -288,7 +323,7 @@ def step_fleet(
         before = ctx.current.get(inp.name)
         step = _RolloutStep(inp, before, ctx)
         new = step.run()
-        ctx.current[inp.name] = new
+        ctx.set_current(inp.name, new)
         effects.extend(step.effects)
         transitions.extend(step.transitions)
         return before is None or new is not before
@@ -548,7 +583,7 @@ class _RolloutStep:
                 self.set_phase("scheduled", "waiting for startAt")
                 return False
         if not spec.allow_overlap:
-            claims = self.ctx.claims(exclude=inp.name)
+            claims = self.ctx.claims(names, exclude=inp.name)
             shared = [n for n in names if n in claims]
             if shared:
                 holders = sorted({claims[n] for n in shared})
