@@ -27,5 +27,8 @@ pytest: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/reconciler demo
 
+reliability: $(STAMP)
+	$(BIN)/python bench/reliability.py
+
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
