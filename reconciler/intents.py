@@ -36,6 +36,7 @@ from ruamel.yaml.error import YAMLError
 from ruamel.yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from reconciler.errors import ReconcilerError
+from reconciler.gitcli import run_git
 from reconciler.status import TERMINAL_PHASES, RolloutStatus, status_from_files
 from reconciler.timefmt import format_time
 from reconciler.yamlio import YamlProblem, load_yaml
@@ -450,7 +451,7 @@ def check_committable(edit: Edit) -> None:
     """Refuse ``--commit`` when the rollout file already carries uncommitted
     changes: they would ride along in a commit that says it is only a pause."""
     root = edit.rollout.root
-    result = _git(root, "status", "--porcelain", "--", edit.rollout.relpath)
+    result = run_git(root, "status", "--porcelain", "--", edit.rollout.relpath)
     if result.strip():
         raise ReconcilerError(
             f"{edit.rollout.relpath} has changes that are not committed",
@@ -463,8 +464,8 @@ def commit_edit(edit: Edit, message: str) -> str:
     root = edit.rollout.root
     name, email = operator_identity(root)
     who = f"{name} <{email}>" if email else name
-    _git(root, "add", "--", edit.rollout.relpath)
-    _git(
+    run_git(root, "add", "--", edit.rollout.relpath)
+    run_git(
         root,
         "commit",
         "--quiet",
@@ -473,23 +474,7 @@ def commit_edit(edit: Edit, message: str) -> str:
         "--",
         edit.rollout.relpath,
     )
-    return _git(root, "rev-parse", "HEAD").strip()
-
-
-def _git(root: Path, *args: str) -> str:
-    try:
-        result = subprocess.run(
-            ["git", "-C", str(root), *args], capture_output=True, text=True, check=False
-        )
-    except OSError as exc:
-        raise ReconcilerError(f"cannot run git: {exc}", hint="install git") from exc
-    if result.returncode != 0:
-        detail = (result.stderr or result.stdout).strip()
-        hint = ""
-        if "tell me who you are" in detail or "user.email" in detail:
-            hint = 'set your identity: git config user.name "Your Name"; git config user.email you@example.com'
-        raise ReconcilerError(f"git {args[0]} failed in {root}: {detail}", hint=hint)
-    return result.stdout
+    return run_git(root, "rev-parse", "HEAD").strip()
 
 
 # --------------------------------------------------------------------------

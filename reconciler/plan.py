@@ -24,7 +24,14 @@ from datetime import datetime
 
 from reconciler import documents
 from reconciler.durations import format_duration
-from reconciler.engine import FleetStep, RolloutInput, Transition, resolve_nodes, step_fleet
+from reconciler.engine import (
+    FROZEN_FIELDS,
+    FleetStep,
+    RolloutInput,
+    Transition,
+    resolve_nodes,
+    step_fleet,
+)
 from reconciler.model import Problem, RolloutSpec, Settings, Target
 from reconciler.observations import Observations
 from reconciler.status import TERMINAL_PHASES, RolloutStatus
@@ -448,17 +455,7 @@ def _field_changes(
             Change(name, f"pauseAfter {list(old.pause_after)} -> {list(new.pause_after)}")
         )
     if not started:
-        for attr, doc in (
-            ("target", "target"),
-            ("selector", "selector"),
-            ("node_ids", "nodeIds"),
-            ("batch_size", "batchSize"),
-            ("live", "live"),
-            ("on_failure", "onFailure"),
-            ("start_at", "startAt"),
-            ("include_maintenance", "includeMaintenance"),
-            ("allow_overlap", "allowOverlap"),
-        ):
+        for attr, doc in FROZEN_FIELDS:
             if getattr(old, attr) != getattr(new, attr):
                 changes.append(
                     Change(

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import subprocess
 import tempfile
 from pathlib import Path
 
 from reconciler.errors import ReconcilerError
+from reconciler.gitcli import run_git
 
 HELP = "create a new fleet repository seeded from the examples"
 
@@ -94,26 +94,26 @@ def _refuse_existing(path: Path) -> None:
 
 def _make_origin_and_clone(origin: Path, clone: Path, seed: Path) -> str:
     origin.parent.mkdir(parents=True, exist_ok=True)
-    _git(origin.parent, "init", "--quiet", "--bare", "-b", BRANCH, str(origin))
-    _git(origin.parent, "clone", "--quiet", str(origin), str(clone))
+    run_git(origin.parent, "init", "--quiet", "--bare", "-b", BRANCH, str(origin))
+    run_git(origin.parent, "clone", "--quiet", str(origin), str(clone))
     return _seed_and_push(clone, seed)
 
 
 def _make_bare(target: Path, seed: Path) -> str:
     target.mkdir(parents=True, exist_ok=True)
-    _git(target, "init", "--quiet", "--bare", "-b", BRANCH, str(target))
+    run_git(target, "init", "--quiet", "--bare", "-b", BRANCH, str(target))
     with tempfile.TemporaryDirectory(prefix="reconciler-init-") as scratch:
         clone = Path(scratch) / "fleet"
-        _git(Path(scratch), "clone", "--quiet", str(target), str(clone))
+        run_git(Path(scratch), "clone", "--quiet", str(target), str(clone))
         return _seed_and_push(clone, seed)
 
 
 def _seed_and_push(clone: Path, seed: Path) -> str:
     # An empty clone may not know the branch name yet.
-    _git(clone, "symbolic-ref", "HEAD", f"refs/heads/{BRANCH}")
+    run_git(clone, "symbolic-ref", "HEAD", f"refs/heads/{BRANCH}")
     _copy_seed(seed, clone)
-    _git(clone, "add", "-A")
-    _git(
+    run_git(clone, "add", "-A")
+    run_git(
         clone,
         "commit",
         "--quiet",
@@ -121,8 +121,8 @@ def _seed_and_push(clone: Path, seed: Path) -> str:
         "Fleet repository seeded by reconciler init\n\n"
         "Example nodes and rollouts to start from; the daemon writes status/.\n",
     )
-    _git(clone, "push", "--quiet", "-u", "origin", BRANCH)
-    return _git(clone, "rev-parse", "HEAD").strip()
+    run_git(clone, "push", "--quiet", "-u", "origin", BRANCH)
+    return run_git(clone, "rev-parse", "HEAD").strip()
 
 
 def _copy_seed(seed: Path, dest: Path) -> None:
@@ -135,19 +135,3 @@ def _copy_seed(seed: Path, dest: Path) -> None:
             )
         else:
             shutil.copy2(entry, dest / entry.name)
-
-
-def _git(cwd: Path, *args: str) -> str:
-    try:
-        result = subprocess.run(
-            ["git", "-C", str(cwd), *args], capture_output=True, text=True, check=False
-        )
-    except OSError as exc:
-        raise ReconcilerError(f"cannot run git: {exc}", hint="install git") from exc
-    if result.returncode != 0:
-        detail = (result.stderr or result.stdout).strip()
-        hint = ""
-        if "tell me who you are" in detail or "user.email" in detail:
-            hint = 'set your identity: git config --global user.name "Your Name"; git config --global user.email you@example.com'
-        raise ReconcilerError(f"git {args[0]} failed: {detail}", hint=hint)
-    return result.stdout
