@@ -25,7 +25,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -33,14 +33,10 @@ from typing import Any
 
 import httpx
 
-from reconciler.agent_client import AgentClient
 from reconciler.daemon import Daemon
-from reconciler.gitstore import GitStore
-from reconciler.logs import EventLog
-from reconciler.signing import generate_key, load_private_key
-from reconciler.yamlio import YamlProblem, load_yaml
-from tests.fleetkit import node_yaml
-from tests.gitutil import clone, commit_and_push, git, make_bare_repo
+from reconciler.signing import generate_key
+from tests.fleetkit import RepoKit, node_yaml
+from tests.gitutil import clone, git, make_bare_repo
 
 RUNTIME = "hermes"
 
@@ -199,17 +195,14 @@ class Clock:
 
 
 @dataclass
-class AgentFleet:
-    """A bare fleet repository, a working clone, a daemon key, and one real
-    agent per node (``nodes/NODE.yaml`` points at it)."""
+class AgentFleet(RepoKit):
+    """RepoKit with one real agent per node (``nodes/NODE.yaml`` points at
+    it) and a clock the test can move."""
 
-    root: Path
-    bare: Path
-    work: Path
-    key_path: Path
     agents: dict[str, RealAgent]
     clock: Clock = field(default_factory=Clock)
-    daemons: list[Daemon] = field(default_factory=list)
+
+    agent_timeout = 5.0
 
     @classmethod
     def create(
@@ -240,9 +233,6 @@ class AgentFleet:
         work = clone(bare, root / "work")
         return cls(root, bare, work, key_path, agents)
 
-    def push(self, files: Mapping[str, str | None], message: str = "Change the fleet") -> str:
-        return commit_and_push(self.work, files, message)
-
     def pull(self) -> None:
         git("pull", "--quiet", "--rebase", "origin", "main", cwd=self.work)
 
@@ -252,48 +242,11 @@ class AgentFleet:
         git("push", "--quiet", "origin", "HEAD:main", cwd=self.work)
 
     def daemon(self, **kwargs: Any) -> Daemon:
-        store = GitStore.open(str(self.bare), "main")
-        client = AgentClient(load_private_key(self.key_path), timeout=5.0)
         kwargs.setdefault("clock", self.clock)
-        daemon = Daemon(store, client, log=EventLog(stream=sys.stderr), **kwargs)
-        self.daemons.append(daemon)
-        return daemon
-
-    def statuses(self) -> dict[str, Any]:
-        """Every committed ``status/NAME.yaml`` on main, as plain data."""
-        names = git("ls-tree", "--name-only", "main", "status/", cwd=self.bare).split()
-        found: dict[str, Any] = {}
-        for path in names:
-            if path.endswith(".yaml"):
-                text = git("show", f"main:{path}", cwd=self.bare)
-                try:
-                    data = load_yaml(path, text.encode())
-                except YamlProblem as exc:
-                    data = {"unreadable": str(exc.problem)}
-                found[path[len("status/") : -len(".yaml")]] = data
-        return found
-
-    def run_until(
-        self,
-        daemon: Daemon,
-        done: Callable[[dict[str, Any]], bool],
-        timeout: float = 30.0,
-        pause: float = 0.05,
-    ) -> dict[str, Any]:
-        """Reconcile passes until ``done(statuses)``; fails with the statuses seen."""
-        deadline = time.monotonic() + timeout
-        while True:
-            daemon.run_pass()
-            statuses = self.statuses()
-            if done(statuses):
-                return statuses
-            if time.monotonic() > deadline:
-                raise AssertionError(f"not reached in {timeout}s; statuses: {statuses}")
-            time.sleep(pause)
+        return super().daemon(**kwargs)
 
     def close(self) -> None:
-        for daemon in self.daemons:
-            daemon.client.close()
+        super().close()
         for agent in self.agents.values():
             agent.stop()
 

@@ -113,41 +113,24 @@ def start_sim_fleet(
 
 
 @dataclass
-class FleetKit:
+class RepoKit:
+    """A bare fleet repository pushed to with `git`, a working clone, a
+    daemon key, and in-process daemons stepping it."""
+
     root: Path
     bare: Path
     work: Path
     key_path: Path
-    fleet: SimFleet
-    daemons: list[Daemon] = field(default_factory=list)
+    daemons: list[Daemon] = field(default_factory=list, kw_only=True)
 
-    @classmethod
-    def create(
-        cls,
-        root: Path,
-        nodes: Mapping[str, Mapping[str, str]],
-        *,
-        behaviour: str = "default: succeed\n",
-        files: Mapping[str, str] | None = None,
-    ) -> FleetKit:
-        key_path, _ = generate_key(root / "keys")
-        fleet = start_sim_fleet(
-            root / "sim", list(nodes), root / "keys" / "reconciler.pub", behaviour
-        )
-        seed: dict[str, str] = {
-            f"nodes/{n}.yaml": node_yaml(n, fleet.url, labels) for n, labels in nodes.items()
-        }
-        seed.update(files or {})
-        bare = make_bare_repo(root, seed, message="Seed the fleet")
-        work = clone(bare, root / "work")
-        return cls(root, bare, work, key_path, fleet)
+    agent_timeout = 2.0  # seconds; the agent client's timeout in daemons made here
 
     def push(self, files: Mapping[str, str | None], message: str = "Change the fleet") -> str:
         return commit_and_push(self.work, files, message)
 
     def daemon(self, **kwargs: Any) -> Daemon:
         store = GitStore.open(str(self.bare), "main")
-        client = AgentClient(load_private_key(self.key_path), timeout=2.0)
+        client = AgentClient(load_private_key(self.key_path), timeout=self.agent_timeout)
         daemon = Daemon(store, client, log=EventLog(stream=sys.stderr), **kwargs)
         self.daemons.append(daemon)
         return daemon
@@ -173,6 +156,7 @@ class FleetKit:
         timeout: float = 30.0,
         pause: float = 0.05,
     ) -> dict[str, Any]:
+        """Reconcile passes until ``done(statuses)``; fails with the statuses seen."""
         deadline = time.monotonic() + timeout
         while True:
             daemon.run_pass()
@@ -186,6 +170,37 @@ class FleetKit:
     def close(self) -> None:
         for daemon in self.daemons:
             daemon.client.close()
+
+
+@dataclass
+class FleetKit(RepoKit):
+    """RepoKit with the simulated fleet as every node's agent."""
+
+    fleet: SimFleet
+
+    @classmethod
+    def create(
+        cls,
+        root: Path,
+        nodes: Mapping[str, Mapping[str, str]],
+        *,
+        behaviour: str = "default: succeed\n",
+        files: Mapping[str, str] | None = None,
+    ) -> FleetKit:
+        key_path, _ = generate_key(root / "keys")
+        fleet = start_sim_fleet(
+            root / "sim", list(nodes), root / "keys" / "reconciler.pub", behaviour
+        )
+        seed: dict[str, str] = {
+            f"nodes/{n}.yaml": node_yaml(n, fleet.url, labels) for n, labels in nodes.items()
+        }
+        seed.update(files or {})
+        bare = make_bare_repo(root, seed, message="Seed the fleet")
+        work = clone(bare, root / "work")
+        return cls(root, bare, work, key_path, fleet)
+
+    def close(self) -> None:
+        super().close()
         self.fleet.stop()
 
 
