@@ -1,0 +1,247 @@
+"""End to end at scale: one dry-run rollout over a whole generated fleet,
+driven by the real daemon process against the simulated fleet.
+
+    .venv/bin/python bench/fleet.py                      # 10,000 nodes, batchSize 1,000
+    .venv/bin/python bench/fleet.py --nodes 1000 --batch 100 --runs 1
+
+Per run: a bare repository with N node files is generated, the sim fleet
+serves N nodes that succeed after ``--delay`` seconds, and
+``python -m reconciler run --repo BARE --key KEY --interval 0.2s`` is
+started and left to make its first (empty) pass. Then a rollout commit is
+written into the bare repository and the clock runs until its committed
+status says ``completed``.
+
+Figures (median over ``--runs`` runs):
+
+- wall time from the rollout commit to the committed ``completed``;
+- daemon CPU seconds over that time (/proc/PID/stat, user + system);
+- daemon peak memory (VmHWM from /proc/PID/status, read before it exits:
+  includes start-up and parsing all node files);
+- status commits the daemon made for the rollout;
+- repository growth: bytes under ``objects/`` after the rollout minus
+  before it, as the daemon left them (loose objects) and after ``git gc``
+  (both sides gc'd);
+- daemon overhead per node: (wall time - batches x delay) / nodes, i.e.
+  everything that is not the simulated health wait.
+
+Targets: overhead under 1 ms per node, peak memory under 300 MB, repository
+growth under 5 MB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pygit2
+from _common import (
+    Row,
+    SimFleetProcess,
+    announce,
+    commit_files,
+    cpu_seconds,
+    dir_bytes,
+    emit,
+    first_parent_count,
+    git,
+    make_bare,
+    median,
+    node_text,
+    peak_rss_mb,
+    rollout_text,
+    row,
+    status_data,
+)
+
+from reconciler.signing import generate_key
+
+COMPLETED = re.compile(rb"^phase: (completed|failed|aborted)$", re.MULTILINE)
+
+
+def wait_for(check: object, timeout: float, pause: float = 0.02) -> float:
+    """Poll ``check()`` until true; the perf_counter time it became true."""
+    assert callable(check)
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"not reached in {timeout:.0f}s")
+        time.sleep(pause)
+    return time.perf_counter()
+
+
+def one_run(
+    root: Path,
+    nodes: int,
+    batch: int,
+    delay: float,
+    interval: str,
+    timeout: float,
+    profile: Path | None = None,
+) -> dict[str, float]:
+    private, public = generate_key(root / "keys")
+    names = [f"n{i:05d}" for i in range(1, nodes + 1)]
+    sim = SimFleetProcess(root / "sim", names, public, delay)
+    daemon: subprocess.Popen[bytes] | None = None
+    try:
+        bare = root / "fleet.git"
+        files = {
+            f"nodes/{n}.yaml": node_text(n, sim.url, {"fleet": "bench", "zone": f"z{i % 4}"})
+            for i, n in enumerate(names)
+        }
+        make_bare(bare, files)
+        git("gc", "-q", cwd=bare)
+        log = open(root / "daemon.log", "wb")  # noqa: SIM115
+        daemon = subprocess.Popen(
+            [
+                sys.executable, "-m", "reconciler", "run",
+                "--repo", str(bare), "--key", str(private), "--interval", interval,
+            ],
+            stdout=log,
+            stderr=log,
+        )  # fmt: skip
+        # The first pass writes the (empty) dashboard: the daemon is up and idle.
+        repo = pygit2.Repository(str(bare))
+
+        def dashboard() -> bool:
+            tip = repo.references["refs/heads/main"].peel(pygit2.Commit)
+            return "status" in tip.tree
+
+        wait_for(dashboard, 120, 0.1)
+        time.sleep(0.3)
+        spy = None
+        if profile is not None:
+            # Wall-clock samples (--idle) of every thread, as collapsed stacks.
+            spy = subprocess.Popen(
+                ["py-spy", "record", "--pid", str(daemon.pid), "--idle", "--threads",
+                 "--format", "raw", "--rate", "200", "--output", str(profile)],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )  # fmt: skip
+            time.sleep(1.0)
+        sim_cpu0 = cpu_seconds(sim.process.pid)
+        before = dir_bytes(bare / "objects")
+        cpu0 = cpu_seconds(daemon.pid)
+        started = time.perf_counter()
+        rollout = commit_files(
+            repo,
+            {"rollouts/big.yaml": rollout_text("big", selector={"fleet": "bench"}, batch=batch)},
+            "Roll the whole fleet",
+        )
+
+        def done() -> bool:
+            data = status_data(bare, "big")
+            return data is not None and COMPLETED.search(data) is not None
+
+        finished = wait_for(done, timeout)
+        cpu = cpu_seconds(daemon.pid) - cpu0
+        sim_cpu = cpu_seconds(sim.process.pid) - sim_cpu0
+        peak = peak_rss_mb(daemon.pid)
+        data = status_data(bare, "big") or b""
+        phase = COMPLETED.search(data)
+        if phase is None or phase.group(1) != b"completed":
+            raise RuntimeError(
+                f"rollout ended {phase.group(1).decode() if phase else '?'}; see the log"
+            )
+        daemon.send_signal(signal.SIGTERM)
+        daemon.wait(30)
+        log.close()
+        if spy is not None:
+            spy.wait(30)
+        tip = git("rev-parse", "main", cwd=bare)
+        commits = first_parent_count(bare, tip, rollout)
+        loose = dir_bytes(bare / "objects") - before
+        git("gc", "-q", cwd=bare)
+        packed = dir_bytes(bare / "objects") - before
+        wall = finished - started
+        batches = -(-nodes // batch)
+        stats = sim.stats()["totals"]
+        return {
+            "wall": wall,
+            "cpu": cpu,
+            "peak": peak,
+            "commits": commits,
+            "loose": loose,
+            "packed": packed,
+            "overhead": (wall - batches * delay) / nodes,
+            "jobs": stats["executed"],
+            "sim_cpu": sim_cpu,
+        }
+    finally:
+        if daemon is not None and daemon.poll() is None:
+            daemon.kill()
+            daemon.wait()
+        sim.stop()
+
+
+def measure(
+    nodes: int,
+    batch: int,
+    delay: float,
+    runs: int,
+    interval: str = "0.2s",
+    profile: Path | None = None,
+) -> list[Row]:
+    results = []
+    for k in range(runs):
+        with tempfile.TemporaryDirectory(prefix="bench-fleet-") as tmp:
+            r = one_run(
+                Path(tmp),
+                nodes,
+                batch,
+                delay,
+                interval,
+                timeout=60 + nodes * 0.05,
+                profile=profile.with_suffix(f".{k + 1}.txt") if profile else None,
+            )
+        print(
+            f"run {k + 1}: {r['wall']:.2f} s wall, {r['cpu']:.2f} s daemon CPU, "
+            f"{r['peak']:.0f} MB peak, {r['commits']:.0f} commits, "
+            f"+{r['loose'] / 1e6:.2f} MB loose / +{r['packed'] / 1e6:.2f} MB after gc, "
+            f"{r['overhead'] * 1e3:.3f} ms/node overhead, {r['jobs']} jobs executed, sim fleet CPU {r['sim_cpu']:.2f} s",
+            flush=True,
+        )
+        results.append(r)
+
+    def m(key: str) -> float:
+        return median([r[key] for r in results])
+
+    batches = -(-nodes // batch)
+    floor = batches * delay
+    tag = f"{nodes:,} nodes/{batch:,}"
+    return [
+        row(f"fleet {tag}: wall to completed", m("wall"), "s", floor, "health waits"),
+        row(f"fleet {tag}: daemon CPU", m("cpu"), "s"),
+        row(f"fleet {tag}: daemon CPU per node", m("cpu") / nodes * 1e3, "ms"),
+        row(f"fleet {tag}: daemon overhead per node", m("overhead") * 1e3, "ms", 1.0, "target <"),
+        row(f"fleet {tag}: daemon peak memory (VmHWM)", m("peak"), "MB", 300.0, "target <"),
+        row(f"fleet {tag}: status commits", m("commits"), "commits"),
+        row(f"fleet {tag}: repo growth, loose", m("loose") / 1e6, "MB", 5.0, "target <"),
+        row(f"fleet {tag}: repo growth, after git gc", m("packed") / 1e6, "MB", 5.0, "target <"),
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=10_000)
+    parser.add_argument("--batch", type=int, default=1_000)
+    parser.add_argument("--delay", type=float, default=0.5, help="sim fleet answer delay, s")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="1,000 nodes, batches of 100, 1 run")
+    parser.add_argument(
+        "--profile", type=Path, help="record the daemon with py-spy (wall clock) into FILE.N.txt"
+    )
+    args = parser.parse_args()
+    if args.quick:
+        args.nodes, args.batch, args.runs = 1_000, 100, 1
+    announce(f"fleet: {args.nodes:,} nodes, batchSize {args.batch:,}, delay {args.delay} s")
+    emit(measure(args.nodes, args.batch, args.delay, args.runs, profile=args.profile))
+
+
+if __name__ == "__main__":
+    main()
