@@ -109,6 +109,7 @@ class Daemon:
         self._unreachable: dict[str, datetime] = {}  # node -> first failed contact
         self._seen_tip: str | None = None
         self._reported: set[str] = set()  # problems already logged, to log each once
+        self._last_readable: dict[str, RolloutStatus] = {}  # each rollout's last readable status
         self._quiet: _Quiet | None = None  # the last pass, if it changed and watched nothing
         self._watching = False  # the last pass had jobs, heartbeats or backups to read
         self._by_name: tuple[Fleet, dict[str, Node]] | None = None
@@ -176,7 +177,10 @@ class Daemon:
         inputs = self._inputs(tip, history, approval, documents, statuses, broken)
         observations = self._observe(statuses.values(), documents.fleet)
         now = self.clock()
-        step = engine.step_fleet(inputs, documents.fleet, settings, observations, now)
+        held = self._held_by_unreadable(broken, statuses, documents)
+        step = engine.step_fleet(
+            inputs, documents.fleet, settings, observations, now, unreadable=held
+        )
         crashpoints.reach("after_step")
         merged = {**statuses, **step.statuses}
         commit = None
@@ -313,6 +317,26 @@ class Daemon:
                     self._status_data[page_blob] = written[page_path]
             self._status_data[blob_id] = written[path]
             self._statuses[(blob_id, *page_blobs)] = value
+
+    def _held_by_unreadable(
+        self,
+        broken: Mapping[str, str],
+        statuses: Mapping[str, RolloutStatus],
+        documents: Documents,
+    ) -> dict[str, tuple[str, ...]]:
+        """The nodes each rollout with an unreadable status may hold: those
+        of its last readable status (remembered since start-up) and those
+        its spec selects. Nobody else starts on them until it is repaired."""
+        self._last_readable.update(statuses)
+        held: dict[str, tuple[str, ...]] = {}
+        for name in broken:
+            last = self._last_readable.get(name)
+            nodes = {n.name for n in last.nodes} if last is not None else set()
+            spec = documents.rollouts.get(name)
+            if spec is not None:
+                nodes.update(engine.resolve_nodes(spec, documents.fleet))
+            held[name] = tuple(sorted(nodes))
+        return held
 
     def _load_status_blob(self, path: str, blob_id: str) -> Any:
         data = self._status_data.get(blob_id)

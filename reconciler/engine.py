@@ -242,6 +242,7 @@ class _Pass:
         self._position: dict[str, int] = {}  # rollout -> order in ``current``
         self._holders: dict[str, set[str]] | None = None  # node -> rollouts claiming it
         self._claimed: dict[str, tuple[str, ...]] = {}  # rollout -> nodes it claims
+        self.unreadable: dict[str, Sequence[str]] = {}  # rollout -> nodes it may hold
 
     def node(self, name: str) -> Node | None:
         if self._fleet_by_name is None:
@@ -259,11 +260,16 @@ class _Pass:
     def claims(self, names: Iterable[str], exclude: str) -> dict[str, str]:
         """node -> rollout, for each of ``names`` that a running or paused
         rollout holds, or any rollout is restoring (other than ``exclude``);
-        of several, the first in ``current``."""
+        of several, the first in ``current``. A rollout whose status cannot
+        be read holds every node it may hold."""
         if self._holders is None:
             self._holders = {}
             for rollout, status in self.current.items():
                 self._index_claims(rollout, status)
+            for rollout, nodes in self.unreadable.items():
+                self._position.setdefault(rollout, len(self._position))
+                for node in nodes:
+                    self._holders.setdefault(node, set()).add(rollout)
         claimed: dict[str, str] = {}
         for node in names:
             holders = self._holders.get(node)
@@ -301,8 +307,14 @@ def step_fleet(
     settings: Settings,
     observations: Observations,
     now: datetime,
+    *,
+    unreadable: Mapping[str, Sequence[str]] | None = None,
 ) -> FleetStep:
     """Step every rollout to a fixed point with one ``now``.
+
+    ``unreadable``: rollouts whose status cannot be read (not stepped), with
+    the nodes each may hold; no other rollout starts on those nodes unless
+    it allows overlap, since what they hold is unknown.
 
     Started and terminal rollouts go first (intents and terminations), then
     the rest in queue order (``queue_key``, then name), so a rollout freed by
@@ -312,6 +324,7 @@ def step_fleet(
     again with the same inputs then changes nothing.
     """
     ctx = _Pass(fleet, settings, observations, now)
+    ctx.unreadable = dict(unreadable or {})
     order = sorted(rollouts, key=lambda r: (r.queue_key, r.name))
     for inp in order:
         if inp.status is not None:

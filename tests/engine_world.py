@@ -32,6 +32,8 @@ OLD_MODEL = "llama3-8b"
 
 
 class World:
+    unreadable: dict[str, tuple[str, ...]] = {}  # noqa: RUF012 - replaced, never mutated
+
     def __init__(self, nodes: int | list[str] = 3, settings: Settings | None = None) -> None:
         names = [f"n{i + 1}" for i in range(nodes)] if isinstance(nodes, int) else nodes
         self.fleet: dict[str, Node] = {
@@ -222,6 +224,7 @@ class World:
             self.settings,
             self.observations(),
             self.now,
+            unreadable=self.unreadable,
         )
         self.statuses.update(result.statuses)
         self.sent.extend(result.effects)

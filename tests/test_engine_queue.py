@@ -87,6 +87,20 @@ def test_overlapping_rollout_waits_until_the_first_is_terminal() -> None:
     assert w.phase("second") == "running" and w.sent_now() == ["b"]
 
 
+def test_nodes_a_rollout_with_an_unreadable_status_may_hold_are_not_free() -> None:
+    w = World(["a", "b"])
+    w.unreadable = {"broken": ("a",)}  # its status file cannot be read
+    w.rollout("r", node_ids=["a", "b"])
+
+    w.step(0)
+    assert w.phase("r") == "pending" and w.status("r").reason == "overlap"
+    assert "broken" in w.status("r").message and w.last.effects == ()
+
+    w.unreadable = {}  # repaired (and, say, finished)
+    w.step(5)
+    assert w.phase("r") == "running"
+
+
 def test_allow_overlap_lets_both_run() -> None:
     w = World(["a", "b"])
     w.rollout("first", node_ids=["a", "b"])

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from . import scenarios
 
 
@@ -48,12 +46,6 @@ def test_fifty_people_pushing_while_the_daemon_commits_lose_nothing(tmp_path: Pa
     assert result.commits_lost == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="daemon bug, reported to the lead: a rollout whose status file is unreadable is "
-    "left out of the pass entirely, so the nodes it holds look free and an overlapping "
-    "rollout starts on them. Remove this marker once fixed.",
-)
 def test_a_rollout_with_an_unreadable_status_keeps_its_nodes_from_other_rollouts(
     tmp_path: Path,
 ) -> None:
