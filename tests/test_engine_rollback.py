@@ -237,3 +237,130 @@ def test_restore_decided_before_an_abort_is_still_carried_out() -> None:
 
     assert w.phase() == "aborted" and w.state("a") == "rolled_back"
     assert w.node("a").held is None
+
+
+# --- a node whose only apply its agent failed ------------------------------------------
+
+
+def test_rollback_all_skips_a_node_whose_only_apply_its_agent_failed() -> None:
+    """The agent put the old bytes back itself (DESIGN.md 7): restoring its
+    backup would only rerun the failing after-apply command."""
+    w = World(["a", "b"])
+    w.rollout(live=True, batch_size=2)
+    w.step(0)
+    w.succeed("a", backup_id="bk-a")
+    w.heartbeat("a", at=w.at(1))
+    w.fail("b", backup_id="bk-b", error="after_apply_failed: exit 3; previous config restored")
+    w.step(5)
+    assert w.hold() == "health_failed"
+
+    w.rollback(id="rb1", nodes=None)
+    step = w.step(10)
+
+    assert [(j.node, j.kind, j.backup_id) for j in step.effects] == [("a", "restore", "bk-a")]
+    assert w.state("b") == "failed" and w.node("b").restore is None
+    record = w.status().rollbacks[0]
+    outcomes = {n.name: (n.outcome, n.message) for n in record.nodes}
+    assert outcomes == {
+        "a": ("restoring", ""),
+        "b": ("skipped", "never changed: its only apply failed"),
+    }
+
+
+# --- a rollback request waiting for a backup list ----------------------------------------
+
+ANA = "Ana <ana@example.org>"
+BORIS = "Boris <boris@example.org>"
+
+
+def first_apply_unseen_and_rollback_waiting(request: str = "r1") -> World:
+    """Live, batches of one: a's agent went away before it reported its
+    apply (health_unknown); Ana asked to roll a back, which waits for a's
+    backup list. b has not been sent anything."""
+    w = World(["a", "b"], settings=Settings(offline_after=30))
+    w.rollout(live=True, batch_size=1)
+    w.step(0)
+    w.go_offline("a")
+    w.step(31)
+    assert w.hold() == "health_unknown" and not w.node("a").first_backup_known
+    w.rollback(id=request, nodes=["a"], author=ANA)
+    step = w.step(40)
+    assert step.effects == () and w.status().rollbacks[0].state == "waiting"
+    return w
+
+
+def test_a_resume_while_a_rollback_request_waits_is_refused_and_sends_nothing() -> None:
+    w = first_apply_unseen_and_rollback_waiting()
+
+    w.edit(resume_request="go-on", author=BORIS)
+    step = w.step(45)
+
+    assert step.effects == ()
+    assert w.node("a").attempt == 1 and w.state("b") == "pending"
+    refusal = w.status().condition("resume_refused")
+    assert refusal is not None and "rollbackRequest 'r1' waits" in refusal.message
+    assert w.status().last_handled_resume == "go-on"
+    assert w.hold() == "health_unknown"
+    (record,) = w.status().rollbacks
+    assert record.state == "waiting" and record.requested_by == ANA
+
+
+def test_a_waiting_rollback_request_stays_accepted_once_the_rollout_runs_again() -> None:
+    w = first_apply_unseen_and_rollback_waiting()
+    apply = w.job("a")
+
+    # Someone else gives up on a: the hold ends and the rollout runs again,
+    # but nothing is dispatched while the request waits.
+    w.edit(skip_nodes=["a"], author=BORIS)
+    step = w.step(45)
+    assert w.phase() == "running" and step.effects == ()
+    w.step(50)
+    assert w.phase() == "running" and w.last.effects == () and w.state("b") == "pending"
+    (record,) = w.status().rollbacks
+    assert record.state == "waiting" and w.status().condition("rollback_refused") is None
+
+    w.come_back("a")
+    w.backup("a", "bk-a", apply)
+    step = w.step(55)
+
+    assert [(j.node, j.kind, j.backup_id) for j in step.effects] == [("a", "restore", "bk-a")]
+    (record,) = w.status().rollbacks
+    assert record.state == "restoring" and record.time == w.at(40)
+    assert record.requested_by == ANA  # not Boris, whose commit is the newest
+    # Once the restore is done, the rollout carries on with the next batch.
+    w.answer(w.job("a"), "succeeded")
+    step = w.step(60)
+    assert {n.name: n.outcome for n in w.status().rollbacks[0].nodes} == {"a": "rolled_back"}
+    assert [(j.node, j.kind) for j in step.effects] == [("b", "apply")]
+
+
+# --- a waiting rollback request that the file drops or replaces ----------------------------
+
+
+def test_a_waiting_rollback_request_replaced_by_a_new_id_ends_refused() -> None:
+    w = first_apply_unseen_and_rollback_waiting("r1")
+
+    w.rollback(id="r2", nodes=["a"], author=ANA)
+    step = w.step(45)
+
+    assert step.effects == ()
+    states = {r.id: r for r in w.status().rollbacks}
+    assert states["r1"].state == "refused"
+    assert states["r1"].message.startswith("replaced by 'r2'")
+    assert states["r2"].state == "waiting"
+
+
+def test_a_waiting_rollback_request_removed_from_the_file_ends_refused_and_frees_dispatch() -> None:
+    w = first_apply_unseen_and_rollback_waiting("r1")
+
+    w.edit(rollback_request=None)
+    w.step(45)
+
+    (record,) = w.status().rollbacks
+    assert record.state == "refused" and record.message.startswith("removed from the file")
+    # Nothing holds dispatch back any more: a resume sends a new attempt.
+    w.come_back("a")
+    w.resume()
+    step = w.step(50)
+    assert [(j.node, j.kind, j.attempt) for j in step.effects] == [("a", "apply", 2)]
+    assert w.status().condition("resume_refused") is None
