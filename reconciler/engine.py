@@ -827,16 +827,21 @@ class _RolloutStep:
         self, i: int, verdict: str, state: str, error: str, job: JobObservation | None
     ) -> None:
         node = self.nodes[i]
-        result_seen = job is not None and job.state in ("succeeded", "failed", "refused")
         first_backup_id, known = node.first_backup_id, node.first_backup_known
-        if first_backup_id is None and known:
-            if result_seen:
-                assert job is not None
-                first_backup_id = job.backup_id
-            else:
+        first_attempt = node.first_apply_attempt
+        # A first backup recorded before first_apply_attempt existed is final too.
+        if known and first_attempt is None and first_backup_id is None:
+            if job is None or job.state not in ("succeeded", "failed", "refused"):
                 # The apply may have run without our seeing it: only the
                 # agent's backup list can tell (DESIGN.md 5).
-                known = False
+                known, first_attempt = False, node.attempt
+            elif job.state == "succeeded" or job.backup_id is not None:
+                # The first apply the agent ran: its backup, or none (no
+                # config before, or already the target), is what a restore
+                # puts back, never a later attempt's (DESIGN.md 5).
+                first_backup_id, first_attempt = job.backup_id, node.attempt
+            # Else the agent failed or refused it without a backup and left
+            # the config as it was: the next apply counts as the first.
         new = _evolve(
             node,
             state=state,
@@ -846,6 +851,7 @@ class _RolloutStep:
             backup_id=job.backup_id if job is not None else None,
             first_backup_id=first_backup_id,
             first_backup_known=known,
+            first_apply_attempt=first_attempt,
         )
         self.set_node(i, new, error or verdict)
 
@@ -915,7 +921,12 @@ class _RolloutStep:
 
     def resolve_first_backup(self, i: int) -> NodeRecord:
         """Search the agent's backup list for this rollout's apply job ids
-        when the first backup is not known; the oldest match is the first."""
+        when the first backup is not known: from the attempt whose result
+        was never seen on (earlier ones left the config as it was), the
+        oldest match is the first. The list cannot tell an unseen apply that
+        ran without a backup from one that never reached the agent; a later
+        attempt's match is taken as the latter, since after the former a
+        later apply finds its target in place and takes no backup either."""
         node = self.nodes[i]
         if node.first_backup_known:
             return node
@@ -923,13 +934,18 @@ class _RolloutStep:
         if backups is None:
             return node
         assert self.start_commit is not None
+        start = node.first_apply_attempt or 1
         ours = {
-            job_id(self.inp.name, self.start_commit, node.name, a, "apply")
-            for a in range(1, node.attempt + 1)
+            job_id(self.inp.name, self.start_commit, node.name, a, "apply"): a
+            for a in range(start, node.attempt + 1)
         }
-        matches = [b for b in backups if b.job_id in ours]
-        found = matches[-1].backup_id if matches else None  # newest first: last is oldest
-        new = _evolve(node, first_backup_id=found, first_backup_known=True)
+        found = min(
+            ((ours[b.job_id], b.backup_id) for b in backups if b.job_id in ours), default=None
+        )
+        attempt, backup = found if found is not None else (start, None)
+        new = _evolve(
+            node, first_backup_id=backup, first_backup_known=True, first_apply_attempt=attempt
+        )
         self.set_node(i, new, "backup list searched")
         return new
 
@@ -1293,9 +1309,17 @@ class _RolloutStep:
                 continue
             if node.first_backup_id is not None:
                 plan.append((name, "restoring", ""))
-            elif node.state == "succeeded":
+            elif node.first_apply_attempt is not None or node.state == "succeeded":
+                # A later attempt's backup holds bytes from within this
+                # rollout: putting them back is no rollback (DESIGN.md 5).
+                which = f" (attempt {node.first_apply_attempt})" if node.first_apply_attempt else ""
                 plan.append(
-                    (name, "unavailable", "no backup: the node had no config before this rollout")
+                    (
+                        name,
+                        "unavailable",
+                        f"its first apply{which} left no backup: the node had no config "
+                        "before this rollout, or already had its target",
+                    )
                 )
             else:
                 plan.append((name, "skipped", "never changed: its apply did not succeed"))

@@ -142,11 +142,22 @@ class NodeRecord:
 
     ``job_id`` .. ``verdict`` describe the current apply attempt (attempt 0:
     never sent). ``held`` is the hold reason this node waits on for a person
-    (None: not held). ``first_backup_known`` is true while ``first_backup_id``
-    is certain: every apply so far reported its result (with a backup or
-    without), or the agent's backup list was searched for this rollout's job
-    ids. It turns false when an apply ended without a result (timed out,
-    unknown) before any backup was seen; a restore then searches the list.
+    (None: not held).
+
+    ``first_backup_id`` is what a restore puts back: the backup taken by the
+    node's first apply of this rollout, never a later attempt's (DESIGN.md
+    5). ``first_apply_attempt`` is the attempt that counts as that first
+    apply: the first the agent ran (it reported success, or a backup), or
+    the first whose result was never seen. None while none counts: nothing
+    sent yet, or every apply so far was failed or refused by its agent
+    without a backup, which left the config as it was, so the next one
+    counts. Once it is set, ``first_backup_id`` is final, None included
+    (the node had no config before, or already had the target).
+    ``first_backup_known`` is false while the counting apply's result was
+    never seen: a restore then searches the agent's backup list for this
+    rollout's job ids from that attempt on, the oldest match first.
+    Records written before ``first_apply_attempt`` existed read it as None;
+    their ``first_backup_id``, when set, is final as it was.
     """
 
     name: str
@@ -163,6 +174,7 @@ class NodeRecord:
     backup_id: str | None = None
     first_backup_id: str | None = None
     first_backup_known: bool = True
+    first_apply_attempt: int | None = None
     auto_retried: bool = False
     held: str | None = None
     restore: RestoreRecord | None = None
@@ -366,6 +378,7 @@ def node_to_record(n: NodeRecord) -> dict[str, Any]:
         "backupId": n.backup_id,
         "firstBackupId": n.first_backup_id,
         "firstBackupKnown": n.first_backup_known,
+        "firstApplyAttempt": n.first_apply_attempt,
         "autoRetried": n.auto_retried,
         "held": n.held,
         "restore": None if n.restore is None else _restore_record(n.restore),
@@ -389,6 +402,7 @@ def node_from_record(d: Mapping[str, Any]) -> NodeRecord:
         backup_id=d.get("backupId"),
         first_backup_id=d.get("firstBackupId"),
         first_backup_known=d.get("firstBackupKnown", True),
+        first_apply_attempt=d.get("firstApplyAttempt"),  # None in records written before it
         auto_retried=d.get("autoRetried", False),
         held=d.get("held"),
         restore=None if restore is None else _restore_from(restore),

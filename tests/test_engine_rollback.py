@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import json
+
 from engine_world import World
 
+from reconciler import schemas
 from reconciler.model import Settings
+from reconciler.status import from_record, to_record
+
+STATUS_SCHEMA = schemas.validator("rollout-status")
 
 
 def live_three_with_third_failed() -> World:
@@ -364,3 +370,93 @@ def test_a_waiting_rollback_request_removed_from_the_file_ends_refused_and_frees
     step = w.step(50)
     assert [(j.node, j.kind, j.attempt) for j in step.effects] == [("a", "apply", 2)]
     assert w.status().condition("resume_refused") is None
+
+
+# --- a first apply that took no backup -----------------------------------------------------
+
+
+def first_apply_without_backup_then_a_second_with_one(on_failure: str) -> World:
+    """Live, one node: attempt 1 succeeds at the agent without a backup (the
+    node had no config before), but no fresh heartbeat comes by its deadline
+    (timed_out). Attempt 2 (retried, or resumed) finds other bytes in place
+    and backs them up: they are not what the node held before this rollout."""
+    w = World(["a"])
+    w.rollout(live=True, on_failure=on_failure, health_timeout=60)
+    w.step(0)
+    w.succeed("a", backup_id=None, at=w.at(1))
+    w.step(60)
+    assert w.node("a").first_backup_id is None
+    if w.job("a").attempt == 1:  # not retried by itself: held
+        assert w.state("a") == "timed_out" and w.hold() == "rollback_unavailable"
+        w.resume()
+        w.step(65)
+    assert w.job("a").attempt == 2
+    w.succeed("a", backup_id="bk-in-between", at=w.at(66))
+    return w
+
+
+def test_explicit_rollback_of_a_node_whose_first_apply_took_no_backup_restores_nothing() -> None:
+    w = first_apply_without_backup_then_a_second_with_one("retry_once")
+    w.heartbeat("a", at=w.at(67))
+    w.step(70)
+    assert w.phase() == "completed" and w.node("a").backup_id == "bk-in-between"
+
+    w.rollback(id="undo")
+    step = w.step(80)
+
+    assert step.effects == () and w.state("a") == "succeeded"
+    assert w.node("a").first_backup_id is None and w.node("a").first_apply_attempt == 1
+    (record,) = w.status().rollbacks
+    (node,) = record.nodes
+    assert record.state == "done" and node.outcome == "unavailable"
+    assert node.message.startswith("its first apply (attempt 1) left no backup")
+
+
+def test_rollback_policy_on_a_later_attempt_never_restores_that_attempts_backup() -> None:
+    w = first_apply_without_backup_then_a_second_with_one("rollback")
+    assert w.status().rollbacks == ()
+
+    w.step(125)  # attempt 2's deadline passes without a fresh heartbeat either
+
+    assert w.state("a") == "timed_out" and w.hold() == "rollback_unavailable"
+    assert [j.kind for j in w.jobs_to("a")] == ["apply", "apply"]
+
+
+def test_an_apply_its_agent_failed_without_a_backup_does_not_count_as_the_first() -> None:
+    """The agent left the config as it was, so the next apply's backup holds
+    the bytes from before this rollout."""
+    w = World(["a"])
+    w.rollout(live=True, on_failure="retry_once")
+    w.step(0)
+    w.fail("a", backup_id=None, error="after_apply_failed: exit 1; previous config restored")
+    w.step(5)
+    assert w.job("a").attempt == 2 and w.node("a").first_apply_attempt is None
+    w.succeed("a", backup_id="bk-second")
+    w.heartbeat("a", at=w.at(7))
+    w.step(10)
+    assert w.phase() == "completed" and w.node("a").first_apply_attempt == 2
+
+    w.rollback(id="undo")
+    step = w.step(20)
+
+    assert [(j.kind, j.backup_id) for j in step.effects] == [("restore", "bk-second")]
+
+
+def test_a_status_written_before_first_apply_attempt_existed_is_read_and_stepped() -> None:
+    w = World(["a"])
+    w.rollout(live=True)
+    w.step(0)
+    w.succeed("a", backup_id="bk-a")
+    w.heartbeat("a", at=w.at(2))
+    w.step(5)
+    data = json.loads(json.dumps(to_record(w.status())))
+    for node in data["nodes"]:
+        del node["firstApplyAttempt"]
+    assert not list(STATUS_SCHEMA.iter_errors(data))
+    w.statuses["r"] = from_record(data)
+    assert w.node("a").first_apply_attempt is None and w.node("a").first_backup_id == "bk-a"
+
+    w.rollback(id="undo")
+    step = w.step(10)
+
+    assert [(j.kind, j.backup_id) for j in step.effects] == [("restore", "bk-a")]
