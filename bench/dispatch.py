@@ -21,6 +21,8 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from _common import emit, row
+
 from reconciler.agent_client import AgentClient
 from reconciler.effects import SendJob
 from reconciler.jobs import build_payload
@@ -172,6 +174,14 @@ def main() -> None:
                     f"load average {load_before:.1f} -> {os.getloadavg()[0]:.1f}; "
                     f"not accepted: {refused}"
                 )
+            tag = f"dispatch {count:,} {args.mode} jobs, {args.concurrency} connections"
+            emit(
+                [
+                    row(f"{tag}: jobs/s end to end (POST + GETs)", count / elapsed, "jobs/s"),
+                    row(f"{tag}: client CPU per 1,000 jobs", cpu / count * 1000, "s"),
+                    row(f"{tag}: sim fleet CPU per 1,000 jobs", fleet_cpu / count * 1000, "s"),
+                ]
+            )
             client.close()
             if args.compare_httpx:
                 compare_httpx(url, min(args.nodes, 3000))

@@ -9,14 +9,14 @@ The daemon runs in this process (``reconciler.daemon.Daemon`` with a
 ``run_pass()`` is timed on its own; the simulated fleet (10,000 nodes,
 answering after ``--delay`` seconds) is a real process on 127.0.0.1.
 
-1. Running: 1,000 dry-run rollouts of 10 nodes each (batchSize 5, so two
-   batches each), pushed in one commit, stepped by passes 0.2 s apart until
-   all complete. Prints the first pass (1,000 starts, 5,000 jobs), and the
-   median and p95 of all passes while they run. Then idle passes on the
+1. Running: 1,000 dry-run rollouts of 10 nodes each (batchSize 1, the
+   default: ten batches each), pushed in one commit, stepped by passes
+   0.2 s apart until all complete. Prints the first pass (1,000 starts,
+   1,000 jobs), and the median and p95 of all passes while they run. Then idle passes on the
    1,000 finished rollouts.
 2. Idle at scale: repositories holding 100, 1,000 and 5,000 finished
-   rollouts (statuses made by the engine itself, as a daemon would have
-   written them), one daemon each; after its first (cold) pass, idle passes
+   rollouts (in one batch each; statuses made by the engine itself, as a
+   daemon would have written them), one daemon each; after its first (cold) pass, idle passes
    are timed alternating between the sizes (nothing changed, nothing parsed
    again, no commit), then one pass that starts one new 10-node rollout.
 
@@ -50,9 +50,9 @@ from _common import (
     row,
 )
 
-from reconciler import plan
 from reconciler.agent_client import AgentClient
 from reconciler.daemon import Daemon, PassOutcome
+from reconciler.documents import ParsedFile, assemble, parse_file
 from reconciler.engine import RolloutInput, step_fleet
 from reconciler.gitstore import GitStore
 from reconciler.logs import EventLog
@@ -155,11 +155,11 @@ def running(
 
 
 def finished_statuses(
-    files: dict[str, bytes], commit: str, author: str
+    nodes: list[ParsedFile], rollouts: dict[str, bytes], commit: str, author: str
 ) -> dict[str, RolloutStatus]:
-    """Every rollout in ``files`` stepped by the engine to ``completed``, each
-    on its own (they may share nodes: they ran one after another)."""
-    docs = plan.parse_tree(files)
+    """Every rollout in ``rollouts`` stepped by the engine to ``completed``,
+    each on its own (they may share nodes: they ran one after another)."""
+    docs = assemble([*nodes, *(parse_file(p, d) for p, d in rollouts.items())])
     done: dict[str, RolloutStatus] = {}
     for name, spec in sorted(docs.rollouts.items()):
         status: RolloutStatus | None = None
@@ -182,15 +182,20 @@ def finished_statuses(
 
 
 def finished_repo(
-    root: Path, url: str, count: int, nodes: int, batch: int
+    root: Path, url: str, count: int, nodes: int, batch: int, parsed: list[ParsedFile] | None = None
 ) -> tuple[Path, pygit2.Repository]:
+    """A bare repository holding ``count`` rollouts and their completed
+    statuses. ``parsed``: the node files already parsed (the same for every size)."""
     bare = root / f"finished-{count}.git"
-    make_bare(bare, node_files(nodes, url))
+    files = node_files(nodes, url)
+    make_bare(bare, files)
     repo = pygit2.Repository(str(bare))
     rollouts = rollout_files(count, nodes // GROUP, batch)
     spec_commit = commit_files(repo, rollouts, f"{count} rollouts")
     author = "Bench Operator <bench@example.com>"
-    statuses = finished_statuses({**node_files(nodes, url), **rollouts}, spec_commit, author)
+    if parsed is None:
+        parsed = [parse_file(p, d) for p, d in files.items()]
+    statuses = finished_statuses(parsed, rollouts, spec_commit, author)
     written: dict[str, bytes | None] = {}
     for status in statuses.values():
         for path, record in status_files(status).items():
@@ -205,13 +210,14 @@ def idle_at_scale(
     key: Path,
     sizes: list[int],
     nodes: int,
-    batch: int,
     rounds: int,
 ) -> list[Row]:
     daemons: dict[int, tuple[Daemon, pygit2.Repository]] = {}
     cold: dict[int, float] = {}
+    parsed = [parse_file(p, d) for p, d in node_files(nodes, sim.url).items()]
     for count in sizes:
-        bare, repo = finished_repo(root, sim.url, count, nodes, batch)
+        # One batch each: how the finished rollouts got there does not matter here.
+        bare, repo = finished_repo(root, sim.url, count, nodes, GROUP, parsed)
         daemon = make_daemon(bare, key, root)
         cold[count], outcome = timed_pass(daemon)
         second, again = timed_pass(daemon)
@@ -233,9 +239,9 @@ def idle_at_scale(
     one: dict[int, float] = {}
     for count in sizes:
         daemon, repo = daemons[count]
-        commit_files(repo, rollout_files(1, nodes // GROUP, batch, first=count), "one more")
+        commit_files(repo, rollout_files(1, nodes // GROUP, GROUP, first=count), "one more")
         one[count], outcome = timed_pass(daemon)
-        assert outcome.commit is not None and outcome.jobs_sent == batch, outcome
+        assert outcome.commit is not None and outcome.jobs_sent == GROUP, outcome
     rows: list[Row] = []
     base = sizes[0]
     for count in sizes:
@@ -273,7 +279,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rollouts", type=int, default=1_000)
     parser.add_argument("--nodes", type=int, default=10_000)
-    parser.add_argument("--batch", type=int, default=5)
+    parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--delay", type=float, default=0.5)
     parser.add_argument("--sizes", default="100,1000,5000", help="finished rollouts, idle passes")
     parser.add_argument("--rounds", type=int, default=15, help="idle passes per size")
@@ -296,7 +302,7 @@ def main() -> None:
             found, daemon = running(root, sim, private, args.rollouts, args.nodes, args.batch)
             daemon.client.close()
             rows += found
-            rows += idle_at_scale(root, sim, private, sizes, args.nodes, args.batch, args.rounds)
+            rows += idle_at_scale(root, sim, private, sizes, args.nodes, args.rounds)
         finally:
             sim.stop()
     emit(rows)

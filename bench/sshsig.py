@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import pygit2
+from _common import Row, emit, row
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
@@ -175,6 +176,7 @@ def main() -> None:
         print(
             f"{'key type':22} {'first':>10} {'cached':>10} {'git verify-commit':>18} {'git/first':>10}"
         )
+        rows: list[Row] = []
         for key_type, commits in by_type.items():
             approver = Approver(repo, allowed)
             firsts, cached = [], []
@@ -188,6 +190,9 @@ def main() -> None:
             print(
                 f"{key_type:22} {first:8.3f}ms {statistics.median(cached) * 1000:8.2f}us"
                 f" {git_ms:16.2f}ms {git_ms / first:9.0f}x"
+            )
+            rows.append(
+                row(f"sshsig {key_type}: verify a commit", first, "ms", git_ms, "git verify-commit")
             )
 
         for i in range(args.status):
@@ -212,6 +217,13 @@ def main() -> None:
             f" first walk {walk_ms:.1f} ms, unchanged tip {same_us:.2f} us,"
             f" one new status commit {new_us:.0f} us"
         )
+        tag = f"sshsig approve over {args.status:,} status commits"
+        rows += [
+            row(f"{tag}: first walk", walk_ms, "ms"),
+            row(f"{tag}: unchanged tip", same_us, "us"),
+            row(f"{tag}: one new status commit", new_us, "us"),
+        ]
+        emit(rows)
 
 
 if __name__ == "__main__":

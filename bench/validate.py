@@ -19,6 +19,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from _common import emit, row
+
 from reconciler import yamlio
 from reconciler.documents import assemble, load_directory, parse_file, tree_paths
 
@@ -136,6 +138,16 @@ def main() -> int:
         parsed = [parse_file(p, d) for p, d in blobs]
         assembled = timed(lambda: assemble(parsed), args.runs)
         print(f"  assemble (cached parses): median {statistics.median(assembled) * 1000:.1f} ms")
+        tag = f"validate {files:,} files"
+        emit(
+            [
+                row(f"{tag}: load_directory, median", median, "s"),
+                row(f"{tag}: load_directory, files/s", files / median, "files/s"),
+                row(f"{tag}: one process, median", statistics.median(serial), "s"),
+                row(f"{tag}: YAML only, median", statistics.median(yaml_only), "s"),
+                row(f"{tag}: assemble (cached parses)", statistics.median(assembled) * 1e3, "ms"),
+            ]
+        )
     return 0
 
 
