@@ -693,6 +693,123 @@ def dump_yaml(data: Any) -> bytes:
     another type (``"010"``, ``"true"``, ``"2026-01-01"``, ``"yes"``) is
     quoted; multi-line text is a literal block. Loads back equal with
     ``load_yaml``."""
+    if type(data) is dict and data:
+        lines: list[str] = []
+        try:
+            _write_mapping(data, 0, "", lines)
+        except _Unusual:
+            pass
+        else:
+            return "".join(lines).encode("utf-8")
+    return _dump_with_emitter(data)
+
+
+# --- the same text, written directly ------------------------------------------
+#
+# Status files are most of what the daemon writes (thousands of node records
+# a pass), and driving the emitter event by event cost more than the rest of
+# writing them. For the shapes status files have (block mappings and
+# sequences, one-line text, ints, booleans, nulls) the text is written here,
+# byte for byte what the emitter writes: each distinct scalar is rendered
+# once by the emitter itself and cached. Anything else (multi-line or very
+# long text, floats, odd keys) goes to the emitter whole.
+
+_SURELY_PLAIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@+/-]*")
+_MAX_SCALAR = 512  # longer text is left to the emitter (line width, simple keys)
+_LINE_BREAK = re.compile("[\n\r\x85\u2028\u2029]")  # YAML's line breaks: indented by context
+
+
+class _Unusual(Exception):
+    """The data has a shape the direct writer leaves to the emitter."""
+
+
+def _emitted_line(key: Any, value: Any) -> str:
+    """The emitter's text for the one-entry document ``{key: value}``."""
+    text = _dump_with_emitter({key: value}).decode("utf-8")
+    if text.count("\n") != 1:
+        raise _Unusual
+    return text[:-1]
+
+
+@lru_cache(maxsize=65536)
+def _value_text(text: str) -> str:
+    if len(text) > _MAX_SCALAR or _LINE_BREAK.search(text):
+        raise _Unusual
+    if _SURELY_PLAIN.fullmatch(text) and _plain_is_safe(text):
+        return text
+    line = _emitted_line("k", text)
+    if not line.startswith("k: "):
+        raise _Unusual
+    return line[3:]
+
+
+@lru_cache(maxsize=4096)
+def _key_text(text: str) -> str:
+    if len(text) > _MAX_SCALAR or _LINE_BREAK.search(text):
+        raise _Unusual
+    if _SURELY_PLAIN.fullmatch(text) and _plain_is_safe(text):
+        return text
+    line = _emitted_line(text, 0)
+    if not line.endswith(": 0"):
+        raise _Unusual
+    return line[:-3]
+
+
+def _scalar_text(value: Any) -> str:
+    kind = type(value)
+    if kind is str:
+        return _value_text(value)
+    if value is None:
+        return "null"
+    if kind is bool:
+        return "true" if value else "false"
+    if kind is int:
+        return str(value)
+    if (kind is dict or kind is list or kind is tuple) and not value:
+        return "[]" if kind is not dict else "{}"
+    raise _Unusual
+
+
+def _write_mapping(data: dict[Any, Any], indent: int, lead: str, out: list[str]) -> None:
+    """``data`` as block mapping lines at ``indent``; the first key goes on
+    the current line after ``lead`` (``"- "`` in a sequence)."""
+    pad = " " * indent
+    append = out.append
+    for key, value in data.items():
+        if type(key) is not str:
+            raise _Unusual
+        head = f"{lead}{_key_text(key)}:"
+        lead = pad
+        kind = type(value)
+        if kind is str:
+            append(f"{head} {_value_text(value)}\n")
+        elif value is None:
+            append(f"{head} null\n")
+        elif kind is dict and value:
+            append(head + "\n")
+            _write_mapping(value, indent + 2, " " * (indent + 2), out)
+        elif (kind is list or kind is tuple) and value:
+            append(head + "\n")
+            _write_sequence(value, indent, pad, out)  # indentless, as the emitter writes it
+        else:
+            append(f"{head} {_scalar_text(value)}\n")
+
+
+def _write_sequence(items: Sequence[Any], indent: int, lead: str, out: list[str]) -> None:
+    pad = " " * indent
+    for item in items:
+        head = f"{lead}- "
+        lead = pad
+        kind = type(item)
+        if kind is dict and item:
+            _write_mapping(item, indent + 2, head, out)
+        elif (kind is list or kind is tuple) and item:
+            _write_sequence(item, indent + 2, head, out)
+        else:
+            out.append(f"{head}{_scalar_text(item)}\n")
+
+
+def _dump_with_emitter(data: Any) -> bytes:
     stream = io.StringIO()
     emitter: Any
     if _CEmitter is not None:
