@@ -235,7 +235,9 @@ class _Pass:
         self.obs = observations
         self.now = now
         self.offline_after = timedelta(seconds=settings.offline_after)
-        self.current: dict[str, RolloutStatus] = {}  # written only through set_current
+        self._current: dict[str, RolloutStatus] = {}  # written only through set_current
+        self.version = 0  # counts changes to ``current``
+        self.reads = 0  # counts reads of other rollouts' statuses (``current``, ``claims``)
         self._fleet_by_name: dict[str, Node] | None = None
         # Who claims which node, kept up to date once first asked for, so
         # that each of 1,000 starts in one pass does not walk every status.
@@ -244,27 +246,37 @@ class _Pass:
         self._claimed: dict[str, tuple[str, ...]] = {}  # rollout -> nodes it claims
         self.unreadable: dict[str, Sequence[str]] = {}  # rollout -> nodes it may hold
 
+    @property
+    def current(self) -> dict[str, RolloutStatus]:
+        """Every rollout's status as it stands. A step that reads it depends
+        on the other rollouts (``step_fleet`` counts such reads)."""
+        self.reads += 1
+        return self._current
+
     def node(self, name: str) -> Node | None:
         if self._fleet_by_name is None:
             self._fleet_by_name = self.fleet.by_name()
         return self._fleet_by_name.get(name)
 
     def set_current(self, name: str, status: RolloutStatus) -> None:
-        old = self.current.get(name)
+        old = self._current.get(name)
         if name not in self._position:
             self._position[name] = len(self._position)
-        self.current[name] = status
-        if self._holders is not None and status is not old:
-            self._index_claims(name, status)
+        self._current[name] = status
+        if status is not old:
+            self.version += 1
+            if self._holders is not None:
+                self._index_claims(name, status)
 
     def claims(self, names: Iterable[str], exclude: str) -> dict[str, str]:
         """node -> rollout, for each of ``names`` that a running or paused
         rollout holds, or any rollout is restoring (other than ``exclude``);
         of several, the first in ``current``. A rollout whose status cannot
         be read holds every node it may hold."""
+        self.reads += 1
         if self._holders is None:
             self._holders = {}
-            for rollout, status in self.current.items():
+            for rollout, status in self._current.items():
                 self._index_claims(rollout, status)
             for rollout, nodes in self.unreadable.items():
                 self._position.setdefault(rollout, len(self._position))
@@ -301,6 +313,9 @@ class _Pass:
         self._claimed[rollout] = nodes
 
 
+_INDEPENDENT = -1  # settled whatever the other rollouts do (ctx.version is never negative)
+
+
 def step_fleet(
     rollouts: Sequence[RolloutInput],
     fleet: Fleet,
@@ -331,14 +346,30 @@ def step_fleet(
             ctx.set_current(inp.name, inp.status)
     effects: list[SendJob] = []
     transitions: list[Transition] = []
+    # Rollouts whose last step changed nothing and sent nothing. A step reads
+    # only its own input and status, values fixed for the pass, and (counted
+    # in ctx.reads) the other rollouts' statuses; stepping such a rollout
+    # again gives the same result as long as it read no other rollout
+    # (INDEPENDENT), or none has changed since (ctx.version then). So later
+    # rounds pass over it: most rollouts of a large repository are finished.
+    settled: dict[str, int] = {}
 
     def run(inp: RolloutInput) -> bool:
-        before = ctx.current.get(inp.name)
+        mark = settled.get(inp.name)
+        if mark is not None and (mark == _INDEPENDENT or mark == ctx.version):
+            return False
+        before = ctx._current.get(inp.name)
+        reads = ctx.reads
         step = _RolloutStep(inp, before, ctx)
         new = step.run()
+        independent = ctx.reads == reads
         ctx.set_current(inp.name, new)
         effects.extend(step.effects)
         transitions.extend(step.transitions)
+        if before is not None and new is before and not step.effects and not step.transitions:
+            settled[inp.name] = _INDEPENDENT if independent else ctx.version
+        else:
+            settled.pop(inp.name, None)
         return before is None or new is not before
 
     # Each round can only move rollouts forward; a bound keeps a bug from looping.
