@@ -191,12 +191,16 @@ class FleetKit(RepoKit):
         fleet = start_sim_fleet(
             root / "sim", list(nodes), root / "keys" / "reconciler.pub", behaviour
         )
-        seed: dict[str, str] = {
-            f"nodes/{n}.yaml": node_yaml(n, fleet.url, labels) for n, labels in nodes.items()
-        }
-        seed.update(files or {})
-        bare = make_bare_repo(root, seed, message="Seed the fleet")
-        work = clone(bare, root / "work")
+        try:
+            seed: dict[str, str] = {
+                f"nodes/{n}.yaml": node_yaml(n, fleet.url, labels) for n, labels in nodes.items()
+            }
+            seed.update(files or {})
+            bare = make_bare_repo(root, seed, message="Seed the fleet")
+            work = clone(bare, root / "work")
+        except BaseException:
+            fleet.stop()  # never leave a simulator running behind a failed set-up
+            raise
         return cls(root, bare, work, key_path, fleet)
 
     def close(self) -> None:
