@@ -47,7 +47,7 @@ SCRIPTS = (
     Script("passes", (), ("--quick",)),
     Script("growth", (), ("--quick",)),
     Script("reaction", (), ("--quick",)),
-    Script("gitstore", (), ("--files", "20000", "--commits", "500", "--runs", "5")),
+    Script("gitstore", (), ("--files", "2000", "--commits", "50", "--runs", "3")),
     Script("engine", (), ("--nodes", "1000", "--batch", "100")),
     Script("dispatch", (), ("--nodes", "1000")),
     Script("validate", ("--runs", "3"), ("--nodes", "1000", "--rollouts", "100", "--runs", "1")),

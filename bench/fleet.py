@@ -232,13 +232,13 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1_000)
     parser.add_argument("--delay", type=float, default=0.5, help="sim fleet answer delay, s")
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--quick", action="store_true", help="1,000 nodes, batches of 100, 1 run")
+    parser.add_argument("--quick", action="store_true", help="1,000 nodes, batches of 250, 1 run")
     parser.add_argument(
         "--profile", type=Path, help="record the daemon with py-spy (wall clock) into FILE.N.txt"
     )
     args = parser.parse_args()
     if args.quick:
-        args.nodes, args.batch, args.runs = 1_000, 100, 1
+        args.nodes, args.batch, args.runs = 1_000, 250, 1
     announce(f"fleet: {args.nodes:,} nodes, batchSize {args.batch:,}, delay {args.delay} s")
     emit(measure(args.nodes, args.batch, args.delay, args.runs, profile=args.profile))
 

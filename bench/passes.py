@@ -283,10 +283,13 @@ def main() -> None:
     parser.add_argument("--delay", type=float, default=0.5)
     parser.add_argument("--sizes", default="100,1000,5000", help="finished rollouts, idle passes")
     parser.add_argument("--rounds", type=int, default=15, help="idle passes per size")
-    parser.add_argument("--quick", action="store_true", help="100 rollouts, 1,000 nodes")
+    parser.add_argument(
+        "--quick", action="store_true", help="100 rollouts of 1,000 nodes, batchSize 5"
+    )
     args = parser.parse_args()
     if args.quick:
-        args.rollouts, args.nodes, args.sizes, args.rounds = 100, 1_000, "10,100,500", 5
+        args.rollouts, args.nodes, args.sizes, args.rounds = 100, 1_000, "10,100,300", 5
+        args.batch, args.delay = 5, 0.2
     sizes = [int(s) for s in args.sizes.split(",")]
     announce(
         f"passes: {args.rollouts:,} rollouts x {GROUP} nodes of {args.nodes:,}, "
