@@ -27,6 +27,9 @@ pytest: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/reconciler demo
 
+bench: $(STAMP)
+	$(BIN)/python bench/all.py
+
 reliability: $(STAMP)
 	$(BIN)/python bench/reliability.py
 
