@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -211,3 +212,33 @@ def test_run_once_reports_a_missing_repository_as_a_failure(tmp_path: Path, kit:
     )  # fmt: skip
     assert proc.returncode == 1
     assert "nowhere" in proc.stderr
+
+
+def test_a_scheduled_rollout_starts_at_its_time_after_quiet_passes(kit: FleetKit) -> None:
+    # Passes with nothing to do are not stepped again; the start time must
+    # still wake the rollout.
+    base = datetime.now(UTC).replace(microsecond=0)
+    clock = {"now": base}
+    start = base + timedelta(seconds=60)
+    kit.push(
+        {
+            "rollouts/web.yaml": rollout_yaml(
+                "web", nodeIds=["web-1"], startAt=f'"{start:%Y-%m-%dT%H:%M:%SZ}"'
+            )
+        }
+    )
+    daemon = kit.daemon(clock=lambda: clock["now"])
+
+    daemon.run_pass()
+    assert kit.statuses()["web"]["phase"] == "scheduled"
+    tip = git("rev-parse", "main", cwd=kit.bare)
+    for seconds in (10, 30, 59):
+        clock["now"] = base + timedelta(seconds=seconds)
+        assert daemon.run_pass().jobs_sent == 0
+    assert git("rev-parse", "main", cwd=kit.bare) == tip
+
+    clock["now"] = start
+    outcome = daemon.run_pass()
+
+    assert outcome.jobs_sent == 1
+    assert kit.statuses()["web"]["phase"] == "running"
