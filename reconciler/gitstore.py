@@ -565,6 +565,18 @@ def _file_url_path(url: str) -> Path | None:
     return Path(urllib.parse.unquote(parsed.path))
 
 
+def discover_repository(location: str, hint: str) -> pygit2.Repository:
+    """The repository at or above ``location``, as ``git`` finds it from a
+    working directory (for the commands that read a person's clone)."""
+    try:
+        found = pygit2.discover_repository(str(Path(location).resolve()))
+    except (pygit2.GitError, OSError):
+        found = None
+    if found is None:
+        raise StoreError(f"{location} is not a Git repository", hint)
+    return pygit2.Repository(found, RepositoryOpenFlag.NO_SEARCH)
+
+
 def _open_local(location: str) -> pygit2.Repository:
     path = Path(location)
     if not path.exists():

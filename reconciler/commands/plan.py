@@ -13,14 +13,13 @@ from __future__ import annotations
 import argparse
 import sys
 from datetime import UTC, datetime
-from pathlib import Path
 
 import pygit2
-from pygit2.enums import RepositoryOpenFlag
 
 from reconciler import documents, plan
 from reconciler.commands.status import Branch, RepoReader, read_statuses
 from reconciler.errors import ReconcilerError
+from reconciler.gitstore import discover_repository
 from reconciler.status import RolloutStatus
 
 HELP = "show what merging a change would do: new rollouts, intents, refused changes"
@@ -63,15 +62,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def open_repository(location: str) -> pygit2.Repository:
-    try:
-        found = pygit2.discover_repository(str(Path(location).resolve()))
-    except (pygit2.GitError, OSError):
-        found = None
-    if found is None:
-        raise ReconcilerError(
-            f"{location} is not a Git repository", hint="pass --repo with a fleet repository"
-        )
-    return pygit2.Repository(found, RepositoryOpenFlag.NO_SEARCH)
+    return discover_repository(location, "pass --repo with a fleet repository")
 
 
 def resolve(repo: pygit2.Repository, rev: str) -> pygit2.Commit:

@@ -22,11 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import pygit2
-from pygit2.enums import RepositoryOpenFlag
 
 from reconciler import statusview
-from reconciler.errors import ReconcilerError, StoreError
-from reconciler.gitstore import GitStore, is_remote_location
+from reconciler.errors import StoreError
+from reconciler.gitstore import GitStore, discover_repository, is_remote_location
 from reconciler.status import RolloutStatus, status_from_files
 from reconciler.watch import BranchWatcher
 from reconciler.yamlio import YamlProblem, load_yaml
@@ -141,16 +140,10 @@ def open_branch(location: str, branch: str) -> Branch:
 
 
 def _discover(location: str) -> pygit2.Repository:
-    try:
-        found = pygit2.discover_repository(str(Path(location).resolve()))
-    except (pygit2.GitError, OSError):
-        found = None
-    if found is None:
-        raise ReconcilerError(
-            f"{location} is not a Git repository",
-            hint="pass --repo with a fleet repository: a clone, a bare repository or a URL",
-        )
-    return pygit2.Repository(found, RepositoryOpenFlag.NO_SEARCH)
+    return discover_repository(
+        location,
+        "pass --repo with a fleet repository: a clone, a bare repository or a URL",
+    )
 
 
 def _local(repo: pygit2.Repository, branch: str, label: str) -> Branch:

@@ -18,7 +18,8 @@ from pathlib import Path
 import pygit2
 
 from reconciler.approval import Approval, Approver, load_allowed_signers
-from reconciler.errors import ReconcilerError, UsageError
+from reconciler.errors import ReconcilerError, StoreError, UsageError
+from reconciler.gitstore import discover_repository
 from reconciler.sshsig import AllowedSigner
 
 HELP = "tell whether a commit would be acted on under --allowed-signers, and why"
@@ -70,10 +71,10 @@ def _open_repository(where: str) -> pygit2.Repository:
             f"verify reads a local repository, not {where}",
             "clone or fetch it and pass the local path with --repo",
         )
-    found = pygit2.discover_repository(where)
-    if found is None:
-        raise UsageError(f"no Git repository at {where}", "pass the fleet repository with --repo")
-    return pygit2.Repository(found)
+    try:
+        return discover_repository(where, "pass the fleet repository with --repo")
+    except StoreError as exc:
+        raise UsageError(exc.message, exc.hint) from None
 
 
 def _resolve(repo: pygit2.Repository, rev: str | None, branch: str) -> tuple[str, str]:
