@@ -124,13 +124,14 @@ class Demo:
         )
         self.say(log)
         elapsed = time.monotonic() - started
+        me = _command()
         self.say(
             f"\nDone in {elapsed:.0f}s. The repository stays for you to explore:\n"
             f"  origin (the daemon's): {self.bare}\n"
             f"  working clone:         {self.work}\n\n"
             "Try:\n"
-            f"  reconciler status --repo {self.bare}\n"
-            f"  reconciler status qwen-serving --repo {self.bare}\n"
+            f"  {me} status --repo {self.bare}\n"
+            f"  {me} status qwen-serving --repo {self.bare}\n"
             f"  git --git-dir {self.bare} log -p -- status/mistral-b3.yaml\n"
             f"  git --git-dir {self.bare} show main:status/README.md\n"
         )
@@ -337,6 +338,18 @@ def run_demo(
     finally:
         demo.stop()
     return root
+
+
+def _command() -> str:
+    """How the user can run reconciler again: ``reconciler`` when that is on
+    PATH, else the program they ran (``.venv/bin/reconciler`` after make demo)."""
+    program = Path(sys.argv[0])
+    found = shutil.which("reconciler")
+    if found and program.name == "reconciler" and Path(found).resolve() == program.resolve():
+        return "reconciler"
+    if program.name == "reconciler":
+        return os.path.relpath(program) if not program.is_absolute() else str(program)
+    return f"{Path(sys.executable).name} -m reconciler" if found is None else "reconciler"
 
 
 def _example_rollout(name: str) -> str:
