@@ -398,8 +398,10 @@ class Daemon:
             if recorded is not None:
                 spec_commit = spec_commit or recorded.spec_commit
                 first_seen = recorded.first_seen_commit or first_seen
-            only_unverified = name in unverified_names and not present and recorded is None
-            if only_unverified:
+            if name in unverified_names and not present:
+                # Only an unverified commit has this file (or nothing is
+                # verified yet): it is held with the refusal, never started,
+                # and never aborted by a removal nobody verified either.
                 problems = (Problem(path, 0, 0, "", refusal or "not verified"),)
                 present = True
             first_seen = first_seen or spec_commit or tip

@@ -145,3 +145,27 @@ def test_signed_status_commits_pass_git_verify_commit(kit: FleetKit, tmp_path: P
     assert commits
     for sha in commits:
         git("-c", f"gpg.ssh.allowedSignersFile={signers}", "verify-commit", sha, cwd=kit.bare)
+
+
+def test_turning_verification_on_with_nothing_signed_aborts_nothing(
+    kit: FleetKit, tmp_path: Path
+) -> None:
+    # A rollout ran before verification was turned on; no spec commit is
+    # signed yet. The daemon must hold it, not read its unverified file as
+    # removed and abort it.
+    kit.push({"rollouts/web.yaml": rollout_yaml("web", nodeIds=["web-1"], pauseAfter=[1])})
+    run_until_phase(kit, kit.daemon(), "main", "web", "running")
+    alice = _keygen(tmp_path, "alice")
+    signers = tmp_path / "allowed_signers"
+    signers.write_text(f"alice@example.com {(alice.with_suffix('.pub')).read_text()}")
+    store = GitStore.open(str(kit.bare), "main")
+    approver = Approver(store.repository(), load_allowed_signers(signers))
+    daemon = Daemon(store, AgentClient(load_private_key(kit.key_path)), approver=approver)
+    kit.daemons.append(daemon)
+
+    for _ in range(5):
+        daemon.run_pass()
+
+    status = status_on(kit, "main", "web")
+    assert status["phase"] in ("running", "paused")
+    assert "not verified" in str(status)
