@@ -88,19 +88,40 @@ def _table(rollouts: list[RolloutStatus]) -> list[str]:
         "| Rollout | Phase | Progress | Batch | Hold / reason | Since |",
         "|---|---|---|---|---|---|",
     ]
+    global _rows
+    seen: dict[int, tuple[RolloutStatus, str]] = {}
     for status in rollouts:
-        s = summarize(status)
-        icon = _PHASE_ICONS.get(s.phase, "")
-        since = s.since.strftime("%Y-%m-%d %H:%MZ") if s.since else ""
-        why = f"`{s.why}`" if s.why else ""
-        mode = ""
-        if status.frozen is not None:
-            mode = " · live" if status.frozen.live else " · dry-run"
-        lines.append(
-            f"| [{s.name}]({s.name}.yaml) | {icon} {s.phase}{mode} | `{progress_text(s)}` "
-            f"| {batch_text(s)} | {why} | {since} |"
-        )
+        cached = _rows.get(id(status))
+        text = cached[1] if cached is not None and cached[0] is status else _row(status)
+        seen[id(status)] = (status, text)
+        lines.append(text)
+    # Keep the rows of the statuses just drawn (and of other recent callers'),
+    # but never more than a few tables' worth.
+    _rows.update(seen)
+    if len(_rows) > 2 * len(seen) + 20_000:
+        _rows = seen
     return lines
+
+
+# Row text by the identity of the status it was drawn from: a row depends
+# only on its (immutable) status, and the daemon keeps the same status
+# objects from pass to pass, so an unchanged rollout's row is not drawn
+# again. The status is kept with its text so a recycled id() never matches.
+_rows: dict[int, tuple[RolloutStatus, str]] = {}
+
+
+def _row(status: RolloutStatus) -> str:
+    s = summarize(status)
+    icon = _PHASE_ICONS.get(s.phase, "")
+    since = s.since.strftime("%Y-%m-%d %H:%MZ") if s.since else ""
+    why = f"`{s.why}`" if s.why else ""
+    mode = ""
+    if status.frozen is not None:
+        mode = " · live" if status.frozen.live else " · dry-run"
+    return (
+        f"| [{s.name}]({s.name}.yaml) | {icon} {s.phase}{mode} | `{progress_text(s)}` "
+        f"| {batch_text(s)} | {why} | {since} |"
+    )
 
 
 def _attention(rollouts: list[RolloutStatus]) -> list[str]:
