@@ -113,6 +113,7 @@ class Daemon:
         self._quiet: _Quiet | None = None  # the last pass, if it changed and watched nothing
         self._watching = False  # the last pass had jobs, heartbeats or backups to read
         self._by_name: tuple[Fleet, dict[str, Node]] | None = None
+        self._memo = engine.StepMemo()  # finished rollouts at rest, not stepped again
 
     # -- one pass ------------------------------------------------------------
 
@@ -179,7 +180,7 @@ class Daemon:
         now = self.clock()
         held = self._held_by_unreadable(broken, statuses, documents)
         step = engine.step_fleet(
-            inputs, documents.fleet, settings, observations, now, unreadable=held
+            inputs, documents.fleet, settings, observations, now, unreadable=held, memo=self._memo
         )
         crashpoints.reach("after_step")
         merged = {**statuses, **step.statuses}

@@ -62,6 +62,7 @@ from reconciler.timefmt import parse_time
 __all__ = [
     "FleetStep",
     "RolloutInput",
+    "StepMemo",
     "Transition",
     "in_flight",
     "is_active",
@@ -316,6 +317,56 @@ class _Pass:
 _INDEPENDENT = -1  # settled whatever the other rollouts do (ctx.version is never negative)
 
 
+class StepMemo:
+    """Finished rollouts a previous ``step_fleet`` found at rest, kept by
+    the caller from pass to pass so the next pass need not step them again.
+
+    A terminal rollout with nothing in flight, no restore or rollback
+    waiting and no rollback request left to handle reads only its own input
+    and status (not the clock, the observations or the other rollouts); a
+    step that changed nothing then changes nothing again while the input
+    (the same status object), the fleet and the settings stay equal. A
+    cache of a pure function: forgetting it changes nothing but the cost."""
+
+    def __init__(self) -> None:
+        self._fleet: Fleet | None = None
+        self._settings: Settings | None = None
+        self._at_rest: dict[str, RolloutInput] = {}
+
+    def resting(
+        self, rollouts: Iterable[RolloutInput], fleet: Fleet, settings: Settings
+    ) -> set[str]:
+        """The rollouts whose input equals one found at rest last time."""
+        if not (
+            self._fleet is not None
+            and (self._fleet is fleet or self._fleet == fleet)
+            and self._settings == settings
+        ):
+            return set()
+        found: set[str] = set()
+        for inp in rollouts:
+            seen = self._at_rest.get(inp.name)
+            if seen is not None and seen.status is inp.status and seen == inp:
+                found.add(inp.name)
+        return found
+
+    def remember(self, fleet: Fleet, settings: Settings, at_rest: Iterable[RolloutInput]) -> None:
+        self._fleet = fleet
+        self._settings = settings
+        self._at_rest = {inp.name: inp for inp in at_rest}
+
+
+def _may_rest(inp: RolloutInput) -> bool:
+    """A terminal rollout whose step reads nothing but its input and status."""
+    status = inp.status
+    if status is None or not status.terminal or is_active(status):
+        return False
+    request = inp.spec.rollback_request if inp.spec is not None else None
+    return request is None or any(
+        r.id == request.id and r.state != "waiting" for r in status.rollbacks
+    )
+
+
 def step_fleet(
     rollouts: Sequence[RolloutInput],
     fleet: Fleet,
@@ -324,6 +375,7 @@ def step_fleet(
     now: datetime,
     *,
     unreadable: Mapping[str, Sequence[str]] | None = None,
+    memo: StepMemo | None = None,
 ) -> FleetStep:
     """Step every rollout to a fixed point with one ``now``.
 
@@ -353,6 +405,10 @@ def step_fleet(
     # (INDEPENDENT), or none has changed since (ctx.version then). So later
     # rounds pass over it: most rollouts of a large repository are finished.
     settled: dict[str, int] = {}
+    # At rest since an earlier pass: not stepped.
+    resting = memo.resting(order, fleet, settings) if memo is not None else set()
+    for name in resting:
+        settled[name] = _INDEPENDENT
 
     def run(inp: RolloutInput) -> bool:
         mark = settled.get(inp.name)
@@ -387,8 +443,21 @@ def step_fleet(
     changed = {
         inp.name: ctx.current[inp.name]
         for inp in order
-        if inp.status is None or ctx.current[inp.name] != inp.status
+        if inp.status is None
+        or (ctx.current[inp.name] is not inp.status and ctx.current[inp.name] != inp.status)
     }
+    if memo is not None:
+        memo.remember(
+            fleet,
+            settings,
+            (
+                inp
+                for inp in order
+                if settled.get(inp.name) == _INDEPENDENT
+                and ctx.current[inp.name] is inp.status
+                and (inp.name in resting or _may_rest(inp))
+            ),
+        )
     return FleetStep(statuses=changed, effects=tuple(effects), transitions=tuple(transitions))
 
 

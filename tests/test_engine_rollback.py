@@ -7,7 +7,8 @@ import json
 from engine_world import World
 
 from reconciler import schemas
-from reconciler.model import Settings
+from reconciler.engine import StepMemo, step_fleet
+from reconciler.model import Fleet, Settings
 from reconciler.status import from_record, to_record
 
 STATUS_SCHEMA = schemas.validator("rollout-status")
@@ -460,3 +461,27 @@ def test_a_status_written_before_first_apply_attempt_existed_is_read_and_stepped
     step = w.step(10)
 
     assert [(j.kind, j.backup_id) for j in step.effects] == [("restore", "bk-a")]
+
+
+def test_a_finished_rollout_left_at_rest_by_the_memo_still_takes_a_rollback_request() -> None:
+    # The daemon keeps a StepMemo so finished rollouts at rest are not stepped
+    # again; a request arriving later must be handled exactly as without it.
+    w = World(["a"])
+    w.rollout(live=True)
+    w.step(0)
+    w.succeed("a", backup_id="bk-a")
+    w.heartbeat("a", at=w.at(2))
+    w.step(5)
+    assert w.phase() == "completed"
+    memo = StepMemo()
+    fleet = Fleet(tuple(w.fleet.values()))
+    for at in (6, 7):  # the second pass finds it at rest
+        rested = step_fleet(w.inputs(), fleet, w.settings, w.observations(), w.at(at), memo=memo)
+        assert rested.statuses == {} and rested.effects == ()
+    assert memo.resting(w.inputs(), fleet, w.settings) == {"r"}
+
+    w.rollback(id="undo")
+    plain = step_fleet(w.inputs(), fleet, w.settings, w.observations(), w.at(10))
+    with_memo = step_fleet(w.inputs(), fleet, w.settings, w.observations(), w.at(10), memo=memo)
+    assert with_memo == plain
+    assert with_memo.statuses["r"].nodes[0].state == "restoring"
