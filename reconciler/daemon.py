@@ -201,7 +201,10 @@ class Daemon:
             commit=commit,
             transitions=len(step.transitions),
             jobs_sent=sent,
-            active=any(engine.is_active(s) for s in merged.values()),
+            # The statuses just changed first: usually one of them is active,
+            # and then the thousands of unchanged ones need not be looked at.
+            active=any(engine.is_active(s) for s in step.statuses.values())
+            or any(engine.is_active(s) for s in merged.values()),
             wakeup=engine.next_wakeup(merged.values(), settings),
         )
         if commit is None and not sent and not step.transitions and not self._watching:
