@@ -48,6 +48,7 @@ LOCK_WAIT = 0.5  # seconds to wait for another writer's ref lock
 # libgit2 pushes from a ref, so each push gets its own under this prefix:
 # two daemons sharing a mirror must never push each other's commit.
 PUSH_REF_PREFIX = "refs/reconciler/push-"
+FETCH_LOCK_TRIES = 10  # fetches into a mirror whose ref another daemon holds locked
 # On a file:// remote the commit lands on a ref of its own first (see _push).
 INCOMING_REF_PREFIX = "refs/reconciler/incoming-"
 
@@ -361,17 +362,25 @@ class GitStore:
         return self._repo.remotes["origin"]
 
     def _fetch(self) -> None:
-        callbacks = self._callbacks()
-        try:
-            self._remote().fetch(
-                ["+refs/heads/*:refs/heads/*"], callbacks=callbacks, prune=FetchPrune.PRUNE
-            )
-        except (pygit2.GitError, OSError) as e:
-            raise StoreError(
-                f"cannot fetch {self.url}: {e}",
-                "check the URL, the network and the credentials "
-                f"(--ssh-key / {SSH_KEY_ENV}, {TOKEN_ENV})",
-            ) from e
+        # Two daemons may share one mirror: a fetch that meets the other's ref
+        # lock in it waits briefly and fetches again.
+        for attempt in range(FETCH_LOCK_TRIES):
+            try:
+                self._remote().fetch(
+                    ["+refs/heads/*:refs/heads/*"],
+                    callbacks=self._callbacks(),
+                    prune=FetchPrune.PRUNE,
+                )
+                return
+            except (pygit2.GitError, OSError) as e:
+                if ".lock" in str(e) and attempt + 1 < FETCH_LOCK_TRIES:
+                    time.sleep(0.02 * (attempt + 1))
+                    continue
+                raise StoreError(
+                    f"cannot fetch {self.url}: {e}",
+                    "check the URL, the network and the credentials "
+                    f"(--ssh-key / {SSH_KEY_ENV}, {TOKEN_ENV})",
+                ) from e
 
     def _push(self, branch: str, parent: str | None, new: str) -> None:
         """Fast-forward push of `new` onto `branch`, only if the remote branch
