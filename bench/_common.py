@@ -116,6 +116,19 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def start_daemon(root: Path, bare: Path, key: Path, interval: str) -> subprocess.Popen[bytes]:
+    """``reconciler run`` on ``bare`` as a subprocess, logging to root/daemon.log."""
+    with open(root / "daemon.log", "wb") as log:  # the child keeps its own copy
+        return subprocess.Popen(
+            [
+                sys.executable, "-m", "reconciler", "run",
+                "--repo", str(bare), "--key", str(key), "--interval", interval,
+            ],
+            stdout=log,
+            stderr=log,
+        )  # fmt: skip
+
+
 def peak_rss_mb(pid: int) -> float:
     """VmHWM (peak resident set) of a live process, in MB."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():

@@ -21,7 +21,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from _common import emit, row
+from _common import cpu_seconds, emit, row
 
 from reconciler.agent_client import AgentClient
 from reconciler.effects import SendJob
@@ -53,12 +53,6 @@ def start_fleet(tmp: Path, nodes: int, pub: Path) -> tuple[subprocess.Popen[str]
         proc.kill()
         raise SystemExit(f"sim-fleet did not start: {line!r}")
     return proc, "http://" + line.split()[-1]
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time a process has used so far (Linux)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def make_jobs(url: str, count: int, mode: str, run: str) -> list[tuple[str, SendJob]]:

@@ -34,7 +34,6 @@ import argparse
 import re
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -56,6 +55,7 @@ from _common import (
     peak_rss_mb,
     rollout_text,
     row,
+    start_daemon,
     status_data,
 )
 
@@ -96,15 +96,7 @@ def one_run(
         }
         make_bare(bare, files)
         git("gc", "-q", cwd=bare)
-        log = open(root / "daemon.log", "wb")  # noqa: SIM115
-        daemon = subprocess.Popen(
-            [
-                sys.executable, "-m", "reconciler", "run",
-                "--repo", str(bare), "--key", str(private), "--interval", interval,
-            ],
-            stdout=log,
-            stderr=log,
-        )  # fmt: skip
+        daemon = start_daemon(root, bare, private, interval)
         # The first pass writes the (empty) dashboard: the daemon is up and idle.
         repo = pygit2.Repository(str(bare))
 
@@ -150,7 +142,6 @@ def one_run(
             )
         daemon.send_signal(signal.SIGTERM)
         daemon.wait(30)
-        log.close()
         if spy is not None:
             spy.wait(30)
         tip = git("rev-parse", "main", cwd=bare)

@@ -26,7 +26,6 @@ import asyncio
 import re
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -45,6 +44,7 @@ from _common import (
     node_text,
     p95,
     row,
+    start_daemon,
     status_data,
 )
 
@@ -127,15 +127,7 @@ def measure(pushes: int, interval: str) -> list[Row]:
             )
             work = root / "work"
             git("clone", "-q", str(bare), str(work), cwd=root)
-            log = open(root / "daemon.log", "wb")  # noqa: SIM115
-            daemon = subprocess.Popen(
-                [
-                    sys.executable, "-m", "reconciler", "run",
-                    "--repo", str(bare), "--key", str(private), "--interval", interval,
-                ],
-                stdout=log,
-                stderr=log,
-            )  # fmt: skip
+            daemon = start_daemon(root, bare, private, interval)
             wait_for(lambda: git("ls-tree", "main", "status/", cwd=bare) != "", 60, 0.05)
             latencies: list[float] = []
             push_only: list[float] = []
