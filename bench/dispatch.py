@@ -23,11 +23,16 @@ from pathlib import Path
 
 from _common import cpu_seconds, emit, row
 
-from reconciler.agent_client import AgentClient
-from reconciler.effects import SendJob
-from reconciler.jobs import build_payload
-from reconciler.model import Target
-from reconciler.signing import canonical_json, generate_key, load_private_key, make_envelope
+from reconciler.daemon.agent_client import AgentClient
+from reconciler.protocol.effects import SendJob
+from reconciler.protocol.job_payload import build_payload
+from reconciler.protocol.signing import (
+    canonical_json,
+    generate_key,
+    load_private_key,
+    make_envelope,
+)
+from reconciler.spec.model import Target
 
 
 def start_fleet(tmp: Path, nodes: int, pub: Path) -> tuple[subprocess.Popen[str], str]:

@@ -18,12 +18,12 @@ from datetime import UTC, datetime, timedelta
 
 from _common import emit, row
 
-from reconciler.effects import SendJob
-from reconciler.engine import RolloutInput, step_fleet
-from reconciler.model import Fleet, Node, RolloutSpec, Settings, Target
-from reconciler.observations import Heartbeat, JobObservation, Observations, RuntimeReport
-from reconciler.status import RolloutStatus
-from reconciler.timefmt import format_time
+from reconciler.engine.step import RolloutInput, step_fleet
+from reconciler.protocol.effects import SendJob
+from reconciler.protocol.observations import Heartbeat, JobObservation, Observations, RuntimeReport
+from reconciler.spec.model import Fleet, Node, RolloutSpec, Settings, Target
+from reconciler.spec.rollout_status import RolloutStatus
+from reconciler.spec.times import format_time
 
 TARGET = Target("hermes", "ollama", "llama3.1-8b", "default")
 T0 = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)

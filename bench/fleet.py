@@ -59,7 +59,7 @@ from _common import (
     status_data,
 )
 
-from reconciler.signing import generate_key
+from reconciler.protocol.signing import generate_key
 
 COMPLETED = re.compile(rb"^phase: (completed|failed|aborted)$", re.MULTILINE)
 

@@ -44,9 +44,9 @@ from _common import (
     timed,
 )
 
-from reconciler.gitstore import GitStore
-from reconciler.history import History
-from reconciler.watch import BranchWatcher
+from reconciler.git.history import History
+from reconciler.git.store import GitStore
+from reconciler.git.watch import BranchWatcher
 
 NODES = 10_000
 ROLLOUTS = 1_000

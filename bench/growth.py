@@ -28,13 +28,13 @@ from pathlib import Path
 
 from _common import Row, announce, emit, make_bare, median, row
 
-from reconciler.engine import RolloutInput, step_fleet
-from reconciler.gitstore import GitStore
-from reconciler.model import Fleet, Node, RolloutSpec, Settings, Target
-from reconciler.observations import JobObservation, Observations
-from reconciler.status import RolloutStatus, changed_files, status_files
-from reconciler.timefmt import format_time
-from reconciler.yamlio import dump_yaml
+from reconciler.engine.step import RolloutInput, step_fleet
+from reconciler.git.store import GitStore
+from reconciler.protocol.observations import JobObservation, Observations
+from reconciler.spec.model import Fleet, Node, RolloutSpec, Settings, Target
+from reconciler.spec.rollout_status import RolloutStatus, changed_files, status_files
+from reconciler.spec.safe_yaml import dump_yaml
+from reconciler.spec.times import format_time
 
 T0 = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
 COMMIT = "c" * 40

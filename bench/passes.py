@@ -4,7 +4,7 @@ once, and what an idle pass costs once they are done.
     .venv/bin/python bench/passes.py                 # 1,000 rollouts x 10 nodes
     .venv/bin/python bench/passes.py --quick
 
-The daemon runs in this process (``reconciler.daemon.Daemon`` with a
+The daemon runs in this process (``reconciler.daemon.loop.Daemon`` with a
 ``GitStore`` on a bare repository and an ``AgentClient``), so each
 ``run_pass()`` is timed on its own; the simulated fleet (10,000 nodes,
 answering after ``--delay`` seconds) is a real process on 127.0.0.1.
@@ -50,17 +50,17 @@ from _common import (
     row,
 )
 
-from reconciler.agent_client import AgentClient
-from reconciler.daemon import Daemon, PassOutcome
-from reconciler.documents import ParsedFile, assemble, parse_file
-from reconciler.engine import RolloutInput, step_fleet
-from reconciler.gitstore import GitStore
-from reconciler.logs import EventLog
-from reconciler.observations import JobObservation, Observations
-from reconciler.signing import generate_key, load_private_key
-from reconciler.status import RolloutStatus, status_files
-from reconciler.timefmt import format_time
-from reconciler.yamlio import dump_yaml
+from reconciler.daemon.agent_client import AgentClient
+from reconciler.daemon.logs import EventLog
+from reconciler.daemon.loop import Daemon, PassOutcome
+from reconciler.engine.step import RolloutInput, step_fleet
+from reconciler.git.store import GitStore
+from reconciler.protocol.observations import JobObservation, Observations
+from reconciler.protocol.signing import generate_key, load_private_key
+from reconciler.spec.documents import ParsedFile, assemble, parse_file
+from reconciler.spec.rollout_status import RolloutStatus, status_files
+from reconciler.spec.safe_yaml import dump_yaml
+from reconciler.spec.times import format_time
 
 GROUP = 10  # nodes per rollout
 ONE_CHANGE_ROUNDS = 5

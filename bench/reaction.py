@@ -48,9 +48,9 @@ from _common import (
     status_data,
 )
 
-from reconciler.httpserver import Request, Response
-from reconciler.signing import generate_key, load_trusted_keys
-from reconciler.simfleet import SimFleet, serve
+from reconciler.node.http_server import Request, Response
+from reconciler.node.simulated_fleet import SimFleet, serve
+from reconciler.protocol.signing import generate_key, load_trusted_keys
 
 FLUX_POLL_S = 60.0  # Flux source-controller: GitRepository .spec.interval, commonly 1m
 ARGO_POLL_S = 180.0  # Argo CD: timeout.reconciliation default 180s (+ up to 60s jitter)

@@ -25,8 +25,8 @@ from _common import Row, emit, row
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from reconciler.approval import Approver
-from reconciler.sshsig import parse_allowed_signers, sign_commit_payload
+from reconciler.git.approval import Approver
+from reconciler.git.sshsig import parse_allowed_signers, sign_commit_payload
 
 ENV = {
     **os.environ,

@@ -21,8 +21,8 @@ from pathlib import Path
 
 from _common import emit, row
 
-from reconciler import yamlio
-from reconciler.documents import assemble, load_directory, parse_file, tree_paths
+from reconciler.spec import safe_yaml
+from reconciler.spec.documents import assemble, load_directory, parse_file, tree_paths
 
 ZONES = ("lab", "east", "west", "north")
 ROLES = ("canary", "serving", "batch", "edge")
@@ -100,7 +100,7 @@ def main() -> int:
     parser.add_argument("--rollouts", type=int, default=1_000)
     parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args()
-    print(f"C loader in use: {yamlio.C_LOADER}")
+    print(f"C loader in use: {safe_yaml.C_LOADER}")
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         generate(root, args.nodes, args.rollouts)
@@ -131,7 +131,7 @@ def main() -> int:
         )
 
         blobs = [(rel, (root / rel).read_bytes()) for rel in tree_paths(root)]
-        yaml_only = timed(lambda: [yamlio.load_yaml(p, d) for p, d in blobs], args.runs)
+        yaml_only = timed(lambda: [safe_yaml.load_yaml(p, d) for p, d in blobs], args.runs)
         print(f"  YAML only (from memory): median {statistics.median(yaml_only):.3f} s")
         parse_only = timed(lambda: [parse_file(p, d) for p, d in blobs], args.runs)
         print(f"  parse_file (from memory): median {statistics.median(parse_only):.3f} s")

@@ -18,20 +18,20 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from reconciler.agent import Agent, AgentConfig
-from reconciler.agentstate import StateDir
-from reconciler.effects import SendJob
-from reconciler.httpserver import Handler, HttpServer
-from reconciler.jobs import build_payload
-from reconciler.model import Target
-from reconciler.signing import (
+from reconciler.node.agent import Agent, AgentConfig
+from reconciler.node.http_server import Handler, HttpServer
+from reconciler.node.simulated_fleet import Script, SimFleet, parse_script
+from reconciler.node.state_dir import StateDir
+from reconciler.protocol.effects import SendJob
+from reconciler.protocol.job_payload import build_payload
+from reconciler.protocol.signing import (
     SigningKey,
     canonical_json,
     generate_key,
     load_private_key,
     make_envelope,
 )
-from reconciler.simfleet import Script, SimFleet, parse_script
+from reconciler.spec.model import Target
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
@@ -164,7 +164,7 @@ class FleetThread(Served):
         clock: Callable[[], datetime] | None = None,
     ) -> None:
         if isinstance(script, str):
-            from reconciler.yamlio import load_yaml
+            from reconciler.spec.safe_yaml import load_yaml
 
             script = parse_script(load_yaml("behaviour.yaml", script.encode()))
         extra = {"clock": clock} if clock else {}
@@ -179,7 +179,7 @@ class FleetThread(Served):
         super().__init__(self.fleet.handle, self.fleet.close)
 
     def set_script(self, text: str) -> None:
-        from reconciler.yamlio import load_yaml
+        from reconciler.spec.safe_yaml import load_yaml
 
         script = parse_script(load_yaml("behaviour.yaml", text.encode()))
         self.call(lambda: self.fleet.set_script(script))

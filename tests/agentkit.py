@@ -33,8 +33,8 @@ from typing import Any
 
 import httpx
 
-from reconciler.daemon import Daemon
-from reconciler.signing import generate_key
+from reconciler.daemon.loop import Daemon
+from reconciler.protocol.signing import generate_key
 from tests.fleetkit import RepoKit, node_yaml
 from tests.gitutil import clone, git, make_bare_repo
 

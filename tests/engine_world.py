@@ -13,18 +13,18 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from reconciler.effects import SendJob
-from reconciler.engine import FleetStep, RolloutInput, step_fleet
-from reconciler.model import Fleet, Node, RollbackRequest, RolloutSpec, Settings, Target
-from reconciler.observations import (
+from reconciler.engine.step import FleetStep, RolloutInput, step_fleet
+from reconciler.protocol.effects import SendJob
+from reconciler.protocol.observations import (
     Backup,
     Heartbeat,
     JobObservation,
     Observations,
     RuntimeReport,
 )
-from reconciler.status import NodeRecord, RolloutStatus
-from reconciler.timefmt import format_time
+from reconciler.spec.model import Fleet, Node, RollbackRequest, RolloutSpec, Settings, Target
+from reconciler.spec.rollout_status import NodeRecord, RolloutStatus
+from reconciler.spec.times import format_time
 
 T0 = datetime(2026, 12, 1, 9, 0, 0, tzinfo=UTC)
 TARGET = Target(runtime="hermes", provider="ollama", model="llama3.1-8b", profile="default")

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from reconciler.model import Target
-from reconciler.status import (
+from reconciler.spec.model import Target
+from reconciler.spec.rollout_status import (
     BatchRecord,
     FrozenSpec,
     Hold,
@@ -24,7 +24,7 @@ from reconciler.status import (
     count_progress,
     status_files,
 )
-from reconciler.yamlio import dump_yaml
+from reconciler.spec.safe_yaml import dump_yaml
 
 IDENTITY = {
     "GIT_AUTHOR_NAME": "Alice Operator",

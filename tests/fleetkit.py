@@ -20,12 +20,12 @@ from typing import Any
 
 import httpx
 
-from reconciler.agent_client import AgentClient
-from reconciler.daemon import Daemon
-from reconciler.gitstore import GitStore
-from reconciler.logs import EventLog
-from reconciler.signing import generate_key, load_private_key
-from reconciler.yamlio import YamlProblem, load_yaml
+from reconciler.daemon.agent_client import AgentClient
+from reconciler.daemon.logs import EventLog
+from reconciler.daemon.loop import Daemon
+from reconciler.git.store import GitStore
+from reconciler.protocol.signing import generate_key, load_private_key
+from reconciler.spec.safe_yaml import YamlProblem, load_yaml
 from tests.gitutil import clone, commit_and_push, git, make_bare_repo
 
 TARGET = "{runtime: hermes, provider: ollama, model: llama3.1-8b, profile: default}"

@@ -18,9 +18,9 @@ import pytest
 from agent_helpers import AgentThread, envelope, job, new_key, start_process, wait_for
 from agent_helpers import request as http
 
-from reconciler.agentstate import BackupInfo, JobRecord, StateDir, backups_to_prune, digest
-from reconciler.model import Target
-from reconciler.signing import SigningKey, canonical_json
+from reconciler.node.state_dir import BackupInfo, JobRecord, StateDir, backups_to_prune, digest
+from reconciler.protocol.signing import SigningKey, canonical_json
+from reconciler.spec.model import Target
 
 OLD_CONFIG = b"# hermes, set by hand\nprovider: ollama\nmodel: llama3-old\nprofile: default\n"
 
@@ -475,7 +475,7 @@ def test_unknown_jobs_nodes_and_paths_answer_404(agent: AgentThread) -> None:
 def test_a_second_agent_on_the_same_state_directory_is_refused(
     agent: AgentThread, state: Path
 ) -> None:
-    from reconciler.errors import ReconcilerError
+    from reconciler.spec.errors import ReconcilerError
 
     with pytest.raises(ReconcilerError, match="another agent is running"):
         StateDir.open(state)

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from agent_helpers import FleetThread, Served, job, new_key, wait_for
 
-from reconciler.agent_client import AgentClient
-from reconciler.httpserver import Request, Response, error_response, json_response
-from reconciler.model import Target
-from reconciler.observations import Backup, JobObservation
-from reconciler.signing import SigningKey
+from reconciler.daemon.agent_client import AgentClient
+from reconciler.node.http_server import Request, Response, error_response, json_response
+from reconciler.protocol.observations import Backup, JobObservation
+from reconciler.protocol.signing import SigningKey
+from reconciler.spec.model import Target
 
 SCRIPT = """
 nodes:

@@ -13,9 +13,9 @@ from pathlib import Path
 import pygit2
 import pytest
 
-from reconciler.approval import Approver, is_spec_commit
-from reconciler.signing import load_private_key
-from reconciler.sshsig import parse_allowed_signers, sign_commit_payload
+from reconciler.git.approval import Approver, is_spec_commit
+from reconciler.git.sshsig import parse_allowed_signers, sign_commit_payload
+from reconciler.protocol.signing import load_private_key
 
 ENV = {
     "GIT_AUTHOR_NAME": "Alice",

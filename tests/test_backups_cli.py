@@ -12,8 +12,8 @@ import pytest
 from agent_helpers import AgentThread, envelope, job, new_key
 from fleet_helpers import identity, make_fleet, node_doc
 
-from reconciler import cli
-from reconciler.model import Target
+from reconciler.cli import main as cli
+from reconciler.spec.model import Target
 
 __all__ = ["identity"]
 

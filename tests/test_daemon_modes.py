@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.agent_client import AgentClient
-from reconciler.approval import Approver, load_allowed_signers
-from reconciler.daemon import Daemon
-from reconciler.gitstore import GitStore
-from reconciler.signing import load_private_key
-from reconciler.sshsig import sign_commit_payload
-from reconciler.yamlio import load_yaml
+from reconciler.daemon.agent_client import AgentClient
+from reconciler.daemon.loop import Daemon
+from reconciler.git.approval import Approver, load_allowed_signers
+from reconciler.git.sshsig import sign_commit_payload
+from reconciler.git.store import GitStore
+from reconciler.protocol.signing import load_private_key
+from reconciler.spec.safe_yaml import load_yaml
 from tests.fleetkit import FleetKit, rollout_yaml
 from tests.gitutil import git, git_env
 

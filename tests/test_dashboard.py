@@ -8,8 +8,8 @@ from dataclasses import replace
 
 from fleet_helpers import make_status
 
-from reconciler.dashboard import render_dashboard
-from reconciler.status import Condition
+from reconciler.spec.rollout_status import Condition
+from reconciler.views.dashboard import render_dashboard
 
 CANARY = make_status(
     "llama-canary",

@@ -6,8 +6,8 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-from reconciler.demo import run_demo
-from reconciler.yamlio import load_yaml
+from reconciler.cli.demo_story import run_demo
+from reconciler.spec.safe_yaml import load_yaml
 from tests.gitutil import git
 
 

@@ -11,7 +11,7 @@ from corpus import Case, bad_cases, base_fleet, cases, write_tree
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reconciler.documents import (
+from reconciler.spec.documents import (
     Documents,
     ParsedFile,
     assemble,
@@ -19,7 +19,7 @@ from reconciler.documents import (
     load_directory,
     parse_file,
 )
-from reconciler.model import Defaults, Problem, RollbackRequest, Settings, Target
+from reconciler.spec.model import Defaults, Problem, RollbackRequest, Settings, Target
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "example-repo"

@@ -7,7 +7,7 @@ from datetime import timedelta
 
 from engine_world import OLD_MODEL, World
 
-from reconciler.model import Settings
+from reconciler.spec.model import Settings
 
 
 def two_batches(**spec: object) -> World:

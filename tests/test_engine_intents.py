@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from engine_world import TARGET, World
 
-from reconciler.model import Target
+from reconciler.spec.model import Target
 
 
 def started(nodes: list[str], **spec: object) -> World:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from engine_world import World
 
-from reconciler.model import Settings
+from reconciler.spec.model import Settings
 
 
 def started(nodes: list[str], **spec: object) -> World:

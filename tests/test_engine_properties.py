@@ -27,11 +27,11 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from reconciler.effects import SendJob
-from reconciler.engine import in_flight, step_fleet
-from reconciler.model import Fleet, RollbackRequest, Settings
-from reconciler.policy import decide
-from reconciler.status import (
+from reconciler.engine.policy import decide
+from reconciler.engine.step import in_flight, step_fleet
+from reconciler.protocol.effects import SendJob
+from reconciler.spec.model import Fleet, RollbackRequest, Settings
+from reconciler.spec.rollout_status import (
     TERMINAL_PHASES,
     NodeRecord,
     RolloutStatus,

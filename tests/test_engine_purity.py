@@ -9,7 +9,11 @@ import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).parent.parent / "reconciler"
-ENGINE_MODULES = ["reconciler.engine", "reconciler.policy", "reconciler.status"]
+ENGINE_MODULES = [
+    "reconciler.engine.step",
+    "reconciler.engine.policy",
+    "reconciler.spec.rollout_status",
+]
 FORBIDDEN = {"pygit2", "httpx", "watchfiles", "asyncio", "time", "os", "random", "socket"}
 
 

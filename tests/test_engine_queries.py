@@ -8,10 +8,16 @@ import json
 
 from engine_world import World
 
-from reconciler.engine import in_flight, is_active, next_wakeup, wanted_backups, wanted_heartbeats
-from reconciler.jobids import job_id
-from reconciler.model import Settings
-from reconciler.status import from_record, to_record
+from reconciler.engine.step import (
+    in_flight,
+    is_active,
+    next_wakeup,
+    wanted_backups,
+    wanted_heartbeats,
+)
+from reconciler.protocol.job_ids import job_id
+from reconciler.spec.model import Settings
+from reconciler.spec.rollout_status import from_record, to_record
 
 
 def test_jobs_in_flight_are_rebuilt_from_status_alone_with_the_same_payload() -> None:

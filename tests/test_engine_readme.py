@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from reconciler.lifecycle import render_engine_tables, render_state_diagram
-from reconciler.policy import render_policy_table
+from reconciler.engine.lifecycle import render_engine_tables, render_state_diagram
+from reconciler.engine.policy import render_policy_table
 
 README = Path(__file__).parent.parent / "README.md"
 BEGIN, END = "<!-- engine-tables:begin -->", "<!-- engine-tables:end -->"
@@ -19,7 +19,7 @@ def test_readme_block_matches_the_engine_tables() -> None:
 
     assert block.strip() == render_engine_tables().strip(), (
         "README.md is out of date: replace the engine-tables block with "
-        "`python -c 'from reconciler.lifecycle import render_engine_tables as r; print(r())'`"
+        "`python -c 'from reconciler.engine.lifecycle import render_engine_tables as r; print(r())'`"
     )
 
 

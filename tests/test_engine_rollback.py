@@ -6,10 +6,10 @@ import json
 
 from engine_world import World
 
-from reconciler import schemas
-from reconciler.engine import StepMemo, step_fleet
-from reconciler.model import Fleet, Settings
-from reconciler.status import from_record, to_record
+from reconciler.engine.step import StepMemo, step_fleet
+from reconciler.spec import schemas
+from reconciler.spec.model import Fleet, Settings
+from reconciler.spec.rollout_status import from_record, to_record
 
 STATUS_SCHEMA = schemas.validator("rollout-status")
 
@@ -218,7 +218,7 @@ def test_rollback_waits_for_the_backup_list_when_the_first_apply_was_never_seen(
     step = w.step(40)
     assert step.effects == () and w.status().rollbacks[0].state == "waiting"
 
-    from reconciler.engine import wanted_backups
+    from reconciler.engine.step import wanted_backups
 
     assert wanted_backups([w.status()]) == ("a",)
     w.come_back("a")

@@ -6,9 +6,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reconciler import selection
-from reconciler.engine import resolve_nodes
-from reconciler.model import Fleet, Node, RolloutSpec, Target
+from reconciler.engine import selection
+from reconciler.engine.step import resolve_nodes
+from reconciler.spec.model import Fleet, Node, RolloutSpec, Target
 
 NAMES = [f"n{i}" for i in range(12)]
 LABELS = st.dictionaries(

@@ -27,8 +27,8 @@ from gitutil import (
     show,
 )
 
-from reconciler.errors import RefMoved, StoreError
-from reconciler.gitstore import GitStore, is_remote_location
+from reconciler.git.store import GitStore, is_remote_location
+from reconciler.spec.errors import RefMoved, StoreError
 
 FLEET = {
     "reconciler.yaml": "kind: Settings\n",

@@ -12,8 +12,8 @@ import pygit2
 import pytest
 from gitutil import clone, commit, commit_and_push, git, head, make_bare_repo
 
-from reconciler.gitstore import GitStore
-from reconciler.history import History
+from reconciler.git.history import History
+from reconciler.git.store import GitStore
 
 
 @pytest.fixture

@@ -23,8 +23,8 @@ from gitutil import (
 )
 from pygit2.enums import CredentialType
 
-from reconciler.errors import RefMoved, StoreError
-from reconciler.gitstore import TOKEN_ENV, GitStore, _Callbacks
+from reconciler.git.store import TOKEN_ENV, GitStore, _Callbacks
+from reconciler.spec.errors import RefMoved, StoreError
 
 
 @pytest.fixture

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from fleet_helpers import git, identity
 
-from reconciler import cli
-from reconciler.commands.init import example_dir
+from reconciler.cli import main as cli
+from reconciler.cli.commands.init import example_dir
 
 __all__ = ["identity"]
 

@@ -18,8 +18,8 @@ from fleet_helpers import (
     status_text,
 )
 
-from reconciler import cli
-from reconciler.intents import set_spec_fields
+from reconciler.cli import main as cli
+from reconciler.cli.intent_edits import set_spec_fields
 
 __all__ = ["identity"]
 

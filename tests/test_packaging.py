@@ -35,4 +35,7 @@ def test_the_wheel_carries_schemas_examples_and_the_console_script(tmp_path: Pat
     assert "reconciler/example-repo/rollouts/llama-canary.yaml" in names
     assert "reconciler/example-repo/nodes/gpu-a1.yaml" in names
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
-    assert "reconciler = reconciler.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert (
+        "reconciler = reconciler.cli.main:main"
+        in zipfile.ZipFile(wheel).read(entry_points).decode()
+    )

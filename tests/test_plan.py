@@ -12,10 +12,11 @@ from typing import Any
 import pytest
 from fleet_helpers import commit_files, git, identity, make_fleet, node_doc, status_text
 
-from reconciler import cli, plan
-from reconciler.engine import RolloutInput, step_fleet
-from reconciler.observations import JobObservation, Observations
-from reconciler.status import RolloutStatus
+from reconciler.cli import main as cli
+from reconciler.engine.step import RolloutInput, step_fleet
+from reconciler.protocol.observations import JobObservation, Observations
+from reconciler.spec.rollout_status import RolloutStatus
+from reconciler.views import plan
 
 __all__ = ["identity"]
 

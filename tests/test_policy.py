@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from reconciler.policy import POLICIES, VERDICTS, Decision, decide, matching_rules
+from reconciler.engine.policy import POLICIES, VERDICTS, Decision, decide, matching_rules
 
 # DESIGN.md section 5, written out as (verdict, policy, auto_retried, backup) -> decision.
 # None in a key column means "either".

@@ -18,8 +18,8 @@ from fleet_helpers import (
     status_text,
 )
 
-from reconciler import cli
-from reconciler.status import RollbackNode, RollbackRecord
+from reconciler.cli import main as cli
+from reconciler.spec.rollout_status import RollbackNode, RollbackRecord
 
 __all__ = ["identity"]
 

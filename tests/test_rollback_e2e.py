@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
-from reconciler import cli
-from reconciler.timefmt import parse_time
+from reconciler.cli import main as cli
+from reconciler.spec.times import parse_time
 from tests.agentkit import AgentFleet, RealAgent, free_port, node_map, rollback_outcomes
 from tests.fleetkit import rollout_yaml
 from tests.gitutil import git, git_env

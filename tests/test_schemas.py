@@ -16,8 +16,8 @@ from corpus import cases
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reconciler import model, schemas, yamlio
-from reconciler.durations import parse_duration
+from reconciler.spec import model, safe_yaml, schemas
+from reconciler.spec.durations import parse_duration
 
 MINE = ("node", "rollout", "settings")
 REPO = Path(__file__).resolve().parent.parent
@@ -124,8 +124,8 @@ def _documents() -> list[tuple[str, Any]]:
     ]
     for path, data in sources:
         try:
-            doc = yamlio.load_yaml(path, data)
-        except yamlio.YamlProblem:
+            doc = safe_yaml.load_yaml(path, data)
+        except safe_yaml.YamlProblem:
             continue
         folder = path.split("/")[0]
         name = {"nodes": "node", "rollouts": "rollout"}.get(folder)

@@ -16,9 +16,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
-from reconciler.errors import KeyFileError
-from reconciler.jobs import JOB_TTL, _validators, build_payload, payload_problems, same_job
-from reconciler.signing import (
+from reconciler.protocol.job_payload import (
+    JOB_TTL,
+    _validators,
+    build_payload,
+    payload_problems,
+    same_job,
+)
+from reconciler.protocol.signing import (
     JobRefused,
     canonical_json,
     envelope_bytes,
@@ -29,6 +34,7 @@ from reconciler.signing import (
     make_envelope,
     verify_envelope,
 )
+from reconciler.spec.errors import KeyFileError
 
 NOW = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
 

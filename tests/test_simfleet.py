@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from agent_helpers import FleetThread, envelope, job, new_key, request, start_process, wait_for
 
-from reconciler.model import Target
-from reconciler.signing import SigningKey
-from reconciler.simfleet import ScriptError, load_script, node_names, parse_script
+from reconciler.node.simulated_fleet import ScriptError, load_script, node_names, parse_script
+from reconciler.protocol.signing import SigningKey
+from reconciler.spec.model import Target
 
 
 @pytest.fixture

@@ -13,14 +13,14 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from reconciler.errors import ReconcilerError
-from reconciler.sshsig import (
+from reconciler.git.sshsig import (
     AllowedSigner,
     fingerprint,
     parse_allowed_signers,
     sign_commit_payload,
     verify_sshsig,
 )
+from reconciler.spec.errors import ReconcilerError
 
 MESSAGE = b"tree 4b825dc642cb6eb9a060e54bf8d69288fbee4904\n\nhello fleet\n"
 

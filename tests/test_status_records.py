@@ -11,7 +11,7 @@ import jsonschema
 import pytest
 from engine_world import World
 
-from reconciler.status import (
+from reconciler.spec.rollout_status import (
     PAGE_SIZE,
     RolloutStatus,
     changed_files,

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 from fleet_helpers import T0, commit_files, git, identity, make_fleet, make_status, status_text
 
-from reconciler import cli, statusview
-from reconciler.commands.status import use_colour
-from reconciler.status import Condition, RollbackNode, RollbackRecord, to_record
+from reconciler.cli import main as cli
+from reconciler.cli.commands.status import use_colour
+from reconciler.spec.rollout_status import Condition, RollbackNode, RollbackRecord, to_record
+from reconciler.views import status_text as status_view
 
 __all__ = ["identity"]
 
@@ -28,7 +29,7 @@ CANARY_NODES = [
 ]
 
 
-def canary() -> statusview.RolloutStatus:
+def canary() -> status_view.RolloutStatus:
     return make_status(
         "llama-canary",
         "paused",
@@ -50,7 +51,7 @@ def canary() -> statusview.RolloutStatus:
     )
 
 
-def finished() -> statusview.RolloutStatus:
+def finished() -> status_view.RolloutStatus:
     return make_status(
         "mistral-wide",
         "completed",
@@ -60,7 +61,7 @@ def finished() -> statusview.RolloutStatus:
     )
 
 
-def waiting() -> statusview.RolloutStatus:
+def waiting() -> status_view.RolloutStatus:
     return make_status("qwen-next", "pending", reason="overlap", message="shares gpu-a3")
 
 
@@ -71,7 +72,7 @@ STATUSES = {s.name: s for s in (finished(), waiting(), canary())}
 
 
 def test_table_has_one_line_per_rollout_held_first_within_80_columns() -> None:
-    text = statusview.render_table(STATUSES, NOW)
+    text = status_view.render_table(STATUSES, NOW)
 
     lines = text.splitlines()
     assert lines[0].split() == ["ROLLOUT", "PHASE", "PROGRESS", "BATCH", "AGE", "HOLD/REASON"]
@@ -89,13 +90,13 @@ def test_table_has_one_line_per_rollout_held_first_within_80_columns() -> None:
 
 
 def test_table_colours_phases_only_when_asked() -> None:
-    coloured = statusview.render_table(STATUSES, NOW, colour=True)
+    coloured = status_view.render_table(STATUSES, NOW, colour=True)
     assert "\x1b[33mpaused" in coloured
-    assert ANSI.sub("", coloured) == statusview.render_table(STATUSES, NOW)
+    assert ANSI.sub("", coloured) == status_view.render_table(STATUSES, NOW)
 
 
 def test_detail_shows_every_node_the_hold_conditions_rollbacks_and_transitions() -> None:
-    text = statusview.render_detail(canary(), NOW)
+    text = status_view.render_detail(canary(), NOW)
 
     assert text.startswith("llama-canary  paused  since 2026-12-01T09:00:00Z (7m ago)")
     assert "target    hermes ollama/llama3.1-8b (profile default)" in text
@@ -116,7 +117,7 @@ def test_detail_shows_every_node_the_hold_conditions_rollbacks_and_transitions()
 def test_detail_draws_long_runs_of_batches_as_ranges() -> None:
     nodes = [(f"n{i:04d}", i, "succeeded" if i <= 500 else "pending") for i in range(1, 1001)]
     nodes[500] = ("n0501", 501, "dispatched")
-    text = statusview.render_detail(make_status("big", "running", nodes), NOW)
+    text = status_view.render_detail(make_status("big", "running", nodes), NOW)
 
     batch_section = text.split("batches\n")[1].split("\n\n")[0].splitlines()
     assert [line.split()[:2] for line in batch_section] == [
@@ -261,7 +262,7 @@ def test_a_scheduled_rollout_says_when_it_starts_and_has_no_progress_yet() -> No
         "qwen-serving", "scheduled", reason="start_at", scheduled_for=T0 + timedelta(days=1)
     )
 
-    [line] = statusview.render_table({"q": later}, NOW).splitlines()[1:]
+    [line] = status_view.render_table({"q": later}, NOW).splitlines()[1:]
 
     assert line.split()[:4] == ["qwen-serving", "scheduled", "-", "-"]
     assert line.endswith("starts 2026-12-02 09:00Z")

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from corpus import write_tree
 
-from reconciler import cli
-from reconciler.commands.validate import github_annotation
-from reconciler.model import Problem
+from reconciler.cli import main as cli
+from reconciler.cli.commands.validate import github_annotation
+from reconciler.spec.model import Problem
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "example-repo"

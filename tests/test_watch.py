@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from gitutil import GitHttpServer, clone, commit, commit_and_push, git, make_bare_repo
 
-from reconciler.gitstore import GitStore
-from reconciler.watch import BranchWatcher
+from reconciler.git.store import GitStore
+from reconciler.git.watch import BranchWatcher
 
 
 @pytest.fixture
@@ -133,7 +133,7 @@ def test_when_file_events_cannot_be_had_the_ref_files_are_looked_at(
 ) -> None:
     # watchfiles' setup walks the Git directory and can fail when a push's
     # temporary folder vanishes mid-walk; the watcher must not die of it.
-    import reconciler.watch as watch
+    import reconciler.git.watch as watch
 
     def vanished(*args: object) -> None:
         raise FileNotFoundError(2, "No such file or directory (os error 2)")

@@ -11,8 +11,8 @@ import ruamel.yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reconciler import yamlio
-from reconciler.yamlio import YamlProblem, dump_yaml, load_yaml, locate
+from reconciler.spec import safe_yaml
+from reconciler.spec.safe_yaml import YamlProblem, dump_yaml, load_yaml, locate
 
 
 def refused(text: str | bytes) -> YamlProblem:
@@ -24,8 +24,8 @@ def refused(text: str | bytes) -> YamlProblem:
 
 def test_the_c_parser_is_in_use() -> None:
     # pyproject names ruamel.yaml.clib; a silently pure parser is 4x slower
-    assert yamlio.C_LOADER
-    assert yamlio.loader_warning() is None
+    assert safe_yaml.C_LOADER
+    assert safe_yaml.loader_warning() is None
 
 
 def test_scalars_follow_the_yaml_1_2_core_schema() -> None:
@@ -131,8 +131,8 @@ def test_keys_must_be_text() -> None:
 
 
 def test_files_over_one_mebibyte_are_refused_whole() -> None:
-    at_limit = b"a: 1\n" + b"#" * (yamlio.MAX_BYTES - 6) + b"\n"
-    assert len(at_limit) == yamlio.MAX_BYTES
+    at_limit = b"a: 1\n" + b"#" * (safe_yaml.MAX_BYTES - 6) + b"\n"
+    assert len(at_limit) == safe_yaml.MAX_BYTES
     assert load_yaml("f.yaml", at_limit) == {"a": 1}
     problem = refused(at_limit + b"\n").problem
     assert (problem.line, problem.column) == (0, 0)
@@ -167,9 +167,9 @@ def test_syntax_errors_name_the_place_and_a_hint() -> None:
 
 
 def test_nesting_is_capped() -> None:
-    deep = "[" * (yamlio.MAX_DEPTH + 1) + "]" * (yamlio.MAX_DEPTH + 1)
+    deep = "[" * (safe_yaml.MAX_DEPTH + 1) + "]" * (safe_yaml.MAX_DEPTH + 1)
     assert "nested more than" in refused(deep).problem.message
-    ok = "[" * yamlio.MAX_DEPTH + "]" * yamlio.MAX_DEPTH
+    ok = "[" * safe_yaml.MAX_DEPTH + "]" * safe_yaml.MAX_DEPTH
     load_yaml("f.yaml", ok.encode())
 
 
@@ -308,6 +308,6 @@ _documents = st.recursive(
 def test_the_fast_writer_writes_what_the_emitter_writes(doc: object) -> None:
     # dump_yaml writes common block YAML itself for speed; it must be byte for
     # byte what ruamel's emitter writes, and read back as the same data.
-    assert yamlio.dump_yaml(doc) == yamlio._dump_with_emitter(doc)
+    assert safe_yaml.dump_yaml(doc) == safe_yaml._dump_with_emitter(doc)
     if doc is not None:
-        assert yamlio.load_yaml("x.yaml", yamlio.dump_yaml(doc)) == doc
+        assert safe_yaml.load_yaml("x.yaml", safe_yaml.dump_yaml(doc)) == doc

@@ -7,7 +7,7 @@ simulated fleet (``python -m reconciler sim-fleet``) and real node agents
 (``python -m reconciler agent``) as subprocesses, and the daemon itself as a
 subprocess (``python -m reconciler run --repo BARE --key KEY --interval
 0.2s``) that can be SIGKILLed at a named crash point (``RECONCILER_CRASH_AT``,
-see ``reconciler.crashpoints``) and started again without it.
+see ``reconciler.daemon.crashpoints``) and started again without it.
 
 The lab reads what the daemon did only the way an operator can: the
 committed status files (``invariants.read_statuses``), the daemon's JSON log,
@@ -371,7 +371,7 @@ class Lab:
     started is stopped on the way out, whatever happened."""
 
     def __init__(self, root: Path) -> None:
-        from reconciler.signing import generate_key
+        from reconciler.protocol.signing import generate_key
 
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)

@@ -29,9 +29,9 @@ from typing import Any
 
 import pygit2
 
-from reconciler.status import TERMINAL_PHASES, RolloutStatus, status_from_files
-from reconciler.timefmt import parse_time
-from reconciler.yamlio import YamlProblem, load_yaml
+from reconciler.spec.rollout_status import TERMINAL_PHASES, RolloutStatus, status_from_files
+from reconciler.spec.safe_yaml import YamlProblem, load_yaml
+from reconciler.spec.times import parse_time
 
 DAEMON_NAME = "reconciler"
 SECOND = timedelta(seconds=1)

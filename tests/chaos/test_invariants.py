@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from reconciler.model import Target
-from reconciler.status import FrozenSpec, NodeRecord, RolloutStatus
+from reconciler.spec.model import Target
+from reconciler.spec.rollout_status import FrozenSpec, NodeRecord, RolloutStatus
 
 from .invariants import CommitRecord, Snapshot, check_history, check_jobs
 

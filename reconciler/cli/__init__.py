@@ -1,0 +1,1 @@
+"""``reconciler VERB``: the verbs, the intent edits and the demo. Imports everything."""

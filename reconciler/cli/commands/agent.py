@@ -1,0 +1,141 @@
+"""``reconciler agent``: the node agent (``reconciler.node.agent``) on one port.
+
+Prints ``listening on HOST:PORT`` as its first line on stdout once it
+accepts connections (useful with ``--listen 127.0.0.1:0``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+import signal
+import sys
+from pathlib import Path
+
+from reconciler.node.agent import (
+    DEFAULT_AFTER_APPLY_TIMEOUT,
+    DEFAULT_RETENTION,
+    Agent,
+    AgentConfig,
+    managed_runtimes,
+    serve,
+)
+from reconciler.node.http_server import parse_listen
+from reconciler.node.state_dir import StateDir
+from reconciler.protocol.signing import load_trusted_keys
+from reconciler.spec.durations import parse_duration
+from reconciler.spec.errors import UsageError
+
+# A runtime names a file, so no '/' (the job schema allows more; such a
+# runtime is simply never managed here and is refused as unsupported_runtime).
+RUNTIME_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+HELP = "run the node agent: verify signed jobs, apply configs, keep backups"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--node", required=True, metavar="NAME", help="this node's name")
+    parser.add_argument(
+        "--state-dir",
+        required=True,
+        metavar="DIR",
+        help="runtime configs (DIR/runtimes/TYPE.yaml), job journal and backups",
+    )
+    parser.add_argument(
+        "--trust-key",
+        action="append",
+        required=True,
+        metavar="FILE",
+        help="the daemon's OpenSSH public key (repeat to trust several, for rotation)",
+    )
+    parser.add_argument(
+        "--runtime",
+        action="append",
+        metavar="TYPE",
+        help="a runtime this agent manages (repeatable; default: those with a config file)",
+    )
+    parser.add_argument(
+        "--listen", default="127.0.0.1:8710", metavar="HOST:PORT", help="default 127.0.0.1:8710"
+    )
+    parser.add_argument(
+        "--allow-live-apply",
+        action="store_true",
+        help="accept live jobs (without it, only dry runs)",
+    )
+    parser.add_argument(
+        "--after-apply",
+        metavar="CMD",
+        help="shell command run after each live change (job fields in RECONCILER_* "
+        "variables); if it fails, the previous config is put back",
+    )
+    parser.add_argument(
+        "--after-apply-timeout",
+        default=f"{int(DEFAULT_AFTER_APPLY_TIMEOUT)}s",
+        metavar="DURATION",
+        help="how long --after-apply may run (default 60s)",
+    )
+    parser.add_argument(
+        "--backup-retention",
+        type=int,
+        default=DEFAULT_RETENTION,
+        metavar="N",
+        help="backups kept per runtime (default 20; the first backup of each rollout "
+        "is kept beyond that)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        host, port = parse_listen(args.listen)
+        timeout = parse_duration(args.after_apply_timeout)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if args.backup_retention < 1:
+        raise UsageError("--backup-retention must be at least 1")
+    for runtime in args.runtime or ():
+        if not RUNTIME_NAME.fullmatch(runtime):
+            raise UsageError(
+                f"--runtime {runtime!r}: use letters, digits, '.', '_' and '-' "
+                "(it names the file STATE/runtimes/TYPE.yaml)"
+            )
+    trusted = load_trusted_keys([Path(p) for p in args.trust_key])
+    state = StateDir.open(Path(args.state_dir))
+    try:
+        runtimes = managed_runtimes(args.runtime, state)
+        if not runtimes:
+            raise UsageError(
+                f"no runtime to manage: {state.runtimes} has no TYPE.yaml; pass --runtime TYPE"
+            )
+        agent = Agent(
+            AgentConfig(
+                node=args.node,
+                trusted=trusted,
+                runtimes=runtimes,
+                allow_live=args.allow_live_apply,
+                after_apply=args.after_apply,
+                after_apply_timeout=float(timeout),
+                backup_retention=args.backup_retention,
+            ),
+            state,
+        )
+
+        async def main() -> None:
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(signum, stop.set)
+            await serve(agent, host, port, ready=_ready, stop=stop)
+
+        try:
+            asyncio.run(main())
+        finally:
+            agent.close()  # waits for the job in progress
+    finally:
+        state.close()
+    return 0
+
+
+def _ready(address: str) -> None:
+    print(f"listening on {address}", flush=True)
+    print("agent: ready", file=sys.stderr, flush=True)

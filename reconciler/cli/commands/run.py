@@ -1,0 +1,121 @@
+"""``reconciler run``: the daemon."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from reconciler.spec.errors import UsageError
+
+HELP = "run the reconcile daemon against a fleet repository"
+
+
+def _seconds(text: str) -> float:
+    from reconciler.spec.durations import parse_duration
+
+    try:
+        return float(parse_duration(text))
+    except ValueError:
+        try:
+            value = float(text.rstrip("s"))
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"not a duration: {text!r} (e.g. 5s, 500ms is 0.5s)"
+            ) from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be more than zero: {text!r}") from None
+        return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--repo", required=True, help="bare repository path, or a remote URL")
+    parser.add_argument("--branch", default="main", help="the branch to act on (default main)")
+    parser.add_argument("--key", required=True, type=Path, help="the daemon's OpenSSH Ed25519 key")
+    parser.add_argument("--once", action="store_true", help="run one pass and exit")
+    parser.add_argument(
+        "--interval", type=_seconds, default=5.0, help="pass interval while a rollout is active"
+    )
+    parser.add_argument("--poll", type=_seconds, default=15.0, help="fetch interval for a remote")
+    parser.add_argument(
+        "--allowed-signers",
+        type=Path,
+        help="act only on spec commits signed by these keys (git's allowed-signers format)",
+    )
+    parser.add_argument(
+        "--sign-commits", action="store_true", help="sign status commits with the daemon's key"
+    )
+    parser.add_argument("--metrics", metavar="HOST:PORT", help="serve Prometheus metrics here")
+    parser.add_argument("--log-format", choices=("text", "json"), default="text")
+    parser.add_argument(
+        "--cache-dir", type=Path, help="where a remote's mirror is kept (default ~/.cache)"
+    )
+    parser.add_argument("--ssh-key", type=Path, help="SSH key for a remote (or RECONCILER_SSH_KEY)")
+    parser.add_argument(
+        "--concurrency", type=int, default=64, help="agent requests in flight at once"
+    )
+    parser.add_argument(
+        "--agent-timeout",
+        type=_seconds,
+        default=5.0,
+        help="how long one agent request may take before the agent counts as unreachable",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from reconciler.daemon.agent_client import AgentClient
+    from reconciler.daemon.logs import EventLog
+    from reconciler.daemon.loop import Daemon, stop_on_signals
+    from reconciler.daemon.metrics import Metrics
+    from reconciler.git.approval import Approver, load_allowed_signers
+    from reconciler.git.sshsig import sign_commit_payload
+    from reconciler.git.store import GitStore
+    from reconciler.git.watch import BranchWatcher
+    from reconciler.protocol.signing import load_private_key
+    from reconciler.spec.safe_yaml import loader_warning
+
+    if args.concurrency < 1:
+        raise UsageError("--concurrency must be at least 1")
+    log = EventLog(args.log_format)
+    warning = loader_warning()
+    if warning:
+        log.warning("yaml_loader", warning)
+    key = load_private_key(args.key)
+    store = GitStore.open(args.repo, args.branch, cache_dir=args.cache_dir, ssh_key=args.ssh_key)
+    approver = None
+    if args.allowed_signers is not None:
+        approver = Approver(store.repository(), load_allowed_signers(args.allowed_signers))
+    sign = (
+        (lambda payload: sign_commit_payload(key.private_key, payload))
+        if args.sign_commits
+        else None
+    )
+    metrics = Metrics()
+    if args.metrics:
+        metrics.serve(args.metrics)
+    client = AgentClient(key, concurrency=args.concurrency, timeout=args.agent_timeout)
+    daemon = Daemon(store, client, log=log, metrics=metrics, approver=approver, sign=sign)
+    log.info(
+        "start",
+        f"acting on {args.repo} branch {args.branch}",
+        key=key.key_id,
+        verification="on" if approver else "off",
+    )
+    try:
+        if args.once:
+            outcome = daemon.run_pass()
+            log.info(
+                "pass",
+                f"{outcome.transitions} transitions, {outcome.jobs_sent} jobs sent",
+                commit=(outcome.commit or outcome.tip)[:12],
+            )
+            return 0
+        branches = [args.branch]
+        with (
+            BranchWatcher.for_store(store, branches, poll=args.poll) as watcher,
+            stop_on_signals(daemon),
+        ):
+            daemon.serve(watcher, interval=args.interval)
+        log.info("stopped", "clean stop")
+        return 0
+    finally:
+        client.close()

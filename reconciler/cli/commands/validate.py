@@ -1,0 +1,92 @@
+"""``reconciler validate [DIR] [--format text|github]``: check every document
+of a fleet repository's working tree, as the daemon would read it.
+
+One line per problem, ``file:line:col: field: message``, or GitHub Actions
+annotations with ``--format github``. Exit 0 when clean, 1 on any problem,
+2 on usage errors. ``status/`` is the daemon's and is not checked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from reconciler.spec import safe_yaml
+from reconciler.spec.documents import load_directory
+from reconciler.spec.errors import UsageError
+from reconciler.spec.model import Problem
+
+HELP = "check every document in a fleet repository: file:line:col: field: message"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "dir",
+        nargs="?",
+        default=".",
+        metavar="DIR",
+        help="the fleet repository's working tree (default: the current directory)",
+    )
+    parser.add_argument(
+        "--format",
+        choices=("text", "github"),
+        default="text",
+        help="text: one line per problem; github: GitHub Actions error annotations",
+    )
+
+
+def _escape_data(text: str) -> str:
+    # GitHub's workflow-command escaping for the message part
+    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def _escape_property(text: str) -> str:
+    return _escape_data(text).replace(":", "%3A").replace(",", "%2C")
+
+
+def github_annotation(problem: Problem, prefix: str = "") -> str:
+    """``::error file=...,line=...,col=...,title=...::message``; ``prefix`` is
+    the path of the fleet repository inside the checked-out repository."""
+    props = [f"file={_escape_property(prefix + problem.path)}"]
+    if problem.line:
+        props.append(f"line={problem.line}")
+        props.append(f"col={problem.column}")
+    title = problem.field or "document"
+    props.append(f"title={_escape_property(title)}")
+    message = f"{problem.field}: {problem.message}" if problem.field else problem.message
+    return f"::error {','.join(props)}::{_escape_data(message)}"
+
+
+def run(args: argparse.Namespace) -> int:
+    root = Path(args.dir)
+    if not root.exists():
+        raise UsageError(f"{root} does not exist", "give the fleet repository's directory")
+    if not root.is_dir():
+        raise UsageError(f"{root} is not a directory", "give the fleet repository's directory")
+    warning = safe_yaml.loader_warning()
+    if warning:
+        print(warning, file=sys.stderr)
+    documents = load_directory(root)
+    # Paths relative to where the command runs, so editors and GitHub find them.
+    prefix = "" if root.resolve() == Path.cwd().resolve() else root.as_posix().rstrip("/") + "/"
+    for problem in documents.problems:
+        if args.format == "github":
+            print(github_annotation(problem, prefix))
+        elif prefix:
+            print(replace(problem, path=prefix + problem.path))
+        else:
+            print(problem)
+    if documents.problems:
+        count = len(documents.problems)
+        files = len({p.path for p in documents.problems})
+        print(
+            f"{count} problem{'s' if count != 1 else ''} in {files} file{'s' if files != 1 else ''}",
+            file=sys.stderr,
+        )
+        return 1
+    rollouts = len(documents.rollouts)
+    nodes = len(documents.fleet.nodes)
+    print(f"ok: {nodes} nodes, {rollouts} rollouts", file=sys.stderr)
+    return 0

@@ -1,0 +1,87 @@
+"""``reconciler VERB``: one module per verb under ``reconciler.cli.commands``.
+
+Each command module exposes ``HELP`` (one line; ``HELP_BY_VERB`` when it
+serves several verbs), ``add_arguments(parser)`` (or
+``add_arguments_for(verb, parser)``) and ``run(args) -> int``. Errors from the ``ReconcilerError`` family are
+caught here, once, and become a message on stderr and a stable exit code:
+0 success, 1 the command's own failure, 2 usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from reconciler import __version__
+from reconciler.spec.errors import ReconcilerError
+
+# verb -> module under reconciler.cli.commands; imported only when used, so
+# `reconciler validate` never pays for httpx or pygit2.
+COMMANDS: dict[str, str] = {
+    "run": "run",
+    "agent": "agent",
+    "sim-fleet": "sim_fleet",
+    "validate": "validate",
+    "plan": "plan",
+    "status": "status",
+    "pause": "intents",
+    "resume": "intents",
+    "abort": "intents",
+    "rollback": "rollback",
+    "backups": "backups",
+    "verify": "verify",
+    "keys": "keys",
+    "init": "init",
+    "demo": "demo",
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.print_usage(sys.stderr)
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
+    parser = _Parser(prog="reconciler", description="Git as the control plane for fleet rollouts.")
+    parser.add_argument("--version", action="version", version=f"reconciler {__version__}")
+    sub = parser.add_subparsers(dest="verb", metavar="VERB", parser_class=_Parser)
+    names = [verb] if verb in COMMANDS else list(COMMANDS)
+    for name in names:
+        try:
+            module = importlib.import_module(f"reconciler.cli.commands.{COMMANDS[name]}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"reconciler.cli.commands.{COMMANDS[name]}":
+                continue
+            raise
+        helps = getattr(module, "HELP_BY_VERB", {})
+        text = helps.get(name, module.HELP)
+        command = sub.add_parser(name, help=text, description=text)
+        if hasattr(module, "add_arguments_for"):
+            module.add_arguments_for(name, command)
+        else:
+            module.add_arguments(command)
+        command.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    verb = next((a for a in argv if not a.startswith("-")), None)
+    parser = build_parser(verb)
+    args = parser.parse_args(argv)
+    if not getattr(args, "verb", None):
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return int(args._run(args))
+    except ReconcilerError as exc:
+        print(f"reconciler {args.verb}: {exc.message}", file=sys.stderr)
+        if exc.hint:
+            print(f"  {exc.hint}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,753 @@
+"""The reconcile pass and the loop around it (DESIGN.md section 6).
+
+One pass: read the branch tip; parse the documents that changed (cached by
+blob id); with verification on, keep to the verified tree; observe the
+agents; step every rollout through the engine with one ``now``; if any
+status changed, write all changed status files and the dashboard in one
+commit whose parent is the tip read, moving the branch only if it still
+points there; only then send the jobs just recorded. A pass that loses the
+compare-and-swap starts over and executes nothing.
+
+Must not: decide anything (that is the engine's), or keep rollout state
+anywhere but the status files. What it keeps in memory is either a cache of
+something in Git (parsed blobs), or what DESIGN.md allows to be forgotten on
+restart (how long an agent has been unreachable).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from types import FrameType
+from typing import Any
+
+from jsonschema.exceptions import best_match  # type: ignore[import-untyped]
+
+from reconciler.daemon import crashpoints
+from reconciler.daemon.agent_client import AgentClient
+from reconciler.daemon.logs import EventLog
+from reconciler.daemon.metrics import Metrics
+from reconciler.engine import step as engine
+from reconciler.engine.step import FleetStep, RolloutInput
+from reconciler.git.approval import Approval, Approver
+from reconciler.git.history import History
+from reconciler.git.store import GitStore
+from reconciler.git.watch import BranchWatcher
+from reconciler.protocol.effects import SendJob
+from reconciler.protocol.observations import Heartbeat, JobObservation, Observations
+from reconciler.spec import rollout_status as status_values
+from reconciler.spec import schemas
+from reconciler.spec.documents import Documents, ParsedFile, assemble, parse_file
+from reconciler.spec.errors import RefMoved, StoreError
+from reconciler.spec.model import Fleet, Node, Problem, RolloutSpec
+from reconciler.spec.rollout_status import RolloutStatus
+from reconciler.spec.safe_yaml import YamlProblem, dump_yaml, load_yaml
+from reconciler.views.dashboard import render_dashboard
+
+SPEC_FOLDERS = ("rollouts", "nodes")
+SETTINGS_PATH = "reconciler.yaml"
+DASHBOARD_PATH = "status/README.md"
+MAX_RACES = 20  # passes lost in a row to other writers before giving up
+MESSAGE_LINES = 60  # transitions listed in one commit message
+REQUEST_WALK = 1000  # spec commits searched for the one that asked for a rollback
+STATUS_SCHEMA = "rollout-status"
+
+
+@dataclass(frozen=True)
+class PassOutcome:
+    tip: str  # the commit the pass read
+    commit: str | None  # the status commit it made, if any
+    transitions: int
+    jobs_sent: int
+    active: bool  # some rollout still needs passes
+    wakeup: datetime | None  # earliest deadline or start time
+    refused: str = ""  # why the pass did not act (rewritten history)
+
+
+@dataclass(frozen=True)
+class _Quiet:
+    """A pass that changed nothing and had nothing to observe. Until the
+    branches move or ``wakeup`` comes, another pass would step the same
+    inputs with the same (empty) observations: the engine is pure and, with
+    nothing in flight, reads the clock only against start times and
+    deadlines, which ``wakeup`` covers. So it is not run again."""
+
+    tip: str
+    status_branch: str
+    status_tip: str | None
+    wakeup: datetime | None
+    outcome: PassOutcome
+
+
+class Daemon:
+    """Runs reconcile passes against one store; the loop is ``serve``."""
+
+    def __init__(
+        self,
+        store: GitStore,
+        client: AgentClient,
+        *,
+        log: EventLog | None = None,
+        metrics: Metrics | None = None,
+        approver: Approver | None = None,
+        sign: Callable[[bytes], str] | None = None,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC).replace(microsecond=0),
+    ) -> None:
+        self.store = store
+        self.client = client
+        self.log = log or EventLog()
+        self.metrics = metrics or Metrics()
+        self.approver = approver
+        self.sign = sign
+        self.clock = clock
+        self._parsed: dict[str, ParsedFile] = {}  # blob id -> parsed document
+        self._documents: tuple[tuple[str | None, ...], Documents] | None = None
+        self._status_data: dict[str, Any] = {}  # blob id -> plain data (or the Problem)
+        self._statuses: dict[tuple[str, ...], RolloutStatus] = {}  # blob ids -> value
+        self._unreachable: dict[str, datetime] = {}  # node -> first failed contact
+        self._seen_tip: str | None = None
+        self._reported: set[str] = set()  # problems already logged, to log each once
+        self._last_readable: dict[str, RolloutStatus] = {}  # each rollout's last readable status
+        self._quiet: _Quiet | None = None  # the last pass, if it changed and watched nothing
+        self._watching = False  # the last pass had jobs, heartbeats or backups to read
+        self._by_name: tuple[Fleet, dict[str, Node]] | None = None
+        self._memo = engine.StepMemo()  # finished rollouts at rest, not stepped again
+
+    # -- one pass ------------------------------------------------------------
+
+    def run_pass(self) -> PassOutcome:
+        """One reconcile pass, started again from the top when another writer
+        moved the branch between our read and our commit."""
+        started = time.perf_counter()
+        try:
+            for _ in range(MAX_RACES):
+                try:
+                    return self._attempt()
+                except RefMoved:
+                    self.metrics.conflicts.inc()
+                    self.log.info("conflict", "the branch moved under the pass; reading again")
+            raise StoreError(
+                f"lost the compare-and-swap {MAX_RACES} times in a row",
+                "another writer commits to the branch continuously; the next pass tries again",
+            )
+        finally:
+            self.metrics.passes.inc()
+            self.metrics.pass_seconds.observe(time.perf_counter() - started)
+
+    def _attempt(self) -> PassOutcome:
+        store = self.store
+        tip = store.refresh()
+        if tip is None:
+            raise StoreError(
+                f"branch {store.branch!r} does not exist in {store.location}",
+                "push the fleet repository's first commit, or pass --branch",
+            )
+        if (
+            self._seen_tip
+            and tip != self._seen_tip
+            and not store.is_descendant(tip, self._seen_tip)
+        ):
+            message = (
+                f"branch {store.branch!r} moved from {self._seen_tip[:12]} to {tip[:12]}, which does "
+                "not contain it: history was rewritten (a force-push?). Refusing to act on it; "
+                "push a commit on top of the history the daemon has seen, or restart the daemon "
+                "to accept the new history"
+            )
+            self._report("history_rewritten", message, commit=tip)
+            return PassOutcome(tip, None, 0, 0, False, None, refused=message)
+        quiet, self._quiet = self._quiet, None
+        if (
+            quiet is not None
+            and quiet.tip == tip
+            and store.tip(quiet.status_branch) == quiet.status_tip
+            and (quiet.wakeup is None or self.clock() < quiet.wakeup)
+        ):
+            self._quiet = quiet
+            return quiet.outcome
+        history = store.history()
+        history.advance(tip)
+        approval = self.approver.approve(tip) if self.approver else None
+        spec_commit = tip if approval is None else approval.verified_commit
+        documents = self._read_documents(spec_commit)
+        settings = documents.settings
+        status_branch = settings.status_branch or store.branch
+        status_tip = tip if status_branch == store.branch else store.tip(status_branch)
+        statuses, broken = self._read_statuses(status_tip)
+        inputs = self._inputs(tip, history, approval, documents, statuses, broken)
+        observations = self._observe(statuses.values(), documents.fleet)
+        now = self.clock()
+        held = self._held_by_unreadable(broken, statuses, documents)
+        step = engine.step_fleet(
+            inputs, documents.fleet, settings, observations, now, unreadable=held, memo=self._memo
+        )
+        crashpoints.reach("after_step")
+        merged = {**statuses, **step.statuses}
+        commit = None
+        written: dict[str, Any] = {}  # status path -> the plain data written there
+        changes = self._status_changes(statuses, step, merged, broken, status_tip, written)
+        if changes:
+            message = _commit_message(step, spec_commit, broken)
+            commit = self.store.commit(status_branch, status_tip, changes, message, sign=self.sign)
+            self._committed(step, commit)
+            self._remember_written(commit, written, step.statuses)
+            crashpoints.reach("after_push")
+        sent = self._execute(step.effects, documents.fleet, now)
+        self._seen_tip = commit if commit and status_branch == store.branch else tip
+        self._update_gauges(merged.values())
+        outcome = PassOutcome(
+            tip=tip,
+            commit=commit,
+            transitions=len(step.transitions),
+            jobs_sent=sent,
+            # The statuses just changed first: usually one of them is active,
+            # and then the thousands of unchanged ones need not be looked at.
+            active=any(engine.is_active(s) for s in step.statuses.values())
+            or any(engine.is_active(s) for s in merged.values()),
+            wakeup=engine.next_wakeup(merged.values(), settings),
+        )
+        if commit is None and not sent and not step.transitions and not self._watching:
+            self._quiet = _Quiet(tip, status_branch, status_tip, outcome.wakeup, outcome)
+        return outcome
+
+    # -- reading -------------------------------------------------------------
+
+    def _parse(self, blob_id: str, path: str) -> ParsedFile:
+        parsed = self._parsed.get(blob_id)
+        if parsed is None or parsed.path != path:
+            parsed = parse_file(path, self.store.blob(blob_id))
+            self._parsed[blob_id] = parsed
+        return parsed
+
+    def _read_documents(self, commit: str | None) -> Documents:
+        """The documents of ``commit``'s tree; reassembled only when a spec
+        subtree changed, reparsed only for blobs not seen before."""
+        store = self.store
+        if commit is None:
+            key: tuple[str | None, ...] = (None,)
+        else:
+            key = (
+                *(store.subtree_id(commit, folder) for folder in SPEC_FOLDERS),
+                store.file_blob(commit, SETTINGS_PATH),
+            )
+        if self._documents and self._documents[0] == key:
+            return self._documents[1]
+        blobs: dict[str, str] = {}  # path -> blob id
+        if commit is not None:
+            for folder in SPEC_FOLDERS:
+                blobs.update(store.files(commit, folder))
+            if key[-1]:
+                blobs[SETTINGS_PATH] = str(key[-1])
+        documents = assemble(self._parse(blob_id, path) for path, blob_id in blobs.items())
+        for problem in documents.problems:
+            self._report("invalid_document", str(problem), path=problem.path)
+        self._documents = (key, documents)
+        live = set(blobs.values())
+        for blob_id in [b for b in self._parsed if b not in live]:
+            del self._parsed[blob_id]
+        return documents
+
+    def _read_statuses(self, commit: str | None) -> tuple[dict[str, RolloutStatus], dict[str, str]]:
+        """Recorded statuses by rollout name, and the names whose status
+        files cannot be read (with why): those are held, never overwritten."""
+        if commit is None:
+            return {}, {}
+        store = self.store
+        statuses: dict[str, RolloutStatus] = {}
+        broken: dict[str, str] = {}
+        live_blobs: set[str] = set()
+        live_keys: set[tuple[str, ...]] = set()
+        for path, blob_id in store.files(commit, "status").items():
+            if not path.endswith(".yaml"):
+                continue
+            name = path[len("status/") : -len(".yaml")]
+            try:
+                main = self._load_status_blob(path, blob_id)
+                pages: dict[str, Any] = {}
+                page_blobs: list[str] = []
+                if main.get("nodePages"):
+                    for page_path, page_blob in sorted(
+                        store.files(commit, f"status/{name}").items()
+                    ):
+                        pages[page_path] = self._load_status_blob(page_path, page_blob)
+                        page_blobs.append(page_blob)
+                key = (blob_id, *page_blobs)
+                live_blobs.update(key)
+                live_keys.add(key)
+                value = self._statuses.get(key)
+                if value is None:
+                    value = status_values.status_from_files(main, pages)
+                    if value.name != name:
+                        raise ValueError(f"metadata.name is {value.name!r}, not {name!r}")
+                    self._statuses[key] = value
+                statuses[name] = value
+            except (YamlProblem, ValueError, KeyError, TypeError, AttributeError) as exc:
+                reason = str(exc.problem) if isinstance(exc, YamlProblem) else f"{path}: {exc}"
+                broken[name] = reason
+                self._report(
+                    "status_unreadable",
+                    f"{reason}; the rollout is held and its status file is left as it is: "
+                    f"restore it with `git revert` or delete {path} to start the rollout anew",
+                    rollout=name,
+                )
+        # Forget what the branch no longer holds: a long-running daemon must
+        # not keep every version of every status file it ever read.
+        for blob_id in [b for b in self._status_data if b not in live_blobs]:
+            del self._status_data[blob_id]
+        for key in [k for k in self._statuses if k not in live_keys]:
+            del self._statuses[key]
+        return statuses, broken
+
+    def _remember_written(
+        self, commit: str, written: Mapping[str, Any], statuses: Mapping[str, RolloutStatus]
+    ) -> None:
+        """Seed the read caches with what this pass just committed, so the
+        next pass does not parse, check and rebuild its own status files
+        (the values round-trip losslessly through their files)."""
+        store = self.store
+        top = store.files(commit, "status")
+        for name, value in statuses.items():
+            path = status_values.main_path(name)
+            blob_id = top.get(path)
+            if blob_id is None or path not in written:
+                continue
+            pages = store.files(commit, f"status/{name}") if written[path].get("nodePages") else {}
+            page_blobs = [page_blob for _, page_blob in sorted(pages.items())]
+            if any(p not in written and b not in self._status_data for p, b in pages.items()):
+                continue  # a file we never read: the next pass reads this status itself
+            for page_path, page_blob in pages.items():
+                if page_path in written:
+                    self._status_data[page_blob] = written[page_path]
+            self._status_data[blob_id] = written[path]
+            self._statuses[(blob_id, *page_blobs)] = value
+
+    def _held_by_unreadable(
+        self,
+        broken: Mapping[str, str],
+        statuses: Mapping[str, RolloutStatus],
+        documents: Documents,
+    ) -> dict[str, tuple[str, ...]]:
+        """The nodes each rollout with an unreadable status may hold: those
+        of its last readable status (remembered since start-up) and those
+        its spec selects. Nobody else starts on them until it is repaired."""
+        self._last_readable.update(statuses)
+        held: dict[str, tuple[str, ...]] = {}
+        for name in broken:
+            last = self._last_readable.get(name)
+            nodes = {n.name for n in last.nodes} if last is not None else set()
+            spec = documents.rollouts.get(name)
+            if spec is not None:
+                nodes.update(engine.resolve_nodes(spec, documents.fleet))
+            held[name] = tuple(sorted(nodes))
+        return held
+
+    def _load_status_blob(self, path: str, blob_id: str) -> Any:
+        data = self._status_data.get(blob_id)
+        if data is None:
+            data = load_yaml(path, self.store.blob(blob_id))
+            if not isinstance(data, dict):
+                raise ValueError("not a mapping")
+            if not schemas.fast_check(STATUS_SCHEMA)(data):
+                # It parses but is not a status (a hand edit): the engine must
+                # never step from it, or it raises and the daemon exits.
+                raise ValueError(f"not a valid status: {_status_schema_error(data)}")
+            self._status_data[blob_id] = data
+        return data
+
+    def _inputs(
+        self,
+        tip: str,
+        history: History,
+        approval: Approval | None,
+        documents: Documents,
+        statuses: Mapping[str, RolloutStatus],
+        broken: Mapping[str, str],
+    ) -> list[RolloutInput]:
+        store = self.store
+        refusal = _refusal_text(approval)
+        unverified_names: set[str] = set()
+        if approval is not None and approval.refusals:
+            # Rollouts seen only in the unverified tree still get a status
+            # that says why nothing happens (DESIGN.md section 8).
+            for path in store.files(tip, "rollouts"):
+                unverified_names.add(path[len("rollouts/") : -len(".yaml")])
+        names = (
+            set(documents.rollouts)
+            | set(documents.invalid_rollouts)
+            | set(statuses)
+            | unverified_names
+        ) - set(broken)
+        settings_change = history.last_change(SETTINGS_PATH)
+        inputs: list[RolloutInput] = []
+        for name in sorted(names):
+            path = f"rollouts/{name}.yaml"
+            spec = documents.rollouts.get(name)
+            problems = tuple(documents.invalid_rollouts.get(name, ()))
+            present = spec is not None or bool(problems)
+            recorded = statuses.get(name)
+            if spec is not None:
+                used = (
+                    [n.name for n in recorded.nodes]
+                    if recorded and recorded.started
+                    else engine.resolve_nodes(spec, documents.fleet)
+                )
+                node_paths = [f"nodes/{n}.yaml" for n in used]
+            else:
+                node_paths = []
+            spec_commit = history.newest(
+                [history.last_change(path), settings_change, history.last_change_of(node_paths)]
+            )
+            first_seen = history.first_added(path)
+            if recorded is not None:
+                spec_commit = spec_commit or recorded.spec_commit
+                first_seen = recorded.first_seen_commit or first_seen
+            if name in unverified_names and not present:
+                # Only an unverified commit has this file (or nothing is
+                # verified yet): it is held with the refusal, never started,
+                # and never aborted by a removal nobody verified either.
+                problems = (Problem(path, 0, 0, "", refusal or "not verified"),)
+                present = True
+            first_seen = first_seen or spec_commit or tip
+            inputs.append(
+                RolloutInput(
+                    name=name,
+                    spec=spec,
+                    file_present=present,
+                    problems=problems,
+                    status=recorded,
+                    spec_commit=spec_commit or tip,
+                    first_seen_commit=first_seen,
+                    queue_key=history.position(first_seen) if first_seen in history else 1 << 62,
+                    author=self._author(name, spec, recorded, spec_commit, history),
+                    refusal=refusal,
+                )
+            )
+        return inputs
+
+    def _author(
+        self,
+        name: str,
+        spec: RolloutSpec | None,
+        recorded: RolloutStatus | None,
+        spec_commit: str | None,
+        history: History,
+    ) -> str:
+        """Who asked: the author of the commit that wrote the rollout's
+        current ``rollbackRequest``, not of whatever commit touched its spec
+        last (a colleague's resume pushed in the same batch). Searched only
+        for a request the status has not recorded yet."""
+        if not spec_commit:
+            return ""
+        request = spec.rollback_request if spec is not None else None
+        if request is None or (recorded and any(r.id == request.id for r in recorded.rollbacks)):
+            return self.store.author(spec_commit)
+        return self.store.author(self._request_commit(name, request.id, spec_commit, history))
+
+    def _request_commit(self, name: str, request_id: str, start: str, history: History) -> str:
+        """The oldest spec commit in the unbroken run, ending at ``start``,
+        whose ``rollouts/NAME.yaml`` carries rollbackRequest ``request_id``."""
+        path = f"rollouts/{name}.yaml"
+        found = start
+        if start not in history:
+            return found
+        newest = history.position(start)
+        walked = 0
+        for commit in history.change_commits():  # newest first
+            if history.position(commit) > newest:
+                continue
+            walked += 1
+            blob = self.store.file_blob(commit, path)
+            rollout = self._parse(blob, path).rollout if blob is not None else None
+            asked = rollout.rollback_request if rollout is not None else None
+            if asked is None or asked.id != request_id or walked > REQUEST_WALK:
+                break
+            found = commit
+        return found
+
+    # -- observing -----------------------------------------------------------
+
+    def _observe(self, statuses: Iterable[RolloutStatus], fleet: Fleet) -> Observations:
+        """Read every unfinished job, resend those the agent does not know
+        (same id, same payload, fresh signature), and read the heartbeats
+        and backup lists the engine needs. Failures are observations."""
+        statuses = list(statuses)
+        nodes = self._nodes_by_name(fleet)
+        now = self.clock()
+        reachable: dict[str, bool] = {}
+
+        def address(node: str) -> str | None:
+            spec = nodes.get(node)
+            return spec.agent if spec is not None else None
+
+        in_flight = engine.in_flight(statuses)
+        wanted_heartbeats = engine.wanted_heartbeats(statuses)
+        wanted_backups = engine.wanted_backups(statuses)
+        self._watching = bool(in_flight or wanted_heartbeats or wanted_backups)
+        jobs = [(url, job) for job in in_flight if (url := address(job.node))]
+        observed: dict[str, JobObservation] = {}
+        unknown: list[tuple[str, SendJob]] = []
+        for (url, job), (job_id, seen) in zip(
+            jobs, _ordered(self.client.read_jobs(jobs), jobs), strict=True
+        ):
+            if seen is None:
+                unknown.append((url, job))
+                reachable[job.node] = True
+                continue
+            observed[job_id] = seen
+            reachable[job.node] = reachable.get(job.node, False) or seen.state != "unreachable"
+        if unknown:
+            for job_id, answer in self.client.send_jobs(unknown, now).items():
+                observed[job_id] = answer
+            self.log.info("resent", f"{len(unknown)} job(s) the agents did not know, sent again")
+            self.metrics.jobs_sent.labels(kind="resend").inc(len(unknown))
+        heartbeat_nodes = [(url, n) for n in wanted_heartbeats if (url := address(n))]
+        heartbeats: dict[str, Heartbeat] = {}
+        for node, beat in self.client.read_heartbeats(heartbeat_nodes).items():
+            if beat is not None:
+                heartbeats[node] = beat
+            reachable[node] = reachable.get(node, False) or beat is not None
+        backup_nodes = [(url, n) for n in wanted_backups if (url := address(n))]
+        backups = {
+            node: listed
+            for node, listed in self.client.read_backups(backup_nodes).items()
+            if listed is not None
+        }
+        for node, ok in reachable.items():
+            if ok:
+                self._unreachable.pop(node, None)
+            else:
+                self._unreachable.setdefault(node, now)
+        return Observations(
+            jobs=observed,
+            heartbeats=heartbeats,
+            unreachable_since=dict(self._unreachable),
+            backups=backups,
+        )
+
+    # -- writing -------------------------------------------------------------
+
+    def _status_changes(
+        self,
+        old: Mapping[str, RolloutStatus],
+        step: FleetStep,
+        merged: Mapping[str, RolloutStatus],
+        broken: Mapping[str, str],
+        parent: str | None,
+        written: dict[str, Any],
+    ) -> dict[str, bytes | None]:
+        """The files of every changed status, and the dashboard if its text
+        changed; empty when nothing changed, so an idle pass commits nothing.
+        The plain data of each status file written goes into ``written``."""
+        changes: dict[str, bytes | None] = {}
+        for name, new in step.statuses.items():
+            write, gone = status_values.changed_files(old.get(name), new)
+            for path, data in write.items():
+                changes[path] = dump_yaml(data)
+                written[path] = data
+            for path in gone:
+                changes[path] = None
+        dashboard = _dashboard(merged, broken).encode()
+        current = self.store.file_blob(parent, DASHBOARD_PATH) if parent else None
+        if current is None or self.store.blob(current) != dashboard:
+            changes[DASHBOARD_PATH] = dashboard
+        return changes
+
+    def _committed(self, step: FleetStep, commit: str) -> None:
+        self.metrics.commits.inc()
+        for t in step.transitions:
+            self.log.info(
+                "transition",
+                f"{t.from_state} -> {t.to_state}" + (f" ({t.reason})" if t.reason else ""),
+                rollout=t.rollout,
+                node=t.node,
+                commit=commit[:12],
+            )
+            if t.node:
+                self.metrics.verdicts.labels(state=t.to_state).inc()
+
+    def _execute(self, effects: Iterable[SendJob], fleet: Fleet, now: datetime) -> int:
+        """Send the jobs the committed status records. Their answers are
+        not needed: the next pass reads every unfinished job anyway."""
+        nodes = self._nodes_by_name(fleet)
+        jobs = [(nodes[job.node].agent, job) for job in effects if job.node in nodes]
+        half = (len(jobs) + 1) // 2
+        self._send(jobs[:half], now)
+        if jobs[half:]:
+            crashpoints.reach("mid_send")
+            self._send(jobs[half:], now)
+        return len(jobs)
+
+    def _send(self, jobs: list[tuple[str, SendJob]], now: datetime) -> None:
+        if not jobs:
+            return
+        answers = self.client.send_jobs(jobs, now)
+        for url, job in jobs:
+            answer = answers.get(job.job_id)
+            self.log.info(
+                "sent",
+                f"{job.kind} attempt {job.attempt}: {answer.state if answer else 'unreachable'}",
+                rollout=job.rollout,
+                node=job.node,
+                job=job.job_id,
+                commit=job.source_commit[:12],
+                agent=url,
+            )
+            self.metrics.jobs_sent.labels(kind=job.kind).inc()
+
+    def _nodes_by_name(self, fleet: Fleet) -> dict[str, Node]:
+        """``fleet.by_name()``, built once per fleet (documents are cached
+        while the spec trees stay the same, and with them the fleet)."""
+        if self._by_name is None or self._by_name[0] is not fleet:
+            self._by_name = (fleet, fleet.by_name())
+        return self._by_name[1]
+
+    # -- reporting -----------------------------------------------------------
+
+    def _report(self, event: str, message: str, **fields: Any) -> None:
+        """Log a standing problem once, not on every pass."""
+        if message in self._reported:
+            return
+        self._reported.add(message)
+        if len(self._reported) > 10_000:
+            self._reported.clear()
+        self.log.warning(event, message, **fields)
+
+    def _update_gauges(self, statuses: Iterable[RolloutStatus]) -> None:
+        counts = dict.fromkeys(status_values.PHASES, 0)
+        for s in statuses:
+            counts[s.phase] = counts.get(s.phase, 0) + 1
+        for phase, count in counts.items():
+            self.metrics.rollouts.labels(phase=phase).set(count)
+
+    # -- the loop ------------------------------------------------------------
+
+    def serve(self, watcher: BranchWatcher, *, interval: float, reread: float = 60.0) -> None:
+        """Pass, then sleep until the branch changes, the next deadline, or
+        the interval while a rollout is active; until ``stop``. Errors that
+        a retry can fix are logged and retried with backoff."""
+        self._watcher = watcher
+        self._stopping = False
+        backoff = 0.0
+        while not self._stopping:
+            try:
+                outcome = self.run_pass()
+            except StoreError as exc:
+                backoff = min(max(backoff * 2, 1.0), 60.0)
+                self.metrics.pass_errors.labels(kind="store").inc()
+                self.log.error("pass_failed", f"{exc}; retrying in {backoff:.0f}s")
+                watcher.wait(backoff)
+                continue
+            backoff = 0.0
+            sleep = interval if outcome.active else reread
+            if outcome.wakeup is not None:
+                until = (outcome.wakeup - self.clock()).total_seconds()
+                sleep = min(sleep, max(until, 0.0) + 0.01)
+            if not self._stopping:
+                watcher.wait(sleep)
+
+    def stop(self, *_: Any) -> None:
+        """Finish the pass in progress, then return from ``serve``."""
+        self._stopping = True
+        watcher = getattr(self, "_watcher", None)
+        if watcher is not None:
+            watcher.stop()
+
+
+def _status_schema_error(data: Any) -> str:
+    error = best_match(schemas.validator(STATUS_SCHEMA).iter_errors(data))
+    if error is None:
+        return "does not match the status schema"
+    where = ".".join(str(p) for p in error.absolute_path)
+    return f"{where}: {error.message}" if where else str(error.message)
+
+
+def _ordered(
+    answers: Mapping[str, JobObservation | None], jobs: list[tuple[str, SendJob]]
+) -> list[tuple[str, JobObservation | None]]:
+    return [(job.job_id, answers.get(job.job_id)) for _, job in jobs]
+
+
+def _refusal_text(approval: Approval | None) -> str | None:
+    if approval is None or not approval.refusals:
+        return None
+    newest = approval.refusals[0]
+    fallback = (
+        f"acting on {approval.verified_commit[:12]}, the newest verified change"
+        if approval.verified_commit
+        else "no verified change yet, so nothing is acted on"
+    )
+    return (
+        f"commit {newest.commit[:12]} by {newest.author} not verified: {newest.reason}; {fallback}"
+    )
+
+
+def _dashboard(statuses: Mapping[str, RolloutStatus], broken: Mapping[str, str]) -> str:
+    """The dashboard, with the status files that cannot be read listed last,
+    since those rollouts are held until a person repairs them."""
+    text = render_dashboard(statuses)
+    if broken:
+        lines = ["", "## Status files that cannot be read", ""]
+        lines += [
+            f"- `{name}`: {reason} (held until repaired)" for name, reason in sorted(broken.items())
+        ]
+        text = text.rstrip("\n") + "\n" + "\n".join(lines) + "\n"
+    return text
+
+
+def _commit_message(
+    step: FleetStep, spec_commit: str | None, broken: Mapping[str, str] | None = None
+) -> str:
+    rollouts = sorted({t.rollout for t in step.transitions} | set(step.statuses))
+    head = ", ".join(_summary(step, name) for name in rollouts[:3])
+    if len(rollouts) > 3:
+        head += f" and {len(rollouts) - 3} more"
+    if not head and broken:
+        head = "unreadable status of " + ", ".join(sorted(broken)[:3])
+    lines = [f"status: {head}", ""]
+    for t in step.transitions[:MESSAGE_LINES]:
+        who = f"{t.rollout}/{t.node}" if t.node else t.rollout
+        lines.append(
+            f"{who}: {t.from_state} -> {t.to_state}" + (f" ({t.reason})" if t.reason else "")
+        )
+    if len(step.transitions) > MESSAGE_LINES:
+        lines.append(f"... and {len(step.transitions) - MESSAGE_LINES} more transitions")
+    if step.effects:
+        lines.append(f"jobs recorded: {len(step.effects)}")
+    if spec_commit:
+        lines += ["", f"Spec-Commit: {spec_commit}"]
+    return "\n".join(lines) + "\n"
+
+
+def _summary(step: FleetStep, rollout: str) -> str:
+    """``web running`` for a phase change, else ``web: 2 succeeded, 1 dispatched``."""
+    phases = [t.to_state for t in step.transitions if t.rollout == rollout and t.node is None]
+    if phases:
+        return f"{rollout} {phases[-1]}"
+    counts: dict[str, int] = {}
+    for t in step.transitions:
+        if t.rollout == rollout and t.node is not None:
+            counts[t.to_state] = counts.get(t.to_state, 0) + 1
+    detail = ", ".join(f"{n} {state}" for state, n in counts.items())
+    return f"{rollout}: {detail}" if detail else rollout
+
+
+@contextlib.contextmanager
+def stop_on_signals(daemon: Daemon) -> Any:
+    """SIGINT and SIGTERM finish the current pass, then stop the loop."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        daemon.log.info("stopping", f"signal {signal.Signals(signum).name}: finishing the pass")
+        daemon.stop()
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+__all__ = ["Daemon", "PassOutcome", "stop_on_signals"]

@@ -1,0 +1,1685 @@
+"""The rollout engine: a pure stepper (DESIGN.md sections 3 to 5).
+
+Theory of operation. ``step_fleet`` takes every rollout's spec and recorded
+status, the fleet, what the daemon observed, and one ``now``; it returns the
+statuses that changed, the jobs to send once those are committed, and the
+transitions for the commit message. Nothing else: the daemon commits the
+statuses and only then sends the jobs (DESIGN.md section 6).
+
+One rollout's step runs in a fixed order, and repeats its last part until
+nothing more changes, so one pass takes a rollout as far as its inputs allow:
+
+1. intents that end or freeze it: file removed, ``abort``; frozen fields
+   edited (a condition), ``healthTimeout``, ``paused``;
+2. evidence: verdicts of in-flight applies and restores (always, even when
+   paused or aborted: jobs already recorded are still observed);
+3. an explicit ``rollbackRequest``;
+4. decisions, only when running and not operator-paused: ``skipNodes``, the
+   failure policy on new verdicts (``reconciler.engine.policy``), ``resumeRequest``,
+   then the next batch;
+5. the hold and the phase.
+
+Every phase and node-state change is checked against ``reconciler.engine.lifecycle``.
+Status never goes backwards: terminal phases stay, attempts only grow, and a
+verdict belongs to its attempt and is never rewritten.
+
+Must not: read the clock, touch Git, HTTP, files or randomness, or log.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from typing import Any
+
+from reconciler.engine import lifecycle
+from reconciler.engine.policy import decide
+from reconciler.engine.selection import resolve_nodes as _resolve
+from reconciler.engine.selection import unknown_node_ids, valid_agent_url
+from reconciler.protocol.effects import SendJob
+from reconciler.protocol.job_ids import job_id
+from reconciler.protocol.observations import Heartbeat, JobObservation, Observations
+from reconciler.spec.durations import format_duration
+from reconciler.spec.model import Fleet, Node, Problem, RolloutSpec, Settings
+from reconciler.spec.rollout_status import (
+    HOLD_NODES_SHOWN,
+    NODE_STATES,
+    TRANSITIONS_KEPT,
+    BatchRecord,
+    Condition,
+    FrozenSpec,
+    Hold,
+    NodeRecord,
+    RestoreRecord,
+    RollbackNode,
+    RollbackRecord,
+    RolloutStatus,
+    TransitionRecord,
+)
+from reconciler.spec.times import parse_time
+
+__all__ = [
+    "FleetStep",
+    "RolloutInput",
+    "StepMemo",
+    "Transition",
+    "in_flight",
+    "is_active",
+    "next_wakeup",
+    "resolve_nodes",
+    "step_fleet",
+    "wanted_backups",
+    "wanted_heartbeats",
+]
+
+
+@dataclass(frozen=True)
+class RolloutInput:
+    name: str
+    spec: RolloutSpec | None  # None: file removed, or present but invalid
+    file_present: bool
+    problems: tuple[Problem, ...]  # why a present file is unusable (phase pending)
+    status: RolloutStatus | None  # recorded status; None if it has no status file yet
+    spec_commit: str  # newest commit that changed the file, its node files or reconciler.yaml
+    first_seen_commit: str  # first-parent commit that added the file
+    queue_key: int  # order of first_seen_commit in first-parent history, oldest smallest
+    author: str = ""  # author of spec_commit ("Name <email>"), recorded with rollback requests
+    refusal: str | None = None  # the newest spec change was not verified (DESIGN.md section 8)
+
+
+@dataclass(frozen=True)
+class Transition:
+    rollout: str
+    node: str | None  # None: the rollout's phase
+    from_state: str
+    to_state: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class FleetStep:
+    statuses: Mapping[str, RolloutStatus] = field(default_factory=dict)  # changed only
+    effects: tuple[SendJob, ...] = ()  # jobs recorded in this step, to send after the commit
+    transitions: tuple[Transition, ...] = ()  # for the commit message and logs
+
+
+# --- node state groups -------------------------------------------------------
+
+VERDICT_STATES = frozenset({"failed", "timed_out", "unknown"})
+# Held nodes a resume dispatches again (DESIGN.md 5, "question nodes"); a held
+# `pending` node is one the daemon could not send to (dispatch_refused).
+QUESTION_STATES = frozenset({"failed", "timed_out", "unknown", "pending"})
+# Held nodes a resume turns into `skipped` ("statement nodes").
+STATEMENT_STATES = frozenset({"stopped", "rolled_back", "rollback_failed"})
+RESTORE_STATES = frozenset({"rollback_pending", "restoring"})
+# How a node's error starts when its agent itself failed or refused the apply
+# job (not a health verdict): the agent then leaves or puts the previous
+# config back byte for byte (DESIGN.md 7), so that attempt changed nothing.
+JOB_FAILED = "job failed"
+JOB_REFUSED = "refused by the agent"
+
+# The spec fields frozen at start, with their document names.
+FROZEN_FIELDS = (
+    ("target", "target"),
+    ("selector", "selector"),
+    ("node_ids", "nodeIds"),
+    ("batch_size", "batchSize"),
+    ("live", "live"),
+    ("on_failure", "onFailure"),
+    ("start_at", "startAt"),
+    ("include_maintenance", "includeMaintenance"),
+    ("allow_overlap", "allowOverlap"),
+)
+
+# Why a hold exists and what the operator can do, by reason.
+HOLD_MESSAGES = {
+    "operator_paused": "paused by the operator (spec.paused is true); set paused: false to carry on",
+    "pause_after_batch": (
+        "batch {batch} finished and pauseAfter holds here; set a new resumeRequest "
+        "to start batch {next}, or abort"
+    ),
+    "health_failed": (
+        "health check failed on {nodes}{detail}; set a new resumeRequest to try them again, "
+        "list them in skipNodes to give up on them, or abort"
+    ),
+    "health_unknown": (
+        "no health evidence from {nodes}{detail}; check the agents, then set a new "
+        "resumeRequest to try again, list them in skipNodes, or abort"
+    ),
+    "retry_exhausted": (
+        "failed again after the automatic retry on {nodes}{detail}; set a new resumeRequest "
+        "to try once more, list them in skipNodes, or abort"
+    ),
+    "stopped": (
+        "stopped on failure, {nodes} left as they are{detail}; set a new resumeRequest "
+        "to skip them and carry on, or abort"
+    ),
+    "rollback_pending": (
+        "restoring {nodes} from their first backups after a failure{detail}; "
+        "wait for the restore, or abort"
+    ),
+    "rolled_back": (
+        "{nodes} failed and were restored from their backups{detail}; set a new "
+        "resumeRequest to skip them and carry on, or abort"
+    ),
+    "rollback_failed": (
+        "restoring {nodes} failed{detail}; inspect them (reconciler backups NODE), then set "
+        "a new resumeRequest to skip them and carry on, or abort"
+    ),
+    "rollback_unavailable": (
+        "{nodes} failed and have no backup to restore{detail}; set a new resumeRequest "
+        "to try them again, list them in skipNodes, or abort"
+    ),
+    "dispatch_refused": (
+        "cannot send jobs to {nodes}{detail}; fix the node files (maintenance, agent "
+        "address), then set a new resumeRequest, list them in skipNodes, or abort"
+    ),
+}
+
+
+def resolve_nodes(spec: RolloutSpec, fleet: Fleet) -> tuple[str, ...]:
+    """The rollout's node selection, ordered (selector: by name; nodeIds: order kept).
+
+    ``selection.resolve_nodes`` decides; it is handed only the nodes that can
+    match (by a label index of the fleet, or the named nodes), because the
+    daemon resolves every rollout not yet started on every pass, and a
+    scan of 10,000 nodes each time made a pass starting 1,000 rollouts take
+    tens of seconds."""
+    index = _fleet_index(fleet)
+    if spec.node_ids is not None:
+        named = (index.by_name.get(n) for n in dict.fromkeys(spec.node_ids))
+        return _resolve(spec, Fleet(tuple(node for node in named if node is not None)))
+    wanted = spec.selector or ()
+    if not wanted or not all(isinstance(v, str) for _, v in wanted):
+        return _resolve(spec, fleet)
+    # Nodes carrying the rarest wanted label: the only ones that can match.
+    candidates = min((index.by_label.get(pair, ()) for pair in wanted), key=len)
+    return _resolve(spec, Fleet(tuple(candidates)))
+
+
+class _FleetIndex:
+    def __init__(self, fleet: Fleet) -> None:
+        self.by_name = fleet.by_name()
+        self.by_label: dict[tuple[str, str], list[Node]] = {}
+        for node in fleet.nodes:
+            for pair in dict.fromkeys(node.labels):
+                self.by_label.setdefault(pair, []).append(node)
+
+
+# The index of the last fleet seen: a pass (and the next, while the node
+# files stay the same) hands the same Fleet value to every call. A cache of
+# a pure function's intermediate value; results do not depend on it.
+_last_index: list[tuple[Fleet, _FleetIndex]] = []
+
+
+def _fleet_index(fleet: Fleet) -> _FleetIndex:
+    if _last_index and _last_index[0][0] is fleet:
+        return _last_index[0][1]
+    index = _FleetIndex(fleet)
+    _last_index[:] = [(fleet, index)]
+    return index
+
+
+# --- the pass ------------------------------------------------------------------
+
+
+class _Pass:
+    """What every rollout's step shares in one pass: the same ``now``, the
+    fleet, the observations, and every rollout's status as it stands."""
+
+    def __init__(
+        self, fleet: Fleet, settings: Settings, observations: Observations, now: datetime
+    ) -> None:
+        self.fleet = fleet
+        self.settings = settings
+        self.obs = observations
+        self.now = now
+        self.offline_after = timedelta(seconds=settings.offline_after)
+        self._current: dict[str, RolloutStatus] = {}  # written only through set_current
+        self.version = 0  # counts changes to ``current``
+        self.reads = 0  # counts reads of other rollouts' statuses (``current``, ``claims``)
+        self._fleet_by_name: dict[str, Node] | None = None
+        # Who claims which node, kept up to date once first asked for, so
+        # that each of 1,000 starts in one pass does not walk every status.
+        self._position: dict[str, int] = {}  # rollout -> order in ``current``
+        self._holders: dict[str, set[str]] | None = None  # node -> rollouts claiming it
+        self._claimed: dict[str, tuple[str, ...]] = {}  # rollout -> nodes it claims
+        self.unreadable: dict[str, Sequence[str]] = {}  # rollout -> nodes it may hold
+
+    @property
+    def current(self) -> dict[str, RolloutStatus]:
+        """Every rollout's status as it stands. A step that reads it depends
+        on the other rollouts (``step_fleet`` counts such reads)."""
+        self.reads += 1
+        return self._current
+
+    def node(self, name: str) -> Node | None:
+        if self._fleet_by_name is None:
+            self._fleet_by_name = self.fleet.by_name()
+        return self._fleet_by_name.get(name)
+
+    def set_current(self, name: str, status: RolloutStatus) -> None:
+        old = self._current.get(name)
+        if name not in self._position:
+            self._position[name] = len(self._position)
+        self._current[name] = status
+        if status is not old:
+            self.version += 1
+            if self._holders is not None:
+                self._index_claims(name, status)
+
+    def claims(self, names: Iterable[str], exclude: str) -> dict[str, str]:
+        """node -> rollout, for each of ``names`` that a running or paused
+        rollout holds, or any rollout is restoring (other than ``exclude``);
+        of several, the first in ``current``. A rollout whose status cannot
+        be read holds every node it may hold."""
+        self.reads += 1
+        if self._holders is None:
+            self._holders = {}
+            for rollout, status in self._current.items():
+                self._index_claims(rollout, status)
+            for rollout, nodes in self.unreadable.items():
+                self._position.setdefault(rollout, len(self._position))
+                for node in nodes:
+                    self._holders.setdefault(node, set()).add(rollout)
+        claimed: dict[str, str] = {}
+        for node in names:
+            holders = self._holders.get(node)
+            if holders:
+                first = min(
+                    (h for h in holders if h != exclude),
+                    key=self._position.__getitem__,
+                    default=None,
+                )
+                if first is not None:
+                    claimed[node] = first
+        return claimed
+
+    def _index_claims(self, rollout: str, status: RolloutStatus) -> None:
+        assert self._holders is not None
+        if status.phase in ("running", "paused"):
+            nodes = tuple(node.name for node in status.nodes)
+        elif _restores_in_flight(status):
+            nodes = tuple(node.name for node in status.nodes if node.state in RESTORE_STATES)
+        else:
+            nodes = ()
+        old = self._claimed.get(rollout, ())
+        if old == nodes:
+            return
+        for node in old:
+            self._holders[node].discard(rollout)
+        for node in nodes:
+            self._holders.setdefault(node, set()).add(rollout)
+        self._claimed[rollout] = nodes
+
+
+_INDEPENDENT = -1  # settled whatever the other rollouts do (ctx.version is never negative)
+
+
+class StepMemo:
+    """Finished rollouts a previous ``step_fleet`` found at rest, kept by
+    the caller from pass to pass so the next pass need not step them again.
+
+    A terminal rollout with nothing in flight, no restore or rollback
+    waiting and no rollback request left to handle reads only its own input
+    and status (not the clock, the observations or the other rollouts); a
+    step that changed nothing then changes nothing again while the input
+    (the same status object), the fleet and the settings stay equal. A
+    cache of a pure function: forgetting it changes nothing but the cost."""
+
+    def __init__(self) -> None:
+        self._fleet: Fleet | None = None
+        self._settings: Settings | None = None
+        self._at_rest: dict[str, RolloutInput] = {}
+
+    def resting(
+        self, rollouts: Iterable[RolloutInput], fleet: Fleet, settings: Settings
+    ) -> set[str]:
+        """The rollouts whose input equals one found at rest last time."""
+        if not (
+            self._fleet is not None
+            and (self._fleet is fleet or self._fleet == fleet)
+            and self._settings == settings
+        ):
+            return set()
+        found: set[str] = set()
+        for inp in rollouts:
+            seen = self._at_rest.get(inp.name)
+            if seen is not None and seen.status is inp.status and seen == inp:
+                found.add(inp.name)
+        return found
+
+    def remember(self, fleet: Fleet, settings: Settings, at_rest: Iterable[RolloutInput]) -> None:
+        self._fleet = fleet
+        self._settings = settings
+        self._at_rest = {inp.name: inp for inp in at_rest}
+
+
+def _may_rest(inp: RolloutInput) -> bool:
+    """A terminal rollout whose step reads nothing but its input and status."""
+    status = inp.status
+    if status is None or not status.terminal or is_active(status):
+        return False
+    request = inp.spec.rollback_request if inp.spec is not None else None
+    return request is None or any(
+        r.id == request.id and r.state != "waiting" for r in status.rollbacks
+    )
+
+
+def step_fleet(
+    rollouts: Sequence[RolloutInput],
+    fleet: Fleet,
+    settings: Settings,
+    observations: Observations,
+    now: datetime,
+    *,
+    unreadable: Mapping[str, Sequence[str]] | None = None,
+    memo: StepMemo | None = None,
+) -> FleetStep:
+    """Step every rollout to a fixed point with one ``now``.
+
+    ``unreadable``: rollouts whose status cannot be read (not stepped), with
+    the nodes each may hold; no other rollout starts on those nodes unless
+    it allows overlap, since what they hold is unknown.
+
+    Started and terminal rollouts go first (intents and terminations), then
+    the rest in queue order (``queue_key``, then name), so a rollout freed by
+    an abort in this pass starts in this pass, and each start sees the nodes
+    claimed by the ones before it. Rollouts see each other (overlaps, nodes
+    changed since), so the round repeats until no status changes: stepping
+    again with the same inputs then changes nothing.
+    """
+    ctx = _Pass(fleet, settings, observations, now)
+    ctx.unreadable = dict(unreadable or {})
+    order = sorted(rollouts, key=lambda r: (r.queue_key, r.name))
+    for inp in order:
+        if inp.status is not None:
+            ctx.set_current(inp.name, inp.status)
+    effects: list[SendJob] = []
+    transitions: list[Transition] = []
+    # Rollouts whose last step changed nothing and sent nothing. A step reads
+    # only its own input and status, values fixed for the pass, and (counted
+    # in ctx.reads) the other rollouts' statuses; stepping such a rollout
+    # again gives the same result as long as it read no other rollout
+    # (INDEPENDENT), or none has changed since (ctx.version then). So later
+    # rounds pass over it: most rollouts of a large repository are finished.
+    settled: dict[str, int] = {}
+    # At rest since an earlier pass: not stepped.
+    resting = memo.resting(order, fleet, settings) if memo is not None else set()
+    for name in resting:
+        settled[name] = _INDEPENDENT
+
+    def run(inp: RolloutInput) -> bool:
+        mark = settled.get(inp.name)
+        if mark is not None and (mark == _INDEPENDENT or mark == ctx.version):
+            return False
+        before = ctx._current.get(inp.name)
+        reads = ctx.reads
+        step = _RolloutStep(inp, before, ctx)
+        new = step.run()
+        independent = ctx.reads == reads
+        ctx.set_current(inp.name, new)
+        effects.extend(step.effects)
+        transitions.extend(step.transitions)
+        if before is not None and new is before and not step.effects and not step.transitions:
+            settled[inp.name] = _INDEPENDENT if independent else ctx.version
+        else:
+            settled.pop(inp.name, None)
+        return before is None or new is not before
+
+    # Each round can only move rollouts forward; a bound keeps a bug from looping.
+    for _ in range(len(order) + 2):
+        progressed = False
+        ahead = {n for n, s in ctx.current.items() if s.started or s.terminal}
+        for inp in order:
+            if inp.name in ahead:
+                progressed |= run(inp)
+        for inp in order:
+            if inp.name not in ahead:
+                progressed |= run(inp)
+        if not progressed:
+            break
+    changed = {
+        inp.name: ctx.current[inp.name]
+        for inp in order
+        if inp.status is None
+        or (ctx.current[inp.name] is not inp.status and ctx.current[inp.name] != inp.status)
+    }
+    if memo is not None:
+        memo.remember(
+            fleet,
+            settings,
+            (
+                inp
+                for inp in order
+                if settled.get(inp.name) == _INDEPENDENT
+                and ctx.current[inp.name] is inp.status
+                and (inp.name in resting or _may_rest(inp))
+            ),
+        )
+    return FleetStep(statuses=changed, effects=tuple(effects), transitions=tuple(transitions))
+
+
+# --- one rollout's step ------------------------------------------------------------
+
+
+class _RolloutStep:
+    """Working copy of one rollout's status during one step. Node records are
+    copied only when the first one changes, and only the batches a step
+    touches are re-examined, so an idle step on a large rollout costs about
+    the size of its running batch."""
+
+    def __init__(self, inp: RolloutInput, status: RolloutStatus | None, ctx: _Pass) -> None:
+        self.inp = inp
+        self.ctx = ctx
+        self.now = ctx.now
+        self.old = status or RolloutStatus(
+            name=inp.name, spec_commit=inp.spec_commit, first_seen_commit=inp.first_seen_commit
+        )
+        self.is_new = status is None
+        s = self.old
+        self.phase = s.phase
+        self.reason = s.reason
+        self.message = s.message
+        self.hold = s.hold
+        self.operator_paused = s.operator_paused
+        self.spec_commit = s.spec_commit
+        self.start_commit = s.start_commit
+        self.first_seen_commit = s.first_seen_commit
+        self.scheduled_for = s.scheduled_for
+        self.health_timeout = s.health_timeout
+        self.frozen = s.frozen
+        self.started_at = s.started_at
+        self.finished_at = s.finished_at
+        self.last_handled_resume = s.last_handled_resume
+        self.rollbacks = s.rollbacks
+        self.conditions = s.conditions
+        self.status_transitions = s.transitions
+        self._nodes: list[NodeRecord] | None = None  # copy on first write
+        self._batches: list[BatchRecord] | None = None
+        self._progress: dict[str, int] | None = None
+        self._index: dict[str, int] | None = None
+        self.touched_batches: set[int] = set()
+        self.effects: list[SendJob] = []
+        self.transitions: list[Transition] = []
+
+    # -- small accessors
+
+    @property
+    def nodes(self) -> Sequence[NodeRecord]:
+        return self._nodes if self._nodes is not None else self.old.nodes
+
+    @property
+    def batches(self) -> Sequence[BatchRecord]:
+        return self._batches if self._batches is not None else self.old.batches
+
+    @property
+    def spec(self) -> RolloutSpec | None:
+        return self.inp.spec
+
+    @property
+    def policy(self) -> str:
+        assert self.frozen is not None
+        return self.frozen.on_failure
+
+    def progress(self, state: str) -> int:
+        if self._progress is not None:
+            return self._progress.get(state, 0)
+        return dict(self.old.progress).get(state, 0)
+
+    def index(self, name: str) -> int | None:
+        if self._index is None:
+            self._index = {n.name: i for i, n in enumerate(self.nodes)}
+        return self._index.get(name)
+
+    def batch_range(self, batch: int) -> range:
+        assert self.frozen is not None
+        size = self.frozen.batch_size
+        return range((batch - 1) * size, min(batch * size, len(self.nodes)))
+
+    def open_indexes(self) -> Iterable[int]:
+        """Indexes of nodes that may have a job in flight or be held: those
+        of batches not done, plus any node being restored."""
+        for b in self.batches:
+            if b.state == "running":
+                yield from self.batch_range(b.index)
+        if self.progress("rollback_pending") or self.progress("restoring"):
+            for i, node in enumerate(self.nodes):
+                if node.state in RESTORE_STATES and self.batches[node.batch - 1].state != "running":
+                    yield i
+
+    def set_node(self, i: int, new: NodeRecord, reason: str) -> None:
+        old = self.nodes[i]
+        if old.__dict__ == new.__dict__:
+            return
+        if self._nodes is None:
+            self._nodes = list(self.old.nodes)
+            self._progress = dict(self.old.progress)
+        assert self._progress is not None
+        lifecycle.check_node(self.inp.name, old.name, old.state, new.state)
+        if new.attempt < old.attempt:
+            raise lifecycle.IllegalTransition(f"{old.name}: attempt would go backwards")
+        if old.state != new.state:
+            self._progress[old.state] -= 1
+            if not self._progress[old.state]:
+                del self._progress[old.state]
+            self._progress[new.state] = self._progress.get(new.state, 0) + 1
+            self.transitions.append(
+                Transition(self.inp.name, old.name, old.state, new.state, reason)
+            )
+        self._nodes[i] = new
+        self.touched_batches.add(new.batch)
+
+    def set_batch(self, index: int, state: str) -> None:
+        if self._batches is None:
+            self._batches = list(self.old.batches)
+        if self._batches[index - 1].state != state:
+            self._batches[index - 1] = BatchRecord(index, state)
+
+    def set_phase(self, phase: str, reason: str) -> None:
+        if phase == self.phase:
+            return
+        lifecycle.check_phase(self.inp.name, self.phase, phase)
+        self.transitions.append(Transition(self.inp.name, None, self.phase, phase, reason))
+        record = TransitionRecord(self.now, self.phase, phase, reason, self.inp.spec_commit)
+        self.status_transitions = (*self.status_transitions, record)[-TRANSITIONS_KEPT:]
+        self.phase = phase
+
+    def set_condition(self, type_: str, message: str | None) -> None:
+        """Add, change or (message None) remove the condition of this type."""
+        current = next((c for c in self.conditions if c.type == type_), None)
+        if message is None:
+            if current is not None:
+                self.conditions = tuple(c for c in self.conditions if c.type != type_)
+            return
+        if current is not None and current.message == message:
+            return
+        others = tuple(c for c in self.conditions if c.type != type_)
+        self.conditions = (*others, Condition(type_, message, self.now))
+
+    def deadline(self) -> datetime:
+        assert self.health_timeout is not None
+        return self.now + timedelta(seconds=self.health_timeout)
+
+    # -- the step
+
+    def run(self) -> RolloutStatus:
+        if self.old.terminal:
+            self.terminal_step()
+        elif not self.old.started:
+            if self.pre_start():
+                self.started_step()
+            elif self.phase_terminal():
+                self.terminal_step()  # aborted before start
+        else:
+            self.started_step()
+        return self.build()
+
+    def build(self) -> RolloutStatus:
+        nodes = self.old.nodes if self._nodes is None else tuple(self._nodes)
+        progress = self.old.progress
+        if self._progress is not None:
+            progress = tuple((s, self._progress[s]) for s in NODE_STATES if self._progress.get(s))
+        batches = self.old.batches if self._batches is None else tuple(self._batches)
+        values: dict[str, Any] = {
+            "phase": self.phase,
+            "reason": self.reason,
+            "message": self.message,
+            "hold": self.hold,
+            "operator_paused": self.operator_paused,
+            "spec_commit": self.spec_commit,
+            "start_commit": self.start_commit,
+            "first_seen_commit": self.first_seen_commit,
+            "scheduled_for": self.scheduled_for,
+            "health_timeout": self.health_timeout,
+            "frozen": self.frozen,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            "progress": progress,
+            "batches": batches,
+            "nodes": nodes,
+            "last_handled_resume": self.last_handled_resume,
+            "rollbacks": self.rollbacks,
+            "conditions": self.conditions,
+            "transitions": self.status_transitions,
+        }
+        if all(getattr(self.old, k) is v or getattr(self.old, k) == v for k, v in values.items()):
+            return self.old
+        return replace(self.old, **values)
+
+    # -- before start
+
+    def pre_start(self) -> bool:
+        """Pending or scheduled: say why, or start. True when started."""
+        inp, spec = self.inp, self.inp.spec
+        self.spec_commit = inp.spec_commit
+        self.first_seen_commit = inp.first_seen_commit
+        self.scheduled_for = None
+        self.set_condition("unverified", inp.refusal)
+        if spec is None:
+            if not inp.file_present:
+                self.finish("aborted", "spec_removed", "the rollout file was removed before start")
+                return False
+            if inp.refusal is not None and not inp.problems:
+                return self.wait("unverified", f"not verified: {inp.refusal}")
+            problems = "; ".join(str(p) for p in inp.problems) or "the rollout file is invalid"
+            return self.wait("invalid", f"invalid rollout file: {problems}")
+        if spec.abort:
+            self.finish("aborted", "aborted", "aborted by the operator before start")
+            return False
+        if spec.paused:
+            return self.wait("paused", "paused by the operator (spec.paused is true) before start")
+        missing = unknown_node_ids(spec, self.ctx.fleet)
+        if missing:
+            return self.wait(
+                "unknown_nodes",
+                f"nodeIds names nodes that do not exist: {_names(missing)}; add their files "
+                "under nodes/ or fix the list",
+            )
+        names = resolve_nodes(spec, self.ctx.fleet)
+        if not names:
+            return self.wait(
+                "no_nodes",
+                "the selection matches no node (maintenance nodes are left out unless "
+                "includeMaintenance is true)",
+            )
+        if spec.start_at is not None:
+            try:
+                start_at = parse_time(spec.start_at)
+            except ValueError:
+                return self.wait("invalid", f"startAt is not an RFC 3339 time: {spec.start_at!r}")
+            if self.now < start_at:
+                self.scheduled_for = start_at
+                self.reason = "start_at"
+                self.message = f"waiting for startAt {spec.start_at}"
+                self.set_phase("scheduled", "waiting for startAt")
+                return False
+        if not spec.allow_overlap:
+            claims = self.ctx.claims(names, exclude=inp.name)
+            shared = [n for n in names if n in claims]
+            if shared:
+                holders = sorted({claims[n] for n in shared})
+                return self.wait(
+                    "overlap",
+                    f"waits for rollout {', '.join(holders)}: shares nodes {_names(shared)}; "
+                    "it starts when that one ends (or set allowOverlap: true)",
+                )
+        self.start(spec, names)
+        return True
+
+    def wait(self, reason: str, message: str) -> bool:
+        self.reason = reason
+        self.message = message
+        self.set_phase("pending", reason)
+        return False
+
+    def start(self, spec: RolloutSpec, names: tuple[str, ...]) -> None:
+        size = spec.batch_size
+        self.frozen = FrozenSpec(
+            target=spec.target,
+            batch_size=size,
+            live=spec.live,
+            on_failure=spec.on_failure,
+            selector=spec.selector,
+            node_ids=spec.node_ids,
+            start_at=spec.start_at,
+            include_maintenance=spec.include_maintenance,
+            allow_overlap=spec.allow_overlap,
+        )
+        nodes = [NodeRecord(name=n, batch=i // size + 1) for i, n in enumerate(names)]
+        count = -(-len(nodes) // size)
+        self._nodes = nodes
+        self._progress = {"pending": len(nodes)}
+        self._batches = [BatchRecord(k, "pending") for k in range(1, count + 1)]
+        self.start_commit = self.inp.spec_commit
+        self.started_at = self.now
+        self.health_timeout = spec.health_timeout
+        # A resume token present at start answers no hold: only a new value does.
+        self.last_handled_resume = spec.resume_request
+        self.reason = ""
+        self.message = (
+            f"{len(nodes)} nodes in {count} batches of {size}, "
+            f"{'live' if spec.live else 'dry-run'}, onFailure {spec.on_failure}"
+        )
+        self.set_phase("running", "started")
+
+    # -- after start
+
+    def started_step(self) -> None:
+        inp, spec = self.inp, self.inp.spec
+        self.spec_commit = inp.spec_commit
+        self.set_condition("unverified", inp.refusal)
+        if spec is None and not inp.file_present:
+            self.abort("spec_removed", "the rollout file was removed")
+        elif spec is not None and spec.abort:
+            self.abort("aborted", "aborted by the operator")
+        if spec is None:
+            problems = "; ".join(str(p) for p in inp.problems) or "the rollout file is invalid"
+            self.set_condition(
+                "invalid_spec",
+                None
+                if not inp.file_present
+                else f"{problems}; nothing new is decided until the file is valid again",
+            )
+        else:
+            self.set_condition("invalid_spec", None)
+            self.check_frozen(spec)
+            self.health_timeout = spec.health_timeout
+            if not self.phase_terminal():
+                self.operator_paused = spec.paused
+        self.observe()
+        if self.phase_terminal():
+            self.carry_out_decided_restores()
+            self.handle_rollback_request()
+            self.close_terminal()
+            return
+        self.handle_rollback_request()
+        if spec is not None and not spec.paused:
+            self.skip_nodes(spec)
+            for _ in range(len(self.batches) + 3):
+                progressed = self.decide_verdicts()
+                progressed |= self.handle_resume(spec)
+                progressed |= self.advance(spec)
+                if not progressed:
+                    break
+        self.settle_hold()
+
+    def terminal_step(self) -> None:
+        """Terminal: only evidence for jobs still in flight, restores already
+        decided, and explicit rollback requests."""
+        self.observe()
+        self.carry_out_decided_restores()
+        if self.inp.spec is not None and self.old.started:
+            self.handle_rollback_request()
+        elif self.inp.spec is not None and self.inp.spec.rollback_request is not None:
+            self.refuse_rollback_request("the rollout never started: nothing to roll back")
+        self.close_terminal()
+
+    def phase_terminal(self) -> bool:
+        return self.phase in ("completed", "failed", "aborted")
+
+    def abort(self, reason: str, message: str) -> None:
+        self.finish("aborted", reason, message)
+
+    def finish(self, phase: str, reason: str, message: str) -> None:
+        self.reason = reason
+        self.message = message
+        self.hold = None
+        self.operator_paused = False
+        self.finished_at = self.now
+        self.set_phase(phase, reason)
+
+    def close_terminal(self) -> None:
+        """A terminal rollout holds nothing: outcomes of restores and jobs
+        that finish after the end are recorded without a hold."""
+        for i in list(self.open_indexes()):
+            node = self.nodes[i]
+            if node.held is not None and not _restore_waiting(node):
+                self.set_node(i, _evolve(node, held=None), "rollout ended")
+        self.update_batches()
+
+    def check_frozen(self, spec: RolloutSpec) -> None:
+        assert self.frozen is not None
+        f = self.frozen
+        now_values = {
+            "target": spec.target,
+            "selector": spec.selector,
+            "node_ids": spec.node_ids,
+            "batch_size": spec.batch_size,
+            "live": spec.live,
+            "on_failure": spec.on_failure,
+            "start_at": spec.start_at,
+            "include_maintenance": spec.include_maintenance,
+            "allow_overlap": spec.allow_overlap,
+        }
+        changed = [doc for attr, doc in FROZEN_FIELDS if getattr(f, attr) != now_values[attr]]
+        self.set_condition(
+            "frozen_fields_changed",
+            None
+            if not changed
+            else (
+                f"changed after start and not applied: {', '.join(changed)}; the rollout "
+                "carries on with the values frozen at start (start a new rollout to use them)"
+            ),
+        )
+
+    # -- evidence
+
+    def observe(self) -> None:
+        """Record verdicts for in-flight applies and outcomes of restores."""
+        for i in list(self.open_indexes()):
+            node = self.nodes[i]
+            if node.state == "dispatched":
+                judged = self.judge_apply(node)
+                if judged is not None:
+                    self.record_verdict(i, *judged)
+            elif node.state in RESTORE_STATES and node.restore is not None:
+                self.judge_restore(i, node, node.restore)
+
+    def judge_apply(self, node: NodeRecord) -> tuple[str, str, str, JobObservation | None] | None:
+        """(verdict, node state, error, job) for the node's current attempt,
+        or None while it waits. Evidence seen now beats the deadline."""
+        assert self.frozen is not None and node.job_id is not None
+        assert node.deadline is not None and node.dispatched_at is not None
+        obs, now = self.ctx.obs, self.now
+        job = obs.jobs.get(node.job_id)
+        drift = ""
+        if job is not None:
+            if job.state in ("failed", "refused"):
+                what = JOB_REFUSED if job.state == "refused" else JOB_FAILED
+                return "failed", "failed", f"{what}: {job.error}" if job.error else what, job
+            if job.state == "succeeded":
+                if not self.frozen.live:
+                    return "passed", "succeeded", "", job
+                drift = self.heartbeat_problem(obs.heartbeats.get(node.name), job)
+                if not drift:
+                    return "passed", "succeeded", "", job
+        if self.ctx.node(node.name) is None:
+            return "unknown", "unknown", "node removed from nodes/", job
+        since = obs.unreachable_since.get(node.name)
+        unreachable = since is not None or (job is not None and job.state == "unreachable")
+        # An outage counts only from dispatch: a new attempt gets its own offlineAfter.
+        if since is not None and now - max(since, node.dispatched_at) >= self.ctx.offline_after:
+            return (
+                "unknown",
+                "unknown",
+                f"agent unreachable for {format_duration(self.ctx.settings.offline_after)} or more",
+                job,
+            )
+        if now >= node.deadline:
+            if unreachable:
+                return "unknown", "unknown", "agent unreachable when the deadline passed", job
+            if job is not None and job.state == "succeeded":
+                if drift.startswith("drift"):
+                    return "failed", "failed", drift, job
+                return "failed", "timed_out", f"deadline passed: {drift}", job
+            state = "no answer" if job is None else f"job still {job.state}"
+            return "failed", "timed_out", f"deadline passed: {state}", job
+        return None
+
+    def heartbeat_problem(self, beat: Heartbeat | None, job: JobObservation) -> str:
+        """Empty when a heartbeat after the job finished shows the target;
+        else what is missing (``drift: ...`` when it shows something else)."""
+        assert self.frozen is not None
+        target = self.frozen.target
+        if beat is None:
+            return "no heartbeat after the job finished"
+        try:
+            fresh = job.finished_at is not None and parse_time(beat.time) > parse_time(
+                job.finished_at
+            )
+        except ValueError:
+            fresh = False
+        if not fresh:
+            return "no heartbeat after the job finished"
+        runtime = beat.runtime(target.runtime)
+        if runtime is None:
+            return f"drift: heartbeat does not report runtime {target.runtime}"
+        if (runtime.provider, runtime.model) != (target.provider, target.model):
+            return (
+                f"drift: heartbeat shows {runtime.provider}/{runtime.model}, "
+                f"expected {target.provider}/{target.model}"
+            )
+        return ""
+
+    def record_verdict(
+        self, i: int, verdict: str, state: str, error: str, job: JobObservation | None
+    ) -> None:
+        node = self.nodes[i]
+        first_backup_id, known = node.first_backup_id, node.first_backup_known
+        first_attempt = node.first_apply_attempt
+        # A first backup recorded before first_apply_attempt existed is final too.
+        if known and first_attempt is None and first_backup_id is None:
+            if job is None or job.state not in ("succeeded", "failed", "refused"):
+                # The apply may have run without our seeing it: only the
+                # agent's backup list can tell (DESIGN.md 5).
+                known, first_attempt = False, node.attempt
+            elif job.state == "succeeded" or job.backup_id is not None:
+                # The first apply the agent ran: its backup, or none (no
+                # config before, or already the target), is what a restore
+                # puts back, never a later attempt's (DESIGN.md 5).
+                first_backup_id, first_attempt = job.backup_id, node.attempt
+            # Else the agent failed or refused it without a backup and left
+            # the config as it was: the next apply counts as the first.
+        new = _evolve(
+            node,
+            state=state,
+            verdict=verdict,
+            error=error,
+            finished_at=self.now,
+            backup_id=job.backup_id if job is not None else None,
+            first_backup_id=first_backup_id,
+            first_backup_known=known,
+            first_apply_attempt=first_attempt,
+        )
+        self.set_node(i, new, error or verdict)
+
+    def judge_restore(self, i: int, node: NodeRecord, restore: RestoreRecord) -> None:
+        job = self.ctx.obs.jobs.get(restore.job_id)
+        outcome = error = ""
+        if job is not None and job.state in ("failed", "refused"):
+            outcome = "rollback_failed"
+            error = f"restore {job.state}: {job.error}" if job.error else f"restore {job.state}"
+        elif job is not None and job.state == "succeeded":
+            outcome = "rolled_back"
+        elif self.now >= restore.deadline:
+            outcome, error = "rollback_failed", "no evidence of the restore by its deadline"
+        if not outcome:
+            return
+        held = node.held
+        if restore.request == "policy" or held is not None:
+            held = None if self.phase_terminal() else outcome
+        new = _evolve(
+            node,
+            state=outcome,
+            held=held,
+            restore=replace(restore, finished_at=self.now, error=error),
+        )
+        self.set_node(i, new, error or "restore succeeded")
+        if restore.request != "policy":
+            self.update_rollback_outcome(restore.request, node.name, outcome, error)
+
+    # -- decisions
+
+    def decide_verdicts(self) -> bool:
+        """Apply the failure policy to verdicts not yet decided (recorded
+        while paused, or just now). Observe decides nothing: failures are
+        recorded and the batch goes on."""
+        if self.policy == "observe":
+            return False
+        progressed = False
+        for i in list(self.open_indexes()):
+            node = self.nodes[i]
+            if _restore_waiting(node):
+                progressed |= self.start_policy_restore(i)
+                continue
+            if node.state not in VERDICT_STATES or node.held is not None:
+                continue
+            if node.verdict is None:
+                continue
+            live = self.frozen is not None and self.frozen.live
+            # A backup not yet known counts as available: the restore waits
+            # for the agent's backup list and falls back to rollback_unavailable.
+            backup = live and (node.first_backup_id is not None or not node.first_backup_known)
+            decision = decide(
+                self.policy, node.verdict, auto_retried=node.auto_retried, backup_available=backup
+            )
+            if decision.action == "retry":
+                if self.restores_in_flight():
+                    continue  # nothing else is dispatched while a restore runs
+                self.dispatch(i, "automatic retry (retry_once)", auto_retry=True)
+            elif decision.action == "stop":
+                self.set_node(i, _evolve(node, state="stopped", held="stopped"), "policy stop")
+            elif decision.action == "rollback":
+                self.set_node(i, _evolve(node, held="rollback_pending"), "policy rollback")
+                self.start_policy_restore(i)
+            elif decision.action == "hold":
+                self.set_node(i, _evolve(node, held=decision.hold), decision.hold or "hold")
+            progressed = True
+        return progressed
+
+    def resolve_first_backup(self, i: int) -> NodeRecord:
+        """Search the agent's backup list for this rollout's apply job ids
+        when the first backup is not known: from the attempt whose result
+        was never seen on (earlier ones left the config as it was), the
+        oldest match is the first. The list cannot tell an unseen apply that
+        ran without a backup from one that never reached the agent; a later
+        attempt's match is taken as the latter, since after the former a
+        later apply finds its target in place and takes no backup either."""
+        node = self.nodes[i]
+        if node.first_backup_known:
+            return node
+        backups = self.ctx.obs.backups.get(node.name)
+        if backups is None:
+            return node
+        assert self.start_commit is not None
+        start = node.first_apply_attempt or 1
+        ours = {
+            job_id(self.inp.name, self.start_commit, node.name, a, "apply"): a
+            for a in range(start, node.attempt + 1)
+        }
+        found = min(
+            ((ours[b.job_id], b.backup_id) for b in backups if b.job_id in ours), default=None
+        )
+        attempt, backup = found if found is not None else (start, None)
+        new = _evolve(
+            node, first_backup_id=backup, first_backup_known=True, first_apply_attempt=attempt
+        )
+        self.set_node(i, new, "backup list searched")
+        return new
+
+    def start_policy_restore(self, i: int) -> bool:
+        node = self.resolve_first_backup(i)
+        if not node.first_backup_known:
+            return False  # wait for the backup list (wanted_backups asks for it)
+        if node.first_backup_id is None:
+            self.set_node(i, _evolve(node, held="rollback_unavailable"), "no backup to restore")
+            return True
+        self.send_restore(i, "policy", "rollback_pending")
+        return True
+
+    def carry_out_decided_restores(self) -> None:
+        """After an abort, restores the policy decided are still carried out."""
+        for i in list(self.open_indexes()):
+            node = self.nodes[i]
+            if _restore_waiting(node):
+                node = self.resolve_first_backup(i)
+                if node.first_backup_known and node.first_backup_id is not None:
+                    self.send_restore(i, "policy", "rollback_pending")
+                elif node.first_backup_known:
+                    self.set_node(i, _evolve(node, held=None), "no backup to restore")
+
+    def send_restore(self, i: int, request: str, state: str) -> None:
+        node = self.nodes[i]
+        assert self.frozen is not None and self.start_commit is not None
+        assert node.first_backup_id is not None
+        jid = job_id(self.inp.name, self.start_commit, node.name, node.attempt, "restore", request)
+        restore = RestoreRecord(
+            request=request,
+            job_id=jid,
+            backup_id=node.first_backup_id,
+            attempt=node.attempt,
+            source_commit=self.inp.spec_commit,
+            dispatched_at=self.now,
+            deadline=self.deadline(),
+        )
+        self.set_node(i, _evolve(node, state=state, restore=restore), f"restore ({request})")
+        self.effects.append(_restore_job(self.inp.name, self.frozen, node.name, restore))
+
+    def restores_in_flight(self) -> bool:
+        """Restores sent, or an accepted rollback request waiting to send them:
+        either way nothing else is dispatched (DESIGN.md 5)."""
+        return bool(
+            self.progress("rollback_pending")
+            or self.progress("restoring")
+            or any(r.state == "waiting" for r in self.rollbacks)
+        )
+
+    def dispatch(self, i: int, reason: str, auto_retry: bool = False) -> None:
+        """Send the node's next attempt, or say why the daemon cannot."""
+        node = self.nodes[i]
+        assert self.frozen is not None and self.start_commit is not None
+        fleet_node = self.ctx.node(node.name)
+        if fleet_node is None:
+            if node.state == "pending":
+                new = _evolve(
+                    node,
+                    state="unknown",
+                    verdict="unknown",
+                    error="node removed from nodes/",
+                    finished_at=self.now,
+                    held=None,
+                )
+                self.set_node(i, new, "node removed from nodes/")
+            else:
+                error = "node removed from nodes/"
+                self.set_node(i, _evolve(node, held="dispatch_refused", error=error), error)
+            return
+        refusal = ""
+        if fleet_node.maintenance and not self.frozen.include_maintenance:
+            refusal = "node is in maintenance"
+        elif not valid_agent_url(fleet_node.agent):
+            refusal = f"agent address {fleet_node.agent!r} is not http(s)://host[:port]"
+        if refusal:
+            # A resumed question node keeps its verdict and is held again.
+            self.set_node(i, _evolve(node, held="dispatch_refused", error=refusal), refusal)
+            return
+        attempt = node.attempt + 1
+        jid = job_id(self.inp.name, self.start_commit, node.name, attempt, "apply")
+        new = _evolve(
+            node,
+            state="dispatched",
+            attempt=attempt,
+            job_id=jid,
+            source_commit=self.inp.spec_commit,
+            dispatched_at=self.now,
+            deadline=self.deadline(),
+            finished_at=None,
+            verdict=None,
+            error="",
+            backup_id=None,
+            held=None,
+            auto_retried=node.auto_retried or auto_retry,
+        )
+        self.set_node(i, new, reason)
+        self.effects.append(_apply_job(self.inp.name, self.frozen, new))
+
+    def skip_nodes(self, spec: RolloutSpec) -> None:
+        for name in spec.skip_nodes:
+            i = self.index(name)
+            if i is None:
+                continue
+            node = self.nodes[i]
+            if node.state in ("succeeded", "skipped", "dispatched") or node.state in RESTORE_STATES:
+                continue
+            self.set_node(i, _evolve(node, state="skipped", held=None), "skipNodes")
+
+    def handle_resume(self, spec: RolloutSpec) -> bool:
+        token = spec.resume_request
+        if not token or token == self.last_handled_resume:
+            return False
+        self.last_handled_resume = token
+        open_nodes = list(self.open_indexes())
+        restoring = [
+            self.nodes[i].name
+            for i in open_nodes
+            if self.nodes[i].state in RESTORE_STATES or _restore_waiting(self.nodes[i])
+        ]
+        asked = [r.id for r in self.rollbacks if r.state == "waiting"]
+        if restoring:
+            self.set_condition(
+                "resume_refused",
+                f"resumeRequest {token!r} refused: a restore is in progress on "
+                f"{_names(restoring)}; wait for it to finish, then resume again, or abort",
+            )
+            return True
+        if asked:
+            self.set_condition(
+                "resume_refused",
+                f"resumeRequest {token!r} refused: rollbackRequest {asked[0]!r} waits for "
+                "the agents' backup lists to send its restores; wait for it, then resume "
+                "again, or abort",
+            )
+            return True
+        self.set_condition("resume_refused", None)
+        held = [i for i in open_nodes if self.nodes[i].held is not None]
+        if held:
+            for i in held:
+                node = self.nodes[i]
+                fleet_node = self.ctx.node(node.name)
+                gone = fleet_node is None or (
+                    fleet_node.maintenance
+                    and self.frozen is not None
+                    and not self.frozen.include_maintenance
+                )
+                if node.state in STATEMENT_STATES or gone:
+                    why = "resume: removed or in maintenance" if gone else "resume"
+                    self.set_node(i, _evolve(node, state="skipped", held=None), why)
+                else:
+                    self.dispatch(i, f"resume {token!r}")
+            return True
+        waiting = self.pause_after_waiting(spec)
+        if waiting is not None:
+            self.dispatch_batch(waiting + 1, f"resume {token!r} after batch {waiting}")
+            return True
+        return True  # recorded; nothing was held
+
+    def pause_after_waiting(self, spec: RolloutSpec) -> int | None:
+        """The batch after which pauseAfter holds now, if any."""
+        done = self.last_started_batch()
+        if done is None or done >= len(self.batches):
+            return None
+        if self.batches[done - 1].state != "done" or done not in spec.pause_after:
+            return None
+        return done
+
+    def last_started_batch(self) -> int | None:
+        last = None
+        for b in self.batches:
+            if b.state == "pending":
+                break
+            last = b.index
+        return last
+
+    def advance(self, spec: RolloutSpec) -> bool:
+        """Settle batches; start the next one, or end the rollout."""
+        self.update_batches()
+        if self.restores_in_flight() or self.any_held():
+            return False
+        last = self.last_started_batch()
+        if last is not None and self.batches[last - 1].state != "done":
+            return False
+        if last == len(self.batches):
+            if all(n.state == "succeeded" for n in self.nodes):
+                self.finish("completed", "", f"all {len(self.nodes)} nodes succeeded")
+            else:
+                ok = self.progress("succeeded")
+                self.finish(
+                    "failed",
+                    "not_all_succeeded",
+                    f"{ok} of {len(self.nodes)} nodes succeeded; "
+                    + ", ".join(f"{c} {s}" for s, c in self.counts() if s != "succeeded"),
+                )
+            return False
+        if self.pause_after_waiting(spec) is not None:
+            return False
+        self.dispatch_batch((last or 0) + 1, f"batch {(last or 0) + 1} started")
+        return True
+
+    def counts(self) -> list[tuple[str, int]]:
+        return [(s, self.progress(s)) for s in NODE_STATES if self.progress(s)]
+
+    def dispatch_batch(self, batch: int, reason: str) -> None:
+        self.set_batch(batch, "running")
+        for i in self.batch_range(batch):
+            if self.nodes[i].state == "pending":
+                self.dispatch(i, reason)
+        self.touched_batches.add(batch)
+        self.update_batches()
+
+    def any_held(self) -> bool:
+        return any(self.nodes[i].held is not None for i in self.open_indexes())
+
+    def settled(self, node: NodeRecord) -> bool:
+        if self.phase_terminal():
+            # Ended: a node is done once nothing is in flight or decided for it.
+            return (
+                node.state != "dispatched"
+                and node.state not in RESTORE_STATES
+                and not (_restore_waiting(node))
+            )
+        if node.held is not None:
+            return False
+        if node.state in ("succeeded", "skipped", "rolled_back", "rollback_failed"):
+            return True
+        if node.state in VERDICT_STATES:
+            return self.policy == "observe"
+        return False
+
+    def update_batches(self) -> None:
+        for b in sorted(self.touched_batches):
+            if self.batches[b - 1].state == "running" and all(
+                self.settled(self.nodes[i]) for i in self.batch_range(b)
+            ):
+                self.set_batch(b, "done")
+        self.touched_batches.clear()
+
+    # -- holds
+
+    def settle_hold(self) -> None:
+        """Phase and hold from the held nodes, pauseAfter and the operator pause."""
+        if self.phase_terminal():
+            return
+        self.update_batches()
+        held = [(i, self.nodes[i]) for i in self.open_indexes() if self.nodes[i].held is not None]
+        hold: Hold | None = None
+        spec = self.inp.spec
+        if held:
+            reasons = [n.held for _, n in held]
+            reason = (
+                self.hold.reason
+                if self.hold is not None and self.hold.reason in reasons
+                else reasons[0]
+            )
+            assert reason is not None
+            names = [n.name for _, n in held]
+            first = next(n for _, n in held if n.held == reason)
+            detail = f" ({first.error})" if first.error else ""
+            message = HOLD_MESSAGES[reason].format(nodes=_names(names), detail=detail)
+            hold = self.make_hold(reason, message, tuple(names))
+        elif spec is not None and (batch := self.pause_after_waiting(spec)) is not None:
+            message = HOLD_MESSAGES["pause_after_batch"].format(batch=batch, next=batch + 1)
+            hold = self.make_hold("pause_after_batch", message, ())
+        elif self.operator_paused:
+            hold = self.make_hold("operator_paused", HOLD_MESSAGES["operator_paused"], ())
+        self.hold = hold
+        if hold is None:
+            self.set_phase("running", "pause lifted" if self.phase == "paused" else "running")
+        else:
+            self.set_phase("paused", hold.reason)
+
+    def make_hold(self, reason: str, message: str, names: tuple[str, ...]) -> Hold:
+        old = self.hold
+        since = old.since if old is not None and old.reason == reason else self.now
+        new = Hold(
+            reason=reason,
+            message=message,
+            since=since,
+            nodes=names[:HOLD_NODES_SHOWN],
+            node_count=len(names),
+        )
+        return old if old == new else new
+
+    # -- explicit rollback
+
+    def refuse_rollback_request(self, message: str) -> None:
+        spec = self.inp.spec
+        assert spec is not None and spec.rollback_request is not None
+        request = spec.rollback_request
+        if any(r.id == request.id for r in self.rollbacks):
+            return
+        record = RollbackRecord(
+            id=request.id,
+            requested_by=self.inp.author,
+            time=self.now,
+            state="refused",
+            message=message,
+        )
+        self.rollbacks = (*self.rollbacks, record)
+        self.set_condition("rollback_refused", f"rollbackRequest {request.id!r} refused: {message}")
+        self.spec_commit = self.inp.spec_commit
+
+    def handle_rollback_request(self) -> None:
+        spec = self.inp.spec
+        if spec is None:
+            return
+        request = spec.rollback_request
+        self.withdraw_waiting(request.id if request is not None else None)
+        if request is None:
+            return
+        previous = next((r for r in self.rollbacks if r.id == request.id), None)
+        if previous is not None and previous.state != "waiting":
+            return  # handled: the same id restores once
+        assert self.frozen is not None
+        if not self.frozen.live:
+            self.refuse_rollback_request(
+                "a dry-run rollout changed nothing, so there is nothing to roll back"
+            )
+            return
+        if self.phase == "running" and previous is None:
+            # A request accepted while held and waiting for backup lists stays
+            # accepted: nothing is dispatched while it waits.
+            self.refuse_rollback_request(
+                "the rollout is running and not held; pause it first (paused: true), "
+                "or wait for a hold"
+            )
+            return
+        if request.nodes is None:
+            wanted = [n.name for n in self.nodes]
+        else:
+            wanted = list(dict.fromkeys(request.nodes))
+        plan: list[tuple[str, str, str]] = []  # (name, outcome, message)
+        waiting: list[str] = []
+        changed_by = self.changed_since()
+        for name in wanted:
+            i = self.index(name)
+            if i is None:
+                plan.append((name, "refused", "not a node of this rollout"))
+                continue
+            node = self.nodes[i]
+            if node.attempt == 0:
+                plan.append((name, "skipped", "never sent: this rollout did not change it"))
+                continue
+            if node.state == "dispatched" or node.state in RESTORE_STATES:
+                plan.append((name, "refused", "a job is in flight on it; retry when it finished"))
+                continue
+            if name in changed_by:
+                plan.append((name, "refused", f"changed since by rollout {changed_by[name]}"))
+                continue
+            if _never_applied(node):
+                # Its backup holds what the agent already put back; restoring
+                # it would rerun the after-apply command for nothing.
+                plan.append((name, "skipped", "never changed: its only apply failed"))
+                continue
+            node = self.resolve_first_backup(i)
+            if not node.first_backup_known:
+                waiting.append(name)
+                plan.append((name, "waiting", ""))
+                continue
+            if node.first_backup_id is not None:
+                plan.append((name, "restoring", ""))
+            elif node.first_apply_attempt is not None or node.state == "succeeded":
+                # A later attempt's backup holds bytes from within this
+                # rollout: putting them back is no rollback (DESIGN.md 5).
+                which = f" (attempt {node.first_apply_attempt})" if node.first_apply_attempt else ""
+                plan.append(
+                    (
+                        name,
+                        "unavailable",
+                        f"its first apply{which} left no backup: the node had no config "
+                        "before this rollout, or already had its target",
+                    )
+                )
+            else:
+                plan.append((name, "skipped", "never changed: its apply did not succeed"))
+        if waiting:
+            message = (
+                f"waiting for the backup lists of {_names(waiting)} to find their first "
+                "backups; the restores are sent once they are read"
+            )
+            if previous is not None and previous.message == message:
+                return
+            record = RollbackRecord(
+                request.id,
+                previous.requested_by if previous is not None else self.inp.author,
+                previous.time if previous is not None else self.now,
+                "waiting",
+                message,
+            )
+            self.rollbacks = (*(r for r in self.rollbacks if r.id != request.id), record)
+            self.spec_commit = self.inp.spec_commit
+            return
+        nodes: list[RollbackNode] = []
+        for name, outcome, message in plan:
+            if outcome == "restoring":
+                i = self.index(name)
+                assert i is not None
+                self.send_restore(i, request.id, "restoring")
+            nodes.append(RollbackNode(name, outcome, message))
+        refused = [n.name for n in nodes if n.outcome == "refused"]
+        self.set_condition(
+            "rollback_refused",
+            None
+            if not refused
+            else f"rollbackRequest {request.id!r} refused for {_names(refused)}: "
+            + "; ".join(f"{n.name}: {n.message}" for n in nodes if n.outcome == "refused")[:500],
+        )
+        state = "restoring" if any(n.outcome == "restoring" for n in nodes) else "done"
+        record = RollbackRecord(
+            request.id,
+            # who asked is settled when the request is first seen
+            previous.requested_by if previous is not None else self.inp.author,
+            previous.time if previous is not None else self.now,
+            state,
+            _rollback_summary(nodes),
+            tuple(nodes),
+        )
+        self.rollbacks = (*(r for r in self.rollbacks if r.id != request.id), record)
+        self.spec_commit = self.inp.spec_commit
+
+    def withdraw_waiting(self, current: str | None) -> None:
+        """A request waiting for backup lists that the file no longer carries
+        (removed, or replaced by a new id) has sent nothing: it ends refused,
+        so it stops holding back dispatches and resumes."""
+        if not any(r.state == "waiting" and r.id != current for r in self.rollbacks):
+            return
+        why = f"replaced by {current!r}" if current is not None else "removed from the file"
+        self.rollbacks = tuple(
+            replace(r, state="refused", message=f"{why} before its restores were sent")
+            if r.state == "waiting" and r.id != current
+            else r
+            for r in self.rollbacks
+        )
+
+    def changed_since(self) -> dict[str, str]:
+        """Nodes of this rollout that a later-started or running rollout has
+        sent a job to, with that rollout's name."""
+        mine = {n.name for n in self.nodes}
+        started = self.started_at
+        found: dict[str, str] = {}
+        for name, other in self.ctx.current.items():
+            if name == self.inp.name or not other.started or other.started_at is None:
+                continue
+            later = started is None or other.started_at > started
+            if not (later or other.phase in ("running", "paused")):
+                continue
+            for node in other.nodes:
+                if node.attempt > 0 and node.name in mine:
+                    found.setdefault(node.name, name)
+        return found
+
+    def update_rollback_outcome(self, request: str, node: str, outcome: str, error: str) -> None:
+        records = list(self.rollbacks)
+        for k, record in enumerate(records):
+            if record.id != request:
+                continue
+            nodes = tuple(
+                RollbackNode(n.name, outcome, error) if n.name == node else n for n in record.nodes
+            )
+            state = "restoring" if any(n.outcome == "restoring" for n in nodes) else "done"
+            records[k] = replace(
+                record, nodes=nodes, state=state, message=_rollback_summary(list(nodes))
+            )
+        self.rollbacks = tuple(records)
+
+
+_NODE_FIELDS = frozenset(NodeRecord.__dataclass_fields__)
+
+
+def _evolve(node: NodeRecord, **changes: Any) -> NodeRecord:
+    """``dataclasses.replace`` for node records without its per-call field
+    introspection, which dominated stepping large rollouts."""
+    assert changes.keys() <= _NODE_FIELDS, changes.keys() - _NODE_FIELDS
+    new = object.__new__(NodeRecord)
+    new.__dict__.update(node.__dict__)
+    new.__dict__.update(changes)
+    return new
+
+
+def _never_applied(node: NodeRecord) -> bool:
+    """The node's one apply attempt was failed or refused by its agent, so
+    this rollout never changed its config (a later attempt might have)."""
+    return (
+        node.attempt == 1
+        and node.verdict == "failed"
+        and node.error.startswith((JOB_FAILED, JOB_REFUSED))
+    )
+
+
+def _rollback_summary(nodes: Sequence[RollbackNode]) -> str:
+    counts: dict[str, int] = {}
+    for n in nodes:
+        counts[n.outcome] = counts.get(n.outcome, 0) + 1
+    return ", ".join(f"{c} {o}" for o, c in counts.items()) or "no nodes"
+
+
+def _names(names: Sequence[str]) -> str:
+    shown = ", ".join(names[:HOLD_NODES_SHOWN])
+    more = len(names) - HOLD_NODES_SHOWN
+    return f"{shown} and {more} more" if more > 0 else shown
+
+
+# --- jobs rebuilt from status --------------------------------------------------
+
+
+def _apply_job(rollout: str, frozen: FrozenSpec, node: NodeRecord) -> SendJob:
+    assert node.job_id is not None and node.source_commit is not None
+    return SendJob(
+        job_id=node.job_id,
+        kind="apply",
+        node=node.name,
+        rollout=rollout,
+        attempt=node.attempt,
+        mode=frozen.mode,
+        target=frozen.target,
+        source_commit=node.source_commit,
+    )
+
+
+def _restore_job(rollout: str, frozen: FrozenSpec, node: str, restore: RestoreRecord) -> SendJob:
+    return SendJob(
+        job_id=restore.job_id,
+        kind="restore",
+        node=node,
+        rollout=rollout,
+        attempt=restore.attempt,
+        mode=frozen.mode,
+        target=frozen.target,
+        source_commit=restore.source_commit,
+        backup_id=restore.backup_id,
+    )
+
+
+def _open_nodes(status: RolloutStatus) -> Iterable[NodeRecord]:
+    """Nodes that may have a job in flight: running batches, and restores."""
+    if status.frozen is None:
+        return
+    size = status.frozen.batch_size
+    for b in status.batches:
+        if b.state == "running":
+            yield from status.nodes[(b.index - 1) * size : b.index * size]
+    if _restores_in_flight(status):
+        for node in status.nodes:
+            if node.state in RESTORE_STATES and status.batches[node.batch - 1].state != "running":
+                yield node
+
+
+def _restore_waiting(node: NodeRecord) -> bool:
+    """The policy decided a restore that waits for the agent's backup list."""
+    return node.held == "rollback_pending" and node.state not in RESTORE_STATES
+
+
+def _restores_in_flight(status: RolloutStatus) -> bool:
+    return any(s in RESTORE_STATES for s, _ in status.progress)
+
+
+def in_flight(statuses: Iterable[RolloutStatus]) -> tuple[SendJob, ...]:
+    """Every recorded job not finished: the daemon reads each from its agent
+    and resends (same id, same payload) any the agent does not know. The
+    payload is rebuilt from status alone."""
+    jobs: list[SendJob] = []
+    for status in statuses:
+        if status.frozen is None:
+            continue
+        for node in _open_nodes(status):
+            if node.state == "dispatched":
+                jobs.append(_apply_job(status.name, status.frozen, node))
+            elif node.state in RESTORE_STATES and node.restore is not None:
+                jobs.append(_restore_job(status.name, status.frozen, node.name, node.restore))
+    return tuple(jobs)
+
+
+def wanted_heartbeats(statuses: Iterable[RolloutStatus]) -> tuple[str, ...]:
+    """Nodes whose heartbeat the next step needs: dispatched nodes of live rollouts."""
+    names: dict[str, None] = {}
+    for status in statuses:
+        if status.frozen is None or not status.frozen.live:
+            continue
+        for node in _open_nodes(status):
+            if node.state == "dispatched":
+                names[node.name] = None
+    return tuple(names)
+
+
+def wanted_backups(statuses: Iterable[RolloutStatus]) -> tuple[str, ...]:
+    """Nodes whose backup list the next step needs: a restore is decided or
+    requested, and the first apply's result was never seen (DESIGN.md 5)."""
+    names: dict[str, None] = {}
+    for status in statuses:
+        if status.frozen is None or not status.frozen.live:
+            continue
+        for node in _open_nodes(status):
+            if _restore_waiting(node) and not node.first_backup_known:
+                names[node.name] = None
+        if any(r.state == "waiting" for r in status.rollbacks):
+            for node in status.nodes:
+                if not node.first_backup_known:
+                    names[node.name] = None
+    return tuple(names)
+
+
+def next_wakeup(statuses: Iterable[RolloutStatus], settings: Settings) -> datetime | None:
+    """The earliest deadline or ``startAt`` after which a step could change
+    something without new observations. (``offlineAfter`` counts from the
+    daemon's own memory of failed contacts, so the daemon adds it itself.)"""
+    del settings  # the deadlines in status already carry the timeouts in force
+    earliest: datetime | None = None
+
+    def consider(moment: datetime | None) -> None:
+        nonlocal earliest
+        if moment is not None and (earliest is None or moment < earliest):
+            earliest = moment
+
+    for status in statuses:
+        if status.phase == "scheduled":
+            consider(status.scheduled_for)
+        for node in _open_nodes(status):
+            if node.state == "dispatched":
+                consider(node.deadline)
+            elif node.state in RESTORE_STATES and node.restore is not None:
+                consider(node.restore.deadline)
+    return earliest
+
+
+def is_active(status: RolloutStatus) -> bool:
+    """Scheduled, running or paused; or terminal with jobs or restores still in flight."""
+    if status.phase in ("scheduled", "running", "paused"):
+        return True
+    if status.phase == "pending":
+        return False
+    return (
+        bool(in_flight([status]))
+        or any(r.state == "waiting" for r in status.rollbacks)
+        or any(_restore_waiting(n) for n in _open_nodes(status))
+    )

@@ -1,0 +1,201 @@
+"""Which tree the daemon may act on, when commits must be signed (DESIGN.md section 8).
+
+A *spec commit* changes ``rollouts/``, ``nodes/`` or ``reconciler.yaml``
+compared with its first parent (a root commit: holds any of them). Only spec
+commits need a signature; a commit touching only a README or ``status/``
+never blocks anything. Walking first-parent history from a tip, the newest
+spec commit whose SSH signature verifies is the *verified commit*: its spec
+paths are what the daemon acts on. Every newer spec commit is a refusal, kept
+with its reason, and ignored entirely (an ``abort`` included).
+
+Results are memoised per commit id: a first-parent chain's approval is a
+function of the chain, so a new tip costs a walk back to the last commit seen,
+and an unchanged tip costs a dict lookup.
+
+Reads the repository with pygit2 and decides nothing about rollouts; the
+signature checks are ``reconciler.git.sshsig``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TypeVar
+
+import pygit2
+
+from reconciler.git.sshsig import (
+    AllowedSigner,
+    SignatureCheck,
+    parse_allowed_signers,
+    verify_sshsig,
+)
+from reconciler.spec.errors import ReconcilerError, StoreError
+
+SPEC_PATHS = ("rollouts", "nodes", "reconciler.yaml")
+
+# Bounds on the memo tables: a long-running daemon adds a status commit per
+# change; only the recent chain matters for the next tip.
+_MAX_APPROVALS = 20_000
+_MAX_CHECKS = 20_000
+
+_V = TypeVar("_V")
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A spec commit the daemon will not act on, and why, in words."""
+
+    commit: str
+    reason: str
+    author: str  # "Name <email>"
+
+
+@dataclass(frozen=True)
+class Approval:
+    # newest first-parent commit whose tree the daemon may act on for spec
+    # paths (None: nothing verified yet)
+    verified_commit: str | None
+    # newest commit at the tip that changed spec paths (None: none ever did)
+    newest_spec_commit: str | None
+    # the unverified spec commits newer than verified_commit, newest first
+    refusals: tuple[Refusal, ...]
+
+    @property
+    def acted_on(self) -> bool:
+        """True when the tip's spec is the verified one (nothing refused)."""
+        return not self.refusals
+
+
+_NOTHING = Approval(None, None, ())
+
+
+class Approver:
+    """Finds the verified commit for a tip; caches per commit id."""
+
+    def __init__(self, repo: pygit2.Repository, allowed: Sequence[AllowedSigner]) -> None:
+        self.repo = repo
+        self.allowed = tuple(allowed)
+        self._approvals: dict[str, Approval] = {}
+        self._checks: dict[str, SignatureCheck] = {}
+
+    def approve(self, tip: str) -> Approval:
+        cached = self._approvals.get(tip)
+        if cached is not None:
+            return cached
+        # Walk back until a commit whose answer is known or which settles it
+        # (a verified spec commit or a root); then fold forward.
+        pending: list[tuple[str, bool]] = []  # (commit id, is spec commit), newest first
+        base = _NOTHING
+        commit_id: str | None = tip
+        while commit_id is not None:
+            known = self._approvals.get(commit_id)
+            if known is not None:
+                base = known
+                break
+            commit = self._commit(commit_id)
+            spec = is_spec_commit(self.repo, commit)
+            if spec and self.check_commit(commit_id).ok:
+                base = Approval(commit_id, commit_id, ())
+                self._remember(commit_id, base)
+                break
+            pending.append((commit_id, spec))
+            commit_id = str(commit.parent_ids[0]) if commit.parent_ids else None
+        approval = base
+        for commit_id, spec in reversed(pending):
+            if spec:
+                refusal = Refusal(
+                    commit_id, self.check_commit(commit_id).reason, _author(self._commit(commit_id))
+                )
+                approval = Approval(
+                    approval.verified_commit, commit_id, (refusal, *approval.refusals)
+                )
+            self._remember(commit_id, approval)
+        return approval
+
+    def check_commit(self, commit: str) -> SignatureCheck:
+        cached = self._checks.get(commit)
+        if cached is not None:
+            return cached
+        check = check_commit_signature(self._commit(commit), self.allowed)
+        if len(self._checks) >= _MAX_CHECKS:
+            _drop_oldest(self._checks)
+        self._checks[commit] = check
+        return check
+
+    def _commit(self, commit_id: str) -> pygit2.Commit:
+        try:
+            obj = self.repo[commit_id]
+        except (KeyError, ValueError) as exc:
+            raise StoreError(
+                f"commit {commit_id} is not in the repository",
+                "fetch the branch again; the history may have been rewritten",
+            ) from exc
+        commit = obj.peel(pygit2.Commit)
+        return commit
+
+    def _remember(self, commit_id: str, approval: Approval) -> None:
+        if len(self._approvals) >= _MAX_APPROVALS:
+            _drop_oldest(self._approvals)
+        self._approvals[commit_id] = approval
+
+
+def load_allowed_signers(path: Path) -> tuple[AllowedSigner, ...]:
+    """Read an allowed-signers file (kept outside the fleet repository).
+
+    Raises ReconcilerError naming the file (and line) when it cannot be read,
+    has a bad line, or lists nobody: a daemon told to verify must not start
+    with a list that can approve nothing.
+    """
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ReconcilerError(
+            f"cannot read allowed-signers file {path}: {getattr(exc, 'strerror', None) or exc}",
+            "give the path of a git allowed-signers file (`principals keytype base64-key` per line)",
+        ) from None
+    signers = parse_allowed_signers(text, source=str(path))
+    if not signers:
+        raise ReconcilerError(
+            f"allowed-signers file {path} lists no signers",
+            "add a line `EMAIL ssh-ed25519 AAAA...` for each person who may approve",
+        )
+    return signers
+
+
+def check_commit_signature(
+    commit: pygit2.Commit, allowed: Sequence[AllowedSigner]
+) -> SignatureCheck:
+    """Verify a commit's gpgsig header as ``git verify-commit`` would, with the
+    validity windows checked at the committer time (as git passes it)."""
+    signature, payload = commit.gpg_signature
+    if not signature:
+        return SignatureCheck(False, "the commit is not signed")
+    at = datetime.fromtimestamp(commit.committer.time, UTC)
+    return verify_sshsig(signature.decode("utf-8", "replace"), payload, allowed, at=at)
+
+
+def is_spec_commit(repo: pygit2.Repository, commit: pygit2.Commit) -> bool:
+    """Did this commit change a spec path compared with its first parent?"""
+    tree = commit.tree
+    parent_tree = repo[commit.parent_ids[0]].peel(pygit2.Commit).tree if commit.parent_ids else None
+    return any(_entry(tree, name) != _entry(parent_tree, name) for name in SPEC_PATHS)
+
+
+def _entry(tree: pygit2.Tree | None, name: str) -> tuple[str, int] | None:
+    if tree is None or name not in tree:
+        return None
+    entry = tree[name]
+    return (str(entry.id), entry.filemode)
+
+
+def _author(commit: pygit2.Commit) -> str:
+    return f"{commit.author.name} <{commit.author.email}>"
+
+
+def _drop_oldest(table: dict[str, _V]) -> None:
+    # dicts keep insertion order: drop the older half in one go.
+    for key in list(table)[: len(table) // 2]:
+        del table[key]

@@ -1,0 +1,300 @@
+"""Facts about the tracked branch's first-parent history that a reconcile
+pass needs every time: which commit last changed a spec file, which commit
+first added it, and a total order of commits.
+
+Only files that are specs count: everything under ``rollouts/`` and
+``nodes/``, and ``reconciler.yaml``. Status-only commits never count, so the
+daemon's own commits never move a rollout's ``specCommit``.
+
+The index is built once by a full walk and then advanced by walking only the
+commits that are new since the previous tip; a pass on an unchanged tip
+costs one string comparison. A commit changed a spec path when the subtree
+id of ``rollouts/`` or ``nodes/`` (or the blob id of ``reconciler.yaml``)
+differs from its first parent's; only then are those subtrees diffed.
+
+This module reads Git objects; it must not write to the repository or decide
+anything about rollouts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from itertools import repeat
+
+import pygit2
+
+from reconciler.spec.errors import StoreError
+
+SPEC_FOLDERS = ("rollouts", "nodes")
+SPEC_FILES = ("reconciler.yaml",)
+
+# Subtree/blob ids of the spec paths of one commit: equal keys, equal specs.
+_Key = tuple[pygit2.Oid | None, ...]
+_Subs = tuple[pygit2.Tree | None, ...]
+
+
+class History:
+    """An incremental index over the first-parent history of one branch.
+
+    ``advance(tip)`` before querying; queries answer as of that tip. Not
+    thread-safe: one History per thread (it is cheap to rebuild).
+    """
+
+    def __init__(self, repo: pygit2.Repository) -> None:
+        self._repo = repo
+        self._tip: str | None = None
+        self._order: list[str] = []  # first-parent commits, oldest first
+        self._position: dict[str, int] = {}
+        # path -> position of its last change: ints, so the newest of many
+        # paths is one C-level max() over dict lookups.
+        self._last_pos: dict[str, int] = {}
+        self._first_added: dict[str, str] = {}
+        self._changes: list[str] = []  # commits that changed a spec path, oldest first
+        # Undo records of each change commit, by position: (path, previous
+        # last-change position or -1, whether it was the first addition).
+        # They let the index step back to a fork point instead of starting over.
+        self._undo: dict[int, list[tuple[str, int, bool]]] = {}
+        self._tip_key: _Key = ()
+        # The tip's spec subtrees, kept loaded: a 10,000-entry nodes/ tree costs
+        # milliseconds to inflate, so every version is loaded once, not twice.
+        self._tip_subs: _Subs = _EMPTY_SUBS
+        # Work counters, for tests and the benchmark: whole-history walks, and
+        # commits visited by advance() in total.
+        self.full_walks = 0
+        self.walked = 0
+        self.rewinds = 0
+
+    @property
+    def tip(self) -> str | None:
+        """The tip the index answers for (None before the first advance)."""
+        return self._tip
+
+    def advance(self, tip: str) -> None:
+        """Bring the index up to `tip`, walking only first-parent commits not
+        seen yet. When `tip`'s first-parent chain leaves the previous line
+        below its tip (history rewritten, or a ``git pull`` merge whose first
+        parent is the person's own commit), the index steps back to the fork
+        point and walks forward from there; with no common commit at all it
+        starts over. Callers that must refuse a rewrite check
+        ``GitStore.is_descendant`` first."""
+        if tip == self._tip:
+            return
+        new: list[pygit2.Commit] = []
+        stop: str | None = None
+        try:
+            commit = self._commit(tip)
+            while True:
+                cid = str(commit.id)
+                if cid in self._position:
+                    stop = cid
+                    break
+                new.append(commit)
+                if not commit.parent_ids:
+                    break
+                commit = self._commit(str(commit.parent_ids[0]))
+        except (KeyError, ValueError, pygit2.GitError) as e:
+            raise StoreError(
+                f"cannot walk history from {tip}: {e}",
+                "the repository is missing objects; re-fetch or check the repository",
+            ) from e
+        if stop is not None and stop != self._tip:
+            self._rewind(stop)
+        if stop is None and self._tip is not None:
+            self._reset()
+        if self._tip is None:
+            self.full_walks += 1
+        new.reverse()
+        self.walked += len(new)
+        prev_key = self._tip_key if stop is not None else _EMPTY_KEY
+        prev_subs = self._tip_subs if stop is not None else _EMPTY_SUBS
+        for commit in new:
+            cid = str(commit.id)
+            tree = commit.tree
+            key = _key(tree)
+            subs = prev_subs
+            if key != prev_key:
+                subs = tuple(
+                    prev_subs[i] if key[i] == prev_key[i] else _subtree(tree, folder)
+                    for i, folder in enumerate(SPEC_FOLDERS)
+                )
+                self._record(cid, prev_subs, subs, prev_key, key)
+            self._position[cid] = len(self._order)
+            self._order.append(cid)
+            prev_key, prev_subs = key, subs
+        self._tip = tip
+        self._tip_key = prev_key
+        self._tip_subs = prev_subs
+
+    def last_change(self, path: str) -> str | None:
+        """The newest first-parent commit (as of the tip) that added, changed or
+        deleted `path` (a spec path), or None if no commit ever touched it."""
+        pos = self._last_pos.get(path)
+        return self._order[pos] if pos is not None else None
+
+    def first_added(self, path: str) -> str | None:
+        """The oldest first-parent commit that added `path` (its queue order).
+        A file deleted and added again keeps its first addition."""
+        return self._first_added.get(path)
+
+    def position(self, commit: str) -> int:
+        """First-parent order of `commit`: the root commit is 0, the tip is the
+        largest. KeyError for a commit not on the first-parent line."""
+        return self._position[commit]
+
+    def __contains__(self, commit: object) -> bool:
+        return commit in self._position
+
+    def newest(self, commits: Iterable[str | None]) -> str | None:
+        """The newest of `commits` in first-parent order (None entries and
+        commits off the line are ignored); None when there are none."""
+        best: str | None = None
+        best_pos = -1
+        for c in commits:
+            if c is None:
+                continue
+            pos = self._position.get(c, -1)
+            if pos > best_pos:
+                best, best_pos = c, pos
+        return best
+
+    def last_change_of(self, paths: Iterable[str]) -> str | None:
+        """The newest commit that changed any of `paths`."""
+        best = max(map(self._last_pos.get, paths, repeat(-1)), default=-1)
+        return self._order[best] if best >= 0 else None
+
+    def change_commits(self) -> Iterator[str]:
+        """First-parent commits that changed a spec path, newest first (for the
+        approval walk: the newest change commit decides what is verified)."""
+        return reversed(self._changes)
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    # -- internals ---------------------------------------------------------
+
+    def _reset(self) -> None:
+        self._tip = None
+        self._order.clear()
+        self._position.clear()
+        self._last_pos.clear()
+        self._first_added.clear()
+        self._changes.clear()
+        self._undo.clear()
+        self._tip_key = ()
+        self._tip_subs = _EMPTY_SUBS
+
+    def _commit(self, cid: str) -> pygit2.Commit:
+        obj = self._repo[cid]
+        if not isinstance(obj, pygit2.Commit):
+            raise StoreError(f"{cid} is not a commit")
+        return obj
+
+    def _record(
+        self,
+        cid: str,
+        old_subs: _Subs,
+        new_subs: _Subs,
+        old_key: _Key,
+        new_key: _Key,
+    ) -> None:
+        changed: list[tuple[str, bool]] = []  # (path, added)
+        for i, folder in enumerate(SPEC_FOLDERS):
+            if old_key[i] == new_key[i]:
+                continue
+            changed.extend(_diff(self._repo, folder, old_subs[i], new_subs[i]))
+        for j, name in enumerate(SPEC_FILES, start=len(SPEC_FOLDERS)):
+            if old_key[j] != new_key[j]:
+                changed.append((name, old_key[j] is None))
+        if not changed:
+            return  # e.g. only a mode change outside spec blobs
+        pos = len(self._order)  # cid's position: it is appended right after
+        undo: list[tuple[str, int, bool]] = []
+        for path, added in changed:
+            first = added and path not in self._first_added
+            undo.append((path, self._last_pos.get(path, -1), first))
+            self._last_pos[path] = pos
+            if first:
+                self._first_added[path] = cid
+        self._undo[pos] = undo
+        self._changes.append(cid)
+
+    def _rewind(self, stop: str) -> None:
+        """Forget every commit after `stop`, as if the index had been
+        advanced only to `stop`."""
+        keep = self._position[stop]
+        for pos in range(len(self._order) - 1, keep, -1):
+            for path, previous, first in reversed(self._undo.pop(pos, [])):
+                if previous < 0:
+                    self._last_pos.pop(path, None)
+                else:
+                    self._last_pos[path] = previous
+                if first:
+                    self._first_added.pop(path, None)
+            del self._position[self._order[pos]]
+        del self._order[keep + 1 :]
+        while self._changes and self._changes[-1] not in self._position:
+            self._changes.pop()
+        tree = self._commit(stop).tree
+        self._tip = stop
+        self._tip_key = _key(tree)
+        self._tip_subs = tuple(_subtree(tree, folder) for folder in SPEC_FOLDERS)
+        self.rewinds += 1
+
+
+_EMPTY_KEY: _Key = (None,) * (len(SPEC_FOLDERS) + len(SPEC_FILES))
+_EMPTY_SUBS: _Subs = (None,) * len(SPEC_FOLDERS)
+
+
+def _key(tree: pygit2.Tree) -> _Key:
+    ids: list[pygit2.Oid | None] = []
+    for folder in SPEC_FOLDERS:
+        ids.append(_entry_id(tree, folder, pygit2.Tree))
+    for name in SPEC_FILES:
+        ids.append(_entry_id(tree, name, pygit2.Blob))
+    return tuple(ids)
+
+
+def _entry_id(tree: pygit2.Tree, name: str, kind: type) -> pygit2.Oid | None:
+    if name not in tree:
+        return None
+    entry = tree[name]
+    return entry.id if entry.type_str == ("tree" if kind is pygit2.Tree else "blob") else None
+
+
+def _subtree(tree: pygit2.Tree | None, folder: str) -> pygit2.Tree | None:
+    if tree is None or folder not in tree:
+        return None
+    obj = tree[folder]
+    return obj if isinstance(obj, pygit2.Tree) else None
+
+
+def _diff(
+    repo: pygit2.Repository, folder: str, old: pygit2.Tree | None, new: pygit2.Tree | None
+) -> list[tuple[str, bool]]:
+    """(path, added) for every blob that differs between two versions of a folder."""
+    if old is None and new is None:
+        return []
+    if old is None:
+        assert new is not None
+        return [(p, True) for p in _walk(repo, new, folder)]
+    if new is None:
+        return [(p, False) for p in _walk(repo, old, folder)]
+    out: list[tuple[str, bool]] = []
+    for delta in old.diff_to_tree(new).deltas:
+        added = delta.status == pygit2.enums.DeltaStatus.ADDED
+        path = delta.new_file.path if added else delta.old_file.path
+        out.append((f"{folder}/{path}", added))
+        if delta.status == pygit2.enums.DeltaStatus.TYPECHANGE:
+            out.append((f"{folder}/{delta.new_file.path}", True))
+    return out
+
+
+def _walk(repo: pygit2.Repository, tree: pygit2.Tree, prefix: str) -> Iterator[str]:
+    for entry in tree:
+        path = f"{prefix}/{entry.name}"
+        if entry.type_str == "tree":
+            sub = repo[entry.id]
+            assert isinstance(sub, pygit2.Tree)
+            yield from _walk(repo, sub, path)
+        elif entry.type_str == "blob":
+            yield path

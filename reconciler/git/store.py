@@ -1,0 +1,758 @@
+"""The Git edge of the daemon: read a branch's committed tree, write status
+in one commit, move the branch only by compare-and-swap (or a plain
+fast-forward push to a remote).
+
+- Reads never touch a working tree: objects are read at a commit id, so
+  uncommitted edits do not exist for the daemon.
+- Writes build trees with TreeBuilder (no index, no working tree) and move
+  the branch only if it still points at the commit the pass read
+  (``git update-ref NEW OLD``). A lost race raises ``RefMoved``: the caller
+  re-reads and steps again; nothing is ever forced.
+- A remote (``scheme://...`` or ``user@host:path``) is mirrored into a bare
+  repository in a cache directory; ``refresh`` fetches it and ``commit``
+  pushes fast-forward only, with a lease on the value read. Credentials come
+  from ``--ssh-key``/``RECONCILER_SSH_KEY`` (or the SSH agent) and
+  ``RECONCILER_GIT_TOKEN`` and are handed to libgit2 in memory only.
+
+This module must not decide anything: it does not parse documents, choose
+what to write or interpret history; ``history.History`` indexes history.
+pygit2 errors are translated into ``StoreError`` here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import time
+import urllib.parse
+import uuid
+from collections.abc import Callable, Mapping
+from functools import partial
+from pathlib import Path
+from typing import Any, NoReturn
+
+import pygit2
+from pygit2.enums import CredentialType, FetchPrune, FileMode, ObjectType, RepositoryOpenFlag
+
+from reconciler.daemon import crashpoints
+from reconciler.git.history import History
+from reconciler.spec.errors import RefMoved, StoreError
+
+DEFAULT_NAME = "reconciler"
+DEFAULT_EMAIL = "reconciler@localhost"
+SSH_KEY_ENV = "RECONCILER_SSH_KEY"
+TOKEN_ENV = "RECONCILER_GIT_TOKEN"
+LOCK_WAIT = 0.5  # seconds to wait for another writer's ref lock
+# libgit2 pushes from a ref, so each push gets its own under this prefix:
+# two daemons sharing a mirror must never push each other's commit.
+PUSH_REF_PREFIX = "refs/reconciler/push-"
+FETCH_LOCK_TRIES = 10  # fetches into a mirror whose ref another daemon holds locked
+# On a file:// remote the commit lands on a ref of its own first (see _push).
+INCOMING_REF_PREFIX = "refs/reconciler/incoming-"
+
+# git's rule: "host:path" is SSH when the colon comes before any slash.
+_SCP_LIKE = re.compile(r"^(?:[^@/:]+@)?[^/:]+:(?!//)")
+_NON_FF_WORDS = ("non-fast-forward", "fastforward", "fast-forward", "fetch first", "stale info")
+
+
+def is_remote_location(location: str) -> bool:
+    """True for URLs (``file://``, ``ssh://``, ``https://``, ...) and scp-like
+    ``user@host:path``; False for a local path."""
+    if "://" in location:
+        return True
+    return bool(_SCP_LIKE.match(location)) and not Path(location).exists()
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "reconciler" / "mirrors"
+
+
+def _ref(branch: str) -> str:
+    return branch if branch.startswith("refs/") else f"refs/heads/{branch}"
+
+
+class GitStore:
+    """One repository, one tracked branch. Build with ``GitStore.open``.
+
+    Not thread-safe: use one GitStore per thread."""
+
+    def __init__(
+        self,
+        repo: pygit2.Repository,
+        branch: str,
+        *,
+        url: str | None,
+        location: str,
+        ssh_key: Path | None,
+        name: str,
+        email: str,
+    ) -> None:
+        self._repo = repo
+        self.branch = branch
+        self.url = url
+        self.location = location
+        self.is_remote = url is not None
+        self._ssh_key = ssh_key
+        self._name = name
+        self._email = email
+        self.read_only = False
+        self._history: History | None = None
+        self._files_cache: dict[pygit2.Oid, dict[str, str]] = {}
+        self._tree_cache: dict[str, pygit2.Tree] = {}
+        self._write_blob: Callable[[bytes], pygit2.Oid] | None = None
+
+    # -- opening -----------------------------------------------------------
+
+    @classmethod
+    def open(
+        cls,
+        location: str,
+        branch: str = "main",
+        *,
+        cache_dir: Path | None = None,
+        ssh_key: Path | None = None,
+        name: str = DEFAULT_NAME,
+        email: str = DEFAULT_EMAIL,
+        read_only: bool = False,
+    ) -> GitStore:
+        """Open a local repository (path) or a mirror of a remote (URL).
+
+        Refuses, with a StoreError saying what to do: a path that is not a Git
+        repository, a non-bare repository whose `branch` is checked out (unless
+        `read_only`: commands that only read, such as ``status``, may read a
+        working clone's committed branch), a `branch` that does not exist, a
+        remote that cannot be fetched. A read-only store refuses to commit."""
+        if ssh_key is None and os.environ.get(SSH_KEY_ENV):
+            ssh_key = Path(os.environ[SSH_KEY_ENV])
+        if is_remote_location(location):
+            repo = _open_mirror(location, cache_dir or default_cache_dir())
+            store = cls(
+                repo,
+                branch,
+                url=location,
+                location=location,
+                ssh_key=ssh_key,
+                name=name,
+                email=email,
+            )
+            store.read_only = read_only
+            store.refresh()
+        else:
+            repo = _open_local(location)
+            store = cls(
+                repo,
+                branch,
+                url=None,
+                location=location,
+                ssh_key=None,
+                name=name,
+                email=email,
+            )
+            store.read_only = read_only
+            if not read_only:
+                store._refuse_checked_out(branch)
+        if store.tip(branch) is None:
+            known = sorted(
+                r.removeprefix("refs/heads/")
+                for r in repo.references
+                if r.startswith("refs/heads/")
+            )
+            raise StoreError(
+                f"branch {branch!r} not found in {location}",
+                f"existing branches: {', '.join(known) or 'none'}; pass --branch",
+            )
+        return store
+
+    def _refuse_checked_out(self, branch: str) -> None:
+        """A branch checked out in a working tree must not move under it."""
+        if self.is_remote:
+            return
+        refname = _ref(branch)
+        for path in _checked_out_worktrees(self._repo, refname):
+            raise StoreError(
+                f"branch {branch!r} is checked out in the working tree {path}",
+                "the daemon moves the branch without touching a working tree: use a bare "
+                "repository (git clone --bare) or a remote URL",
+            )
+
+    # -- reading -----------------------------------------------------------
+
+    def refresh(self) -> str | None:
+        """Fetch (for a remote) and return the tip of the tracked branch."""
+        if self.is_remote:
+            self._fetch()
+        return self.tip(self.branch)
+
+    def tip(self, branch: str) -> str | None:
+        """Commit id a local branch points at (the mirror's, for a remote), or
+        None when the branch does not exist."""
+        try:
+            ref = self._repo.references.get(_ref(branch))
+            if ref is None:
+                return None
+            return str(ref.resolve().target)
+        except (pygit2.GitError, KeyError, ValueError, OSError) as e:
+            raise StoreError(f"cannot read branch {branch!r}: {e}") from e
+
+    def files(self, commit: str, folder: str) -> dict[str, str]:
+        """The blobs directly in `folder` at `commit`: ``{"rollouts/a.yaml":
+        blob id}``. Subfolders are left out; {} when the folder is absent."""
+        sub = self._subtree(commit, folder)
+        if sub is None:
+            return {}
+        cached = self._files_cache.get(sub.id)
+        if cached is None:
+            prefix = folder.strip("/") + "/"
+            cached = {
+                f"{prefix}{entry.name}": str(entry.id) for entry in sub if entry.type_str == "blob"
+            }
+            if len(self._files_cache) > 64:
+                self._files_cache.clear()
+            self._files_cache[sub.id] = cached
+        return dict(cached)
+
+    def file_blob(self, commit: str, path: str) -> str | None:
+        """Blob id of the file at `path` in `commit`, or None if there is none."""
+        tree = self._tree(commit)
+        try:
+            entry = tree[path]
+        except KeyError:
+            return None
+        return str(entry.id) if entry.type_str == "blob" else None
+
+    def blob(self, blob_id: str) -> bytes:
+        """The content of a blob."""
+        try:
+            obj = self._repo[blob_id]
+        except (KeyError, ValueError) as e:
+            raise StoreError(f"blob {blob_id} not found in {self.location}") from e
+        if not isinstance(obj, pygit2.Blob):
+            raise StoreError(f"{blob_id} is not a blob")
+        return obj.data
+
+    def subtree_id(self, commit: str, folder: str) -> str | None:
+        """Tree id of `folder` at `commit` (None if absent): equal ids mean
+        nothing under it changed."""
+        sub = self._subtree(commit, folder)
+        return str(sub.id) if sub is not None else None
+
+    def history(self) -> History:
+        """The first-parent history index of the tracked branch (one per store,
+        kept across passes; call ``advance(tip)`` before querying)."""
+        if self._history is None:
+            self._history = History(self._repo)
+        return self._history
+
+    def is_descendant(self, commit: str, ancestor: str) -> bool:
+        """True when `ancestor` is reachable from `commit` (or is `commit`)."""
+        if commit == ancestor:
+            return True
+        try:
+            return bool(self._repo.descendant_of(commit, ancestor))
+        except (pygit2.GitError, KeyError, ValueError):
+            return False
+
+    def author(self, commit: str) -> str:
+        """``Name <email>`` of the commit's author."""
+        a = self._commit(commit).author
+        return f"{a.name} <{a.email}>"
+
+    def commit_message(self, commit: str) -> str:
+        return self._commit(commit).message
+
+    def signature(self, commit: str) -> tuple[str, bytes] | None:
+        """(armored signature, signed payload) of a signed commit, else None."""
+        sig, payload = self._commit(commit).gpg_signature
+        if sig is None or payload is None:
+            return None
+        return sig.decode("utf-8", "replace"), payload
+
+    @property
+    def ssh_key(self) -> Path | None:
+        return self._ssh_key
+
+    def repository(self) -> pygit2.Repository:
+        """The underlying repository (for read-only helpers such as approval)."""
+        return self._repo
+
+    # -- writing -----------------------------------------------------------
+
+    def commit(
+        self,
+        branch: str,
+        parent: str | None,
+        changes: Mapping[str, bytes | None],
+        message: str,
+        *,
+        sign: Callable[[bytes], str] | None = None,
+    ) -> str:
+        """Write `changes` (path -> content; None deletes) on top of `parent` in
+        one commit and move `branch` from `parent` to it, only if the branch
+        still points at `parent` (None: the branch must not exist yet, and the
+        commit has no parent). For a remote, push fast-forward with a lease.
+
+        Returns the new commit id. Raises RefMoved when the branch moved (the
+        caller re-reads and steps again), StoreError for anything else.
+        `sign(payload) -> armored signature` adds a ``gpgsig`` header.
+        If the changes leave the tree as it is, nothing is committed and
+        `parent` is returned."""
+        refname = _ref(branch)
+        if self.read_only:
+            raise StoreError(
+                f"{self.location} was opened read-only", "open it without read_only to commit"
+            )
+        self._refuse_checked_out(branch)
+        try:
+            base = self._commit(parent).tree if parent is not None else None
+            tree_id = _apply(self._repo, base, dict(changes), self._blob_writer())
+        except ValueError as e:
+            raise StoreError(f"cannot write status: {e}") from e
+        except pygit2.GitError as e:
+            raise StoreError(f"cannot write objects into {self.location}: {e}") from e
+        if tree_id is None:
+            tree_id = self._repo.TreeBuilder().write()
+        if parent is not None and base is not None and tree_id == base.id:
+            if not self.is_remote and self.tip(branch) != parent:
+                raise RefMoved(f"branch {branch!r} moved from {parent}", "re-read and step again")
+            return parent
+        new = self._create_commit(tree_id, parent, message, sign)
+        # Tests kill the daemon here: the commit object exists, the branch has not moved.
+        crashpoints.reach("after_commit")
+        if self.is_remote:
+            self._push(branch, parent, new)
+        else:
+            self._swap(refname, parent, new, message)
+        return new
+
+    def _create_commit(
+        self,
+        tree_id: pygit2.Oid,
+        parent: str | None,
+        message: str,
+        sign: Callable[[bytes], str] | None,
+    ) -> str:
+        who = pygit2.Signature(self._name, self._email, int(time.time()), 0)
+        parents: list[str | pygit2.Oid] = [pygit2.Oid(hex=parent)] if parent is not None else []
+        if not message.endswith("\n"):
+            message += "\n"
+        try:
+            if sign is None:
+                oid = self._repo.create_commit(None, who, who, message, tree_id, parents)
+            else:
+                # The stubs say Oid; libgit2 hands back the commit text (str).
+                payload = str(self._repo.create_commit_string(who, who, message, tree_id, parents))
+                armored = sign(payload.encode("utf-8"))
+                oid = self._repo.create_commit_with_signature(payload, armored, "gpgsig")
+        except pygit2.GitError as e:
+            raise StoreError(f"cannot create a commit in {self.location}: {e}") from e
+        return str(oid)
+
+    def _swap(self, refname: str, parent: str | None, new: str, message: str) -> None:
+        _compare_and_swap(self._repo, self.location, refname, parent, new, message)
+
+    # -- remote ------------------------------------------------------------
+
+    def _callbacks(self) -> _Callbacks:
+        return _Callbacks(self._ssh_key)
+
+    def _remote(self) -> pygit2.Remote:
+        return self._repo.remotes["origin"]
+
+    def _fetch(self) -> None:
+        # Two daemons may share one mirror: a fetch that meets the other's ref
+        # lock in it waits briefly and fetches again.
+        for attempt in range(FETCH_LOCK_TRIES):
+            try:
+                self._remote().fetch(
+                    ["+refs/heads/*:refs/heads/*"],
+                    callbacks=self._callbacks(),
+                    prune=FetchPrune.PRUNE,
+                )
+                return
+            except (pygit2.GitError, OSError) as e:
+                if ".lock" in str(e) and attempt + 1 < FETCH_LOCK_TRIES:
+                    time.sleep(0.02 * (attempt + 1))
+                    continue
+                raise StoreError(
+                    f"cannot fetch {self.url}: {e}",
+                    "check the URL, the network and the credentials "
+                    f"(--ssh-key / {SSH_KEY_ENV}, {TOKEN_ENV})",
+                ) from e
+
+    def _push(self, branch: str, parent: str | None, new: str) -> None:
+        """Fast-forward push of `new` onto `branch`, only if the remote branch
+        is still `parent` (a lease checked during negotiation; a server
+        applies it atomically). libgit2's file:// transport overwrites the
+        ref without that check, so there the commit goes to a fresh ref of its
+        own and the branch is moved by compare-and-swap in the remote
+        repository itself."""
+        refname = _ref(branch)
+        unique = f"{os.getpid()}-{uuid.uuid4().hex}"
+        push_ref = f"{PUSH_REF_PREFIX}{unique}"
+        local_remote = _file_url_path(self.url or "")
+        target = f"{INCOMING_REF_PREFIX}{unique}" if local_remote else refname
+        self._repo.references.create(push_ref, new, force=False)
+        callbacks = self._callbacks()
+        callbacks.lease = (refname, parent) if local_remote is None else None
+        moved = RefMoved(
+            f"{refname} on {self.url} no longer points at {parent or 'nothing'}",
+            "someone pushed meanwhile: fetch, re-read and step again",
+        )
+        try:
+            self._remote().push([f"{push_ref}:{target}"], callbacks=callbacks)
+        except _LeaseBroken as e:
+            raise moved from e
+        except (pygit2.GitError, OSError) as e:
+            self._refused(refname, parent, moved, f"failed: {e}", e)
+        finally:
+            ref = self._repo.references.get(push_ref)
+            if ref is not None:
+                ref.delete()
+        if callbacks.rejected is not None:
+            self._refused(refname, parent, moved, f"refused: {callbacks.rejected}", None)
+        if local_remote is not None:
+            try:
+                remote_repo = pygit2.Repository(str(local_remote), RepositoryOpenFlag.NO_SEARCH)
+            except (pygit2.GitError, OSError) as e:
+                raise StoreError(f"cannot open {self.url}: {e}") from e
+            try:
+                _compare_and_swap(remote_repo, str(self.url), refname, parent, new, "push")
+            finally:
+                incoming = remote_repo.references.get(target)
+                if incoming is not None:
+                    incoming.delete()
+        # The remote took it: the mirror follows without another fetch.
+        self._repo.references.create(refname, new, force=True)
+
+    def _refused(
+        self,
+        refname: str,
+        parent: str | None,
+        moved: RefMoved,
+        why: str,
+        cause: BaseException | None,
+    ) -> NoReturn:
+        """A push that did not land: a race if the remote branch moved (in any
+        wording a server may use), otherwise an error worth a backoff."""
+        if _looks_non_ff(why):
+            raise moved from cause
+        try:
+            heads = self._list_heads()
+        except (pygit2.GitError, OSError, StoreError):
+            heads = None
+        if heads is not None and heads.get(refname) != parent:
+            raise moved from cause
+        raise StoreError(
+            f"push to {self.url} {why}",
+            "not a race (the branch did not move): check permissions and server hooks; "
+            "the daemon retries with backoff",
+        ) from cause
+
+    def _list_heads(self) -> dict[str, str]:
+        """The remote's refs now (``git ls-remote``), without fetching."""
+        # A fresh remote: a reused one answers its first listing again.
+        assert self.url is not None
+        remote = self._repo.remotes.create_anonymous(self.url)
+        return {
+            h.name: str(h.oid) for h in remote.list_heads(self._callbacks()) if h.name is not None
+        }
+
+    # -- helpers -----------------------------------------------------------
+
+    def _commit(self, commit: str) -> pygit2.Commit:
+        try:
+            obj = self._repo[commit]
+        except (KeyError, ValueError) as e:
+            raise StoreError(f"commit {commit} not found in {self.location}") from e
+        if not isinstance(obj, pygit2.Commit):
+            raise StoreError(f"{commit} is not a commit")
+        return obj
+
+    def _blob_writer(self) -> Callable[[bytes], pygit2.Oid]:
+        """How ``commit`` writes a new blob. libgit2 rescans the pack
+        directory each time an object it is about to write is not found
+        (to freshen an existing copy), so in a packed repository 1,000 new
+        status blobs cost half a second. New blobs are written through an
+        object database with the loose backend alone: same ids, bytes and
+        file modes as the repository's own writes. A repository with
+        ``core.sharedRepository`` keeps its own writer (its file modes)."""
+        if self._write_blob is None:
+            self._write_blob = self._repo.create_blob
+            try:
+                shared = "core.sharedRepository" in self._repo.config
+            except (pygit2.GitError, OSError):
+                shared = True
+            if not shared:
+                odb = pygit2.Odb()
+                objects = str(Path(self._repo.path) / "objects")
+                odb.add_backend(pygit2.OdbBackendLoose(objects, -1, False), 1)
+                self._write_blob = partial(odb.write, ObjectType.BLOB)
+        return self._write_blob
+
+    def _tree(self, commit: str) -> pygit2.Tree:
+        tree = self._tree_cache.get(commit)
+        if tree is None:
+            tree = self._commit(commit).tree
+            if len(self._tree_cache) > 16:
+                self._tree_cache.clear()
+            self._tree_cache[commit] = tree
+        return tree
+
+    def _subtree(self, commit: str, folder: str) -> pygit2.Tree | None:
+        tree = self._tree(commit)
+        folder = folder.strip("/")
+        if not folder:
+            return tree
+        try:
+            obj = tree / folder if "/" not in folder else tree[folder]
+        except KeyError:
+            return None
+        if isinstance(obj, pygit2.Tree):
+            return obj
+        return None
+
+
+# -- module helpers ---------------------------------------------------------
+
+
+def _compare_and_swap(
+    repo: pygit2.Repository,
+    location: str,
+    refname: str,
+    parent: str | None,
+    new: str,
+    message: str,
+) -> None:
+    """``git update-ref REF NEW PARENT``: move only if REF is still PARENT
+    (PARENT None: REF must not exist).
+
+    A held ref lock means another writer is mid-update: wait for it briefly,
+    then it is either a race (the ref moved: RefMoved) or a lock nobody
+    releases (StoreError naming the lock file)."""
+    moved = RefMoved(
+        f"{refname} no longer points at {parent or 'nothing'}",
+        "another writer moved the branch: re-read it and step again",
+    )
+    deadline = time.monotonic() + LOCK_WAIT
+    while True:
+        try:
+            if parent is None:
+                repo.references.create(refname, new, force=False)
+                return
+            ref = repo.references.get(refname)
+            if ref is None or str(ref.target) != parent:
+                raise moved
+            ref.set_target(new, message.splitlines()[0] if message else "reconciler")
+            return
+        except RefMoved:
+            raise
+        except pygit2.AlreadyExistsError as e:
+            raise moved from e
+        except (pygit2.GitError, OSError) as e:
+            current = repo.references.get(refname)
+            if (str(current.target) if current is not None else None) != parent:
+                raise moved from e
+            if "lock" not in str(e).lower():
+                raise StoreError(f"cannot move {refname} in {location}: {e}") from e
+            if time.monotonic() >= deadline:
+                lock = Path(repo.path) / f"{refname}.lock"
+                raise StoreError(
+                    f"{refname} in {location} stays locked",
+                    f"another git process is writing it; if none is, remove {lock}",
+                ) from e
+            time.sleep(0.005)
+
+
+def _file_url_path(url: str) -> Path | None:
+    """The repository path of a ``file://`` URL, else None."""
+    if not url.startswith("file://"):
+        return None
+    parsed = urllib.parse.urlparse(url)
+    return Path(urllib.parse.unquote(parsed.path))
+
+
+def discover_repository(location: str, hint: str) -> pygit2.Repository:
+    """The repository at or above ``location``, as ``git`` finds it from a
+    working directory (for the commands that read a person's clone)."""
+    try:
+        found = pygit2.discover_repository(str(Path(location).resolve()))
+    except (pygit2.GitError, OSError):
+        found = None
+    if found is None:
+        raise StoreError(f"{location} is not a Git repository", hint)
+    return pygit2.Repository(found, RepositoryOpenFlag.NO_SEARCH)
+
+
+def _open_local(location: str) -> pygit2.Repository:
+    path = Path(location)
+    if not path.exists():
+        raise StoreError(f"{location} does not exist", "pass the path of a Git repository or a URL")
+    try:
+        return pygit2.Repository(str(path), RepositoryOpenFlag.NO_SEARCH)
+    except (pygit2.GitError, KeyError, OSError) as e:
+        raise StoreError(
+            f"{location} is not a Git repository",
+            "pass a bare repository (git init --bare / git clone --bare) or a remote URL",
+        ) from e
+
+
+def _checked_out_worktrees(repo: pygit2.Repository, refname: str) -> list[str]:
+    """Working trees (main and linked) whose HEAD is `refname`."""
+    found: list[str] = []
+    if not repo.is_bare and _head_name(repo) == refname:
+        found.append(str(repo.workdir))
+    for name in repo.list_worktrees():
+        try:
+            wt = repo.lookup_worktree(name)
+            other = pygit2.Repository(wt.path)
+        except (pygit2.GitError, KeyError, OSError):
+            continue
+        if _head_name(other) == refname:
+            found.append(wt.path)
+    return found
+
+
+def _head_name(repo: pygit2.Repository) -> str | None:
+    try:
+        target = repo.references["HEAD"].target
+    except (KeyError, pygit2.GitError):
+        return None
+    return target if isinstance(target, str) else None
+
+
+def _open_mirror(url: str, cache_dir: Path) -> pygit2.Repository:
+    """The bare mirror of `url` in `cache_dir`, made on first use."""
+    digest = hashlib.sha256(url.encode()).hexdigest()[:16]
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "-", url.rstrip("/").rsplit("/", 1)[-1])[:40] or "repo"
+    path = cache_dir / f"{stem}-{digest}.git"
+    try:
+        if not path.exists():
+            # Made aside and renamed into place: two daemons starting together
+            # must not initialise the same directory at once.
+            cache_dir.mkdir(parents=True, exist_ok=True)
+            tmp = cache_dir / f".{path.name}.{os.getpid()}-{uuid.uuid4().hex}"
+            made = pygit2.init_repository(str(tmp), bare=True)
+            made.remotes.create("origin", url, "+refs/heads/*:refs/heads/*")
+            del made
+            try:
+                os.rename(tmp, path)
+            except OSError:
+                if not path.exists():
+                    raise
+                shutil.rmtree(tmp, ignore_errors=True)  # the other one won
+        repo = pygit2.Repository(str(path), RepositoryOpenFlag.NO_SEARCH)
+        if repo.remotes["origin"].url != url:
+            repo.remotes.set_url("origin", url)
+        return repo
+    except (pygit2.GitError, OSError, KeyError) as e:
+        raise StoreError(
+            f"cannot prepare a mirror of {url} in {path}: {e}",
+            "check that the cache directory is writable (--cache-dir)",
+        ) from e
+
+
+def _apply(
+    repo: pygit2.Repository,
+    base: pygit2.Tree | None,
+    changes: dict[str, bytes | None],
+    write_blob: Callable[[bytes], pygit2.Oid],
+) -> pygit2.Oid | None:
+    """Write a tree: `base` with `changes` applied (nested paths allowed).
+    Returns None when the result would be empty (git stores no empty trees)."""
+    builder = repo.TreeBuilder(base) if base is not None else repo.TreeBuilder()
+    nested: dict[str, dict[str, bytes | None]] = {}
+    for path, data in changes.items():
+        head, sep, rest = path.partition("/")
+        if not head or head in (".", "..", ".git") or (sep and not rest):
+            raise ValueError(f"bad path {path!r}")
+        if sep:
+            nested.setdefault(head, {})[rest] = data
+        elif data is None:
+            if _has(base, head):
+                builder.remove(head)
+        else:
+            builder.insert(head, write_blob(data), FileMode.BLOB)
+    for head, sub in nested.items():
+        existing = base[head] if base is not None and head in base else None
+        subtree = (
+            repo[existing.id] if existing is not None and existing.type_str == "tree" else None
+        )
+        assert subtree is None or isinstance(subtree, pygit2.Tree)
+        oid = _apply(repo, subtree, sub, write_blob)
+        if oid is None:
+            if existing is not None:
+                builder.remove(head)
+        else:
+            builder.insert(head, oid, FileMode.TREE)
+    if len(builder) == 0:
+        return None
+    return builder.write()
+
+
+def _has(tree: pygit2.Tree | None, name: str) -> bool:
+    return tree is not None and name in tree
+
+
+def _looks_non_ff(text: str) -> bool:
+    low = text.lower()
+    return any(w in low for w in _NON_FF_WORDS) or "not present locally" in low
+
+
+class _LeaseBroken(Exception):
+    pass
+
+
+class _Callbacks(pygit2.RemoteCallbacks):
+    """Credentials from memory; push results and the lease check recorded."""
+
+    def __init__(self, ssh_key: Path | None) -> None:
+        super().__init__()
+        self.ssh_key = ssh_key
+        self.attempts = 0
+        self.lease: tuple[str, str | None] | None = None
+        self.lease_broken = False
+        self.rejected: str | None = None
+
+    def credentials(self, url: str, username_from_url: str | None, allowed_types: Any) -> Any:
+        self.attempts += 1
+        if self.attempts > 3:
+            raise StoreError(
+                f"authentication to {url} failed",
+                f"check --ssh-key / {SSH_KEY_ENV} or {TOKEN_ENV}",
+            )
+        user = username_from_url or "git"
+        if allowed_types & CredentialType.SSH_KEY:
+            if self.ssh_key is not None:
+                pub = Path(f"{self.ssh_key}.pub")
+                return pygit2.Keypair(
+                    user, str(pub) if pub.exists() else None, str(self.ssh_key), ""
+                )
+            return pygit2.KeypairFromAgent(user)
+        token = os.environ.get(TOKEN_ENV)
+        if allowed_types & CredentialType.USERPASS_PLAINTEXT and token:
+            return pygit2.UserPass(username_from_url or "x-access-token", token)
+        if allowed_types & CredentialType.USERNAME:
+            return pygit2.Username(user)
+        raise StoreError(
+            f"{url} asks for credentials and none are configured",
+            f"set {TOKEN_ENV} for HTTPS or --ssh-key / {SSH_KEY_ENV} for SSH",
+        )
+
+    def push_negotiation(self, updates: list[Any]) -> None:
+        if self.lease is None:
+            return
+        refname, expected = self.lease
+        for u in updates:
+            if u.dst_refname != refname:
+                continue
+            current = None if u.src.raw == b"\0" * len(u.src.raw) else str(u.src)
+            if current != expected:
+                self.lease_broken = True
+                raise _LeaseBroken(f"{refname} is {current}, expected {expected}")
+
+    def push_update_reference(self, refname: str, message: str | None) -> None:
+        if message:
+            self.rejected = f"{refname}: {message}"

@@ -1,0 +1,281 @@
+"""Wake the daemon when the tracked branch may have changed.
+
+A local repository is watched with watchfiles on its ``refs/`` and
+``packed-refs`` (the default watchfiles filter ignores ``.git``, so a filter
+of our own picks out exactly the watched branches' ref files); a push into a
+bare repository wakes a waiting daemon in about 20 ms. A remote is polled:
+every ``poll`` seconds the remote's branch tip is listed (``git ls-remote``,
+no fetch) and compared with the mirror's copy, so the daemon's own fetches
+stay the only writes to the mirror.
+
+Both are hints: events can be missed (FACTS.md), so the caller keeps a
+periodic full re-read. ``wait`` is for a synchronous loop; ``stop`` may be
+called from a signal handler or another thread: it only sets a flag and
+writes a byte to a pipe, never takes a lock.
+
+This module must not read documents or decide anything.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import select
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+
+import pygit2
+from watchfiles._rust_notify import RustNotify
+
+from reconciler.git.store import GitStore
+
+log = logging.getLogger(__name__)
+
+STEP_MS = 10  # FACTS.md: step=10 gives ~20 ms latency (default 50: 75-90 ms)
+DEBOUNCE_MS = 200
+STAT_POLL = 0.1  # seconds between looks at the ref files when events cannot be had
+_WAKE = b"c"
+_STOP = b"s"
+
+
+class _Flag:
+    """A lock-free stop flag with the ``is_set`` watchfiles polls each step."""
+
+    def __init__(self) -> None:
+        self.value = False
+
+    def is_set(self) -> bool:
+        return self.value
+
+
+class BranchWatcher:
+    """Change hints for one repository's branches.
+
+    ``wait(timeout)`` returns True as soon as a hint arrived (hints that
+    arrived since the previous ``wait`` count), False on timeout or after
+    ``stop()``. Use as a context manager, or call ``close()`` at the end."""
+
+    def __init__(self) -> None:
+        self._read_fd, self._write_fd = os.pipe()
+        os.set_blocking(self._write_fd, False)
+        os.set_blocking(self._read_fd, False)
+        self._stop = _Flag()
+        self._threads: list[threading.Thread] = []
+        self.hints = 0  # how many hints were sent (for tests and metrics)
+
+    # -- construction ------------------------------------------------------
+
+    @classmethod
+    def for_store(
+        cls, store: GitStore, branches: Sequence[str] | None = None, *, poll: float = 15.0
+    ) -> BranchWatcher:
+        """Watch `branches` (default: the store's tracked branch): file events
+        for a local repository, a poll every `poll` seconds for a remote."""
+        names = list(branches) if branches else [store.branch]
+        gitdir = Path(store.repository().path)
+        if store.is_remote:
+            assert store.url is not None
+            return cls.polling(gitdir, store.url, names, poll=poll, ssh_key=store.ssh_key)
+        return cls.local(gitdir, names)
+
+    @classmethod
+    def local(cls, gitdir: Path, branches: Sequence[str]) -> BranchWatcher:
+        """Watch the ref files of `branches` in the Git directory `gitdir`
+        (a bare repository, or the ``.git`` of a non-bare one)."""
+        self = cls()
+        root = Path(os.path.realpath(gitdir))
+        wanted = {str(root / "packed-refs")}
+        wanted.update(str(root / _refname(b)) for b in branches)
+        # Registered here, before returning: a push right after start is seen.
+        notify = _notify(root)
+        if notify is None:
+            t = threading.Thread(
+                target=self._run_stat_poll, args=(wanted,), name="branch-watch", daemon=True
+            )
+        else:
+            t = threading.Thread(
+                target=self._run_local, args=(notify, wanted), name="branch-watch", daemon=True
+            )
+        self._threads.append(t)
+        t.start()
+        return self
+
+    @classmethod
+    def polling(
+        cls,
+        mirror: Path,
+        url: str,
+        branches: Sequence[str],
+        *,
+        poll: float,
+        ssh_key: Path | None = None,
+    ) -> BranchWatcher:
+        """Every `poll` seconds, compare the remote's tips of `branches` with
+        the mirror's copies; any difference is a hint."""
+        self = cls()
+        t = threading.Thread(
+            target=self._run_poll,
+            args=(mirror, url, [_refname(b) for b in branches], poll, ssh_key),
+            name="branch-poll",
+            daemon=True,
+        )
+        self._threads.append(t)
+        t.start()
+        return self
+
+    # -- the caller's side -------------------------------------------------
+
+    def wait(self, timeout: float) -> bool:
+        """Block up to `timeout` seconds for a change hint. True if one came."""
+        if self._stop.value or self._read_fd < 0:
+            return False
+        try:
+            ready, _, _ = select.select([self._read_fd], [], [], max(0.0, timeout))
+        except InterruptedError:  # pragma: no cover - PEP 475 retries select
+            return False
+        if not ready:
+            return False
+        try:
+            data = os.read(self._read_fd, 4096)
+        except (BlockingIOError, OSError):
+            return False
+        return _WAKE in data and not self._stop.value
+
+    def stop(self) -> None:
+        """End watching; a pending or later ``wait`` returns False at once.
+        Safe from a signal handler and from any thread."""
+        self._stop.value = True
+        self._send(_STOP)
+
+    @property
+    def stopped(self) -> bool:
+        return self._stop.value
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Stop and wait for the watching threads; release the pipe."""
+        self.stop()
+        for t in self._threads:
+            if t is not threading.current_thread():
+                t.join(timeout)
+        # Mark the pipe closed before closing it: a late stop() from a signal
+        # handler must not write into a descriptor number reused meanwhile.
+        fds = (self._read_fd, self._write_fd)
+        self._read_fd = self._write_fd = -1
+        for fd in fds:
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+    def __enter__(self) -> BranchWatcher:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- producers ---------------------------------------------------------
+
+    def _send(self, byte: bytes) -> None:
+        fd = self._write_fd
+        if fd >= 0:
+            with contextlib.suppress(BlockingIOError, OSError):
+                # A full pipe already holds a pending wake-up.
+                os.write(fd, byte)
+
+    def _hint(self) -> None:
+        self.hints += 1
+        self._send(_WAKE)
+
+    def _run_local(self, notify: RustNotify, wanted: set[str]) -> None:
+        try:
+            while not self._stop.value:
+                changes = notify.watch(DEBOUNCE_MS, STEP_MS, 1000, self._stop)
+                if changes == "stop":
+                    break
+                if isinstance(changes, set) and any(path in wanted for _, path in changes):
+                    self._hint()
+        except Exception:  # pragma: no cover - the periodic re-read covers us
+            log.exception("watching refs failed; falling back to periodic re-reads")
+        finally:
+            notify.close()
+
+    def _run_stat_poll(self, wanted: set[str]) -> None:
+        """The fallback when file events cannot be had: look at the ref
+        files every ``STAT_POLL`` seconds."""
+        seen = {path: _stat(path) for path in wanted}
+        while not self._sleep(STAT_POLL):
+            now = {path: _stat(path) for path in wanted}
+            if now != seen:
+                seen = now
+                self._hint()
+
+    def _run_poll(
+        self,
+        mirror: Path,
+        url: str,
+        refnames: list[str],
+        poll: float,
+        ssh_key: Path | None,
+    ) -> None:
+        # Own Repository object: pygit2 objects are not shared across threads.
+        from reconciler.git.store import _Callbacks
+
+        repo = pygit2.Repository(str(mirror))
+        while not self._stop.value:
+            try:
+                # A fresh remote each time: a reused one answers its first listing again.
+                remote = repo.remotes.create_anonymous(url)
+                heads = {h.name: str(h.oid) for h in remote.list_heads(_Callbacks(ssh_key))}
+                for name in refnames:
+                    ref = repo.references.get(name)
+                    local = str(ref.target) if ref is not None else None
+                    if heads.get(name) != local:
+                        self._hint()
+                        break
+            except Exception as e:  # a hint source only: log and poll again
+                log.warning("polling %s failed: %s", url, e)
+            # Sleep on the pipe so stop() ends the sleep at once.
+            if self._sleep(poll):
+                break
+
+    def _sleep(self, seconds: float) -> bool:
+        """Sleep up to `seconds` in short steps; True if stopped meanwhile."""
+        deadline = time.monotonic() + seconds
+        while not self._stop.value and (left := deadline - time.monotonic()) > 0:
+            time.sleep(min(0.05, left))
+        return self._stop.value
+
+
+def _notify(root: Path) -> RustNotify | None:
+    """A recursive watch on the Git directory, or None when it cannot be set
+    up. Setting it up walks the tree, and a push's temporary object folder
+    can vanish mid-walk (FileNotFoundError): that is retried; a watch that
+    still cannot be had falls back to looking at the ref files' stat."""
+    for attempt in range(5):
+        try:
+            return RustNotify([str(root)], False, False, 300, True, False)
+        except OSError as e:
+            log.warning("watching %s failed (%s), attempt %d", root, e, attempt + 1)
+            time.sleep(0.02 * (attempt + 1))
+    log.warning("watching %s: falling back to looking at the ref files every %ss", root, STAT_POLL)
+    return None
+
+
+def _stat(path: str) -> tuple[int, int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+
+def _refname(branch: str) -> str:
+    return branch if branch.startswith("refs/") else f"refs/heads/{branch}"

@@ -1,0 +1,493 @@
+"""The node agent: verifies signed jobs, applies them to a runtime's config
+(dry-run or live), keeps backups, restores them, and reports heartbeats
+(DESIGN.md section 7).
+
+Life of a posted job::
+
+    admission checks (admission.admit_job)  -> 4xx, nothing written
+    journal record "accepted", fsynced      -> 202
+    worker thread: "running" with the config digests before and after, fsynced
+                   backup of the old bytes, new config (atomic rename),
+                   after-apply command; if it fails or times out the old
+                   bytes (and mode) go back and the job fails
+                   -> "succeeded" / "failed", fsynced
+
+Jobs run one at a time, in the order accepted. A job id is executed at most
+once: the journal is written before anything runs, and on start an agent
+turns every record it finds "accepted" or "running" into "failed", saying
+whether the config was left old or new. The config is never torn, since it
+is only ever replaced by rename.
+
+Must not: trust anything unsigned; write outside its state directory (the
+after-apply command is the operator's); decide anything about rollouts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from reconciler import __version__
+from reconciler.node.http_server import HttpServer, Request, Response, error_response, json_response
+from reconciler.node.state_dir import (
+    CONFIG_MODE,
+    BackupInfo,
+    JobRecord,
+    StateDir,
+    backups_to_prune,
+    digest,
+)
+from reconciler.protocol.admission import admit_job
+from reconciler.protocol.signing import JobRefused, TrustedKey
+from reconciler.spec.safe_yaml import YamlProblem, dump_yaml, load_yaml
+from reconciler.spec.times import format_time
+
+TARGET_FIELDS = ("provider", "model", "profile")
+OUTPUT_TAIL = 2000  # characters of after-apply output kept in a job's result
+DEFAULT_RETENTION = 20
+DEFAULT_AFTER_APPLY_TIMEOUT = 60.0
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    node: str
+    trusted: Mapping[str, TrustedKey]
+    runtimes: frozenset[str]
+    allow_live: bool = False
+    after_apply: str | None = None
+    after_apply_timeout: float = DEFAULT_AFTER_APPLY_TIMEOUT
+    backup_retention: int = DEFAULT_RETENTION
+
+
+class _JobFailed(Exception):
+    """Ends a job as failed with this message (and ``detail``)."""
+
+    def __init__(self, message: str, detail: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.detail = detail
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _parse_config(runtime: str, data: bytes) -> dict[str, Any]:
+    try:
+        value = load_yaml(f"runtimes/{runtime}.yaml", data)
+    except YamlProblem as exc:
+        raise _JobFailed(
+            f"the current config is not valid YAML ({exc.problem}); fix or remove it"
+        ) from None
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise _JobFailed(f"the current config runtimes/{runtime}.yaml is not a YAML mapping")
+    return value
+
+
+def _describe(before: Mapping[str, Any] | None, target: Mapping[str, str]) -> str:
+    if before is None:
+        return "create the config with " + ", ".join(f"{k} {target[k]}" for k in TARGET_FIELDS)
+    changes = [
+        f"{k} {before.get(k)} -> {target[k]}" for k in TARGET_FIELDS if before.get(k) != target[k]
+    ]
+    return "change " + ", ".join(changes) if changes else ""
+
+
+class Agent:
+    """One node's agent: ``handle`` serves the protocol, a worker thread runs jobs."""
+
+    def __init__(
+        self, config: AgentConfig, state: StateDir, clock: Callable[[], datetime] = _now
+    ) -> None:
+        self.config = config
+        self.state = state
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agent-job")
+        self.jobs = state.load_jobs()
+        self._recover()
+
+    # -- start-up ------------------------------------------------------------------
+
+    def _recover(self) -> None:
+        """Fail every job a previous run left unfinished; never run it again."""
+        now = format_time(self.clock())
+        for record in list(self.jobs.values()):
+            if record.state == "accepted":
+                self._save(
+                    record.with_changes(
+                        state="failed",
+                        finished_at=now,
+                        error="agent restarted before the job ran; nothing was changed",
+                    )
+                )
+            elif record.state == "running":
+                self._save(self._recovered(record, now))
+
+    def _recovered(self, record: JobRecord, now: str) -> JobRecord:
+        runtime = record.payload["target"]["runtime"]
+        current = self.state.read_config(runtime)
+        now_digest = digest(current[0]) if current else None
+        if record.before is None and record.after is None:
+            left = "untouched (the job was a dry run)"
+        elif now_digest == record.after and now_digest != record.before:
+            left = "new"
+        elif now_digest == record.before:
+            left = "old"
+        else:
+            left = "neither old nor new (changed by something else)"
+        backup = record.planned_backup
+        if backup is not None and self.state.find_backup(backup) is None:
+            backup = None
+        return record.with_changes(
+            state="failed",
+            finished_at=now,
+            backup_id=backup,
+            error=f"agent restarted during apply; config left as {left}",
+        )
+
+    def close(self) -> None:
+        self._worker.shutdown(wait=True)
+
+    # -- the protocol ----------------------------------------------------------------
+
+    def handle(self, request: Request) -> Response:
+        parts = request.path.split("/")
+        if len(parts) < 5 or parts[:3] != ["", "v1", "nodes"]:
+            return error_response(404, "not_found", f"no such endpoint: {request.path}")
+        if parts[3] != self.config.node:
+            if request.method == "POST" and parts[4:] == ["jobs"]:
+                return self.post_job(request.body, parts[3])
+            return error_response(
+                404, "unknown_node", f"this agent serves node {self.config.node}, not {parts[3]}"
+            )
+        route = (request.method, *parts[4:])
+        if route == ("POST", "jobs"):
+            return self.post_job(request.body, parts[3])
+        if len(route) == 3 and route[:2] == ("GET", "jobs"):
+            with self._lock:
+                record = self.jobs.get(route[2])
+            if record is None:
+                return error_response(404, "unknown_job", f"no job {route[2]} on this node")
+            return json_response(200, record.public())
+        if route == ("GET", "heartbeat"):
+            return json_response(200, self.heartbeat())
+        if route == ("GET", "backups"):
+            return json_response(200, [b.public() for b in self.state.list_backups()])
+        return error_response(
+            404, "not_found", f"no such endpoint: {request.method} {request.path}"
+        )
+
+    def post_job(self, body: bytes, path_node: str) -> Response:
+        try:
+            envelope = json.loads(body)
+        except (ValueError, UnicodeDecodeError):
+            return error_response(400, "invalid_job", "the body is not JSON")
+        with self._lock:
+            try:
+                payload = admit_job(
+                    envelope,
+                    node=self.config.node,
+                    trusted=self.config.trusted,
+                    now=self.clock(),
+                    runtimes=self.config.runtimes,
+                    allow_live=self.config.allow_live,
+                    known=lambda job_id: r.payload if (r := self.jobs.get(job_id)) else None,
+                    path_node=path_node,
+                )
+            except JobRefused as refusal:
+                return error_response(refusal.status, refusal.code, refusal.message)
+            known = self.jobs.get(payload["jobId"])
+            if known is not None:
+                return json_response(200, known.public())
+            record = JobRecord(
+                job_id=payload["jobId"],
+                payload=payload,
+                state="accepted",
+                accepted_at=format_time(self.clock()),
+            )
+            try:
+                self._save(record)  # durable before the job can run or be acknowledged
+            except OSError as exc:
+                return error_response(
+                    503, "journal_unwritable", f"cannot record the job: {exc.strerror}"
+                )
+        self._worker.submit(self._run, record.job_id)
+        return json_response(202, record.public())
+
+    def heartbeat(self) -> dict[str, Any]:
+        runtimes = []
+        for runtime in sorted(self.config.runtimes):
+            current = self.state.read_config(runtime)
+            if current is None:
+                continue
+            entry: dict[str, Any] = {"type": runtime}
+            try:
+                values = _parse_config(runtime, current[0])
+            except _JobFailed as exc:
+                values = {}
+                entry["error"] = exc.message
+            for key in TARGET_FIELDS:
+                value = values.get(key)
+                entry[key] = value if isinstance(value, str) else ""
+            entry["configDigest"] = digest(current[0])
+            runtimes.append(entry)
+        return {
+            "node": self.config.node,
+            "time": format_time(self.clock()),
+            "agentVersion": __version__,
+            "runtimes": runtimes,
+        }
+
+    # -- running jobs ----------------------------------------------------------------
+
+    def _save(self, record: JobRecord) -> None:
+        self.state.save_job(record)
+        self.jobs[record.job_id] = record
+
+    def _update(self, record: JobRecord, **changes: Any) -> JobRecord:
+        record = record.with_changes(**changes)
+        with self._lock:
+            self._save(record)
+        return record
+
+    def _run(self, job_id: str) -> None:
+        with self._lock:
+            record = self.jobs[job_id]
+        try:
+            record = self._execute(record)
+        except _JobFailed as exc:
+            with self._lock:
+                record = self.jobs[job_id]
+            # A backup taken before the failure stays (and is reported): it holds
+            # the config as it was before this job, whatever happened next.
+            planned = record.planned_backup
+            kept = planned if planned and self.state.find_backup(planned) else None
+            record = self._update(
+                record,
+                state="failed",
+                error=exc.message,
+                detail=exc.detail,
+                backup_id=kept,
+                finished_at=format_time(self.clock()),
+            )
+        except Exception as exc:  # the job fails, the agent carries on
+            print(f"agent: job {job_id} failed unexpectedly: {exc!r}", file=sys.stderr)
+            record = self._update(
+                self.jobs[job_id],
+                state="failed",
+                error=f"agent error: {exc}",
+                finished_at=format_time(self.clock()),
+            )
+
+    def _execute(self, record: JobRecord) -> JobRecord:
+        payload = record.payload
+        target = payload["target"]
+        runtime = target["runtime"]
+        current = self.state.read_config(runtime)
+        before_values = _parse_config(runtime, current[0]) if current is not None else None
+
+        if payload["kind"] == "restore":
+            backup = self.state.find_backup(payload["backupId"])
+            if backup is None or backup.runtime != runtime:
+                raise _JobFailed(
+                    f"backup {payload['backupId']} of runtime {runtime} is not on this node "
+                    "(GET /v1/nodes/NODE/backups lists what it holds)"
+                )
+            new_data, new_mode = self.state.read_backup(backup), backup.mode
+            if digest(new_data) != backup.digest:
+                raise _JobFailed(f"backup {backup.backup_id} is damaged (digest mismatch)")
+            change = f"restore backup {backup.backup_id} ({backup.provider} {backup.model})"
+        else:
+            wanted = {k: target[k] for k in TARGET_FIELDS}
+            change = _describe(before_values, wanted)
+            if payload["mode"] == "dry_run":
+                detail = f"would {change}" if change else "no change: already in place"
+                return self._update(
+                    record,
+                    state="succeeded",
+                    detail=detail,
+                    finished_at=format_time(self.clock()),
+                )
+            if not change:
+                return self._update(
+                    record,
+                    state="succeeded",
+                    detail="no change: already in place; nothing written, no backup",
+                    finished_at=format_time(self.clock()),
+                )
+            new_values = {**(before_values or {}), **wanted}
+            new_data = dump_yaml(new_values)
+            new_mode = current[1] if current is not None else CONFIG_MODE
+
+        old_data = current[0] if current is not None else None
+        backup_id = self._backup_id(runtime, payload) if current is not None else None
+        record = self._update(
+            record,
+            state="running",
+            before=digest(old_data),
+            after=digest(new_data),
+            planned_backup=backup_id,
+        )
+        if current is not None and backup_id is not None:
+            self._take_backup(backup_id, runtime, payload, current[0], current[1], before_values)
+        self.state.write_config(runtime, new_data, new_mode)
+        if self.config.after_apply:
+            outcome = self._after_apply(payload)
+            if outcome is not None:
+                # Put the previous bytes (and mode) back exactly, or no file if none.
+                self.state.write_config(runtime, old_data, current[1] if current else CONFIG_MODE)
+                what, tail = outcome
+                last = tail.strip()[-300:]
+                raise _JobFailed(
+                    f"{what}; previous config restored" + (f"; output: {last}" if last else ""),
+                    detail=tail,
+                )
+        self._prune(runtime)
+        return self._update(
+            record,
+            state="succeeded",
+            backup_id=backup_id,
+            detail=change[0].upper() + change[1:] if change else "",
+            finished_at=format_time(self.clock()),
+        )
+
+    def _backup_id(self, runtime: str, payload: Mapping[str, Any]) -> str:
+        stamp = self.clock().strftime("%Y%m%dT%H%M%SZ")
+        # A job id runs once, so its digest makes the id unique on this node.
+        return f"{runtime}-{stamp}-{hashlib.sha256(payload['jobId'].encode()).hexdigest()[:8]}"
+
+    def _take_backup(
+        self,
+        backup_id: str,
+        runtime: str,
+        payload: Mapping[str, Any],
+        data: bytes,
+        mode: int,
+        values: Mapping[str, Any] | None,
+    ) -> None:
+        values = values or {}
+        info = BackupInfo(
+            backup_id=backup_id,
+            runtime=runtime,
+            created_at=format_time(self.clock()),
+            seq=self.state.next_seq(),
+            job_id=payload["jobId"],
+            rollout=payload["rollout"],
+            provider=str(values.get("provider", "")),
+            model=str(values.get("model", "")),
+            profile=str(values.get("profile", "")),
+            mode=mode,
+            digest=digest(data) or "",
+        )
+        self.state.save_backup(info, data)
+
+    def _prune(self, runtime: str) -> None:
+        with self._lock:
+            busy = {
+                r.payload.get("backupId")
+                for r in self.jobs.values()
+                if r.state in ("accepted", "running") and r.payload.get("backupId")
+            }
+        backups = [b for b in self.state.list_backups() if b.runtime == runtime]
+        for backup_id in backups_to_prune(
+            backups, self.config.backup_retention, {b for b in busy if b}
+        ):
+            self.state.delete_backup(backup_id)
+
+    def _after_apply(self, payload: Mapping[str, Any]) -> tuple[str, str] | None:
+        """None when the command succeeded, else (what happened, output tail)."""
+        command = self.config.after_apply
+        assert command is not None
+        target = payload["target"]
+        env = dict(os.environ)
+        env.update(
+            {
+                "RECONCILER_JOB_ID": payload["jobId"],
+                "RECONCILER_KIND": payload["kind"],
+                "RECONCILER_NODE": payload["node"],
+                "RECONCILER_ROLLOUT": payload["rollout"],
+                "RECONCILER_ATTEMPT": str(payload["attempt"]),
+                "RECONCILER_MODE": payload["mode"],
+                "RECONCILER_RUNTIME": target["runtime"],
+                "RECONCILER_PROVIDER": target["provider"],
+                "RECONCILER_MODEL": target["model"],
+                "RECONCILER_PROFILE": target["profile"],
+                "RECONCILER_BACKUP_ID": payload.get("backupId") or "",
+                "RECONCILER_SOURCE_COMMIT": payload["sourceCommit"],
+                "RECONCILER_CONFIG": str(self.state.config_path(target["runtime"])),
+            }
+        )
+        timeout = self.config.after_apply_timeout
+        try:
+            process = subprocess.Popen(
+                ["/bin/sh", "-c", command],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own group, so a timeout kills all of it
+            )
+        except OSError as exc:
+            return f"after-apply command could not start: {exc.strerror}", ""
+        try:
+            output, _ = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            output, _ = process.communicate()
+            tail = output.decode("utf-8", "replace")[-OUTPUT_TAIL:]
+            return f"after-apply command timed out after {timeout:g}s", tail
+        tail = output.decode("utf-8", "replace")[-OUTPUT_TAIL:]
+        if process.returncode != 0:
+            how = (
+                f"killed by signal {-process.returncode}"
+                if process.returncode < 0
+                else f"exit status {process.returncode}"
+            )
+            return f"after-apply command failed ({how})", tail
+        return None
+
+
+# -- running it ---------------------------------------------------------------------
+
+
+def managed_runtimes(given: Sequence[str] | None, state: StateDir) -> frozenset[str]:
+    """``--runtime`` values, or the runtimes that have a config file already."""
+    return frozenset(given) if given else frozenset(state.runtime_names())
+
+
+async def serve(
+    agent: Agent,
+    host: str,
+    port: int,
+    *,
+    ready: Callable[[str], None] | None = None,
+    stop: asyncio.Event | None = None,
+) -> None:
+    server = HttpServer(agent.handle, host, port, on_error=_print_error)
+    await server.start()
+    if ready is not None:
+        ready(server.address)
+    try:
+        await (stop.wait() if stop is not None else asyncio.Event().wait())
+    finally:
+        await server.close()
+
+
+def _print_error(exc: BaseException) -> None:
+    print(f"agent: internal error: {exc!r}", file=sys.stderr)

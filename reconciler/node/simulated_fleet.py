@@ -1,0 +1,688 @@
+"""Many simulated node agents behind one port, for tests, benchmarks and the
+demo. They speak the agent protocol (DESIGN.md section 7) with the real
+agent's admission checks (``admission.admit_job``: same signature checks,
+same refusal codes) and apply jobs in memory.
+
+Each node follows a script, read from a behaviour file that is re-read when
+it changes, so a test or the demo can change a node's behaviour mid-run::
+
+    default: succeed                   # every node not listed below
+    initial: {provider: sim, model: base-model, profile: default}
+    nodes:
+      sim-0002: {action: fail, error: "model not found"}
+      sim-0003: {action: succeed, delay: 2, attempts: {"1": fail}}  # fail attempt 1 only
+      sim-0004: {action: succeed, clockSkew: 300}                 # clock 5 minutes ahead
+      sim-0005: drift
+
+Actions (``action``, or the whole value as a string):
+
+    succeed      finish the job after ``delay`` seconds (default 0)
+    fail         finish it failed after ``delay``, with ``error``
+    hang         accept the job and never finish it
+    refuse       answer the POST with ``status`` (default 422), ``code``, ``message``
+    drift        succeed, but live applies leave the config (and heartbeat) as it was
+    unreachable  answer every request with 503
+    disconnect   close the connection without answering
+    error500     answer every request with 500
+    garbage      answer every request with 200 and bytes that are not JSON
+    stall        never answer (the client times out)
+    impostor     answer as node ``as``: its heartbeat names that node, jobs are
+                 refused with wrong_node
+
+``attempts: {"N": behaviour}`` (keys quoted: YAML keys are text here)
+overrides the behaviour for a job's attempt N, inheriting the node's settings;
+the node's own behaviour is used for everything else (heartbeats, backups,
+other attempts). ``names: [...]`` at the top replaces the generated names.
+
+Accepted jobs and their outcomes are appended to ``STATE/sim-journal.jsonl``
+and replayed on start, so a job id is executed at most once even across a
+restart of the simulator. ``GET /v1/sim/stats`` counts, per job id, how
+often it was received (with a valid signature), how often executed, and how
+many different payloads (send times aside) it came with.
+
+Must not be used as a real agent: it changes nothing outside its state
+directory and keeps configs in memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import sys
+from collections import Counter, defaultdict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from reconciler import __version__
+from reconciler.node.http_server import HttpServer, Request, Response, error_response, json_response
+from reconciler.protocol.admission import admit_job
+from reconciler.protocol.job_payload import SEND_TIME_FIELDS
+from reconciler.protocol.signing import JobRefused, TrustedKey, canonical_json
+from reconciler.spec.safe_yaml import YamlProblem, load_yaml
+from reconciler.spec.times import format_time
+
+ACTIONS = frozenset(
+    {
+        "succeed",
+        "fail",
+        "hang",
+        "refuse",
+        "drift",
+        "unreachable",
+        "disconnect",
+        "error500",
+        "garbage",
+        "stall",
+        "impostor",
+    }
+)
+# Actions that decide how a request is answered at all, whatever it asks.
+TRANSPORT_ACTIONS = frozenset({"unreachable", "disconnect", "error500", "garbage", "stall"})
+DEFAULT_INITIAL = {"provider": "sim", "model": "base-model", "profile": "default"}
+JOURNAL_NAME = "sim-journal.jsonl"
+RELOAD_INTERVAL = 0.25  # seconds between checks of the behaviour file
+_JOURNAL_ENCODER = json.JSONEncoder(separators=(",", ":"))
+FLUSH_DELAY = 0.05  # seconds an outcome may wait in the journal's buffer
+
+
+# -- the script ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Behaviour:
+    action: str = "succeed"
+    delay: float = 0.0
+    error: str = "simulated failure"
+    status: int = 422
+    code: str = "refused"
+    message: str = "simulated refusal"
+    impersonate: str = ""
+    clock_skew: float = 0.0  # seconds added to this node's clock
+
+
+@dataclass(frozen=True)
+class NodeScript:
+    behaviour: Behaviour = Behaviour()
+    attempts: Mapping[int, Behaviour] = field(default_factory=dict)
+    initial: Mapping[str, str] | None = None  # None: no config before the first apply
+
+    def for_attempt(self, attempt: Any) -> Behaviour:
+        return (
+            self.attempts.get(attempt, self.behaviour) if type(attempt) is int else self.behaviour
+        )
+
+
+@dataclass(frozen=True)
+class Script:
+    default: NodeScript = NodeScript(initial=DEFAULT_INITIAL)
+    nodes: Mapping[str, NodeScript] = field(default_factory=dict)
+    names: tuple[str, ...] | None = None
+
+    def for_node(self, name: str) -> NodeScript:
+        return self.nodes.get(name, self.default)
+
+
+class ScriptError(ValueError):
+    pass
+
+
+_BEHAVIOUR_KEYS = {
+    "action",
+    "delay",
+    "error",
+    "status",
+    "code",
+    "message",
+    "as",
+    "clockSkew",
+    "attempts",
+    "initial",
+}
+
+
+def _behaviour(value: Any, where: str, base: Behaviour) -> Behaviour:
+    if isinstance(value, str):
+        value = {"action": value}
+    if not isinstance(value, dict):
+        raise ScriptError(f"{where}: a behaviour is an action name or a mapping, got {value!r}")
+    unknown = set(value) - _BEHAVIOUR_KEYS
+    if unknown:
+        raise ScriptError(
+            f"{where}: unknown keys {sorted(unknown)}; known: {sorted(_BEHAVIOUR_KEYS)}"
+        )
+    action = value.get("action", base.action)
+    if action not in ACTIONS:
+        raise ScriptError(f"{where}.action: {action!r} is not one of {sorted(ACTIONS)}")
+    changes: dict[str, Any] = {"action": action}
+    for key, attr, kind in (
+        ("delay", "delay", (int, float)),
+        ("clockSkew", "clock_skew", (int, float)),
+        ("error", "error", str),
+        ("code", "code", str),
+        ("message", "message", str),
+        ("as", "impersonate", str),
+        ("status", "status", int),
+    ):
+        if key in value:
+            if not isinstance(value[key], kind) or isinstance(value[key], bool):
+                raise ScriptError(f"{where}.{key}: wrong type {type(value[key]).__name__}")
+            changes[attr] = value[key]
+    behaviour = replace(base, **changes)
+    if behaviour.delay < 0:
+        raise ScriptError(f"{where}.delay: must not be negative")
+    if action == "refuse" and not 400 <= behaviour.status <= 499:
+        raise ScriptError(f"{where}.status: a refusal is a 4xx status, got {behaviour.status}")
+    if action == "impostor" and not behaviour.impersonate:
+        raise ScriptError(f"{where}: impostor needs `as: OTHER-NODE`")
+    return behaviour
+
+
+def _initial(value: Any, where: str) -> Mapping[str, str] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict) or set(value) != {"provider", "model", "profile"}:
+        raise ScriptError(f"{where}: initial is null or {{provider, model, profile}}")
+    if not all(isinstance(v, str) for v in value.values()):
+        raise ScriptError(f"{where}: initial values must be text")
+    return dict(value)
+
+
+def _node_script(value: Any, where: str, base: NodeScript) -> NodeScript:
+    behaviour = _behaviour(value, where, Behaviour())
+    attempts: dict[int, Behaviour] = {}
+    initial = base.initial
+    if isinstance(value, dict):
+        for key, spec in (value.get("attempts") or {}).items():
+            try:
+                number = int(key)
+            except (TypeError, ValueError):
+                raise ScriptError(f"{where}.attempts: {key!r} is not an attempt number") from None
+            # An attempt's behaviour inherits the node's settings (delay, skew ...).
+            attempts[number] = _behaviour(spec, f"{where}.attempts.{key}", behaviour)
+        if "initial" in value:
+            initial = _initial(value["initial"], f"{where}.initial")
+    return NodeScript(behaviour, attempts, initial)
+
+
+def parse_script(data: Any) -> Script:
+    """A ``Script`` from a behaviour file's data; ``ScriptError`` says what is wrong."""
+    if data is None:
+        return Script()
+    if not isinstance(data, dict):
+        raise ScriptError("the behaviour file must be a mapping (default, initial, nodes, names)")
+    unknown = set(data) - {"default", "initial", "nodes", "names"}
+    if unknown:
+        raise ScriptError(f"unknown top-level keys {sorted(unknown)}")
+    initial = _initial(data.get("initial", DEFAULT_INITIAL), "initial")
+    default = _node_script(data.get("default", "succeed"), "default", NodeScript(initial=initial))
+    nodes_data = data.get("nodes") or {}
+    if not isinstance(nodes_data, dict):
+        raise ScriptError("nodes: must map node names to behaviours")
+    nodes = {
+        str(name): _node_script(spec, f"nodes.{name}", default) for name, spec in nodes_data.items()
+    }
+    names = data.get("names")
+    if names is not None and (
+        not isinstance(names, list) or not all(isinstance(n, str) and n for n in names)
+    ):
+        raise ScriptError("names: must be a list of node names")
+    return Script(default, nodes, tuple(names) if names is not None else None)
+
+
+def load_script(path: Path) -> Script:
+    try:
+        data = load_yaml(str(path), path.read_bytes())
+    except OSError as exc:
+        raise ScriptError(f"cannot read {path}: {exc.strerror}") from None
+    except YamlProblem as exc:
+        raise ScriptError(str(exc.problem)) from None
+    try:
+        return parse_script(data)
+    except ScriptError as exc:
+        raise ScriptError(f"{path}: {exc}") from None
+
+
+# -- simulated nodes -------------------------------------------------------------
+
+
+class SimJob:
+    __slots__ = ("backup_id", "detail", "error", "finished_at", "payload", "state")
+
+    def __init__(self, payload: dict[str, Any]) -> None:
+        self.payload = payload
+        self.state = "accepted"
+        self.error: str | None = None
+        self.backup_id: str | None = None
+        self.finished_at: str | None = None
+        self.detail = ""
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "jobId": self.payload["jobId"],
+            "state": self.state,
+            "error": self.error,
+            "backupId": self.backup_id,
+            "finishedAt": self.finished_at,
+            "sourceCommit": self.payload["sourceCommit"],
+            "detail": self.detail,
+        }
+
+
+class SimNode:
+    __slots__ = ("backups", "config", "jobs", "name")
+
+    def __init__(self, name: str, initial: Mapping[str, str] | None, runtimes: list[str]) -> None:
+        self.name = name
+        self.config: dict[str, dict[str, str]] = (
+            {runtime: dict(initial) for runtime in runtimes} if initial else {}
+        )
+        self.jobs: dict[str, SimJob] = {}
+        self.backups: list[dict[str, str]] = []  # oldest first
+
+
+def _digest(config: Mapping[str, str]) -> str:
+    return "sha256:" + hashlib.sha256(canonical_json(config)).hexdigest()
+
+
+def _describe_change(before: Mapping[str, str] | None, target: Mapping[str, str]) -> str:
+    if before is None:
+        return "would create the config: " + ", ".join(
+            f"{k} {target[k]}" for k in ("provider", "model", "profile")
+        )
+    changes = [
+        f"{k} {before.get(k)} -> {target[k]}"
+        for k in ("provider", "model", "profile")
+        if before.get(k) != target[k]
+    ]
+    return "would change " + ", ".join(changes) if changes else "no change: already in place"
+
+
+class SimFleet:
+    """The simulated nodes and their HTTP handler (``handle``)."""
+
+    def __init__(
+        self,
+        *,
+        names: list[str],
+        trusted: Mapping[str, TrustedKey],
+        state_dir: Path,
+        runtimes: list[str],
+        script: Script | None = None,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self.trusted = trusted
+        self.runtimes = runtimes
+        self.clock = clock
+        self.script = script or Script()
+        self.nodes: dict[str, SimNode] = {}
+        self.add_nodes(names)
+        self.received: Counter[str] = Counter()
+        self.executed: Counter[str] = Counter()
+        self.variants: defaultdict[str, set[tuple[Any, ...]]] = defaultdict(set)
+        self.refusals: Counter[str] = Counter()
+        self.requests = 0
+        self.state_dir = state_dir
+        state_dir.mkdir(parents=True, exist_ok=True)
+        self._journal_path = state_dir / JOURNAL_NAME
+        self._replay()
+        self._journal = open(self._journal_path, "a", encoding="utf-8")  # noqa: SIM115
+        self._flush_pending = False
+
+    def add_nodes(self, names: list[str]) -> None:
+        for name in names:
+            if name not in self.nodes:
+                self.nodes[name] = SimNode(name, self.script.for_node(name).initial, self.runtimes)
+
+    def set_script(self, script: Script) -> None:
+        self.script = script
+        if script.names:
+            self.add_nodes(list(script.names))
+
+    def close(self) -> None:
+        self._journal.close()  # flushes
+
+    # -- journal ----------------------------------------------------------------
+
+    def _log(self, event: dict[str, Any], *, flush: bool) -> None:
+        # Accepts are flushed to the kernel before the answer goes out, so a
+        # SIGKILL never forgets a job it acknowledged; outcomes are flushed
+        # with the next accept or within FLUSH_DELAY (losing one only turns
+        # it into "restarted before the job finished").
+        self._journal.write(_JOURNAL_ENCODER.encode(event) + "\n")
+        if flush:
+            self._journal.flush()
+        elif not self._flush_pending:
+            self._flush_pending = True
+            asyncio.get_running_loop().call_later(FLUSH_DELAY, self._flush)
+
+    def _flush(self) -> None:
+        self._flush_pending = False
+        if not self._journal.closed:
+            self._journal.flush()
+
+    def _replay(self) -> None:
+        if not self._journal_path.exists():
+            return
+        for line in self._journal_path.read_text(encoding="utf-8").splitlines():
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue  # a line cut off by a crash
+            node = self.nodes.get(event["node"])
+            if node is None:
+                self.add_nodes([event["node"]])
+                node = self.nodes[event["node"]]
+            if event["e"] == "accept":
+                job = SimJob(event["payload"])
+                node.jobs[job.payload["jobId"]] = job
+                self.executed[job.payload["jobId"]] += 1
+                self.received[job.payload["jobId"]] += 1
+                self.variants[job.payload["jobId"]].add(_variant(job.payload))
+            elif event["e"] == "finish":
+                self._apply_finish(node, event)
+        now = format_time(self.clock())
+        for node in self.nodes.values():
+            for job in node.jobs.values():
+                if job.state in ("accepted", "running"):
+                    job.state = "failed"
+                    job.error = "simulated agent restarted before the job finished"
+                    job.finished_at = now
+
+    def _apply_finish(self, node: SimNode, event: dict[str, Any]) -> None:
+        job = node.jobs[event["jobId"]]
+        job.state = event["state"]
+        job.error = event["error"]
+        job.backup_id = event["backupId"]
+        job.finished_at = event["finishedAt"]
+        job.detail = event["detail"]
+        if event["backup"] is not None:
+            node.backups.append(event["backup"])
+        if event["config"] is not None:
+            runtime, config = event["config"]
+            node.config[runtime] = config
+
+    # -- the protocol -----------------------------------------------------------
+
+    def handle(self, request: Request) -> Response | asyncio.Future[Response]:
+        self.requests += 1
+        parts = request.path.split("/")
+        if len(parts) < 5 or parts[1] != "v1" or parts[2] != "nodes":
+            if request.path == "/v1/sim/stats" and request.method == "GET":
+                return json_response(200, self.stats())
+            return error_response(404, "not_found", f"no such endpoint: {request.path}")
+        node = self.nodes.get(parts[3])
+        if node is None:
+            return error_response(404, "unknown_node", f"no simulated node {parts[3]}")
+        script = self.script.for_node(node.name)
+        what = parts[4]
+        if what == "jobs" and len(parts) == 5 and request.method == "POST":
+            return self._post_job(node, script, request.body)
+        if what == "jobs" and len(parts) == 6 and request.method == "GET":
+            job = node.jobs.get(parts[5])
+            behaviour = script.for_attempt(job.payload["attempt"] if job else None)
+            answer = self._transport(behaviour)
+            if answer is not None:
+                return answer
+            if job is None or behaviour.action == "impostor":
+                return error_response(404, "unknown_job", f"no job {parts[5]} on {node.name}")
+            return json_response(200, job.record())
+        if len(parts) == 5 and request.method == "GET" and what in ("heartbeat", "backups"):
+            behaviour = script.behaviour
+            answer = self._transport(behaviour)
+            if answer is not None:
+                return answer
+            if what == "heartbeat":
+                return json_response(200, self._heartbeat(node, behaviour))
+            backups = [] if behaviour.action == "impostor" else node.backups[::-1]
+            return json_response(200, backups)
+        return error_response(
+            404, "not_found", f"no such endpoint: {request.method} {request.path}"
+        )
+
+    def _transport(self, behaviour: Behaviour) -> Response | asyncio.Future[Response] | None:
+        action = behaviour.action
+        if action not in TRANSPORT_ACTIONS:
+            return None
+        if action == "unreachable":
+            return error_response(503, "unavailable", "simulated outage")
+        if action == "error500":
+            return error_response(500, "internal", "simulated server error")
+        if action == "garbage":
+            return Response(200, b"<html>\x00 this is not JSON {{")
+        if action == "disconnect":
+            return Response(0, drop=True)
+        # stall: an answer that never comes; the server drops it when the client leaves
+        return asyncio.get_running_loop().create_future()
+
+    def _heartbeat(self, node: SimNode, behaviour: Behaviour) -> dict[str, Any]:
+        now = self.clock() + timedelta(seconds=behaviour.clock_skew)
+        name = behaviour.impersonate if behaviour.action == "impostor" else node.name
+        return {
+            "node": name,
+            "time": format_time(now),
+            "agentVersion": f"sim-{__version__}",
+            "runtimes": [
+                {"type": runtime, **config, "configDigest": _digest(config)}
+                for runtime, config in sorted(node.config.items())
+            ],
+        }
+
+    def _post_job(
+        self, node: SimNode, script: NodeScript, body: bytes
+    ) -> Response | asyncio.Future[Response]:
+        try:
+            envelope = json.loads(body)
+        except (ValueError, UnicodeDecodeError):
+            envelope = None
+        payload_in = envelope.get("payload") if isinstance(envelope, dict) else None
+        attempt = payload_in.get("attempt") if isinstance(payload_in, dict) else None
+        behaviour = script.for_attempt(attempt)
+        answer = self._transport(behaviour)
+        if answer is not None:
+            return answer
+        now = self.clock() + timedelta(seconds=behaviour.clock_skew)
+        name = behaviour.impersonate if behaviour.action == "impostor" else node.name
+        try:
+            payload = admit_job(
+                envelope,
+                node=name,
+                trusted=self.trusted,
+                now=now,
+                runtimes=self.runtimes,
+                allow_live=True,
+                known=lambda job_id: job.payload if (job := node.jobs.get(job_id)) else None,
+            )
+        except JobRefused as refusal:
+            self.refusals[refusal.code] += 1
+            if refusal.code not in ("invalid_job", "untrusted_key", "bad_signature"):
+                assert isinstance(envelope, dict)
+                job_id = envelope["payload"]["jobId"]
+                self.received[job_id] += 1
+                self.variants[job_id].add(_variant(envelope["payload"]))
+            return error_response(refusal.status, refusal.code, refusal.message)
+        job_id = payload["jobId"]
+        self.received[job_id] += 1
+        self.variants[job_id].add(_variant(payload))
+        known = node.jobs.get(job_id)
+        if known is not None:
+            return json_response(200, known.record())
+        if behaviour.action == "refuse":
+            self.refusals[behaviour.code] += 1
+            return error_response(behaviour.status, behaviour.code, behaviour.message)
+        job = SimJob(payload)
+        node.jobs[job_id] = job
+        self.executed[job_id] += 1
+        self._log({"e": "accept", "node": node.name, "payload": payload}, flush=True)
+        response = json_response(202, job.record())
+        job.state = "running"
+        if behaviour.action != "hang":
+            loop = asyncio.get_running_loop()
+            if behaviour.delay:
+                loop.call_later(behaviour.delay, self._finish, node, job, behaviour)
+            else:
+                loop.call_soon(self._finish, node, job, behaviour)
+        return response
+
+    def _finish(self, node: SimNode, job: SimJob, behaviour: Behaviour) -> None:
+        payload = job.payload
+        target = payload["target"]
+        runtime = target["runtime"]
+        wanted = {k: target[k] for k in ("provider", "model", "profile")}
+        now = format_time(self.clock() + timedelta(seconds=behaviour.clock_skew))
+        event: dict[str, Any] = {
+            "e": "finish",
+            "node": node.name,
+            "jobId": payload["jobId"],
+            "state": "succeeded",
+            "error": None,
+            "backupId": None,
+            "finishedAt": now,
+            "detail": "",
+            "backup": None,
+            "config": None,
+        }
+        before = node.config.get(runtime)
+        if behaviour.action == "fail":
+            event.update(state="failed", error=behaviour.error)
+        elif payload["mode"] == "dry_run":
+            event["detail"] = _describe_change(before, wanted)
+        else:
+            if payload["kind"] == "restore":
+                found = next(
+                    (
+                        b
+                        for b in node.backups
+                        if b["backupId"] == payload["backupId"] and b["runtime"] == runtime
+                    ),
+                    None,
+                )
+                if found is None:
+                    event.update(
+                        state="failed",
+                        error=f"backup {payload['backupId']} of runtime {runtime} "
+                        f"not found on {node.name}",
+                    )
+                    self._log(event, flush=False)
+                    self._apply_finish(node, event)
+                    return
+                wanted = {k: found[k] for k in ("provider", "model", "profile")}
+            if before is not None:
+                backup_id = f"{runtime}-{len(node.backups) + 1:06d}-{payload['jobId'][-8:]}"
+                event["backupId"] = backup_id
+                event["backup"] = {
+                    "backupId": backup_id,
+                    "runtime": runtime,
+                    "createdAt": now,
+                    "jobId": payload["jobId"],
+                    "rollout": payload["rollout"],
+                    **before,
+                }
+            if behaviour.action != "drift":
+                event["config"] = [runtime, wanted]
+            event["detail"] = _describe_change(before, wanted).replace("would ", "", 1)
+        self._log(event, flush=False)
+        self._apply_finish(node, event)
+
+    def stats(self) -> dict[str, Any]:
+        variants = {job_id: len(v) for job_id, v in self.variants.items()}
+        return {
+            "nodes": len(self.nodes),
+            "requests": self.requests,
+            "received": dict(self.received),
+            "executed": dict(self.executed),
+            "payloadVariants": variants,
+            "refusals": dict(self.refusals),
+            "totals": {
+                "received": sum(self.received.values()),
+                "executed": sum(self.executed.values()),
+                "jobs": len(self.executed),
+                "finished": sum(
+                    1
+                    for node in self.nodes.values()
+                    for job in node.jobs.values()
+                    if job.state in ("succeeded", "failed")
+                ),
+            },
+            "maxExecuted": max(self.executed.values(), default=0),
+            "maxPayloadVariants": max(variants.values(), default=0),
+        }
+
+
+def _variant(payload: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What makes a payload this payload, send times aside (a verified payload
+    has exactly the schema's fields, all plain values)."""
+    return tuple(
+        (k, tuple(v.items()) if isinstance(v, dict) else v)
+        for k, v in sorted(payload.items())
+        if k not in SEND_TIME_FIELDS
+    )
+
+
+def node_names(count: int, prefix: str) -> list[str]:
+    return [f"{prefix}{i:04d}" for i in range(1, count + 1)]
+
+
+# -- running it -----------------------------------------------------------------
+
+
+async def _watch_behaviour(fleet: SimFleet, path: Path) -> None:
+    def signature() -> tuple[int, int, int] | None:
+        try:
+            st = path.stat()
+        except OSError:
+            return None
+        return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+    seen = signature()
+    while True:
+        await asyncio.sleep(RELOAD_INTERVAL)
+        now = signature()
+        if now == seen or now is None:
+            continue
+        seen = now
+        try:
+            fleet.set_script(load_script(path))
+        except ScriptError as exc:
+            print(
+                f"sim-fleet: behaviour file not reloaded, keeping the old one: {exc}",
+                file=sys.stderr,
+            )
+        else:
+            print(f"sim-fleet: behaviour reloaded from {path}", file=sys.stderr)
+
+
+async def serve(
+    fleet: SimFleet,
+    host: str,
+    port: int,
+    *,
+    behaviour_path: Path | None = None,
+    ready: Callable[[str], None] | None = None,
+    stop: asyncio.Event | None = None,
+) -> None:
+    """Serve ``fleet`` until ``stop`` is set (or forever)."""
+    server = HttpServer(fleet.handle, host, port, on_error=_print_error)
+    await server.start()
+    watcher = (
+        asyncio.ensure_future(_watch_behaviour(fleet, behaviour_path)) if behaviour_path else None
+    )
+    if ready is not None:
+        ready(server.address)
+    try:
+        await (stop.wait() if stop is not None else asyncio.Event().wait())
+    finally:
+        if watcher is not None:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+        await server.close()
+        fleet.close()
+
+
+def _print_error(exc: BaseException) -> None:
+    print(f"sim-fleet: internal error: {exc!r}", file=sys.stderr)

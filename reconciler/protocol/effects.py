@@ -1,0 +1,28 @@
+"""What the engine asks the outside world to do, as data. The daemon
+executes effects only after the status that records them is committed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from reconciler.spec.model import Target
+
+JOB_KINDS = ("apply", "restore")
+MODES = ("dry_run", "live")
+
+
+@dataclass(frozen=True)
+class SendJob:
+    """One job for one node. Everything in the signed payload except the
+    issue and expiry times, which the sender stamps when it sends; so the
+    same job id always carries the same payload (DESIGN.md section 6)."""
+
+    job_id: str
+    kind: str  # apply | restore
+    node: str
+    rollout: str
+    attempt: int
+    mode: str  # dry_run | live
+    target: Target
+    source_commit: str
+    backup_id: str | None = None  # restore only

@@ -1,0 +1,900 @@
+"""Fleet repository documents: files to domain values plus problems.
+
+Three steps, each cheap to repeat:
+
+1. ``parse_file(path, data)``: one file, a pure function of its path and
+   bytes, so callers cache it by Git blob id. Safe YAML (``yamlio``), schema
+   validation (``schemas``; a compiled check first, jsonschema only to
+   explain), then the rules of one file: ``metadata.name`` equals the file
+   stem, durations above zero, real times, agent URLs with a valid port.
+2. ``assemble(files)``: the rules across files: settings defaults applied to
+   rollouts, unique names, ``nodeIds`` naming existing valid nodes. An
+   invalid node file means the node does not exist; an invalid settings
+   file means the defaults are used; both are reported.
+3. ``load_directory(root)``: reads a working tree (``reconciler validate``).
+
+Every problem names file, line, column, field path and what to do, and one
+bad file never hides another's problems.
+
+Must not: touch Git or the network, or decide anything about rollouts.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import multiprocessing
+import os
+import re
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field, replace
+from pathlib import Path, PurePosixPath
+from types import MappingProxyType
+from typing import Any
+
+from reconciler.spec import safe_yaml, schemas
+from reconciler.spec.durations import parse_duration
+from reconciler.spec.model import (
+    API_VERSION,
+    Defaults,
+    Fleet,
+    Node,
+    Problem,
+    RollbackRequest,
+    RolloutSpec,
+    Settings,
+    Target,
+)
+from reconciler.spec.times import parse_time
+
+SETTINGS_PATH = "reconciler.yaml"
+NODES_DIR = "nodes"
+ROLLOUTS_DIR = "rollouts"
+STATUS_DIR = "status"
+
+KINDS = ("Node", "Rollout", "Settings")
+_SCHEMA_OF = {"Node": "node", "Rollout": "rollout", "Settings": "settings"}
+_HOME_OF = {
+    "Node": "nodes/NAME.yaml",
+    "Rollout": "rollouts/NAME.yaml",
+    "Settings": "reconciler.yaml",
+}
+_FOLDER_OF = {NODES_DIR: "Node", ROLLOUTS_DIR: "Rollout"}
+
+NAME_RE = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
+NAME_RULE = "1 to 63 lowercase letters, digits and '-', starting and ending with a letter or digit"
+
+# scheme://host[:port] of an agent URL; the schema has checked the rest
+_AUTHORITY = re.compile(r"https?://(\[[0-9A-Fa-f:.]+\]|[^:/\[\]]+)(?::([0-9]{1,5}))?(?:/|$)")
+
+# Rollout fields that take their default from reconciler.yaml when omitted.
+_SETTINGS_DEFAULTED = ("batchSize", "healthTimeout", "onFailure")
+
+
+@dataclass(frozen=True)
+class ParsedFile:
+    """What one file says: a pure function of (path, data).
+
+    ``kind`` is the kind the file's place asks for (``Node`` under nodes/,
+    ``Rollout`` under rollouts/, ``Settings`` for reconciler.yaml), or ``""``
+    for a file the daemon does not read (which may still carry a problem,
+    for a document in the wrong place). ``name`` is the file stem for nodes
+    and rollouts. Exactly one of ``node``/``rollout``/``settings`` is set
+    when the file is valid; ``problems`` is empty then.
+    """
+
+    path: str
+    kind: str
+    name: str = ""
+    node: Node | None = None
+    rollout: RolloutSpec | None = None
+    settings: Settings | None = None
+    # rollout fields the file omitted, which assemble fills from settings
+    omitted: frozenset[str] = frozenset()
+    problems: tuple[Problem, ...] = ()
+    # metadata.name when it is text but differs from the stem (for the
+    # duplicate-name message), and where it is written
+    declared_name: str = ""
+    declared_at: tuple[int, int] = (0, 0)
+    # rollout bytes, to locate cross-document problems in assemble
+    source: bytes = field(default=b"", repr=False, compare=False)
+
+    @property
+    def valid(self) -> bool:
+        return not self.problems and bool(self.kind)
+
+
+@dataclass(frozen=True)
+class Documents:
+    settings: Settings
+    fleet: Fleet
+    rollouts: Mapping[str, RolloutSpec]  # valid rollouts by name, defaults applied
+    invalid_rollouts: Mapping[str, tuple[Problem, ...]]  # by file stem
+    problems: tuple[Problem, ...]  # every problem in the tree, sorted by path, line
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+# --- where files belong -------------------------------------------------------
+
+
+def classify(path: str) -> str:
+    """What the daemon makes of a repository path: ``settings``, ``node``,
+    ``rollout``, ``misplaced`` (a YAML file where documents live but not in a
+    form the daemon reads), ``stray`` (a top-level YAML file that may hold a
+    document in the wrong place) or ``ignored``."""
+    # Plain string work: this runs for every file of a big tree.
+    parts = path.split("/")
+    base = parts[-1]
+    if not base or base.startswith("."):
+        return "ignored"
+    if len(parts) == 1:
+        if path == SETTINGS_PATH:
+            return "settings"
+        lower = base.lower()
+        if lower in ("reconciler.yml", "reconciler.json", "reconciler.yaml"):
+            return "misplaced"
+        return "stray" if lower.endswith((".yaml", ".yml")) else "ignored"
+    top = parts[0]
+    if top != NODES_DIR and top != ROLLOUTS_DIR:
+        return "ignored"
+    if len(parts) == 2 and base.endswith(".yaml"):
+        return "node" if top == NODES_DIR else "rollout"
+    if base.lower().endswith((".yaml", ".yml", ".json")):
+        return "misplaced"
+    return "ignored"
+
+
+def is_document_path(path: str) -> bool:
+    """Whether ``parse_file`` can say anything about ``path``: the paths a
+    tree reader should hand over (everything else is ignored)."""
+    return classify(path) != "ignored"
+
+
+# --- one file ---------------------------------------------------------------------
+
+
+def parse_file(path: str, data: bytes) -> ParsedFile:
+    """Everything one file says on its own. ``path`` is relative to the
+    repository root, with ``/`` separators."""
+    role = classify(path)
+    if role == "ignored":
+        return ParsedFile(path, "")
+    if role == "misplaced":
+        return ParsedFile(path, "", problems=(_misplaced(path),))
+    if role == "stray":
+        return _parse_stray(path, data)
+    kind = {"settings": "Settings", "node": "Node", "rollout": "Rollout"}[role]
+    stem = path[path.index("/") + 1 : -len(".yaml")] if kind != "Settings" else ""
+    try:
+        doc = safe_yaml.load_yaml(path, data)
+    except safe_yaml.YamlProblem as exc:
+        return ParsedFile(path, kind, stem, problems=(exc.problem,))
+    return _Checker(path, data, kind, stem, doc).run()
+
+
+def _misplaced(path: str) -> Problem:
+    pure = PurePosixPath(path)
+    if len(pure.parts) == 1:
+        return Problem(
+            path,
+            0,
+            0,
+            "",
+            f"settings are read only from {SETTINGS_PATH}: rename {path} to {SETTINGS_PATH}",
+        )
+    folder = pure.parts[0]
+    kind = _FOLDER_OF[folder]
+    if len(pure.parts) > 2:
+        where = f"{folder}/{pure.name}" if pure.suffix == ".yaml" else f"{folder}/{pure.stem}.yaml"
+        return Problem(
+            path,
+            0,
+            0,
+            "",
+            f"{kind} files must be directly in {folder}/, not in a subfolder: "
+            f"move it to {where}; the daemon ignores it where it is",
+        )
+    return Problem(
+        path,
+        0,
+        0,
+        "",
+        f"{kind} files must end in .yaml: rename it to {folder}/{pure.stem}.yaml; "
+        "the daemon ignores it as it is",
+    )
+
+
+def _parse_stray(path: str, data: bytes) -> ParsedFile:
+    """A top-level YAML file: fine unless it is one of our documents."""
+    try:
+        doc = safe_yaml.load_yaml(path, data)
+    except safe_yaml.YamlProblem:
+        return ParsedFile(path, "")  # not ours to judge
+    if isinstance(doc, dict) and doc.get("apiVersion") == API_VERSION:
+        kind = doc.get("kind")
+        home = _HOME_OF.get(kind) if isinstance(kind, str) else None
+        what = f"a {kind}" if home else "a reconciler document"
+        where = (
+            f"it belongs in {home}"
+            if home
+            else f"documents belong in {SETTINGS_PATH}, nodes/ or rollouts/"
+        )
+        return ParsedFile(
+            path,
+            "",
+            problems=(Problem(path, 0, 0, "", f"{what} outside its place is ignored: {where}"),),
+        )
+    return ParsedFile(path, "")
+
+
+class _Checker:
+    """The checks of one parsed document, collecting problems."""
+
+    def __init__(self, path: str, data: bytes, kind: str, stem: str, doc: Any) -> None:
+        self.path = path
+        self.data = data
+        self.kind = kind
+        self.stem = stem
+        self.doc = doc
+        self.problems: list[Problem] = []
+        self.bad_fields: set[str] = set()
+        self.declared_name = ""
+        self.declared_at = (0, 0)
+
+    def add(self, field_path: Sequence[str | int], message: str, *, at_key: bool = False) -> None:
+        line, column = safe_yaml.locate(self.path, self.data, field_path, at_key=at_key)
+        name = safe_yaml.format_field(field_path)
+        self.bad_fields.add(name)
+        self.problems.append(Problem(self.path, line, column, name, message))
+
+    def add_whole(self, message: str) -> None:
+        self.problems.append(Problem(self.path, 0, 0, "", message))
+
+    def result(self, **values: Any) -> ParsedFile:
+        problems = tuple(sorted(set(self.problems), key=_problem_order))
+        if problems:
+            values = {}
+        return ParsedFile(
+            self.path,
+            self.kind,
+            self.stem,
+            problems=problems,
+            declared_name=self.declared_name,
+            declared_at=self.declared_at,
+            source=self.data if self.kind == "Rollout" else b"",
+            **values,
+        )
+
+    def run(self) -> ParsedFile:
+        doc = self.doc
+        if doc is None:
+            self.add_whole(
+                f"file is empty: a {self.kind} needs apiVersion: {API_VERSION}, kind: {self.kind}"
+                + (", metadata and spec" if self.kind != "Settings" else "")
+            )
+            return self.result()
+        if not isinstance(doc, dict):
+            self.add(
+                [], f"must be a mapping of fields (apiVersion, kind, ...), got {_describe(doc)}"
+            )
+            return self.result()
+        other = doc.get("kind")
+        if isinstance(other, str) and other in KINDS and other != self.kind:
+            self.add(
+                ["kind"],
+                f"a {other} does not belong in {self.path}: move it to "
+                f"{_HOME_OF[other]} (this place holds a {self.kind})",
+            )
+            return self.result()
+        if self.kind != "Settings":
+            self._check_stem()
+        schema = _SCHEMA_OF[self.kind]
+        if not schemas.fast_check(schema)(doc):
+            for problem in explain(self.path, self.data, doc, schema):
+                self.bad_fields.add(problem.field)
+                self.problems.append(problem)
+        if self.kind == "Node":
+            return self._node(doc)
+        if self.kind == "Rollout":
+            return self._rollout(doc)
+        return self._settings(doc)
+
+    def _ok(self, name: str) -> bool:
+        """No problem reported yet at ``name`` or around it."""
+        return not any(
+            bad == name or name.startswith(bad + ".") or name.startswith(bad + "[")
+            for bad in self.bad_fields
+        )
+
+    def _check_stem(self) -> None:
+        if not NAME_RE.fullmatch(self.stem):
+            self.add_whole(
+                f"file name {_show(self.stem)} is not a valid name ({NAME_RULE}): rename the "
+                f"file, and set metadata.name to the same name"
+            )
+        metadata = self.doc.get("metadata")
+        name = metadata.get("name") if isinstance(metadata, dict) else None
+        if isinstance(name, str) and name != self.stem:
+            self.declared_name = name
+            self.declared_at = safe_yaml.locate(self.path, self.data, ["metadata", "name"])
+            folder = PurePosixPath(self.path).parent
+            fix = f"rename the file to {folder}/{name}.yaml"
+            if NAME_RE.fullmatch(self.stem):
+                fix += f" or set the name to {_show(self.stem)}"
+            self.add(
+                ["metadata", "name"],
+                f"must equal the file name: the file is {self.path} but the name is "
+                f"{_show(name)}; {fix}",
+            )
+
+    def _duration(self, field_path: list[str | int], value: Any) -> int | None:
+        name = safe_yaml.format_field(field_path)
+        if not self._ok(name) or not isinstance(value, str):
+            return None
+        try:
+            return parse_duration(value)
+        except ValueError as exc:
+            self.add(field_path, str(exc))
+            return None
+
+    # --- kinds ------------------------------------------------------------------
+
+    def _node(self, doc: dict[str, Any]) -> ParsedFile:
+        spec = doc.get("spec")
+        if not isinstance(spec, dict):
+            return self.result()
+        agent = spec.get("agent")
+        if isinstance(agent, str) and self._ok("spec.agent"):
+            match = _AUTHORITY.match(agent)
+            port = match.group(2) if match else None
+            if (
+                match is None
+                or not match.group(1)
+                or (port is not None and not 0 < int(port or 0) < 65536)
+            ):
+                self.add(
+                    ["spec", "agent"],
+                    "not a usable agent URL: write it like http://10.0.0.5:8710 "
+                    "(a host, and if given a port from 1 to 65535)",
+                )
+        if self.problems:
+            return self.result()
+        return self.result(
+            node=Node(
+                name=self.stem,
+                agent=spec["agent"],
+                labels=tuple(sorted(spec.get("labels", {}).items())),
+                maintenance=spec.get("maintenance", False),
+            )
+        )
+
+    def _rollout(self, doc: dict[str, Any]) -> ParsedFile:
+        spec = doc.get("spec")
+        if not isinstance(spec, dict):
+            return self.result()
+        health = self._duration(["spec", "healthTimeout"], spec.get("healthTimeout"))
+        start_at = spec.get("startAt")
+        if isinstance(start_at, str) and self._ok("spec.startAt"):
+            try:
+                parse_time(start_at)
+            except ValueError:
+                self.add(
+                    ["spec", "startAt"],
+                    f"{_show(start_at)} is not a real time: check the date and the time of day "
+                    "(such as 2026-12-01T09:00:00Z)",
+                )
+        if self.problems:
+            return self.result()
+        target = spec["target"]
+        request = spec.get("rollbackRequest")
+        rollback = None
+        if request is not None:
+            nodes = request["nodes"]
+            rollback = RollbackRequest(
+                id=request["id"], nodes=None if nodes == "all" else _unique(nodes)
+            )
+        selector = spec.get("selector")
+        node_ids = spec.get("nodeIds")
+        rollout = RolloutSpec(
+            name=self.stem,
+            target=Target(
+                runtime=target["runtime"],
+                provider=target["provider"],
+                model=target["model"],
+                profile=target.get("profile", "default"),
+            ),
+            selector=None if selector is None else tuple(sorted(selector.items())),
+            node_ids=None if node_ids is None else _unique(node_ids),
+            batch_size=spec.get("batchSize", 1),
+            health_timeout=health if health is not None else 300,
+            live=spec.get("live", False),
+            on_failure=spec.get("onFailure", "pause"),
+            pause_after=tuple(spec.get("pauseAfter", ())),
+            start_at=start_at,
+            include_maintenance=spec.get("includeMaintenance", False),
+            allow_overlap=spec.get("allowOverlap", False),
+            paused=spec.get("paused", False),
+            abort=spec.get("abort", False),
+            resume_request=spec.get("resumeRequest", ""),
+            skip_nodes=_unique(spec.get("skipNodes", ())),
+            rollback_request=rollback,
+        )
+        omitted = frozenset(k for k in _SETTINGS_DEFAULTED if k not in spec)
+        return self.result(rollout=rollout, omitted=omitted)
+
+    def _settings(self, doc: dict[str, Any]) -> ParsedFile:
+        spec = doc.get("spec")
+        spec = spec if isinstance(spec, dict) else {}
+        offline = self._duration(["spec", "offlineAfter"], spec.get("offlineAfter"))
+        defaults = spec.get("defaults")
+        defaults = defaults if isinstance(defaults, dict) else {}
+        health = self._duration(
+            ["spec", "defaults", "healthTimeout"], defaults.get("healthTimeout")
+        )
+        if self.problems:
+            return self.result()
+        base = Defaults()
+        return self.result(
+            settings=Settings(
+                status_branch=spec.get("statusBranch"),
+                offline_after=offline if offline is not None else Settings().offline_after,
+                defaults=Defaults(
+                    batch_size=defaults.get("batchSize", base.batch_size),
+                    health_timeout=health if health is not None else base.health_timeout,
+                    on_failure=defaults.get("onFailure", base.on_failure),
+                ),
+            )
+        )
+
+
+def _unique(names: Iterable[str]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(names))
+
+
+def _problem_order(problem: Problem) -> tuple[str, int, int, str, str]:
+    return (problem.path, problem.line, problem.column, problem.field, problem.message)
+
+
+# --- schema errors in words ----------------------------------------------------------
+
+_TYPE_WORDS = {
+    "string": "text",
+    "integer": "a whole number",
+    "number": "a number",
+    "boolean": "true or false",
+    "object": "a mapping (key: value lines)",
+    "array": "a list",
+    "null": "null",
+}
+
+
+def _describe(value: Any) -> str:
+    if value is None:
+        return "nothing (the value is empty or null)"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return f"the number {value}"
+    if isinstance(value, str):
+        return f"the text {_show(value)}"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "a mapping"
+    return type(value).__name__
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, str):
+        text = json.dumps(value, ensure_ascii=False)
+        return text if len(text) <= 70 else text[:66] + '..."'
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "a mapping"
+    return str(value)
+
+
+def _first_sentence(text: str) -> str:
+    head = text.split(". ")[0].rstrip(".")
+    return head[:1].lower() + head[1:]
+
+
+def _did_you_mean(word: str, choices: Iterable[str]) -> str | None:
+    options = list(choices)
+    by_lower = {c.lower(): c for c in options}
+    if word.lower() in by_lower:
+        return by_lower[word.lower()]
+    close = difflib.get_close_matches(word.lower(), list(by_lower), n=1, cutoff=0.6)
+    return by_lower[close[0]] if close else None
+
+
+def explain(path: str, data: bytes, doc: Any, schema_name: str) -> list[Problem]:
+    """Every schema error in ``doc`` as a problem in words a person can act on."""
+    problems: list[Problem] = []
+    for error in schemas.validator(schema_name).iter_errors(doc):
+        for field_path, at_key, message in _translate(error, data):
+            line, column = safe_yaml.locate(path, data, field_path, at_key=at_key)
+            problems.append(
+                Problem(path, line, column, safe_yaml.format_field(field_path), message)
+            )
+    return sorted(set(problems), key=_problem_order)
+
+
+_Finding = tuple[list[str | int], bool, str]
+
+
+def _translate(error: Any, data: bytes) -> list[_Finding]:
+    where: list[str | int] = list(error.absolute_path)
+    keyword = error.validator
+    value = error.validator_value
+    instance = error.instance
+    schema = error.schema if isinstance(error.schema, dict) else {}
+
+    if "propertyNames" in error.relative_schema_path:
+        # jsonschema reports a bad key as an error on the key itself
+        rule = _key_rule(error)
+        return [([*where, instance], True, f"{rule}, got {_show(instance)}")]
+    if keyword == "additionalProperties":
+        allowed = sorted(schema.get("properties", {}))
+        out: list[_Finding] = []
+        for key in sorted(k for k in instance if k not in schema.get("properties", {})):
+            guess = _did_you_mean(key, allowed)
+            hint = (
+                f"did you mean {_show(guess)}?"
+                if guess
+                else "allowed fields: " + ", ".join(allowed)
+            )
+            out.append(([*where, key], True, f"unknown field {_show(key)}; {hint}"))
+        return out
+    if keyword == "required":
+        props = schema.get("properties", {})
+        out = []
+        for name in value:
+            if name in instance:
+                continue
+            about = props.get(name, {}).get("description", "")
+            extra = f" ({_first_sentence(about)})" if about else ""
+            out.append(([*where, name], False, f"missing required field {_show(name)}{extra}"))
+        return out
+    if keyword == "type":
+        return [(where, False, _type_message(value, instance, data, where))]
+    if keyword in ("oneOf", "anyOf"):
+        return _one_of(error, where, schema, data)
+    message = schema.get("errorMessage") if keyword in ("const", "enum") else None
+    if keyword == "const":
+        message = message or f"must be {_show(value)}"
+        return [(where, False, f"{message}, got {_show(instance)}")]
+    if keyword == "enum":
+        choices = ", ".join(str(v) for v in value)
+        text = f"must be one of {choices}; got {_show(instance)}"
+        if isinstance(instance, str):
+            guess = _did_you_mean(instance, [v for v in value if isinstance(v, str)])
+            if guess:
+                text += f" (did you mean {guess}?)"
+        return [(where, False, text)]
+    if keyword == "pattern":
+        rule = schema.get("patternErrorMessage", "does not have the expected form")
+        return [(where, False, f"{rule}; got {_show(instance)}")]
+    if keyword == "minimum":
+        return [(where, False, f"must be at least {value}, got {_show(instance)}")]
+    if keyword == "maximum":
+        return [(where, False, f"must be at most {value}, got {_show(instance)}")]
+    if keyword == "minLength":
+        if value == 1:
+            return [(where, False, "must not be empty")]
+        return [(where, False, f"must be at least {value} characters long, got {len(instance)}")]
+    if keyword == "maxLength":
+        return [(where, False, f"must be at most {value} characters long, got {len(instance)}")]
+    if keyword == "minItems":
+        if value == 1:
+            return [(where, False, "must list at least one item; the list is empty")]
+        return [(where, False, f"must list at least {value} items, got {len(instance)}")]
+    if keyword == "maxItems":
+        return [(where, False, f"must list at most {value} items, got {len(instance)}")]
+    if keyword == "uniqueItems":
+        seen: list[Any] = []
+        for index, item in enumerate(instance):
+            if item in seen:
+                return [
+                    (
+                        [*where, index],
+                        False,
+                        f"{_show(item)} is listed more than once; list each value once",
+                    )
+                ]
+            seen.append(item)
+    return [(where, False, str(error.message))]
+
+
+def _key_rule(error: Any) -> str:
+    names = error.schema if isinstance(error.schema, dict) else {}
+    if error.validator == "maxLength":
+        return f"a key must be at most {error.validator_value} characters long"
+    if error.validator == "minLength":
+        return "a key must not be empty"
+    return str(names.get("patternErrorMessage", "not an allowed key"))
+
+
+def _type_message(expected: Any, instance: Any, data: bytes, where: list[str | int]) -> str:
+    wanted = [expected] if isinstance(expected, str) else list(expected)
+    words = " or ".join(_TYPE_WORDS.get(w, w) for w in wanted)
+    if "string" in wanted and isinstance(instance, bool | int | float) and instance is not None:
+        written = _written(data, where) or _show(instance)
+        what = "a boolean" if isinstance(instance, bool) else "a number"
+        return (
+            f"must be text, but {written} without quotes is read as {what}; "
+            f'put it in quotes: "{written}"'
+        )
+    if instance is None:
+        return f"must be {words}, but the value is empty"
+    message = f"must be {words}, got {_describe(instance)}"
+    if isinstance(instance, str) and ("integer" in wanted or "boolean" in wanted):
+        message += ": remove the quotes"
+    return message
+
+
+def _written(data: bytes, where: list[str | int]) -> str:
+    line, column = safe_yaml.locate("", data, where)
+    return safe_yaml.source_text(data, line, column)
+
+
+def _one_of(
+    error: Any, where: list[str | int], schema: dict[str, Any], data: bytes
+) -> list[_Finding]:
+    branches = schema.get(error.validator, [])
+    instance = error.instance
+    required_only = all(isinstance(b, dict) and set(b) == {"required"} for b in branches)
+    if required_only and isinstance(instance, dict):
+        names = [n for b in branches for n in b["required"]]
+        present = [n for n in names if n in instance]
+        listed = " or ".join(names)
+        if present:
+            return [
+                (
+                    [*where, present[1]],
+                    True,
+                    f"give exactly one of {listed}, not both: remove one of them",
+                )
+            ]
+        rule = schema.get("errorMessage", f"give exactly one of {listed}")
+        return [(where, False, f"{rule}; neither is given")]
+    # Explain the branch that fits the value's type, if one does.
+    for sub in error.context or ():
+        if sub.validator not in ("type", "const", "enum") or sub.relative_path:
+            found: list[_Finding] = []
+            for inner in error.context:
+                if inner.relative_schema_path[0] == sub.relative_schema_path[0]:
+                    found.extend(_translate(inner, data))
+            if found:
+                return found
+    message = schema.get("errorMessage") or "does not match any allowed form"
+    return [(where, False, f"{message}, got {_describe(instance)}")]
+
+
+# --- many files --------------------------------------------------------------------
+
+
+def assemble(files: Iterable[ParsedFile]) -> Documents:
+    """The rules across files. Cheap: no YAML or schema work here."""
+    problems: list[Problem] = []
+    settings = Settings()
+    nodes: dict[str, Node] = {}
+    node_files: dict[str, ParsedFile] = {}
+    rollout_files: list[ParsedFile] = []
+    names_by_folder: dict[tuple[str, str], str] = {}
+    parsed = sorted(files, key=lambda f: f.path)
+
+    for item in parsed:
+        problems.extend(item.problems)
+        if item.kind in ("Node", "Rollout") and item.name:
+            names_by_folder.setdefault((item.kind, item.name), item.path)
+        if item.kind == "Settings" and item.path == SETTINGS_PATH and item.settings:
+            settings = item.settings
+        elif item.kind == "Node":
+            node_files[item.name] = item
+            if item.node is not None:
+                nodes[item.name] = item.node
+        elif item.kind == "Rollout":
+            rollout_files.append(item)
+
+    # A name given to a file whose stem differs: also say who owns it.
+    for item in parsed:
+        if item.declared_name:
+            owner = names_by_folder.get((item.kind, item.declared_name))
+            if owner and owner != item.path:
+                line, column = item.declared_at
+                problems.append(
+                    Problem(
+                        item.path,
+                        line,
+                        column,
+                        "metadata.name",
+                        f"{_show(item.declared_name)} is already the name of {owner}: "
+                        "every name is used by one file only",
+                    )
+                )
+
+    rollouts: dict[str, RolloutSpec] = {}
+    invalid: dict[str, tuple[Problem, ...]] = {}
+    defaults = settings.defaults
+    for item in rollout_files:
+        own = list(item.problems)
+        spec = item.rollout
+        if spec is not None:
+            spec = _with_defaults(spec, item.omitted, defaults)
+            for index, name in enumerate(spec.node_ids or ()):
+                if name in nodes:
+                    continue
+                broken = node_files.get(name)
+                if broken is not None:
+                    message = (
+                        f"node {_show(name)} cannot be used: its file {broken.path} is invalid; "
+                        "fix that file first"
+                    )
+                else:
+                    message = (
+                        f"no node named {_show(name)}: there is no nodes/{name}.yaml; "
+                        "check the spelling or add the node"
+                    )
+                index_in_file = _index_in_file(item.source, name, index)
+                line, column = safe_yaml.locate(
+                    item.path, item.source, ["spec", "nodeIds", index_in_file]
+                )
+                own.append(
+                    Problem(item.path, line, column, f"spec.nodeIds[{index_in_file}]", message)
+                )
+            problems.extend(own[len(item.problems) :])
+        if own or spec is None:
+            if NAME_RE.fullmatch(item.name):
+                invalid[item.name] = tuple(sorted(own, key=_problem_order))
+        else:
+            rollouts[item.name] = spec
+
+    return Documents(
+        settings=settings,
+        fleet=Fleet(tuple(nodes[name] for name in sorted(nodes))),
+        rollouts=MappingProxyType(dict(sorted(rollouts.items()))),
+        invalid_rollouts=MappingProxyType(dict(sorted(invalid.items()))),
+        problems=tuple(sorted(problems, key=_problem_order)),
+    )
+
+
+# The last spec made from each parsed spec, by the parsed spec's identity
+# (kept with it, so a recycled id() never matches): the daemon reassembles
+# every document whenever one rollout file changes, and the unchanged ones
+# then keep their spec values (the same objects) without copying them again.
+_defaulted: dict[int, tuple[RolloutSpec, frozenset[str], Defaults, RolloutSpec]] = {}
+
+
+def _with_defaults(spec: RolloutSpec, omitted: frozenset[str], defaults: Defaults) -> RolloutSpec:
+    if not omitted:
+        return spec
+    global _defaulted
+    cached = _defaulted.get(id(spec))
+    if cached is not None and cached[0] is spec and cached[1] == omitted and cached[2] == defaults:
+        return cached[3]
+    made = _apply_defaults(spec, omitted, defaults)
+    if len(_defaulted) > 100_000:
+        _defaulted = {}
+    _defaulted[id(spec)] = (spec, omitted, defaults, made)
+    return made
+
+
+def _apply_defaults(spec: RolloutSpec, omitted: frozenset[str], defaults: Defaults) -> RolloutSpec:
+    changes: dict[str, Any] = {}
+    if "batchSize" in omitted:
+        changes["batch_size"] = defaults.batch_size
+    if "healthTimeout" in omitted:
+        changes["health_timeout"] = defaults.health_timeout
+    if "onFailure" in omitted:
+        changes["on_failure"] = defaults.on_failure
+    return replace(spec, **changes)
+
+
+def _index_in_file(source: bytes, name: str, index: int) -> int:
+    """``node_ids`` has duplicates dropped; find the name's index as written."""
+    try:
+        written = safe_yaml.load_yaml("", source)["spec"]["nodeIds"]
+        return int(written.index(name))
+    except (safe_yaml.YamlProblem, KeyError, TypeError, ValueError):
+        return index
+
+
+# --- a working tree ------------------------------------------------------------------
+
+
+def _tree_files(root: Path) -> list[tuple[str, str, bool]]:
+    """(relative POSIX path, full path, is a symlink) of the files
+    ``parse_file`` cares about, sorted."""
+    found: list[tuple[str, str, bool]] = []
+    with os.scandir(root) as top:
+        for entry in top:
+            if is_document_path(entry.name) and (
+                entry.is_symlink() or entry.is_file(follow_symlinks=False)
+            ):
+                found.append((entry.name, entry.path, entry.is_symlink()))
+    pending = [(folder, os.path.join(root, folder)) for folder in (NODES_DIR, ROLLOUTS_DIR)]
+    while pending:
+        rel_dir, full_dir = pending.pop()
+        try:
+            entries = list(os.scandir(full_dir))
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        for entry in entries:
+            rel = f"{rel_dir}/{entry.name}"
+            if entry.is_dir(follow_symlinks=False):
+                if not entry.name.startswith("."):
+                    pending.append((rel, entry.path))
+            elif is_document_path(rel):
+                found.append((rel, entry.path, entry.is_symlink()))
+    found.sort()
+    return found
+
+
+def tree_paths(root: Path) -> list[str]:
+    """Relative POSIX paths of the files ``parse_file`` cares about."""
+    return [rel for rel, _full, _link in _tree_files(root)]
+
+
+def _read(path: str) -> bytes:
+    # Read one byte past the cap: enough to know the file is too big.
+    with open(path, "rb") as handle:
+        return handle.read(safe_yaml.MAX_BYTES + 1)
+
+
+# Below this many files a process pool costs more than it saves.
+_PARALLEL_FROM = 3000
+
+
+def _parse_entries(entries: Sequence[tuple[str, str, bool]]) -> list[ParsedFile]:
+    parsed = []
+    for rel, full, is_link in entries:
+        if is_link:
+            problem = Problem(rel, 0, 0, "", "is a symbolic link; documents must be regular files")
+            parsed.append(ParsedFile(rel, "", problems=(problem,)))
+            continue
+        parsed.append(parse_file(rel, _read(full)))
+    return parsed
+
+
+def _parse_in_processes(
+    entries: Sequence[tuple[str, str, bool]], workers: int
+) -> list[ParsedFile] | None:
+    """Parse in forked worker processes; None when that is not possible."""
+    if "fork" not in multiprocessing.get_all_start_methods():
+        return None
+    size = max(1, len(entries) // (workers * 4))
+    chunks = [entries[i : i + size] for i in range(0, len(entries), size)]
+    try:
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+            return [item for chunk in pool.map(_parse_entries, chunks) for item in chunk]
+    except (OSError, BrokenProcessPool):
+        return None
+
+
+def load_directory(root: Path, *, workers: int | None = None) -> Documents:
+    """Every document of a fleet repository's working tree (status/ is the
+    daemon's and is not read). ``root`` must be a directory.
+
+    ``workers``: processes to parse with; by default one per CPU for a big
+    tree (thousands of files) when this process has no other threads (a
+    fork must not copy a lock held by another thread), else 1."""
+    entries = _tree_files(root)
+    if workers is None:
+        big = len(entries) >= _PARALLEL_FROM and threading.active_count() == 1
+        workers = min(os.cpu_count() or 1, 8) if big else 1
+    parsed = _parse_in_processes(entries, workers) if workers > 1 else None
+    if parsed is None:
+        parsed = _parse_entries(entries)
+    return assemble(parsed)

@@ -1,0 +1,687 @@
+"""Rollout status as values, and their plain-data records.
+
+``RolloutStatus`` is what the engine returns and what ``status/NAME.yaml``
+holds (DESIGN.md section 2). This module fixes the names (phases, node
+states, hold reasons) and converts between the frozen values and the plain
+data (dicts, lists, strings, ints, bools, None) that the YAML layer writes:
+``to_record``/``from_record`` for one whole status, ``status_files`` /
+``status_from_files`` for the file layout with node pages over 200 nodes,
+and ``changed_files`` so a writer rewrites only the files that changed.
+
+It must not read or write YAML, touch files, or decide anything: the engine
+decides, the daemon writes. Times are aware UTC datetimes here and RFC 3339
+text in records; the conversion is lossless (a test round-trips every status
+the engine can produce).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any
+
+from reconciler.spec.durations import format_duration, parse_duration
+from reconciler.spec.model import API_VERSION, Target
+from reconciler.spec.times import format_time, parse_time
+
+KIND = "RolloutStatus"
+PAGE_KIND = "RolloutStatusNodes"
+
+PHASES = ("pending", "scheduled", "running", "paused", "completed", "failed", "aborted")
+TERMINAL_PHASES = frozenset({"completed", "failed", "aborted"})
+STARTED_PHASES = frozenset({"running", "paused"})
+
+NODE_STATES = (
+    "pending",
+    "dispatched",
+    "succeeded",
+    "failed",
+    "timed_out",
+    "unknown",
+    "stopped",
+    "rollback_pending",
+    "restoring",
+    "rolled_back",
+    "rollback_failed",
+    "skipped",
+)
+
+HOLD_REASONS = (
+    "operator_paused",
+    "pause_after_batch",
+    "health_failed",
+    "health_unknown",
+    "retry_exhausted",
+    "stopped",
+    "rollback_pending",
+    "rolled_back",
+    "rollback_failed",
+    "rollback_unavailable",
+    "dispatch_refused",
+)
+
+VERDICTS = ("passed", "failed", "unknown")
+BATCH_STATES = ("pending", "running", "done")
+JOB_KINDS = ("apply", "restore")
+
+# Outcomes of one node in one rollback request.
+ROLLBACK_OUTCOMES = (
+    "restoring",  # restore job sent
+    "rolled_back",
+    "rollback_failed",
+    "skipped",  # the rollout never changed this node
+    "unavailable",  # changed, but no backup to put back (the node had no config)
+    "refused",  # job in flight, changed since by another rollout, not a node of this rollout
+)
+# waiting: for agents' backup lists; refused: the whole request (dry-run,
+# running and not held, never started); restoring: restores in flight; done.
+ROLLBACK_STATES = ("waiting", "refused", "restoring", "done")
+
+# How many node names a hold lists; the rest are counted (DESIGN.md section 2).
+HOLD_NODES_SHOWN = 20
+# How many rollout transitions a status keeps.
+TRANSITIONS_KEPT = 50
+# Node records per page file, and the size above which pages are used.
+PAGE_SIZE = 200
+
+
+@dataclass(frozen=True)
+class Hold:
+    """Why a started rollout is ``paused``. ``nodes`` lists at most
+    ``HOLD_NODES_SHOWN`` names; ``node_count`` counts all of them."""
+
+    reason: str
+    message: str
+    since: datetime
+    nodes: tuple[str, ...] = ()
+    node_count: int = 0
+
+
+@dataclass(frozen=True)
+class Condition:
+    """Something an operator should know that is not a hold: a frozen field
+    edited after start, a refused resume or rollback, an unverified change,
+    an invalid rollout file."""
+
+    type: str
+    message: str
+    since: datetime
+
+
+@dataclass(frozen=True)
+class TransitionRecord:
+    """One phase change of the rollout, kept in status (last 50)."""
+
+    time: datetime
+    from_phase: str
+    to_phase: str
+    reason: str
+    commit: str
+
+
+@dataclass(frozen=True)
+class RestoreRecord:
+    """The node's latest restore job: ``request`` is the rollback request id,
+    or ``policy`` for a restore the failure policy decided."""
+
+    request: str
+    job_id: str
+    backup_id: str
+    attempt: int  # the apply attempt the restore follows; part of the job id
+    source_commit: str
+    dispatched_at: datetime
+    deadline: datetime
+    finished_at: datetime | None = None
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    """One node of a started rollout, in frozen order.
+
+    ``job_id`` .. ``verdict`` describe the current apply attempt (attempt 0:
+    never sent). ``held`` is the hold reason this node waits on for a person
+    (None: not held).
+
+    ``first_backup_id`` is what a restore puts back: the backup taken by the
+    node's first apply of this rollout, never a later attempt's (DESIGN.md
+    5). ``first_apply_attempt`` is the attempt that counts as that first
+    apply: the first the agent ran (it reported success, or a backup), or
+    the first whose result was never seen. None while none counts: nothing
+    sent yet, or every apply so far was failed or refused by its agent
+    without a backup, which left the config as it was, so the next one
+    counts. Once it is set, ``first_backup_id`` is final, None included
+    (the node had no config before, or already had the target).
+    ``first_backup_known`` is false while the counting apply's result was
+    never seen: a restore then searches the agent's backup list for this
+    rollout's job ids from that attempt on, the oldest match first.
+    Records written before ``first_apply_attempt`` existed read it as None;
+    their ``first_backup_id``, when set, is final as it was.
+    """
+
+    name: str
+    batch: int  # 1-based
+    state: str = "pending"
+    attempt: int = 0
+    job_id: str | None = None
+    source_commit: str | None = None
+    dispatched_at: datetime | None = None
+    deadline: datetime | None = None
+    finished_at: datetime | None = None  # daemon clock: when the verdict was recorded
+    verdict: str | None = None
+    error: str = ""
+    backup_id: str | None = None
+    first_backup_id: str | None = None
+    first_backup_known: bool = True
+    first_apply_attempt: int | None = None
+    auto_retried: bool = False
+    held: str | None = None
+    restore: RestoreRecord | None = None
+
+
+@dataclass(frozen=True)
+class RollbackNode:
+    name: str
+    outcome: str  # one of ROLLBACK_OUTCOMES
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class RollbackRecord:
+    """One handled ``rollbackRequest`` id: who asked (the author of the
+    commit that carried it), when it was handled, and each node's outcome."""
+
+    id: str
+    requested_by: str
+    time: datetime
+    state: str  # one of ROLLBACK_STATES
+    message: str = ""
+    nodes: tuple[RollbackNode, ...] = ()
+
+
+@dataclass(frozen=True)
+class BatchRecord:
+    index: int  # 1-based
+    state: str  # one of BATCH_STATES
+
+
+@dataclass(frozen=True)
+class FrozenSpec:
+    """The spec fields fixed at start (everything but the intents,
+    ``healthTimeout`` and ``pauseAfter``). The ordered node list is the
+    order of ``RolloutStatus.nodes``."""
+
+    target: Target
+    batch_size: int
+    live: bool
+    on_failure: str
+    selector: tuple[tuple[str, str], ...] | None = None
+    node_ids: tuple[str, ...] | None = None
+    start_at: str | None = None
+    include_maintenance: bool = False
+    allow_overlap: bool = False
+
+    @property
+    def mode(self) -> str:
+        return "live" if self.live else "dry_run"
+
+
+@dataclass(frozen=True)
+class RolloutStatus:
+    """Everything recorded about one rollout. Equal values mean nothing
+    changed: the engine returns an equal status from an idle step."""
+
+    name: str
+    phase: str = "pending"
+    reason: str = ""  # short code for the phase: why pending, why it ended
+    message: str = ""  # the same for a person
+    hold: Hold | None = None
+    operator_paused: bool = False
+    spec_commit: str = ""
+    start_commit: str | None = None
+    first_seen_commit: str = ""
+    health_timeout: int | None = None  # seconds, in force for new deadlines
+    scheduled_for: datetime | None = None  # startAt while scheduled
+    frozen: FrozenSpec | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    progress: tuple[tuple[str, int], ...] = ()  # (node state, count), NODE_STATES order
+    batches: tuple[BatchRecord, ...] = ()
+    nodes: tuple[NodeRecord, ...] = ()
+    last_handled_resume: str = ""
+    rollbacks: tuple[RollbackRecord, ...] = ()
+    conditions: tuple[Condition, ...] = ()
+    transitions: tuple[TransitionRecord, ...] = ()
+
+    @property
+    def terminal(self) -> bool:
+        return self.phase in TERMINAL_PHASES
+
+    @property
+    def started(self) -> bool:
+        return self.start_commit is not None
+
+    def condition(self, type_: str) -> Condition | None:
+        return next((c for c in self.conditions if c.type == type_), None)
+
+
+def count_progress(nodes: Iterable[NodeRecord]) -> tuple[tuple[str, int], ...]:
+    """Counts by node state, in ``NODE_STATES`` order, zero counts left out."""
+    counts: dict[str, int] = {}
+    for node in nodes:
+        counts[node.state] = counts.get(node.state, 0) + 1
+    return tuple((state, counts[state]) for state in NODE_STATES if state in counts)
+
+
+# --- records ---------------------------------------------------------------
+#
+# Records are the plain data of the status file. Keys are camelCase as in the
+# documents. Optional fields that are unset are written as null so every
+# record has the same shape, except where noted.
+
+
+def _t(moment: datetime | None) -> str | None:
+    return None if moment is None else format_time(moment)
+
+
+def _pt(text: Any) -> datetime | None:
+    return None if text is None else parse_time(text)
+
+
+def _target_record(target: Target) -> dict[str, Any]:
+    return {
+        "runtime": target.runtime,
+        "provider": target.provider,
+        "model": target.model,
+        "profile": target.profile,
+    }
+
+
+def _frozen_record(frozen: FrozenSpec, nodes: tuple[NodeRecord, ...] | None) -> dict[str, Any]:
+    record: dict[str, Any] = {
+        "target": _target_record(frozen.target),
+        "batchSize": frozen.batch_size,
+        "live": frozen.live,
+        "onFailure": frozen.on_failure,
+    }
+    if frozen.selector is not None:
+        record["selector"] = dict(frozen.selector)
+    if frozen.node_ids is not None:
+        record["nodeIds"] = list(frozen.node_ids)
+    record["startAt"] = frozen.start_at
+    record["includeMaintenance"] = frozen.include_maintenance
+    record["allowOverlap"] = frozen.allow_overlap
+    if nodes is not None:
+        record["nodes"] = [n.name for n in nodes]
+    return record
+
+
+def _frozen_from(record: Mapping[str, Any]) -> FrozenSpec:
+    t = record["target"]
+    selector = record.get("selector")
+    node_ids = record.get("nodeIds")
+    return FrozenSpec(
+        target=Target(t["runtime"], t["provider"], t["model"], t["profile"]),
+        batch_size=record["batchSize"],
+        live=record["live"],
+        on_failure=record["onFailure"],
+        selector=None if selector is None else tuple(sorted(selector.items())),
+        node_ids=None if node_ids is None else tuple(node_ids),
+        start_at=record.get("startAt"),
+        include_maintenance=record["includeMaintenance"],
+        allow_overlap=record["allowOverlap"],
+    )
+
+
+def _restore_record(r: RestoreRecord) -> dict[str, Any]:
+    return {
+        "request": r.request,
+        "jobId": r.job_id,
+        "backupId": r.backup_id,
+        "attempt": r.attempt,
+        "sourceCommit": r.source_commit,
+        "dispatchedAt": format_time(r.dispatched_at),
+        "deadline": format_time(r.deadline),
+        "finishedAt": _t(r.finished_at),
+        "error": r.error,
+    }
+
+
+def _restore_from(d: Mapping[str, Any]) -> RestoreRecord:
+    return RestoreRecord(
+        request=d["request"],
+        job_id=d["jobId"],
+        backup_id=d["backupId"],
+        attempt=d["attempt"],
+        source_commit=d["sourceCommit"],
+        dispatched_at=parse_time(d["dispatchedAt"]),
+        deadline=parse_time(d["deadline"]),
+        finished_at=_pt(d.get("finishedAt")),
+        error=d.get("error", ""),
+    )
+
+
+def node_to_record(n: NodeRecord) -> dict[str, Any]:
+    return {
+        "name": n.name,
+        "batch": n.batch,
+        "state": n.state,
+        "attempt": n.attempt,
+        "jobId": n.job_id,
+        "sourceCommit": n.source_commit,
+        "dispatchedAt": _t(n.dispatched_at),
+        "deadline": _t(n.deadline),
+        "finishedAt": _t(n.finished_at),
+        "verdict": n.verdict,
+        "error": n.error,
+        "backupId": n.backup_id,
+        "firstBackupId": n.first_backup_id,
+        "firstBackupKnown": n.first_backup_known,
+        "firstApplyAttempt": n.first_apply_attempt,
+        "autoRetried": n.auto_retried,
+        "held": n.held,
+        "restore": None if n.restore is None else _restore_record(n.restore),
+    }
+
+
+def node_from_record(d: Mapping[str, Any]) -> NodeRecord:
+    restore = d.get("restore")
+    return NodeRecord(
+        name=d["name"],
+        batch=d["batch"],
+        state=d["state"],
+        attempt=d["attempt"],
+        job_id=d.get("jobId"),
+        source_commit=d.get("sourceCommit"),
+        dispatched_at=_pt(d.get("dispatchedAt")),
+        deadline=_pt(d.get("deadline")),
+        finished_at=_pt(d.get("finishedAt")),
+        verdict=d.get("verdict"),
+        error=d.get("error", ""),
+        backup_id=d.get("backupId"),
+        first_backup_id=d.get("firstBackupId"),
+        first_backup_known=d.get("firstBackupKnown", True),
+        first_apply_attempt=d.get("firstApplyAttempt"),  # None in records written before it
+        auto_retried=d.get("autoRetried", False),
+        held=d.get("held"),
+        restore=None if restore is None else _restore_from(restore),
+    )
+
+
+def _hold_record(h: Hold) -> dict[str, Any]:
+    return {
+        "reason": h.reason,
+        "message": h.message,
+        "nodes": list(h.nodes),
+        "nodeCount": h.node_count,
+        "since": format_time(h.since),
+    }
+
+
+def _hold_from(d: Mapping[str, Any]) -> Hold:
+    return Hold(
+        reason=d["reason"],
+        message=d["message"],
+        since=parse_time(d["since"]),
+        nodes=tuple(d.get("nodes", ())),
+        node_count=d.get("nodeCount", 0),
+    )
+
+
+def _rollback_record(r: RollbackRecord) -> dict[str, Any]:
+    return {
+        "id": r.id,
+        "requestedBy": r.requested_by,
+        "time": format_time(r.time),
+        "state": r.state,
+        "message": r.message,
+        "nodes": [{"name": n.name, "outcome": n.outcome, "message": n.message} for n in r.nodes],
+    }
+
+
+def _rollback_from(d: Mapping[str, Any]) -> RollbackRecord:
+    return RollbackRecord(
+        id=d["id"],
+        requested_by=d["requestedBy"],
+        time=parse_time(d["time"]),
+        state=d["state"],
+        message=d.get("message", ""),
+        nodes=tuple(
+            RollbackNode(n["name"], n["outcome"], n.get("message", "")) for n in d.get("nodes", ())
+        ),
+    )
+
+
+def to_record(status: RolloutStatus, *, inline_nodes: bool = True) -> dict[str, Any]:
+    """The status file's plain data. With ``inline_nodes`` false, node
+    records are left out (they go to pages) and ``nodePages`` says how many."""
+    record: dict[str, Any] = {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": {"name": status.name},
+        "phase": status.phase,
+        "reason": status.reason,
+        "message": status.message,
+        "hold": None if status.hold is None else _hold_record(status.hold),
+        "operatorPaused": status.operator_paused,
+        "specCommit": status.spec_commit,
+        "startCommit": status.start_commit,
+        "firstSeenCommit": status.first_seen_commit,
+        "healthTimeout": (
+            None if status.health_timeout is None else format_duration(status.health_timeout)
+        ),
+        "scheduledFor": _t(status.scheduled_for),
+        "frozen": (
+            None
+            if status.frozen is None
+            else _frozen_record(status.frozen, status.nodes if inline_nodes else None)
+        ),
+        "startedAt": _t(status.started_at),
+        "finishedAt": _t(status.finished_at),
+        "progress": dict(status.progress),
+        "batches": [{"index": b.index, "state": b.state} for b in status.batches],
+        "nodeCount": len(status.nodes),
+    }
+    if inline_nodes:
+        record["nodes"] = [node_to_record(n) for n in status.nodes]
+    else:
+        record["nodePages"] = page_count(len(status.nodes))
+    record.update(
+        {
+            "lastHandledResume": status.last_handled_resume,
+            "rollbacks": [_rollback_record(r) for r in status.rollbacks],
+            "conditions": [
+                {"type": c.type, "message": c.message, "since": format_time(c.since)}
+                for c in status.conditions
+            ],
+            "transitions": [
+                {
+                    "time": format_time(t.time),
+                    "from": t.from_phase,
+                    "to": t.to_phase,
+                    "reason": t.reason,
+                    "commit": t.commit,
+                }
+                for t in status.transitions
+            ],
+        }
+    )
+    return record
+
+
+def from_record(
+    record: Mapping[str, Any], nodes: tuple[NodeRecord, ...] | None = None
+) -> RolloutStatus:
+    """The inverse of ``to_record``. ``nodes`` supplies the node records when
+    they were written to pages. Raises KeyError/ValueError/TypeError on data
+    that is not a status record (validate against the schema first)."""
+    if nodes is None:
+        nodes = tuple(node_from_record(n) for n in record.get("nodes", ()))
+    frozen = record.get("frozen")
+    ht = record.get("healthTimeout")
+    hold = record.get("hold")
+    if frozen is not None and "nodes" in frozen:
+        names = [n.name for n in nodes]
+        if list(frozen["nodes"]) != names:
+            raise ValueError("frozen.nodes does not match the node records' order")
+    status = RolloutStatus(
+        name=record["metadata"]["name"],
+        phase=record["phase"],
+        reason=record.get("reason", ""),
+        message=record.get("message", ""),
+        hold=None if hold is None else _hold_from(hold),
+        operator_paused=record.get("operatorPaused", False),
+        spec_commit=record.get("specCommit", ""),
+        start_commit=record.get("startCommit"),
+        first_seen_commit=record.get("firstSeenCommit", ""),
+        health_timeout=None if ht is None else parse_duration(ht),
+        scheduled_for=_pt(record.get("scheduledFor")),
+        frozen=None if frozen is None else _frozen_from(frozen),
+        started_at=_pt(record.get("startedAt")),
+        finished_at=_pt(record.get("finishedAt")),
+        progress=tuple(
+            (state, record.get("progress", {})[state])
+            for state in NODE_STATES
+            if state in record.get("progress", {})
+        ),
+        batches=tuple(BatchRecord(b["index"], b["state"]) for b in record.get("batches", ())),
+        nodes=nodes,
+        last_handled_resume=record.get("lastHandledResume", ""),
+        rollbacks=tuple(_rollback_from(r) for r in record.get("rollbacks", ())),
+        conditions=tuple(
+            Condition(c["type"], c["message"], parse_time(c["since"]))
+            for c in record.get("conditions", ())
+        ),
+        transitions=tuple(
+            TransitionRecord(parse_time(t["time"]), t["from"], t["to"], t["reason"], t["commit"])
+            for t in record.get("transitions", ())
+        ),
+    )
+    if record.get("nodeCount", len(nodes)) != len(nodes):
+        raise ValueError(f"nodeCount is {record.get('nodeCount')}, found {len(nodes)} node records")
+    return status
+
+
+# --- files -----------------------------------------------------------------
+
+
+def main_path(name: str) -> str:
+    return f"status/{name}.yaml"
+
+
+def page_path(name: str, page: int) -> str:
+    """``status/NAME/nodes-0001.yaml``: page numbers are 1-based."""
+    return f"status/{name}/nodes-{page:04d}.yaml"
+
+
+def page_count(node_count: int) -> int:
+    return 0 if node_count <= PAGE_SIZE else -(-node_count // PAGE_SIZE)
+
+
+def _page_record(name: str, page: int, nodes: Iterable[NodeRecord]) -> dict[str, Any]:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": PAGE_KIND,
+        "metadata": {"name": name},
+        "page": page,
+        "nodes": [node_to_record(n) for n in nodes],
+    }
+
+
+def status_files(status: RolloutStatus) -> dict[str, dict[str, Any]]:
+    """Path relative to the repository root -> plain data, for every file of
+    this status: the main file, plus node pages when over ``PAGE_SIZE`` nodes."""
+    pages = page_count(len(status.nodes))
+    if not pages:
+        return {main_path(status.name): to_record(status)}
+    files = {main_path(status.name): to_record(status, inline_nodes=False)}
+    for page in range(1, pages + 1):
+        chunk = status.nodes[(page - 1) * PAGE_SIZE : page * PAGE_SIZE]
+        files[page_path(status.name, page)] = _page_record(status.name, page, chunk)
+    return files
+
+
+def status_from_files(
+    main: Mapping[str, Any], pages: Mapping[str, Mapping[str, Any]]
+) -> RolloutStatus:
+    """Rebuild a status from its main file's data and its node pages' data
+    (keyed by path, as ``status_files`` returns them; extra paths ignored).
+    ValueError if a page is missing or belongs to another rollout."""
+    count = main.get("nodePages")
+    if not count:
+        return from_record(main)
+    name = main["metadata"]["name"]
+    nodes: list[NodeRecord] = []
+    for page in range(1, count + 1):
+        path = page_path(name, page)
+        data = pages.get(path)
+        if data is None:
+            raise ValueError(f"{path}: missing node page {page} of {count} for rollout {name}")
+        if data.get("metadata", {}).get("name") != name or data.get("page") != page:
+            raise ValueError(f"{path}: not page {page} of rollout {name}")
+        nodes.extend(node_from_record(n) for n in data["nodes"])
+    return from_record(main, tuple(nodes))
+
+
+def page_paths(status: RolloutStatus) -> tuple[str, ...]:
+    """Every node page path the status uses (empty when not paged)."""
+    return tuple(page_path(status.name, p) for p in range(1, page_count(len(status.nodes)) + 1))
+
+
+def changed_files(
+    old: RolloutStatus | None, new: RolloutStatus
+) -> tuple[dict[str, dict[str, Any]], tuple[str, ...]]:
+    """The files to write and the files to delete to go from ``old`` to
+    ``new``. Node pages are compared record by record and converted only
+    when they changed, so a transition touching one page writes that page
+    and the main file. The main file is written whenever anything changed."""
+    if old is not None and old == new:
+        return {}, ()
+    if old is None or old.name != new.name:
+        return status_files(new), ()
+    new_pages = page_count(len(new.nodes))
+    old_pages = page_count(len(old.nodes))
+    if not new_pages:
+        gone = page_paths(old)
+        return {main_path(new.name): to_record(new)}, gone
+    write: dict[str, dict[str, Any]] = {main_path(new.name): to_record(new, inline_nodes=False)}
+    for page in range(1, new_pages + 1):
+        lo, hi = (page - 1) * PAGE_SIZE, page * PAGE_SIZE
+        new_chunk = new.nodes[lo:hi]
+        if page <= old_pages and old.nodes[lo:hi] == new_chunk:
+            continue
+        write[page_path(new.name, page)] = _page_record(new.name, page, new_chunk)
+    gone = tuple(page_path(new.name, p) for p in range(new_pages + 1, old_pages + 1))
+    return write, gone
+
+
+def with_nodes(status: RolloutStatus, nodes: tuple[NodeRecord, ...]) -> RolloutStatus:
+    """The status with new node records and progress counted from them."""
+    return replace(status, nodes=nodes, progress=count_progress(nodes))
+
+
+__all__ = [
+    "BATCH_STATES",
+    "HOLD_REASONS",
+    "NODE_STATES",
+    "PAGE_SIZE",
+    "PHASES",
+    "TERMINAL_PHASES",
+    "BatchRecord",
+    "Condition",
+    "FrozenSpec",
+    "Hold",
+    "NodeRecord",
+    "RestoreRecord",
+    "RollbackNode",
+    "RollbackRecord",
+    "RolloutStatus",
+    "TransitionRecord",
+    "changed_files",
+    "count_progress",
+    "from_record",
+    "status_files",
+    "status_from_files",
+    "to_record",
+]

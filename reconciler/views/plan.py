@@ -1,0 +1,715 @@
+"""What merging a change would do, computed by the engine itself.
+
+``make_plan`` parses the documents of two trees (base and head), takes the
+statuses recorded at base, and steps every rollout twice through
+``engine.step_fleet`` with the same ``now`` and no observations: once with
+base's documents, once with head's. What differs between the two results is
+what the merge does; what both do (a deadline passing, a rollout the daemon
+has not picked up yet) is not the change's doing and is left out. Reviewers
+read the result as a pull-request comment (``render_markdown``), so the
+riskiest facts come first: live rollouts and their node counts, aborts,
+overlaps, refused changes, invalid documents.
+
+Must not: touch Git, files, the network or the clock (trees, statuses and
+``now`` come in as values), or decide anything the engine does not.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+
+from reconciler.engine.step import (
+    FROZEN_FIELDS,
+    FleetStep,
+    RolloutInput,
+    Transition,
+    resolve_nodes,
+    step_fleet,
+)
+from reconciler.protocol.observations import Observations
+from reconciler.spec import documents
+from reconciler.spec.durations import format_duration
+from reconciler.spec.model import Problem, RolloutSpec, Settings, Target
+from reconciler.spec.rollout_status import TERMINAL_PHASES, RolloutStatus
+from reconciler.spec.times import format_time
+
+MARKER = "<!-- reconciler plan -->"
+ACTIVE_PHASES = frozenset({"running", "paused"})
+# Conditions that mean "this part of your change is not applied".
+REFUSAL_CONDITIONS = frozenset(
+    {"frozen_fields_changed", "rollback_refused", "resume_refused", "invalid_spec", "unverified"}
+)
+BATCHES_SHOWN = 10  # batches listed per new rollout; the rest are counted
+
+
+# --- the plan as values ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Overlap:
+    rollout: str  # the running or paused rollout
+    nodes: tuple[str, ...]  # nodes both cover
+
+
+@dataclass(frozen=True)
+class AddedRollout:
+    """A rollout file the merge adds."""
+
+    name: str
+    live: bool
+    target: str  # "runtime provider/model (profile P)"
+    on_failure: str
+    batch_size: int
+    health_timeout: str
+    pause_after: tuple[int, ...]
+    start_at: str | None
+    phase: str  # after the merge: running, scheduled, pending (or the old phase, reattached)
+    reason: str  # why pending or scheduled
+    message: str
+    batches: tuple[tuple[str, ...], ...]  # node names, batch by batch
+    jobs_at_merge: int  # jobs sent as soon as the merge is seen
+    overlaps: tuple[Overlap, ...] = ()
+    reattached: bool = False  # the name of a finished rollout: it attaches to that status
+
+    @property
+    def node_count(self) -> int:
+        return sum(len(b) for b in self.batches)
+
+
+@dataclass(frozen=True)
+class Intent:
+    """An operator intent the merge changes, and what the engine makes of it."""
+
+    rollout: str
+    intent: str  # pause | unpause | resume | abort | skip | rollback
+    change: str  # the field as it changes, e.g. "paused: false -> true"
+    effects: tuple[str, ...]  # what happens, in words
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A part of the change the engine will not apply, as the condition it reports."""
+
+    rollout: str
+    type: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Removal:
+    rollout: str
+    phase: str  # before the merge ("" when it never had a status)
+    effects: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Change:
+    """Anything else the merge changes about a rollout: mutable fields,
+    edits of a rollout not started yet, effects of node or settings edits."""
+
+    rollout: str
+    what: str
+    risky: bool = False  # turns a rollout live
+
+
+@dataclass(frozen=True)
+class Plan:
+    base: str
+    head: str
+    now: str
+    added: tuple[AddedRollout, ...] = ()
+    intents: tuple[Intent, ...] = ()
+    refused: tuple[Refusal, ...] = ()
+    removed: tuple[Removal, ...] = ()
+    changed: tuple[Change, ...] = ()
+    nodes: tuple[str, ...] = ()  # node files added, removed or edited, in words
+    settings: tuple[str, ...] = ()  # settings edits, in words
+    problems: tuple[Problem, ...] = ()  # head's invalid documents
+    new_problems: int = 0  # how many of them base did not have
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    @property
+    def empty(self) -> bool:
+        return not (
+            self.added
+            or self.intents
+            or self.refused
+            or self.removed
+            or self.changed
+            or self.nodes
+            or self.settings
+            or self.problems
+        )
+
+    def to_record(self) -> dict[str, object]:
+        record = asdict(self)
+        record["problems"] = [{**asdict(p), "text": str(p)} for p in self.problems]
+        return record
+
+
+# --- computing it --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Tree:
+    """One side of the comparison: a commit id and its document files
+    (``path -> bytes``; other paths are ignored)."""
+
+    commit: str
+    files: Mapping[str, bytes] = field(default_factory=dict)
+
+
+def parse_tree(files: Mapping[str, bytes]) -> documents.Documents:
+    return documents.assemble(
+        documents.parse_file(path, data)
+        for path, data in sorted(files.items())
+        if documents.is_document_path(path)
+    )
+
+
+def make_plan(
+    base: Tree,
+    head: Tree,
+    statuses: Mapping[str, RolloutStatus],
+    *,
+    now: datetime,
+    author: str = "",
+) -> Plan:
+    """What merging ``head`` into ``base`` does, given the statuses
+    recorded at ``base``."""
+    base_docs, head_docs = parse_tree(base.files), parse_tree(head.files)
+    base_names = _rollout_files(base_docs)
+    head_names = _rollout_files(head_docs)
+    changed_paths = {
+        p for p in set(base.files) | set(head.files) if base.files.get(p) != head.files.get(p)
+    }
+
+    def inputs(docs: documents.Documents, names: set[str], tree: Tree) -> list[RolloutInput]:
+        result = []
+        for name in sorted(names | set(statuses)):
+            status = statuses.get(name)
+            present = name in names
+            touched = f"rollouts/{name}.yaml" in changed_paths and tree is head
+            result.append(
+                RolloutInput(
+                    name=name,
+                    spec=docs.rollouts.get(name),
+                    file_present=present,
+                    problems=tuple(docs.invalid_rollouts.get(name, ())),
+                    status=status,
+                    spec_commit=tree.commit if touched or status is None else status.spec_commit,
+                    first_seen_commit=(
+                        status.first_seen_commit
+                        if status is not None
+                        else base.commit
+                        if name in base_names
+                        else head.commit
+                    ),
+                    # Known rollouts queue before the ones this change adds.
+                    queue_key=0 if status is not None or name in base_names else 1,
+                    author=author,
+                )
+            )
+        return result
+
+    quiet = Observations()
+    before = step_fleet(
+        inputs(base_docs, base_names, base), base_docs.fleet, base_docs.settings, quiet, now
+    )
+    after = step_fleet(
+        inputs(head_docs, head_names, head), head_docs.fleet, head_docs.settings, quiet, now
+    )
+    before_status = {**statuses, **before.statuses}
+    after_status = {**statuses, **after.statuses}
+
+    added: list[AddedRollout] = []
+    intents: list[Intent] = []
+    refused: list[Refusal] = []
+    removed: list[Removal] = []
+    changed: list[Change] = []
+    for name in sorted(base_names | head_names | set(statuses)):
+        old, new = before_status.get(name), after_status.get(name)
+        effects = _effects(name, before, after, old, new)
+        if new is not None:
+            refused += _new_conditions(name, old, new)
+        if name in head_names and name not in base_names:
+            spec = head_docs.rollouts.get(name)
+            if spec is not None:
+                added.append(
+                    _added(name, spec, new, statuses.get(name), after, after_status, head_docs)
+                )
+            continue  # an invalid new file shows under problems
+        if name in base_names and name not in head_names:
+            recorded = statuses.get(name)
+            removed.append(
+                Removal(
+                    name,
+                    recorded.phase if recorded else "",
+                    tuple(effects) or (_removal_note(recorded),),
+                )
+            )
+            continue
+        if name not in head_names:
+            continue  # status of a file long gone
+        old_spec, new_spec = base_docs.rollouts.get(name), head_docs.rollouts.get(name)
+        found = _intents(name, old_spec, new_spec, effects)
+        intents += found
+        explained = {e for i in found for e in i.effects}
+        rest = [e for e in effects if e not in explained]
+        changed += _field_changes(name, old_spec, new_spec, statuses.get(name))
+        changed += [Change(name, e) for e in rest]
+
+    base_problems = {(p.path, p.field, p.message) for p in base_docs.problems}
+    return Plan(
+        base=base.commit,
+        head=head.commit,
+        now=format_time(now),
+        added=tuple(sorted(added, key=_risk)),
+        intents=tuple(intents),
+        refused=tuple(refused),
+        removed=tuple(removed),
+        changed=tuple(changed),
+        nodes=tuple(_node_changes(base_docs, head_docs)),
+        settings=tuple(_settings_changes(base_docs.settings, head_docs.settings)),
+        problems=head_docs.problems,
+        new_problems=sum(
+            1 for p in head_docs.problems if (p.path, p.field, p.message) not in base_problems
+        ),
+    )
+
+
+def _rollout_files(docs: documents.Documents) -> set[str]:
+    return set(docs.rollouts) | set(docs.invalid_rollouts)
+
+
+def _risk(rollout: AddedRollout) -> tuple[int, int, str]:
+    """Live first, then the most nodes."""
+    return (0 if rollout.live else 1, -rollout.node_count, rollout.name)
+
+
+def _added(
+    name: str,
+    spec: RolloutSpec,
+    new: RolloutStatus | None,
+    recorded: RolloutStatus | None,
+    after: FleetStep,
+    after_status: Mapping[str, RolloutStatus],
+    docs: documents.Documents,
+) -> AddedRollout:
+    if new is not None and new.nodes:
+        by_batch: dict[int, list[str]] = {}
+        for node in new.nodes:
+            by_batch.setdefault(node.batch, []).append(node.name)
+        batches = tuple(tuple(by_batch[b]) for b in sorted(by_batch))
+    else:
+        names = resolve_nodes(spec, docs.fleet)
+        size = max(1, spec.batch_size)
+        batches = tuple(tuple(names[i : i + size]) for i in range(0, len(names), size))
+    mine = {n for batch in batches for n in batch}
+    overlaps = []
+    for other, status in sorted(after_status.items()):
+        if other == name or status.phase not in ACTIVE_PHASES:
+            continue
+        shared = tuple(n.name for n in status.nodes if n.name in mine)
+        if shared:
+            overlaps.append(Overlap(other, shared))
+    t = spec.target
+    return AddedRollout(
+        name=name,
+        live=spec.live,
+        target=f"{t.runtime} {t.provider}/{t.model} (profile {t.profile})",
+        on_failure=spec.on_failure,
+        batch_size=spec.batch_size,
+        health_timeout=format_duration(spec.health_timeout),
+        pause_after=spec.pause_after,
+        start_at=spec.start_at,
+        phase=new.phase if new is not None else "pending",
+        reason=new.reason if new is not None else "",
+        message=new.message if new is not None else "",
+        batches=batches,
+        jobs_at_merge=sum(1 for job in after.effects if job.rollout == name),
+        overlaps=tuple(overlaps),
+        reattached=recorded is not None,
+    )
+
+
+def _removal_note(recorded: RolloutStatus | None) -> str:
+    if recorded is None:
+        return "never started: nothing happens"
+    if recorded.terminal:
+        return f"already {recorded.phase}: its status file stays, nothing happens"
+    return "aborted (spec_removed)"
+
+
+def _effects(
+    name: str,
+    before: FleetStep,
+    after: FleetStep,
+    old: RolloutStatus | None,
+    new: RolloutStatus | None,
+) -> list[str]:
+    """What the head step does to this rollout that the base step does not."""
+    diff = Counter(_mine(after.transitions, name))
+    diff.subtract(_mine(before.transitions, name))
+    lines: list[str] = []
+    phase_moves = [t for t, n in diff.items() if n > 0 and t.node is None]
+    for t in phase_moves:
+        lines.append(f"phase {t.from_state} -> {t.to_state} ({t.reason})")
+    node_moves: dict[tuple[str, str, str], list[str]] = {}
+    for t, n in diff.items():
+        if n > 0 and t.node is not None:
+            node_moves.setdefault((t.from_state, t.to_state, t.reason), []).append(t.node)
+    for (src, dst, reason), nodes in sorted(node_moves.items()):
+        lines.append(f"{_names(sorted(nodes))}: {src} -> {dst} ({reason})")
+    jobs = sum(1 for j in after.effects if j.rollout == name) - sum(
+        1 for j in before.effects if j.rollout == name
+    )
+    if jobs > 0:
+        lines.append(f"{jobs} job{'s' if jobs != 1 else ''} sent at merge")
+    if new is not None and old is not None:
+        old_hold = old.hold.reason if old.hold else None
+        new_hold = new.hold.reason if new.hold else None
+        if old_hold != new_hold:
+            lines.append(f"hold {old_hold or 'none'} -> {new_hold or 'none'}")
+        old_ids = {r.id: r for r in old.rollbacks}
+        for record in new.rollbacks:
+            if old_ids.get(record.id) != record:
+                lines.append(
+                    f"rollback {record.id}: {record.state}"
+                    + (f": {record.message}" if record.message else "")
+                )
+        if old.phase == new.phase == "pending" and (old.reason, old.message) != (
+            new.reason,
+            new.message,
+        ):
+            lines.append(f"still pending: {new.message or new.reason}")
+    return lines
+
+
+def _mine(transitions: Iterable[Transition], name: str) -> list[Transition]:
+    return [t for t in transitions if t.rollout == name]
+
+
+def _new_conditions(name: str, old: RolloutStatus | None, new: RolloutStatus) -> list[Refusal]:
+    had = {(c.type, c.message) for c in (old.conditions if old else ())}
+    return [
+        Refusal(name, c.type, c.message)
+        for c in new.conditions
+        if c.type in REFUSAL_CONDITIONS and (c.type, c.message) not in had
+    ]
+
+
+def _intents(
+    name: str, old: RolloutSpec | None, new: RolloutSpec | None, effects: Sequence[str]
+) -> list[Intent]:
+    if old is None or new is None:
+        return []
+    found: list[Intent] = []
+    said = tuple(effects)
+    if new.abort and not old.abort:
+        found.append(Intent(name, "abort", "abort: false -> true", said))
+    if new.paused != old.paused:
+        verb = "pause" if new.paused else "unpause"
+        found.append(
+            Intent(name, verb, f"paused: {_yaml(old.paused)} -> {_yaml(new.paused)}", said)
+        )
+    if new.resume_request != old.resume_request and new.resume_request:
+        found.append(Intent(name, "resume", f"resumeRequest: {new.resume_request!r}", said))
+    added_skips = [n for n in new.skip_nodes if n not in old.skip_nodes]
+    if added_skips:
+        found.append(Intent(name, "skip", f"skipNodes += {', '.join(added_skips)}", said))
+    if new.rollback_request is not None and new.rollback_request != old.rollback_request:
+        request = new.rollback_request
+        nodes = "all" if request.nodes is None else ", ".join(request.nodes)
+        found.append(Intent(name, "rollback", f"rollbackRequest {request.id}: {nodes}", said))
+    # Effects are shared by the intents of one rollout: show them once.
+    return [i if k == 0 else Intent(i.rollout, i.intent, i.change, ()) for k, i in enumerate(found)]
+
+
+def _field_changes(
+    name: str, old: RolloutSpec | None, new: RolloutSpec | None, status: RolloutStatus | None
+) -> list[Change]:
+    """Edits of fields that are not intents: applied when the rollout has not
+    started or the field is mutable (frozen edits show as refusals)."""
+    if old is None or new is None or old == new:
+        return []
+    started = status is not None and status.started
+    changes = []
+    if new.health_timeout != old.health_timeout:
+        changes.append(
+            Change(
+                name,
+                f"healthTimeout {format_duration(old.health_timeout)} -> "
+                f"{format_duration(new.health_timeout)}: applies to nodes dispatched from now on",
+            )
+        )
+    if new.pause_after != old.pause_after:
+        changes.append(
+            Change(name, f"pauseAfter {list(old.pause_after)} -> {list(new.pause_after)}")
+        )
+    if not started:
+        for attr, doc in FROZEN_FIELDS:
+            if getattr(old, attr) != getattr(new, attr):
+                changes.append(
+                    Change(
+                        name,
+                        f"{doc} {_show(getattr(old, attr))} -> {_show(getattr(new, attr))} "
+                        "(not started yet: applies)",
+                        risky=attr == "live" and new.live,
+                    )
+                )
+    return changes
+
+
+def _node_changes(base: documents.Documents, head: documents.Documents) -> list[str]:
+    old, new = base.fleet.by_name(), head.fleet.by_name()
+    lines = [f"added {name}" for name in sorted(set(new) - set(old))]
+    lines += [f"removed {name}" for name in sorted(set(old) - set(new))]
+    for name in sorted(set(old) & set(new)):
+        a, b = old[name], new[name]
+        if a == b:
+            continue
+        parts = []
+        if a.maintenance != b.maintenance:
+            parts.append(f"maintenance {_yaml(a.maintenance)} -> {_yaml(b.maintenance)}")
+        if a.labels != b.labels:
+            parts.append(f"labels {dict(a.labels)} -> {dict(b.labels)}")
+        if a.agent != b.agent:
+            parts.append(f"agent {a.agent} -> {b.agent}")
+        lines.append(f"changed {name}: {'; '.join(parts)}")
+    return lines
+
+
+def _settings_changes(old: Settings, new: Settings) -> list[str]:
+    lines = []
+    if old.status_branch != new.status_branch:
+        lines.append(f"statusBranch {old.status_branch} -> {new.status_branch}")
+    if old.offline_after != new.offline_after:
+        lines.append(
+            f"offlineAfter {format_duration(old.offline_after)} -> "
+            f"{format_duration(new.offline_after)}"
+        )
+    if old.defaults != new.defaults:
+        lines.append(
+            "defaults changed: rollouts that omit batchSize, healthTimeout or onFailure "
+            "and have not started use the new values"
+        )
+    return lines
+
+
+def _names(names: Sequence[str], limit: int = 8) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def _yaml(value: bool) -> str:
+    return "true" if value else "false"
+
+
+def _show(value: object) -> str:
+    if isinstance(value, bool):
+        return _yaml(value)
+    if value is None:
+        return "(none)"
+    if isinstance(value, tuple) and value and isinstance(value[0], tuple):
+        return str(dict(value))
+    if isinstance(value, tuple):
+        return "[" + ", ".join(map(str, value)) + "]"
+    if isinstance(value, Target):
+        return f"{value.runtime} {value.provider}/{value.model}"
+    return str(value)
+
+
+# --- rendering -----------------------------------------------------------------------
+
+
+def _start_words(rollout: AddedRollout) -> str:
+    if rollout.reattached:
+        return f"reuses the name of a finished rollout: attaches to its status ({rollout.phase})"
+    if rollout.phase in ACTIVE_PHASES:
+        return "starts at merge"
+    if rollout.phase == "scheduled" and rollout.start_at:
+        return f"starts at {rollout.start_at}"
+    if rollout.phase == "pending":
+        return f"does not start yet: {rollout.message or rollout.reason}"
+    if rollout.phase in TERMINAL_PHASES:
+        return f"ends at once: {rollout.message or rollout.reason}"
+    return rollout.phase
+
+
+def headline(plan: Plan) -> list[str]:
+    """The riskiest facts, one short line each, most dangerous first."""
+    lines: list[str] = []
+    if plan.problems:
+        new = f", {plan.new_problems} new" if plan.new_problems != len(plan.problems) else ""
+        lines.append(f"INVALID: {len(plan.problems)} document problem(s){new}: fix before merging")
+    for r in plan.added:
+        mode = "LIVE" if r.live else "dry-run"
+        lines.append(
+            f"{mode} rollout {r.name}: {r.node_count} node(s) in {len(r.batches)} batch(es) "
+            f"of {r.batch_size}, onFailure {r.on_failure}; {_start_words(r)}"
+        )
+        for o in r.overlaps:
+            lines.append(
+                f"overlap: {r.name} shares {len(o.nodes)} node(s) with {o.rollout} "
+                f"({o.rollout} is active): {_names(o.nodes)}"
+            )
+    for c in plan.changed:
+        if c.risky:
+            lines.append(f"LIVE from now: {c.rollout}: {c.what}")
+    for i in plan.intents:
+        lines.append(f"{i.intent} {i.rollout}: {i.change}")
+    for gone in plan.removed:
+        effect = "; ".join(gone.effects)
+        was = f" ({gone.phase})" if gone.phase else ""
+        lines.append(f"removed {gone.rollout}{was}: {effect}")
+    for f in plan.refused:
+        lines.append(f"refused on {f.rollout} ({f.type}): {f.message}")
+    return lines
+
+
+def render_text(plan: Plan) -> str:
+    out = [f"plan: merging {plan.head[:10]} into {plan.base[:10]} (as of {plan.now})"]
+    if plan.empty:
+        out.append("no rollout, node or settings changes")
+        return "\n".join(out) + "\n"
+    out.append("")
+    out += [f"  {line}" for line in headline(plan)]
+    for r in plan.added:
+        out += ["", f"new rollout {r.name} ({'LIVE' if r.live else 'dry-run'})"]
+        out += [f"  {line}" for line in _added_facts(r)]
+        out += [f"  {line}" for line in _batch_lines(r)]
+    for i in plan.intents:
+        if i.effects:
+            out += ["", f"{i.rollout}: after the merge"]
+            out += [f"  {e}" for e in i.effects]
+    if plan.changed:
+        out += ["", "other changes"]
+        out += [f"  {c.rollout}: {c.what}" for c in plan.changed]
+    if plan.nodes:
+        out += ["", "nodes"] + [f"  {n}" for n in plan.nodes]
+    if plan.settings:
+        out += ["", "settings"] + [f"  {s}" for s in plan.settings]
+    if plan.problems:
+        out += ["", "invalid documents"] + [f"  {p}" for p in plan.problems]
+    return "\n".join(out) + "\n"
+
+
+def _added_facts(r: AddedRollout) -> list[str]:
+    facts = [
+        f"target {r.target}",
+        f"{r.node_count} node(s), batchSize {r.batch_size}, healthTimeout {r.health_timeout}, "
+        f"onFailure {r.on_failure}",
+    ]
+    if r.pause_after:
+        facts.append(f"holds after batch(es) {', '.join(map(str, r.pause_after))}")
+    facts.append(f"start: {_start_words(r)}" + (f" (startAt {r.start_at})" if r.start_at else ""))
+    if r.jobs_at_merge:
+        facts.append(f"{r.jobs_at_merge} job(s) sent as soon as the merge is seen")
+    return facts
+
+
+def _batch_lines(r: AddedRollout) -> list[str]:
+    lines = [
+        f"batch {k}: {_names(batch, 12)}" for k, batch in enumerate(r.batches[:BATCHES_SHOWN], 1)
+    ]
+    hidden = len(r.batches) - BATCHES_SHOWN
+    if hidden > 0:
+        rest = sum(len(b) for b in r.batches[BATCHES_SHOWN:])
+        lines.append(f"... {hidden} more batch(es), {rest} node(s)")
+    if not r.batches:
+        lines.append("no node matches")
+    return lines
+
+
+def render_markdown(plan: Plan) -> str:
+    """A pull-request comment: a marker (so a bot can update its comment),
+    the headline facts as a list, details folded away."""
+    out = [MARKER, f"### reconciler plan: `{plan.head[:10]}` into `{plan.base[:10]}`", ""]
+    if plan.empty:
+        out.append("No rollout, node or settings changes.")
+        return "\n".join(out) + "\n"
+    icons = {
+        "INVALID": "❌",
+        "LIVE": "🔴",
+        "dry-run": "🟢",
+        "overlap": "⚠️",
+        "refused": "⚠️",
+        "abort": "⛔",
+        "removed": "🗑️",
+        "rollback": "⏪",
+        "pause": "⏸️",
+        "resume": "▶️",
+        "unpause": "▶️",
+        "skip": "⏭️",
+    }
+    for line in headline(plan):
+        icon = icons.get(line.split(" ", 1)[0].rstrip(":"), "•")
+        out.append(f"- {icon} {_md(line)}")
+    if plan.problems:
+        out += ["", "**Invalid documents** (the check fails until they are fixed):", ""]
+        out += [f"- `{_code(str(p))}`" for p in plan.problems[:50]]
+        if len(plan.problems) > 50:
+            out.append(f"- … and {len(plan.problems) - 50} more (run `reconciler validate`)")
+    for r in plan.added:
+        title = f"{r.name}: {'LIVE' if r.live else 'dry-run'}, {r.node_count} node(s)"
+        out += ["", f"<details><summary>{_md(title)}</summary>", ""]
+        out += [f"- {_md(f)}" for f in _added_facts(r)]
+        out += ["", "| batch | nodes |", "|---|---|"]
+        for k, batch in enumerate(r.batches[:BATCHES_SHOWN], 1):
+            out.append(f"| {k} | {_md(_names(batch, 12))} |")
+        hidden = len(r.batches) - BATCHES_SHOWN
+        if hidden > 0:
+            out.append(f"| … | {hidden} more batch(es) |")
+        out += ["", "</details>"]
+    effects = [(i.rollout, e) for i in plan.intents for e in i.effects]
+    effects += [(r.rollout, e) for r in plan.removed for e in r.effects]
+    if effects:
+        out += ["", "<details><summary>What the engine does at merge</summary>", ""]
+        out += [f"- **{name}**: {_md(e)}" for name, e in effects]
+        out += ["", "</details>"]
+    other = [f"**{c.rollout}**: {_md(c.what)}" for c in plan.changed]
+    other += [f"node {_md(n)}" for n in plan.nodes]
+    other += [f"settings: {_md(s)}" for s in plan.settings]
+    if other:
+        out += ["", "<details><summary>Other changes</summary>", ""]
+        out += [f"- {o}" for o in other]
+        out += ["", "</details>"]
+    out += ["", f"<sub>computed with the engine at {plan.now}, no agent observations</sub>"]
+    return "\n".join(out) + "\n"
+
+
+def render_json(plan: Plan) -> str:
+    return json.dumps(plan.to_record(), indent=2, ensure_ascii=False) + "\n"
+
+
+def _md(text: str) -> str:
+    text = " ".join(text.split()).replace(" -> ", " → ")
+    return text.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _code(text: str) -> str:
+    return " ".join(text.split()).replace("`", "'")
+
+
+__all__ = [
+    "AddedRollout",
+    "Change",
+    "Intent",
+    "Plan",
+    "Refusal",
+    "Removal",
+    "Tree",
+    "headline",
+    "make_plan",
+    "render_json",
+    "render_markdown",
+    "render_text",
+]

@@ -1,0 +1,381 @@
+"""Rollout status for people: one line per rollout, or one rollout in full,
+as terminal text (80 columns, colour only when asked) or JSON.
+
+The facts shown (progress, current batch, what holds it) are computed here
+once, in ``summarize``, so the terminal view and the Markdown dashboard say
+the same thing. ``now`` is an argument: the caller reads the clock, and only
+ages ("5m ago") depend on it.
+
+Must not: read Git or files, or decide anything about a rollout.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from reconciler.spec.durations import format_duration
+from reconciler.spec.rollout_status import NodeRecord, RolloutStatus, to_record
+from reconciler.spec.times import format_time
+
+WIDTH = 80
+BAR_WIDTH = 10
+
+# Node states that will not move on without a person, or ended badly.
+TROUBLE_STATES = frozenset(
+    {"failed", "timed_out", "unknown", "stopped", "rollback_failed", "rollback_pending"}
+)
+# Attention order: what needs a person first, what is finished last.
+PHASE_ORDER = ("paused", "running", "scheduled", "pending", "failed", "aborted", "completed")
+
+_COLOURS = {
+    "running": "34",  # blue
+    "paused": "33",  # yellow
+    "scheduled": "36",  # cyan
+    "pending": "2",  # dim
+    "completed": "32",  # green
+    "failed": "31",  # red
+    "aborted": "35",  # magenta
+    "succeeded": "32",
+    "passed": "32",
+    "dispatched": "34",
+    "restoring": "34",
+    "rolled_back": "36",
+    "skipped": "2",
+    "timed_out": "31",
+    "unknown": "31",
+    "stopped": "31",
+    "rollback_failed": "31",
+    "rollback_pending": "33",
+    "done": "32",
+    "held": "33",
+}
+
+
+@dataclass(frozen=True)
+class Summary:
+    """What one row says about a rollout."""
+
+    name: str
+    phase: str
+    done: int  # nodes that succeeded
+    total: int
+    trouble: int  # nodes in TROUBLE_STATES
+    batch: int | None  # the batch in progress (or next), 1-based; None when none
+    batch_count: int
+    why: str  # hold reason, else the phase's reason (why pending, why it ended)
+    message: str  # the hold's or the phase's message
+    since: datetime | None  # last phase change
+
+
+def summarize(status: RolloutStatus) -> Summary:
+    done = sum(1 for n in status.nodes if n.state == "succeeded")
+    trouble = sum(1 for n in status.nodes if n.state in TROUBLE_STATES)
+    return Summary(
+        name=status.name,
+        phase=status.phase,
+        done=done,
+        total=len(status.nodes),
+        trouble=trouble,
+        batch=current_batch(status),
+        batch_count=len(status.batches),
+        why=_why(status),
+        message=status.hold.message if status.hold else status.message,
+        since=last_change(status),
+    )
+
+
+def _why(status: RolloutStatus) -> str:
+    if status.hold is not None:
+        return status.hold.reason
+    if status.phase == "scheduled" and status.scheduled_for is not None:
+        return "starts " + status.scheduled_for.strftime("%Y-%m-%d %H:%MZ")
+    return status.reason
+
+
+def current_batch(status: RolloutStatus) -> int | None:
+    """The batch being worked on: the first running one, else (while the
+    rollout is active) the next pending one."""
+    if status.terminal or not status.batches:
+        return None
+    for batch in status.batches:
+        if batch.state == "running":
+            return batch.index
+    if status.phase in ("running", "paused"):
+        return next((b.index for b in status.batches if b.state == "pending"), None)
+    return None
+
+
+def last_change(status: RolloutStatus) -> datetime | None:
+    if status.transitions:
+        return status.transitions[-1].time
+    return status.finished_at or status.started_at
+
+
+def ordered(statuses: Mapping[str, RolloutStatus]) -> list[RolloutStatus]:
+    """Rollouts in attention order (held first, finished last), then by name."""
+    rank = {phase: i for i, phase in enumerate(PHASE_ORDER)}
+    return sorted(statuses.values(), key=lambda s: (rank.get(s.phase, len(rank)), s.name))
+
+
+def progress_bar(done: int, total: int, width: int = BAR_WIDTH) -> str:
+    """``████░░░░░░``: full cells only for finished work (never rounds up to
+    a full bar before the last node)."""
+    if total <= 0:
+        return "░" * width
+    filled = done * width // total
+    return "█" * filled + "░" * (width - filled)
+
+
+def progress_text(summary: Summary) -> str:
+    """``████░░░░░░ 4/8``, with ``✗1`` when nodes are in trouble; ``-``
+    before the rollout has nodes."""
+    if not summary.total:
+        return "-"
+    text = f"{progress_bar(summary.done, summary.total)} {summary.done}/{summary.total}"
+    return text + (f" ✗{summary.trouble}" if summary.trouble else "")
+
+
+def batch_text(summary: Summary) -> str:
+    if summary.batch is None:
+        return "-"
+    return f"{summary.batch}/{summary.batch_count}"
+
+
+def age(since: datetime | None, now: datetime) -> str:
+    """``5m``, ``2h``, ``3d``: the largest whole unit; ``-`` when unknown."""
+    if since is None:
+        return "-"
+    seconds = max(0, int((now - since).total_seconds()))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m"
+    if seconds < 86400:
+        return f"{seconds // 3600}h"
+    return f"{seconds // 86400}d"
+
+
+def paint(text: str, key: str, colour: bool) -> str:
+    code = _COLOURS.get(key)
+    return f"\x1b[{code}m{text}\x1b[0m" if colour and code else text
+
+
+def clip(text: str, width: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: max(0, width - 1)] + "…"
+
+
+# --- batches as drawn ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BatchGroup:
+    """Consecutive batches shown as one: done and pending runs merge; a
+    batch in progress stands alone. ``state``: done, running, held, failed
+    (done or running with nodes in trouble) or pending."""
+
+    first: int
+    last: int
+    state: str
+    ok: int  # nodes that succeeded
+    total: int
+
+
+def batch_groups(status: RolloutStatus) -> list[BatchGroup]:
+    per_batch: dict[int, tuple[int, int, bool, bool]] = {}  # ok, total, trouble, held
+    for node in status.nodes:
+        ok, total, trouble, held = per_batch.get(node.batch, (0, 0, False, False))
+        per_batch[node.batch] = (
+            ok + (node.state == "succeeded"),
+            total + 1,
+            trouble or node.state in TROUBLE_STATES,
+            held or node.held is not None,
+        )
+    groups: list[BatchGroup] = []
+    for batch in status.batches:
+        ok, total, trouble, held = per_batch.get(batch.index, (0, 0, False, False))
+        if batch.state == "done":
+            state = "failed" if trouble else "done"
+        elif batch.state == "pending":
+            state = "pending"
+        elif status.phase == "paused" and (held or trouble or status.hold is not None):
+            state = "held"
+        else:
+            state = "failed" if trouble else "running"
+        last = groups[-1] if groups else None
+        if last is not None and last.state == state and state in ("done", "pending"):
+            groups[-1] = BatchGroup(
+                last.first, batch.index, state, last.ok + ok, last.total + total
+            )
+        else:
+            groups.append(BatchGroup(batch.index, batch.index, state, ok, total))
+    return groups
+
+
+# --- the table ---------------------------------------------------------------
+
+
+def render_table(
+    statuses: Mapping[str, RolloutStatus], now: datetime, *, colour: bool = False
+) -> str:
+    """One line per rollout: name, phase, progress, batch, age, hold."""
+    if not statuses:
+        return "no rollouts have a status yet\n"
+    rows = [summarize(s) for s in ordered(statuses)]
+    name_w = min(max(7, *(len(r.name) for r in rows)), 24)
+    prog_w = max(len("PROGRESS"), *(len(progress_text(r)) for r in rows))
+    batch_w = max(len("BATCH"), *(len(batch_text(r)) for r in rows))
+    phase_w = 9
+    age_w = 4
+    fixed = name_w + phase_w + prog_w + batch_w + age_w + 5
+    why_w = max(10, WIDTH - fixed - 1)
+    header = (
+        f"{'ROLLOUT':<{name_w}} {'PHASE':<{phase_w}} {'PROGRESS':<{prog_w}} "
+        f"{'BATCH':<{batch_w}} {'AGE':>{age_w}} HOLD/REASON"
+    )
+    lines = [header.rstrip()]
+    for r in rows:
+        phase = paint(f"{r.phase:<{phase_w}}", r.phase, colour)
+        line = (
+            f"{clip(r.name, name_w):<{name_w}} {phase} {progress_text(r):<{prog_w}} "
+            f"{batch_text(r):<{batch_w}} {age(r.since, now):>{age_w}} {clip(r.why, why_w)}"
+        )
+        lines.append(line.rstrip())
+    return "\n".join(lines) + "\n"
+
+
+# --- one rollout ---------------------------------------------------------------
+
+
+def render_detail(
+    status: RolloutStatus, now: datetime, *, colour: bool = False, transitions: int = 10
+) -> str:
+    """Everything about one rollout: summary, hold, batches, every node,
+    conditions, rollbacks and the last transitions."""
+    s = summarize(status)
+    out: list[str] = []
+    head = f"{status.name}  {paint(status.phase, status.phase, colour)}"
+    if s.since is not None:
+        head += f"  since {format_time(s.since)} ({age(s.since, now)} ago)"
+    out.append(head)
+    frozen = status.frozen
+    if frozen is not None:
+        t = frozen.target
+        out.append(f"  target    {t.runtime} {t.provider}/{t.model} (profile {t.profile})")
+        out.append(
+            f"  mode      {'LIVE' if frozen.live else 'dry-run'}, onFailure {frozen.on_failure}, "
+            f"batchSize {frozen.batch_size}"
+        )
+    out.append(f"  progress  {progress_text(s)}  batch {batch_text(s)}")
+    counts = ", ".join(f"{n} {state}" for state, n in status.progress)
+    if counts:
+        out.append(f"  nodes     {counts}")
+    if status.hold is not None:
+        h = status.hold
+        nodes = ", ".join(h.nodes)
+        if h.node_count > len(h.nodes):
+            nodes += f" and {h.node_count - len(h.nodes)} more"
+        out.append(f"  hold      {paint(h.reason, 'paused', colour)} since {format_time(h.since)}")
+        out += _wrapped(h.message, "            ")
+        if nodes:
+            out += _wrapped(f"nodes: {nodes}", "            ")
+    elif status.reason or status.message:
+        out.append(f"  reason    {status.reason}")
+        out += _wrapped(status.message, "            ")
+    if status.operator_paused:
+        out.append("  paused    by the operator (spec.paused: true)")
+    commits = [
+        f"spec {status.spec_commit[:10]}" if status.spec_commit else "",
+        f"start {status.start_commit[:10]}" if status.start_commit else "",
+    ]
+    if any(commits):
+        out.append("  commits   " + ", ".join(c for c in commits if c))
+    if status.health_timeout is not None:
+        out.append(f"  timeout   {format_duration(status.health_timeout)} per node")
+    if status.batches:
+        out.append("")
+        out.append("batches")
+        out += _batch_lines(status, colour)
+    if status.nodes:
+        out.append("")
+        out += _node_lines(status.nodes, colour)
+    if status.conditions:
+        out.append("")
+        out.append("conditions")
+        for c in status.conditions:
+            out.append(f"  {c.type} since {format_time(c.since)}")
+            out += _wrapped(c.message, "    ")
+    if status.rollbacks:
+        out.append("")
+        out.append("rollbacks")
+        for r in status.rollbacks:
+            out.append(f"  {r.id}  {r.state}  by {r.requested_by} at {format_time(r.time)}")
+            if r.message:
+                out += _wrapped(r.message, "    ")
+            for n in r.nodes:
+                line = f"    {n.name}: {paint(n.outcome, n.outcome, colour)}"
+                out.append(line + (f" ({clip(n.message, 50)})" if n.message else ""))
+    if status.last_handled_resume:
+        out.append("")
+        out.append(f"last resume handled: {status.last_handled_resume}")
+    if status.transitions:
+        out.append("")
+        shown = status.transitions[-transitions:]
+        out.append(f"transitions (last {len(shown)} of {len(status.transitions)})")
+        for tr in shown:
+            line = f"  {format_time(tr.time)}  {tr.from_phase} -> {tr.to_phase}  {tr.reason}"
+            out.append(f"{line[: WIDTH - 10]}  {tr.commit[:8]}")
+    return "\n".join(line.rstrip() for line in out) + "\n"
+
+
+def _batch_lines(status: RolloutStatus, colour: bool) -> list[str]:
+    names: dict[int, list[str]] = {}
+    for node in status.nodes:
+        names.setdefault(node.batch, []).append(node.name)
+    lines = []
+    for group in batch_groups(status):
+        which = str(group.first) if group.first == group.last else f"{group.first}-{group.last}"
+        prefix = f"  {which:>9}  {group.state:<8} {group.ok}/{group.total} ok"
+        listed = names.get(group.first, []) if group.first == group.last else []
+        line = prefix + (f"  {clip(', '.join(listed), WIDTH - len(prefix) - 2)}" if listed else "")
+        lines.append(line.replace(group.state, paint(group.state, group.state, colour), 1))
+    return lines
+
+
+def _node_lines(nodes: Sequence[NodeRecord], colour: bool) -> list[str]:
+    name_w = min(max(4, *(len(n.name) for n in nodes)), 28)
+    lines = [f"{'NODE':<{name_w}}  BATCH  {'STATE':<16} ATT  VERDICT  ERROR"]
+    error_w = WIDTH - (name_w + 2 + 7 + 17 + 5 + 9)
+    for n in nodes:
+        state = paint(f"{n.state:<16}", n.state, colour)
+        verdict = paint(f"{n.verdict or '-':<7}", n.verdict or "", colour)
+        error = " ".join(n.error.split())
+        first, rest = (error[:error_w], error[error_w:]) if error_w > 10 else (error, "")
+        lines.append(
+            f"{clip(n.name, name_w):<{name_w}}  {n.batch:>5}  {state} {n.attempt:>3}  "
+            f"{verdict}  {first}".rstrip()
+        )
+        indent = " " * (WIDTH - error_w)
+        lines += textwrap.wrap(rest, WIDTH, initial_indent=indent, subsequent_indent=indent)
+    return lines
+
+
+def _wrapped(text: str, indent: str) -> list[str]:
+    return textwrap.wrap(
+        " ".join(text.split()), WIDTH, initial_indent=indent, subsequent_indent=indent
+    )
+
+
+# --- JSON ---------------------------------------------------------------------
+
+
+def render_json(statuses: Iterable[RolloutStatus], *, one: bool = False) -> str:
+    """The status records (node records inlined, even when paged on disk):
+    one object with ``one``, else a list in name order."""
+    records = [to_record(s) for s in sorted(statuses, key=lambda s: s.name)]
+    data: object = records[0] if one and records else records
+    return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
