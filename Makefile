@@ -17,6 +17,7 @@ test: lint typecheck pytest
 lint: $(STAMP)
 	$(BIN)/ruff check reconciler tests bench
 	$(BIN)/ruff format --check reconciler tests bench
+	$(BIN)/lint-imports
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

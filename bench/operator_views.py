@@ -25,13 +25,14 @@ from pathlib import Path
 
 from _common import Row, emit, row
 
-from reconciler.cli.commands.status import StatusCache, open_branch, read_snapshot
 from reconciler.engine.step import RolloutInput, step_fleet
+from reconciler.git.branch import open_branch
 from reconciler.protocol.observations import Observations
 from reconciler.spec.rollout_status import RolloutStatus, status_files
 from reconciler.spec.safe_yaml import dump_yaml
 from reconciler.views import plan
 from reconciler.views.dashboard import render_dashboard
+from reconciler.views.status_reader import StatusCache, read_snapshot
 from reconciler.views.status_text import render_detail, render_table
 
 NOW = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)

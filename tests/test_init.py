@@ -8,7 +8,7 @@ import pytest
 from fleet_helpers import git, identity
 
 from reconciler.cli import main as cli
-from reconciler.cli.commands.init import example_dir
+from reconciler.cli.examples import example_dir
 
 __all__ = ["identity"]
 

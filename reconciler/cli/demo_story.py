@@ -25,10 +25,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TextIO
 
-from reconciler.cli.commands.init import example_dir
-from reconciler.cli.commands.status import Branch, StatusCache, open_branch, read_snapshot
+from reconciler.cli.examples import example_dir
+from reconciler.git.branch import Branch, open_branch
 from reconciler.spec.errors import ReconcilerError
 from reconciler.spec.rollout_status import RolloutStatus
+from reconciler.views.status_reader import StatusCache, read_snapshot
 from reconciler.views.status_text import render_table
 
 OPERATOR = {"GIT_AUTHOR_NAME": "Alice Operator", "GIT_AUTHOR_EMAIL": "alice@example.com"}

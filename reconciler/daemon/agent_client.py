@@ -43,6 +43,7 @@ from reconciler.protocol.effects import SendJob
 from reconciler.protocol.job_payload import build_payload
 from reconciler.protocol.observations import Backup, Heartbeat, JobObservation, RuntimeReport
 from reconciler.protocol.signing import SigningKey, envelope_bytes
+from reconciler.spec.errors import AgentError
 
 log = logging.getLogger(__name__)
 
@@ -616,3 +617,54 @@ def _heartbeat_reader(node: str, body: bytes) -> Heartbeat:
 
 def _backups_reader(node: str, body: bytes) -> tuple[Backup, ...]:
     return _backups(body)
+
+
+# --- one-shot reads for the command line ---------------------------------------
+
+BACKUP_FIELDS = ("backupId", "runtime", "createdAt", "jobId", "rollout", "provider", "model")
+
+
+def fetch_backups(agent: str, node: str, timeout: float) -> list[Backup]:
+    """One node's backups, newest first, for ``reconciler backups``: one plain
+    GET (reading needs no key), errors in words for a person."""
+    import httpx  # only this one-shot read uses it; the daemon's client is asyncio
+
+    url = f"{agent.rstrip('/')}/v1/nodes/{node}/backups"
+
+    try:
+        answer = httpx.get(url, timeout=timeout, headers={"User-Agent": "reconciler-cli"})
+    except httpx.HTTPError as exc:
+        raise AgentError(
+            f"cannot reach the agent of {node} at {agent}: {exc}",
+            hint="is the agent running and reachable from here?",
+        ) from exc
+    if answer.status_code != 200:
+        raise AgentError(
+            f"the agent of {node} at {agent} answered {answer.status_code}: {_answer_error_text(answer)}",
+            hint="check that spec.agent of the node file points at this node's agent",
+        )
+    try:
+        data = answer.json()
+        backups = [
+            Backup(**{backup_attribute(k): str(item[k]) for k in BACKUP_FIELDS}) for item in data
+        ]
+    except (ValueError, TypeError, KeyError) as exc:
+        raise AgentError(
+            f"the agent of {node} at {agent} sent a backup list we cannot read"
+        ) from exc
+    # Newest first, as the agent promises; sorting keeps that true for any agent.
+    return sorted(backups, key=lambda b: b.created_at, reverse=True)
+
+
+def backup_attribute(field: str) -> str:
+    return {"backupId": "backup_id", "createdAt": "created_at", "jobId": "job_id"}.get(field, field)
+
+
+def _answer_error_text(answer: Any) -> str:
+    try:
+        body: Any = answer.json()
+    except ValueError:
+        return answer.text[:200]
+    if isinstance(body, dict) and "error" in body:
+        return f"{body.get('error')}: {body.get('message', '')}"
+    return str(body)[:200]

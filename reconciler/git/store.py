@@ -36,7 +36,6 @@ from typing import Any, NoReturn
 import pygit2
 from pygit2.enums import CredentialType, FetchPrune, FileMode, ObjectType, RepositoryOpenFlag
 
-from reconciler.daemon import crashpoints
 from reconciler.git.history import History
 from reconciler.spec.errors import RefMoved, StoreError
 
@@ -55,6 +54,10 @@ INCOMING_REF_PREFIX = "refs/reconciler/incoming-"
 # git's rule: "host:path" is SSH when the colon comes before any slash.
 _SCP_LIKE = re.compile(r"^(?:[^@/:]+@)?[^/:]+:(?!//)")
 _NON_FF_WORDS = ("non-fast-forward", "fastforward", "fast-forward", "fetch first", "stale info")
+
+
+def _no_crash_point(point: str) -> None:
+    pass
 
 
 def is_remote_location(location: str) -> bool:
@@ -103,6 +106,9 @@ class GitStore:
         self._files_cache: dict[pygit2.Oid, dict[str, str]] = {}
         self._tree_cache: dict[str, pygit2.Tree] = {}
         self._write_blob: Callable[[bytes], pygit2.Oid] | None = None
+        # Called with "after_commit" between making a status commit and moving
+        # the branch; the daemon passes its crash-point hook in (tests kill it there).
+        self.crash_point: Callable[[str], None] = _no_crash_point
 
     # -- opening -----------------------------------------------------------
 
@@ -320,7 +326,7 @@ class GitStore:
             return parent
         new = self._create_commit(tree_id, parent, message, sign)
         # Tests kill the daemon here: the commit object exists, the branch has not moved.
-        crashpoints.reach("after_commit")
+        self.crash_point("after_commit")
         if self.is_remote:
             self._push(branch, parent, new)
         else:

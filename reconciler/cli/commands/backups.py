@@ -3,8 +3,8 @@ backups a node's agent keeps, newest first, read from the agent itself.
 
 The agent's address comes from ``nodes/NODE.yaml`` in the branch's
 committed tree (as the daemon sees it). Reading backups needs no key, so
-this is a plain GET with httpx rather than the daemon's signing
-``AgentClient``.
+this is one plain GET (``agent_client.fetch_backups``) rather than the
+daemon's signing ``AgentClient``.
 """
 
 from __future__ import annotations
@@ -12,19 +12,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
 
-import httpx
-
-from reconciler.cli.commands.status import open_branch
+from reconciler.daemon.agent_client import BACKUP_FIELDS, backup_attribute, fetch_backups
+from reconciler.git.branch import open_branch
 from reconciler.protocol.observations import Backup
 from reconciler.spec import documents
-from reconciler.spec.errors import AgentError, ReconcilerError, StoreError
+from reconciler.spec.errors import ReconcilerError, StoreError
 
 HELP = "list a node's backups (newest first), from its agent"
 
 TIMEOUT = 10.0
-_FIELDS = ("backupId", "runtime", "createdAt", "jobId", "rollout", "provider", "model")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,9 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     agent = agent_address(args.repo, args.branch, args.node)
-    backups = fetch_backups(agent, args.node)
+    backups = fetch_backups(agent, args.node, TIMEOUT)
     if args.format == "json":
-        records = [{k: getattr(b, _attr(k)) for k in _FIELDS} for b in backups]
+        records = [{k: getattr(b, backup_attribute(k)) for k in BACKUP_FIELDS} for b in backups]
         sys.stdout.write(json.dumps(records, indent=2) + "\n")
     else:
         sys.stdout.write(render_table(backups, args.node, agent))
@@ -75,31 +72,6 @@ def agent_address(location: str, branch: str, node: str) -> str:
     return parsed.node.agent
 
 
-def fetch_backups(agent: str, node: str) -> list[Backup]:
-    url = f"{agent.rstrip('/')}/v1/nodes/{node}/backups"
-    try:
-        answer = httpx.get(url, timeout=TIMEOUT, headers={"User-Agent": "reconciler-cli"})
-    except httpx.HTTPError as exc:
-        raise AgentError(
-            f"cannot reach the agent of {node} at {agent}: {exc}",
-            hint="is the agent running and reachable from here?",
-        ) from exc
-    if answer.status_code != 200:
-        raise AgentError(
-            f"the agent of {node} at {agent} answered {answer.status_code}: {_error_text(answer)}",
-            hint="check that spec.agent of the node file points at this node's agent",
-        )
-    try:
-        data = answer.json()
-        backups = [Backup(**{_attr(k): str(item[k]) for k in _FIELDS}) for item in data]
-    except (ValueError, TypeError, KeyError) as exc:
-        raise AgentError(
-            f"the agent of {node} at {agent} sent a backup list we cannot read"
-        ) from exc
-    # Newest first, as the agent promises; sorting keeps that true for any agent.
-    return sorted(backups, key=lambda b: b.created_at, reverse=True)
-
-
 def render_table(backups: list[Backup], node: str, agent: str) -> str:
     if not backups:
         return f"{node} ({agent}) keeps no backups\n"
@@ -115,17 +87,3 @@ def render_table(backups: list[Backup], node: str, agent: str) -> str:
     ]
     count = f"{len(backups)} backup{'s' if len(backups) != 1 else ''}"
     return f"{node} ({agent}): {count}, newest first\n" + "\n".join(lines) + "\n"
-
-
-def _attr(field: str) -> str:
-    return {"backupId": "backup_id", "createdAt": "created_at", "jobId": "job_id"}.get(field, field)
-
-
-def _error_text(answer: httpx.Response) -> str:
-    try:
-        body: Any = answer.json()
-    except ValueError:
-        return answer.text[:200]
-    if isinstance(body, dict) and "error" in body:
-        return f"{body.get('error')}: {body.get('message', '')}"
-    return str(body)[:200]

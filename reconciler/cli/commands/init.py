@@ -18,15 +18,12 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from reconciler.cli.examples import example_dir
 from reconciler.git.git_binary import run_git
 from reconciler.spec.errors import ReconcilerError
 
 HELP = "create a new fleet repository seeded from the examples"
 
-_HERE = Path(__file__).resolve().parents[2]  # reconciler/
-# Installed wheel: force-included as reconciler/example-repo. Editable
-# install or a source checkout: the repository's top-level example-repo/.
-_CANDIDATE_DIRS = (_HERE / "example-repo", _HERE.parent / "example-repo")
 # Never seeded: placeholders and what only the daemon writes.
 _SKIPPED = {".keep", "status", "__pycache__", ".git"}
 BRANCH = "main"
@@ -38,18 +35,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--bare",
         action="store_true",
         help="make DIR a bare repository only (no working clone)",
-    )
-
-
-def example_dir() -> Path:
-    """The example fleet repository shipped with reconciler."""
-    for directory in _CANDIDATE_DIRS:
-        if (directory / "rollouts").is_dir() or (directory / "nodes").is_dir():
-            return directory
-    raise ReconcilerError(
-        "reconciler's example repository is missing: looked in "
-        + ", ".join(map(str, _CANDIDATE_DIRS)),
-        hint="reinstall reconciler",
     )
 
 

@@ -8,7 +8,7 @@ import argparse
 from datetime import UTC, datetime
 
 from reconciler.cli import intent_edits
-from reconciler.cli.commands.intents import add_common_arguments, finish
+from reconciler.cli.intent_verbs import add_common_arguments, finish
 from reconciler.spec.errors import UsageError
 
 HELP = "ask the daemon to restore nodes from this rollout's backups (live rollouts only)"

@@ -62,6 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from reconciler.daemon import crashpoints
     from reconciler.daemon.agent_client import AgentClient
     from reconciler.daemon.logs import EventLog
     from reconciler.daemon.loop import Daemon, stop_on_signals
@@ -81,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
         log.warning("yaml_loader", warning)
     key = load_private_key(args.key)
     store = GitStore.open(args.repo, args.branch, cache_dir=args.cache_dir, ssh_key=args.ssh_key)
+    store.crash_point = crashpoints.reach
     approver = None
     if args.allowed_signers is not None:
         approver = Approver(store.repository(), load_allowed_signers(args.allowed_signers))

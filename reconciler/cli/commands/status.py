@@ -16,24 +16,16 @@ import contextlib
 import os
 import sys
 import time
-from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
-from typing import Any
 
-import pygit2
-
-from reconciler.git.store import GitStore, discover_repository, is_remote_location
-from reconciler.git.watch import BranchWatcher
+from reconciler.git.branch import REMOTE_POLL, Branch, open_branch
 from reconciler.spec.errors import StoreError
-from reconciler.spec.rollout_status import RolloutStatus, status_from_files
-from reconciler.spec.safe_yaml import YamlProblem, load_yaml
 from reconciler.views import status_text
+from reconciler.views.status_reader import Snapshot, StatusCache, read_snapshot, status_branch
 
 HELP = "show rollouts from the committed status files; with NAME, every node"
 
 LOCAL_POLL = 0.5  # seconds between reads of a local ref while watching
-REMOTE_POLL = 2.0  # seconds between listings of a remote's refs while watching
 REMOTE_REFETCH = 30.0  # a full fetch at least this often, in case a hint was missed
 
 
@@ -48,205 +40,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--branch", default="main", help="the branch the daemon tracks")
     parser.add_argument("--watch", action="store_true", help="redraw as status commits arrive")
     parser.add_argument("--format", choices=("text", "json"), default="text")
-
-
-# --- reading a branch -----------------------------------------------------------
-
-
-class RepoReader:
-    """The few reads ``status`` needs, on a repository GitStore will not
-    open for the daemon (a working clone with the branch checked out).
-    Reading committed objects is safe there; only moving the branch is not."""
-
-    def __init__(self, repo: pygit2.Repository, location: str) -> None:
-        self._repo = repo
-        self.location = location
-        self.is_remote = False
-
-    def repository(self) -> pygit2.Repository:
-        return self._repo
-
-    def tip(self, branch: str) -> str | None:
-        ref = self._repo.references.get(f"refs/heads/{branch}")
-        return None if ref is None else str(ref.resolve().target)
-
-    def files(self, commit: str, folder: str) -> dict[str, str]:
-        try:
-            sub = self._repo[commit].peel(pygit2.Tree)[folder]
-        except KeyError:
-            return {}
-        if not isinstance(sub, pygit2.Tree):
-            return {}
-        return {f"{folder}/{e.name}": str(e.id) for e in sub if e.type_str == "blob"}
-
-    def file_blob(self, commit: str, path: str) -> str | None:
-        try:
-            entry = self._repo[commit].peel(pygit2.Tree)[path]
-        except KeyError:
-            return None
-        return str(entry.id) if entry.type_str == "blob" else None
-
-    def blob(self, blob_id: str) -> bytes:
-        obj = self._repo[blob_id]
-        assert isinstance(obj, pygit2.Blob)
-        return bytes(obj.data)
-
-
-@dataclass
-class Branch:
-    """One branch of a fleet repository, read-only."""
-
-    reader: GitStore | RepoReader
-    branch: str
-    label: str  # where it is read from, for headers and messages
-
-    @property
-    def is_remote(self) -> bool:
-        return self.reader.is_remote
-
-    def refresh(self) -> str | None:
-        """The branch tip (fetching first from a remote)."""
-        if isinstance(self.reader, GitStore):
-            self.reader.refresh()
-        return self.reader.tip(self.branch)
-
-    def tip(self, branch: str) -> str | None:
-        return self.reader.tip(branch)
-
-    def read(self, commit: str, path: str) -> bytes | None:
-        blob = self.reader.file_blob(commit, path)
-        return None if blob is None else self.reader.blob(blob)
-
-    def watcher(self, branches: list[str]) -> BranchWatcher:
-        if isinstance(self.reader, GitStore):
-            return BranchWatcher.for_store(self.reader, branches, poll=REMOTE_POLL)
-        return BranchWatcher.local(Path(self.reader.repository().path), branches)
-
-
-def open_branch(location: str, branch: str) -> Branch:
-    """The branch at ``location``: a remote URL, a bare repository, or a
-    working clone, whose ``origin`` is read instead when it has one (the
-    daemon pushes status there; the clone's branch is as old as its last pull)."""
-    if is_remote_location(location):
-        return Branch(GitStore.open(location, branch), branch, location)
-    repo = _discover(location)
-    origin = None if repo.is_bare else _origin_url(repo)
-    if origin is None:
-        return _local(repo, branch, location)
-    if is_remote_location(origin):
-        return Branch(GitStore.open(origin, branch), branch, f"{origin} (origin of {location})")
-    target = Path(repo.workdir) / origin  # a relative origin is relative to the clone
-    return _local(_discover(str(target)), branch, f"{origin} (origin of {location})")
-
-
-def _discover(location: str) -> pygit2.Repository:
-    return discover_repository(
-        location,
-        "pass --repo with a fleet repository: a clone, a bare repository or a URL",
-    )
-
-
-def _local(repo: pygit2.Repository, branch: str, label: str) -> Branch:
-    """A bare repository through GitStore, as the daemon reads it; a
-    non-bare one directly (GitStore refuses a checked-out branch, which
-    matters for writing only)."""
-    if repo.is_bare:
-        return Branch(GitStore.open(str(repo.path), branch), branch, label)
-    return Branch(RepoReader(repo, label), branch, label)
-
-
-def _origin_url(repo: pygit2.Repository) -> str | None:
-    try:
-        url = repo.remotes["origin"].url
-    except KeyError:
-        return None
-    return str(url) if url else None
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """The statuses at one commit, and the files that could not be read."""
-
-    commit: str | None  # the commit status was read at (None: no status branch yet)
-    statuses: dict[str, RolloutStatus]
-    problems: tuple[str, ...] = ()
-
-
-def status_branch(source: Branch, tip: str) -> str | None:
-    """``spec.statusBranch`` of ``reconciler.yaml`` at ``tip``, if set."""
-    data = source.read(tip, "reconciler.yaml")
-    if data is None:
-        return None
-    try:
-        settings = load_yaml("reconciler.yaml", data)
-    except YamlProblem:
-        return None  # the daemon reports it; status stays on the tracked branch
-    spec = settings.get("spec") if isinstance(settings, dict) else None
-    value = spec.get("statusBranch") if isinstance(spec, dict) else None
-    return value if isinstance(value, str) and value else None
-
-
-class StatusCache:
-    """Statuses already read, by the blob ids of their files: a watch that
-    sees a new commit re-reads only the files that changed (a transition on a
-    large rollout rewrites its main file and one node page)."""
-
-    def __init__(self) -> None:
-        self.statuses: dict[str, tuple[tuple[str, ...], RolloutStatus]] = {}
-        self.pages: dict[str, Any] = {}
-
-
-def read_snapshot(source: Branch, cache: StatusCache | None = None) -> Snapshot:
-    tip = source.refresh()
-    if tip is None:
-        raise StoreError(f"branch {source.branch!r} not found in {source.label}")
-    other = status_branch(source, tip)
-    commit = tip if other is None else source.tip(other)
-    if commit is None:
-        return Snapshot(None, {})
-    return read_statuses(source, commit, cache)
-
-
-def read_statuses(source: Branch, commit: str, cache: StatusCache | None = None) -> Snapshot:
-    reader = source.reader
-    cache = cache or StatusCache()
-    statuses: dict[str, RolloutStatus] = {}
-    problems: list[str] = []
-    kept_statuses: dict[str, tuple[tuple[str, ...], RolloutStatus]] = {}
-    kept_pages: dict[str, Any] = {}
-    for path, blob in sorted(reader.files(commit, "status").items()):
-        if not path.endswith(".yaml"):
-            continue
-        name = path.removeprefix("status/").removesuffix(".yaml")
-        try:
-            page_blobs = {
-                p: b
-                for p, b in reader.files(commit, f"status/{name}").items()
-                if p.endswith(".yaml")
-            }
-            key = (blob, *sorted(page_blobs.values()))
-            hit = cache.statuses.get(name)
-            if hit is not None and hit[0] == key:
-                status = hit[1]
-            else:
-                main = load_yaml(path, reader.blob(blob))
-                if not (isinstance(main, dict) and main.get("nodePages")):
-                    page_blobs = {}
-                pages = {}
-                for page_path, page_blob in page_blobs.items():
-                    data = cache.pages.get(page_blob)
-                    if data is None:
-                        data = load_yaml(page_path, reader.blob(page_blob))
-                    pages[page_path] = kept_pages[page_blob] = data
-                status = status_from_files(main, pages)
-            statuses[name] = status
-            kept_statuses[name] = (key, status)
-        except YamlProblem as exc:
-            problems.append(str(exc.problem))
-        except (KeyError, ValueError, TypeError, AttributeError) as exc:
-            problems.append(f"{path}: not a status this version can read ({exc})")
-    cache.statuses, cache.pages = kept_statuses, kept_pages
-    return Snapshot(commit, statuses, tuple(problems))
 
 
 # --- rendering --------------------------------------------------------------

@@ -7,20 +7,19 @@ daemon would act on REV's spec, 1 when it would not, 2 for a usage error
 (bad arguments, unreadable allowed-signers file, unknown REV, no repository),
 so that 1 always means "refused".
 
-Reads a local repository with pygit2; decides nothing itself (``approval``).
+Reads a local repository (``git.revisions``); decides nothing itself (``approval``).
 """
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
-
-import pygit2
+from typing import Any
 
 from reconciler.git.approval import Approval, Approver, load_allowed_signers
+from reconciler.git.revisions import describe_commit, open_local_repository, resolve_or_branch_tip
 from reconciler.git.sshsig import AllowedSigner
-from reconciler.git.store import discover_repository
-from reconciler.spec.errors import ReconcilerError, StoreError, UsageError
+from reconciler.spec.errors import ReconcilerError, UsageError
 
 HELP = "tell whether a commit would be acted on under --allowed-signers, and why"
 
@@ -47,8 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     allowed = _allowed_signers(Path(args.allowed_signers))
-    repo = _open_repository(args.repo)
-    label, tip = _resolve(repo, args.rev, args.branch)
+    repo = open_local_repository(args.repo)
+    label, tip = resolve_or_branch_tip(repo, args.rev, args.branch)
     approver = Approver(repo, allowed)
     approval = approver.approve(tip)
     print(describe(repo, approver, approval, label, tip))
@@ -65,35 +64,8 @@ def _allowed_signers(path: Path) -> tuple[AllowedSigner, ...]:
         raise UsageError(exc.message, exc.hint) from None
 
 
-def _open_repository(where: str) -> pygit2.Repository:
-    if "://" in where or where.startswith("git@"):
-        raise UsageError(
-            f"verify reads a local repository, not {where}",
-            "clone or fetch it and pass the local path with --repo",
-        )
-    try:
-        return discover_repository(where, "pass the fleet repository with --repo")
-    except StoreError as exc:
-        raise UsageError(exc.message, exc.hint) from None
-
-
-def _resolve(repo: pygit2.Repository, rev: str | None, branch: str) -> tuple[str, str]:
-    spec = rev if rev is not None else f"refs/heads/{branch}"
-    try:
-        commit = repo.revparse_single(spec).peel(pygit2.Commit)
-    except (KeyError, ValueError, pygit2.GitError, pygit2.InvalidSpecError):
-        if rev is None:
-            raise UsageError(
-                f"branch {branch} does not exist in {repo.path}", "pass --branch or a REV"
-            ) from None
-        raise UsageError(f"{rev} is not a commit in {repo.path}", "pass a commit or ref") from None
-    return (rev if rev is not None else branch), str(commit.id)
-
-
-def describe(
-    repo: pygit2.Repository, approver: Approver, approval: Approval, label: str, tip: str
-) -> str:
-    """The report, in words: what is acted on and why."""
+def describe(repo: Any, approver: Approver, approval: Approval, label: str, tip: str) -> str:
+    """The report, in words: what is acted on and why (``repo``: pygit2's)."""
     head = f"{label} ({tip[:_SHORT]})"
     if approval.newest_spec_commit is None:
         return (
@@ -137,7 +109,5 @@ def describe(
     return "\n".join(lines)
 
 
-def _show_commit(repo: pygit2.Repository, commit_id: str) -> str:
-    commit = repo[commit_id].peel(pygit2.Commit)
-    summary = commit.message.split("\n", 1)[0].strip()
-    return f'{commit_id[:_SHORT]} "{summary}" by {commit.author.name} <{commit.author.email}>'
+def _show_commit(repo: Any, commit_id: str) -> str:
+    return describe_commit(repo, commit_id, _SHORT)

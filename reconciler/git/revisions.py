@@ -1,0 +1,82 @@
+"""Revisions a person names on the command line (``HEAD``, ``origin/main``,
+a commit id, a branch), resolved to commits of a local repository, with
+errors that say what to pass instead."""
+
+from __future__ import annotations
+
+import pygit2
+
+from reconciler.git.store import discover_repository
+from reconciler.spec.errors import ReconcilerError, StoreError, UsageError
+
+_LOOKUP_ERRORS = (KeyError, ValueError, pygit2.GitError, pygit2.InvalidSpecError)
+
+
+def open_repository(location: str, hint: str) -> pygit2.Repository:
+    """The repository at or above ``location``; ``hint`` says what to pass instead."""
+    return discover_repository(location, hint)
+
+
+def open_local_repository(where: str) -> pygit2.Repository:
+    """A local repository, for ``verify``: a URL or a missing repository is a
+    usage error (exit 2), since exit 1 means "refused"."""
+    if "://" in where or where.startswith("git@"):
+        raise UsageError(
+            f"verify reads a local repository, not {where}",
+            "clone or fetch it and pass the local path with --repo",
+        )
+    try:
+        return discover_repository(where, "pass the fleet repository with --repo")
+    except StoreError as exc:
+        raise UsageError(exc.message, exc.hint) from None
+
+
+def resolve(repo: pygit2.Repository, rev: str) -> pygit2.Commit:
+    """The commit ``rev`` names, for ``plan``."""
+    try:
+        commit = repo.revparse_single(rev).peel(pygit2.Commit)
+    except _LOOKUP_ERRORS as exc:
+        raise ReconcilerError(
+            f"no commit {rev!r} in {repo.workdir or repo.path}",
+            hint="pass a branch, tag or commit id (for a pull request: --base origin/main)",
+        ) from exc
+    assert isinstance(commit, pygit2.Commit)
+    return commit
+
+
+def resolve_or_branch_tip(repo: pygit2.Repository, rev: str | None, branch: str) -> tuple[str, str]:
+    """(label, commit id) of ``rev``, or of ``branch``'s tip when no ``rev``,
+    for ``verify``; an unknown one is a usage error."""
+    spec = rev if rev is not None else f"refs/heads/{branch}"
+    try:
+        commit = repo.revparse_single(spec).peel(pygit2.Commit)
+    except _LOOKUP_ERRORS:
+        if rev is None:
+            raise UsageError(
+                f"branch {branch} does not exist in {repo.path}", "pass --branch or a REV"
+            ) from None
+        raise UsageError(f"{rev} is not a commit in {repo.path}", "pass a commit or ref") from None
+    return (rev if rev is not None else branch), str(commit.id)
+
+
+def default_base(repo: pygit2.Repository, head: pygit2.Commit) -> pygit2.Commit:
+    """The merge-base of head and main (local, else origin's)."""
+    for name in ("refs/heads/main", "refs/remotes/origin/main"):
+        ref = repo.references.get(name)
+        if ref is None:
+            continue
+        main = ref.peel(pygit2.Commit)
+        base_id = repo.merge_base(head.id, main.id)
+        found = repo[base_id] if base_id is not None else main
+        assert isinstance(found, pygit2.Commit)
+        return found
+    raise ReconcilerError(
+        "no main branch to compare with", hint="pass --base REV, e.g. --base origin/main"
+    )
+
+
+def describe_commit(repo: pygit2.Repository, commit_id: str, short: int = 12) -> str:
+    """``<id> "<summary>" by <name> <email>``, one line for a person."""
+    commit = repo[commit_id].peel(pygit2.Commit)
+    summary = commit.message.split("\n", 1)[0].strip()
+    return f'{commit_id[:short]} "{summary}" by {commit.author.name} <{commit.author.email}>'
