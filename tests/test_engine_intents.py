@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from engine_world import TARGET, World
 
+from reconciler.engine.step import ASK_AGAIN, RESUME_OF_HELD, SKIP
 from reconciler.spec.model import Target
+from reconciler.spec.rollout_status import NODE_STATES
 
 
 def started(nodes: list[str], **spec: object) -> World:
@@ -222,3 +224,11 @@ def test_skip_nodes_waits_for_a_job_in_flight() -> None:
     w.fail("a")
     w.step(10)
     assert w.state("a") == "skipped" and w.sent_now() == ["b"]
+
+
+def test_the_resume_table_names_every_node_state_and_the_design_question_nodes() -> None:
+    assert set(RESUME_OF_HELD) == set(NODE_STATES)
+    asked = {s for s, a in RESUME_OF_HELD.items() if a == ASK_AGAIN}
+    skipped = {s for s, a in RESUME_OF_HELD.items() if a == SKIP}
+    assert asked == {"failed", "timed_out", "unknown", "pending"}
+    assert skipped == {"stopped", "rolled_back", "rollback_failed"}

@@ -16,7 +16,6 @@ from reconciler.engine.step import (
     wanted_heartbeats,
 )
 from reconciler.protocol.job_ids import job_id
-from reconciler.spec.model import Settings
 from reconciler.spec.rollout_status import from_record, to_record
 
 
@@ -92,9 +91,9 @@ def test_next_wakeup_is_the_earliest_deadline_or_start_time() -> None:
     w.rollout("later", node_ids=["b"], start_at="2026-12-01T09:01:00Z")
     w.step(10)
 
-    assert next_wakeup(w.statuses.values(), Settings()) == w.at(60)
+    assert next_wakeup(w.statuses.values()) == w.at(60)
     w.step(60)
-    assert next_wakeup(w.statuses.values(), Settings()) == w.at(130)
+    assert next_wakeup(w.statuses.values()) == w.at(130)
 
 
 def test_active_means_scheduled_running_paused_or_still_finishing() -> None:

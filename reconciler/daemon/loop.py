@@ -207,7 +207,7 @@ class Daemon:
             # and then the thousands of unchanged ones need not be looked at.
             active=any(engine.is_active(s) for s in step.statuses.values())
             or any(engine.is_active(s) for s in merged.values()),
-            wakeup=engine.next_wakeup(merged.values(), settings),
+            wakeup=engine.next_wakeup(merged.values()),
         )
         if commit is None and not sent and not step.transitions and not self._watching:
             self._quiet = _Quiet(tip, status_branch, status_tip, outcome.wakeup, outcome)

@@ -1,30 +1,10 @@
-"""Which nodes a rollout covers, in which order, and whether the daemon can
-address a node's agent at all. Pure: values in, values out."""
+"""Which nodes a rollout covers, and in which order. Pure: values in,
+values out. (Whether a node's agent can be addressed at all is
+``spec.agent_url``, the one rule the document checks share.)"""
 
 from __future__ import annotations
 
-import re
-from functools import lru_cache
-
 from reconciler.spec.model import Fleet, Node, RolloutSpec
-
-# http(s)://host[:port], optionally with a trailing slash; host is a name,
-# an IPv4 address or a bracketed IPv6 address.
-_AGENT_URL = re.compile(
-    r"^https?://(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*"
-    r"|\[[0-9A-Fa-f:.]+\])(?::(?:[0-9]{1,5}))?/?$"
-)
-
-
-@lru_cache(maxsize=65536)
-def valid_agent_url(url: str) -> bool:
-    """True for ``http(s)://host[:port]`` (port 1-65535)."""
-    if not isinstance(url, str) or not _AGENT_URL.match(url):
-        return False
-    tail = url.rstrip("/").rsplit(":", 1)
-    if len(tail) == 2 and tail[1].isdigit() and not url.rstrip("/").endswith("]"):
-        return 0 < int(tail[1]) < 65536
-    return True
 
 
 def resolve_nodes(spec: RolloutSpec, fleet: Fleet) -> tuple[str, ...]:

@@ -36,10 +36,12 @@ from typing import Any
 from reconciler.engine import lifecycle
 from reconciler.engine.policy import decide
 from reconciler.engine.selection import resolve_nodes as _resolve
-from reconciler.engine.selection import unknown_node_ids, valid_agent_url
+from reconciler.engine.selection import unknown_node_ids
 from reconciler.protocol.effects import SendJob
 from reconciler.protocol.job_ids import job_id
 from reconciler.protocol.observations import Heartbeat, JobObservation, Observations
+from reconciler.spec import agent_url
+from reconciler.spec.agent_url import is_usable_agent_url
 from reconciler.spec.durations import format_duration
 from reconciler.spec.model import Fleet, Node, Problem, RolloutSpec, Settings
 from reconciler.spec.rollout_status import (
@@ -107,11 +109,28 @@ class FleetStep:
 # --- node state groups -------------------------------------------------------
 
 VERDICT_STATES = frozenset({"failed", "timed_out", "unknown"})
-# Held nodes a resume dispatches again (DESIGN.md 5, "question nodes"); a held
-# `pending` node is one the daemon could not send to (dispatch_refused).
-QUESTION_STATES = frozenset({"failed", "timed_out", "unknown", "pending"})
-# Held nodes a resume turns into `skipped` ("statement nodes").
-STATEMENT_STATES = frozenset({"stopped", "rolled_back", "rollback_failed"})
+# What a resumeRequest does with a held node, by the node's state (DESIGN.md
+# 5). Question nodes (a verdict: failed, timed_out, unknown, whether held by
+# health, retry_exhausted or rollback_unavailable; and a `pending` node held
+# by dispatch_refused) are asked again as a new attempt. Statement nodes
+# become `skipped`. A node removed or in maintenance is skipped whatever its
+# state. The other states are never held when a resume gets this far (a
+# restore in flight refuses the resume first), so a resume leaves them.
+ASK_AGAIN, SKIP, LEAVE = "ask again", "skip", "leave"
+RESUME_OF_HELD: Mapping[str, str] = {
+    "failed": ASK_AGAIN,
+    "timed_out": ASK_AGAIN,
+    "unknown": ASK_AGAIN,
+    "pending": ASK_AGAIN,
+    "stopped": SKIP,
+    "rolled_back": SKIP,
+    "rollback_failed": SKIP,
+    "dispatched": LEAVE,
+    "succeeded": LEAVE,
+    "skipped": LEAVE,
+    "rollback_pending": LEAVE,
+    "restoring": LEAVE,
+}
 RESTORE_STATES = frozenset({"rollback_pending", "restoring"})
 # How a node's error starts when its agent itself failed or refused the apply
 # job (not a health verdict): the agent then leaves or puts the previous
@@ -1119,8 +1138,8 @@ class _RolloutStep:
         refusal = ""
         if fleet_node.maintenance and not self.frozen.include_maintenance:
             refusal = "node is in maintenance"
-        elif not valid_agent_url(fleet_node.agent):
-            refusal = f"agent address {fleet_node.agent!r} is not http(s)://host[:port]"
+        elif not is_usable_agent_url(fleet_node.agent):
+            refusal = f"agent address {fleet_node.agent!r} is not {agent_url.SHAPE}"
         if refusal:
             # A resumed question node keeps its verdict and is held again.
             self.set_node(i, _evolve(node, held="dispatch_refused", error=refusal), refusal)
@@ -1193,10 +1212,11 @@ class _RolloutStep:
                     and self.frozen is not None
                     and not self.frozen.include_maintenance
                 )
-                if node.state in STATEMENT_STATES or gone:
+                action = SKIP if gone else RESUME_OF_HELD[node.state]
+                if action == SKIP:
                     why = "resume: removed or in maintenance" if gone else "resume"
                     self.set_node(i, _evolve(node, state="skipped", held=None), why)
-                else:
+                elif action == ASK_AGAIN:
                     self.dispatch(i, f"resume {token!r}")
             return True
         waiting = self.pause_after_waiting(spec)
@@ -1649,11 +1669,11 @@ def wanted_backups(statuses: Iterable[RolloutStatus]) -> tuple[str, ...]:
     return tuple(names)
 
 
-def next_wakeup(statuses: Iterable[RolloutStatus], settings: Settings) -> datetime | None:
+def next_wakeup(statuses: Iterable[RolloutStatus]) -> datetime | None:
     """The earliest deadline or ``startAt`` after which a step could change
     something without new observations. (``offlineAfter`` counts from the
-    daemon's own memory of failed contacts, so the daemon adds it itself.)"""
-    del settings  # the deadlines in status already carry the timeouts in force
+    daemon's own memory of failed contacts, so the daemon adds it itself.
+    The deadlines in status already carry the timeouts in force.)"""
     earliest: datetime | None = None
 
     def consider(moment: datetime | None) -> None:

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from reconciler.spec.model import Target
 
 JOB_KINDS = ("apply", "restore")
-MODES = ("dry_run", "live")
 
 
 @dataclass(frozen=True)

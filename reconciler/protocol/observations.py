@@ -13,7 +13,6 @@ from datetime import datetime
 # Job states as the agent reports them, plus what the daemon's client adds:
 #   refused      the agent answered the POST with a 4xx (a failed verdict)
 #   unreachable  connection error, timeout, 5xx or an answer we cannot use
-JOB_STATES = ("accepted", "running", "succeeded", "failed", "refused", "unreachable")
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ from types import MappingProxyType
 from typing import Any
 
 from reconciler.spec import safe_yaml, schemas
+from reconciler.spec.agent_url import is_usable_agent_url
 from reconciler.spec.durations import parse_duration
 from reconciler.spec.model import (
     API_VERSION,
@@ -53,7 +54,6 @@ from reconciler.spec.times import parse_time
 SETTINGS_PATH = "reconciler.yaml"
 NODES_DIR = "nodes"
 ROLLOUTS_DIR = "rollouts"
-STATUS_DIR = "status"
 
 KINDS = ("Node", "Rollout", "Settings")
 _SCHEMA_OF = {"Node": "node", "Rollout": "rollout", "Settings": "settings"}
@@ -68,8 +68,6 @@ NAME_RE = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
 NAME_RULE = "1 to 63 lowercase letters, digits and '-', starting and ending with a letter or digit"
 
 # scheme://host[:port] of an agent URL; the schema has checked the rest
-_AUTHORITY = re.compile(r"https?://(\[[0-9A-Fa-f:.]+\]|[^:/\[\]]+)(?::([0-9]{1,5}))?(?:/|$)")
-
 # Rollout fields that take their default from reconciler.yaml when omitted.
 _SETTINGS_DEFAULTED = ("batchSize", "healthTimeout", "onFailure")
 
@@ -350,19 +348,12 @@ class _Checker:
         if not isinstance(spec, dict):
             return self.result()
         agent = spec.get("agent")
-        if isinstance(agent, str) and self._ok("spec.agent"):
-            match = _AUTHORITY.match(agent)
-            port = match.group(2) if match else None
-            if (
-                match is None
-                or not match.group(1)
-                or (port is not None and not 0 < int(port or 0) < 65536)
-            ):
-                self.add(
-                    ["spec", "agent"],
-                    "not a usable agent URL: write it like http://10.0.0.5:8710 "
-                    "(a host, and if given a port from 1 to 65535)",
-                )
+        if isinstance(agent, str) and self._ok("spec.agent") and not is_usable_agent_url(agent):
+            self.add(
+                ["spec", "agent"],
+                "not a usable agent URL: write it like http://10.0.0.5:8710 "
+                "(a host, and if given a port from 1 to 65535)",
+            )
         if self.problems:
             return self.result()
         return self.result(

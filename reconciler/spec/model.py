@@ -90,21 +90,6 @@ class RolloutSpec:
     rollback_request: RollbackRequest | None = None
 
 
-# Fields that may change after a rollout started (DESIGN.md section 2);
-# a change to any other field is reported and not applied.
-MUTABLE_FIELDS = frozenset(
-    {
-        "paused",
-        "abort",
-        "resume_request",
-        "skip_nodes",
-        "rollback_request",
-        "health_timeout",
-        "pause_after",
-    }
-)
-
-
 @dataclass(frozen=True)
 class Defaults:
     batch_size: int = DEFAULT_BATCH_SIZE

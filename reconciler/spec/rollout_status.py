@@ -17,7 +17,7 @@ the engine can produce).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -30,7 +30,6 @@ PAGE_KIND = "RolloutStatusNodes"
 
 PHASES = ("pending", "scheduled", "running", "paused", "completed", "failed", "aborted")
 TERMINAL_PHASES = frozenset({"completed", "failed", "aborted"})
-STARTED_PHASES = frozenset({"running", "paused"})
 
 NODE_STATES = (
     "pending",
@@ -654,11 +653,6 @@ def changed_files(
         write[page_path(new.name, page)] = _page_record(new.name, page, new_chunk)
     gone = tuple(page_path(new.name, p) for p in range(new_pages + 1, old_pages + 1))
     return write, gone
-
-
-def with_nodes(status: RolloutStatus, nodes: tuple[NodeRecord, ...]) -> RolloutStatus:
-    """The status with new node records and progress counted from them."""
-    return replace(status, nodes=nodes, progress=count_progress(nodes))
 
 
 __all__ = [

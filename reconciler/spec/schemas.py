@@ -54,12 +54,6 @@ def schema_path(name: str) -> Path:
     return path
 
 
-def schema_names() -> tuple[str, ...]:
-    return tuple(
-        sorted(p.name.removesuffix(".schema.json") for p in schema_dir().glob("*.schema.json"))
-    )
-
-
 @cache
 def load_schema(name: str) -> Mapping[str, Any]:
     """The parsed schema; callers must not change it."""
