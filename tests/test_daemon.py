@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from reconciler.daemon.loop import PASS_STEPS, Daemon
 from tests.fleetkit import FleetKit, node_states, rollout_yaml
 from tests.gitutil import clone, commit, git
 
@@ -242,3 +243,10 @@ def test_a_scheduled_rollout_starts_at_its_time_after_quiet_passes(kit: FleetKit
 
     assert outcome.jobs_sent == 1
     assert kit.statuses()["web"]["phase"] == "running"
+
+
+def test_the_pass_is_its_named_steps_in_design_order_each_saying_what_it_touches() -> None:
+    assert PASS_STEPS == ("read", "verify", "observe", "step", "commit", "send")
+    for name in PASS_STEPS:
+        doc = getattr(Daemon, f"_{name}").__doc__ or ""
+        assert "Touches:" in doc, name

@@ -1,17 +1,20 @@
 """The reconcile pass and the loop around it (DESIGN.md section 6).
 
-One pass: read the branch tip; parse the documents that changed (cached by
-blob id); with verification on, keep to the verified tree; observe the
-agents; step every rollout through the engine with one ``now``; if any
-status changed, write all changed status files and the dashboard in one
-commit whose parent is the tip read, moving the branch only if it still
-points there; only then send the jobs just recorded. A pass that loses the
-compare-and-swap starts over and executes nothing.
+One pass is the named list ``PASS_STEPS``, each a method whose docstring
+says what it touches: ``read`` the branch tip; ``verify``: with
+verification on, keep to the verified tree, and read its documents (parsed
+only when their blobs changed) and the recorded statuses; ``observe`` the
+agents; ``step`` every rollout through the engine with one ``now``;
+``commit`` all changed status files and the dashboard in one commit whose
+parent is the tip read, moving the branch only if it still points there;
+only then ``send`` the jobs just recorded. A pass that loses the
+compare-and-swap starts over and sends nothing.
 
 Must not: decide anything (that is the engine's), or keep rollout state
-anywhere but the status files. What it keeps in memory is either a cache of
-something in Git (parsed blobs), or what DESIGN.md allows to be forgotten on
-restart (how long an agent has been unreachable).
+anywhere but the status files. What it keeps between passes is in one
+object, ``DaemonMemory``: caches of something in Git (parsed blobs), or
+what DESIGN.md allows to be forgotten on restart (how long an agent has
+been unreachable).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import contextlib
 import signal
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import FrameType
 from typing import Any
@@ -56,6 +59,10 @@ MESSAGE_LINES = 60  # transitions listed in one commit message
 REQUEST_WALK = 1000  # spec commits searched for the one that asked for a rollback
 STATUS_SCHEMA = "rollout-status"
 
+# One pass (DESIGN.md section 6), as the steps ``Daemon._attempt`` runs in
+# this order; each step's docstring says what it touches.
+PASS_STEPS = ("read", "verify", "observe", "step", "commit", "send")
+
 
 @dataclass(frozen=True)
 class PassOutcome:
@@ -83,6 +90,53 @@ class _Quiet:
     outcome: PassOutcome
 
 
+@dataclass
+class DaemonMemory:
+    """Everything the daemon keeps between passes, in one place. Each entry
+    is a cache of something in Git (rebuilt by reading when dropped) or
+    memory DESIGN.md allows to lose on restart; none is rollout state."""
+
+    # Caches of Git, by blob or tree ids.
+    parsed: dict[str, ParsedFile] = field(default_factory=dict)  # blob id -> parsed document
+    documents: tuple[tuple[str | None, ...], Documents] | None = None  # spec tree ids -> documents
+    status_data: dict[str, Any] = field(default_factory=dict)  # blob id -> plain status data
+    statuses: dict[tuple[str, ...], RolloutStatus] = field(
+        default_factory=dict
+    )  # blob ids -> value
+    by_name: tuple[Fleet, dict[str, Node]] | None = None  # the fleet's nodes by name, per fleet
+    memo: engine.StepMemo = field(default_factory=engine.StepMemo)  # finished rollouts at rest
+    quiet: _Quiet | None = None  # the last pass, if it changed and watched nothing
+    # Memory that may be forgotten on restart.
+    last_readable: dict[str, RolloutStatus] = field(default_factory=dict)  # per rollout
+    unreachable: dict[str, datetime] = field(default_factory=dict)  # node -> first failed contact
+    seen_tip: str | None = None  # the tip the last pass read (or its own commit on it)
+    reported: set[str] = field(default_factory=set)  # problems already logged, to log each once
+    watching: bool = False  # the last pass had jobs, heartbeats or backups to read
+
+
+@dataclass
+class _Pass:
+    """What one pass has learnt so far; each step of ``PASS_STEPS`` fills in
+    its part. Lives for one attempt only."""
+
+    tip: str = ""
+    history: History | None = None
+    approval: Approval | None = None
+    spec_commit: str | None = None
+    documents: Documents | None = None
+    status_branch: str = ""
+    status_tip: str | None = None
+    statuses: dict[str, RolloutStatus] = field(default_factory=dict)
+    broken: dict[str, str] = field(default_factory=dict)
+    inputs: list[RolloutInput] = field(default_factory=list)
+    observations: Observations | None = None
+    now: datetime | None = None
+    step: FleetStep | None = None
+    merged: dict[str, RolloutStatus] = field(default_factory=dict)
+    commit: str | None = None
+    sent: int = 0
+
+
 class Daemon:
     """Runs reconcile passes against one store; the loop is ``serve``."""
 
@@ -104,18 +158,7 @@ class Daemon:
         self.approver = approver
         self.sign = sign
         self.clock = clock
-        self._parsed: dict[str, ParsedFile] = {}  # blob id -> parsed document
-        self._documents: tuple[tuple[str | None, ...], Documents] | None = None
-        self._status_data: dict[str, Any] = {}  # blob id -> plain data (or the Problem)
-        self._statuses: dict[tuple[str, ...], RolloutStatus] = {}  # blob ids -> value
-        self._unreachable: dict[str, datetime] = {}  # node -> first failed contact
-        self._seen_tip: str | None = None
-        self._reported: set[str] = set()  # problems already logged, to log each once
-        self._last_readable: dict[str, RolloutStatus] = {}  # each rollout's last readable status
-        self._quiet: _Quiet | None = None  # the last pass, if it changed and watched nothing
-        self._watching = False  # the last pass had jobs, heartbeats or backups to read
-        self._by_name: tuple[Fleet, dict[str, Node]] | None = None
-        self._memo = engine.StepMemo()  # finished rollouts at rest, not stepped again
+        self.memory = DaemonMemory()
 
     # -- one pass ------------------------------------------------------------
 
@@ -139,6 +182,21 @@ class Daemon:
             self.metrics.pass_seconds.observe(time.perf_counter() - started)
 
     def _attempt(self) -> PassOutcome:
+        """One attempt at a pass: the steps of ``PASS_STEPS`` in order; a step
+        that returns an outcome ends the pass there (nothing to do, or a
+        refusal). ``RefMoved`` from ``commit`` ends it too: nothing is sent."""
+        current = _Pass()
+        for name in PASS_STEPS:
+            outcome: PassOutcome | None = getattr(self, f"_{name}")(current)
+            if outcome is not None:
+                return outcome
+        return self._outcome(current)
+
+    def _read(self, p: _Pass) -> PassOutcome | None:
+        """Read the branch tip (fetching first from a remote). Touches: the
+        store's refs; ``memory.seen_tip`` and ``memory.quiet``. Ends the pass
+        when history was rewritten under us, or when the last pass was quiet
+        and nothing moved since."""
         store = self.store
         tip = store.refresh()
         if tip is None:
@@ -146,80 +204,132 @@ class Daemon:
                 f"branch {store.branch!r} does not exist in {store.location}",
                 "push the fleet repository's first commit, or pass --branch",
             )
-        if (
-            self._seen_tip
-            and tip != self._seen_tip
-            and not store.is_descendant(tip, self._seen_tip)
-        ):
+        p.tip = tip
+        seen = self.memory.seen_tip
+        if seen and tip != seen and not store.is_descendant(tip, seen):
             message = (
-                f"branch {store.branch!r} moved from {self._seen_tip[:12]} to {tip[:12]}, which does "
+                f"branch {store.branch!r} moved from {seen[:12]} to {tip[:12]}, which does "
                 "not contain it: history was rewritten (a force-push?). Refusing to act on it; "
                 "push a commit on top of the history the daemon has seen, or restart the daemon "
                 "to accept the new history"
             )
             self._report("history_rewritten", message, commit=tip)
             return PassOutcome(tip, None, 0, 0, False, None, refused=message)
-        quiet, self._quiet = self._quiet, None
+        quiet, self.memory.quiet = self.memory.quiet, None
         if (
             quiet is not None
             and quiet.tip == tip
             and store.tip(quiet.status_branch) == quiet.status_tip
             and (quiet.wakeup is None or self.clock() < quiet.wakeup)
         ):
-            self._quiet = quiet
+            self.memory.quiet = quiet
             return quiet.outcome
-        history = store.history()
-        history.advance(tip)
-        approval = self.approver.approve(tip) if self.approver else None
-        spec_commit = tip if approval is None else approval.verified_commit
-        documents = self._read_documents(spec_commit)
-        settings = documents.settings
-        status_branch = settings.status_branch or store.branch
-        status_tip = tip if status_branch == store.branch else store.tip(status_branch)
-        statuses, broken = self._read_statuses(status_tip)
-        inputs = self._inputs(tip, history, approval, documents, statuses, broken)
-        observations = self._observe(statuses.values(), documents.fleet)
-        now = self.clock()
-        held = self._held_by_unreadable(broken, statuses, documents)
-        step = engine.step_fleet(
-            inputs, documents.fleet, settings, observations, now, unreadable=held, memo=self._memo
+        return None
+
+    def _verify(self, p: _Pass) -> PassOutcome | None:
+        """Pick the tree to act on (the verified one, with verification on;
+        DESIGN.md section 8) and read it: its documents, the recorded
+        statuses, and each rollout's engine input. Touches: the branch's
+        first-parent history, the approver, the spec and status trees, the
+        parse caches of ``memory``."""
+        store = self.store
+        p.history = history = store.history()
+        history.advance(p.tip)
+        p.approval = self.approver.approve(p.tip) if self.approver else None
+        p.spec_commit = p.tip if p.approval is None else p.approval.verified_commit
+        p.documents = documents = self._read_documents(p.spec_commit)
+        p.status_branch = documents.settings.status_branch or store.branch
+        p.status_tip = p.tip if p.status_branch == store.branch else store.tip(p.status_branch)
+        p.statuses, p.broken = self._read_statuses(p.status_tip)
+        p.inputs = self._inputs(p.tip, history, p.approval, documents, p.statuses, p.broken)
+        return None
+
+    def _observe(self, p: _Pass) -> PassOutcome | None:
+        """Ask the agents: unfinished jobs (resending those they do not
+        know), heartbeats, backup lists. Touches: the agents over HTTP;
+        ``memory.unreachable`` and ``memory.watching``."""
+        assert p.documents is not None
+        p.observations = self._ask_agents(p.statuses.values(), p.documents.fleet)
+        return None
+
+    def _step(self, p: _Pass) -> PassOutcome | None:
+        """Step every rollout through the engine with one ``now``. Touches:
+        nothing outside the engine's values (and ``memory.memo``)."""
+        assert p.documents is not None and p.observations is not None
+        p.now = self.clock()
+        held = self._held_by_unreadable(p.broken, p.statuses, p.documents)
+        p.step = engine.step_fleet(
+            p.inputs,
+            p.documents.fleet,
+            p.documents.settings,
+            p.observations,
+            p.now,
+            unreadable=held,
+            memo=self.memory.memo,
         )
         crashpoints.reach("after_step")
-        merged = {**statuses, **step.statuses}
-        commit = None
+        p.merged = {**p.statuses, **p.step.statuses}
+        return None
+
+    def _commit(self, p: _Pass) -> PassOutcome | None:
+        """If any status changed, write the changed status files and the
+        dashboard in one commit on the tip read, moving the branch only if it
+        still points there. Touches: the status branch (one commit, or
+        ``RefMoved``); the status caches of ``memory``; logs and metrics."""
+        assert p.step is not None
         written: dict[str, Any] = {}  # status path -> the plain data written there
-        changes = self._status_changes(statuses, step, merged, broken, status_tip, written)
+        changes = self._status_changes(
+            p.statuses, p.step, p.merged, p.broken, p.status_tip, written
+        )
         if changes:
-            message = _commit_message(step, spec_commit, broken)
-            commit = self.store.commit(status_branch, status_tip, changes, message, sign=self.sign)
-            self._committed(step, commit)
-            self._remember_written(commit, written, step.statuses)
+            message = _commit_message(p.step, p.spec_commit, p.broken)
+            p.commit = self.store.commit(
+                p.status_branch, p.status_tip, changes, message, sign=self.sign
+            )
+            self._committed(p.step, p.commit)
+            self._remember_written(p.commit, written, p.step.statuses)
             crashpoints.reach("after_push")
-        sent = self._execute(step.effects, documents.fleet, now)
-        self._seen_tip = commit if commit and status_branch == store.branch else tip
+        return None
+
+    def _send(self, p: _Pass) -> PassOutcome | None:
+        """Only now, send the jobs the committed status records. Touches: the
+        agents over HTTP; logs and metrics."""
+        assert p.step is not None and p.documents is not None and p.now is not None
+        p.sent = self._execute(p.step.effects, p.documents.fleet, p.now)
+        return None
+
+    def _outcome(self, p: _Pass) -> PassOutcome:
+        """What the pass did, for the loop; remembers a quiet pass."""
+        assert p.step is not None
+        step, merged = p.step, p.merged
+        self.memory.seen_tip = (
+            p.commit if p.commit and p.status_branch == self.store.branch else p.tip
+        )
         self._update_gauges(merged.values())
         outcome = PassOutcome(
-            tip=tip,
-            commit=commit,
+            tip=p.tip,
+            commit=p.commit,
             transitions=len(step.transitions),
-            jobs_sent=sent,
+            jobs_sent=p.sent,
             # The statuses just changed first: usually one of them is active,
             # and then the thousands of unchanged ones need not be looked at.
             active=any(engine.is_active(s) for s in step.statuses.values())
             or any(engine.is_active(s) for s in merged.values()),
             wakeup=engine.next_wakeup(merged.values()),
         )
-        if commit is None and not sent and not step.transitions and not self._watching:
-            self._quiet = _Quiet(tip, status_branch, status_tip, outcome.wakeup, outcome)
+        if p.commit is None and not p.sent and not step.transitions and not self.memory.watching:
+            self.memory.quiet = _Quiet(
+                p.tip, p.status_branch, p.status_tip, outcome.wakeup, outcome
+            )
         return outcome
 
     # -- reading -------------------------------------------------------------
 
     def _parse(self, blob_id: str, path: str) -> ParsedFile:
-        parsed = self._parsed.get(blob_id)
+        parsed = self.memory.parsed.get(blob_id)
         if parsed is None or parsed.path != path:
             parsed = parse_file(path, self.store.blob(blob_id))
-            self._parsed[blob_id] = parsed
+            self.memory.parsed[blob_id] = parsed
         return parsed
 
     def _read_documents(self, commit: str | None) -> Documents:
@@ -233,8 +343,8 @@ class Daemon:
                 *(store.subtree_id(commit, folder) for folder in SPEC_FOLDERS),
                 store.file_blob(commit, SETTINGS_PATH),
             )
-        if self._documents and self._documents[0] == key:
-            return self._documents[1]
+        if self.memory.documents and self.memory.documents[0] == key:
+            return self.memory.documents[1]
         blobs: dict[str, str] = {}  # path -> blob id
         if commit is not None:
             for folder in SPEC_FOLDERS:
@@ -244,10 +354,10 @@ class Daemon:
         documents = assemble(self._parse(blob_id, path) for path, blob_id in blobs.items())
         for problem in documents.problems:
             self._report("invalid_document", str(problem), path=problem.path)
-        self._documents = (key, documents)
+        self.memory.documents = (key, documents)
         live = set(blobs.values())
-        for blob_id in [b for b in self._parsed if b not in live]:
-            del self._parsed[blob_id]
+        for blob_id in [b for b in self.memory.parsed if b not in live]:
+            del self.memory.parsed[blob_id]
         return documents
 
     def _read_statuses(self, commit: str | None) -> tuple[dict[str, RolloutStatus], dict[str, str]]:
@@ -277,12 +387,12 @@ class Daemon:
                 key = (blob_id, *page_blobs)
                 live_blobs.update(key)
                 live_keys.add(key)
-                value = self._statuses.get(key)
+                value = self.memory.statuses.get(key)
                 if value is None:
                     value = status_values.status_from_files(main, pages)
                     if value.name != name:
                         raise ValueError(f"metadata.name is {value.name!r}, not {name!r}")
-                    self._statuses[key] = value
+                    self.memory.statuses[key] = value
                 statuses[name] = value
             except (YamlProblem, ValueError, KeyError, TypeError, AttributeError) as exc:
                 reason = str(exc.problem) if isinstance(exc, YamlProblem) else f"{path}: {exc}"
@@ -295,10 +405,10 @@ class Daemon:
                 )
         # Forget what the branch no longer holds: a long-running daemon must
         # not keep every version of every status file it ever read.
-        for blob_id in [b for b in self._status_data if b not in live_blobs]:
-            del self._status_data[blob_id]
-        for key in [k for k in self._statuses if k not in live_keys]:
-            del self._statuses[key]
+        for blob_id in [b for b in self.memory.status_data if b not in live_blobs]:
+            del self.memory.status_data[blob_id]
+        for key in [k for k in self.memory.statuses if k not in live_keys]:
+            del self.memory.statuses[key]
         return statuses, broken
 
     def _remember_written(
@@ -316,13 +426,13 @@ class Daemon:
                 continue
             pages = store.files(commit, f"status/{name}") if written[path].get("nodePages") else {}
             page_blobs = [page_blob for _, page_blob in sorted(pages.items())]
-            if any(p not in written and b not in self._status_data for p, b in pages.items()):
+            if any(p not in written and b not in self.memory.status_data for p, b in pages.items()):
                 continue  # a file we never read: the next pass reads this status itself
             for page_path, page_blob in pages.items():
                 if page_path in written:
-                    self._status_data[page_blob] = written[page_path]
-            self._status_data[blob_id] = written[path]
-            self._statuses[(blob_id, *page_blobs)] = value
+                    self.memory.status_data[page_blob] = written[page_path]
+            self.memory.status_data[blob_id] = written[path]
+            self.memory.statuses[(blob_id, *page_blobs)] = value
 
     def _held_by_unreadable(
         self,
@@ -333,10 +443,10 @@ class Daemon:
         """The nodes each rollout with an unreadable status may hold: those
         of its last readable status (remembered since start-up) and those
         its spec selects. Nobody else starts on them until it is repaired."""
-        self._last_readable.update(statuses)
+        self.memory.last_readable.update(statuses)
         held: dict[str, tuple[str, ...]] = {}
         for name in broken:
-            last = self._last_readable.get(name)
+            last = self.memory.last_readable.get(name)
             nodes = {n.name for n in last.nodes} if last is not None else set()
             spec = documents.rollouts.get(name)
             if spec is not None:
@@ -345,7 +455,7 @@ class Daemon:
         return held
 
     def _load_status_blob(self, path: str, blob_id: str) -> Any:
-        data = self._status_data.get(blob_id)
+        data = self.memory.status_data.get(blob_id)
         if data is None:
             data = load_yaml(path, self.store.blob(blob_id))
             if not isinstance(data, dict):
@@ -354,7 +464,7 @@ class Daemon:
                 # It parses but is not a status (a hand edit): the engine must
                 # never step from it, or it raises and the daemon exits.
                 raise ValueError(f"not a valid status: {_status_schema_error(data)}")
-            self._status_data[blob_id] = data
+            self.memory.status_data[blob_id] = data
         return data
 
     def _inputs(
@@ -469,7 +579,7 @@ class Daemon:
 
     # -- observing -----------------------------------------------------------
 
-    def _observe(self, statuses: Iterable[RolloutStatus], fleet: Fleet) -> Observations:
+    def _ask_agents(self, statuses: Iterable[RolloutStatus], fleet: Fleet) -> Observations:
         """Read every unfinished job, resend those the agent does not know
         (same id, same payload, fresh signature), and read the heartbeats
         and backup lists the engine needs. Failures are observations."""
@@ -485,7 +595,7 @@ class Daemon:
         in_flight = engine.in_flight(statuses)
         wanted_heartbeats = engine.wanted_heartbeats(statuses)
         wanted_backups = engine.wanted_backups(statuses)
-        self._watching = bool(in_flight or wanted_heartbeats or wanted_backups)
+        self.memory.watching = bool(in_flight or wanted_heartbeats or wanted_backups)
         jobs = [(url, job) for job in in_flight if (url := address(job.node))]
         observed: dict[str, JobObservation] = {}
         unknown: list[tuple[str, SendJob]] = []
@@ -517,13 +627,13 @@ class Daemon:
         }
         for node, ok in reachable.items():
             if ok:
-                self._unreachable.pop(node, None)
+                self.memory.unreachable.pop(node, None)
             else:
-                self._unreachable.setdefault(node, now)
+                self.memory.unreachable.setdefault(node, now)
         return Observations(
             jobs=observed,
             heartbeats=heartbeats,
-            unreachable_since=dict(self._unreachable),
+            unreachable_since=dict(self.memory.unreachable),
             backups=backups,
         )
 
@@ -574,13 +684,13 @@ class Daemon:
         nodes = self._nodes_by_name(fleet)
         jobs = [(nodes[job.node].agent, job) for job in effects if job.node in nodes]
         half = (len(jobs) + 1) // 2
-        self._send(jobs[:half], now)
+        self._send_batch(jobs[:half], now)
         if jobs[half:]:
             crashpoints.reach("mid_send")
-            self._send(jobs[half:], now)
+            self._send_batch(jobs[half:], now)
         return len(jobs)
 
-    def _send(self, jobs: list[tuple[str, SendJob]], now: datetime) -> None:
+    def _send_batch(self, jobs: list[tuple[str, SendJob]], now: datetime) -> None:
         if not jobs:
             return
         answers = self.client.send_jobs(jobs, now)
@@ -600,19 +710,19 @@ class Daemon:
     def _nodes_by_name(self, fleet: Fleet) -> dict[str, Node]:
         """``fleet.by_name()``, built once per fleet (documents are cached
         while the spec trees stay the same, and with them the fleet)."""
-        if self._by_name is None or self._by_name[0] is not fleet:
-            self._by_name = (fleet, fleet.by_name())
-        return self._by_name[1]
+        if self.memory.by_name is None or self.memory.by_name[0] is not fleet:
+            self.memory.by_name = (fleet, fleet.by_name())
+        return self.memory.by_name[1]
 
     # -- reporting -----------------------------------------------------------
 
     def _report(self, event: str, message: str, **fields: Any) -> None:
         """Log a standing problem once, not on every pass."""
-        if message in self._reported:
+        if message in self.memory.reported:
             return
-        self._reported.add(message)
-        if len(self._reported) > 10_000:
-            self._reported.clear()
+        self.memory.reported.add(message)
+        if len(self.memory.reported) > 10_000:
+            self.memory.reported.clear()
         self.log.warning(event, message, **fields)
 
     def _update_gauges(self, statuses: Iterable[RolloutStatus]) -> None:
