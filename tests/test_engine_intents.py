@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from engine_world import TARGET, World
 
-from reconciler.engine.step import ASK_AGAIN, RESUME_OF_HELD, SKIP
+from reconciler.engine.holds import ASK_AGAIN, HOLD_MESSAGES, RESUME_OF_HELD, SKIP
 from reconciler.spec.model import Target
-from reconciler.spec.rollout_status import NODE_STATES
+from reconciler.spec.rollout_status import HOLD_REASONS, NODE_STATES
 
 
 def started(nodes: list[str], **spec: object) -> World:
@@ -232,3 +232,7 @@ def test_the_resume_table_names_every_node_state_and_the_design_question_nodes()
     skipped = {s for s, a in RESUME_OF_HELD.items() if a == SKIP}
     assert asked == {"failed", "timed_out", "unknown", "pending"}
     assert skipped == {"stopped", "rolled_back", "rollback_failed"}
+
+
+def test_every_hold_reason_of_the_status_format_has_its_message_and_no_other() -> None:
+    assert list(HOLD_MESSAGES) == list(HOLD_REASONS)

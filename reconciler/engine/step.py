@@ -34,6 +34,15 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from reconciler.engine import lifecycle
+from reconciler.engine.holds import (
+    ASK_AGAIN,
+    RESTORE_STATES,
+    RESUME_OF_HELD,
+    SKIP,
+    VERDICT_STATES,
+    hold_message,
+    name_list,
+)
 from reconciler.engine.policy import decide
 from reconciler.engine.selection import resolve_nodes as _resolve
 from reconciler.engine.selection import unknown_node_ids
@@ -106,32 +115,6 @@ class FleetStep:
     transitions: tuple[Transition, ...] = ()  # for the commit message and logs
 
 
-# --- node state groups -------------------------------------------------------
-
-VERDICT_STATES = frozenset({"failed", "timed_out", "unknown"})
-# What a resumeRequest does with a held node, by the node's state (DESIGN.md
-# 5). Question nodes (a verdict: failed, timed_out, unknown, whether held by
-# health, retry_exhausted or rollback_unavailable; and a `pending` node held
-# by dispatch_refused) are asked again as a new attempt. Statement nodes
-# become `skipped`. A node removed or in maintenance is skipped whatever its
-# state. The other states are never held when a resume gets this far (a
-# restore in flight refuses the resume first), so a resume leaves them.
-ASK_AGAIN, SKIP, LEAVE = "ask again", "skip", "leave"
-RESUME_OF_HELD: Mapping[str, str] = {
-    "failed": ASK_AGAIN,
-    "timed_out": ASK_AGAIN,
-    "unknown": ASK_AGAIN,
-    "pending": ASK_AGAIN,
-    "stopped": SKIP,
-    "rolled_back": SKIP,
-    "rollback_failed": SKIP,
-    "dispatched": LEAVE,
-    "succeeded": LEAVE,
-    "skipped": LEAVE,
-    "rollback_pending": LEAVE,
-    "restoring": LEAVE,
-}
-RESTORE_STATES = frozenset({"rollback_pending", "restoring"})
 # How a node's error starts when its agent itself failed or refused the apply
 # job (not a health verdict): the agent then leaves or puts the previous
 # config back byte for byte (DESIGN.md 7), so that attempt changed nothing.
@@ -150,51 +133,6 @@ FROZEN_FIELDS = (
     ("include_maintenance", "includeMaintenance"),
     ("allow_overlap", "allowOverlap"),
 )
-
-# Why a hold exists and what the operator can do, by reason.
-HOLD_MESSAGES = {
-    "operator_paused": "paused by the operator (spec.paused is true); set paused: false to carry on",
-    "pause_after_batch": (
-        "batch {batch} finished and pauseAfter holds here; set a new resumeRequest "
-        "to start batch {next}, or abort"
-    ),
-    "health_failed": (
-        "health check failed on {nodes}{detail}; set a new resumeRequest to try them again, "
-        "list them in skipNodes to give up on them, or abort"
-    ),
-    "health_unknown": (
-        "no health evidence from {nodes}{detail}; check the agents, then set a new "
-        "resumeRequest to try again, list them in skipNodes, or abort"
-    ),
-    "retry_exhausted": (
-        "failed again after the automatic retry on {nodes}{detail}; set a new resumeRequest "
-        "to try once more, list them in skipNodes, or abort"
-    ),
-    "stopped": (
-        "stopped on failure, {nodes} left as they are{detail}; set a new resumeRequest "
-        "to skip them and carry on, or abort"
-    ),
-    "rollback_pending": (
-        "restoring {nodes} from their first backups after a failure{detail}; "
-        "wait for the restore, or abort"
-    ),
-    "rolled_back": (
-        "{nodes} failed and were restored from their backups{detail}; set a new "
-        "resumeRequest to skip them and carry on, or abort"
-    ),
-    "rollback_failed": (
-        "restoring {nodes} failed{detail}; inspect them (reconciler backups NODE), then set "
-        "a new resumeRequest to skip them and carry on, or abort"
-    ),
-    "rollback_unavailable": (
-        "{nodes} failed and have no backup to restore{detail}; set a new resumeRequest "
-        "to try them again, list them in skipNodes, or abort"
-    ),
-    "dispatch_refused": (
-        "cannot send jobs to {nodes}{detail}; fix the node files (maintenance, agent "
-        "address), then set a new resumeRequest, list them in skipNodes, or abort"
-    ),
-}
 
 
 def resolve_nodes(spec: RolloutSpec, fleet: Fleet) -> tuple[str, ...]:
@@ -693,7 +631,7 @@ class _RolloutStep:
         if missing:
             return self.wait(
                 "unknown_nodes",
-                f"nodeIds names nodes that do not exist: {_names(missing)}; add their files "
+                f"nodeIds names nodes that do not exist: {name_list(missing)}; add their files "
                 "under nodes/ or fix the list",
             )
         names = resolve_nodes(spec, self.ctx.fleet)
@@ -721,7 +659,7 @@ class _RolloutStep:
                 holders = sorted({claims[n] for n in shared})
                 return self.wait(
                     "overlap",
-                    f"waits for rollout {', '.join(holders)}: shares nodes {_names(shared)}; "
+                    f"waits for rollout {', '.join(holders)}: shares nodes {name_list(shared)}; "
                     "it starts when that one ends (or set allowOverlap: true)",
                 )
         self.start(spec, names)
@@ -1190,7 +1128,7 @@ class _RolloutStep:
             self.set_condition(
                 "resume_refused",
                 f"resumeRequest {token!r} refused: a restore is in progress on "
-                f"{_names(restoring)}; wait for it to finish, then resume again, or abort",
+                f"{name_list(restoring)}; wait for it to finish, then resume again, or abort",
             )
             return True
         if asked:
@@ -1326,13 +1264,13 @@ class _RolloutStep:
             names = [n.name for _, n in held]
             first = next(n for _, n in held if n.held == reason)
             detail = f" ({first.error})" if first.error else ""
-            message = HOLD_MESSAGES[reason].format(nodes=_names(names), detail=detail)
+            message = hold_message(reason, nodes=names, detail=detail)
             hold = self.make_hold(reason, message, tuple(names))
         elif spec is not None and (batch := self.pause_after_waiting(spec)) is not None:
-            message = HOLD_MESSAGES["pause_after_batch"].format(batch=batch, next=batch + 1)
+            message = hold_message("pause_after_batch", batch=batch)
             hold = self.make_hold("pause_after_batch", message, ())
         elif self.operator_paused:
-            hold = self.make_hold("operator_paused", HOLD_MESSAGES["operator_paused"], ())
+            hold = self.make_hold("operator_paused", hold_message("operator_paused"), ())
         self.hold = hold
         if hold is None:
             self.set_phase("running", "pause lifted" if self.phase == "paused" else "running")
@@ -1445,7 +1383,7 @@ class _RolloutStep:
                 plan.append((name, "skipped", "never changed: its apply did not succeed"))
         if waiting:
             message = (
-                f"waiting for the backup lists of {_names(waiting)} to find their first "
+                f"waiting for the backup lists of {name_list(waiting)} to find their first "
                 "backups; the restores are sent once they are read"
             )
             if previous is not None and previous.message == message:
@@ -1472,7 +1410,7 @@ class _RolloutStep:
             "rollback_refused",
             None
             if not refused
-            else f"rollbackRequest {request.id!r} refused for {_names(refused)}: "
+            else f"rollbackRequest {request.id!r} refused for {name_list(refused)}: "
             + "; ".join(f"{n.name}: {n.message}" for n in nodes if n.outcome == "refused")[:500],
         )
         state = "restoring" if any(n.outcome == "restoring" for n in nodes) else "done"
@@ -1562,12 +1500,6 @@ def _rollback_summary(nodes: Sequence[RollbackNode]) -> str:
     for n in nodes:
         counts[n.outcome] = counts.get(n.outcome, 0) + 1
     return ", ".join(f"{c} {o}" for o, c in counts.items()) or "no nodes"
-
-
-def _names(names: Sequence[str]) -> str:
-    shown = ", ".join(names[:HOLD_NODES_SHOWN])
-    more = len(names) - HOLD_NODES_SHOWN
-    return f"{shown} and {more} more" if more > 0 else shown
 
 
 # --- jobs rebuilt from status --------------------------------------------------

@@ -1,0 +1,101 @@
+"""Holds as one table: every reason a rollout can be held for, the message
+that tells the operator what to do about it, and what a resume does with
+each held node (DESIGN.md sections 4 and 5). The engine applies these; the
+reasons themselves are the status format's (``rollout_status.HOLD_REASONS``),
+and a test keeps both lists the same."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from reconciler.spec.rollout_status import HOLD_NODES_SHOWN
+
+# A node's health verdict; restores in flight.
+VERDICT_STATES = frozenset({"failed", "timed_out", "unknown"})
+RESTORE_STATES = frozenset({"rollback_pending", "restoring"})
+
+# What a resumeRequest does with a held node, by the node's state (DESIGN.md
+# 5). Question nodes (a verdict: failed, timed_out, unknown, whether held by
+# health, retry_exhausted or rollback_unavailable; and a `pending` node held
+# by dispatch_refused) are asked again as a new attempt. Statement nodes
+# become `skipped`. A node removed or in maintenance is skipped whatever its
+# state. The other states are never held when a resume gets this far (a
+# restore in flight refuses the resume first), so a resume leaves them.
+ASK_AGAIN, SKIP, LEAVE = "ask again", "skip", "leave"
+RESUME_OF_HELD: Mapping[str, str] = {
+    "failed": ASK_AGAIN,
+    "timed_out": ASK_AGAIN,
+    "unknown": ASK_AGAIN,
+    "pending": ASK_AGAIN,
+    "stopped": SKIP,
+    "rolled_back": SKIP,
+    "rollback_failed": SKIP,
+    "dispatched": LEAVE,
+    "succeeded": LEAVE,
+    "skipped": LEAVE,
+    "rollback_pending": LEAVE,
+    "restoring": LEAVE,
+}
+
+# Why a hold exists and what the operator can do, by reason.
+HOLD_MESSAGES = {
+    "operator_paused": "paused by the operator (spec.paused is true); set paused: false to carry on",
+    "pause_after_batch": (
+        "batch {batch} finished and pauseAfter holds here; set a new resumeRequest "
+        "to start batch {next}, or abort"
+    ),
+    "health_failed": (
+        "health check failed on {nodes}{detail}; set a new resumeRequest to try them again, "
+        "list them in skipNodes to give up on them, or abort"
+    ),
+    "health_unknown": (
+        "no health evidence from {nodes}{detail}; check the agents, then set a new "
+        "resumeRequest to try again, list them in skipNodes, or abort"
+    ),
+    "retry_exhausted": (
+        "failed again after the automatic retry on {nodes}{detail}; set a new resumeRequest "
+        "to try once more, list them in skipNodes, or abort"
+    ),
+    "stopped": (
+        "stopped on failure, {nodes} left as they are{detail}; set a new resumeRequest "
+        "to skip them and carry on, or abort"
+    ),
+    "rollback_pending": (
+        "restoring {nodes} from their first backups after a failure{detail}; "
+        "wait for the restore, or abort"
+    ),
+    "rolled_back": (
+        "{nodes} failed and were restored from their backups{detail}; set a new "
+        "resumeRequest to skip them and carry on, or abort"
+    ),
+    "rollback_failed": (
+        "restoring {nodes} failed{detail}; inspect them (reconciler backups NODE), then set "
+        "a new resumeRequest to skip them and carry on, or abort"
+    ),
+    "rollback_unavailable": (
+        "{nodes} failed and have no backup to restore{detail}; set a new resumeRequest "
+        "to try them again, list them in skipNodes, or abort"
+    ),
+    "dispatch_refused": (
+        "cannot send jobs to {nodes}{detail}; fix the node files (maintenance, agent "
+        "address), then set a new resumeRequest, list them in skipNodes, or abort"
+    ),
+}
+
+
+def hold_message(
+    reason: str, *, nodes: Sequence[str] = (), detail: str = "", batch: int = 0
+) -> str:
+    """The message of a hold for ``reason``: the held ``nodes`` (the first
+    few, and how many more), the first one's error as ``detail``, the
+    ``batch`` a pauseAfter holds after."""
+    return HOLD_MESSAGES[reason].format(
+        nodes=name_list(nodes), detail=detail, batch=batch, next=batch + 1
+    )
+
+
+def name_list(names: Sequence[str]) -> str:
+    """``a, b, c and 7 more``: the names a hold shows."""
+    shown = ", ".join(names[:HOLD_NODES_SHOWN])
+    more = len(names) - HOLD_NODES_SHOWN
+    return f"{shown} and {more} more" if more > 0 else shown
