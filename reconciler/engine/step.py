@@ -33,7 +33,8 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from reconciler.engine import lifecycle
+from reconciler.engine import evidence, lifecycle
+from reconciler.engine.evidence import JOB_FAILED, JOB_REFUSED, Judgement
 from reconciler.engine.holds import (
     ASK_AGAIN,
     RESTORE_STATES,
@@ -48,10 +49,9 @@ from reconciler.engine.selection import resolve_nodes as _resolve
 from reconciler.engine.selection import unknown_node_ids
 from reconciler.protocol.effects import SendJob
 from reconciler.protocol.job_ids import job_id
-from reconciler.protocol.observations import Heartbeat, JobObservation, Observations
+from reconciler.protocol.observations import JobObservation, Observations
 from reconciler.spec import agent_url
 from reconciler.spec.agent_url import is_usable_agent_url
-from reconciler.spec.durations import format_duration
 from reconciler.spec.model import Fleet, Node, Problem, RolloutSpec, Settings
 from reconciler.spec.rollout_status import (
     HOLD_NODES_SHOWN,
@@ -114,12 +114,6 @@ class FleetStep:
     effects: tuple[SendJob, ...] = ()  # jobs recorded in this step, to send after the commit
     transitions: tuple[Transition, ...] = ()  # for the commit message and logs
 
-
-# How a node's error starts when its agent itself failed or refused the apply
-# job (not a health verdict): the agent then leaves or puts the previous
-# config back byte for byte (DESIGN.md 7), so that attempt changed nothing.
-JOB_FAILED = "job failed"
-JOB_REFUSED = "refused by the agent"
 
 # The spec fields frozen at start, with their document names.
 FROZEN_FIELDS = (
@@ -812,73 +806,24 @@ class _RolloutStep:
                 if judged is not None:
                     self.record_verdict(i, *judged)
             elif node.state in RESTORE_STATES and node.restore is not None:
-                self.judge_restore(i, node, node.restore)
+                self.record_restore(i, node, node.restore)
 
-    def judge_apply(self, node: NodeRecord) -> tuple[str, str, str, JobObservation | None] | None:
-        """(verdict, node state, error, job) for the node's current attempt,
-        or None while it waits. Evidence seen now beats the deadline."""
-        assert self.frozen is not None and node.job_id is not None
-        assert node.deadline is not None and node.dispatched_at is not None
-        obs, now = self.ctx.obs, self.now
-        job = obs.jobs.get(node.job_id)
-        drift = ""
-        if job is not None:
-            if job.state in ("failed", "refused"):
-                what = JOB_REFUSED if job.state == "refused" else JOB_FAILED
-                return "failed", "failed", f"{what}: {job.error}" if job.error else what, job
-            if job.state == "succeeded":
-                if not self.frozen.live:
-                    return "passed", "succeeded", "", job
-                drift = self.heartbeat_problem(obs.heartbeats.get(node.name), job)
-                if not drift:
-                    return "passed", "succeeded", "", job
-        if self.ctx.node(node.name) is None:
-            return "unknown", "unknown", "node removed from nodes/", job
-        since = obs.unreachable_since.get(node.name)
-        unreachable = since is not None or (job is not None and job.state == "unreachable")
-        # An outage counts only from dispatch: a new attempt gets its own offlineAfter.
-        if since is not None and now - max(since, node.dispatched_at) >= self.ctx.offline_after:
-            return (
-                "unknown",
-                "unknown",
-                f"agent unreachable for {format_duration(self.ctx.settings.offline_after)} or more",
-                job,
-            )
-        if now >= node.deadline:
-            if unreachable:
-                return "unknown", "unknown", "agent unreachable when the deadline passed", job
-            if job is not None and job.state == "succeeded":
-                if drift.startswith("drift"):
-                    return "failed", "failed", drift, job
-                return "failed", "timed_out", f"deadline passed: {drift}", job
-            state = "no answer" if job is None else f"job still {job.state}"
-            return "failed", "timed_out", f"deadline passed: {state}", job
-        return None
-
-    def heartbeat_problem(self, beat: Heartbeat | None, job: JobObservation) -> str:
-        """Empty when a heartbeat after the job finished shows the target;
-        else what is missing (``drift: ...`` when it shows something else)."""
+    def judge_apply(self, node: NodeRecord) -> Judgement | None:
+        """The evidence rules (``evidence.judge_apply``) on what this pass saw."""
         assert self.frozen is not None
-        target = self.frozen.target
-        if beat is None:
-            return "no heartbeat after the job finished"
-        try:
-            fresh = job.finished_at is not None and parse_time(beat.time) > parse_time(
-                job.finished_at
-            )
-        except ValueError:
-            fresh = False
-        if not fresh:
-            return "no heartbeat after the job finished"
-        runtime = beat.runtime(target.runtime)
-        if runtime is None:
-            return f"drift: heartbeat does not report runtime {target.runtime}"
-        if (runtime.provider, runtime.model) != (target.provider, target.model):
-            return (
-                f"drift: heartbeat shows {runtime.provider}/{runtime.model}, "
-                f"expected {target.provider}/{target.model}"
-            )
-        return ""
+        obs = self.ctx.obs
+        return evidence.judge_apply(
+            node,
+            job=obs.jobs.get(node.job_id) if node.job_id is not None else None,
+            heartbeat=obs.heartbeats.get(node.name),
+            target=self.frozen.target,
+            live=self.frozen.live,
+            in_fleet=self.ctx.node(node.name) is not None,
+            unreachable_since=obs.unreachable_since.get(node.name),
+            offline_after=self.ctx.offline_after,
+            offline_after_seconds=self.ctx.settings.offline_after,
+            now=self.now,
+        )
 
     def record_verdict(
         self, i: int, verdict: str, state: str, error: str, job: JobObservation | None
@@ -912,18 +857,11 @@ class _RolloutStep:
         )
         self.set_node(i, new, error or verdict)
 
-    def judge_restore(self, i: int, node: NodeRecord, restore: RestoreRecord) -> None:
-        job = self.ctx.obs.jobs.get(restore.job_id)
-        outcome = error = ""
-        if job is not None and job.state in ("failed", "refused"):
-            outcome = "rollback_failed"
-            error = f"restore {job.state}: {job.error}" if job.error else f"restore {job.state}"
-        elif job is not None and job.state == "succeeded":
-            outcome = "rolled_back"
-        elif self.now >= restore.deadline:
-            outcome, error = "rollback_failed", "no evidence of the restore by its deadline"
-        if not outcome:
+    def record_restore(self, i: int, node: NodeRecord, restore: RestoreRecord) -> None:
+        judged = evidence.judge_restore(restore, self.ctx.obs.jobs.get(restore.job_id), self.now)
+        if judged is None:
             return
+        outcome, error = judged
         held = node.held
         if restore.request == "policy" or held is not None:
             held = None if self.phase_terminal() else outcome

@@ -1,0 +1,115 @@
+"""Section 4's evidence rules, as pure functions: what an observation says
+about one node's apply or restore. Values in, a verdict (or nothing yet)
+out; the engine records what these return and applies the failure policy
+to it. Evidence seen now beats the deadline."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from reconciler.protocol.observations import Heartbeat, JobObservation
+from reconciler.spec.durations import format_duration
+from reconciler.spec.model import Target
+from reconciler.spec.rollout_status import NodeRecord, RestoreRecord
+from reconciler.spec.times import parse_time
+
+# How a node's error starts when its agent itself failed or refused the apply
+# job (not a health verdict): the agent then leaves or puts the previous
+# config back byte for byte (DESIGN.md 7), so that attempt changed nothing.
+JOB_FAILED = "job failed"
+JOB_REFUSED = "refused by the agent"
+
+# (verdict, node state, error, the job observation it rests on)
+Judgement = tuple[str, str, str, JobObservation | None]
+
+
+def judge_apply(
+    node: NodeRecord,
+    *,
+    job: JobObservation | None,
+    heartbeat: Heartbeat | None,
+    target: Target,
+    live: bool,
+    in_fleet: bool,
+    unreachable_since: datetime | None,
+    offline_after: timedelta,
+    offline_after_seconds: int,
+    now: datetime,
+) -> Judgement | None:
+    """The verdict on a dispatched node's current attempt, or None while it
+    waits: the agent's own failure or refusal fails it; success passes it
+    (live: only with a fresh heartbeat showing the target); a node gone from
+    nodes/ or unreachable for ``offline_after`` is unknown; past the deadline
+    it is timed out (failed, if a heartbeat shows drift)."""
+    assert node.job_id is not None
+    assert node.deadline is not None and node.dispatched_at is not None
+    drift = ""
+    if job is not None:
+        if job.state in ("failed", "refused"):
+            what = JOB_REFUSED if job.state == "refused" else JOB_FAILED
+            return "failed", "failed", f"{what}: {job.error}" if job.error else what, job
+        if job.state == "succeeded":
+            if not live:
+                return "passed", "succeeded", "", job
+            drift = heartbeat_problem(heartbeat, job, target)
+            if not drift:
+                return "passed", "succeeded", "", job
+    if not in_fleet:
+        return "unknown", "unknown", "node removed from nodes/", job
+    since = unreachable_since
+    unreachable = since is not None or (job is not None and job.state == "unreachable")
+    # An outage counts only from dispatch: a new attempt gets its own offlineAfter.
+    if since is not None and now - max(since, node.dispatched_at) >= offline_after:
+        return (
+            "unknown",
+            "unknown",
+            f"agent unreachable for {format_duration(offline_after_seconds)} or more",
+            job,
+        )
+    if now >= node.deadline:
+        if unreachable:
+            return "unknown", "unknown", "agent unreachable when the deadline passed", job
+        if job is not None and job.state == "succeeded":
+            if drift.startswith("drift"):
+                return "failed", "failed", drift, job
+            return "failed", "timed_out", f"deadline passed: {drift}", job
+        state = "no answer" if job is None else f"job still {job.state}"
+        return "failed", "timed_out", f"deadline passed: {state}", job
+    return None
+
+
+def heartbeat_problem(beat: Heartbeat | None, job: JobObservation, target: Target) -> str:
+    """Empty when a heartbeat after the job finished shows the target;
+    else what is missing (``drift: ...`` when it shows something else)."""
+    if beat is None:
+        return "no heartbeat after the job finished"
+    try:
+        fresh = job.finished_at is not None and parse_time(beat.time) > parse_time(job.finished_at)
+    except ValueError:
+        fresh = False
+    if not fresh:
+        return "no heartbeat after the job finished"
+    runtime = beat.runtime(target.runtime)
+    if runtime is None:
+        return f"drift: heartbeat does not report runtime {target.runtime}"
+    if (runtime.provider, runtime.model) != (target.provider, target.model):
+        return (
+            f"drift: heartbeat shows {runtime.provider}/{runtime.model}, "
+            f"expected {target.provider}/{target.model}"
+        )
+    return ""
+
+
+def judge_restore(
+    restore: RestoreRecord, job: JobObservation | None, now: datetime
+) -> tuple[str, str] | None:
+    """(outcome, error) of a restore job, or None while it waits: the
+    agent's answer decides; with none by the deadline it failed."""
+    if job is not None and job.state in ("failed", "refused"):
+        error = f"restore {job.state}: {job.error}" if job.error else f"restore {job.state}"
+        return "rollback_failed", error
+    if job is not None and job.state == "succeeded":
+        return "rolled_back", ""
+    if now >= restore.deadline:
+        return "rollback_failed", "no evidence of the restore by its deadline"
+    return None
