@@ -33,18 +33,17 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from reconciler.engine import evidence, lifecycle
-from reconciler.engine.evidence import JOB_FAILED, JOB_REFUSED, Judgement
+from reconciler.engine import evidence, intents, lifecycle, rollback
+from reconciler.engine.evidence import Judgement
 from reconciler.engine.holds import (
-    ASK_AGAIN,
     RESTORE_STATES,
-    RESUME_OF_HELD,
-    SKIP,
     VERDICT_STATES,
     hold_message,
     name_list,
 )
 from reconciler.engine.policy import decide
+from reconciler.engine.records import evolve
+from reconciler.engine.rollback import restore_waiting
 from reconciler.engine.selection import resolve_nodes as _resolve
 from reconciler.engine.selection import unknown_node_ids
 from reconciler.protocol.effects import SendJob
@@ -63,8 +62,6 @@ from reconciler.spec.rollout_status import (
     Hold,
     NodeRecord,
     RestoreRecord,
-    RollbackNode,
-    RollbackRecord,
     RolloutStatus,
     TransitionRecord,
 )
@@ -367,7 +364,7 @@ def step_fleet(
             return False
         before = ctx._current.get(inp.name)
         reads = ctx.reads
-        step = _RolloutStep(inp, before, ctx)
+        step = RolloutStep(inp, before, ctx)
         new = step.run()
         independent = ctx.reads == reads
         ctx.set_current(inp.name, new)
@@ -415,7 +412,7 @@ def step_fleet(
 # --- one rollout's step ------------------------------------------------------------
 
 
-class _RolloutStep:
+class RolloutStep:
     """Working copy of one rollout's status during one step. Node records are
     copied only when the first one changes, and only the batches a step
     touches are re-examined, so an idle step on a large rollout costs about
@@ -722,15 +719,15 @@ class _RolloutStep:
         self.observe()
         if self.phase_terminal():
             self.carry_out_decided_restores()
-            self.handle_rollback_request()
+            rollback.handle_request(self)
             self.close_terminal()
             return
-        self.handle_rollback_request()
+        rollback.handle_request(self)
         if spec is not None and not spec.paused:
-            self.skip_nodes(spec)
+            intents.skip_nodes(self, spec)
             for _ in range(len(self.batches) + 3):
                 progressed = self.decide_verdicts()
-                progressed |= self.handle_resume(spec)
+                progressed |= intents.handle_resume(self, spec)
                 progressed |= self.advance(spec)
                 if not progressed:
                     break
@@ -742,9 +739,9 @@ class _RolloutStep:
         self.observe()
         self.carry_out_decided_restores()
         if self.inp.spec is not None and self.old.started:
-            self.handle_rollback_request()
+            rollback.handle_request(self)
         elif self.inp.spec is not None and self.inp.spec.rollback_request is not None:
-            self.refuse_rollback_request("the rollout never started: nothing to roll back")
+            rollback.refuse_request(self, "the rollout never started: nothing to roll back")
         self.close_terminal()
 
     def phase_terminal(self) -> bool:
@@ -766,8 +763,8 @@ class _RolloutStep:
         that finish after the end are recorded without a hold."""
         for i in list(self.open_indexes()):
             node = self.nodes[i]
-            if node.held is not None and not _restore_waiting(node):
-                self.set_node(i, _evolve(node, held=None), "rollout ended")
+            if node.held is not None and not restore_waiting(node):
+                self.set_node(i, evolve(node, held=None), "rollout ended")
         self.update_batches()
 
     def check_frozen(self, spec: RolloutSpec) -> None:
@@ -844,7 +841,7 @@ class _RolloutStep:
                 first_backup_id, first_attempt = job.backup_id, node.attempt
             # Else the agent failed or refused it without a backup and left
             # the config as it was: the next apply counts as the first.
-        new = _evolve(
+        new = evolve(
             node,
             state=state,
             verdict=verdict,
@@ -865,7 +862,7 @@ class _RolloutStep:
         held = node.held
         if restore.request == "policy" or held is not None:
             held = None if self.phase_terminal() else outcome
-        new = _evolve(
+        new = evolve(
             node,
             state=outcome,
             held=held,
@@ -873,7 +870,7 @@ class _RolloutStep:
         )
         self.set_node(i, new, error or "restore succeeded")
         if restore.request != "policy":
-            self.update_rollback_outcome(restore.request, node.name, outcome, error)
+            rollback.update_outcome(self, restore.request, node.name, outcome, error)
 
     # -- decisions
 
@@ -886,7 +883,7 @@ class _RolloutStep:
         progressed = False
         for i in list(self.open_indexes()):
             node = self.nodes[i]
-            if _restore_waiting(node):
+            if restore_waiting(node):
                 progressed |= self.start_policy_restore(i)
                 continue
             if node.state not in VERDICT_STATES or node.held is not None:
@@ -905,12 +902,12 @@ class _RolloutStep:
                     continue  # nothing else is dispatched while a restore runs
                 self.dispatch(i, "automatic retry (retry_once)", auto_retry=True)
             elif decision.action == "stop":
-                self.set_node(i, _evolve(node, state="stopped", held="stopped"), "policy stop")
+                self.set_node(i, evolve(node, state="stopped", held="stopped"), "policy stop")
             elif decision.action == "rollback":
-                self.set_node(i, _evolve(node, held="rollback_pending"), "policy rollback")
+                self.set_node(i, evolve(node, held="rollback_pending"), "policy rollback")
                 self.start_policy_restore(i)
             elif decision.action == "hold":
-                self.set_node(i, _evolve(node, held=decision.hold), decision.hold or "hold")
+                self.set_node(i, evolve(node, held=decision.hold), decision.hold or "hold")
             progressed = True
         return progressed
 
@@ -938,7 +935,7 @@ class _RolloutStep:
             ((ours[b.job_id], b.backup_id) for b in backups if b.job_id in ours), default=None
         )
         attempt, backup = found if found is not None else (start, None)
-        new = _evolve(
+        new = evolve(
             node, first_backup_id=backup, first_backup_known=True, first_apply_attempt=attempt
         )
         self.set_node(i, new, "backup list searched")
@@ -949,7 +946,7 @@ class _RolloutStep:
         if not node.first_backup_known:
             return False  # wait for the backup list (wanted_backups asks for it)
         if node.first_backup_id is None:
-            self.set_node(i, _evolve(node, held="rollback_unavailable"), "no backup to restore")
+            self.set_node(i, evolve(node, held="rollback_unavailable"), "no backup to restore")
             return True
         self.send_restore(i, "policy", "rollback_pending")
         return True
@@ -958,12 +955,12 @@ class _RolloutStep:
         """After an abort, restores the policy decided are still carried out."""
         for i in list(self.open_indexes()):
             node = self.nodes[i]
-            if _restore_waiting(node):
+            if restore_waiting(node):
                 node = self.resolve_first_backup(i)
                 if node.first_backup_known and node.first_backup_id is not None:
                     self.send_restore(i, "policy", "rollback_pending")
                 elif node.first_backup_known:
-                    self.set_node(i, _evolve(node, held=None), "no backup to restore")
+                    self.set_node(i, evolve(node, held=None), "no backup to restore")
 
     def send_restore(self, i: int, request: str, state: str) -> None:
         node = self.nodes[i]
@@ -979,7 +976,7 @@ class _RolloutStep:
             dispatched_at=self.now,
             deadline=self.deadline(),
         )
-        self.set_node(i, _evolve(node, state=state, restore=restore), f"restore ({request})")
+        self.set_node(i, evolve(node, state=state, restore=restore), f"restore ({request})")
         self.effects.append(_restore_job(self.inp.name, self.frozen, node.name, restore))
 
     def restores_in_flight(self) -> bool:
@@ -998,7 +995,7 @@ class _RolloutStep:
         fleet_node = self.ctx.node(node.name)
         if fleet_node is None:
             if node.state == "pending":
-                new = _evolve(
+                new = evolve(
                     node,
                     state="unknown",
                     verdict="unknown",
@@ -1009,7 +1006,7 @@ class _RolloutStep:
                 self.set_node(i, new, "node removed from nodes/")
             else:
                 error = "node removed from nodes/"
-                self.set_node(i, _evolve(node, held="dispatch_refused", error=error), error)
+                self.set_node(i, evolve(node, held="dispatch_refused", error=error), error)
             return
         refusal = ""
         if fleet_node.maintenance and not self.frozen.include_maintenance:
@@ -1018,11 +1015,11 @@ class _RolloutStep:
             refusal = f"agent address {fleet_node.agent!r} is not {agent_url.SHAPE}"
         if refusal:
             # A resumed question node keeps its verdict and is held again.
-            self.set_node(i, _evolve(node, held="dispatch_refused", error=refusal), refusal)
+            self.set_node(i, evolve(node, held="dispatch_refused", error=refusal), refusal)
             return
         attempt = node.attempt + 1
         jid = job_id(self.inp.name, self.start_commit, node.name, attempt, "apply")
-        new = _evolve(
+        new = evolve(
             node,
             state="dispatched",
             attempt=attempt,
@@ -1039,67 +1036,6 @@ class _RolloutStep:
         )
         self.set_node(i, new, reason)
         self.effects.append(_apply_job(self.inp.name, self.frozen, new))
-
-    def skip_nodes(self, spec: RolloutSpec) -> None:
-        for name in spec.skip_nodes:
-            i = self.index(name)
-            if i is None:
-                continue
-            node = self.nodes[i]
-            if node.state in ("succeeded", "skipped", "dispatched") or node.state in RESTORE_STATES:
-                continue
-            self.set_node(i, _evolve(node, state="skipped", held=None), "skipNodes")
-
-    def handle_resume(self, spec: RolloutSpec) -> bool:
-        token = spec.resume_request
-        if not token or token == self.last_handled_resume:
-            return False
-        self.last_handled_resume = token
-        open_nodes = list(self.open_indexes())
-        restoring = [
-            self.nodes[i].name
-            for i in open_nodes
-            if self.nodes[i].state in RESTORE_STATES or _restore_waiting(self.nodes[i])
-        ]
-        asked = [r.id for r in self.rollbacks if r.state == "waiting"]
-        if restoring:
-            self.set_condition(
-                "resume_refused",
-                f"resumeRequest {token!r} refused: a restore is in progress on "
-                f"{name_list(restoring)}; wait for it to finish, then resume again, or abort",
-            )
-            return True
-        if asked:
-            self.set_condition(
-                "resume_refused",
-                f"resumeRequest {token!r} refused: rollbackRequest {asked[0]!r} waits for "
-                "the agents' backup lists to send its restores; wait for it, then resume "
-                "again, or abort",
-            )
-            return True
-        self.set_condition("resume_refused", None)
-        held = [i for i in open_nodes if self.nodes[i].held is not None]
-        if held:
-            for i in held:
-                node = self.nodes[i]
-                fleet_node = self.ctx.node(node.name)
-                gone = fleet_node is None or (
-                    fleet_node.maintenance
-                    and self.frozen is not None
-                    and not self.frozen.include_maintenance
-                )
-                action = SKIP if gone else RESUME_OF_HELD[node.state]
-                if action == SKIP:
-                    why = "resume: removed or in maintenance" if gone else "resume"
-                    self.set_node(i, _evolve(node, state="skipped", held=None), why)
-                elif action == ASK_AGAIN:
-                    self.dispatch(i, f"resume {token!r}")
-            return True
-        waiting = self.pause_after_waiting(spec)
-        if waiting is not None:
-            self.dispatch_batch(waiting + 1, f"resume {token!r} after batch {waiting}")
-            return True
-        return True  # recorded; nothing was held
 
     def pause_after_waiting(self, spec: RolloutSpec) -> int | None:
         """The batch after which pauseAfter holds now, if any."""
@@ -1163,7 +1099,7 @@ class _RolloutStep:
             return (
                 node.state != "dispatched"
                 and node.state not in RESTORE_STATES
-                and not (_restore_waiting(node))
+                and not (restore_waiting(node))
             )
         if node.held is not None:
             return False
@@ -1227,218 +1163,6 @@ class _RolloutStep:
         )
         return old if old == new else new
 
-    # -- explicit rollback
-
-    def refuse_rollback_request(self, message: str) -> None:
-        spec = self.inp.spec
-        assert spec is not None and spec.rollback_request is not None
-        request = spec.rollback_request
-        if any(r.id == request.id for r in self.rollbacks):
-            return
-        record = RollbackRecord(
-            id=request.id,
-            requested_by=self.inp.author,
-            time=self.now,
-            state="refused",
-            message=message,
-        )
-        self.rollbacks = (*self.rollbacks, record)
-        self.set_condition("rollback_refused", f"rollbackRequest {request.id!r} refused: {message}")
-        self.spec_commit = self.inp.spec_commit
-
-    def handle_rollback_request(self) -> None:
-        spec = self.inp.spec
-        if spec is None:
-            return
-        request = spec.rollback_request
-        self.withdraw_waiting(request.id if request is not None else None)
-        if request is None:
-            return
-        previous = next((r for r in self.rollbacks if r.id == request.id), None)
-        if previous is not None and previous.state != "waiting":
-            return  # handled: the same id restores once
-        assert self.frozen is not None
-        if not self.frozen.live:
-            self.refuse_rollback_request(
-                "a dry-run rollout changed nothing, so there is nothing to roll back"
-            )
-            return
-        if self.phase == "running" and previous is None:
-            # A request accepted while held and waiting for backup lists stays
-            # accepted: nothing is dispatched while it waits.
-            self.refuse_rollback_request(
-                "the rollout is running and not held; pause it first (paused: true), "
-                "or wait for a hold"
-            )
-            return
-        if request.nodes is None:
-            wanted = [n.name for n in self.nodes]
-        else:
-            wanted = list(dict.fromkeys(request.nodes))
-        plan: list[tuple[str, str, str]] = []  # (name, outcome, message)
-        waiting: list[str] = []
-        changed_by = self.changed_since()
-        for name in wanted:
-            i = self.index(name)
-            if i is None:
-                plan.append((name, "refused", "not a node of this rollout"))
-                continue
-            node = self.nodes[i]
-            if node.attempt == 0:
-                plan.append((name, "skipped", "never sent: this rollout did not change it"))
-                continue
-            if node.state == "dispatched" or node.state in RESTORE_STATES:
-                plan.append((name, "refused", "a job is in flight on it; retry when it finished"))
-                continue
-            if name in changed_by:
-                plan.append((name, "refused", f"changed since by rollout {changed_by[name]}"))
-                continue
-            if _never_applied(node):
-                # Its backup holds what the agent already put back; restoring
-                # it would rerun the after-apply command for nothing.
-                plan.append((name, "skipped", "never changed: its only apply failed"))
-                continue
-            node = self.resolve_first_backup(i)
-            if not node.first_backup_known:
-                waiting.append(name)
-                plan.append((name, "waiting", ""))
-                continue
-            if node.first_backup_id is not None:
-                plan.append((name, "restoring", ""))
-            elif node.first_apply_attempt is not None or node.state == "succeeded":
-                # A later attempt's backup holds bytes from within this
-                # rollout: putting them back is no rollback (DESIGN.md 5).
-                which = f" (attempt {node.first_apply_attempt})" if node.first_apply_attempt else ""
-                plan.append(
-                    (
-                        name,
-                        "unavailable",
-                        f"its first apply{which} left no backup: the node had no config "
-                        "before this rollout, or already had its target",
-                    )
-                )
-            else:
-                plan.append((name, "skipped", "never changed: its apply did not succeed"))
-        if waiting:
-            message = (
-                f"waiting for the backup lists of {name_list(waiting)} to find their first "
-                "backups; the restores are sent once they are read"
-            )
-            if previous is not None and previous.message == message:
-                return
-            record = RollbackRecord(
-                request.id,
-                previous.requested_by if previous is not None else self.inp.author,
-                previous.time if previous is not None else self.now,
-                "waiting",
-                message,
-            )
-            self.rollbacks = (*(r for r in self.rollbacks if r.id != request.id), record)
-            self.spec_commit = self.inp.spec_commit
-            return
-        nodes: list[RollbackNode] = []
-        for name, outcome, message in plan:
-            if outcome == "restoring":
-                i = self.index(name)
-                assert i is not None
-                self.send_restore(i, request.id, "restoring")
-            nodes.append(RollbackNode(name, outcome, message))
-        refused = [n.name for n in nodes if n.outcome == "refused"]
-        self.set_condition(
-            "rollback_refused",
-            None
-            if not refused
-            else f"rollbackRequest {request.id!r} refused for {name_list(refused)}: "
-            + "; ".join(f"{n.name}: {n.message}" for n in nodes if n.outcome == "refused")[:500],
-        )
-        state = "restoring" if any(n.outcome == "restoring" for n in nodes) else "done"
-        record = RollbackRecord(
-            request.id,
-            # who asked is settled when the request is first seen
-            previous.requested_by if previous is not None else self.inp.author,
-            previous.time if previous is not None else self.now,
-            state,
-            _rollback_summary(nodes),
-            tuple(nodes),
-        )
-        self.rollbacks = (*(r for r in self.rollbacks if r.id != request.id), record)
-        self.spec_commit = self.inp.spec_commit
-
-    def withdraw_waiting(self, current: str | None) -> None:
-        """A request waiting for backup lists that the file no longer carries
-        (removed, or replaced by a new id) has sent nothing: it ends refused,
-        so it stops holding back dispatches and resumes."""
-        if not any(r.state == "waiting" and r.id != current for r in self.rollbacks):
-            return
-        why = f"replaced by {current!r}" if current is not None else "removed from the file"
-        self.rollbacks = tuple(
-            replace(r, state="refused", message=f"{why} before its restores were sent")
-            if r.state == "waiting" and r.id != current
-            else r
-            for r in self.rollbacks
-        )
-
-    def changed_since(self) -> dict[str, str]:
-        """Nodes of this rollout that a later-started or running rollout has
-        sent a job to, with that rollout's name."""
-        mine = {n.name for n in self.nodes}
-        started = self.started_at
-        found: dict[str, str] = {}
-        for name, other in self.ctx.current.items():
-            if name == self.inp.name or not other.started or other.started_at is None:
-                continue
-            later = started is None or other.started_at > started
-            if not (later or other.phase in ("running", "paused")):
-                continue
-            for node in other.nodes:
-                if node.attempt > 0 and node.name in mine:
-                    found.setdefault(node.name, name)
-        return found
-
-    def update_rollback_outcome(self, request: str, node: str, outcome: str, error: str) -> None:
-        records = list(self.rollbacks)
-        for k, record in enumerate(records):
-            if record.id != request:
-                continue
-            nodes = tuple(
-                RollbackNode(n.name, outcome, error) if n.name == node else n for n in record.nodes
-            )
-            state = "restoring" if any(n.outcome == "restoring" for n in nodes) else "done"
-            records[k] = replace(
-                record, nodes=nodes, state=state, message=_rollback_summary(list(nodes))
-            )
-        self.rollbacks = tuple(records)
-
-
-_NODE_FIELDS = frozenset(NodeRecord.__dataclass_fields__)
-
-
-def _evolve(node: NodeRecord, **changes: Any) -> NodeRecord:
-    """``dataclasses.replace`` for node records without its per-call field
-    introspection, which dominated stepping large rollouts."""
-    assert changes.keys() <= _NODE_FIELDS, changes.keys() - _NODE_FIELDS
-    new = object.__new__(NodeRecord)
-    new.__dict__.update(node.__dict__)
-    new.__dict__.update(changes)
-    return new
-
-
-def _never_applied(node: NodeRecord) -> bool:
-    """The node's one apply attempt was failed or refused by its agent, so
-    this rollout never changed its config (a later attempt might have)."""
-    return (
-        node.attempt == 1
-        and node.verdict == "failed"
-        and node.error.startswith((JOB_FAILED, JOB_REFUSED))
-    )
-
-
-def _rollback_summary(nodes: Sequence[RollbackNode]) -> str:
-    counts: dict[str, int] = {}
-    for n in nodes:
-        counts[n.outcome] = counts.get(n.outcome, 0) + 1
-    return ", ".join(f"{c} {o}" for o, c in counts.items()) or "no nodes"
-
 
 # --- jobs rebuilt from status --------------------------------------------------
 
@@ -1485,11 +1209,6 @@ def _open_nodes(status: RolloutStatus) -> Iterable[NodeRecord]:
                 yield node
 
 
-def _restore_waiting(node: NodeRecord) -> bool:
-    """The policy decided a restore that waits for the agent's backup list."""
-    return node.held == "rollback_pending" and node.state not in RESTORE_STATES
-
-
 def _restores_in_flight(status: RolloutStatus) -> bool:
     return any(s in RESTORE_STATES for s, _ in status.progress)
 
@@ -1530,7 +1249,7 @@ def wanted_backups(statuses: Iterable[RolloutStatus]) -> tuple[str, ...]:
         if status.frozen is None or not status.frozen.live:
             continue
         for node in _open_nodes(status):
-            if _restore_waiting(node) and not node.first_backup_known:
+            if restore_waiting(node) and not node.first_backup_known:
                 names[node.name] = None
         if any(r.state == "waiting" for r in status.rollbacks):
             for node in status.nodes:
@@ -1571,5 +1290,5 @@ def is_active(status: RolloutStatus) -> bool:
     return (
         bool(in_flight([status]))
         or any(r.state == "waiting" for r in status.rollbacks)
-        or any(_restore_waiting(n) for n in _open_nodes(status))
+        or any(restore_waiting(n) for n in _open_nodes(status))
     )
