@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from engine_world import World
 
+from reconciler.engine.rollback import backup_outcome, node_outcome, request_refusal
 from reconciler.engine.step import StepMemo, step_fleet
 from reconciler.spec import schemas
 from reconciler.spec.model import Fleet, Settings
-from reconciler.spec.rollout_status import from_record, to_record
+from reconciler.spec.rollout_status import NodeRecord, from_record, to_record
 
 STATUS_SCHEMA = schemas.validator("rollout-status")
 
@@ -485,3 +487,29 @@ def test_a_finished_rollout_left_at_rest_by_the_memo_still_takes_a_rollback_requ
     with_memo = step_fleet(w.inputs(), fleet, w.settings, w.observations(), w.at(10), memo=memo)
     assert with_memo == plain
     assert with_memo.statuses["r"].nodes[0].state == "restoring"
+
+
+def test_the_rollback_rules_for_one_node_decide_in_design_order() -> None:
+    sent = NodeRecord(name="a", batch=1, state="succeeded", attempt=1, job_id="j")
+    assert node_outcome(None, None) == ("refused", "not a node of this rollout")
+    assert node_outcome(NodeRecord(name="a", batch=1), None) == (
+        "skipped",
+        "never sent: this rollout did not change it",
+    )
+    assert node_outcome(replace(sent, state="dispatched"), "other") == (
+        "refused",
+        "a job is in flight on it; retry when it finished",
+    )
+    assert node_outcome(sent, "later") == ("refused", "changed since by rollout later")
+    assert node_outcome(sent, None) is None  # its first backup decides
+    assert backup_outcome(replace(sent, first_backup_known=False))[0] == "waiting"
+    known = replace(sent, first_backup_known=True, first_apply_attempt=1)
+    assert backup_outcome(replace(known, first_backup_id="bk"))[0] == "restoring"
+    assert backup_outcome(known)[0] == "unavailable"
+
+
+def test_a_rollback_request_is_refused_whole_on_a_dry_run_or_a_running_rollout() -> None:
+    assert "dry-run" in request_refusal(False, "paused", accepted=False)
+    assert "running and not held" in request_refusal(True, "running", accepted=False)
+    assert request_refusal(True, "running", accepted=True) == ""
+    assert request_refusal(True, "paused", accepted=False) == ""

@@ -36,6 +36,10 @@ def refuse_request(step: RolloutStep, message: str) -> None:
 
 
 def handle_request(step: RolloutStep) -> None:
+    """Handle the rollout's ``rollbackRequest``, once per id: refuse it as a
+    whole (``request_refusal``); or plan each node (``node_outcome``) and
+    either wait for backup lists (``wait_for_backups``) or send the restores
+    and record the outcome (``start_restores``)."""
     spec = step.inp.spec
     if spec is None:
         return
@@ -47,101 +51,131 @@ def handle_request(step: RolloutStep) -> None:
     if previous is not None and previous.state != "waiting":
         return  # handled: the same id restores once
     assert step.frozen is not None
-    if not step.frozen.live:
-        refuse_request(step, "a dry-run rollout changed nothing, so there is nothing to roll back")
+    refusal = request_refusal(step.frozen.live, step.phase, accepted=previous is not None)
+    if refusal:
+        refuse_request(step, refusal)
         return
-    if step.phase == "running" and previous is None:
-        # A request accepted while held and waiting for backup lists stays
-        # accepted: nothing is dispatched while it waits.
-        refuse_request(
-            step,
-            "the rollout is running and not held; pause it first (paused: true), "
-            "or wait for a hold",
-        )
-        return
-    if request.nodes is None:
-        wanted = [n.name for n in step.nodes]
-    else:
-        wanted = list(dict.fromkeys(request.nodes))
+    wanted = (
+        [n.name for n in step.nodes]
+        if request.nodes is None
+        else list(dict.fromkeys(request.nodes))
+    )
     plan: list[tuple[str, str, str]] = []  # (name, outcome, message)
-    waiting: list[str] = []
     changed_by = changed_since(step)
     for name in wanted:
         i = step.index(name)
-        if i is None:
-            plan.append((name, "refused", "not a node of this rollout"))
-            continue
-        node = step.nodes[i]
-        if node.attempt == 0:
-            plan.append((name, "skipped", "never sent: this rollout did not change it"))
-            continue
-        if node.state == "dispatched" or node.state in RESTORE_STATES:
-            plan.append((name, "refused", "a job is in flight on it; retry when it finished"))
-            continue
-        if name in changed_by:
-            plan.append((name, "refused", f"changed since by rollout {changed_by[name]}"))
-            continue
-        if never_applied(node):
-            # Its backup holds what the agent already put back; restoring
-            # it would rerun the after-apply command for nothing.
-            plan.append((name, "skipped", "never changed: its only apply failed"))
-            continue
-        node = step.resolve_first_backup(i)
-        if not node.first_backup_known:
-            waiting.append(name)
-            plan.append((name, "waiting", ""))
-            continue
-        if node.first_backup_id is not None:
-            plan.append((name, "restoring", ""))
-        elif node.first_apply_attempt is not None or node.state == "succeeded":
-            # A later attempt's backup holds bytes from within this
-            # rollout: putting them back is no rollback (DESIGN.md 5).
-            which = f" (attempt {node.first_apply_attempt})" if node.first_apply_attempt else ""
-            plan.append(
-                (
-                    name,
-                    "unavailable",
-                    f"its first apply{which} left no backup: the node had no config "
-                    "before this rollout, or already had its target",
-                )
-            )
-        else:
-            plan.append((name, "skipped", "never changed: its apply did not succeed"))
+        node = step.nodes[i] if i is not None else None
+        decided = node_outcome(node, changed_by.get(name))
+        if decided is None:
+            assert i is not None
+            decided = backup_outcome(step.resolve_first_backup(i))
+        plan.append((name, *decided))
+    waiting = [name for name, outcome, _ in plan if outcome == "waiting"]
     if waiting:
-        message = (
-            f"waiting for the backup lists of {name_list(waiting)} to find their first "
-            "backups; the restores are sent once they are read"
+        wait_for_backups(step, request.id, previous, waiting)
+    else:
+        start_restores(step, request.id, previous, plan)
+
+
+def request_refusal(live: bool, phase: str, *, accepted: bool) -> str:
+    """Why a rollbackRequest is refused as a whole, or "" (DESIGN.md 5)."""
+    if not live:
+        return "a dry-run rollout changed nothing, so there is nothing to roll back"
+    if phase == "running" and not accepted:
+        # A request accepted while held and waiting for backup lists stays
+        # accepted: nothing is dispatched while it waits.
+        return (
+            "the rollout is running and not held; pause it first (paused: true), or wait for a hold"
         )
-        if previous is not None and previous.message == message:
-            return
-        record = RollbackRecord(
-            request.id,
-            previous.requested_by if previous is not None else step.inp.author,
-            previous.time if previous is not None else step.now,
-            "waiting",
-            message,
+    return ""
+
+
+def node_outcome(node: NodeRecord | None, changed_by: str | None) -> tuple[str, str] | None:
+    """(outcome, message) for one requested node decided without its
+    backups, or None when its first backup decides (``backup_outcome``).
+    The rules in order; the first that applies decides."""
+    if node is None:
+        return "refused", "not a node of this rollout"
+    if node.attempt == 0:
+        return "skipped", "never sent: this rollout did not change it"
+    if node.state == "dispatched" or node.state in RESTORE_STATES:
+        return "refused", "a job is in flight on it; retry when it finished"
+    if changed_by is not None:
+        return "refused", f"changed since by rollout {changed_by}"
+    if never_applied(node):
+        # Its backup holds what the agent already put back; restoring
+        # it would rerun the after-apply command for nothing.
+        return "skipped", "never changed: its only apply failed"
+    return None
+
+
+def backup_outcome(node: NodeRecord) -> tuple[str, str]:
+    """(outcome, message) for a requested node from its first backup:
+    ``waiting`` while the backup list has not been read."""
+    if not node.first_backup_known:
+        return "waiting", ""
+    if node.first_backup_id is not None:
+        return "restoring", ""
+    if node.first_apply_attempt is not None or node.state == "succeeded":
+        # A later attempt's backup holds bytes from within this
+        # rollout: putting them back is no rollback (DESIGN.md 5).
+        which = f" (attempt {node.first_apply_attempt})" if node.first_apply_attempt else ""
+        return (
+            "unavailable",
+            f"its first apply{which} left no backup: the node had no config "
+            "before this rollout, or already had its target",
         )
-        step.rollbacks = (*(r for r in step.rollbacks if r.id != request.id), record)
-        step.spec_commit = step.inp.spec_commit
+    return "skipped", "never changed: its apply did not succeed"
+
+
+def wait_for_backups(
+    step: RolloutStep, request: str, previous: RollbackRecord | None, waiting: list[str]
+) -> None:
+    """Accept the request as ``waiting`` until the agents' backup lists of
+    ``waiting`` are read; nothing is sent yet."""
+    message = (
+        f"waiting for the backup lists of {name_list(waiting)} to find their first "
+        "backups; the restores are sent once they are read"
+    )
+    if previous is not None and previous.message == message:
         return
+    record = RollbackRecord(
+        request,
+        previous.requested_by if previous is not None else step.inp.author,
+        previous.time if previous is not None else step.now,
+        "waiting",
+        message,
+    )
+    step.rollbacks = (*(r for r in step.rollbacks if r.id != request), record)
+    step.spec_commit = step.inp.spec_commit
+
+
+def start_restores(
+    step: RolloutStep,
+    request: str,
+    previous: RollbackRecord | None,
+    plan: list[tuple[str, str, str]],
+) -> None:
+    """Send the restores the plan decided and record every node's outcome;
+    refusals also go into the ``rollback_refused`` condition."""
     nodes: list[RollbackNode] = []
     for name, outcome, message in plan:
         if outcome == "restoring":
             i = step.index(name)
             assert i is not None
-            step.send_restore(i, request.id, "restoring")
+            step.send_restore(i, request, "restoring")
         nodes.append(RollbackNode(name, outcome, message))
     refused = [n.name for n in nodes if n.outcome == "refused"]
     step.set_condition(
         "rollback_refused",
         None
         if not refused
-        else f"rollbackRequest {request.id!r} refused for {name_list(refused)}: "
+        else f"rollbackRequest {request!r} refused for {name_list(refused)}: "
         + "; ".join(f"{n.name}: {n.message}" for n in nodes if n.outcome == "refused")[:500],
     )
     state = "restoring" if any(n.outcome == "restoring" for n in nodes) else "done"
     record = RollbackRecord(
-        request.id,
+        request,
         # who asked is settled when the request is first seen
         previous.requested_by if previous is not None else step.inp.author,
         previous.time if previous is not None else step.now,
@@ -149,7 +183,7 @@ def handle_request(step: RolloutStep) -> None:
         rollback_summary(nodes),
         tuple(nodes),
     )
-    step.rollbacks = (*(r for r in step.rollbacks if r.id != request.id), record)
+    step.rollbacks = (*(r for r in step.rollbacks if r.id != request), record)
     step.spec_commit = step.inp.spec_commit
 
 
