@@ -35,6 +35,7 @@ from reconciler.daemon.agent_client import AgentClient
 from reconciler.daemon.logs import EventLog
 from reconciler.daemon.metrics import Metrics
 from reconciler.engine import step as engine
+from reconciler.engine.memo import StepMemo
 from reconciler.engine.step import FleetStep, RolloutInput
 from reconciler.git.approval import Approval, Approver
 from reconciler.git.history import History
@@ -104,7 +105,7 @@ class DaemonMemory:
         default_factory=dict
     )  # blob ids -> value
     by_name: tuple[Fleet, dict[str, Node]] | None = None  # the fleet's nodes by name, per fleet
-    memo: engine.StepMemo = field(default_factory=engine.StepMemo)  # finished rollouts at rest
+    memo: StepMemo = field(default_factory=StepMemo)  # finished rollouts at rest
     quiet: _Quiet | None = None  # the last pass, if it changed and watched nothing
     # Memory that may be forgotten on restart.
     last_readable: dict[str, RolloutStatus] = field(default_factory=dict)  # per rollout

@@ -41,6 +41,7 @@ from reconciler.engine.holds import (
     hold_message,
     name_list,
 )
+from reconciler.engine.memo import StepMemo, fleet_index
 from reconciler.engine.policy import decide
 from reconciler.engine.records import evolve
 from reconciler.engine.rollback import restore_waiting
@@ -134,7 +135,7 @@ def resolve_nodes(spec: RolloutSpec, fleet: Fleet) -> tuple[str, ...]:
     daemon resolves every rollout not yet started on every pass, and a
     scan of 10,000 nodes each time made a pass starting 1,000 rollouts take
     tens of seconds."""
-    index = _fleet_index(fleet)
+    index = fleet_index(fleet)
     if spec.node_ids is not None:
         named = (index.by_name.get(n) for n in dict.fromkeys(spec.node_ids))
         return _resolve(spec, Fleet(tuple(node for node in named if node is not None)))
@@ -144,29 +145,6 @@ def resolve_nodes(spec: RolloutSpec, fleet: Fleet) -> tuple[str, ...]:
     # Nodes carrying the rarest wanted label: the only ones that can match.
     candidates = min((index.by_label.get(pair, ()) for pair in wanted), key=len)
     return _resolve(spec, Fleet(tuple(candidates)))
-
-
-class _FleetIndex:
-    def __init__(self, fleet: Fleet) -> None:
-        self.by_name = fleet.by_name()
-        self.by_label: dict[tuple[str, str], list[Node]] = {}
-        for node in fleet.nodes:
-            for pair in dict.fromkeys(node.labels):
-                self.by_label.setdefault(pair, []).append(node)
-
-
-# The index of the last fleet seen: a pass (and the next, while the node
-# files stay the same) hands the same Fleet value to every call. A cache of
-# a pure function's intermediate value; results do not depend on it.
-_last_index: list[tuple[Fleet, _FleetIndex]] = []
-
-
-def _fleet_index(fleet: Fleet) -> _FleetIndex:
-    if _last_index and _last_index[0][0] is fleet:
-        return _last_index[0][1]
-    index = _FleetIndex(fleet)
-    _last_index[:] = [(fleet, index)]
-    return index
 
 
 # --- the pass ------------------------------------------------------------------
@@ -263,45 +241,6 @@ class _Pass:
 
 
 _INDEPENDENT = -1  # settled whatever the other rollouts do (ctx.version is never negative)
-
-
-class StepMemo:
-    """Finished rollouts a previous ``step_fleet`` found at rest, kept by
-    the caller from pass to pass so the next pass need not step them again.
-
-    A terminal rollout with nothing in flight, no restore or rollback
-    waiting and no rollback request left to handle reads only its own input
-    and status (not the clock, the observations or the other rollouts); a
-    step that changed nothing then changes nothing again while the input
-    (the same status object), the fleet and the settings stay equal. A
-    cache of a pure function: forgetting it changes nothing but the cost."""
-
-    def __init__(self) -> None:
-        self._fleet: Fleet | None = None
-        self._settings: Settings | None = None
-        self._at_rest: dict[str, RolloutInput] = {}
-
-    def resting(
-        self, rollouts: Iterable[RolloutInput], fleet: Fleet, settings: Settings
-    ) -> set[str]:
-        """The rollouts whose input equals one found at rest last time."""
-        if not (
-            self._fleet is not None
-            and (self._fleet is fleet or self._fleet == fleet)
-            and self._settings == settings
-        ):
-            return set()
-        found: set[str] = set()
-        for inp in rollouts:
-            seen = self._at_rest.get(inp.name)
-            if seen is not None and seen.status is inp.status and seen == inp:
-                found.add(inp.name)
-        return found
-
-    def remember(self, fleet: Fleet, settings: Settings, at_rest: Iterable[RolloutInput]) -> None:
-        self._fleet = fleet
-        self._settings = settings
-        self._at_rest = {inp.name: inp for inp in at_rest}
 
 
 def _may_rest(inp: RolloutInput) -> bool:
