@@ -28,6 +28,7 @@ from typing import TextIO
 from reconciler.cli.examples import example_dir
 from reconciler.git.branch import Branch, open_branch
 from reconciler.spec.errors import ReconcilerError
+from reconciler.spec.paths import NODES_DIR, SETTINGS_PATH, rollout_path
 from reconciler.spec.rollout_status import RolloutStatus
 from reconciler.views.status_reader import StatusCache, read_snapshot
 from reconciler.views.status_text import render_table
@@ -142,7 +143,7 @@ class Demo:
     def setup(self) -> None:
         keys = self.root / "keys"
         self.reconciler("keys", "generate", "--out", str(keys))
-        self.names = sorted(p.stem for p in (example_dir() / "nodes").glob("*.yaml"))
+        self.names = sorted(p.stem for p in (example_dir() / NODES_DIR).glob("*.yaml"))
         behaviour = self.write_behaviour()
         fleet = self.spawn(
             "sim-fleet",
@@ -177,10 +178,10 @@ class Demo:
         self.git("clone", "--quiet", str(self.bare), str(self.work))
         self.git("-C", str(self.work), "symbolic-ref", "HEAD", "refs/heads/main")
         example = example_dir()
-        for folder in ("nodes",):
+        for folder in (NODES_DIR,):
             shutil.copytree(example / folder, self.work / folder)
-        shutil.copy2(example / "reconciler.yaml", self.work / "reconciler.yaml")
-        for node in (self.work / "nodes").glob("*.yaml"):
+        shutil.copy2(example / SETTINGS_PATH, self.work / SETTINGS_PATH)
+        for node in (self.work / NODES_DIR).glob("*.yaml"):
             text = re.sub(r"(?m)^(\s*agent:\s*).*$", rf"\g<1>{agent_url}", node.read_text())
             node.write_text(text)
         self.commit_and_push("Seed the fleet: nodes and settings from example-repo")
@@ -189,7 +190,7 @@ class Demo:
     # -- acting as the operator -----------------------------------------
 
     def push_rollout(self, name: str, text: str) -> None:
-        path = self.work / "rollouts" / f"{name}.yaml"
+        path = self.work / rollout_path(name)
         path.parent.mkdir(exist_ok=True)
         path.write_text(text)
         self.commit_and_push(f"Roll out {name}")
@@ -354,7 +355,7 @@ def _command() -> str:
 
 
 def _example_rollout(name: str) -> str:
-    return (example_dir() / "rollouts" / f"{name}.yaml").read_text()
+    return (example_dir() / rollout_path(name)).read_text()
 
 
 def _without_start_at(text: str) -> str:

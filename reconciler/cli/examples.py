@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from reconciler.spec.errors import ReconcilerError
+from reconciler.spec.paths import NODES_DIR, ROLLOUTS_DIR
 
 _HERE = Path(__file__).resolve().parents[1]  # reconciler/
 # Installed wheel: force-included as reconciler/example-repo. Editable
@@ -16,7 +17,7 @@ _CANDIDATE_DIRS = (_HERE / "example-repo", _HERE.parent / "example-repo")
 def example_dir() -> Path:
     """The example fleet repository shipped with reconciler."""
     for directory in _CANDIDATE_DIRS:
-        if (directory / "rollouts").is_dir() or (directory / "nodes").is_dir():
+        if (directory / ROLLOUTS_DIR).is_dir() or (directory / NODES_DIR).is_dir():
             return directory
     raise ReconcilerError(
         "reconciler's example repository is missing: looked in "

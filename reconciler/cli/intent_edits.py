@@ -37,6 +37,13 @@ from ruamel.yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from reconciler.git.git_binary import run_git
 from reconciler.spec.errors import ReconcilerError
+from reconciler.spec.paths import (
+    NODES_DIR,
+    ROLLOUTS_DIR,
+    rollout_path,
+    status_pages_dir,
+    status_path,
+)
 from reconciler.spec.rollout_status import TERMINAL_PHASES, RolloutStatus, status_from_files
 from reconciler.spec.safe_yaml import YamlProblem, load_yaml
 from reconciler.spec.times import format_time
@@ -112,7 +119,7 @@ def find_root(directory: Path) -> Path:
     """The fleet working tree holding ``directory``: the directory itself if it
     has ``rollouts/``, else the top of the Git working tree around it."""
     directory = directory.resolve()
-    if (directory / "rollouts").is_dir():
+    if (directory / ROLLOUTS_DIR).is_dir():
         return directory
     try:
         top = subprocess.run(
@@ -123,7 +130,7 @@ def find_root(directory: Path) -> Path:
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         top = ""
-    if top and (Path(top) / "rollouts").is_dir():
+    if top and (Path(top) / ROLLOUTS_DIR).is_dir():
         return Path(top)
     raise ReconcilerError(
         f"{directory} is not a fleet working tree: it has no rollouts/ folder",
@@ -132,12 +139,12 @@ def find_root(directory: Path) -> Path:
 
 
 def rollout_names(root: Path) -> list[str]:
-    folder = root / "rollouts"
+    folder = root / ROLLOUTS_DIR
     return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
 
 
 def load_rollout(root: Path, name: str) -> Rollout:
-    path = root / "rollouts" / f"{name}.yaml"
+    path = root / rollout_path(name)
     if not path.is_file():
         known = rollout_names(root)
         listing = ", ".join(known) if known else "none"
@@ -153,7 +160,7 @@ def load_rollout(root: Path, name: str) -> Rollout:
     spec = data.get("spec") if isinstance(data, dict) else None
     if not isinstance(spec, dict):
         raise ReconcilerError(
-            f"rollouts/{name}.yaml has no spec mapping",
+            f"{rollout_path(name)} has no spec mapping",
             hint="run `reconciler validate` and fix the file first",
         )
     return Rollout(root=root, name=name, path=path, text=text, spec=spec)
@@ -163,15 +170,17 @@ def read_status(root: Path, name: str) -> StatusFacts | None:
     """The facts of ``status/NAME.yaml`` (and its node pages) in the working
     tree, or None if the daemon has not written one here (not seen yet, or
     status kept on a ``statusBranch``)."""
-    path = root / "status" / f"{name}.yaml"
+    path = root / status_path(name)
     if not path.is_file():
         return None
-    record = load_data(path.read_bytes().decode("utf-8"), f"status/{name}.yaml")
+    record = load_data(path.read_bytes().decode("utf-8"), status_path(name))
     if not isinstance(record, dict):
-        raise ReconcilerError(f"status/{name}.yaml is not a mapping")
+        raise ReconcilerError(f"{status_path(name)} is not a mapping")
     pages = {
-        f"status/{name}/{page.name}": load_data(page.read_bytes().decode("utf-8"), page.name)
-        for page in sorted((root / "status" / name).glob("nodes-*.yaml"))
+        f"{status_pages_dir(name)}/{page.name}": load_data(
+            page.read_bytes().decode("utf-8"), page.name
+        )
+        for page in sorted((root / status_pages_dir(name)).glob("nodes-*.yaml"))
     }
     try:
         return facts_from_status(status_from_files(record, pages))
@@ -321,7 +330,7 @@ def rollback(root: Path, name: str, nodes: Sequence[str] | None, *, now: datetim
                     hint=f"its nodes: {_short_list(status.nodes)}",
                 )
         else:
-            known = {p.stem for p in (root / "nodes").glob("*.yaml")}
+            known = {p.stem for p in (root / NODES_DIR).glob("*.yaml")}
             unknown = [n for n in wanted if n not in known]
             if unknown:
                 raise ReconcilerError(

@@ -48,13 +48,22 @@ from reconciler.spec import schemas
 from reconciler.spec.documents import Documents, ParsedFile, assemble, parse_file
 from reconciler.spec.errors import RefMoved, StoreError
 from reconciler.spec.model import Fleet, Node, Problem, RolloutSpec
+from reconciler.spec.paths import (
+    DASHBOARD_PATH,
+    ROLLOUTS_DIR,
+    SETTINGS_PATH,
+    SPEC_FOLDERS,
+    STATUS_DIR,
+    name_in,
+    node_path,
+    rollout_path,
+    status_pages_dir,
+    status_path,
+)
 from reconciler.spec.rollout_status import RolloutStatus
 from reconciler.spec.safe_yaml import YamlProblem, dump_yaml, load_yaml
 from reconciler.views.dashboard import render_dashboard
 
-SPEC_FOLDERS = ("rollouts", "nodes")
-SETTINGS_PATH = "reconciler.yaml"
-DASHBOARD_PATH = "status/README.md"
 MAX_RACES = 20  # passes lost in a row to other writers before giving up
 MESSAGE_LINES = 60  # transitions listed in one commit message
 REQUEST_WALK = 1000  # spec commits searched for the one that asked for a rollback
@@ -371,17 +380,17 @@ class Daemon:
         broken: dict[str, str] = {}
         live_blobs: set[str] = set()
         live_keys: set[tuple[str, ...]] = set()
-        for path, blob_id in store.files(commit, "status").items():
+        for path, blob_id in store.files(commit, STATUS_DIR).items():
             if not path.endswith(".yaml"):
                 continue
-            name = path[len("status/") : -len(".yaml")]
+            name = name_in(STATUS_DIR, path)
             try:
                 main = self._load_status_blob(path, blob_id)
                 pages: dict[str, Any] = {}
                 page_blobs: list[str] = []
                 if main.get("nodePages"):
                     for page_path, page_blob in sorted(
-                        store.files(commit, f"status/{name}").items()
+                        store.files(commit, status_pages_dir(name)).items()
                     ):
                         pages[page_path] = self._load_status_blob(page_path, page_blob)
                         page_blobs.append(page_blob)
@@ -419,13 +428,17 @@ class Daemon:
         next pass does not parse, check and rebuild its own status files
         (the values round-trip losslessly through their files)."""
         store = self.store
-        top = store.files(commit, "status")
+        top = store.files(commit, STATUS_DIR)
         for name, value in statuses.items():
-            path = status_values.main_path(name)
+            path = status_path(name)
             blob_id = top.get(path)
             if blob_id is None or path not in written:
                 continue
-            pages = store.files(commit, f"status/{name}") if written[path].get("nodePages") else {}
+            pages = (
+                store.files(commit, status_pages_dir(name))
+                if written[path].get("nodePages")
+                else {}
+            )
             page_blobs = [page_blob for _, page_blob in sorted(pages.items())]
             if any(p not in written and b not in self.memory.status_data for p, b in pages.items()):
                 continue  # a file we never read: the next pass reads this status itself
@@ -483,8 +496,8 @@ class Daemon:
         if approval is not None and approval.refusals:
             # Rollouts seen only in the unverified tree still get a status
             # that says why nothing happens (DESIGN.md section 8).
-            for path in store.files(tip, "rollouts"):
-                unverified_names.add(path[len("rollouts/") : -len(".yaml")])
+            for path in store.files(tip, ROLLOUTS_DIR):
+                unverified_names.add(name_in(ROLLOUTS_DIR, path))
         names = (
             set(documents.rollouts)
             | set(documents.invalid_rollouts)
@@ -494,7 +507,7 @@ class Daemon:
         settings_change = history.last_change(SETTINGS_PATH)
         inputs: list[RolloutInput] = []
         for name in sorted(names):
-            path = f"rollouts/{name}.yaml"
+            path = rollout_path(name)
             spec = documents.rollouts.get(name)
             problems = tuple(documents.invalid_rollouts.get(name, ()))
             present = spec is not None or bool(problems)
@@ -505,7 +518,7 @@ class Daemon:
                     if recorded and recorded.started
                     else engine.resolve_nodes(spec, documents.fleet)
                 )
-                node_paths = [f"nodes/{n}.yaml" for n in used]
+                node_paths = [node_path(n) for n in used]
             else:
                 node_paths = []
             spec_commit = history.newest(
@@ -560,7 +573,7 @@ class Daemon:
     def _request_commit(self, name: str, request_id: str, start: str, history: History) -> str:
         """The oldest spec commit in the unbroken run, ending at ``start``,
         whose ``rollouts/NAME.yaml`` carries rollbackRequest ``request_id``."""
-        path = f"rollouts/{name}.yaml"
+        path = rollout_path(name)
         found = start
         if start not in history:
             return found

@@ -33,8 +33,7 @@ from reconciler.git.sshsig import (
     verify_sshsig,
 )
 from reconciler.spec.errors import ReconcilerError, StoreError
-
-SPEC_PATHS = ("rollouts", "nodes", "reconciler.yaml")
+from reconciler.spec.paths import SPEC_PATHS
 
 # Bounds on the memo tables: a long-running daemon adds a status commit per
 # change; only the recent chain matters for the next tip.

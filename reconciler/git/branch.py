@@ -13,6 +13,7 @@ import pygit2
 from reconciler.git.store import GitStore, discover_repository, is_remote_location
 from reconciler.git.watch import BranchWatcher
 from reconciler.spec import documents
+from reconciler.spec.paths import SPEC_FOLDERS
 
 REMOTE_POLL = 2.0  # seconds between listings of a remote's refs while watching
 
@@ -137,7 +138,7 @@ def document_files(repo: pygit2.Repository, commit: pygit2.Commit) -> dict[str, 
         for entry in tree:
             path = f"{prefix}{entry.name}"
             if entry.type_str == "tree":
-                if path.split("/")[0] in (documents.NODES_DIR, documents.ROLLOUTS_DIR):
+                if path.split("/")[0] in SPEC_FOLDERS:
                     sub = repo[entry.id]
                     assert isinstance(sub, pygit2.Tree)
                     pending.append((path + "/", sub))

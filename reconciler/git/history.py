@@ -24,9 +24,7 @@ from itertools import repeat
 import pygit2
 
 from reconciler.spec.errors import StoreError
-
-SPEC_FOLDERS = ("rollouts", "nodes")
-SPEC_FILES = ("reconciler.yaml",)
+from reconciler.spec.paths import SPEC_FILES, SPEC_FOLDERS
 
 # Subtree/blob ids of the spec paths of one commit: equal keys, equal specs.
 _Key = tuple[pygit2.Oid | None, ...]

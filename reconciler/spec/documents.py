@@ -49,11 +49,8 @@ from reconciler.spec.model import (
     Settings,
     Target,
 )
+from reconciler.spec.paths import NODES_DIR, ROLLOUTS_DIR, SETTINGS_PATH
 from reconciler.spec.times import parse_time
-
-SETTINGS_PATH = "reconciler.yaml"
-NODES_DIR = "nodes"
-ROLLOUTS_DIR = "rollouts"
 
 KINDS = ("Node", "Rollout", "Settings")
 _SCHEMA_OF = {"Node": "node", "Rollout": "rollout", "Settings": "settings"}

@@ -23,6 +23,7 @@ from typing import Any
 
 from reconciler.spec.durations import format_duration, parse_duration
 from reconciler.spec.model import API_VERSION, Target
+from reconciler.spec.paths import status_page_path, status_path
 from reconciler.spec.times import format_time, parse_time
 
 KIND = "RolloutStatus"
@@ -565,13 +566,8 @@ def from_record(
 # --- files -----------------------------------------------------------------
 
 
-def main_path(name: str) -> str:
-    return f"status/{name}.yaml"
-
-
-def page_path(name: str, page: int) -> str:
-    """``status/NAME/nodes-0001.yaml``: page numbers are 1-based."""
-    return f"status/{name}/nodes-{page:04d}.yaml"
+main_path = status_path
+page_path = status_page_path
 
 
 def page_count(node_count: int) -> int:

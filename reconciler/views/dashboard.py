@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from reconciler.spec.paths import DASHBOARD_PATH
 from reconciler.spec.rollout_status import RolloutStatus
 from reconciler.views.status_text import (
     batch_groups,
@@ -25,7 +26,7 @@ from reconciler.views.status_text import (
     summarize,
 )
 
-PATH = "status/README.md"
+PATH = DASHBOARD_PATH
 
 _PHASE_ICONS = {
     "paused": "⏸️",

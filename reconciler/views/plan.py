@@ -34,6 +34,7 @@ from reconciler.protocol.observations import Observations
 from reconciler.spec import documents
 from reconciler.spec.durations import format_duration
 from reconciler.spec.model import Problem, RolloutSpec, Settings, Target
+from reconciler.spec.paths import rollout_path
 from reconciler.spec.rollout_status import TERMINAL_PHASES, RolloutStatus
 from reconciler.spec.times import format_time
 
@@ -196,7 +197,7 @@ def make_plan(
         for name in sorted(names | set(statuses)):
             status = statuses.get(name)
             present = name in names
-            touched = f"rollouts/{name}.yaml" in changed_paths and tree is head
+            touched = rollout_path(name) in changed_paths and tree is head
             result.append(
                 RolloutInput(
                     name=name,

@@ -9,6 +9,7 @@ from typing import Any
 
 from reconciler.git.branch import Branch
 from reconciler.spec.errors import StoreError
+from reconciler.spec.paths import SETTINGS_PATH, STATUS_DIR, name_in, status_pages_dir
 from reconciler.spec.rollout_status import RolloutStatus, status_from_files
 from reconciler.spec.safe_yaml import YamlProblem, load_yaml
 
@@ -24,11 +25,11 @@ class Snapshot:
 
 def status_branch(source: Branch, tip: str) -> str | None:
     """``spec.statusBranch`` of ``reconciler.yaml`` at ``tip``, if set."""
-    data = source.read(tip, "reconciler.yaml")
+    data = source.read(tip, SETTINGS_PATH)
     if data is None:
         return None
     try:
-        settings = load_yaml("reconciler.yaml", data)
+        settings = load_yaml(SETTINGS_PATH, data)
     except YamlProblem:
         return None  # the daemon reports it; status stays on the tracked branch
     spec = settings.get("spec") if isinstance(settings, dict) else None
@@ -64,14 +65,14 @@ def read_statuses(source: Branch, commit: str, cache: StatusCache | None = None)
     problems: list[str] = []
     kept_statuses: dict[str, tuple[tuple[str, ...], RolloutStatus]] = {}
     kept_pages: dict[str, Any] = {}
-    for path, blob in sorted(reader.files(commit, "status").items()):
+    for path, blob in sorted(reader.files(commit, STATUS_DIR).items()):
         if not path.endswith(".yaml"):
             continue
-        name = path.removeprefix("status/").removesuffix(".yaml")
+        name = name_in(STATUS_DIR, path)
         try:
             page_blobs = {
                 p: b
-                for p, b in reader.files(commit, f"status/{name}").items()
+                for p, b in reader.files(commit, status_pages_dir(name)).items()
                 if p.endswith(".yaml")
             }
             key = (blob, *sorted(page_blobs.values()))

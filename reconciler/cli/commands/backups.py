@@ -18,6 +18,7 @@ from reconciler.git.branch import open_branch
 from reconciler.protocol.observations import Backup
 from reconciler.spec import documents
 from reconciler.spec.errors import ReconcilerError, StoreError
+from reconciler.spec.paths import NODES_DIR, name_in, node_path
 
 HELP = "list a node's backups (newest first), from its agent"
 
@@ -53,12 +54,12 @@ def agent_address(location: str, branch: str, node: str) -> str:
     tip = source.refresh()
     if tip is None:
         raise StoreError(f"branch {branch!r} not found in {source.label}")
-    path = f"{documents.NODES_DIR}/{node}.yaml"
+    path = node_path(node)
     data = source.read(tip, path)
     if data is None:
         known = sorted(
-            p.removeprefix("nodes/").removesuffix(".yaml")
-            for p in source.reader.files(tip, documents.NODES_DIR)
+            name_in(NODES_DIR, p)
+            for p in source.reader.files(tip, NODES_DIR)
             if p.endswith(".yaml")
         )
         raise ReconcilerError(

@@ -21,11 +21,12 @@ from pathlib import Path
 from reconciler.cli.examples import example_dir
 from reconciler.git.git_binary import run_git
 from reconciler.spec.errors import ReconcilerError
+from reconciler.spec.paths import STATUS_DIR
 
 HELP = "create a new fleet repository seeded from the examples"
 
 # Never seeded: placeholders and what only the daemon writes.
-_SKIPPED = {".keep", "status", "__pycache__", ".git"}
+_SKIPPED = {".keep", STATUS_DIR, "__pycache__", ".git"}
 BRANCH = "main"
 
 

@@ -18,6 +18,7 @@ from typing import Any
 from reconciler.git.branch import document_files, first_branch_tip, local_branch
 from reconciler.git.revisions import default_base, open_repository, resolve
 from reconciler.spec import documents
+from reconciler.spec.paths import SETTINGS_PATH
 from reconciler.spec.rollout_status import RolloutStatus
 from reconciler.views import plan
 from reconciler.views.status_reader import read_statuses
@@ -67,7 +68,7 @@ def base_statuses(repo: Any, base: Any, location: str) -> dict[str, RolloutStatu
     source = local_branch(repo, location)
     commit = str(base.id)
     settings = documents.parse_file(
-        documents.SETTINGS_PATH, source.read(commit, documents.SETTINGS_PATH) or b""
+        SETTINGS_PATH, source.read(commit, SETTINGS_PATH) or b""
     ).settings
     other = settings.status_branch if settings is not None else None
     if other:

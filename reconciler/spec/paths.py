@@ -1,0 +1,46 @@
+"""Every path of a fleet repository that reconciler reads or writes,
+defined once (DESIGN.md section 2). Pure."""
+
+from __future__ import annotations
+
+SETTINGS_PATH = "reconciler.yaml"
+NODES_DIR = "nodes"
+ROLLOUTS_DIR = "rollouts"
+STATUS_DIR = "status"
+DASHBOARD_PATH = f"{STATUS_DIR}/README.md"
+
+# What an operator writes (the spec), as the daemon reads it: two folders
+# of documents and one settings file.
+SPEC_FOLDERS = (ROLLOUTS_DIR, NODES_DIR)
+SPEC_FILES = (SETTINGS_PATH,)
+SPEC_PATHS = (*SPEC_FOLDERS, *SPEC_FILES)
+
+
+def node_path(name: str) -> str:
+    """``nodes/NAME.yaml``."""
+    return f"{NODES_DIR}/{name}.yaml"
+
+
+def rollout_path(name: str) -> str:
+    """``rollouts/NAME.yaml``."""
+    return f"{ROLLOUTS_DIR}/{name}.yaml"
+
+
+def status_path(name: str) -> str:
+    """``status/NAME.yaml``: a rollout's status, its main file."""
+    return f"{STATUS_DIR}/{name}.yaml"
+
+
+def status_pages_dir(name: str) -> str:
+    """``status/NAME``: the folder of a large rollout's node pages."""
+    return f"{STATUS_DIR}/{name}"
+
+
+def status_page_path(name: str, page: int) -> str:
+    """``status/NAME/nodes-0001.yaml``: page numbers are 1-based."""
+    return f"{STATUS_DIR}/{name}/nodes-{page:04d}.yaml"
+
+
+def name_in(folder: str, path: str) -> str:
+    """NAME of ``FOLDER/NAME.yaml``."""
+    return path[len(folder) + 1 : -len(".yaml")]
