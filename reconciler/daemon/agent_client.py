@@ -41,7 +41,13 @@ from urllib.parse import urlsplit
 
 from reconciler.protocol.effects import SendJob
 from reconciler.protocol.job_payload import build_payload
-from reconciler.protocol.observations import Backup, Heartbeat, JobObservation, RuntimeReport
+from reconciler.protocol.observations import (
+    Backup,
+    Heartbeat,
+    JobObservation,
+    RuntimeReport,
+    parse_backup_list,
+)
 from reconciler.protocol.signing import SigningKey, envelope_bytes
 from reconciler.spec.errors import AgentError
 
@@ -433,21 +439,10 @@ def _heartbeat(node: str, body: bytes) -> Heartbeat:
 
 
 def _backups(body: bytes) -> tuple[Backup, ...]:
-    data = _json(body)
-    if not isinstance(data, list) or not all(isinstance(b, dict) for b in data):
-        raise _Unreachable("backup list is not a list of objects")
-    return tuple(
-        Backup(
-            backup_id=_text(b, "backupId"),
-            runtime=_text(b, "runtime"),
-            created_at=_text(b, "createdAt"),
-            job_id=_text(b, "jobId"),
-            rollout=_text(b, "rollout"),
-            provider=_text(b, "provider"),
-            model=_text(b, "model"),
-        )
-        for b in data
-    )
+    try:
+        return parse_backup_list(_json(body))
+    except ValueError as exc:
+        raise _Unreachable(str(exc)) from None
 
 
 def _transient(status: int) -> bool:
@@ -621,8 +616,6 @@ def _backups_reader(node: str, body: bytes) -> tuple[Backup, ...]:
 
 # --- one-shot reads for the command line ---------------------------------------
 
-BACKUP_FIELDS = ("backupId", "runtime", "createdAt", "jobId", "rollout", "provider", "model")
-
 
 def fetch_backups(agent: str, node: str, timeout: float) -> list[Backup]:
     """One node's backups, newest first, for ``reconciler backups``: one plain
@@ -644,20 +637,13 @@ def fetch_backups(agent: str, node: str, timeout: float) -> list[Backup]:
             hint="check that spec.agent of the node file points at this node's agent",
         )
     try:
-        data = answer.json()
-        backups = [
-            Backup(**{backup_attribute(k): str(item[k]) for k in BACKUP_FIELDS}) for item in data
-        ]
-    except (ValueError, TypeError, KeyError) as exc:
+        backups = list(parse_backup_list(answer.json()))
+    except ValueError as exc:
         raise AgentError(
             f"the agent of {node} at {agent} sent a backup list we cannot read"
         ) from exc
     # Newest first, as the agent promises; sorting keeps that true for any agent.
     return sorted(backups, key=lambda b: b.created_at, reverse=True)
-
-
-def backup_attribute(field: str) -> str:
-    return {"backupId": "backup_id", "createdAt": "created_at", "jobId": "job_id"}.get(field, field)
 
 
 def _answer_error_text(answer: Any) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 # Job states as the agent reports them, plus what the daemon's client adds:
 #   refused      the agent answered the POST with a 4xx (a failed verdict)
@@ -55,6 +56,33 @@ class Backup:
     rollout: str
     provider: str
     model: str
+
+
+# A backup list's fields (GET /v1/nodes/NAME/backups), by Backup attribute.
+BACKUP_FIELDS = {
+    "backup_id": "backupId",
+    "runtime": "runtime",
+    "created_at": "createdAt",
+    "job_id": "jobId",
+    "rollout": "rollout",
+    "provider": "provider",
+    "model": "model",
+}
+
+
+def parse_backup_list(data: Any) -> tuple[Backup, ...]:
+    """An agent's backup list (JSON already decoded) as values, in the
+    agent's order; ValueError says what is wrong with it."""
+    if not isinstance(data, list) or not all(isinstance(b, dict) for b in data):
+        raise ValueError("backup list is not a list of objects")
+    backups = []
+    for item in data:
+        values = {attr: item.get(key) for attr, key in BACKUP_FIELDS.items()}
+        for attr, value in values.items():
+            if not isinstance(value, str):
+                raise ValueError(f"field {BACKUP_FIELDS[attr]} is missing or not text")
+        backups.append(Backup(**values))
+    return tuple(backups)
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,9 @@ import argparse
 import json
 import sys
 
-from reconciler.daemon.agent_client import BACKUP_FIELDS, backup_attribute, fetch_backups
+from reconciler.daemon.agent_client import fetch_backups
 from reconciler.git.branch import open_branch
-from reconciler.protocol.observations import Backup
+from reconciler.protocol.observations import BACKUP_FIELDS, Backup
 from reconciler.spec import documents
 from reconciler.spec.errors import ReconcilerError, StoreError
 from reconciler.spec.paths import NODES_DIR, name_in, node_path
@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     agent = agent_address(args.repo, args.branch, args.node)
     backups = fetch_backups(agent, args.node, TIMEOUT)
     if args.format == "json":
-        records = [{k: getattr(b, backup_attribute(k)) for k in BACKUP_FIELDS} for b in backups]
+        records = [{key: getattr(b, attr) for attr, key in BACKUP_FIELDS.items()} for b in backups]
         sys.stdout.write(json.dumps(records, indent=2) + "\n")
     else:
         sys.stdout.write(render_table(backups, args.node, agent))
