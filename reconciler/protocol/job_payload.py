@@ -11,18 +11,18 @@ Must not sign, verify, do HTTP or read the clock: time comes in as arguments.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from datetime import datetime, timedelta
 from functools import cache
-from pathlib import Path
 from typing import Any
 
 from jsonschema import Draft202012Validator  # type: ignore[import-untyped]
+from jsonschema.protocols import Validator  # type: ignore[import-untyped]
 from referencing import Registry, Resource
 
 from reconciler.protocol.effects import SendJob
+from reconciler.spec import schemas
 from reconciler.spec.times import format_time, parse_time
 
 SCHEMA_ID = "reconciler.job/v1"
@@ -62,21 +62,10 @@ def same_job(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
     return all(a.get(k) == b.get(k) for k in keys)
 
 
-def schema_path() -> Path:
-    """``schemas/job.schema.json`` in a source tree, or inside the installed package."""
-    here = Path(__file__).resolve().parent.parent  # reconciler/
-    for candidate in (here / "schemas", here.parent / "schemas"):
-        path = candidate / "job.schema.json"
-        if path.is_file():
-            return path
-    raise FileNotFoundError("job.schema.json is missing from this installation")
-
-
 @cache
-def _validators() -> tuple[Draft202012Validator, Draft202012Validator]:
-    schema = json.loads(schema_path().read_text(encoding="utf-8"))
-    Draft202012Validator.check_schema(schema)
-    payload_validator = Draft202012Validator(schema)
+def _validators() -> tuple[Validator, Draft202012Validator]:
+    schema = schemas.load_schema("job")
+    payload_validator = schemas.validator("job")
     # The envelope definition refers to the payload as "#": validate it by
     # reference into the same resource, so "#" keeps meaning the payload.
     registry: Registry[Any] = Registry().with_resource(
