@@ -40,13 +40,15 @@ from reconciler.spec.errors import ReconcilerError
 from reconciler.spec.paths import (
     NODES_DIR,
     ROLLOUTS_DIR,
+    STATUS_DIR,
     rollout_path,
     status_pages_dir,
     status_path,
 )
-from reconciler.spec.rollout_status import TERMINAL_PHASES, RolloutStatus, status_from_files
+from reconciler.spec.rollout_status import TERMINAL_PHASES, RolloutStatus
 from reconciler.spec.safe_yaml import YamlProblem, load_yaml
 from reconciler.spec.times import format_time
+from reconciler.views.status_reader import StatusCache
 
 # Node states whose restore is still under way: a new rollback would race it.
 RESTORING_STATES = frozenset({"rollback_pending", "restoring"})
@@ -169,10 +171,15 @@ def load_rollout(root: Path, name: str) -> Rollout:
 def read_status(root: Path, name: str) -> StatusFacts | None:
     """The facts of ``status/NAME.yaml`` (and its node pages) in the working
     tree, or None if the daemon has not written one here (not seen yet, or
-    status kept on a ``statusBranch``)."""
+    status kept on a ``statusBranch``). Read by the one status reader; a
+    record it cannot read (an older or newer daemon's) gives the few plain
+    fields an intent needs."""
     path = root / status_path(name)
     if not path.is_file():
         return None
+    statuses, _ = StatusCache().read(_StatusFilesOf(root, name), "")
+    if name in statuses:
+        return facts_from_status(statuses[name])
     record = load_data(path.read_bytes().decode("utf-8"), status_path(name))
     if not isinstance(record, dict):
         raise ReconcilerError(f"{status_path(name)} is not a mapping")
@@ -182,12 +189,27 @@ def read_status(root: Path, name: str) -> StatusFacts | None:
         )
         for page in sorted((root / status_pages_dir(name)).glob("nodes-*.yaml"))
     }
-    try:
-        return facts_from_status(status_from_files(record, pages))
-    except (KeyError, ValueError, TypeError, AttributeError):
-        # A record this version cannot fully read (older or newer daemon):
-        # the few plain fields an intent needs are enough.
-        return facts_from_record(record, pages)
+    return facts_from_record(record, pages)
+
+
+class _StatusFilesOf:
+    """One rollout's status files in a working tree, as the status reader's
+    source (blob ids are the paths)."""
+
+    def __init__(self, root: Path, name: str) -> None:
+        self.root = root
+        self.name = name
+
+    def files(self, commit: str, folder: str) -> dict[str, str]:
+        if folder == STATUS_DIR:
+            return {status_path(self.name): status_path(self.name)}
+        directory = self.root / folder
+        if not directory.is_dir():
+            return {}
+        return {f"{folder}/{p.name}": f"{folder}/{p.name}" for p in directory.glob("nodes-*.yaml")}
+
+    def blob(self, blob_id: str) -> bytes:
+        return (self.root / blob_id).read_bytes()
 
 
 def facts_from_status(status: RolloutStatus) -> StatusFacts:

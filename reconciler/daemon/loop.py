@@ -28,8 +28,6 @@ from datetime import UTC, datetime
 from types import FrameType
 from typing import Any
 
-from jsonschema.exceptions import best_match  # type: ignore[import-untyped]
-
 from reconciler.daemon import crashpoints
 from reconciler.daemon.agent_client import AgentClient
 from reconciler.daemon.logs import EventLog
@@ -44,7 +42,6 @@ from reconciler.git.watch import BranchWatcher
 from reconciler.protocol.effects import SendJob
 from reconciler.protocol.observations import Heartbeat, JobObservation, Observations
 from reconciler.spec import rollout_status as status_values
-from reconciler.spec import schemas
 from reconciler.spec.documents import Documents, ParsedFile, assemble, parse_file
 from reconciler.spec.errors import RefMoved, StoreError
 from reconciler.spec.model import Fleet, Node, Problem, RolloutSpec
@@ -53,21 +50,19 @@ from reconciler.spec.paths import (
     ROLLOUTS_DIR,
     SETTINGS_PATH,
     SPEC_FOLDERS,
-    STATUS_DIR,
     name_in,
     node_path,
     rollout_path,
-    status_pages_dir,
     status_path,
 )
 from reconciler.spec.rollout_status import RolloutStatus
-from reconciler.spec.safe_yaml import YamlProblem, dump_yaml, load_yaml
+from reconciler.spec.safe_yaml import dump_yaml
 from reconciler.views.dashboard import render_dashboard
+from reconciler.views.status_reader import StatusReader
 
 MAX_RACES = 20  # passes lost in a row to other writers before giving up
 MESSAGE_LINES = 60  # transitions listed in one commit message
 REQUEST_WALK = 1000  # spec commits searched for the one that asked for a rollback
-STATUS_SCHEMA = "rollout-status"
 
 # One pass (DESIGN.md section 6), as the steps ``Daemon._attempt`` runs in
 # this order; each step's docstring says what it touches.
@@ -109,10 +104,7 @@ class DaemonMemory:
     # Caches of Git, by blob or tree ids.
     parsed: dict[str, ParsedFile] = field(default_factory=dict)  # blob id -> parsed document
     documents: tuple[tuple[str | None, ...], Documents] | None = None  # spec tree ids -> documents
-    status_data: dict[str, Any] = field(default_factory=dict)  # blob id -> plain status data
-    statuses: dict[tuple[str, ...], RolloutStatus] = field(
-        default_factory=dict
-    )  # blob ids -> value
+    status_reader: StatusReader = field(default_factory=StatusReader)  # status files by blob id
     by_name: tuple[Fleet, dict[str, Node]] | None = None  # the fleet's nodes by name, per fleet
     memo: StepMemo = field(default_factory=StepMemo)  # finished rollouts at rest
     quiet: _Quiet | None = None  # the last pass, if it changed and watched nothing
@@ -297,7 +289,7 @@ class Daemon:
                 p.status_branch, p.status_tip, changes, message, sign=self.sign
             )
             self._committed(p.step, p.commit)
-            self._remember_written(p.commit, written, p.step.statuses)
+            self.memory.status_reader.remember(self.store, p.commit, written, p.step.statuses)
             crashpoints.reach("after_push")
         return None
 
@@ -373,80 +365,16 @@ class Daemon:
     def _read_statuses(self, commit: str | None) -> tuple[dict[str, RolloutStatus], dict[str, str]]:
         """Recorded statuses by rollout name, and the names whose status
         files cannot be read (with why): those are held, never overwritten."""
-        if commit is None:
-            return {}, {}
-        store = self.store
-        statuses: dict[str, RolloutStatus] = {}
-        broken: dict[str, str] = {}
-        live_blobs: set[str] = set()
-        live_keys: set[tuple[str, ...]] = set()
-        for path, blob_id in store.files(commit, STATUS_DIR).items():
-            if not path.endswith(".yaml"):
-                continue
-            name = name_in(STATUS_DIR, path)
-            try:
-                main = self._load_status_blob(path, blob_id)
-                pages: dict[str, Any] = {}
-                page_blobs: list[str] = []
-                if main.get("nodePages"):
-                    for page_path, page_blob in sorted(
-                        store.files(commit, status_pages_dir(name)).items()
-                    ):
-                        pages[page_path] = self._load_status_blob(page_path, page_blob)
-                        page_blobs.append(page_blob)
-                key = (blob_id, *page_blobs)
-                live_blobs.update(key)
-                live_keys.add(key)
-                value = self.memory.statuses.get(key)
-                if value is None:
-                    value = status_values.status_from_files(main, pages)
-                    if value.name != name:
-                        raise ValueError(f"metadata.name is {value.name!r}, not {name!r}")
-                    self.memory.statuses[key] = value
-                statuses[name] = value
-            except (YamlProblem, ValueError, KeyError, TypeError, AttributeError) as exc:
-                reason = str(exc.problem) if isinstance(exc, YamlProblem) else f"{path}: {exc}"
-                broken[name] = reason
-                self._report(
-                    "status_unreadable",
-                    f"{reason}; the rollout is held and its status file is left as it is: "
-                    f"restore it with `git revert` or delete {path} to start the rollout anew",
-                    rollout=name,
-                )
-        # Forget what the branch no longer holds: a long-running daemon must
-        # not keep every version of every status file it ever read.
-        for blob_id in [b for b in self.memory.status_data if b not in live_blobs]:
-            del self.memory.status_data[blob_id]
-        for key in [k for k in self.memory.statuses if k not in live_keys]:
-            del self.memory.statuses[key]
-        return statuses, broken
-
-    def _remember_written(
-        self, commit: str, written: Mapping[str, Any], statuses: Mapping[str, RolloutStatus]
-    ) -> None:
-        """Seed the read caches with what this pass just committed, so the
-        next pass does not parse, check and rebuild its own status files
-        (the values round-trip losslessly through their files)."""
-        store = self.store
-        top = store.files(commit, STATUS_DIR)
-        for name, value in statuses.items():
-            path = status_path(name)
-            blob_id = top.get(path)
-            if blob_id is None or path not in written:
-                continue
-            pages = (
-                store.files(commit, status_pages_dir(name))
-                if written[path].get("nodePages")
-                else {}
+        statuses, broken = self.memory.status_reader.read(self.store, commit)
+        for name, reason in broken.items():
+            self._report(
+                "status_unreadable",
+                f"{reason}; the rollout is held and its status file is left as it is: "
+                f"restore it with `git revert` or delete {status_path(name)} to start the "
+                "rollout anew",
+                rollout=name,
             )
-            page_blobs = [page_blob for _, page_blob in sorted(pages.items())]
-            if any(p not in written and b not in self.memory.status_data for p, b in pages.items()):
-                continue  # a file we never read: the next pass reads this status itself
-            for page_path, page_blob in pages.items():
-                if page_path in written:
-                    self.memory.status_data[page_blob] = written[page_path]
-            self.memory.status_data[blob_id] = written[path]
-            self.memory.statuses[(blob_id, *page_blobs)] = value
+        return statuses, broken
 
     def _held_by_unreadable(
         self,
@@ -467,19 +395,6 @@ class Daemon:
                 nodes.update(engine.resolve_nodes(spec, documents.fleet))
             held[name] = tuple(sorted(nodes))
         return held
-
-    def _load_status_blob(self, path: str, blob_id: str) -> Any:
-        data = self.memory.status_data.get(blob_id)
-        if data is None:
-            data = load_yaml(path, self.store.blob(blob_id))
-            if not isinstance(data, dict):
-                raise ValueError("not a mapping")
-            if not schemas.fast_check(STATUS_SCHEMA)(data):
-                # It parses but is not a status (a hand edit): the engine must
-                # never step from it, or it raises and the daemon exits.
-                raise ValueError(f"not a valid status: {_status_schema_error(data)}")
-            self.memory.status_data[blob_id] = data
-        return data
 
     def _inputs(
         self,
@@ -778,14 +693,6 @@ class Daemon:
         watcher = getattr(self, "_watcher", None)
         if watcher is not None:
             watcher.stop()
-
-
-def _status_schema_error(data: Any) -> str:
-    error = best_match(schemas.validator(STATUS_SCHEMA).iter_errors(data))
-    if error is None:
-        return "does not match the status schema"
-    where = ".".join(str(p) for p in error.absolute_path)
-    return f"{where}: {error.message}" if where else str(error.message)
 
 
 def _ordered(

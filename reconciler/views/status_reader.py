@@ -1,15 +1,19 @@
-"""The committed status files of a branch, read into ``RolloutStatus``
-values: the main file and its node pages, with a cache by blob id so that a
-re-read parses only what changed."""
+"""Status files read into ``RolloutStatus`` values: ``StatusReader`` is the
+one reader (schema check, node pages, cache by blob id); the functions
+below read a branch's committed status for the commands."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
+
+from jsonschema.exceptions import best_match  # type: ignore[import-untyped]
 
 from reconciler.git.branch import Branch
+from reconciler.spec import schemas
 from reconciler.spec.errors import StoreError
-from reconciler.spec.paths import SETTINGS_PATH, STATUS_DIR, name_in, status_pages_dir
+from reconciler.spec.paths import SETTINGS_PATH, STATUS_DIR, name_in, status_pages_dir, status_path
 from reconciler.spec.rollout_status import RolloutStatus, status_from_files
 from reconciler.spec.safe_yaml import YamlProblem, load_yaml
 
@@ -37,17 +41,140 @@ def status_branch(source: Branch, tip: str) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
-class StatusCache:
-    """Statuses already read, by the blob ids of their files: a watch that
-    sees a new commit re-reads only the files that changed (a transition on a
-    large rollout rewrites its main file and one node page)."""
-
-    def __init__(self) -> None:
-        self.statuses: dict[str, tuple[tuple[str, ...], RolloutStatus]] = {}
-        self.pages: dict[str, Any] = {}
+STATUS_SCHEMA = "rollout-status"
 
 
-def read_snapshot(source: Branch, cache: StatusCache | None = None) -> Snapshot:
+class StatusSource(Protocol):
+    """Where status files are read from: a Git store, a read-only branch
+    reader, or a working tree (``blob`` ids are then paths)."""
+
+    def files(self, commit: str, folder: str) -> dict[str, str]: ...
+
+    def blob(self, blob_id: str) -> bytes: ...
+
+
+class StatusReader:
+    """The one reader of status files (``status/NAME.yaml`` and its node
+    pages), for the daemon, ``status``, ``plan``, the intent verbs and the
+    demo: YAML parsed safely, each file checked against the status schema
+    (a hand edit that is not a status must never be stepped from), pages
+    joined, and a cache by blob id, so that a re-read parses only what
+    changed (a transition on a large rollout rewrites its main file and one
+    node page). The cache keeps only what the last read saw.
+
+    ``check_schema=False`` reads what a status file holds without the schema
+    check, for views that show a person whatever is there (a status written
+    by an older or newer daemon); only the daemon steps from what it reads."""
+
+    def __init__(self, *, check_schema: bool = True) -> None:
+        self.check_schema = check_schema
+        self.data: dict[str, Any] = {}  # blob id -> checked plain data
+        self.values: dict[tuple[str, ...], RolloutStatus] = {}  # blob ids -> value
+
+    def read(
+        self, source: StatusSource, commit: str | None
+    ) -> tuple[dict[str, RolloutStatus], dict[str, str]]:
+        """Statuses by rollout name at ``commit``, and the names whose files
+        cannot be read, with why (``path: reason``)."""
+        if commit is None:
+            return {}, {}
+        statuses: dict[str, RolloutStatus] = {}
+        broken: dict[str, str] = {}
+        live_blobs: set[str] = set()
+        live_keys: set[tuple[str, ...]] = set()
+        for path, blob_id in source.files(commit, STATUS_DIR).items():
+            if not path.endswith(".yaml"):
+                continue
+            name = name_in(STATUS_DIR, path)
+            try:
+                main = self._load(source, path, blob_id)
+                pages: dict[str, Any] = {}
+                page_blobs: list[str] = []
+                if main.get("nodePages"):
+                    for page_path, page_blob in sorted(
+                        source.files(commit, status_pages_dir(name)).items()
+                    ):
+                        pages[page_path] = self._load(source, page_path, page_blob)
+                        page_blobs.append(page_blob)
+                key = (blob_id, *page_blobs)
+                live_blobs.update(key)
+                live_keys.add(key)
+                value = self.values.get(key)
+                if value is None:
+                    value = status_from_files(main, pages)
+                    if value.name != name:
+                        raise ValueError(f"metadata.name is {value.name!r}, not {name!r}")
+                    self.values[key] = value
+                statuses[name] = value
+            except (YamlProblem, ValueError, KeyError, TypeError, AttributeError) as exc:
+                reason = str(exc.problem) if isinstance(exc, YamlProblem) else f"{path}: {exc}"
+                broken[name] = reason
+        # Forget what the branch no longer holds: a long-running daemon must
+        # not keep every version of every status file it ever read.
+        for blob_id in [b for b in self.data if b not in live_blobs]:
+            del self.data[blob_id]
+        for key in [k for k in self.values if k not in live_keys]:
+            del self.values[key]
+        return statuses, broken
+
+    def remember(
+        self,
+        source: StatusSource,
+        commit: str,
+        written: Mapping[str, Any],
+        statuses: Mapping[str, RolloutStatus],
+    ) -> None:
+        """Seed the cache with status files just written at ``commit``
+        (``written``: path -> plain data), so the next read does not parse,
+        check and rebuild them (values round-trip losslessly through files)."""
+        top = source.files(commit, STATUS_DIR)
+        for name, value in statuses.items():
+            path = status_path(name)
+            blob_id = top.get(path)
+            if blob_id is None or path not in written:
+                continue
+            pages = (
+                source.files(commit, status_pages_dir(name))
+                if written[path].get("nodePages")
+                else {}
+            )
+            page_blobs = [page_blob for _, page_blob in sorted(pages.items())]
+            if any(p not in written and b not in self.data for p, b in pages.items()):
+                continue  # a file we never read: the next read reads this status itself
+            for page_path, page_blob in pages.items():
+                if page_path in written:
+                    self.data[page_blob] = written[page_path]
+            self.data[blob_id] = written[path]
+            self.values[(blob_id, *page_blobs)] = value
+
+    def _load(self, source: StatusSource, path: str, blob_id: str) -> Any:
+        data = self.data.get(blob_id)
+        if data is None:
+            data = load_yaml(path, source.blob(blob_id))
+            if not isinstance(data, dict):
+                raise ValueError("not a mapping")
+            if self.check_schema and not schemas.fast_check(STATUS_SCHEMA)(data):
+                # It parses but is not a status (a hand edit): the engine must
+                # never step from it, or it raises and the daemon exits.
+                raise ValueError(f"not a valid status: {_schema_error(data)}")
+            self.data[blob_id] = data
+        return data
+
+
+def StatusCache() -> StatusReader:
+    """The reader a view keeps from read to read (``status --watch``)."""
+    return StatusReader(check_schema=False)
+
+
+def _schema_error(data: Any) -> str:
+    error = best_match(schemas.validator(STATUS_SCHEMA).iter_errors(data))
+    if error is None:
+        return "does not match the status schema"
+    where = ".".join(str(p) for p in error.absolute_path)
+    return f"{where}: {error.message}" if where else str(error.message)
+
+
+def read_snapshot(source: Branch, cache: StatusReader | None = None) -> Snapshot:
     tip = source.refresh()
     if tip is None:
         raise StoreError(f"branch {source.branch!r} not found in {source.label}")
@@ -58,43 +185,9 @@ def read_snapshot(source: Branch, cache: StatusCache | None = None) -> Snapshot:
     return read_statuses(source, commit, cache)
 
 
-def read_statuses(source: Branch, commit: str, cache: StatusCache | None = None) -> Snapshot:
-    reader = source.reader
-    cache = cache or StatusCache()
-    statuses: dict[str, RolloutStatus] = {}
-    problems: list[str] = []
-    kept_statuses: dict[str, tuple[tuple[str, ...], RolloutStatus]] = {}
-    kept_pages: dict[str, Any] = {}
-    for path, blob in sorted(reader.files(commit, STATUS_DIR).items()):
-        if not path.endswith(".yaml"):
-            continue
-        name = name_in(STATUS_DIR, path)
-        try:
-            page_blobs = {
-                p: b
-                for p, b in reader.files(commit, status_pages_dir(name)).items()
-                if p.endswith(".yaml")
-            }
-            key = (blob, *sorted(page_blobs.values()))
-            hit = cache.statuses.get(name)
-            if hit is not None and hit[0] == key:
-                status = hit[1]
-            else:
-                main = load_yaml(path, reader.blob(blob))
-                if not (isinstance(main, dict) and main.get("nodePages")):
-                    page_blobs = {}
-                pages = {}
-                for page_path, page_blob in page_blobs.items():
-                    data = cache.pages.get(page_blob)
-                    if data is None:
-                        data = load_yaml(page_path, reader.blob(page_blob))
-                    pages[page_path] = kept_pages[page_blob] = data
-                status = status_from_files(main, pages)
-            statuses[name] = status
-            kept_statuses[name] = (key, status)
-        except YamlProblem as exc:
-            problems.append(str(exc.problem))
-        except (KeyError, ValueError, TypeError, AttributeError) as exc:
-            problems.append(f"{path}: not a status this version can read ({exc})")
-    cache.statuses, cache.pages = kept_statuses, kept_pages
-    return Snapshot(commit, statuses, tuple(problems))
+def read_statuses(source: Branch, commit: str, cache: StatusReader | None = None) -> Snapshot:
+    """The statuses at ``commit``, and a problem line for each status that
+    cannot be read."""
+    reader = cache or StatusCache()
+    statuses, broken = reader.read(source.reader, commit)
+    return Snapshot(commit, statuses, tuple(broken[name] for name in sorted(broken)))
