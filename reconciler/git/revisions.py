@@ -31,41 +31,54 @@ def open_local_repository(where: str) -> pygit2.Repository:
         raise UsageError(exc.message, exc.hint) from None
 
 
-def resolve(repo: pygit2.Repository, rev: str) -> pygit2.Commit:
-    """The commit ``rev`` names, for ``plan``."""
+def commit_of(repo: pygit2.Repository, rev: str) -> pygit2.Commit | None:
+    """The one revision resolver: the commit ``rev`` (a branch, tag, commit
+    id, ``HEAD``, ``origin/main``, a full ref) names, or None."""
     try:
         commit = repo.revparse_single(rev).peel(pygit2.Commit)
-    except _LOOKUP_ERRORS as exc:
+    except _LOOKUP_ERRORS:
+        return None
+    return commit if isinstance(commit, pygit2.Commit) else None
+
+
+def first_branch_tip(repo: pygit2.Repository, refs: tuple[str, ...]) -> str | None:
+    """The commit of the first of ``refs`` that exists."""
+    for name in refs:
+        ref = repo.references.get(name)
+        if ref is not None:
+            return str(ref.peel(pygit2.Commit).id)
+    return None
+
+
+def resolve(repo: pygit2.Repository, rev: str) -> pygit2.Commit:
+    """The commit ``rev`` names, for ``plan``."""
+    commit = commit_of(repo, rev)
+    if commit is None:
         raise ReconcilerError(
             f"no commit {rev!r} in {repo.workdir or repo.path}",
             hint="pass a branch, tag or commit id (for a pull request: --base origin/main)",
-        ) from exc
-    assert isinstance(commit, pygit2.Commit)
+        )
     return commit
 
 
 def resolve_or_branch_tip(repo: pygit2.Repository, rev: str | None, branch: str) -> tuple[str, str]:
     """(label, commit id) of ``rev``, or of ``branch``'s tip when no ``rev``,
     for ``verify``; an unknown one is a usage error."""
-    spec = rev if rev is not None else f"refs/heads/{branch}"
-    try:
-        commit = repo.revparse_single(spec).peel(pygit2.Commit)
-    except _LOOKUP_ERRORS:
+    commit = commit_of(repo, rev if rev is not None else f"refs/heads/{branch}")
+    if commit is None:
         if rev is None:
             raise UsageError(
                 f"branch {branch} does not exist in {repo.path}", "pass --branch or a REV"
-            ) from None
-        raise UsageError(f"{rev} is not a commit in {repo.path}", "pass a commit or ref") from None
+            )
+        raise UsageError(f"{rev} is not a commit in {repo.path}", "pass a commit or ref")
     return (rev if rev is not None else branch), str(commit.id)
 
 
 def default_base(repo: pygit2.Repository, head: pygit2.Commit) -> pygit2.Commit:
     """The merge-base of head and main (local, else origin's)."""
-    for name in ("refs/heads/main", "refs/remotes/origin/main"):
-        ref = repo.references.get(name)
-        if ref is None:
-            continue
-        main = ref.peel(pygit2.Commit)
+    main_id = first_branch_tip(repo, ("refs/heads/main", "refs/remotes/origin/main"))
+    if main_id is not None:
+        main = repo[main_id]
         base_id = repo.merge_base(head.id, main.id)
         found = repo[base_id] if base_id is not None else main
         assert isinstance(found, pygit2.Commit)

@@ -37,6 +37,7 @@ import pygit2
 from pygit2.enums import CredentialType, FetchPrune, FileMode, ObjectType, RepositoryOpenFlag
 
 from reconciler.git.history import History
+from reconciler.git.tree_reader import TreeReader, branch_ref
 from reconciler.spec.errors import RefMoved, StoreError
 
 DEFAULT_NAME = "reconciler"
@@ -73,11 +74,10 @@ def default_cache_dir() -> Path:
     return Path(base) / "reconciler" / "mirrors"
 
 
-def _ref(branch: str) -> str:
-    return branch if branch.startswith("refs/") else f"refs/heads/{branch}"
+_ref = branch_ref
 
 
-class GitStore:
+class GitStore(TreeReader):
     """One repository, one tracked branch. Build with ``GitStore.open``.
 
     Not thread-safe: use one GitStore per thread."""
@@ -93,18 +93,15 @@ class GitStore:
         name: str,
         email: str,
     ) -> None:
-        self._repo = repo
+        super().__init__(repo, location)
         self.branch = branch
         self.url = url
-        self.location = location
         self.is_remote = url is not None
         self._ssh_key = ssh_key
         self._name = name
         self._email = email
         self.read_only = False
         self._history: History | None = None
-        self._files_cache: dict[pygit2.Oid, dict[str, str]] = {}
-        self._tree_cache: dict[str, pygit2.Tree] = {}
         self._write_blob: Callable[[bytes], pygit2.Oid] | None = None
         # Called with "after_commit" between making a status commit and moving
         # the branch; the daemon passes its crash-point hook in (tests kill it there).
@@ -192,59 +189,6 @@ class GitStore:
             self._fetch()
         return self.tip(self.branch)
 
-    def tip(self, branch: str) -> str | None:
-        """Commit id a local branch points at (the mirror's, for a remote), or
-        None when the branch does not exist."""
-        try:
-            ref = self._repo.references.get(_ref(branch))
-            if ref is None:
-                return None
-            return str(ref.resolve().target)
-        except (pygit2.GitError, KeyError, ValueError, OSError) as e:
-            raise StoreError(f"cannot read branch {branch!r}: {e}") from e
-
-    def files(self, commit: str, folder: str) -> dict[str, str]:
-        """The blobs directly in `folder` at `commit`: ``{"rollouts/a.yaml":
-        blob id}``. Subfolders are left out; {} when the folder is absent."""
-        sub = self._subtree(commit, folder)
-        if sub is None:
-            return {}
-        cached = self._files_cache.get(sub.id)
-        if cached is None:
-            prefix = folder.strip("/") + "/"
-            cached = {
-                f"{prefix}{entry.name}": str(entry.id) for entry in sub if entry.type_str == "blob"
-            }
-            if len(self._files_cache) > 64:
-                self._files_cache.clear()
-            self._files_cache[sub.id] = cached
-        return dict(cached)
-
-    def file_blob(self, commit: str, path: str) -> str | None:
-        """Blob id of the file at `path` in `commit`, or None if there is none."""
-        tree = self._tree(commit)
-        try:
-            entry = tree[path]
-        except KeyError:
-            return None
-        return str(entry.id) if entry.type_str == "blob" else None
-
-    def blob(self, blob_id: str) -> bytes:
-        """The content of a blob."""
-        try:
-            obj = self._repo[blob_id]
-        except (KeyError, ValueError) as e:
-            raise StoreError(f"blob {blob_id} not found in {self.location}") from e
-        if not isinstance(obj, pygit2.Blob):
-            raise StoreError(f"{blob_id} is not a blob")
-        return obj.data
-
-    def subtree_id(self, commit: str, folder: str) -> str | None:
-        """Tree id of `folder` at `commit` (None if absent): equal ids mean
-        nothing under it changed."""
-        sub = self._subtree(commit, folder)
-        return str(sub.id) if sub is not None else None
-
     def history(self) -> History:
         """The first-parent history index of the tracked branch (one per store,
         kept across passes; call ``advance(tip)`` before querying)."""
@@ -279,10 +223,6 @@ class GitStore:
     @property
     def ssh_key(self) -> Path | None:
         return self._ssh_key
-
-    def repository(self) -> pygit2.Repository:
-        """The underlying repository (for read-only helpers such as approval)."""
-        return self._repo
 
     # -- writing -----------------------------------------------------------
 
@@ -468,15 +408,6 @@ class GitStore:
 
     # -- helpers -----------------------------------------------------------
 
-    def _commit(self, commit: str) -> pygit2.Commit:
-        try:
-            obj = self._repo[commit]
-        except (KeyError, ValueError) as e:
-            raise StoreError(f"commit {commit} not found in {self.location}") from e
-        if not isinstance(obj, pygit2.Commit):
-            raise StoreError(f"{commit} is not a commit")
-        return obj
-
     def _blob_writer(self) -> Callable[[bytes], pygit2.Oid]:
         """How ``commit`` writes a new blob. libgit2 rescans the pack
         directory each time an object it is about to write is not found
@@ -497,28 +428,6 @@ class GitStore:
                 odb.add_backend(pygit2.OdbBackendLoose(objects, -1, False), 1)
                 self._write_blob = partial(odb.write, ObjectType.BLOB)
         return self._write_blob
-
-    def _tree(self, commit: str) -> pygit2.Tree:
-        tree = self._tree_cache.get(commit)
-        if tree is None:
-            tree = self._commit(commit).tree
-            if len(self._tree_cache) > 16:
-                self._tree_cache.clear()
-            self._tree_cache[commit] = tree
-        return tree
-
-    def _subtree(self, commit: str, folder: str) -> pygit2.Tree | None:
-        tree = self._tree(commit)
-        folder = folder.strip("/")
-        if not folder:
-            return tree
-        try:
-            obj = tree / folder if "/" not in folder else tree[folder]
-        except KeyError:
-            return None
-        if isinstance(obj, pygit2.Tree):
-            return obj
-        return None
 
 
 # -- module helpers ---------------------------------------------------------

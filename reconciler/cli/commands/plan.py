@@ -15,8 +15,8 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
-from reconciler.git.branch import document_files, first_branch_tip, local_branch
-from reconciler.git.revisions import default_base, open_repository, resolve
+from reconciler.git.branch import local_branch
+from reconciler.git.revisions import default_base, first_branch_tip, open_repository, resolve
 from reconciler.spec import documents
 from reconciler.spec.paths import SETTINGS_PATH
 from reconciler.spec.rollout_status import RolloutStatus
@@ -43,8 +43,9 @@ def run(args: argparse.Namespace) -> int:
     repo = open_repository(args.repo, "pass --repo with a fleet repository")
     head = resolve(repo, args.head)
     base = resolve(repo, args.base) if args.base else default_base(repo, head)
-    base_tree = plan.Tree(str(base.id), document_files(repo, base))
-    head_tree = plan.Tree(str(head.id), document_files(repo, head))
+    trees = local_branch(repo, args.repo).reader
+    base_tree = plan.Tree(str(base.id), trees.document_files(str(base.id)))
+    head_tree = plan.Tree(str(head.id), trees.document_files(str(head.id)))
     statuses = base_statuses(repo, base, args.repo)
     result = plan.make_plan(
         base_tree,

@@ -1,0 +1,136 @@
+"""The one reader of a repository's committed trees: branch tips, the
+blobs of a folder, a file's blob, blob contents, subtree ids and commits,
+with small caches by tree id. The Git store (which also writes) and the
+read-only commands' branches (a working clone included) read through it.
+Reading committed objects is safe in any repository; only moving a branch
+is not, and that is the store's alone."""
+
+from __future__ import annotations
+
+import pygit2
+
+from reconciler.spec.documents import is_document_path
+from reconciler.spec.errors import StoreError
+from reconciler.spec.paths import SPEC_FOLDERS
+
+
+def branch_ref(branch: str) -> str:
+    """``main`` -> ``refs/heads/main``; a full ref name stays as it is."""
+    return branch if branch.startswith("refs/") else f"refs/heads/{branch}"
+
+
+class TreeReader:
+    """Reads of one repository's committed objects. Not thread-safe."""
+
+    def __init__(self, repo: pygit2.Repository, location: str) -> None:
+        self._repo = repo
+        self.location = location
+        self.is_remote = False
+        self._files_cache: dict[pygit2.Oid, dict[str, str]] = {}
+        self._tree_cache: dict[str, pygit2.Tree] = {}
+
+    def repository(self) -> pygit2.Repository:
+        """The underlying repository (for read-only helpers such as approval)."""
+        return self._repo
+
+    def tip(self, branch: str) -> str | None:
+        """Commit id a local branch points at (the mirror's, for a remote), or
+        None when the branch does not exist."""
+        try:
+            ref = self._repo.references.get(branch_ref(branch))
+            if ref is None:
+                return None
+            return str(ref.resolve().target)
+        except (pygit2.GitError, KeyError, ValueError, OSError) as e:
+            raise StoreError(f"cannot read branch {branch!r}: {e}") from e
+
+    def files(self, commit: str, folder: str) -> dict[str, str]:
+        """The blobs directly in `folder` at `commit`: ``{"rollouts/a.yaml":
+        blob id}``. Subfolders are left out; {} when the folder is absent."""
+        sub = self._subtree(commit, folder)
+        if sub is None:
+            return {}
+        cached = self._files_cache.get(sub.id)
+        if cached is None:
+            prefix = folder.strip("/") + "/"
+            cached = {
+                f"{prefix}{entry.name}": str(entry.id) for entry in sub if entry.type_str == "blob"
+            }
+            if len(self._files_cache) > 64:
+                self._files_cache.clear()
+            self._files_cache[sub.id] = cached
+        return dict(cached)
+
+    def file_blob(self, commit: str, path: str) -> str | None:
+        """Blob id of the file at `path` in `commit`, or None if there is none."""
+        tree = self._tree(commit)
+        try:
+            entry = tree[path]
+        except KeyError:
+            return None
+        return str(entry.id) if entry.type_str == "blob" else None
+
+    def blob(self, blob_id: str) -> bytes:
+        """The content of a blob."""
+        try:
+            obj = self._repo[blob_id]
+        except (KeyError, ValueError) as e:
+            raise StoreError(f"blob {blob_id} not found in {self.location}") from e
+        if not isinstance(obj, pygit2.Blob):
+            raise StoreError(f"{blob_id} is not a blob")
+        return obj.data
+
+    def subtree_id(self, commit: str, folder: str) -> str | None:
+        """Tree id of `folder` at `commit` (None if absent): equal ids mean
+        nothing under it changed."""
+        sub = self._subtree(commit, folder)
+        return str(sub.id) if sub is not None else None
+
+    def document_files(self, commit: str) -> dict[str, bytes]:
+        """Every file of the commit the documents loader reads (settings,
+        nodes/, rollouts/, stray top-level YAML), by path."""
+        files: dict[str, bytes] = {}
+        pending: list[tuple[str, pygit2.Tree]] = [("", self._tree(commit))]
+        while pending:
+            prefix, tree = pending.pop()
+            for entry in tree:
+                path = f"{prefix}{entry.name}"
+                if entry.type_str == "tree":
+                    if path.split("/")[0] in SPEC_FOLDERS:
+                        sub = self._repo[entry.id]
+                        assert isinstance(sub, pygit2.Tree)
+                        pending.append((path + "/", sub))
+                elif entry.type_str == "blob" and is_document_path(path):
+                    files[path] = self.blob(str(entry.id))
+        return files
+
+    def _commit(self, commit: str) -> pygit2.Commit:
+        try:
+            obj = self._repo[commit]
+        except (KeyError, ValueError) as e:
+            raise StoreError(f"commit {commit} not found in {self.location}") from e
+        if not isinstance(obj, pygit2.Commit):
+            raise StoreError(f"{commit} is not a commit")
+        return obj
+
+    def _tree(self, commit: str) -> pygit2.Tree:
+        tree = self._tree_cache.get(commit)
+        if tree is None:
+            tree = self._commit(commit).tree
+            if len(self._tree_cache) > 16:
+                self._tree_cache.clear()
+            self._tree_cache[commit] = tree
+        return tree
+
+    def _subtree(self, commit: str, folder: str) -> pygit2.Tree | None:
+        tree = self._tree(commit)
+        folder = folder.strip("/")
+        if not folder:
+            return tree
+        try:
+            obj = tree / folder if "/" not in folder else tree[folder]
+        except KeyError:
+            return None
+        if isinstance(obj, pygit2.Tree):
+            return obj
+        return None
