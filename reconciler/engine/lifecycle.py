@@ -108,8 +108,8 @@ def render_engine_tables() -> str:
     ``<!-- engine-tables:end -->``: diagrams and the policy table."""
     return (
         "Rollout phases (top) and node states (bottom), generated from "
-        "`reconciler/lifecycle.py`:\n\n"
+        "`reconciler/engine/lifecycle.py`:\n\n"
         + render_state_diagram()
-        + "\nFailure policy, generated from `reconciler/policy.py` "
+        + "\nFailure policy, generated from `reconciler/engine/policy.py` "
         "(`unknown` never retries, stops or rolls back):\n\n" + render_policy_table()
     )
