@@ -82,6 +82,7 @@ class SshServer:
         *,
         client_pub: str,
         port: int | None = None,
+        authorized_keys: str | None = None,
         host_key: Path | None = None,
         serve: Path | None = None,
     ) -> SshServer:
@@ -89,7 +90,7 @@ class SshServer:
         root.mkdir(parents=True, exist_ok=True)
         if host_key is None:
             host_key, _ = keygen(root / "host_ed25519", "host")
-        (root / "authorized_keys").write_text(client_pub + "\n")
+        (root / "authorized_keys").write_text(authorized_keys or client_pub + "\n")
         lines = [
             f"Port {port or _free_port()}",
             "ListenAddress 127.0.0.1",

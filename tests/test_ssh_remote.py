@@ -27,7 +27,7 @@ from reconciler.gitstore import SSH_PASSPHRASE_ENV, GitStore
 from reconciler.logs import EventLog
 from reconciler.metrics import Metrics
 from reconciler.watch import BranchWatcher
-from tests.gitutil import clone, commit_and_push, git, head, install_hook, make_bare_repo
+from tests.gitutil import clone, commit_and_push, git, git_env, head, make_bare_repo
 
 pytestmark = pytest.mark.sshd
 
@@ -290,21 +290,69 @@ def test_a_key_the_server_does_not_know_is_named(forge: Forge) -> None:
         forge.open(ssh_key=stranger)
 
 
-def test_a_denied_push_keeps_the_servers_words(forge: Forge) -> None:
-    """gitolite refuses a write in its update hook with a line naming the
-    ref and DENIED; that line reaches the person, with statusBranch offered."""
-    install_hook(
-        forge.bare,
-        "update",
-        '#!/bin/sh\necho "FATAL: W $1 fleet daemon DENIED by fallthru" >&2\nexit 1\n',
+GITOLITE = Path("/usr/bin/gitolite")
+GITOLITE_SHELL = Path("/usr/share/gitolite3/gitolite-shell")
+
+
+def test_gitolite_denying_a_push_is_reported_in_its_own_words(tmp_path: Path) -> None:
+    """Debian's gitolite3 behind the test sshd, set up as an operator would:
+    the daemon may read the fleet and write only the status branch. The
+    refusal keeps gitolite's line and points at statusBranch; a status
+    branch push goes through."""
+    if not (GITOLITE.exists() and GITOLITE_SHELL.exists()):
+        reason = "gitolite3 is not installed (apt-get install gitolite3; .ci/run does)"
+        if os.environ.get("RECONCILER_REQUIRE_SSHD"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+    home = tmp_path / "gitolite-home"
+    home.mkdir()
+    admin, admin_pub = keygen(tmp_path / "admin", "admin")
+    daemon, daemon_pub = keygen(tmp_path / "daemon", "daemon")
+    env = {**os.environ, "HOME": str(home)}
+    subprocess.run(
+        ["gitolite", "setup", "-pk", f"{admin}.pub"], env=env, check=True, capture_output=True
     )
-    store = forge.open()
-    read = store.refresh()
-    with pytest.raises(StoreError) as refused:
-        store.commit("main", read, {"status/r.yaml": b"phase: running\n"}, "status")
-    text = str(refused.value)
-    assert "W refs/heads/main fleet daemon DENIED by fallthru" in text
-    assert "statusBranch" in text
+    (home / ".gitolite" / "conf" / "gitolite.conf").write_text(
+        "repo gitolite-admin\n    RW+ = admin\n"
+        "repo fleet\n    RW+ = admin\n    RW status = daemon\n    R = daemon\n"
+    )
+    subprocess.run(["gitolite", "setup"], env=env, check=True, capture_output=True)
+
+    def login(user: str, pub: str) -> str:
+        return (
+            f'command="HOME={home} {GITOLITE_SHELL} {user}",no-port-forwarding,'
+            f"no-X11-forwarding,no-agent-forwarding,no-pty {pub}\n"
+        )
+
+    server = SshServer.start(
+        tmp_path / "sshd",
+        client_pub=daemon_pub,
+        authorized_keys=login("admin", admin_pub) + login("daemon", daemon_pub),
+    )
+    try:
+        known_hosts = tmp_path / "known_hosts"
+        known_hosts.write_text(server.known_hosts_line() + "\n")
+        url = f"ssh://{server.user}@127.0.0.1:{server.port}/fleet"
+        seed = make_bare_repo(tmp_path, {"nodes/a.yaml": "a\n"})
+        ssh = f"ssh -i {admin} -o UserKnownHostsFile={known_hosts} -o BatchMode=yes"
+        git("push", "--quiet", url, "main", cwd=seed, env={**git_env(), "GIT_SSH_COMMAND": ssh})
+
+        store = GitStore.open(
+            url, "main", cache_dir=tmp_path / "cache", ssh_key=daemon, known_hosts=known_hosts
+        )
+        read = store.refresh()
+        with pytest.raises(StoreError) as refused:
+            store.commit("main", read, {"status/r.yaml": b"phase: running\n"}, "status")
+        text = str(refused.value)
+        assert "W refs/heads/main fleet daemon DENIED" in text
+        assert "statusBranch" in text
+        assert store.tip("main") == read
+
+        store.commit("status", None, {"status/r.yaml": b"phase: running\n"}, "status")
+        served = home / "repositories" / "fleet.git"
+        assert git("show", "status:status/r.yaml", cwd=served) == "phase: running"
+    finally:
+        server.stop()
 
 
 # --- polling ---------------------------------------------------------------------
