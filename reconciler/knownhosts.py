@@ -107,6 +107,14 @@ def verify_host_key(path: Path, host: str, port: int, offered: HostKey) -> None:
     for_host = [e for e in entries if not e.marker and _matches(e.patterns, name)]
     if any(e.key == offered for e in for_host):
         return
+    pinned_kinds = {e.key.kind for e in for_host if e.key is not None}
+    if pinned_kinds and offered.kind not in pinned_kinds:
+        kinds = ", ".join(sorted(pinned_kinds))
+        raise HostKeyError(
+            f"refusing SSH host {where}: {path} pins only other key types for it ({kinds})",
+            "libssh2 chooses the host key type itself, so pin every type the server has; "
+            f"this may still be an impostor: {add}",
+        )
     if for_host:
         held = ", ".join(
             f"line {e.line}: {e.key.kind} {e.key.fingerprint}" if e.key else f"line {e.line}"
@@ -115,9 +123,9 @@ def verify_host_key(path: Path, host: str, port: int, offered: HostKey) -> None:
         raise HostKeyError(
             f"refusing SSH host {where}: the HOST KEY DIFFERS from {path} ({held}); "
             "nothing was read or pushed",
-            "someone may be impersonating the server, or its key was replaced or it offered "
-            "another key type; do not replace the line until the server's owner confirms "
-            f"{offered.fingerprint}; then {add}",
+            "someone may be impersonating the server, or its key was replaced: only when the "
+            f"server's owner confirms {offered.fingerprint} replace the line with: "
+            f"{offered.line(host, port)}",
         )
     raise HostKeyError(
         f"refusing SSH host {where}: the host is not in {path}",

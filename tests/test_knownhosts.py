@@ -73,6 +73,18 @@ def test_a_different_key_names_both_fingerprints_and_the_line(tmp_path: Path) ->
     assert pinned.fingerprint in text and offered.fingerprint in text and str(path) in text
 
 
+def test_a_pinned_key_of_another_type_is_no_match_and_says_so(tmp_path: Path) -> None:
+    ed25519, _ = _key(tmp_path, "host")
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ecdsa", "-N", "", "-f", str(tmp_path / "ecdsa")], check=True
+    )
+    ecdsa = HostKey(base64.b64decode((tmp_path / "ecdsa.pub").read_text().split()[1]))
+    path = tmp_path / "known_hosts"
+    path.write_text(ed25519.line("forge.example", 22) + "\n")
+    with pytest.raises(HostKeyError, match="pins only other key types for it \\(ssh-ed25519\\)"):
+        verify_host_key(path, "forge.example", 22, ecdsa)
+
+
 def test_a_line_whose_type_contradicts_its_key_vouches_for_nothing(tmp_path: Path) -> None:
     key, _ = _key(tmp_path, "host")
     path = tmp_path / "known_hosts"
