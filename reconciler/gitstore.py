@@ -936,6 +936,7 @@ def _ssh_port(url: str) -> int:
 # certificate, so the record is read from pygit2's own callback frame.
 _CERT_X509 = 1
 _CERT_HOSTKEY = 2
+_SSH_SHA256 = 1 << 2  # GIT_CERT_SSH_SHA256: hash_sha256 is set
 _SSH_RAW = 1 << 3  # GIT_CERT_SSH_RAW: hostkey/hostkey_len are set
 _CERT_FFI = cffi.FFI()
 _CERT_FFI.cdef(
@@ -976,4 +977,8 @@ def _offered_certificate() -> tuple[int | None, HostKey | None]:
         return kind, None
     if not (cert.type & _SSH_RAW) or not cert.hostkey or cert.hostkey_len == 0:
         return kind, None
-    return kind, HostKey(bytes(_CERT_FFI.buffer(cert.hostkey, cert.hostkey_len)))
+    key = HostKey(bytes(_CERT_FFI.buffer(cert.hostkey, cert.hostkey_len)))
+    # libgit2 hashed the key itself: a record read with the wrong layout fails here.
+    if cert.type & _SSH_SHA256 and hashlib.sha256(key.blob).digest() != bytes(cert.hash_sha256):
+        return kind, None
+    return kind, key
