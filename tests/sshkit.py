@@ -85,6 +85,7 @@ class SshServer:
         authorized_keys: str | None = None,
         host_key: Path | None = None,
         serve: Path | None = None,
+        log_level: str = "ERROR",
     ) -> SshServer:
         require_sshd()
         root.mkdir(parents=True, exist_ok=True)
@@ -103,7 +104,7 @@ class SshServer:
             "PasswordAuthentication no",
             "KbdInteractiveAuthentication no",
             "PubkeyAuthentication yes",
-            "LogLevel ERROR",
+            f"LogLevel {log_level}",
         ]
         if serve is not None:
             script = root / "serve.sh"
