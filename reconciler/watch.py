@@ -252,10 +252,11 @@ class BranchWatcher:
                 wait = min(poll * 2 ** (failures - 1), max(poll, POLL_BACKOFF_CAP))
                 if metrics is not None:
                     metrics.poll_failures.inc()
-                text = str(e) if isinstance(e, ReconcilerError) else f"{type(e).__name__}: {e}"
+                # A store error names the URL already; anything else gets it here.
+                text = str(e) if isinstance(e, ReconcilerError) else f"polling {url} failed: {e!r}"
                 events.warning(
                     "poll_failed",
-                    f"polling {url} failed: {text}",
+                    text,
                     failures=failures,
                     retry_in=f"{wait:.0f}s",
                 )
