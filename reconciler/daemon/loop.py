@@ -43,7 +43,7 @@ from reconciler.protocol.effects import SendJob
 from reconciler.protocol.observations import Heartbeat, JobObservation, Observations
 from reconciler.spec import rollout_status as status_values
 from reconciler.spec.documents import Documents, ParsedFile, assemble, parse_file
-from reconciler.spec.errors import RefMoved, StoreError
+from reconciler.spec.errors import HostKeyError, RefMoved, StoreError
 from reconciler.spec.model import Fleet, Node, Problem, RolloutSpec
 from reconciler.spec.paths import (
     DASHBOARD_PATH,
@@ -315,8 +315,8 @@ class Daemon:
             jobs_sent=p.sent,
             # The statuses just changed first: usually one of them is active,
             # and then the thousands of unchanged ones need not be looked at.
-            active=any(engine.is_active(s) for s in step.statuses.values())
-            or any(engine.is_active(s) for s in merged.values()),
+            active=any(_needs_passes(s) for s in step.statuses.values())
+            or any(_needs_passes(s) for s in merged.values()),
             wakeup=engine.next_wakeup(merged.values()),
         )
         if p.commit is None and not p.sent and not step.transitions and not self.memory.watching:
@@ -675,9 +675,13 @@ class Daemon:
                 outcome = self.run_pass()
             except StoreError as exc:
                 backoff = min(max(backoff * 2, 1.0), 60.0)
-                self.metrics.pass_errors.labels(kind="store").inc()
+                kind = "host_key" if isinstance(exc, HostKeyError) else "store"
+                self.metrics.pass_errors.labels(kind=kind).inc()
                 self.log.error("pass_failed", f"{exc}; retrying in {backoff:.0f}s")
-                watcher.wait(backoff)
+                if watcher.wait(backoff):
+                    # A hint: the branch moved, or a poll works again after
+                    # failing. Either way the next pass may work: no backoff.
+                    backoff = 0.0
                 continue
             backoff = 0.0
             sleep = interval if outcome.active else reread
@@ -693,6 +697,12 @@ class Daemon:
         watcher = getattr(self, "_watcher", None)
         if watcher is not None:
             watcher.stop()
+
+
+def _needs_passes(status: RolloutStatus) -> bool:
+    """Active, and not only waiting for a person (section 6, step 7: the
+    interval applies while a rollout can move on by itself)."""
+    return engine.is_active(status) and not engine.waits_for_a_person(status)
 
 
 def _ordered(

@@ -12,7 +12,7 @@ import pygit2
 
 from reconciler.git.store import GitStore, discover_repository, is_remote_location
 from reconciler.git.tree_reader import TreeReader
-from reconciler.git.watch import BranchWatcher
+from reconciler.git.watch import BranchWatcher, PollEvents
 
 REMOTE_POLL = 2.0  # seconds between listings of a remote's refs while watching
 
@@ -42,24 +42,35 @@ class Branch:
         blob = self.reader.file_blob(commit, path)
         return None if blob is None else self.reader.blob(blob)
 
-    def watcher(self, branches: list[str]) -> BranchWatcher:
+    def watcher(self, branches: list[str], log: PollEvents | None = None) -> BranchWatcher:
+        """Hints that ``branches`` moved; a remote's failed polls go to ``log``."""
         if isinstance(self.reader, GitStore):
-            return BranchWatcher.for_store(self.reader, branches, poll=REMOTE_POLL)
+            return BranchWatcher.for_store(self.reader, branches, poll=REMOTE_POLL, log=log)
         return BranchWatcher.local(Path(self.reader.repository().path), branches)
 
 
-def open_branch(location: str, branch: str) -> Branch:
+def open_branch(
+    location: str,
+    branch: str,
+    *,
+    ssh_key: Path | None = None,
+    known_hosts: Path | None = None,
+) -> Branch:
     """The branch at ``location``: a remote URL, a bare repository, or a
     working clone, whose ``origin`` is read instead when it has one (the
-    daemon pushes status there; the clone's branch is as old as its last pull)."""
+    daemon pushes status there; the clone's branch is as old as its last pull).
+    A remote is reached with `ssh_key` and its host key checked against
+    `known_hosts` (default ``~/.ssh/known_hosts``)."""
     if is_remote_location(location):
-        return Branch(GitStore.open(location, branch), branch, location)
+        store = GitStore.open(location, branch, ssh_key=ssh_key, known_hosts=known_hosts)
+        return Branch(store, branch, location)
     repo = _discover(location)
     origin = None if repo.is_bare else _origin_url(repo)
     if origin is None:
         return _local(repo, branch, location)
     if is_remote_location(origin):
-        return Branch(GitStore.open(origin, branch), branch, f"{origin} (origin of {location})")
+        store = GitStore.open(origin, branch, ssh_key=ssh_key, known_hosts=known_hosts)
+        return Branch(store, branch, f"{origin} (origin of {location})")
     target = Path(repo.workdir) / origin  # a relative origin is relative to the clone
     return _local(_discover(str(target)), branch, f"{origin} (origin of {location})")
 

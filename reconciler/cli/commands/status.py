@@ -18,6 +18,8 @@ import sys
 import time
 from datetime import UTC, datetime
 
+from reconciler.cli.remote_options import add_remote_arguments
+from reconciler.daemon.logs import EventLog
 from reconciler.git.branch import REMOTE_POLL, Branch, open_branch
 from reconciler.spec.errors import StoreError
 from reconciler.views import status_text
@@ -40,6 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--branch", default="main", help="the branch the daemon tracks")
     parser.add_argument("--watch", action="store_true", help="redraw as status commits arrive")
     parser.add_argument("--format", choices=("text", "json"), default="text")
+    add_remote_arguments(parser)
 
 
 # --- rendering --------------------------------------------------------------
@@ -70,7 +73,7 @@ def render(snapshot: Snapshot, name: str | None, fmt: str, colour: bool) -> tupl
 
 
 def run(args: argparse.Namespace) -> int:
-    source = open_branch(args.repo, args.branch)
+    source = open_branch(args.repo, args.branch, ssh_key=args.ssh_key, known_hosts=args.known_hosts)
     if args.watch:
         return watch(source, args.name, args.format)
     snapshot = read_snapshot(source)
@@ -94,7 +97,7 @@ def watch(source: Branch, name: str | None, fmt: str) -> int:
     shown: tuple[str | None, str] | None = None
     last_read = -REMOTE_REFETCH
     hinted = True
-    with contextlib.closing(source.watcher(branches)) as watcher:
+    with contextlib.closing(source.watcher(branches, log=EventLog())) as watcher:
         try:
             while True:
                 now = time.monotonic()
