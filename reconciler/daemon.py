@@ -30,7 +30,14 @@ from jsonschema.exceptions import best_match  # type: ignore[import-untyped]
 from reconciler import crashpoints, engine, schemas
 from reconciler import status as status_values
 from reconciler.agent_client import AgentClient
-from reconciler.approval import Approval, Approver
+from reconciler.approval import (
+    Approval,
+    Approver,
+    descends_by_first_parent,
+    last_acted,
+    record_acted,
+    refuse_backwards,
+)
 from reconciler.dashboard import render_dashboard
 from reconciler.documents import Documents, ParsedFile, assemble, parse_file
 from reconciler.effects import SendJob
@@ -43,6 +50,7 @@ from reconciler.metrics import Metrics
 from reconciler.model import Fleet, Node, Problem, RolloutSpec
 from reconciler.observations import Heartbeat, JobObservation, Observations
 from reconciler.status import RolloutStatus
+from reconciler.statustrust import StartSpec, start_spec, tampered_fields
 from reconciler.watch import BranchWatcher
 from reconciler.yamlio import YamlProblem, dump_yaml, load_yaml
 
@@ -114,6 +122,12 @@ class Daemon:
         self._watching = False  # the last pass had jobs, heartbeats or backups to read
         self._by_name: tuple[Fleet, dict[str, Node]] | None = None
         self._memo = engine.StepMemo()  # finished rollouts at rest, not stepped again
+        self._descends: dict[tuple[str, str], bool] = {}  # (verified, last acted) -> forward
+        # Under verification: each status value's tampered fields (by id, the
+        # value kept alive with it), and what a spec at a start commit fixes.
+        self._trust: dict[int, tuple[RolloutStatus, tuple[str, ...]]] = {}
+        self._start_specs: dict[tuple[str, str], StartSpec | None] = {}
+        self._older_documents: dict[str, Documents] = {}
 
     # -- one pass ------------------------------------------------------------
 
@@ -168,13 +182,15 @@ class Daemon:
             return quiet.outcome
         history = store.history()
         history.advance(tip)
-        approval = self.approver.approve(tip) if self.approver else None
+        approval = self._forward_only(self.approver.approve(tip)) if self.approver else None
         spec_commit = tip if approval is None else approval.verified_commit
         documents = self._read_documents(spec_commit)
         settings = documents.settings
         status_branch = settings.status_branch or store.branch
         status_tip = tip if status_branch == store.branch else store.tip(status_branch)
         statuses, broken = self._read_statuses(status_tip)
+        if approval is not None:
+            self._hold_tampered(statuses, broken, history)
         inputs = self._inputs(tip, history, approval, documents, statuses, broken)
         observations = self._observe(statuses.values(), documents.fleet)
         now = self.clock()
@@ -210,6 +226,31 @@ class Daemon:
         if commit is None and not sent and not step.transitions and not self._watching:
             self._quiet = _Quiet(tip, status_branch, status_tip, outcome.wakeup, outcome)
         return outcome
+
+    def _forward_only(self, approval: Approval) -> Approval:
+        """Refuse a verified commit that does not descend by first parent from
+        the one last acted on (kept in ``approval.ACTED_REF``); record a new
+        one that does."""
+        repo = self.store.repository()
+        acted = last_acted(repo, self.store.branch)
+        verified = approval.verified_commit
+        if verified is None or acted is None or verified == acted:
+            if verified is not None and acted is None:
+                record_acted(repo, self.store.branch, verified)
+            return refuse_backwards(approval, acted, moves_forward=False)
+        key = (verified, acted)
+        forward = self._descends.get(key)
+        if forward is None:
+            forward = descends_by_first_parent(repo, verified, acted)
+            if len(self._descends) > 1000:
+                self._descends.clear()
+            self._descends[key] = forward
+        if forward:
+            record_acted(repo, self.store.branch, verified)
+            return approval
+        held = refuse_backwards(approval, acted, moves_forward=False)
+        self._report("verified_moved_back", held.refusals[0].reason, commit=verified)
+        return held
 
     # -- reading -------------------------------------------------------------
 
@@ -298,6 +339,81 @@ class Daemon:
         for key in [k for k in self._statuses if k not in live_keys]:
             del self._statuses[key]
         return statuses, broken
+
+    def _hold_tampered(
+        self, statuses: dict[str, RolloutStatus], broken: dict[str, str], history: History
+    ) -> None:
+        """Under verification, move every started status that the verified
+        spec at its ``startCommit`` does not back from ``statuses`` to
+        ``broken``: held, nothing sent for it, its file left as it is
+        (``statustrust``). Checked once per status value."""
+        checked: dict[int, tuple[RolloutStatus, tuple[str, ...]]] = {}
+        for name, value in list(statuses.items()):
+            if not value.started or value.start_commit is None:
+                continue
+            known = self._trust.get(id(value))
+            if known is not None and known[0] is value:
+                fields = known[1]
+            else:
+                expected = self._start_spec(name, value.start_commit)
+                fields = tampered_fields(value, expected, history.__contains__)
+            checked[id(value)] = (value, fields)
+            if not fields:
+                continue
+            del statuses[name]
+            path = status_values.main_path(name)
+            broken[name] = (
+                f"status_tampered: {path} disagrees with the verified spec at startCommit "
+                f"{value.start_commit[:12]} in {', '.join(fields[:10])}"
+                + (f" and {len(fields) - 10} more" if len(fields) > 10 else "")
+                + "; it was not written by the daemon from a signed change, so nothing is sent "
+                f"for it: restore the daemon's last version (`git log -p -- {path}`) or delete "
+                "it to start the rollout anew from the verified spec"
+            )
+            self._report("status_tampered", broken[name], rollout=name)
+        self._trust = checked
+
+    def _start_spec(self, name: str, start: str) -> StartSpec | None:
+        """The frozen values the verified spec at ``start`` fixes for rollout
+        ``name`` (None: no verified spec of it there); kept per pair, since
+        a commit's verified spec never changes."""
+        key = (name, start)
+        if key in self._start_specs:
+            return self._start_specs[key]
+        assert self.approver is not None
+        verified = self.approver.approve(start).verified_commit
+        expected = None
+        if verified is not None:
+            documents = self._documents_at(verified)
+            spec = documents.rollouts.get(name)
+            expected = start_spec(spec, documents.fleet) if spec is not None else None
+        if len(self._start_specs) > 10_000:
+            self._start_specs.clear()
+        self._start_specs[key] = expected
+        return expected
+
+    def _documents_at(self, commit: str) -> Documents:
+        """The documents of an older verified tree, parsed without touching
+        the current tree's caches; the last few are kept."""
+        cached = self._older_documents.get(commit)
+        if cached is not None:
+            return cached
+        store = self.store
+        blobs: dict[str, str] = {}
+        for folder in SPEC_FOLDERS:
+            blobs.update(store.files(commit, folder))
+        settings = store.file_blob(commit, SETTINGS_PATH)
+        if settings:
+            blobs[SETTINGS_PATH] = settings
+        parsed = (self._parsed.get(blob_id) for blob_id in blobs.values())
+        documents = assemble(
+            known if known is not None and known.path == path else parse_file(path, store.blob(b))
+            for (path, b), known in zip(blobs.items(), parsed, strict=True)
+        )
+        if len(self._older_documents) >= 4:
+            self._older_documents.pop(next(iter(self._older_documents)))
+        self._older_documents[commit] = documents
+        return documents
 
     def _remember_written(
         self, commit: str, written: Mapping[str, Any], statuses: Mapping[str, RolloutStatus]
@@ -677,6 +793,8 @@ def _refusal_text(approval: Approval | None) -> str | None:
         if approval.verified_commit
         else "no verified change yet, so nothing is acted on"
     )
+    if not newest.author:  # a backwards move, not a commit's signature
+        return f"{newest.reason}; {fallback.replace('the newest verified', 'the last verified')}"
     return (
         f"commit {newest.commit[:12]} by {newest.author} not verified: {newest.reason}; {fallback}"
     )
