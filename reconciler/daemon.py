@@ -362,13 +362,19 @@ class Daemon:
                 continue
             del statuses[name]
             path = status_values.main_path(name)
-            broken[name] = (
-                f"status_tampered: {path} disagrees with the verified spec at startCommit "
-                f"{value.start_commit[:12]} in {', '.join(fields[:10])}"
+            start = value.start_commit[:12]
+            why = (
+                f"its startCommit {start} has no verified spec of it in the branch's "
+                "first-parent history (started from a change that was not verified?)"
+                if fields == ("startCommit",)
+                else f"it disagrees with the verified spec at startCommit {start} in "
+                + ", ".join(fields[:10])
                 + (f" and {len(fields) - 10} more" if len(fields) > 10 else "")
-                + "; it was not written by the daemon from a signed change, so nothing is sent "
-                f"for it: restore the daemon's last version (`git log -p -- {path}`) or delete "
-                "it to start the rollout anew from the verified spec"
+            )
+            broken[name] = (
+                f"status_tampered: {path} is not verified: {why}; nothing is sent for it and "
+                f"the file is left as it is: restore the daemon's last version (`git log -p -- "
+                f"{path}`) or delete it to start the rollout anew from the verified spec"
             )
             self._report("status_tampered", broken[name], rollout=name)
         self._trust = checked

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from reconciler.errors import UsageError
+from reconciler.errors import UsageError, redact_url
 
 HELP = "run the reconcile daemon against a fleet repository"
 
@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     daemon = Daemon(store, client, log=log, metrics=metrics, approver=approver, sign=sign)
     log.info(
         "start",
-        f"acting on {args.repo} branch {args.branch}",
+        f"acting on {redact_url(args.repo)} branch {args.branch}",
         key=key.key_id,
         verification="on" if approver else "off",
     )

@@ -17,7 +17,14 @@ from pathlib import Path
 
 import pygit2
 
-from reconciler.approval import Approval, Approver, load_allowed_signers
+from reconciler.approval import (
+    Approval,
+    Approver,
+    descends_by_first_parent,
+    last_acted,
+    load_allowed_signers,
+    refuse_backwards,
+)
 from reconciler.errors import ReconcilerError, StoreError, UsageError
 from reconciler.gitstore import discover_repository
 from reconciler.sshsig import AllowedSigner
@@ -50,9 +57,23 @@ def run(args: argparse.Namespace) -> int:
     repo = _open_repository(args.repo)
     label, tip = _resolve(repo, args.rev, args.branch)
     approver = Approver(repo, allowed)
-    approval = approver.approve(tip)
+    approval = _forward_only(repo, approver.approve(tip), args.branch)
     print(describe(repo, approver, approval, label, tip))
     return 0 if approval.acted_on else 1
+
+
+def _forward_only(repo: pygit2.Repository, approval: Approval, branch: str) -> Approval:
+    """As the daemon judges it: a verified commit that does not descend by
+    first parent from the one the daemon last acted on (recorded in this
+    repository, or in the daemon's mirror of a remote) is refused."""
+    acted = last_acted(repo, branch)
+    verified = approval.verified_commit
+    forward = (
+        verified is not None
+        and acted is not None
+        and descends_by_first_parent(repo, verified, acted)
+    )
+    return refuse_backwards(approval, acted, moves_forward=forward)
 
 
 def _allowed_signers(path: Path) -> tuple[AllowedSigner, ...]:
