@@ -50,7 +50,7 @@ from reconciler.metrics import Metrics
 from reconciler.model import Fleet, Node, Problem, RolloutSpec
 from reconciler.observations import Heartbeat, JobObservation, Observations
 from reconciler.status import RolloutStatus
-from reconciler.statustrust import StartSpec, start_spec, tampered_fields
+from reconciler.statustrust import StatusTrust
 from reconciler.watch import BranchWatcher
 from reconciler.yamlio import YamlProblem, dump_yaml, load_yaml
 
@@ -123,11 +123,8 @@ class Daemon:
         self._by_name: tuple[Fleet, dict[str, Node]] | None = None
         self._memo = engine.StepMemo()  # finished rollouts at rest, not stepped again
         self._descends: dict[tuple[str, str], bool] = {}  # (verified, last acted) -> forward
-        # Under verification: each status value's tampered fields (by id, the
-        # value kept alive with it), and what a spec at a start commit fixes.
-        self._trust: dict[int, tuple[RolloutStatus, tuple[str, ...]]] = {}
-        self._start_specs: dict[tuple[str, str], StartSpec | None] = {}
-        self._older_documents: dict[str, Documents] = {}
+        # Under verification: statuses are checked against the verified spec.
+        self.trust = StatusTrust(store, approver) if approver is not None else None
 
     # -- one pass ------------------------------------------------------------
 
@@ -189,8 +186,10 @@ class Daemon:
         status_branch = settings.status_branch or store.branch
         status_tip = tip if status_branch == store.branch else store.tip(status_branch)
         statuses, broken = self._read_statuses(status_tip)
-        if approval is not None:
-            self._hold_tampered(statuses, broken, history)
+        if self.trust is not None:
+            for name, reason in self.trust.hold_tampered(statuses, history, self._parsed).items():
+                broken[name] = reason
+                self._report("status_tampered", reason, rollout=name)
         inputs = self._inputs(tip, history, approval, documents, statuses, broken)
         observations = self._observe(statuses.values(), documents.fleet)
         now = self.clock()
@@ -339,87 +338,6 @@ class Daemon:
         for key in [k for k in self._statuses if k not in live_keys]:
             del self._statuses[key]
         return statuses, broken
-
-    def _hold_tampered(
-        self, statuses: dict[str, RolloutStatus], broken: dict[str, str], history: History
-    ) -> None:
-        """Under verification, move every started status that the verified
-        spec at its ``startCommit`` does not back from ``statuses`` to
-        ``broken``: held, nothing sent for it, its file left as it is
-        (``statustrust``). Checked once per status value."""
-        checked: dict[int, tuple[RolloutStatus, tuple[str, ...]]] = {}
-        for name, value in list(statuses.items()):
-            if not value.started or value.start_commit is None:
-                continue
-            known = self._trust.get(id(value))
-            if known is not None and known[0] is value:
-                fields = known[1]
-            else:
-                expected = self._start_spec(name, value.start_commit)
-                fields = tampered_fields(value, expected, history.__contains__)
-            checked[id(value)] = (value, fields)
-            if not fields:
-                continue
-            del statuses[name]
-            path = status_values.main_path(name)
-            start = value.start_commit[:12]
-            why = (
-                f"its startCommit {start} has no verified spec of it in the branch's "
-                "first-parent history (started from a change that was not verified?)"
-                if fields == ("startCommit",)
-                else f"it disagrees with the verified spec at startCommit {start} in "
-                + ", ".join(fields[:10])
-                + (f" and {len(fields) - 10} more" if len(fields) > 10 else "")
-            )
-            broken[name] = (
-                f"status_tampered: {path} is not verified: {why}; nothing is sent for it and "
-                f"the file is left as it is: restore the daemon's last version (`git log -p -- "
-                f"{path}`) or delete it to start the rollout anew from the verified spec"
-            )
-            self._report("status_tampered", broken[name], rollout=name)
-        self._trust = checked
-
-    def _start_spec(self, name: str, start: str) -> StartSpec | None:
-        """The frozen values the verified spec at ``start`` fixes for rollout
-        ``name`` (None: no verified spec of it there); kept per pair, since
-        a commit's verified spec never changes."""
-        key = (name, start)
-        if key in self._start_specs:
-            return self._start_specs[key]
-        assert self.approver is not None
-        verified = self.approver.approve(start).verified_commit
-        expected = None
-        if verified is not None:
-            documents = self._documents_at(verified)
-            spec = documents.rollouts.get(name)
-            expected = start_spec(spec, documents.fleet) if spec is not None else None
-        if len(self._start_specs) > 10_000:
-            self._start_specs.clear()
-        self._start_specs[key] = expected
-        return expected
-
-    def _documents_at(self, commit: str) -> Documents:
-        """The documents of an older verified tree, parsed without touching
-        the current tree's caches; the last few are kept."""
-        cached = self._older_documents.get(commit)
-        if cached is not None:
-            return cached
-        store = self.store
-        blobs: dict[str, str] = {}
-        for folder in SPEC_FOLDERS:
-            blobs.update(store.files(commit, folder))
-        settings = store.file_blob(commit, SETTINGS_PATH)
-        if settings:
-            blobs[SETTINGS_PATH] = settings
-        parsed = (self._parsed.get(blob_id) for blob_id in blobs.values())
-        documents = assemble(
-            known if known is not None and known.path == path else parse_file(path, store.blob(b))
-            for (path, b), known in zip(blobs.items(), parsed, strict=True)
-        )
-        if len(self._older_documents) >= 4:
-            self._older_documents.pop(next(iter(self._older_documents)))
-        self._older_documents[commit] = documents
-        return documents
 
     def _remember_written(
         self, commit: str, written: Mapping[str, Any], statuses: Mapping[str, RolloutStatus]

@@ -13,19 +13,26 @@ first-parent history. A status that disagrees anywhere is *tampered*: the
 daemon holds it as it holds an unreadable one (nothing stepped, nothing
 sent, the file left as it is) and names the fields.
 
-Pure: values in, field names out. The daemon reads the spec at
-``startCommit``.
+``tampered_fields`` is pure: values in, field names out. ``StatusTrust``
+reads the verified spec at each ``startCommit`` from the repository for the
+daemon and for ``reconciler verify``, which must agree.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass
 
+from reconciler.approval import Approver
+from reconciler.documents import Documents, ParsedFile, assemble, parse_file
 from reconciler.engine import resolve_nodes
+from reconciler.gitstore import GitStore
 from reconciler.jobids import job_id
 from reconciler.model import Fleet, RolloutSpec
-from reconciler.status import FrozenSpec, RolloutStatus
+from reconciler.status import FrozenSpec, RolloutStatus, main_path
+
+SPEC_FOLDERS = ("rollouts", "nodes")
+SETTINGS_PATH = "reconciler.yaml"
 
 
 @dataclass(frozen=True)
@@ -137,3 +144,104 @@ def _in_order_within(names: list[str], selected: tuple[str, ...]) -> bool:
             return False
         last = i
     return True
+
+
+class StatusTrust:
+    """Holds statuses the verified spec does not back (see the module
+    docstring). Keeps, per status value, its answer, and per (rollout,
+    startCommit) what the verified spec there fixes: a commit's verified
+    spec never changes, so each is read once."""
+
+    def __init__(self, store: GitStore, approver: Approver) -> None:
+        self.store = store
+        self.approver = approver
+        # by id(value), the value kept alive with its answer
+        self._checked: dict[int, tuple[RolloutStatus, tuple[str, ...]]] = {}
+        self._start_specs: dict[tuple[str, str], StartSpec | None] = {}
+        self._documents: dict[str, Documents] = {}
+
+    def hold_tampered(
+        self,
+        statuses: dict[str, RolloutStatus],
+        history: Container[str],
+        parsed: Mapping[str, ParsedFile] | None = None,
+    ) -> dict[str, str]:
+        """Remove every tampered status from ``statuses``; return why each
+        is held, by rollout name. ``history``: the branch's first-parent
+        commits; ``parsed``: documents already parsed, by blob id."""
+        checked: dict[int, tuple[RolloutStatus, tuple[str, ...]]] = {}
+        held: dict[str, str] = {}
+        for name, value in list(statuses.items()):
+            if not value.started or value.start_commit is None:
+                continue
+            known = self._checked.get(id(value))
+            if known is not None and known[0] is value:
+                fields = known[1]
+            else:
+                expected = self.start_spec(name, value.start_commit, parsed or {})
+                fields = tampered_fields(value, expected, history.__contains__)
+            checked[id(value)] = (value, fields)
+            if fields:
+                del statuses[name]
+                held[name] = tampered_reason(name, value.start_commit, fields)
+        self._checked = checked
+        return held
+
+    def start_spec(
+        self, name: str, start: str, parsed: Mapping[str, ParsedFile]
+    ) -> StartSpec | None:
+        """What the verified spec at ``start`` fixes for rollout ``name``
+        (None: no verified spec of it there)."""
+        key = (name, start)
+        if key in self._start_specs:
+            return self._start_specs[key]
+        verified = self.approver.approve(start).verified_commit
+        expected = None
+        if verified is not None:
+            documents = self.documents_at(verified, parsed)
+            spec = documents.rollouts.get(name)
+            expected = start_spec(spec, documents.fleet) if spec is not None else None
+        if len(self._start_specs) > 10_000:
+            self._start_specs.clear()
+        self._start_specs[key] = expected
+        return expected
+
+    def documents_at(self, commit: str, parsed: Mapping[str, ParsedFile]) -> Documents:
+        """The documents of a verified tree; the last few are kept."""
+        cached = self._documents.get(commit)
+        if cached is not None:
+            return cached
+        store = self.store
+        blobs: dict[str, str] = {}
+        for folder in SPEC_FOLDERS:
+            blobs.update(store.files(commit, folder))
+        settings = store.file_blob(commit, SETTINGS_PATH)
+        if settings:
+            blobs[SETTINGS_PATH] = settings
+        known = (parsed.get(blob_id) for blob_id in blobs.values())
+        documents = assemble(
+            seen if seen is not None and seen.path == path else parse_file(path, store.blob(blob))
+            for (path, blob), seen in zip(blobs.items(), known, strict=True)
+        )
+        if len(self._documents) >= 4:
+            self._documents.pop(next(iter(self._documents)))
+        self._documents[commit] = documents
+        return documents
+
+
+def tampered_reason(name: str, start: str, fields: tuple[str, ...]) -> str:
+    """The held status's message: what disagrees and what a person can do."""
+    path = main_path(name)
+    why = (
+        f"its startCommit {start[:12]} has no verified spec of it in the branch's "
+        "first-parent history (started from a change that was not verified?)"
+        if fields == ("startCommit",)
+        else f"it disagrees with the verified spec at startCommit {start[:12]} in "
+        + ", ".join(fields[:10])
+        + (f" and {len(fields) - 10} more" if len(fields) > 10 else "")
+    )
+    return (
+        f"status_tampered: {path} is not verified: {why}; nothing is sent for it and "
+        f"the file is left as it is: restore the daemon's last version (`git log -p -- "
+        f"{path}`) or delete it to start the rollout anew from the verified spec"
+    )

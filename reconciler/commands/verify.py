@@ -26,8 +26,12 @@ from reconciler.approval import (
     refuse_backwards,
 )
 from reconciler.errors import ReconcilerError, StoreError, UsageError
-from reconciler.gitstore import discover_repository
+from reconciler.gitstore import GitStore, discover_repository
+from reconciler.history import History
 from reconciler.sshsig import AllowedSigner
+from reconciler.status import RolloutStatus, status_from_files
+from reconciler.statustrust import StatusTrust
+from reconciler.yamlio import YamlProblem, load_yaml
 
 HELP = "tell whether a commit would be acted on under --allowed-signers, and why"
 
@@ -58,8 +62,49 @@ def run(args: argparse.Namespace) -> int:
     label, tip = _resolve(repo, args.rev, args.branch)
     approver = Approver(repo, allowed)
     approval = _forward_only(repo, approver.approve(tip), args.branch)
-    print(describe(repo, approver, approval, label, tip))
-    return 0 if approval.acted_on else 1
+    report = describe(repo, approver, approval, label, tip)
+    held = _tampered_statuses(repo, approver, approval, tip, args.branch)
+    if held:
+        report = report.replace(": would be acted on", ": would NOT be acted on", 1)
+        report += "\n  statuses held, nothing sent for them:"
+        report += "".join(f"\n    {reason}" for _, reason in sorted(held.items()))
+    print(report)
+    return 0 if approval.acted_on and not held else 1
+
+
+def _tampered_statuses(
+    repo: pygit2.Repository, approver: Approver, approval: Approval, tip: str, branch: str
+) -> dict[str, str]:
+    """The statuses the daemon would hold as ``status_tampered``, read the
+    way it reads them (``statustrust``); unreadable ones are left to it."""
+    if approval.verified_commit is None:
+        return {}
+    try:
+        store = GitStore.open(str(repo.path), branch, read_only=True)
+    except StoreError:
+        return {}
+    trust = StatusTrust(store, approver)
+    settings = trust.documents_at(approval.verified_commit, {}).settings
+    status_tip = tip if not settings.status_branch else store.tip(settings.status_branch)
+    if status_tip is None:
+        return {}
+    statuses: dict[str, RolloutStatus] = {}
+    for path, blob in store.files(status_tip, "status").items():
+        if not path.endswith(".yaml"):
+            continue
+        name = path[len("status/") : -len(".yaml")]
+        try:
+            main = load_yaml(path, store.blob(blob))
+            pages = {
+                page: load_yaml(page, store.blob(page_blob))
+                for page, page_blob in store.files(status_tip, f"status/{name}").items()
+            }
+            statuses[name] = status_from_files(main, pages)
+        except (YamlProblem, ValueError, KeyError, TypeError, AttributeError):
+            continue
+    history = History(repo)
+    history.advance(tip)
+    return trust.hold_tampered(statuses, history)
 
 
 def _forward_only(repo: pygit2.Repository, approval: Approval, branch: str) -> Approval:
