@@ -264,7 +264,7 @@ def test_a_long_hex_literal_is_refused_without_a_traceback(
     attack: Attack, capsys: pytest.CaptureFixture[str]
 ) -> None:
     huge = "0x" + "f" * 5000
-    spec = rollout_yaml("web", nodeIds=["web-1"], batchSize=huge)
+    spec = rollout_yaml("web", nodeIds=["web-1"], paused=huge)
     attack.push({"rollouts/web.yaml": spec}, "web", signed=True)
     capsys.readouterr()
 
