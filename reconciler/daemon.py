@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import FrameType
@@ -49,8 +49,9 @@ from reconciler.logs import EventLog
 from reconciler.metrics import Metrics
 from reconciler.model import Fleet, Node, Problem, RolloutSpec
 from reconciler.observations import Heartbeat, JobObservation, Observations
+from reconciler.sshsig import AllowedSigner
 from reconciler.status import RolloutStatus
-from reconciler.statustrust import StatusTrust
+from reconciler.statustrust import DaemonWrites, StatusTrust
 from reconciler.watch import BranchWatcher
 from reconciler.yamlio import YamlProblem, dump_yaml, load_yaml
 
@@ -90,7 +91,12 @@ class _Quiet:
 
 
 class Daemon:
-    """Runs reconcile passes against one store; the loop is ``serve``."""
+    """Runs reconcile passes against one store; the loop is ``serve``.
+
+    With ``approver`` (verification on), statuses are checked against the
+    verified spec at their ``startCommit``; with ``status_signers`` too (the
+    daemon signs its status commits), a status file counts only as the
+    newest commit signed by one of those keys wrote it (``statustrust``)."""
 
     def __init__(
         self,
@@ -101,6 +107,7 @@ class Daemon:
         metrics: Metrics | None = None,
         approver: Approver | None = None,
         sign: Callable[[bytes], str] | None = None,
+        status_signers: Sequence[AllowedSigner] = (),
         clock: Callable[[], datetime] = lambda: datetime.now(UTC).replace(microsecond=0),
     ) -> None:
         self.store = store
@@ -124,7 +131,15 @@ class Daemon:
         self._memo = engine.StepMemo()  # finished rollouts at rest, not stepped again
         self._descends: dict[tuple[str, str], bool] = {}  # (verified, last acted) -> forward
         # Under verification: statuses are checked against the verified spec.
-        self.trust = StatusTrust(store, approver) if approver is not None else None
+        self.trust = (
+            StatusTrust(
+                store,
+                approver,
+                DaemonWrites(store.repository(), status_signers) if status_signers else None,
+            )
+            if approver is not None
+            else None
+        )
 
     # -- one pass ------------------------------------------------------------
 
@@ -186,8 +201,10 @@ class Daemon:
         status_branch = settings.status_branch or store.branch
         status_tip = tip if status_branch == store.branch else store.tip(status_branch)
         statuses, broken = self._read_statuses(status_tip)
-        if self.trust is not None:
-            for name, reason in self.trust.hold_tampered(statuses, history, self._parsed).items():
+        if self.trust is not None and status_tip is not None:
+            tampered = self.trust.hold_unwritten(statuses, status_tip)
+            tampered.update(self.trust.hold_tampered(statuses, history, self._parsed))
+            for name, reason in tampered.items():
                 broken[name] = reason
                 self._report("status_tampered", reason, rollout=name)
         inputs = self._inputs(tip, history, approval, documents, statuses, broken)

@@ -24,6 +24,7 @@ from reconciler.errors import StoreError
 from reconciler.gitstore import GitStore
 from reconciler.logs import EventLog
 from reconciler.signing import load_private_key
+from reconciler.sshsig import parse_allowed_signers, sign_commit_payload
 from reconciler.yamlio import load_yaml
 from tests.fleetkit import FleetKit, rollout_yaml
 from tests.gitutil import GitHttpServer, git, git_env
@@ -50,7 +51,7 @@ class Attack:
         self.log_path = tmp_path / "daemon.log"
         self.daemon = self.new_daemon()
 
-    def new_daemon(self) -> Daemon:
+    def new_daemon(self, **kwargs: Any) -> Daemon:
         store = GitStore.open(str(self.kit.bare), "main")
         approver = Approver(store.repository(), load_allowed_signers(self.signers))
         stream = self.log_path.open("a", encoding="utf-8")
@@ -59,6 +60,7 @@ class Attack:
             AgentClient(load_private_key(self.kit.key_path), timeout=2.0),
             approver=approver,
             log=EventLog(stream=stream),
+            **kwargs,
         )
         self.kit.daemons.append(daemon)
         return daemon
@@ -112,10 +114,10 @@ class Attack:
         events = [json.loads(line) for line in journal.read_text().splitlines() if line]
         return [e["payload"] for e in events if e.get("e") == "accept"]
 
-    def verify(self, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    def verify(self, capsys: pytest.CaptureFixture[str], *more: str) -> tuple[int, str]:
         capsys.readouterr()
         code = main(
-            ["verify", "--repo", str(self.kit.bare), "--allowed-signers", str(self.signers)]
+            ["verify", "--repo", str(self.kit.bare), "--allowed-signers", str(self.signers), *more]
         )
         return code, capsys.readouterr().out
 
@@ -310,3 +312,47 @@ def test_a_token_in_the_repo_url_is_never_shown_or_readable(
     assert token not in str(info.value)
     for config in (tmp_path / "cache").glob("*/config"):
         assert stat.S_IMODE(config.stat().st_mode) == 0o600, config
+
+
+def test_with_signed_status_commits_a_person_cannot_choose_the_backup_a_restore_uses(
+    attack: Attack, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # firstBackupId comes from the agent, not from any spec: only the
+    # daemon's signature on the status commit can vouch for it.
+    key = load_private_key(attack.kit.key_path)
+    daemon_pub = attack.kit.root / "keys" / "reconciler.pub"
+    attack.daemon = attack.new_daemon(
+        sign=lambda payload: sign_commit_payload(key.private_key, payload),
+        status_signers=parse_allowed_signers(f"reconciler {daemon_pub.read_text()}"),
+    )
+    spec = rollout_yaml("r", target=GOOD, nodeIds=["web-2"], live=True)
+    attack.push({"rollouts/r.yaml": spec}, "Start r", signed=True)
+    attack.passes(1.0)
+    assert attack.status("r")["phase"] == "completed"
+    backup = attack.status("r")["nodes"][0]["firstBackupId"]
+    assert backup
+
+    attack.git("pull", "-q", "--ff-only", "origin", "main")
+    path = attack.work / "status" / "r.yaml"
+    path.write_text(path.read_text().replace(backup, "hermes-000001-evil0000"))
+    attack.git("commit", "-q", "-am", "status only")
+    attack.git("push", "-q", "origin", "HEAD:main")
+    rollback = spec.replace("  live: true", "  live: true\n  rollbackRequest: {id: r1, nodes: all}")
+    attack.push({"rollouts/r.yaml": rollback}, "Roll r back", signed=True)
+    attack.passes(1.0)
+
+    assert [p["kind"] for p in attack.accepted()] == ["apply"]  # no restore went out
+    assert "firstBackupId" not in attack.dashboard()  # not a spec field: the signature says it
+    assert "differs from what the newest daemon-signed commit wrote there" in attack.dashboard()
+    code, out = attack.verify(capsys, "--daemon-key", str(daemon_pub))
+    assert code == 1
+    assert "status_tampered: status/r.yaml" in out
+
+    # Put back as the daemon wrote it, the restore uses the real backup.
+    attack.git("pull", "-q", "--ff-only", "origin", "main")
+    path.write_text(path.read_text().replace("hermes-000001-evil0000", backup))
+    attack.git("commit", "-q", "-am", "status as the daemon wrote it")
+    attack.git("push", "-q", "origin", "HEAD:main")
+    attack.passes(1.0)
+    restores = [p for p in attack.accepted() if p["kind"] == "restore"]
+    assert [p["backupId"] for p in restores] == [backup]

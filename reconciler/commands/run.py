@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     from reconciler.logs import EventLog
     from reconciler.metrics import Metrics
     from reconciler.signing import load_private_key
-    from reconciler.sshsig import sign_commit_payload
+    from reconciler.sshsig import AllowedSigner, parse_allowed_signers, sign_commit_payload
     from reconciler.watch import BranchWatcher
     from reconciler.yamlio import loader_warning
 
@@ -92,8 +92,29 @@ def run(args: argparse.Namespace) -> int:
     metrics = Metrics()
     if args.metrics:
         metrics.serve(args.metrics)
+    # Under verification with signed status commits, a status file counts only
+    # as a daemon key last wrote it: this daemon's, or another's listed in
+    # the allowed-signers file (README, "Approval you can prove").
+    status_signers: tuple[AllowedSigner, ...] = ()
+    if approver is not None and sign is not None:
+        own = parse_allowed_signers(f'reconciler namespaces="git" {key.public_openssh}\n')
+        status_signers = (*own, *approver.allowed)
+    elif approver is not None:
+        log.warning(
+            "status_trust",
+            "statuses are checked against the verified spec only; without --sign-commits the "
+            "fields agents report (backup ids, attempts) are taken from status as committed",
+        )
     client = AgentClient(key, concurrency=args.concurrency, timeout=args.agent_timeout)
-    daemon = Daemon(store, client, log=log, metrics=metrics, approver=approver, sign=sign)
+    daemon = Daemon(
+        store,
+        client,
+        log=log,
+        metrics=metrics,
+        approver=approver,
+        sign=sign,
+        status_signers=status_signers,
+    )
     log.info(
         "start",
         f"acting on {redact_url(args.repo)} branch {args.branch}",

@@ -28,9 +28,9 @@ from reconciler.approval import (
 from reconciler.errors import ReconcilerError, StoreError, UsageError
 from reconciler.gitstore import GitStore, discover_repository
 from reconciler.history import History
-from reconciler.sshsig import AllowedSigner
+from reconciler.sshsig import AllowedSigner, parse_allowed_signers
 from reconciler.status import RolloutStatus, status_from_files
-from reconciler.statustrust import StatusTrust
+from reconciler.statustrust import DaemonWrites, StatusTrust
 from reconciler.yamlio import YamlProblem, load_yaml
 
 HELP = "tell whether a commit would be acted on under --allowed-signers, and why"
@@ -54,6 +54,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="git allowed-signers file (as for gpg.ssh.allowedSignersFile)",
     )
+    parser.add_argument(
+        "--daemon-key",
+        type=Path,
+        metavar="PUB",
+        help="the daemon's public key (reconciler.pub), as for a daemon run with "
+        "--sign-commits: a status file then counts only as a daemon-signed commit wrote it",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -63,7 +70,9 @@ def run(args: argparse.Namespace) -> int:
     approver = Approver(repo, allowed)
     approval = _forward_only(repo, approver.approve(tip), args.branch)
     report = describe(repo, approver, approval, label, tip)
-    held = _tampered_statuses(repo, approver, approval, tip, args.branch)
+    held = _tampered_statuses(
+        repo, approver, approval, tip, args.branch, _status_signers(args.daemon_key, allowed)
+    )
     if held:
         report = report.replace(": would be acted on", ": would NOT be acted on", 1)
         report += "\n  statuses held, nothing sent for them:"
@@ -72,8 +81,31 @@ def run(args: argparse.Namespace) -> int:
     return 0 if approval.acted_on and not held else 1
 
 
+def _status_signers(
+    daemon_key: Path | None, allowed: tuple[AllowedSigner, ...]
+) -> tuple[AllowedSigner, ...]:
+    """The keys whose status commits count, as ``reconciler run`` with
+    ``--sign-commits`` takes them: the daemon's and the allowed signers'."""
+    if daemon_key is None:
+        return ()
+    try:
+        line = daemon_key.read_text(encoding="utf-8").strip()
+        own = parse_allowed_signers(f'reconciler namespaces="git" {line}\n')
+    except (OSError, UnicodeDecodeError, ReconcilerError) as exc:
+        raise UsageError(
+            f"cannot read the daemon's public key {daemon_key}: {exc}",
+            "pass the daemon's OpenSSH public key file (reconciler.pub)",
+        ) from None
+    return (*own, *allowed)
+
+
 def _tampered_statuses(
-    repo: pygit2.Repository, approver: Approver, approval: Approval, tip: str, branch: str
+    repo: pygit2.Repository,
+    approver: Approver,
+    approval: Approval,
+    tip: str,
+    branch: str,
+    status_signers: tuple[AllowedSigner, ...] = (),
 ) -> dict[str, str]:
     """The statuses the daemon would hold as ``status_tampered``, read the
     way it reads them (``statustrust``); unreadable ones are left to it."""
@@ -83,7 +115,8 @@ def _tampered_statuses(
         store = GitStore.open(str(repo.path), branch, read_only=True)
     except StoreError:
         return {}
-    trust = StatusTrust(store, approver)
+    writes = DaemonWrites(repo, status_signers) if status_signers else None
+    trust = StatusTrust(store, approver, writes)
     settings = trust.documents_at(approval.verified_commit, {}).settings
     status_tip = tip if not settings.status_branch else store.tip(settings.status_branch)
     if status_tip is None:
@@ -104,7 +137,9 @@ def _tampered_statuses(
             continue
     history = History(repo)
     history.advance(tip)
-    return trust.hold_tampered(statuses, history)
+    held = trust.hold_unwritten(statuses, status_tip)
+    held.update(trust.hold_tampered(statuses, history))
+    return held
 
 
 def _forward_only(repo: pygit2.Repository, approval: Approval, branch: str) -> Approval:
