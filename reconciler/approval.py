@@ -1,12 +1,15 @@
 """Which tree the daemon may act on, when commits must be signed (DESIGN.md section 8).
 
-A *spec commit* changes ``rollouts/``, ``nodes/`` or ``reconciler.yaml``
-compared with its first parent (a root commit: holds any of them). Only spec
-commits need a signature; a commit touching only a README or ``status/``
-never blocks anything. Walking first-parent history from a tip, the newest
-spec commit whose SSH signature verifies is the *verified commit*: its spec
-paths are what the daemon acts on. Every newer spec commit is a refusal, kept
-with its reason, and ignored entirely (an ``abort`` included).
+A *spec commit* has ``rollouts/``, ``nodes/`` or ``reconciler.yaml``
+different from any of its parents' (a root commit: holds any of them). Only
+spec commits need a signature; a commit touching only a README or
+``status/`` never blocks anything. Walking first-parent history from a tip,
+the newest spec commit whose SSH signature verifies is the *verified
+commit*: its spec paths are what the daemon acts on. Every newer spec commit
+is a refusal, kept with its reason, and ignored entirely (an ``abort``
+included). The daemon also never moves backwards: a verified commit that
+does not descend by first parent from the one it last acted on (kept in the
+ref ``ACTED_REF + branch``) is refused too (``refuse_backwards``).
 
 Results are memoised per commit id: a first-parent chain's approval is a
 function of the chain, so a new tip costs a walk back to the last commit seen,
