@@ -131,6 +131,7 @@ class Daemon:
         self._memo = engine.StepMemo()  # finished rollouts at rest, not stepped again
         self._descends: dict[tuple[str, str], bool] = {}  # (verified, last acted) -> forward
         # Under verification: statuses are checked against the verified spec.
+        self._acted_history = History(store.repository())
         self.trust = (
             StatusTrust(
                 store,
@@ -203,7 +204,13 @@ class Daemon:
         statuses, broken = self._read_statuses(status_tip)
         if self.trust is not None and status_tip is not None:
             tampered = self.trust.hold_unwritten(statuses, status_tip)
-            tampered.update(self.trust.hold_tampered(statuses, history, self._parsed))
+            # Held back at the last acted commit (a backwards move), statuses
+            # belong to its history, not to the refused tip's.
+            chain = history
+            if spec_commit is not None and spec_commit not in history:
+                chain = self._acted_history
+                chain.advance(spec_commit)
+            tampered.update(self.trust.hold_tampered(statuses, chain, self._parsed))
             for name, reason in tampered.items():
                 broken[name] = reason
                 self._report("status_tampered", reason, rollout=name)

@@ -243,6 +243,8 @@ def test_a_merge_cannot_put_an_unmerged_signed_branch_into_effect(
     assert code == 1
     assert f"does not descend by first parent from {b[:12]}" in out
 
+    # B's own rollout keeps its status: B's history, not the tip's, vouches
+    assert "status_tampered" not in attack.dashboard()
     # A restarted daemon keeps the position: it is not in the branch.
     attack.daemon = attack.new_daemon()
     attack.passes(0.5)
