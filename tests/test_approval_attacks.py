@@ -251,7 +251,9 @@ def test_a_merge_cannot_put_an_unmerged_signed_branch_into_effect(
     assert all(p["rollout"] != "exp" for p in attack.accepted())
 
 
-def test_a_64000_bracket_status_file_costs_a_pass_little(attack: Attack) -> None:
+def test_a_64000_bracket_status_file_costs_a_pass_little(
+    attack: Attack, capsys: pytest.CaptureFixture[str]
+) -> None:
     attack.push({"rollouts/web.yaml": rollout_yaml("web", nodeIds=["web-1"])}, "web", signed=True)
     attack.daemon.run_pass()
     attack.push({"status/x.yaml": "[" * 64_000}, "status only", signed=False)
@@ -262,6 +264,10 @@ def test_a_64000_bracket_status_file_costs_a_pass_little(attack: Attack) -> None
 
     assert took < 3.0  # 22 s before the error path was made linear
     assert "`x`: status/x.yaml:1:65:" in attack.dashboard()
+    started = time.perf_counter()
+    code, out = attack.verify(capsys)
+    assert time.perf_counter() - started < 3.0
+    assert code == 0, out  # the spec is signed; x is no rollout's status
 
 
 def test_a_long_hex_literal_is_refused_without_a_traceback(
@@ -312,6 +318,13 @@ def test_a_token_in_the_repo_url_is_never_shown_or_readable(
     assert token not in out + err, out + err
     assert "http://***@127.0.0.1" in out + err
     assert token not in str(info.value)
+    signers = tmp_path / "allowed_signers"
+    signers.write_text(f"ada@example.com {key.with_suffix('.pub').read_text()}")
+    code = main(["verify", "--repo", url, "--allowed-signers", str(signers)])
+    out, err = capsys.readouterr()
+    assert code == 2
+    assert "verify reads a local repository, not http://***@127.0.0.1" in err
+    assert token not in out + err
     for config in (tmp_path / "cache").glob("*/config"):
         assert stat.S_IMODE(config.stat().st_mode) == 0o600, config
 
@@ -358,3 +371,27 @@ def test_with_signed_status_commits_a_person_cannot_choose_the_backup_a_restore_
     attack.passes(1.0)
     restores = [p for p in attack.accepted() if p["kind"] == "restore"]
     assert [p["backupId"] for p in restores] == [backup]
+
+
+def test_run_with_sign_commits_trusts_its_own_status_commits(
+    attack: Attack, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = rollout_yaml("r", target=GOOD, nodeIds=["web-2"])
+    attack.push({"rollouts/r.yaml": spec}, "Start r", signed=True)
+    argv = [
+        "run", "--once", "--repo", str(attack.kit.bare), "--key", str(attack.kit.key_path),
+        "--allowed-signers", str(attack.signers), "--sign-commits",
+    ]  # fmt: skip
+
+    for _ in range(20):
+        assert main(argv) == 0
+        if attack.status("r")["phase"] == "completed":
+            break
+        time.sleep(0.1)
+
+    assert attack.status("r")["phase"] == "completed"
+    assert "status_tampered" not in attack.dashboard() + capsys.readouterr().err
+    code, out = attack.verify(
+        capsys, "--daemon-key", str(attack.kit.root / "keys" / "reconciler.pub")
+    )
+    assert code == 0, out
