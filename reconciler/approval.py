@@ -236,12 +236,16 @@ def refuse_backwards(approval: Approval, acted: str | None, moves_forward: bool)
     verified = approval.verified_commit
     if acted is None or verified == acted or moves_forward:
         return approval
-    what = f"verified commit {verified[:12]}" if verified else "no verified commit"
+    what = (
+        f"verified commit {verified[:12]} does not descend"
+        if verified
+        else "no commit in the tip's first-parent history verifies, so none descends"
+    )
     refusal = Refusal(
         verified or acted,
-        f"{what} does not descend by first parent from {acted[:12]}, the verified commit "
-        "last acted on: a move backwards is refused (an unsigned merge or a push of an "
-        "older branch); push a signed commit on top of it",
+        f"{what} by first parent from {acted[:12]}, the verified commit last acted on: a "
+        "move backwards is refused (an unsigned merge or a push of an older branch); push "
+        "a signed commit on top of it",
         "",
     )
     return Approval(acted, approval.newest_spec_commit, (refusal, *approval.refusals))

@@ -257,22 +257,25 @@ class Daemon:
         repo = self.store.repository()
         acted = last_acted(repo, self.store.branch)
         verified = approval.verified_commit
-        if verified is None or acted is None or verified == acted:
+        if acted is None or verified == acted:
             if verified is not None and acted is None:
                 record_acted(repo, self.store.branch, verified)
-            return refuse_backwards(approval, acted, moves_forward=False)
-        key = (verified, acted)
-        forward = self._descends.get(key)
-        if forward is None:
-            forward = descends_by_first_parent(repo, verified, acted)
-            if len(self._descends) > 1000:
-                self._descends.clear()
-            self._descends[key] = forward
-        if forward:
+            return approval
+        forward = False
+        if verified is not None:
+            key = (verified, acted)
+            known = self._descends.get(key)
+            if known is None:
+                known = descends_by_first_parent(repo, verified, acted)
+                if len(self._descends) > 1000:
+                    self._descends.clear()
+                self._descends[key] = known
+            forward = known
+        if forward and verified is not None:
             record_acted(repo, self.store.branch, verified)
             return approval
         held = refuse_backwards(approval, acted, moves_forward=False)
-        self._report("verified_moved_back", held.refusals[0].reason, commit=verified)
+        self._report("verified_moved_back", held.refusals[0].reason, commit=verified or "")
         return held
 
     # -- reading -------------------------------------------------------------
