@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -77,7 +78,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     try:
-        return int(args._run(args))
+        code = int(args._run(args))
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        # The reader went away (`| head -1`): it had all it wanted. Point
+        # stdout at /dev/null so the flush at exit does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except ReconcilerError as exc:
         print(f"reconciler {args.verb}: {exc.message}", file=sys.stderr)
         if exc.hint:

@@ -42,7 +42,7 @@ from reconciler.dashboard import render_dashboard
 from reconciler.documents import Documents, ParsedFile, assemble, parse_file
 from reconciler.effects import SendJob
 from reconciler.engine import FleetStep, RolloutInput
-from reconciler.errors import RefMoved, StoreError
+from reconciler.errors import HostKeyError, RefMoved, StoreError
 from reconciler.gitstore import GitStore
 from reconciler.history import History
 from reconciler.logs import EventLog
@@ -242,8 +242,8 @@ class Daemon:
             jobs_sent=sent,
             # The statuses just changed first: usually one of them is active,
             # and then the thousands of unchanged ones need not be looked at.
-            active=any(engine.is_active(s) for s in step.statuses.values())
-            or any(engine.is_active(s) for s in merged.values()),
+            active=any(_needs_passes(s) for s in step.statuses.values())
+            or any(_needs_passes(s) for s in merged.values()),
             wakeup=engine.next_wakeup(merged.values(), settings),
         )
         if commit is None and not sent and not step.transitions and not self._watching:
@@ -701,9 +701,13 @@ class Daemon:
                 outcome = self.run_pass()
             except StoreError as exc:
                 backoff = min(max(backoff * 2, 1.0), 60.0)
-                self.metrics.pass_errors.labels(kind="store").inc()
+                kind = "host_key" if isinstance(exc, HostKeyError) else "store"
+                self.metrics.pass_errors.labels(kind=kind).inc()
                 self.log.error("pass_failed", f"{exc}; retrying in {backoff:.0f}s")
-                watcher.wait(backoff)
+                if watcher.wait(backoff):
+                    # A hint: the branch moved, or a poll works again after
+                    # failing. Either way the next pass may work: no backoff.
+                    backoff = 0.0
                 continue
             backoff = 0.0
             sleep = interval if outcome.active else reread
@@ -719,6 +723,12 @@ class Daemon:
         watcher = getattr(self, "_watcher", None)
         if watcher is not None:
             watcher.stop()
+
+
+def _needs_passes(status: RolloutStatus) -> bool:
+    """Active, and not only waiting for a person (section 6, step 7: the
+    interval applies while a rollout can move on by itself)."""
+    return engine.is_active(status) and not engine.waits_for_a_person(status)
 
 
 def _status_schema_error(data: Any) -> str:

@@ -69,6 +69,7 @@ __all__ = [
     "next_wakeup",
     "resolve_nodes",
     "step_fleet",
+    "waits_for_a_person",
     "wanted_backups",
     "wanted_heartbeats",
 ]
@@ -1682,4 +1683,18 @@ def is_active(status: RolloutStatus) -> bool:
         bool(in_flight([status]))
         or any(r.state == "waiting" for r in status.rollbacks)
         or any(_restore_waiting(n) for n in _open_nodes(status))
+    )
+
+
+def waits_for_a_person(status: RolloutStatus) -> bool:
+    """Paused with no job, restore or rollback in flight or waiting: only an
+    edit of the rollout (resume, abort, a lifted pause) moves it on, and a
+    change of the branch wakes the daemon for that. Passes in between would
+    step the same inputs, so a hold like this needs no faster passes (or
+    fetches) than an idle fleet; a deadline, if any, is in ``next_wakeup``."""
+    return (
+        status.phase == "paused"
+        and not in_flight([status])
+        and not any(r.state == "waiting" for r in status.rollbacks)
+        and not any(_restore_waiting(n) for n in _open_nodes(status))
     )

@@ -4,7 +4,8 @@ edge that calls the library, so callers handle one family.
     ReconcilerError          a failure a person can act on; exit code 1
     ├── UsageError           the command line is wrong; exit code 2
     ├── StoreError           the Git repository cannot be read or written
-    │   └── RefMoved         compare-and-swap lost: re-read, never force
+    │   ├── RefMoved         compare-and-swap lost: re-read, never force
+    │   └── HostKeyError     an SSH server's host key is not the pinned one
     ├── KeyFileError         a key file is missing, unreadable or too open
     └── AgentError           an agent answered something we cannot use
 
@@ -54,6 +55,11 @@ class StoreError(ReconcilerError):
 
 class RefMoved(StoreError):
     """The branch no longer points where the pass read it."""
+
+
+class HostKeyError(StoreError):
+    """An SSH server offered a host key that ``known_hosts`` does not vouch
+    for; nothing was read from it or sent to it."""
 
 
 class KeyFileError(ReconcilerError):

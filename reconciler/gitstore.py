@@ -13,6 +13,11 @@ fast-forward push to a remote).
   pushes fast-forward only, with a lease on the value read. Credentials come
   from ``--ssh-key``/``RECONCILER_SSH_KEY`` (or the SSH agent) and
   ``RECONCILER_GIT_TOKEN`` and are handed to libgit2 in memory only.
+- An SSH server's host key is checked against ``--known-hosts`` (default
+  ``~/.ssh/known_hosts``) in libgit2's certificate callback, before any
+  authentication or Git data; a missing or different key fails the
+  connection (``HostKeyError``). HTTPS certificates are verified by libgit2
+  against the system's authorities, and an invalid one is refused too.
 
 This module must not decide anything: it does not parse documents, choose
 what to write or interpret history; ``history.History`` indexes history.
@@ -21,10 +26,12 @@ pygit2 errors are translated into ``StoreError`` here.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import os
 import re
 import shutil
+import sys
 import time
 import urllib.parse
 import uuid
@@ -33,16 +40,20 @@ from functools import partial
 from pathlib import Path
 from typing import Any, NoReturn
 
+import cffi  # type: ignore[import-untyped]
 import pygit2
 from pygit2.enums import CredentialType, FetchPrune, FileMode, ObjectType, RepositoryOpenFlag
+from pygit2.ffi import ffi as pygit2_ffi
 
 from . import crashpoints
-from .errors import RefMoved, StoreError
+from .errors import HostKeyError, KeyFileError, RefMoved, StoreError
 from .history import History
+from .knownhosts import DEFAULT_PORT, HostKey, default_known_hosts, verify_host_key
 
 DEFAULT_NAME = "reconciler"
 DEFAULT_EMAIL = "reconciler@localhost"
 SSH_KEY_ENV = "RECONCILER_SSH_KEY"
+SSH_PASSPHRASE_ENV = "RECONCILER_SSH_KEY_PASSPHRASE"
 TOKEN_ENV = "RECONCILER_GIT_TOKEN"
 LOCK_WAIT = 0.5  # seconds to wait for another writer's ref lock
 # libgit2 pushes from a ref, so each push gets its own under this prefix:
@@ -89,6 +100,7 @@ class GitStore:
         ssh_key: Path | None,
         name: str,
         email: str,
+        known_hosts: Path | None = None,
     ) -> None:
         self._repo = repo
         self.branch = branch
@@ -96,6 +108,7 @@ class GitStore:
         self.location = location
         self.is_remote = url is not None
         self._ssh_key = ssh_key
+        self.known_hosts = known_hosts or default_known_hosts()
         self._name = name
         self._email = email
         self.read_only = False
@@ -114,6 +127,7 @@ class GitStore:
         *,
         cache_dir: Path | None = None,
         ssh_key: Path | None = None,
+        known_hosts: Path | None = None,
         name: str = DEFAULT_NAME,
         email: str = DEFAULT_EMAIL,
         read_only: bool = False,
@@ -124,10 +138,15 @@ class GitStore:
         repository, a non-bare repository whose `branch` is checked out (unless
         `read_only`: commands that only read, such as ``status``, may read a
         working clone's committed branch), a `branch` that does not exist, a
-        remote that cannot be fetched. A read-only store refuses to commit."""
+        remote that cannot be fetched, an SSH server whose host key
+        `known_hosts` (default ``~/.ssh/known_hosts``) does not vouch for, an
+        SSH key file that is missing or encrypted without
+        ``RECONCILER_SSH_KEY_PASSPHRASE``. A read-only store refuses to commit."""
         if ssh_key is None and os.environ.get(SSH_KEY_ENV):
             ssh_key = Path(os.environ[SSH_KEY_ENV])
         if is_remote_location(location):
+            if ssh_key is not None:
+                check_ssh_key(ssh_key)
             repo = _open_mirror(location, cache_dir or default_cache_dir())
             store = cls(
                 repo,
@@ -137,6 +156,7 @@ class GitStore:
                 ssh_key=ssh_key,
                 name=name,
                 email=email,
+                known_hosts=known_hosts,
             )
             store.read_only = read_only
             store.refresh()
@@ -356,7 +376,13 @@ class GitStore:
     # -- remote ------------------------------------------------------------
 
     def _callbacks(self) -> _Callbacks:
-        return _Callbacks(self._ssh_key)
+        return _Callbacks(self._ssh_key, self.known_hosts, _ssh_port(self.url or ""))
+
+    def poller(self) -> RemotePoller:
+        """A lister of the remote's branch tips for another thread (pygit2
+        objects are not shared across threads)."""
+        assert self.url is not None, "only a remote is polled"
+        return RemotePoller(Path(self._repo.path), self.url, self._callbacks)
 
     def _remote(self) -> pygit2.Remote:
         return self._repo.remotes["origin"]
@@ -376,11 +402,7 @@ class GitStore:
                 if ".lock" in str(e) and attempt + 1 < FETCH_LOCK_TRIES:
                     time.sleep(0.02 * (attempt + 1))
                     continue
-                raise StoreError(
-                    f"cannot fetch {self.url}: {e}",
-                    "check the URL, the network and the credentials "
-                    f"(--ssh-key / {SSH_KEY_ENV}, {TOKEN_ENV})",
-                ) from e
+                raise _remote_error(f"cannot fetch {self.url}", e, self._ssh_key) from e
 
     def _push(self, branch: str, parent: str | None, new: str) -> None:
         """Fast-forward push of `new` onto `branch`, only if the remote branch
@@ -406,13 +428,17 @@ class GitStore:
         except _LeaseBroken as e:
             raise moved from e
         except (pygit2.GitError, OSError) as e:
-            self._refused(refname, parent, moved, f"failed: {e}", e)
+            said = callbacks.server_text()
+            why = f"failed: {e}" + (f"; the server said: {said}" if said else "")
+            self._refused(refname, parent, moved, why, e)
         finally:
             ref = self._repo.references.get(push_ref)
             if ref is not None:
                 ref.delete()
         if callbacks.rejected is not None:
-            self._refused(refname, parent, moved, f"refused: {callbacks.rejected}", None)
+            said = callbacks.server_text()
+            why = f"refused: {callbacks.rejected}" + (f"; the server said: {said}" if said else "")
+            self._refused(refname, parent, moved, why, None)
         if local_remote is not None:
             try:
                 remote_repo = pygit2.Repository(str(local_remote), RepositoryOpenFlag.NO_SEARCH)
@@ -447,7 +473,9 @@ class GitStore:
             raise moved from cause
         raise StoreError(
             f"push to {self.url} {why}",
-            "not a race (the branch did not move): check permissions and server hooks; "
+            f"not a race (the branch did not move): check that the daemon may push {refname} "
+            "and what the server's hooks require; a server that lets the daemon push only "
+            "some branches can take status on one of those (statusBranch in reconciler.yaml); "
             "the daemon retries with backoff",
         ) from cause
 
@@ -708,29 +736,74 @@ class _LeaseBroken(Exception):
 
 
 class _Callbacks(pygit2.RemoteCallbacks):
-    """Credentials from memory; push results and the lease check recorded."""
+    """Credentials from memory; the server's host key checked; push results,
+    the server's own text and the lease check recorded."""
 
-    def __init__(self, ssh_key: Path | None) -> None:
+    def __init__(
+        self, ssh_key: Path | None, known_hosts: Path | None = None, port: int = DEFAULT_PORT
+    ) -> None:
         super().__init__()
         self.ssh_key = ssh_key
+        self.known_hosts = known_hosts or default_known_hosts()
+        self.port = port
         self.attempts = 0
         self.lease: tuple[str, str | None] | None = None
         self.lease_broken = False
         self.rejected: str | None = None
+        self.said: list[str] = []  # what the server printed ("remote: ..." lines)
+
+    def certificate_check(self, certificate: Any, valid: bool, host: bytes | str) -> bool:
+        """Fail closed: an SSH host key must match ``known_hosts`` for this
+        host and port; a TLS certificate must be one libgit2 found valid.
+        Raising here aborts the connection before anything is read."""
+        name = host.decode("utf-8", "replace") if isinstance(host, bytes) else str(host)
+        kind, offered = _offered_certificate()
+        if kind == _CERT_X509:
+            if valid:
+                return True
+            raise StoreError(
+                f"refusing {name}: its TLS certificate is not valid (self-signed, expired, "
+                "or not for this name)",
+                "give the server a certificate from an authority this machine trusts; "
+                "nothing turns this check off",
+            )
+        if kind != _CERT_HOSTKEY or offered is None:
+            raise HostKeyError(
+                f"refusing {name}: cannot read the host key it offered",
+                "this build of pygit2/libgit2 does not expose SSH host keys; "
+                "use the pygit2 version in pyproject.toml",
+            )
+        verify_host_key(self.known_hosts, name, self.port, offered)
+        return True
+
+    def sideband_progress(self, string: str) -> None:
+        self.said.append(string)
+
+    def server_text(self) -> str:
+        """What the server printed, as one line (a hook's or gitolite's refusal)."""
+        lines = "".join(self.said).replace("\r", "\n").splitlines()
+        return " / ".join(line.strip() for line in lines if line.strip())[:1000]
 
     def credentials(self, url: str, username_from_url: str | None, allowed_types: Any) -> Any:
         self.attempts += 1
+        user = username_from_url or "git"
         if self.attempts > 3:
+            if self.ssh_key is not None and allowed_types & CredentialType.SSH_KEY:
+                raise StoreError(
+                    f"{url} refused the SSH key {self.ssh_key} for user {user!r}",
+                    f"add {self.ssh_key}.pub to the server's authorized keys for {user!r}, "
+                    f"or pass another key with --ssh-key / {SSH_KEY_ENV}",
+                )
             raise StoreError(
                 f"authentication to {url} failed",
-                f"check --ssh-key / {SSH_KEY_ENV} or {TOKEN_ENV}",
+                f"check --ssh-key / {SSH_KEY_ENV} (or the SSH agent) or {TOKEN_ENV}",
             )
-        user = username_from_url or "git"
         if allowed_types & CredentialType.SSH_KEY:
             if self.ssh_key is not None:
+                passphrase = check_ssh_key(self.ssh_key)
                 pub = Path(f"{self.ssh_key}.pub")
                 return pygit2.Keypair(
-                    user, str(pub) if pub.exists() else None, str(self.ssh_key), ""
+                    user, str(pub) if pub.exists() else None, str(self.ssh_key), passphrase
                 )
             return pygit2.KeypairFromAgent(user)
         token = os.environ.get(TOKEN_ENV)
@@ -758,3 +831,156 @@ class _Callbacks(pygit2.RemoteCallbacks):
     def push_update_reference(self, refname: str, message: str | None) -> None:
         if message:
             self.rejected = f"{refname}: {message}"
+
+
+class RemotePoller:
+    """Lists a remote's branch tips (``git ls-remote``, no fetch) and compares
+    them with the mirror's copies, from a thread of its own. Each listing
+    is a fresh connection, closed as soon as the tips are read: a
+    connection kept open would keep a ``git-upload-pack`` running on the
+    server until the next poll."""
+
+    def __init__(self, mirror: Path, url: str, callbacks: Callable[[], _Callbacks]) -> None:
+        self._mirror = mirror
+        self._url = url
+        self._callbacks = callbacks
+        self._repo: pygit2.Repository | None = None
+
+    def differs(self, refnames: list[str]) -> bool:
+        """True when the remote's tip of any of `refnames` is not the mirror's.
+        Raises StoreError (HostKeyError for a refused host key)."""
+        try:
+            if self._repo is None:
+                self._repo = pygit2.Repository(str(self._mirror), RepositoryOpenFlag.NO_SEARCH)
+            repo = self._repo
+            # A fresh remote each time: a reused one answers its first listing again.
+            remote = repo.remotes.create_anonymous(self._url)
+            try:
+                heads = {h.name: str(h.oid) for h in remote.list_heads(self._callbacks())}
+            finally:
+                del remote  # frees libgit2's remote, which closes the connection
+            for name in refnames:
+                ref = repo.references.get(name)
+                if heads.get(name) != (str(ref.target) if ref is not None else None):
+                    return True
+            return False
+        except (pygit2.GitError, OSError, KeyError) as e:
+            key = self._callbacks().ssh_key
+            raise _remote_error(f"cannot list the branches of {self._url}", e, key) from e
+
+
+def check_ssh_key(path: Path) -> str:
+    """The passphrase to unlock the SSH key at `path` ("" for an unencrypted
+    key). Raises KeyFileError naming the file when it is missing or
+    unreadable, or encrypted while ``RECONCILER_SSH_KEY_PASSPHRASE`` is unset."""
+    try:
+        text = path.read_text(encoding="ascii", errors="replace")
+    except FileNotFoundError:
+        raise KeyFileError(
+            f"SSH key {path} does not exist",
+            f"pass the private key file with --ssh-key or {SSH_KEY_ENV}",
+        ) from None
+    except OSError as e:
+        raise KeyFileError(f"cannot read SSH key {path}: {e}", "check the path and its mode") from e
+    passphrase = os.environ.get(SSH_PASSPHRASE_ENV, "")
+    if _is_encrypted(text) and not passphrase:
+        raise KeyFileError(
+            f"SSH key {path} is protected by a passphrase",
+            f"set {SSH_PASSPHRASE_ENV}, or use an unencrypted key kept readable only by the "
+            "daemon's user (reconciler keys generate writes one)",
+        )
+    return passphrase
+
+
+def _is_encrypted(text: str) -> bool:
+    """An OpenSSH key names its cipher ("none" when unencrypted); a PEM key says ENCRYPTED."""
+    if "BEGIN OPENSSH PRIVATE KEY" not in text:
+        return "Proc-Type: 4,ENCRYPTED" in text or "BEGIN ENCRYPTED PRIVATE KEY" in text
+    body = "".join(line for line in text.splitlines() if line and not line.startswith("-----"))
+    try:
+        raw = base64.b64decode(body)
+    except ValueError:
+        return False
+    magic = b"openssh-key-v1\0"
+    if not raw.startswith(magic) or len(raw) < len(magic) + 4:
+        return False
+    size = int.from_bytes(raw[len(magic) : len(magic) + 4], "big")
+    return raw[len(magic) + 4 : len(magic) + 4 + size] != b"none"
+
+
+def _remote_error(what: str, error: BaseException, ssh_key: Path | None) -> StoreError:
+    """A libgit2 failure to reach a remote, with what to check next."""
+    if "authentication" in str(error).lower():
+        key = f"the SSH key {ssh_key}" if ssh_key is not None else "the SSH agent's keys"
+        return StoreError(
+            f"{what}: the server refused {key} ({error})",
+            "add the public key to the server's authorized keys for the URL's user, "
+            f"or pass another key with --ssh-key / {SSH_KEY_ENV} ({TOKEN_ENV} for HTTPS)",
+        )
+    return StoreError(
+        f"{what}: {error}",
+        f"check the URL, the network and the credentials (--ssh-key / {SSH_KEY_ENV}, {TOKEN_ENV})",
+    )
+
+
+def _ssh_port(url: str) -> int:
+    """The port of an ``ssh://`` URL (22 when absent, and for scp-like ``host:path``)."""
+    if "://" not in url:
+        return DEFAULT_PORT
+    try:
+        return urllib.parse.urlsplit(url).port or DEFAULT_PORT
+    except ValueError:
+        return DEFAULT_PORT
+
+
+# libgit2's certificate kinds (git_cert_t) and its SSH host key record
+# (git_cert_hostkey, libgit2 1.9). pygit2 hands the callback None for the
+# certificate, so the record is read from pygit2's own callback frame.
+_CERT_X509 = 1
+_CERT_HOSTKEY = 2
+_SSH_SHA256 = 1 << 2  # GIT_CERT_SSH_SHA256: hash_sha256 is set
+_SSH_RAW = 1 << 3  # GIT_CERT_SSH_RAW: hostkey/hostkey_len are set
+_CERT_FFI = cffi.FFI()
+_CERT_FFI.cdef(
+    """
+    typedef struct { int cert_type; } git_cert;
+    typedef struct {
+        git_cert parent;
+        int type;
+        unsigned char hash_md5[16];
+        unsigned char hash_sha1[20];
+        unsigned char hash_sha256[32];
+        int raw_type;
+        const char *hostkey;
+        size_t hostkey_len;
+    } git_cert_hostkey;
+    """
+)
+
+
+def _offered_certificate() -> tuple[int | None, HostKey | None]:
+    """(certificate kind, SSH host key) of the connection being checked;
+    (None, None) when they cannot be found, which the caller refuses."""
+    frame = sys._getframe(1)
+    for _ in range(4):
+        frame = frame.f_back  # type: ignore[assignment]
+        if frame is None:
+            return None, None
+        if frame.f_code.co_name == "_certificate_check_cb" and "cert_i" in frame.f_locals:
+            break
+    else:
+        return None, None
+    address = int(pygit2_ffi.cast("uintptr_t", frame.f_locals["cert_i"]))
+    if not address:
+        return None, None
+    cert = _CERT_FFI.cast("git_cert_hostkey *", address)
+    kind = int(cert.parent.cert_type)
+    if kind != _CERT_HOSTKEY:
+        return kind, None
+    if not (cert.type & _SSH_RAW) or not cert.hostkey or cert.hostkey_len == 0:
+        return kind, None
+    key = HostKey(bytes(_CERT_FFI.buffer(cert.hostkey, cert.hostkey_len)))
+    # libgit2 hashed the key itself: a record read with the wrong layout fails here.
+    if cert.type & _SSH_SHA256 and hashlib.sha256(key.blob).digest() != bytes(cert.hash_sha256):
+        return kind, None
+    return kind, key

@@ -30,6 +30,9 @@ class Metrics:
             "reconciler_node_transitions", "Node state transitions", ["state"], registry=r
         )
         self.rollouts = Gauge("reconciler_rollouts", "Rollouts by phase", ["phase"], registry=r)
+        self.poll_failures = Counter(
+            "reconciler_poll_failures", "Polls of a remote's branches that failed", registry=r
+        )
 
     def serve(self, address: str) -> None:
         host, _, port = address.rpartition(":")

@@ -6,7 +6,10 @@ of our own picks out exactly the watched branches' ref files); a push into a
 bare repository wakes a waiting daemon in about 20 ms. A remote is polled:
 every ``poll`` seconds the remote's branch tip is listed (``git ls-remote``,
 no fetch) and compared with the mirror's copy, so the daemon's own fetches
-stay the only writes to the mirror.
+stay the only writes to the mirror. A failed poll is an event (``poll_failed``,
+counted in ``reconciler_poll_failures``) and the next one waits longer, up
+to ``POLL_BACKOFF_CAP``; the first poll that works again is a hint, so a
+daemon backing off after a failed pass tries again at once.
 
 Both are hints: events can be missed (FACTS.md), so the caller keeps a
 periodic full re-read. ``wait`` is for a synchronous loop; ``stop`` may be
@@ -28,16 +31,19 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
-import pygit2
 from watchfiles._rust_notify import RustNotify
 
-from .gitstore import GitStore
+from .errors import ReconcilerError
+from .gitstore import GitStore, RemotePoller
+from .logs import EventLog
+from .metrics import Metrics
 
 log = logging.getLogger(__name__)
 
 STEP_MS = 10  # FACTS.md: step=10 gives ~20 ms latency (default 50: 75-90 ms)
 DEBOUNCE_MS = 200
 STAT_POLL = 0.1  # seconds between looks at the ref files when events cannot be had
+POLL_BACKOFF_CAP = 30.0  # seconds: the longest wait after failed polls (or the poll, if longer)
 _WAKE = b"c"
 _STOP = b"s"
 
@@ -71,15 +77,24 @@ class BranchWatcher:
 
     @classmethod
     def for_store(
-        cls, store: GitStore, branches: Sequence[str] | None = None, *, poll: float = 15.0
+        cls,
+        store: GitStore,
+        branches: Sequence[str] | None = None,
+        *,
+        poll: float = 15.0,
+        log: EventLog | None = None,
+        metrics: Metrics | None = None,
     ) -> BranchWatcher:
         """Watch `branches` (default: the store's tracked branch): file events
-        for a local repository, a poll every `poll` seconds for a remote."""
+        for a local repository, a poll every `poll` seconds for a remote
+        (failed polls reported to `log` and counted in `metrics`)."""
         names = list(branches) if branches else [store.branch]
         gitdir = Path(store.repository().path)
         if store.is_remote:
             assert store.url is not None
-            return cls.polling(gitdir, store.url, names, poll=poll, ssh_key=store.ssh_key)
+            return cls.polling(
+                store.poller(), store.url, names, poll=poll, log=log, metrics=metrics
+            )
         return cls.local(gitdir, names)
 
     @classmethod
@@ -107,19 +122,20 @@ class BranchWatcher:
     @classmethod
     def polling(
         cls,
-        mirror: Path,
+        poller: RemotePoller,
         url: str,
         branches: Sequence[str],
         *,
         poll: float,
-        ssh_key: Path | None = None,
+        log: EventLog | None = None,
+        metrics: Metrics | None = None,
     ) -> BranchWatcher:
         """Every `poll` seconds, compare the remote's tips of `branches` with
         the mirror's copies; any difference is a hint."""
         self = cls()
         t = threading.Thread(
             target=self._run_poll,
-            args=(mirror, url, [_refname(b) for b in branches], poll, ssh_key),
+            args=(poller, url, [_refname(b) for b in branches], poll, log or EventLog(), metrics),
             name="branch-poll",
             daemon=True,
         )
@@ -219,31 +235,40 @@ class BranchWatcher:
 
     def _run_poll(
         self,
-        mirror: Path,
+        poller: RemotePoller,
         url: str,
         refnames: list[str],
         poll: float,
-        ssh_key: Path | None,
+        events: EventLog,
+        metrics: Metrics | None,
     ) -> None:
-        # Own Repository object: pygit2 objects are not shared across threads.
-        from .gitstore import _Callbacks
-
-        repo = pygit2.Repository(str(mirror))
+        failures = 0
         while not self._stop.value:
+            wait = poll
             try:
-                # A fresh remote each time: a reused one answers its first listing again.
-                remote = repo.remotes.create_anonymous(url)
-                heads = {h.name: str(h.oid) for h in remote.list_heads(_Callbacks(ssh_key))}
-                for name in refnames:
-                    ref = repo.references.get(name)
-                    local = str(ref.target) if ref is not None else None
-                    if heads.get(name) != local:
-                        self._hint()
-                        break
-            except Exception as e:  # a hint source only: log and poll again
-                log.warning("polling %s failed: %s", url, e)
+                differs = poller.differs(refnames)
+            except Exception as e:  # a hint source only: report, back off, poll again
+                failures += 1
+                wait = min(poll * 2 ** (failures - 1), max(poll, POLL_BACKOFF_CAP))
+                if metrics is not None:
+                    metrics.poll_failures.inc()
+                # A store error names the URL already; anything else gets it here.
+                text = str(e) if isinstance(e, ReconcilerError) else f"polling {url} failed: {e!r}"
+                events.warning(
+                    "poll_failed",
+                    text,
+                    failures=failures,
+                    retry_in=f"{wait:.0f}s",
+                )
+            else:
+                if failures:
+                    events.info("poll_recovered", f"polling {url} works again", failures=failures)
+                if differs or failures:
+                    # Back after failures: the daemon may be backing off; wake it.
+                    self._hint()
+                failures = 0
             # Sleep on the pipe so stop() ends the sleep at once.
-            if self._sleep(poll):
+            if self._sleep(wait):
                 break
 
     def _sleep(self, seconds: float) -> bool:

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import stat
 import subprocess
@@ -325,6 +326,11 @@ def test_a_token_in_the_repo_url_is_never_shown_or_readable(
     assert code == 2
     assert "verify reads a local repository, not http://***@127.0.0.1" in err
     assert token not in out + err
+    # whatever a log message repeats (the poller's own words, say)
+    buffer = io.StringIO()
+    EventLog(stream=buffer).warning("poll_failed", f"polling {url} failed: {url!r}", url=url)
+    assert token not in buffer.getvalue()
+    assert "http://***@127.0.0.1" in buffer.getvalue()
     for config in (tmp_path / "cache").glob("*/config"):
         assert stat.S_IMODE(config.stat().st_mode) == 0o600, config
 

@@ -71,3 +71,55 @@ def test_init_never_overwrites(
     assert "already exists and is not empty" in capsys.readouterr().err
     assert not (tmp_path / "lab/fleet.git").exists()
     assert (tmp_path / "lab/fleet/notes.txt").read_text() == "mine"
+
+
+def test_a_failed_init_leaves_nothing_so_the_retry_works(
+    tmp_path: Path, identity: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No identity: git refuses the first commit (useConfigOnly: no guessing).
+    for key in ("GIT_AUTHOR_NAME", "GIT_AUTHOR_EMAIL", "GIT_COMMITTER_NAME", "GIT_COMMITTER_EMAIL"):
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("GIT_CONFIG_COUNT", "1")
+    monkeypatch.setenv("GIT_CONFIG_KEY_0", "user.useConfigOnly")
+    monkeypatch.setenv("GIT_CONFIG_VALUE_0", "true")
+    (tmp_path / "lab").mkdir()
+    (tmp_path / "lab" / "notes.txt").write_text("mine\n")
+
+    assert cli.main(["init", str(tmp_path / "lab")]) == 1
+    assert cli.main(["init", str(tmp_path / "bare.git"), "--bare"]) == 1
+
+    assert sorted(p.name for p in (tmp_path / "lab").iterdir()) == ["notes.txt"]
+    assert not (tmp_path / "bare.git").exists()
+    for key, value in identity.items():
+        if key.startswith("GIT_AUTHOR") or key.startswith("GIT_COMMITTER"):
+            monkeypatch.setenv(key, value)
+    assert cli.main(["init", str(tmp_path / "lab")]) == 0
+    assert cli.main(["init", str(tmp_path / "bare.git"), "--bare"]) == 0
+
+
+def test_init_piped_into_head_ends_without_a_traceback(tmp_path: Path) -> None:
+    """`reconciler init DIR | head -1`: the reader has gone before the
+    output is flushed. A pipe whose reading end is already closed makes
+    that certain."""
+    import os
+    import subprocess
+    import sys
+
+    from fleet_helpers import git_env
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "reconciler", "init", str(tmp_path / "lab")],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=git_env(tmp_path / "home"),
+            timeout=60,
+        )
+    finally:
+        os.close(write_end)
+    assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
+    assert done.returncode == 0
+    assert (tmp_path / "lab" / "fleet.git").is_dir()

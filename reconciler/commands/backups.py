@@ -12,11 +12,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 import httpx
 
 from reconciler import documents
+from reconciler.commands import add_remote_arguments
 from reconciler.commands.status import open_branch
 from reconciler.errors import AgentError, ReconcilerError, StoreError
 from reconciler.observations import Backup
@@ -37,10 +39,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--branch", default="main", help="the branch the daemon tracks")
     parser.add_argument("--format", choices=("text", "json"), default="text")
+    add_remote_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    agent = agent_address(args.repo, args.branch, args.node)
+    agent = agent_address(
+        args.repo, args.branch, args.node, ssh_key=args.ssh_key, known_hosts=args.known_hosts
+    )
     backups = fetch_backups(agent, args.node)
     if args.format == "json":
         records = [{k: getattr(b, _attr(k)) for k in _FIELDS} for b in backups]
@@ -50,9 +55,16 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def agent_address(location: str, branch: str, node: str) -> str:
+def agent_address(
+    location: str,
+    branch: str,
+    node: str,
+    *,
+    ssh_key: Path | None = None,
+    known_hosts: Path | None = None,
+) -> str:
     """``spec.agent`` of ``nodes/NODE.yaml`` on the branch."""
-    source = open_branch(location, branch)
+    source = open_branch(location, branch, ssh_key=ssh_key, known_hosts=known_hosts)
     tip = source.refresh()
     if tip is None:
         raise StoreError(f"branch {branch!r} not found in {source.label}")

@@ -14,8 +14,10 @@ would make.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from reconciler.errors import ReconcilerError
@@ -58,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
     seed = example_dir()
     if args.bare:
         _refuse_existing(target)
-        commit = _make_bare(target, seed)
+        with _undone_on_failure([target]):
+            commit = _make_bare(target, seed)
         print(f"created {target}  (bare repository, branch {BRANCH}, first commit {commit[:12]})")
         print()
         print("next:")
@@ -70,7 +73,10 @@ def run(args: argparse.Namespace) -> int:
     origin, clone = target / "fleet.git", target / "fleet"
     _refuse_existing(origin)
     _refuse_existing(clone)
-    commit = _make_origin_and_clone(origin, clone, seed)
+    # DIR itself may hold other things: it is removed only if init made it.
+    made = [origin, clone] if target.exists() else [target, origin, clone]
+    with _undone_on_failure(made):
+        commit = _make_origin_and_clone(origin, clone, seed)
     print(f"created {origin}  (bare origin: the daemon watches this one)")
     print(f"created {clone}  (working clone, branch {BRANCH}, first commit {commit[:12]} pushed)")
     print()
@@ -82,6 +88,29 @@ def run(args: argparse.Namespace) -> int:
     print(f"  reconciler status --repo {origin}")
     print("  # then edit rollouts/, commit, push; pause/resume/abort with `reconciler pause NAME`")
     return 0
+
+
+@contextlib.contextmanager
+def _undone_on_failure(paths: list[Path]) -> Iterator[None]:
+    """A failed init (no git identity, say) removes what it made, so that
+    running it again after the fix works: ``_refuse_existing`` made sure
+    each path was absent or an empty directory, which is what is left."""
+    existed = {path: path.exists() for path in paths}
+    try:
+        yield
+    except BaseException:
+        for path in reversed(paths):
+            if not path.exists():
+                continue
+            if existed[path]:
+                for entry in path.iterdir():
+                    if entry.is_dir() and not entry.is_symlink():
+                        shutil.rmtree(entry, ignore_errors=True)
+                    else:
+                        entry.unlink(missing_ok=True)
+            else:
+                shutil.rmtree(path, ignore_errors=True)
+        raise
 
 
 def _refuse_existing(path: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from reconciler.commands import add_remote_arguments
 from reconciler.errors import UsageError, redact_url
 
 HELP = "run the reconcile daemon against a fleet repository"
@@ -49,7 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--cache-dir", type=Path, help="where a remote's mirror is kept (default ~/.cache)"
     )
-    parser.add_argument("--ssh-key", type=Path, help="SSH key for a remote (or RECONCILER_SSH_KEY)")
+    add_remote_arguments(parser)
     parser.add_argument(
         "--concurrency", type=int, default=64, help="agent requests in flight at once"
     )
@@ -80,7 +81,13 @@ def run(args: argparse.Namespace) -> int:
     if warning:
         log.warning("yaml_loader", warning)
     key = load_private_key(args.key)
-    store = GitStore.open(args.repo, args.branch, cache_dir=args.cache_dir, ssh_key=args.ssh_key)
+    store = GitStore.open(
+        args.repo,
+        args.branch,
+        cache_dir=args.cache_dir,
+        ssh_key=args.ssh_key,
+        known_hosts=args.known_hosts,
+    )
     approver = None
     if args.allowed_signers is not None:
         approver = Approver(store.repository(), load_allowed_signers(args.allowed_signers))
@@ -132,7 +139,9 @@ def run(args: argparse.Namespace) -> int:
             return 0
         branches = [args.branch]
         with (
-            BranchWatcher.for_store(store, branches, poll=args.poll) as watcher,
+            BranchWatcher.for_store(
+                store, branches, poll=args.poll, log=log, metrics=metrics
+            ) as watcher,
             stop_on_signals(daemon),
         ):
             daemon.serve(watcher, interval=args.interval)

@@ -24,6 +24,7 @@ from typing import Any
 import pygit2
 
 from reconciler import statusview
+from reconciler.commands import add_remote_arguments
 from reconciler.errors import StoreError
 from reconciler.gitstore import GitStore, discover_repository, is_remote_location
 from reconciler.status import RolloutStatus, status_from_files
@@ -48,6 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--branch", default="main", help="the branch the daemon tracks")
     parser.add_argument("--watch", action="store_true", help="redraw as status commits arrive")
     parser.add_argument("--format", choices=("text", "json"), default="text")
+    add_remote_arguments(parser)
 
 
 # --- reading a branch -----------------------------------------------------------
@@ -123,18 +125,28 @@ class Branch:
         return BranchWatcher.local(Path(self.reader.repository().path), branches)
 
 
-def open_branch(location: str, branch: str) -> Branch:
+def open_branch(
+    location: str,
+    branch: str,
+    *,
+    ssh_key: Path | None = None,
+    known_hosts: Path | None = None,
+) -> Branch:
     """The branch at ``location``: a remote URL, a bare repository, or a
     working clone, whose ``origin`` is read instead when it has one (the
-    daemon pushes status there; the clone's branch is as old as its last pull)."""
+    daemon pushes status there; the clone's branch is as old as its last pull).
+    A remote is reached with `ssh_key` and its host key checked against
+    `known_hosts` (default ``~/.ssh/known_hosts``)."""
     if is_remote_location(location):
-        return Branch(GitStore.open(location, branch), branch, location)
+        store = GitStore.open(location, branch, ssh_key=ssh_key, known_hosts=known_hosts)
+        return Branch(store, branch, location)
     repo = _discover(location)
     origin = None if repo.is_bare else _origin_url(repo)
     if origin is None:
         return _local(repo, branch, location)
     if is_remote_location(origin):
-        return Branch(GitStore.open(origin, branch), branch, f"{origin} (origin of {location})")
+        store = GitStore.open(origin, branch, ssh_key=ssh_key, known_hosts=known_hosts)
+        return Branch(store, branch, f"{origin} (origin of {location})")
     target = Path(repo.workdir) / origin  # a relative origin is relative to the clone
     return _local(_discover(str(target)), branch, f"{origin} (origin of {location})")
 
@@ -277,7 +289,7 @@ def render(snapshot: Snapshot, name: str | None, fmt: str, colour: bool) -> tupl
 
 
 def run(args: argparse.Namespace) -> int:
-    source = open_branch(args.repo, args.branch)
+    source = open_branch(args.repo, args.branch, ssh_key=args.ssh_key, known_hosts=args.known_hosts)
     if args.watch:
         return watch(source, args.name, args.format)
     snapshot = read_snapshot(source)

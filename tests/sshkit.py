@@ -1,0 +1,165 @@
+"""A real OpenSSH server on 127.0.0.1 for the tests of SSH remotes.
+
+Each server is Debian's ``/usr/sbin/sshd`` in the foreground (``-D -e``)
+with its own generated host key, config and ``authorized_keys``, listening
+on a free loopback port. The client runs ``git-upload-pack`` and
+``git-receive-pack`` through the login shell, as it would on a forge.
+
+    server = SshServer.start(tmp_path / "sshd", client_pub=pub)
+    url = server.url(bare)            # ssh://USER@127.0.0.1:PORT/abs/path
+    server.known_hosts_line()         # "[127.0.0.1]:PORT ssh-ed25519 AAAA..."
+    server.stop()
+
+``serve`` points every Git command at one repository whatever path the
+client asks for: an impostor serving its own copy at the real URL.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+SSHD = Path("/usr/sbin/sshd")
+
+
+def require_sshd() -> None:
+    """Skip (with the reason) where no sshd is installed; in CI (.ci/run sets
+    RECONCILER_REQUIRE_SSHD and installs openssh-server) a missing sshd fails."""
+    if not SSHD.exists():
+        reason = f"{SSHD} is not installed (apt-get install openssh-server; .ci/run does)"
+        if os.environ.get("RECONCILER_REQUIRE_SSHD"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+    if os.geteuid() == 0:
+        # sshd refuses to start as root without its privilege separation folder.
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
+
+
+def keygen(path: Path, comment: str = "test") -> tuple[Path, str]:
+    """An unencrypted Ed25519 key pair; returns (private key, public line)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
+        check=True,
+        capture_output=True,
+    )
+    return path, Path(f"{path}.pub").read_text().strip()
+
+
+def fingerprint(pub: Path) -> str:
+    """``SHA256:...`` exactly as ``ssh-keygen -l`` prints it."""
+    out = subprocess.run(
+        ["ssh-keygen", "-l", "-f", str(pub)], check=True, capture_output=True, text=True
+    ).stdout
+    return out.split()[1]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class SshServer:
+    root: Path
+    port: int
+    host_key: Path
+    process: subprocess.Popen[bytes]
+    user: str
+
+    @classmethod
+    def start(
+        cls,
+        root: Path,
+        *,
+        client_pub: str,
+        port: int | None = None,
+        authorized_keys: str | None = None,
+        host_key: Path | None = None,
+        serve: Path | None = None,
+        log_level: str = "ERROR",
+    ) -> SshServer:
+        require_sshd()
+        root.mkdir(parents=True, exist_ok=True)
+        if host_key is None:
+            host_key, _ = keygen(root / "host_ed25519", "host")
+        (root / "authorized_keys").write_text(authorized_keys or client_pub + "\n")
+        lines = [
+            f"Port {port or _free_port()}",
+            "ListenAddress 127.0.0.1",
+            f"HostKey {host_key}",
+            f"PidFile {root / 'sshd.pid'}",
+            f"AuthorizedKeysFile {root / 'authorized_keys'}",
+            "StrictModes no",
+            "UsePAM no",
+            "PermitRootLogin prohibit-password",
+            "PasswordAuthentication no",
+            "KbdInteractiveAuthentication no",
+            "PubkeyAuthentication yes",
+            f"LogLevel {log_level}",
+        ]
+        if serve is not None:
+            script = root / "serve.sh"
+            script.write_text(
+                "#!/bin/sh\n"
+                'case "$SSH_ORIGINAL_COMMAND" in\n'
+                f"  git-upload-pack*) exec git-upload-pack '{serve}' ;;\n"
+                f"  git-receive-pack*) exec git-receive-pack '{serve}' ;;\n"
+                "esac\nexit 1\n"
+            )
+            script.chmod(0o755)
+            lines.append(f"ForceCommand {script}")
+        config = root / "sshd_config"
+        config.write_text("\n".join(lines) + "\n")
+        chosen = int(lines[0].split()[1])
+        log = open(root / "sshd.log", "ab")  # noqa: SIM115 - the server's stderr
+        process = subprocess.Popen([str(SSHD), "-D", "-e", "-f", str(config)], stderr=log)
+        log.close()
+        server = cls(root, chosen, host_key, process, getpass.getuser())
+        server._wait_listening()
+        return server
+
+    def _wait_listening(self) -> None:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise AssertionError(f"sshd exited: {(self.root / 'sshd.log').read_text()}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+                    if s.recv(4).startswith(b"SSH-"):
+                        return
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        raise AssertionError(f"sshd did not listen on {self.port}")
+
+    def url(self, repo: Path) -> str:
+        return f"ssh://{self.user}@127.0.0.1:{self.port}{repo}"
+
+    @property
+    def host_pub(self) -> Path:
+        return Path(f"{self.host_key}.pub")
+
+    def known_hosts_line(self) -> str:
+        kind, blob = self.host_pub.read_text().split()[:2]
+        return f"[127.0.0.1]:{self.port} {kind} {blob}"
+
+    def log(self) -> str:
+        return (self.root / "sshd.log").read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(5)
