@@ -766,7 +766,7 @@ def _dashboard(statuses: Mapping[str, RolloutStatus], broken: Mapping[str, str])
     since those rollouts are held until a person repairs them."""
     text = render_dashboard(statuses)
     if broken:
-        lines = ["", "## Status files that cannot be read", ""]
+        lines = ["", "## Status files that cannot be read or are not verified", ""]
         lines += [
             f"- `{name}`: {reason} (held until repaired)" for name, reason in sorted(broken.items())
         ]
