@@ -494,3 +494,25 @@ def test_a_status_commit_signed_by_the_daemon_passes_git_verify_commit(
     assert approver.check_commit(commit).ok
     # a status-only commit still needs no signature for approval purposes
     assert repo.approver().approve(commit).verified_commit == base
+
+
+def test_a_merge_is_a_spec_commit_when_it_differs_from_any_parent(
+    repo: FleetRepo, keys: Keys, base: str
+) -> None:
+    # Parents in either order: an unsigned merge that takes one side's spec
+    # changes the other side's, so it needs a signature itself.
+    repo.git("checkout", "-q", "-b", "side")
+    side = repo.commit({"rollouts/other.yaml": rollout()}, "Side", key=keys.alice)
+    repo.git("checkout", "-q", "main")
+    main = repo.commit({"rollouts/third.yaml": rollout()}, "Main", key=keys.alice)
+    tree = repo.git("rev-parse", f"{side}^{{tree}}").strip()
+    merge = repo.git("commit-tree", tree, "-p", side, "-p", main, "-m", "Merge").strip()
+    same = repo.git("commit-tree", tree, "-p", side, "-m", "One side").strip()
+    git = pygit2.Repository(str(repo.path))
+
+    assert is_spec_commit(git, git[merge].peel(pygit2.Commit))
+    assert not is_spec_commit(git, git[same].peel(pygit2.Commit))
+    approval = repo.approver().approve(merge)
+    assert [r.commit for r in approval.refusals] == [merge]
+    assert approval.verified_commit == side  # its first parent: the daemon's
+    # forward-only rule (tests/test_approval_attacks.py) refuses that move

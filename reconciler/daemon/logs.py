@@ -11,6 +11,7 @@ import sys
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
+from reconciler.spec.errors import redact_url
 from reconciler.spec.times import format_time
 
 LEVELS = ("debug", "info", "warning", "error")
@@ -37,7 +38,9 @@ class EventLog:
         else:
             pairs = " ".join(f"{k}={_text(v)}" for k, v in fields.items())
             line = f"{now} {level:<7} {event:<16} {message}" + (f"  {pairs}" if pairs else "")
-        print(line, file=self.stream, flush=True)
+        # Last line of defence for a token in a --repo URL: whatever a message
+        # or field repeats (a library's exception text), no log line shows it.
+        print(redact_url(line), file=self.stream, flush=True)
 
     def info(self, event: str, message: str = "", **fields: Any) -> None:
         self.event(event, message, level="info", **fields)

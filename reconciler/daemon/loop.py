@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import FrameType
@@ -32,11 +32,21 @@ from reconciler.daemon import crashpoints
 from reconciler.daemon.agent_client import AgentClient
 from reconciler.daemon.logs import EventLog
 from reconciler.daemon.metrics import Metrics
+from reconciler.daemon.status_trust import StatusTrust
 from reconciler.engine import step as engine
 from reconciler.engine.memo import StepMemo
 from reconciler.engine.step import FleetStep, RolloutInput
-from reconciler.git.approval import Approval, Approver
+from reconciler.git.approval import (
+    Approval,
+    Approver,
+    descends_by_first_parent,
+    last_acted,
+    record_acted,
+    refuse_backwards,
+)
 from reconciler.git.history import History
+from reconciler.git.sshsig import AllowedSigner
+from reconciler.git.status_writes import DaemonWrites
 from reconciler.git.store import GitStore
 from reconciler.git.watch import BranchWatcher
 from reconciler.protocol.effects import SendJob
@@ -114,6 +124,9 @@ class DaemonMemory:
     seen_tip: str | None = None  # the tip the last pass read (or its own commit on it)
     reported: set[str] = field(default_factory=set)  # problems already logged, to log each once
     watching: bool = False  # the last pass had jobs, heartbeats or backups to read
+    descends: dict[tuple[str, str], bool] = field(
+        default_factory=dict
+    )  # (verified, acted) -> forward
 
 
 @dataclass
@@ -140,7 +153,12 @@ class _Pass:
 
 
 class Daemon:
-    """Runs reconcile passes against one store; the loop is ``serve``."""
+    """Runs reconcile passes against one store; the loop is ``serve``.
+
+    With ``approver`` (verification on), statuses are checked against the
+    verified spec at their ``startCommit``; with ``status_signers`` too (the
+    daemon signs its status commits), a status file counts only as the
+    newest commit signed by one of those keys wrote it (``statustrust``)."""
 
     def __init__(
         self,
@@ -151,6 +169,7 @@ class Daemon:
         metrics: Metrics | None = None,
         approver: Approver | None = None,
         sign: Callable[[bytes], str] | None = None,
+        status_signers: Sequence[AllowedSigner] = (),
         clock: Callable[[], datetime] = lambda: datetime.now(UTC).replace(microsecond=0),
     ) -> None:
         self.store = store
@@ -161,6 +180,17 @@ class Daemon:
         self.sign = sign
         self.clock = clock
         self.memory = DaemonMemory()
+        # Under verification: statuses are checked against the verified spec.
+        self._acted_history = History(store.repository())
+        self.trust = (
+            StatusTrust(
+                store,
+                approver,
+                DaemonWrites(store.repository(), status_signers) if status_signers else None,
+            )
+            if approver is not None
+            else None
+        )
 
     # -- one pass ------------------------------------------------------------
 
@@ -229,20 +259,33 @@ class Daemon:
         return None
 
     def _verify(self, p: _Pass) -> PassOutcome | None:
-        """Pick the tree to act on (the verified one, with verification on;
-        DESIGN.md section 8) and read it: its documents, the recorded
-        statuses, and each rollout's engine input. Touches: the branch's
-        first-parent history, the approver, the spec and status trees, the
-        parse caches of ``memory``."""
+        """Pick the tree to act on (the verified one, with verification on,
+        and never one behind the last acted on; DESIGN.md section 8) and read
+        it: its documents, the recorded statuses (holding those the verified
+        spec does not back), and each rollout's engine input. Touches: the
+        branch's first-parent history, the approver and the last-acted ref,
+        the spec and status trees, the parse caches of ``memory``."""
         store = self.store
         p.history = history = store.history()
         history.advance(p.tip)
-        p.approval = self.approver.approve(p.tip) if self.approver else None
+        p.approval = self._forward_only(self.approver.approve(p.tip)) if self.approver else None
         p.spec_commit = p.tip if p.approval is None else p.approval.verified_commit
         p.documents = documents = self._read_documents(p.spec_commit)
         p.status_branch = documents.settings.status_branch or store.branch
         p.status_tip = p.tip if p.status_branch == store.branch else store.tip(p.status_branch)
         p.statuses, p.broken = self._read_statuses(p.status_tip)
+        if self.trust is not None and p.status_tip is not None:
+            tampered = self.trust.hold_unwritten(p.statuses, p.status_tip)
+            # Held back at the last acted commit (a backwards move), statuses
+            # belong to its history, not to the refused tip's.
+            chain = history
+            if p.spec_commit is not None and p.spec_commit not in history:
+                chain = self._acted_history
+                chain.advance(p.spec_commit)
+            tampered.update(self.trust.hold_tampered(p.statuses, chain, self.memory.parsed))
+            for name, reason in tampered.items():
+                p.broken[name] = reason
+                self._report("status_tampered", reason, rollout=name)
         p.inputs = self._inputs(p.tip, history, p.approval, documents, p.statuses, p.broken)
         return None
 
@@ -324,6 +367,34 @@ class Daemon:
                 p.tip, p.status_branch, p.status_tip, outcome.wakeup, outcome
             )
         return outcome
+
+    def _forward_only(self, approval: Approval) -> Approval:
+        """Refuse a verified commit that does not descend by first parent from
+        the one last acted on (kept in ``approval.ACTED_REF``); record a new
+        one that does."""
+        repo = self.store.repository()
+        acted = last_acted(repo, self.store.branch)
+        verified = approval.verified_commit
+        if acted is None or verified == acted:
+            if verified is not None and acted is None:
+                record_acted(repo, self.store.branch, verified)
+            return approval
+        forward = False
+        if verified is not None:
+            key = (verified, acted)
+            known = self.memory.descends.get(key)
+            if known is None:
+                known = descends_by_first_parent(repo, verified, acted)
+                if len(self.memory.descends) > 1000:
+                    self.memory.descends.clear()
+                self.memory.descends[key] = known
+            forward = known
+        if forward and verified is not None:
+            record_acted(repo, self.store.branch, verified)
+            return approval
+        held = refuse_backwards(approval, acted, moves_forward=False)
+        self._report("verified_moved_back", held.refusals[0].reason, commit=verified or "")
+        return held
 
     # -- reading -------------------------------------------------------------
 
@@ -720,6 +791,8 @@ def _refusal_text(approval: Approval | None) -> str | None:
         if approval.verified_commit
         else "no verified change yet, so nothing is acted on"
     )
+    if not newest.author:  # a backwards move, not a commit's signature
+        return f"{newest.reason}; {fallback.replace('the newest verified', 'the last verified')}"
     return (
         f"commit {newest.commit[:12]} by {newest.author} not verified: {newest.reason}; {fallback}"
     )
@@ -730,7 +803,7 @@ def _dashboard(statuses: Mapping[str, RolloutStatus], broken: Mapping[str, str])
     since those rollouts are held until a person repairs them."""
     text = render_dashboard(statuses)
     if broken:
-        lines = ["", "## Status files that cannot be read", ""]
+        lines = ["", "## Status files that cannot be read or are not verified", ""]
         lines += [
             f"- `{name}`: {reason} (held until repaired)" for name, reason in sorted(broken.items())
         ]

@@ -1,12 +1,15 @@
 """Which tree the daemon may act on, when commits must be signed (DESIGN.md section 8).
 
-A *spec commit* changes ``rollouts/``, ``nodes/`` or ``reconciler.yaml``
-compared with its first parent (a root commit: holds any of them). Only spec
-commits need a signature; a commit touching only a README or ``status/``
-never blocks anything. Walking first-parent history from a tip, the newest
-spec commit whose SSH signature verifies is the *verified commit*: its spec
-paths are what the daemon acts on. Every newer spec commit is a refusal, kept
-with its reason, and ignored entirely (an ``abort`` included).
+A *spec commit* has ``rollouts/``, ``nodes/`` or ``reconciler.yaml``
+different from any of its parents' (a root commit: holds any of them). Only
+spec commits need a signature; a commit touching only a README or
+``status/`` never blocks anything. Walking first-parent history from a tip,
+the newest spec commit whose SSH signature verifies is the *verified
+commit*: its spec paths are what the daemon acts on. Every newer spec commit
+is a refusal, kept with its reason, and ignored entirely (an ``abort``
+included). The daemon also never moves backwards: a verified commit that
+does not descend by first parent from the one it last acted on (kept in the
+ref ``ACTED_REF + branch``) is refused too (``refuse_backwards``).
 
 Results are memoised per commit id: a first-parent chain's approval is a
 function of the chain, so a new tip costs a walk back to the last commit seen,
@@ -177,10 +180,79 @@ def check_commit_signature(
 
 
 def is_spec_commit(repo: pygit2.Repository, commit: pygit2.Commit) -> bool:
-    """Did this commit change a spec path compared with its first parent?"""
+    """Do this commit's spec paths differ from those of ANY of its parents
+    (a root commit: does it hold any)? Judging a merge by its first parent
+    alone let an unsigned merge choose its parent order and so put an older
+    or unmerged signed tree into effect (DESIGN.md section 8)."""
     tree = commit.tree
-    parent_tree = repo[commit.parent_ids[0]].peel(pygit2.Commit).tree if commit.parent_ids else None
-    return any(_entry(tree, name) != _entry(parent_tree, name) for name in SPEC_PATHS)
+    if not commit.parent_ids:
+        return any(_entry(tree, name) is not None for name in SPEC_PATHS)
+    mine = [_entry(tree, name) for name in SPEC_PATHS]
+    for parent_id in commit.parent_ids:
+        parent_tree = repo[parent_id].peel(pygit2.Commit).tree
+        if mine != [_entry(parent_tree, name) for name in SPEC_PATHS]:
+            return True
+    return False
+
+
+# Where the daemon keeps the verified commit it last acted on, per branch: a
+# ref in the repository it reads (for a remote, its own mirror, which no push
+# reaches; fetches only touch refs/heads/). A commit cannot write it.
+ACTED_REF = "refs/reconciler/acted/"
+
+
+def last_acted(repo: pygit2.Repository, branch: str) -> str | None:
+    """The verified commit the daemon last acted on for ``branch`` (None: none
+    recorded, as on the first start with verification)."""
+    try:
+        ref = repo.references.get(ACTED_REF + branch)
+    except (pygit2.GitError, ValueError):
+        return None
+    return None if ref is None else str(ref.target)
+
+
+def record_acted(repo: pygit2.Repository, branch: str, commit: str) -> None:
+    try:
+        repo.references.create(ACTED_REF + branch, pygit2.Oid(hex=commit), force=True)
+    except (pygit2.GitError, OSError) as exc:
+        raise StoreError(
+            f"cannot record the verified commit acted on ({ACTED_REF + branch}): {exc}",
+            "check that the repository (or mirror) is writable by the daemon",
+        ) from exc
+
+
+def descends_by_first_parent(repo: pygit2.Repository, commit: str, ancestor: str) -> bool:
+    """Is ``ancestor`` on ``commit``'s first-parent chain (or ``commit``
+    itself)? Walks to the root at worst; callers keep the answer per pair."""
+    current: str | None = commit
+    while current is not None:
+        if current == ancestor:
+            return True
+        parents = repo[current].peel(pygit2.Commit).parent_ids
+        current = str(parents[0]) if parents else None
+    return False
+
+
+def refuse_backwards(approval: Approval, acted: str | None, moves_forward: bool) -> Approval:
+    """``approval`` with its verified commit held back at ``acted`` when the
+    newly verified commit does not descend by first parent from it: the
+    daemon never moves backwards to an older or unmerged signed tree."""
+    verified = approval.verified_commit
+    if acted is None or verified == acted or moves_forward:
+        return approval
+    what = (
+        f"verified commit {verified[:12]} does not descend"
+        if verified
+        else "no commit in the tip's first-parent history verifies, so none descends"
+    )
+    refusal = Refusal(
+        verified or acted,
+        f"{what} by first parent from {acted[:12]}, the verified commit last acted on: a "
+        "move backwards is refused (an unsigned merge or a push of an older branch); push "
+        "a signed commit on top of it",
+        "",
+    )
+    return Approval(acted, approval.newest_spec_commit, (refusal, *approval.refusals))
 
 
 def _entry(tree: pygit2.Tree | None, name: str) -> tuple[str, int] | None:

@@ -589,6 +589,8 @@ def _open_mirror(url: str, cache_dir: Path) -> pygit2.Repository:
         repo = pygit2.Repository(str(path), RepositoryOpenFlag.NO_SEARCH)
         if repo.remotes["origin"].url != url:
             repo.remotes.set_url("origin", url)
+        # The remote's URL (a token in it included) is in the config: owner only.
+        os.chmod(path / "config", 0o600)
         return repo
     except (pygit2.GitError, OSError, KeyError) as e:
         raise StoreError(

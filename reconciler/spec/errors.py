@@ -16,11 +16,27 @@ never hide the others.
 
 from __future__ import annotations
 
+import re
+
+# ``scheme://user:secret@host``: the secret part of a URL's userinfo; over
+# HTTP a lone user name may be the token itself (``https://TOKEN@host``).
+_URL_SECRET = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://[^/@\s:]*):[^/@\s]*@")
+_HTTP_USER = re.compile(r"(?i)\b(https?://)[^/@\s]+@")
+
+
+def redact_url(text: str) -> str:
+    """``text`` with the credentials of every URL in it replaced by ``***``
+    (``https://user:TOKEN@host`` -> ``https://***@host``)."""
+    return _HTTP_USER.sub(r"\1***@", _URL_SECRET.sub(r"\1:***@", text))
+
 
 class ReconcilerError(Exception):
     exit_code = 1
 
     def __init__(self, message: str, hint: str = "") -> None:
+        # A --repo URL may carry a token, and library messages repeat it:
+        # no error the daemon prints or logs may show it.
+        message, hint = redact_url(message), redact_url(hint)
         super().__init__(message)
         self.message = message
         self.hint = hint

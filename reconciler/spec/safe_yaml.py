@@ -137,10 +137,12 @@ def resolve_plain(text: str) -> Any:
             if len(text) > _MAX_NUMBER_DIGITS:
                 raise _TooLong(text)
             return int(text, 10)
-        if _INT8.fullmatch(text):
-            return int(text[2:], 8)
-        if _INT16.fullmatch(text):
-            return int(text[2:], 16)
+        if _INT8.fullmatch(text) or _INT16.fullmatch(text):
+            # Same bound as decimals: a 0x literal of thousands of digits
+            # becomes an int whose repr() (in jsonschema's messages) raises.
+            if len(text) > _MAX_NUMBER_DIGITS:
+                raise _TooLong(text)
+            return int(text[2:], 8 if text[1] == "o" else 16)
         if _FLOAT.fullmatch(text):
             if len(text) > _MAX_NUMBER_DIGITS:
                 raise _TooLong(text)
@@ -448,17 +450,24 @@ def _syntax_problem(path: str, text: str, exc: MarkedYAMLError) -> Problem:
 
 def _path_at(text: str, mark: Any, key: bool) -> list[str | int]:
     """The field path of the key (``key``) or the value that starts at
-    ``mark`` (the innermost, when several start there); [] if none does."""
+    ``mark`` (the innermost, when several start there); [] if none does.
+
+    Linear in the text before ``mark``: the walk stops once it is past the
+    position, and the path is built only for a match (a 1 MiB file of
+    ``[`` costs one pass, not one path per bracket)."""
     if not text:
         return []
     where = (mark.line, mark.column)
     best: list[str | int] = []
     try:
-        for field_path, key_mark, value_mark in _walk(text):
+        for stack, key_mark, value_mark in _walk(text):
             here = key_mark if value_mark is None else value_mark
-            if (value_mark is None) != key or (here.line, here.column) != where:
+            at = (here.line, here.column)
+            if at > where:
+                break
+            if (value_mark is None) != key or at != where:
                 continue
-            best = field_path
+            best = _path_of(stack)
             if key:
                 break
     except YAMLError:
@@ -467,27 +476,51 @@ def _path_at(text: str, mark: Any, key: bool) -> list[str | int]:
 
 
 def _field_at(text: str, line: int, column: int) -> str:
-    """The field path of the last key that starts before (line, column)."""
-    best: list[str | int] = []
+    """The field path of the last key that starts before (line, column).
+
+    Two linear walks: the first finds which key that is (by its number
+    among the keys), the second stops at it and builds its path once."""
+    last = -1
     try:
-        for field_path, key_mark, value_mark in _walk(text):
+        keys = 0
+        for _, key_mark, value_mark in _walk(text):
+            here = key_mark if value_mark is None else value_mark
+            if here is not None and (here.line + 1, here.column + 1) > (line, column):
+                break
             if key_mark is None or value_mark is not None:
                 continue
-            if (key_mark.line + 1, key_mark.column + 1) > (line, column):
-                break
-            best = field_path
+            last = keys
+            keys += 1
     except YAMLError:
         pass
-    return format_field(best)
+    if last < 0:
+        return ""
+    try:
+        keys = 0
+        for stack, key_mark, value_mark in _walk(text):
+            if key_mark is None or value_mark is not None:
+                continue
+            if keys == last:
+                return format_field(_path_of(stack))
+            keys += 1
+    except YAMLError:
+        pass
+    return ""
 
 
 # --- locating ---------------------------------------------------------------
 
 
-def _walk(text: str) -> Iterator[tuple[list[str | int], Any, Any]]:
-    """Every key as (field path, key mark, None) and every value as (field
-    path, key mark or None, value start mark), in document order. Stops
-    where the document breaks (the parser raises)."""
+def _path_of(stack: list[list[Any]]) -> list[str | int]:
+    return [entry[1] for entry in stack]
+
+
+def _walk(text: str) -> Iterator[tuple[list[list[Any]], Any, Any]]:
+    """Every key as (stack, key mark, None) and every value as (stack, key
+    mark or None, value start mark), in document order. Stops where the
+    document breaks (the parser raises). ``stack`` is the walk's own live
+    state: ``_path_of(stack)`` is the field path at that moment. Building
+    the path on every event made deep nesting cost quadratic time."""
     get_event = _event_source(text)
     # path entries: for mappings the current key, for sequences the index
     stack: list[list[Any]] = []  # [is_mapping, key_or_index, expecting_key, key_mark]
@@ -510,11 +543,10 @@ def _walk(text: str) -> Iterator[tuple[list[str | int], Any, Any]]:
             stack[-1][1] = event.value
             stack[-1][2] = False
             stack[-1][3] = event.start_mark
-            yield [entry[1] for entry in stack], event.start_mark, None
+            yield stack, event.start_mark, None
             continue
-        field_path = [entry[1] for entry in stack]
         key_mark = stack[-1][3] if stack and stack[-1][0] else None
-        yield field_path, key_mark, event.start_mark
+        yield stack, key_mark, event.start_mark
         if kind is MappingStartEvent:
             stack.append([True, None, True, None])
         elif kind is SequenceStartEvent:
@@ -538,11 +570,14 @@ def _locate_mark(
     best = (1, 1)
     best_len = -1
     try:
-        for found, key_mark, value_mark in _walk(text):
+        for stack, key_mark, value_mark in _walk(text):
             if value_mark is None:
                 continue
-            n = len(found)
-            if n > len(want) or found != want[:n] or n <= best_len:
+            n = len(stack)
+            if n > len(want) or n <= best_len:
+                continue
+            found = _path_of(stack)
+            if found != want[:n]:
                 continue
             mark = value_mark
             if key_mark is not None and (

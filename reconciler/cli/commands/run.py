@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from reconciler.cli.remote_options import add_remote_arguments
-from reconciler.spec.errors import UsageError
+from reconciler.spec.errors import UsageError, redact_url
 
 HELP = "run the reconcile daemon against a fleet repository"
 
@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     from reconciler.daemon.loop import Daemon, stop_on_signals
     from reconciler.daemon.metrics import Metrics
     from reconciler.git.approval import Approver, load_allowed_signers
-    from reconciler.git.sshsig import sign_commit_payload
+    from reconciler.git.sshsig import AllowedSigner, parse_allowed_signers, sign_commit_payload
     from reconciler.git.store import GitStore
     from reconciler.git.watch import BranchWatcher
     from reconciler.protocol.signing import load_private_key
@@ -101,11 +101,32 @@ def run(args: argparse.Namespace) -> int:
     metrics = Metrics()
     if args.metrics:
         metrics.serve(args.metrics)
+    # Under verification with signed status commits, a status file counts only
+    # as a daemon key last wrote it: this daemon's, or another's listed in
+    # the allowed-signers file (README, "Approval you can prove").
+    status_signers: tuple[AllowedSigner, ...] = ()
+    if approver is not None and sign is not None:
+        own = parse_allowed_signers(f'reconciler namespaces="git" {key.public_openssh}\n')
+        status_signers = (*own, *approver.allowed)
+    elif approver is not None:
+        log.warning(
+            "status_trust",
+            "statuses are checked against the verified spec only; without --sign-commits the "
+            "fields agents report (backup ids, attempts) are taken from status as committed",
+        )
     client = AgentClient(key, concurrency=args.concurrency, timeout=args.agent_timeout)
-    daemon = Daemon(store, client, log=log, metrics=metrics, approver=approver, sign=sign)
+    daemon = Daemon(
+        store,
+        client,
+        log=log,
+        metrics=metrics,
+        approver=approver,
+        sign=sign,
+        status_signers=status_signers,
+    )
     log.info(
         "start",
-        f"acting on {args.repo} branch {args.branch}",
+        f"acting on {redact_url(args.repo)} branch {args.branch}",
         key=key.key_id,
         verification="on" if approver else "off",
     )

@@ -16,10 +16,22 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from reconciler.git.approval import Approval, Approver, load_allowed_signers
+from reconciler.daemon.status_trust import StatusTrust
+from reconciler.git.approval import (
+    Approval,
+    Approver,
+    descends_by_first_parent,
+    last_acted,
+    load_allowed_signers,
+    refuse_backwards,
+)
+from reconciler.git.history import History
 from reconciler.git.revisions import describe_commit, open_local_repository, resolve_or_branch_tip
-from reconciler.git.sshsig import AllowedSigner
-from reconciler.spec.errors import ReconcilerError, UsageError
+from reconciler.git.sshsig import AllowedSigner, parse_allowed_signers
+from reconciler.git.status_writes import DaemonWrites
+from reconciler.git.store import GitStore
+from reconciler.spec.errors import ReconcilerError, StoreError, UsageError
+from reconciler.views.status_reader import StatusReader
 
 HELP = "tell whether a commit would be acted on under --allowed-signers, and why"
 
@@ -42,6 +54,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="git allowed-signers file (as for gpg.ssh.allowedSignersFile)",
     )
+    parser.add_argument(
+        "--daemon-key",
+        type=Path,
+        metavar="PUB",
+        help="the daemon's public key (reconciler.pub), as for a daemon run with "
+        "--sign-commits: a status file then counts only as a daemon-signed commit wrote it",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -49,9 +68,80 @@ def run(args: argparse.Namespace) -> int:
     repo = open_local_repository(args.repo)
     label, tip = resolve_or_branch_tip(repo, args.rev, args.branch)
     approver = Approver(repo, allowed)
-    approval = approver.approve(tip)
-    print(describe(repo, approver, approval, label, tip))
-    return 0 if approval.acted_on else 1
+    approval = _forward_only(repo, approver.approve(tip), args.branch)
+    report = describe(repo, approver, approval, label, tip)
+    held = _tampered_statuses(
+        repo, approver, approval, tip, args.branch, _status_signers(args.daemon_key, allowed)
+    )
+    if held:
+        report = report.replace(": would be acted on", ": would NOT be acted on", 1)
+        report += "\n  statuses held, nothing sent for them:"
+        report += "".join(f"\n    {reason}" for _, reason in sorted(held.items()))
+    print(report)
+    return 0 if approval.acted_on and not held else 1
+
+
+def _status_signers(
+    daemon_key: Path | None, allowed: tuple[AllowedSigner, ...]
+) -> tuple[AllowedSigner, ...]:
+    """The keys whose status commits count, as ``reconciler run`` with
+    ``--sign-commits`` takes them: the daemon's and the allowed signers'."""
+    if daemon_key is None:
+        return ()
+    try:
+        line = daemon_key.read_text(encoding="utf-8").strip()
+        own = parse_allowed_signers(f'reconciler namespaces="git" {line}\n')
+    except (OSError, UnicodeDecodeError, ReconcilerError) as exc:
+        raise UsageError(
+            f"cannot read the daemon's public key {daemon_key}: {exc}",
+            "pass the daemon's OpenSSH public key file (reconciler.pub)",
+        ) from None
+    return (*own, *allowed)
+
+
+def _tampered_statuses(
+    repo: Any,
+    approver: Approver,
+    approval: Approval,
+    tip: str,
+    branch: str,
+    status_signers: tuple[AllowedSigner, ...] = (),
+) -> dict[str, str]:
+    """The statuses the daemon would hold as ``status_tampered``, read the
+    way it reads them (``daemon.status_trust``); unreadable ones are left to it."""
+    if approval.verified_commit is None:
+        return {}
+    try:
+        store = GitStore.open(str(repo.path), branch, read_only=True)
+    except StoreError:
+        return {}
+    writes = DaemonWrites(repo, status_signers) if status_signers else None
+    trust = StatusTrust(store, approver, writes)
+    settings = trust.documents_at(approval.verified_commit, {}).settings
+    status_tip = tip if not settings.status_branch else store.tip(settings.status_branch)
+    if status_tip is None:
+        return {}
+    # Read as the daemon reads them (schema check included); unreadable ones are left to it.
+    statuses, _ = StatusReader().read(store, status_tip)
+    history = History(repo)
+    history.advance(tip)
+    held = trust.hold_unwritten(statuses, status_tip)
+    held.update(trust.hold_tampered(statuses, history))
+    return held
+
+
+def _forward_only(repo: Any, approval: Approval, branch: str) -> Approval:
+    """As the daemon judges it: a verified commit that does not descend by
+    first parent from the one the daemon last acted on (recorded in this
+    repository, or in the daemon's mirror of a remote) is refused."""
+    acted = last_acted(repo, branch)
+    verified = approval.verified_commit
+    forward = (
+        verified is not None
+        and acted is not None
+        and descends_by_first_parent(repo, verified, acted)
+    )
+    return refuse_backwards(approval, acted, moves_forward=forward)
 
 
 def _allowed_signers(path: Path) -> tuple[AllowedSigner, ...]:

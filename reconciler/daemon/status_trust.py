@@ -1,0 +1,270 @@
+"""Whether a recorded status may be acted on under verification (DESIGN.md
+section 8): nothing a job carries may come from unverified data.
+
+Status files are written by the daemon, but anyone with push access can
+commit to ``status/`` without a signature, and jobs are built from status
+alone. So, with ``--allowed-signers``, the daemon derives again, from the
+verified spec at the rollout's ``startCommit``, everything the engine froze
+at start (target, mode, batch size, policy, selection and node list) and
+compares. It also checks what can be checked of each node record without
+the agents: job ids are derived from (rollout, startCommit, node, attempt,
+kind), and a job's ``sourceCommit`` must be a commit of the branch's
+first-parent history. A status that disagrees anywhere is *tampered*: the
+daemon holds it as it holds an unreadable one (nothing stepped, nothing
+sent, the file left as it is) and names the fields.
+
+``tampered_fields`` is pure: values in, field names out. ``StatusTrust``
+reads the verified spec at each ``startCommit`` from the repository for the
+daemon and for ``reconciler verify``, which must agree. Which blob the
+daemon itself last wrote to a status file is ``git.status_writes``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Container, Mapping
+from dataclasses import dataclass
+
+from reconciler.engine.step import resolve_nodes
+from reconciler.git.approval import Approver
+from reconciler.git.status_writes import STATUS_FOLDER, DaemonWrites, status_files_at
+from reconciler.git.store import GitStore
+from reconciler.protocol.job_ids import job_id
+from reconciler.spec.documents import Documents, ParsedFile, assemble, parse_file
+from reconciler.spec.model import Fleet, RolloutSpec
+from reconciler.spec.paths import SETTINGS_PATH, SPEC_FOLDERS
+from reconciler.spec.rollout_status import FrozenSpec, RolloutStatus, main_path
+
+
+@dataclass(frozen=True)
+class StartSpec:
+    """What the verified spec at a rollout's ``startCommit`` fixes."""
+
+    frozen: FrozenSpec
+    nodes: tuple[str, ...]  # the selection at that commit, in rollout order
+
+
+def start_spec(spec: RolloutSpec, fleet: Fleet) -> StartSpec:
+    """The frozen values the engine records when it starts ``spec``
+    (``engine`` ``start``), and the nodes it selects in ``fleet``."""
+    return StartSpec(
+        frozen=FrozenSpec(
+            target=spec.target,
+            batch_size=spec.batch_size,
+            live=spec.live,
+            on_failure=spec.on_failure,
+            selector=spec.selector,
+            node_ids=spec.node_ids,
+            start_at=spec.start_at,
+            include_maintenance=spec.include_maintenance,
+            allow_overlap=spec.allow_overlap,
+        ),
+        nodes=resolve_nodes(spec, fleet),
+    )
+
+
+_FROZEN_FIELDS: tuple[tuple[str, Callable[[FrozenSpec], object]], ...] = (
+    ("target.runtime", lambda f: f.target.runtime),
+    ("target.provider", lambda f: f.target.provider),
+    ("target.model", lambda f: f.target.model),
+    ("target.profile", lambda f: f.target.profile),
+    ("batchSize", lambda f: f.batch_size),
+    ("live", lambda f: f.live),
+    ("onFailure", lambda f: f.on_failure),
+    ("selector", lambda f: f.selector),
+    ("nodeIds", lambda f: f.node_ids),
+    ("startAt", lambda f: f.start_at),
+    ("includeMaintenance", lambda f: f.include_maintenance),
+    ("allowOverlap", lambda f: f.allow_overlap),
+)
+
+
+def tampered_fields(
+    status: RolloutStatus,
+    expected: StartSpec | None,
+    on_branch: Callable[[str], bool],
+) -> tuple[str, ...]:
+    """The fields of a started ``status`` that the verified spec at its
+    ``startCommit`` (``expected``; None: no verified spec there) does not
+    back, as written in the status file; () when it agrees.
+
+    ``on_branch(commit)``: is the commit in the branch's first-parent
+    history? A ``startCommit`` elsewhere (an unmerged branch, an unverified
+    commit) would let a status name its own spec.
+    """
+    if not status.started or status.frozen is None:
+        return ()
+    start = status.start_commit
+    assert start is not None
+    if not on_branch(start):
+        return ("startCommit",)
+    if expected is None:
+        return ("startCommit",)
+    wrong = [
+        f"frozen.{name}"
+        for name, get in _FROZEN_FIELDS
+        if get(status.frozen) != get(expected.frozen)
+    ]
+    names = [n.name for n in status.nodes]
+    if not _in_order_within(names, expected.nodes):
+        wrong.append("frozen.nodes")
+    size = status.frozen.batch_size
+    for i, node in enumerate(status.nodes):
+        where = f"nodes[{node.name}]"
+        if size > 0 and node.batch != i // size + 1:
+            wrong.append(f"{where}.batch")
+        if node.job_id is not None and node.job_id != job_id(
+            status.name, start, node.name, node.attempt, "apply"
+        ):
+            wrong.append(f"{where}.jobId")
+        if node.source_commit is not None and not on_branch(node.source_commit):
+            wrong.append(f"{where}.sourceCommit")
+        restore = node.restore
+        if restore is not None:
+            if restore.job_id != job_id(
+                status.name, start, node.name, restore.attempt, "restore", restore.request
+            ):
+                wrong.append(f"{where}.restore.jobId")
+            if not on_branch(restore.source_commit):
+                wrong.append(f"{where}.restore.sourceCommit")
+    return tuple(wrong)
+
+
+def _in_order_within(names: list[str], selected: tuple[str, ...]) -> bool:
+    """Are ``names`` distinct and a subsequence of ``selected``? Not equal:
+    a node whose file changed after ``startCommit`` may have left the
+    selection the daemon saw at start, never joined it (its change would
+    have moved ``startCommit``)."""
+    if len(set(names)) != len(names):
+        return False
+    position = {name: i for i, name in enumerate(selected)}
+    last = -1
+    for name in names:
+        i = position.get(name)
+        if i is None or i <= last:
+            return False
+        last = i
+    return True
+
+
+class StatusTrust:
+    """Holds statuses the verified spec does not back (see the module
+    docstring). Keeps, per status value, its answer, and per (rollout,
+    startCommit) what the verified spec there fixes: a commit's verified
+    spec never changes, so each is read once."""
+
+    def __init__(
+        self, store: GitStore, approver: Approver, writes: DaemonWrites | None = None
+    ) -> None:
+        self.store = store
+        self.approver = approver
+        self.writes = writes
+        # by id(value), the value kept alive with its answer
+        self._checked: dict[int, tuple[RolloutStatus, tuple[str, ...]]] = {}
+        self._start_specs: dict[tuple[str, str], StartSpec | None] = {}
+        self._documents: dict[str, Documents] = {}
+
+    def hold_tampered(
+        self,
+        statuses: dict[str, RolloutStatus],
+        history: Container[str],
+        parsed: Mapping[str, ParsedFile] | None = None,
+    ) -> dict[str, str]:
+        """Remove every tampered status from ``statuses``; return why each
+        is held, by rollout name. ``history``: the branch's first-parent
+        commits; ``parsed``: documents already parsed, by blob id."""
+        checked: dict[int, tuple[RolloutStatus, tuple[str, ...]]] = {}
+        held: dict[str, str] = {}
+        for name, value in list(statuses.items()):
+            if not value.started or value.start_commit is None:
+                continue
+            known = self._checked.get(id(value))
+            if known is not None and known[0] is value:
+                fields = known[1]
+            else:
+                expected = self.start_spec(name, value.start_commit, parsed or {})
+                fields = tampered_fields(value, expected, history.__contains__)
+            checked[id(value)] = (value, fields)
+            if fields:
+                del statuses[name]
+                held[name] = tampered_reason(name, value.start_commit, fields)
+        self._checked = checked
+        return held
+
+    def hold_unwritten(self, statuses: dict[str, RolloutStatus], status_tip: str) -> dict[str, str]:
+        """With signed status commits (``writes``): remove every status one
+        of whose files is not as the newest daemon-signed write left it;
+        return why each is held."""
+        if self.writes is None or not statuses:
+            return {}
+        files = status_files_at(self.store.repository(), status_tip)
+        wrong = self.writes.unwritten(status_tip, files)
+        held: dict[str, str] = {}
+        for path, why in sorted(wrong.items()):
+            name = path[len(STATUS_FOLDER) + 1 :].split("/", 1)[0].removesuffix(".yaml")
+            if name in statuses and name not in held:
+                del statuses[name]
+                held[name] = held_reason(name, f"{path}: {why}")
+        return held
+
+    def start_spec(
+        self, name: str, start: str, parsed: Mapping[str, ParsedFile]
+    ) -> StartSpec | None:
+        """What the verified spec at ``start`` fixes for rollout ``name``
+        (None: no verified spec of it there)."""
+        key = (name, start)
+        if key in self._start_specs:
+            return self._start_specs[key]
+        verified = self.approver.approve(start).verified_commit
+        expected = None
+        if verified is not None:
+            documents = self.documents_at(verified, parsed)
+            spec = documents.rollouts.get(name)
+            expected = start_spec(spec, documents.fleet) if spec is not None else None
+        if len(self._start_specs) > 10_000:
+            self._start_specs.clear()
+        self._start_specs[key] = expected
+        return expected
+
+    def documents_at(self, commit: str, parsed: Mapping[str, ParsedFile]) -> Documents:
+        """The documents of a verified tree; the last few are kept."""
+        cached = self._documents.get(commit)
+        if cached is not None:
+            return cached
+        store = self.store
+        blobs: dict[str, str] = {}
+        for folder in SPEC_FOLDERS:
+            blobs.update(store.files(commit, folder))
+        settings = store.file_blob(commit, SETTINGS_PATH)
+        if settings:
+            blobs[SETTINGS_PATH] = settings
+        known = (parsed.get(blob_id) for blob_id in blobs.values())
+        documents = assemble(
+            seen if seen is not None and seen.path == path else parse_file(path, store.blob(blob))
+            for (path, blob), seen in zip(blobs.items(), known, strict=True)
+        )
+        if len(self._documents) >= 4:
+            self._documents.pop(next(iter(self._documents)))
+        self._documents[commit] = documents
+        return documents
+
+
+def tampered_reason(name: str, start: str, fields: tuple[str, ...]) -> str:
+    """The held status's message: what disagrees and what a person can do."""
+    why = (
+        f"its startCommit {start[:12]} has no verified spec of it in the branch's "
+        "first-parent history (started from a change that was not verified?)"
+        if fields == ("startCommit",)
+        else f"it disagrees with the verified spec at startCommit {start[:12]} in "
+        + ", ".join(fields[:10])
+        + (f" and {len(fields) - 10} more" if len(fields) > 10 else "")
+    )
+    return held_reason(name, why)
+
+
+def held_reason(name: str, why: str) -> str:
+    path = main_path(name)
+    return (
+        f"status_tampered: {path} is not verified: {why}; nothing is sent for it and "
+        f"the file is left as it is: restore the daemon's last version (`git log -p -- "
+        f"{path}`) or delete it to start the rollout anew from the verified spec"
+    )
