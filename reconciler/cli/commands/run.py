@@ -4,9 +4,19 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from reconciler.cli.remote_options import add_remote_arguments
 from reconciler.spec.errors import UsageError, redact_url
+
+if TYPE_CHECKING:  # imported when run, so that other verbs never pay for them
+    from reconciler.daemon.logs import EventLog
+    from reconciler.daemon.loop import Daemon
+    from reconciler.daemon.metrics import Metrics
+    from reconciler.git.approval import Approver
+    from reconciler.git.sshsig import AllowedSigner
+    from reconciler.git.store import GitStore
+    from reconciler.protocol.signing import SigningKey
 
 HELP = "run the reconcile daemon against a fleet repository"
 
@@ -66,12 +76,11 @@ def run(args: argparse.Namespace) -> int:
     from reconciler.daemon import crashpoints
     from reconciler.daemon.agent_client import AgentClient
     from reconciler.daemon.logs import EventLog
-    from reconciler.daemon.loop import Daemon, stop_on_signals
+    from reconciler.daemon.loop import Daemon
     from reconciler.daemon.metrics import Metrics
     from reconciler.git.approval import Approver, load_allowed_signers
-    from reconciler.git.sshsig import AllowedSigner, parse_allowed_signers, sign_commit_payload
+    from reconciler.git.sshsig import sign_commit_payload
     from reconciler.git.store import GitStore
-    from reconciler.git.watch import BranchWatcher
     from reconciler.protocol.signing import load_private_key
     from reconciler.spec.safe_yaml import loader_warning
 
@@ -101,19 +110,9 @@ def run(args: argparse.Namespace) -> int:
     metrics = Metrics()
     if args.metrics:
         metrics.serve(args.metrics)
-    # Under verification with signed status commits, a status file counts only
-    # as a daemon key last wrote it: this daemon's, or another's listed in
-    # the allowed-signers file (README, "Approval you can prove").
-    status_signers: tuple[AllowedSigner, ...] = ()
-    if approver is not None and sign is not None:
-        own = parse_allowed_signers(f'reconciler namespaces="git" {key.public_openssh}\n')
-        status_signers = (*own, *approver.allowed)
-    elif approver is not None:
-        log.warning(
-            "status_trust",
-            "statuses are checked against the verified spec only; without --sign-commits the "
-            "fields agents report (backup ids, attempts) are taken from status as committed",
-        )
+    status_signers = (
+        _status_signers(approver, key, args.sign_commits, log) if approver is not None else ()
+    )
     client = AgentClient(key, concurrency=args.concurrency, timeout=args.agent_timeout)
     daemon = Daemon(
         store,
@@ -131,23 +130,51 @@ def run(args: argparse.Namespace) -> int:
         verification="on" if approver else "off",
     )
     try:
-        if args.once:
-            outcome = daemon.run_pass()
-            log.info(
-                "pass",
-                f"{outcome.transitions} transitions, {outcome.jobs_sent} jobs sent",
-                commit=(outcome.commit or outcome.tip)[:12],
-            )
-            return 0
-        branches = [args.branch]
-        with (
-            BranchWatcher.for_store(
-                store, branches, poll=args.poll, log=log, metrics=metrics
-            ) as watcher,
-            stop_on_signals(daemon),
-        ):
-            daemon.serve(watcher, interval=args.interval)
-        log.info("stopped", "clean stop")
-        return 0
+        return _serve(daemon, store, args, log, metrics)
     finally:
         client.close()
+
+
+def _status_signers(
+    approver: Approver, key: SigningKey, sign_commits: bool, log: EventLog
+) -> tuple[AllowedSigner, ...]:
+    """Under verification with signed status commits, a status file counts
+    only as a daemon key last wrote it: this daemon's, or another's listed in
+    the allowed-signers file (README, "Approval you can prove")."""
+    from reconciler.git.sshsig import parse_allowed_signers
+
+    if sign_commits:
+        own = parse_allowed_signers(f'reconciler namespaces="git" {key.public_openssh}\n')
+        return (*own, *approver.allowed)
+    log.warning(
+        "status_trust",
+        "statuses are checked against the verified spec only; without --sign-commits the "
+        "fields agents report (backup ids, attempts) are taken from status as committed",
+    )
+    return ()
+
+
+def _serve(
+    daemon: Daemon, store: GitStore, args: argparse.Namespace, log: EventLog, metrics: Metrics
+) -> int:
+    """One pass (``--once``), or passes until a signal stops the loop."""
+    from reconciler.daemon.loop import stop_on_signals
+    from reconciler.git.watch import BranchWatcher
+
+    if args.once:
+        outcome = daemon.run_pass()
+        log.info(
+            "pass",
+            f"{outcome.transitions} transitions, {outcome.jobs_sent} jobs sent",
+            commit=(outcome.commit or outcome.tip)[:12],
+        )
+        return 0
+    with (
+        BranchWatcher.for_store(
+            store, [args.branch], poll=args.poll, log=log, metrics=metrics
+        ) as watcher,
+        stop_on_signals(daemon),
+    ):
+        daemon.serve(watcher, interval=args.interval)
+    log.info("stopped", "clean stop")
+    return 0
