@@ -188,45 +188,13 @@ def make_plan(
     base_docs, head_docs = parse_tree(base.files), parse_tree(head.files)
     base_names = _rollout_files(base_docs)
     head_names = _rollout_files(head_docs)
-    changed_paths = {
-        p for p in set(base.files) | set(head.files) if base.files.get(p) != head.files.get(p)
-    }
-
-    def inputs(docs: documents.Documents, names: set[str], tree: Tree) -> list[RolloutInput]:
-        result = []
-        for name in sorted(names | set(statuses)):
-            status = statuses.get(name)
-            present = name in names
-            touched = rollout_path(name) in changed_paths and tree is head
-            result.append(
-                RolloutInput(
-                    name=name,
-                    spec=docs.rollouts.get(name),
-                    file_present=present,
-                    problems=tuple(docs.invalid_rollouts.get(name, ())),
-                    status=status,
-                    spec_commit=tree.commit if touched or status is None else status.spec_commit,
-                    first_seen_commit=(
-                        status.first_seen_commit
-                        if status is not None
-                        else base.commit
-                        if name in base_names
-                        else head.commit
-                    ),
-                    # Known rollouts queue before the ones this change adds.
-                    queue_key=0 if status is not None or name in base_names else 1,
-                    author=author,
-                )
-            )
-        return result
 
     quiet = Observations()
-    before = step_fleet(
-        inputs(base_docs, base_names, base), base_docs.fleet, base_docs.settings, quiet, now
-    )
-    after = step_fleet(
-        inputs(head_docs, head_names, head), head_docs.fleet, head_docs.settings, quiet, now
-    )
+    change = _Change(base, head, base_names, _changed_paths(base, head))
+    before_inputs = _inputs(base_docs, base_names, base, change, statuses, author)
+    after_inputs = _inputs(head_docs, head_names, head, change, statuses, author)
+    before = step_fleet(before_inputs, base_docs.fleet, base_docs.settings, quiet, now)
+    after = step_fleet(after_inputs, head_docs.fleet, head_docs.settings, quiet, now)
     before_status = {**statuses, **before.statuses}
     after_status = {**statuses, **after.statuses}
 
@@ -284,6 +252,58 @@ def make_plan(
             1 for p in head_docs.problems if (p.path, p.field, p.message) not in base_problems
         ),
     )
+
+
+@dataclass(frozen=True)
+class _Change:
+    """The two trees of a change, and what differs between them."""
+
+    base: Tree
+    head: Tree
+    base_names: set[str]  # rollout files in base
+    changed_paths: set[str]
+
+
+def _changed_paths(base: Tree, head: Tree) -> set[str]:
+    return {p for p in set(base.files) | set(head.files) if base.files.get(p) != head.files.get(p)}
+
+
+def _inputs(
+    docs: documents.Documents,
+    names: set[str],
+    tree: Tree,
+    change: _Change,
+    statuses: Mapping[str, RolloutStatus],
+    author: str,
+) -> list[RolloutInput]:
+    """The engine's input for every rollout of ``tree`` (the change's base
+    or head) or with a status, as the daemon would build it there."""
+    base, head, base_names = change.base, change.head, change.base_names
+    result = []
+    for name in sorted(names | set(statuses)):
+        status = statuses.get(name)
+        touched = rollout_path(name) in change.changed_paths and tree is head
+        result.append(
+            RolloutInput(
+                name=name,
+                spec=docs.rollouts.get(name),
+                file_present=name in names,
+                problems=tuple(docs.invalid_rollouts.get(name, ())),
+                status=status,
+                spec_commit=tree.commit if touched or status is None else status.spec_commit,
+                first_seen_commit=(
+                    status.first_seen_commit
+                    if status is not None
+                    else base.commit
+                    if name in base_names
+                    else head.commit
+                ),
+                # Known rollouts queue before the ones this change adds.
+                queue_key=0 if status is not None or name in base_names else 1,
+                author=author,
+            )
+        )
+    return result
 
 
 def _rollout_files(docs: documents.Documents) -> set[str]:
