@@ -49,15 +49,15 @@ from reconciler.spec.model import (
     Settings,
     Target,
 )
-from reconciler.spec.paths import NODES_DIR, ROLLOUTS_DIR, SETTINGS_PATH
+from reconciler.spec.paths import NODES_DIR, ROLLOUTS_DIR, SETTINGS_PATH, node_path, rollout_path
 from reconciler.spec.times import parse_time
 
 KINDS = ("Node", "Rollout", "Settings")
 _SCHEMA_OF = {"Node": "node", "Rollout": "rollout", "Settings": "settings"}
 _HOME_OF = {
-    "Node": "nodes/NAME.yaml",
-    "Rollout": "rollouts/NAME.yaml",
-    "Settings": "reconciler.yaml",
+    "Node": node_path("NAME"),
+    "Rollout": rollout_path("NAME"),
+    "Settings": SETTINGS_PATH,
 }
 _FOLDER_OF = {NODES_DIR: "Node", ROLLOUTS_DIR: "Rollout"}
 
