@@ -6,8 +6,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from reconciler.engine.evidence import heartbeat_problem, judge_apply, judge_restore
-from reconciler.protocol.observations import Heartbeat, JobObservation, RuntimeReport
+from reconciler.engine.evidence import Seen, heartbeat_problem, judge_apply, judge_restore
+from reconciler.protocol.observations import Heartbeat, JobObservation, Observations, RuntimeReport
 from reconciler.spec.model import Target
 from reconciler.spec.rollout_status import NodeRecord, RestoreRecord
 
@@ -25,20 +25,30 @@ NODE = NodeRecord(
 SUCCEEDED = JobObservation("job-1", "succeeded", finished_at="2026-12-01T12:00:10Z")
 
 
-def judge(**given: Any) -> Any:
-    args: dict[str, Any] = {
-        "job": None,
-        "heartbeat": None,
-        "target": TARGET,
-        "live": False,
-        "in_fleet": True,
-        "unreachable_since": None,
-        "offline_after": timedelta(minutes=10),
-        "offline_after_seconds": 600,
-        "now": T0 + timedelta(seconds=30),
-    }
-    args.update(given)
-    return judge_apply(NODE, **args)
+def judge(
+    job: JobObservation | None = None,
+    heartbeat: Heartbeat | None = None,
+    *,
+    live: bool = False,
+    in_fleet: bool = True,
+    unreachable_since: datetime | None = None,
+    offline_after: int = 600,
+    now: datetime = T0 + timedelta(seconds=30),
+) -> Any:
+    """judge_apply on node "a" with what a pass saw of it."""
+    seen = Seen(
+        Observations(
+            jobs={"job-1": job} if job is not None else {},
+            heartbeats={"a": heartbeat} if heartbeat is not None else {},
+            unreachable_since={"a": unreachable_since} if unreachable_since is not None else {},
+        ),
+        TARGET,
+        live,
+        timedelta(seconds=offline_after),
+        offline_after,
+        now,
+    )
+    return judge_apply(NODE, seen, in_fleet)
 
 
 def beat(at: str, model: str = "llama3.1-8b", runtime: str = "hermes") -> Heartbeat:
@@ -78,9 +88,8 @@ def test_past_the_deadline_drift_fails_and_missing_evidence_times_out() -> None:
 
 def test_an_unreachable_agent_is_unknown_after_offline_after_or_at_the_deadline() -> None:
     since = T0 - timedelta(hours=1)  # counted from dispatch, not from before it
-    offline = {"offline_after": timedelta(minutes=2), "offline_after_seconds": 120}
-    assert judge(unreachable_since=since, now=T0 + timedelta(minutes=1), **offline) is None
-    assert judge(unreachable_since=since, now=T0 + timedelta(minutes=2), **offline)[:3] == (
+    assert judge(unreachable_since=since, now=T0 + timedelta(minutes=1), offline_after=120) is None
+    assert judge(unreachable_since=since, now=T0 + timedelta(minutes=2), offline_after=120)[:3] == (
         "unknown",
         "unknown",
         "agent unreachable for 2m or more",

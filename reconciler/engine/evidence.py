@@ -5,9 +5,10 @@ to it. Evidence seen now beats the deadline."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from reconciler.protocol.observations import Heartbeat, JobObservation
+from reconciler.protocol.observations import Heartbeat, JobObservation, Observations
 from reconciler.spec.durations import format_duration
 from reconciler.spec.model import Target
 from reconciler.spec.rollout_status import NodeRecord, RestoreRecord
@@ -23,47 +24,51 @@ JOB_REFUSED = "refused by the agent"
 Judgement = tuple[str, str, str, JobObservation | None]
 
 
-def judge_apply(
-    node: NodeRecord,
-    *,
-    job: JobObservation | None,
-    heartbeat: Heartbeat | None,
-    target: Target,
-    live: bool,
-    in_fleet: bool,
-    unreachable_since: datetime | None,
-    offline_after: timedelta,
-    offline_after_seconds: int,
-    now: datetime,
-) -> Judgement | None:
+@dataclass(frozen=True)
+class Seen:
+    """What one pass saw of the fleet, and what evidence is judged against:
+    the rollout's frozen target and mode, ``offlineAfter``, the pass's ``now``."""
+
+    observations: Observations
+    target: Target
+    live: bool
+    offline_after: timedelta
+    offline_after_seconds: int  # as written in settings, for the message
+    now: datetime
+
+
+def judge_apply(node: NodeRecord, seen: Seen, in_fleet: bool) -> Judgement | None:
     """The verdict on a dispatched node's current attempt, or None while it
     waits: the agent's own failure or refusal fails it; success passes it
     (live: only with a fresh heartbeat showing the target); a node gone from
-    nodes/ or unreachable for ``offline_after`` is unknown; past the deadline
-    it is timed out (failed, if a heartbeat shows drift)."""
+    nodes/ (``in_fleet`` false) or unreachable for ``offlineAfter`` is
+    unknown; past the deadline it is timed out (failed, if a heartbeat shows
+    drift)."""
     assert node.job_id is not None
     assert node.deadline is not None and node.dispatched_at is not None
+    obs, now = seen.observations, seen.now
+    job = obs.jobs.get(node.job_id)
     drift = ""
     if job is not None:
         if job.state in ("failed", "refused"):
             what = JOB_REFUSED if job.state == "refused" else JOB_FAILED
             return "failed", "failed", f"{what}: {job.error}" if job.error else what, job
         if job.state == "succeeded":
-            if not live:
+            if not seen.live:
                 return "passed", "succeeded", "", job
-            drift = heartbeat_problem(heartbeat, job, target)
+            drift = heartbeat_problem(obs.heartbeats.get(node.name), job, seen.target)
             if not drift:
                 return "passed", "succeeded", "", job
     if not in_fleet:
         return "unknown", "unknown", "node removed from nodes/", job
-    since = unreachable_since
+    since = obs.unreachable_since.get(node.name)
     unreachable = since is not None or (job is not None and job.state == "unreachable")
     # An outage counts only from dispatch: a new attempt gets its own offlineAfter.
-    if since is not None and now - max(since, node.dispatched_at) >= offline_after:
+    if since is not None and now - max(since, node.dispatched_at) >= seen.offline_after:
         return (
             "unknown",
             "unknown",
-            f"agent unreachable for {format_duration(offline_after_seconds)} or more",
+            f"agent unreachable for {format_duration(seen.offline_after_seconds)} or more",
             job,
         )
     if now >= node.deadline:

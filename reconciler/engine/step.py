@@ -34,7 +34,6 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from reconciler.engine import evidence, intents, lifecycle, rollback
-from reconciler.engine.evidence import Judgement
 from reconciler.engine.holds import (
     RESTORE_STATES,
     VERDICT_STATES,
@@ -736,30 +735,28 @@ class RolloutStep:
 
     def observe(self) -> None:
         """Record verdicts for in-flight applies and outcomes of restores."""
+        seen: evidence.Seen | None = None
         for i in list(self.open_indexes()):
             node = self.nodes[i]
             if node.state == "dispatched":
-                judged = self.judge_apply(node)
+                if seen is None:
+                    seen = self.seen()
+                judged = evidence.judge_apply(node, seen, self.ctx.node(node.name) is not None)
                 if judged is not None:
                     self.record_verdict(i, *judged)
             elif node.state in RESTORE_STATES and node.restore is not None:
                 self.record_restore(i, node, node.restore)
 
-    def judge_apply(self, node: NodeRecord) -> Judgement | None:
-        """The evidence rules (``evidence.judge_apply``) on what this pass saw."""
+    def seen(self) -> evidence.Seen:
+        """This pass's observations and what the evidence rules judge by."""
         assert self.frozen is not None
-        obs = self.ctx.obs
-        return evidence.judge_apply(
-            node,
-            job=obs.jobs.get(node.job_id) if node.job_id is not None else None,
-            heartbeat=obs.heartbeats.get(node.name),
-            target=self.frozen.target,
-            live=self.frozen.live,
-            in_fleet=self.ctx.node(node.name) is not None,
-            unreachable_since=obs.unreachable_since.get(node.name),
-            offline_after=self.ctx.offline_after,
-            offline_after_seconds=self.ctx.settings.offline_after,
-            now=self.now,
+        return evidence.Seen(
+            self.ctx.obs,
+            self.frozen.target,
+            self.frozen.live,
+            self.ctx.offline_after,
+            self.ctx.settings.offline_after,
+            self.now,
         )
 
     def record_verdict(
