@@ -129,27 +129,45 @@ class DaemonMemory:
     )  # (verified, acted) -> forward
 
 
-@dataclass
 class _Pass:
-    """What one pass has learnt so far; each step of ``PASS_STEPS`` fills in
-    its part. Lives for one attempt only."""
+    """What one pass has learnt so far: each step of ``PASS_STEPS`` sets its
+    part before the next step reads it. Lives for one attempt only; made
+    empty, since most passes end in ``read`` (nothing moved)."""
 
-    tip: str = ""
-    history: History | None = None
-    approval: Approval | None = None
-    spec_commit: str | None = None
-    documents: Documents | None = None
-    status_branch: str = ""
-    status_tip: str | None = None
-    statuses: dict[str, RolloutStatus] = field(default_factory=dict)
-    broken: dict[str, str] = field(default_factory=dict)
-    inputs: list[RolloutInput] = field(default_factory=list)
-    observations: Observations | None = None
-    now: datetime | None = None
-    step: FleetStep | None = None
-    merged: dict[str, RolloutStatus] = field(default_factory=dict)
-    commit: str | None = None
-    sent: int = 0
+    __slots__ = (
+        "approval",
+        "broken",
+        "commit",
+        "documents",
+        "history",
+        "inputs",
+        "merged",
+        "now",
+        "observations",
+        "sent",
+        "spec_commit",
+        "status_branch",
+        "status_tip",
+        "statuses",
+        "step",
+        "tip",
+    )
+    tip: str
+    history: History
+    approval: Approval | None
+    spec_commit: str | None
+    documents: Documents
+    status_branch: str
+    status_tip: str | None
+    statuses: dict[str, RolloutStatus]
+    broken: dict[str, str]
+    inputs: list[RolloutInput]
+    observations: Observations
+    now: datetime
+    step: FleetStep
+    merged: dict[str, RolloutStatus]
+    commit: str | None
+    sent: int
 
 
 class Daemon:
@@ -180,6 +198,9 @@ class Daemon:
         self.sign = sign
         self.clock = clock
         self.memory = DaemonMemory()
+        self._steps: tuple[Callable[[_Pass], PassOutcome | None], ...] = tuple(
+            getattr(self, f"_{name}") for name in PASS_STEPS
+        )
         # Under verification: statuses are checked against the verified spec.
         self._acted_history = History(store.repository())
         self.trust = (
@@ -218,8 +239,8 @@ class Daemon:
         that returns an outcome ends the pass there (nothing to do, or a
         refusal). ``RefMoved`` from ``commit`` ends it too: nothing is sent."""
         current = _Pass()
-        for name in PASS_STEPS:
-            outcome: PassOutcome | None = getattr(self, f"_{name}")(current)
+        for step in self._steps:
+            outcome = step(current)
             if outcome is not None:
                 return outcome
         return self._outcome(current)
@@ -293,14 +314,12 @@ class Daemon:
         """Ask the agents: unfinished jobs (resending those they do not
         know), heartbeats, backup lists. Touches: the agents over HTTP;
         ``memory.unreachable`` and ``memory.watching``."""
-        assert p.documents is not None
         p.observations = self._ask_agents(p.statuses.values(), p.documents.fleet)
         return None
 
     def _step(self, p: _Pass) -> PassOutcome | None:
         """Step every rollout through the engine with one ``now``. Touches:
         nothing outside the engine's values (and ``memory.memo``)."""
-        assert p.documents is not None and p.observations is not None
         p.now = self.clock()
         held = self._held_by_unreadable(p.broken, p.statuses, p.documents)
         p.step = engine.step_fleet(
@@ -321,7 +340,7 @@ class Daemon:
         dashboard in one commit on the tip read, moving the branch only if it
         still points there. Touches: the status branch (one commit, or
         ``RefMoved``); the status caches of ``memory``; logs and metrics."""
-        assert p.step is not None
+        p.commit = None
         written: dict[str, Any] = {}  # status path -> the plain data written there
         changes = self._status_changes(
             p.statuses, p.step, p.merged, p.broken, p.status_tip, written
@@ -339,13 +358,11 @@ class Daemon:
     def _send(self, p: _Pass) -> PassOutcome | None:
         """Only now, send the jobs the committed status records. Touches: the
         agents over HTTP; logs and metrics."""
-        assert p.step is not None and p.documents is not None and p.now is not None
         p.sent = self._execute(p.step.effects, p.documents.fleet, p.now)
         return None
 
     def _outcome(self, p: _Pass) -> PassOutcome:
         """What the pass did, for the loop; remembers a quiet pass."""
-        assert p.step is not None
         step, merged = p.step, p.merged
         self.memory.seen_tip = (
             p.commit if p.commit and p.status_branch == self.store.branch else p.tip
