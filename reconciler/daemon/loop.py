@@ -118,15 +118,14 @@ class DaemonMemory:
     by_name: tuple[Fleet, dict[str, Node]] | None = None  # the fleet's nodes by name, per fleet
     memo: StepMemo = field(default_factory=StepMemo)  # finished rollouts at rest
     quiet: _Quiet | None = None  # the last pass, if it changed and watched nothing
+    # (verified commit, last acted commit) -> descends from it by first parent
+    descends: dict[tuple[str, str], bool] = field(default_factory=dict)
     # Memory that may be forgotten on restart.
     last_readable: dict[str, RolloutStatus] = field(default_factory=dict)  # per rollout
     unreachable: dict[str, datetime] = field(default_factory=dict)  # node -> first failed contact
     seen_tip: str | None = None  # the tip the last pass read (or its own commit on it)
     reported: set[str] = field(default_factory=set)  # problems already logged, to log each once
     watching: bool = False  # the last pass had jobs, heartbeats or backups to read
-    descends: dict[tuple[str, str], bool] = field(
-        default_factory=dict
-    )  # (verified, acted) -> forward
 
 
 class _Pass:
