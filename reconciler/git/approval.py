@@ -35,6 +35,7 @@ from reconciler.git.sshsig import (
     parse_allowed_signers,
     verify_sshsig,
 )
+from reconciler.git.tree_reader import entry_of
 from reconciler.spec.errors import ReconcilerError, StoreError
 from reconciler.spec.paths import SPEC_PATHS
 
@@ -186,11 +187,11 @@ def is_spec_commit(repo: pygit2.Repository, commit: pygit2.Commit) -> bool:
     or unmerged signed tree into effect (DESIGN.md section 8)."""
     tree = commit.tree
     if not commit.parent_ids:
-        return any(_entry(tree, name) is not None for name in SPEC_PATHS)
-    mine = [_entry(tree, name) for name in SPEC_PATHS]
+        return any(entry_of(tree, name) is not None for name in SPEC_PATHS)
+    mine = [entry_of(tree, name) for name in SPEC_PATHS]
     for parent_id in commit.parent_ids:
         parent_tree = repo[parent_id].peel(pygit2.Commit).tree
-        if mine != [_entry(parent_tree, name) for name in SPEC_PATHS]:
+        if mine != [entry_of(parent_tree, name) for name in SPEC_PATHS]:
             return True
     return False
 
@@ -253,13 +254,6 @@ def refuse_backwards(approval: Approval, acted: str | None, moves_forward: bool)
         "",
     )
     return Approval(acted, approval.newest_spec_commit, (refusal, *approval.refusals))
-
-
-def _entry(tree: pygit2.Tree | None, name: str) -> tuple[str, int] | None:
-    if tree is None or name not in tree:
-        return None
-    entry = tree[name]
-    return (str(entry.id), entry.filemode)
 
 
 def _author(commit: pygit2.Commit) -> str:

@@ -23,6 +23,7 @@ from itertools import repeat
 
 import pygit2
 
+from reconciler.git.tree_reader import entry_id, subtree_of
 from reconciler.spec.errors import StoreError
 from reconciler.spec.paths import SPEC_FILES, SPEC_FOLDERS
 
@@ -112,7 +113,7 @@ class History:
             subs = prev_subs
             if key != prev_key:
                 subs = tuple(
-                    prev_subs[i] if key[i] == prev_key[i] else _subtree(tree, folder)
+                    prev_subs[i] if key[i] == prev_key[i] else subtree_of(tree, folder)
                     for i, folder in enumerate(SPEC_FOLDERS)
                 )
                 self._record(cid, prev_subs, subs, prev_key, key)
@@ -235,7 +236,7 @@ class History:
         tree = self._commit(stop).tree
         self._tip = stop
         self._tip_key = _key(tree)
-        self._tip_subs = tuple(_subtree(tree, folder) for folder in SPEC_FOLDERS)
+        self._tip_subs = tuple(subtree_of(tree, folder) for folder in SPEC_FOLDERS)
         self.rewinds += 1
 
 
@@ -246,24 +247,10 @@ _EMPTY_SUBS: _Subs = (None,) * len(SPEC_FOLDERS)
 def _key(tree: pygit2.Tree) -> _Key:
     ids: list[pygit2.Oid | None] = []
     for folder in SPEC_FOLDERS:
-        ids.append(_entry_id(tree, folder, pygit2.Tree))
+        ids.append(entry_id(tree, folder, pygit2.Tree))
     for name in SPEC_FILES:
-        ids.append(_entry_id(tree, name, pygit2.Blob))
+        ids.append(entry_id(tree, name, pygit2.Blob))
     return tuple(ids)
-
-
-def _entry_id(tree: pygit2.Tree, name: str, kind: type) -> pygit2.Oid | None:
-    if name not in tree:
-        return None
-    entry = tree[name]
-    return entry.id if entry.type_str == ("tree" if kind is pygit2.Tree else "blob") else None
-
-
-def _subtree(tree: pygit2.Tree | None, folder: str) -> pygit2.Tree | None:
-    if tree is None or folder not in tree:
-        return None
-    obj = tree[folder]
-    return obj if isinstance(obj, pygit2.Tree) else None
 
 
 def _diff(

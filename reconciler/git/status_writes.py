@@ -12,6 +12,7 @@ import pygit2.enums
 
 from reconciler.git.approval import check_commit_signature
 from reconciler.git.sshsig import AllowedSigner
+from reconciler.git.tree_reader import blobs_under, subtree_of
 from reconciler.spec.paths import STATUS_DIR
 
 STATUS_FOLDER = STATUS_DIR
@@ -21,9 +22,9 @@ def status_files_at(repo: pygit2.Repository, commit: str) -> dict[str, str]:
     """Every file under ``status/`` at ``commit``, nested ones included:
     path -> blob id."""
     files: dict[str, str] = {}
-    top = _subtree(repo[commit].peel(pygit2.Commit).tree)
+    top = subtree_of(repo[commit].peel(pygit2.Commit).tree, STATUS_FOLDER)
     if top is not None:
-        for path, blob in _blobs(top, STATUS_FOLDER):
+        for path, blob in blobs_under(top, STATUS_FOLDER):
             files[path] = blob
     return files
 
@@ -105,9 +106,9 @@ class DaemonWrites:
     def _changes(self, commit: pygit2.Commit) -> dict[str, str | None]:
         """Files under ``status/`` this commit changed against its first
         parent: path -> new blob id (None: deleted)."""
-        mine = _subtree(commit.tree)
+        mine = subtree_of(commit.tree, STATUS_FOLDER)
         parent = self.repo[commit.parent_ids[0]].peel(pygit2.Commit) if commit.parent_ids else None
-        theirs = _subtree(parent.tree) if parent is not None else None
+        theirs = subtree_of(parent.tree, STATUS_FOLDER) if parent is not None else None
         if mine is not None and theirs is not None and mine.id == theirs.id:
             return {}
         if mine is None and theirs is None:
@@ -131,21 +132,3 @@ class DaemonWrites:
                 self._signed.clear()
             self._signed[key] = known
         return known
-
-
-def _subtree(tree: pygit2.Tree) -> pygit2.Tree | None:
-    if STATUS_FOLDER not in tree:
-        return None
-    entry = tree[STATUS_FOLDER]
-    return entry.peel(pygit2.Tree) if entry.type_str == "tree" else None
-
-
-def _blobs(tree: pygit2.Tree, prefix: str) -> list[tuple[str, str]]:
-    found: list[tuple[str, str]] = []
-    for entry in tree:
-        path = f"{prefix}/{entry.name}"
-        if entry.type_str == "blob":
-            found.append((path, str(entry.id)))
-        elif entry.type_str == "tree":
-            found.extend(_blobs(entry.peel(pygit2.Tree), path))
-    return found

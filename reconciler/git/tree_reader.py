@@ -134,3 +134,44 @@ class TreeReader:
         if isinstance(obj, pygit2.Tree):
             return obj
         return None
+
+
+# --- tree objects --------------------------------------------------------------
+# For the walks over many commits (history, approval, the daemon's own status
+# writes), which hold tree objects rather than commit ids.
+
+
+def subtree_of(tree: pygit2.Tree | None, name: str) -> pygit2.Tree | None:
+    """The folder ``name`` directly in ``tree``, or None."""
+    if tree is None or name not in tree:
+        return None
+    obj = tree[name]
+    return obj if isinstance(obj, pygit2.Tree) else None
+
+
+def entry_id(tree: pygit2.Tree, name: str, kind: type) -> pygit2.Oid | None:
+    """The id of ``name`` in ``tree`` when it is a ``kind`` (Tree or Blob)."""
+    if name not in tree:
+        return None
+    entry = tree[name]
+    return entry.id if entry.type_str == ("tree" if kind is pygit2.Tree else "blob") else None
+
+
+def entry_of(tree: pygit2.Tree | None, name: str) -> tuple[str, int] | None:
+    """(id, file mode) of ``name`` in ``tree``, or None."""
+    if tree is None or name not in tree:
+        return None
+    entry = tree[name]
+    return (str(entry.id), entry.filemode)
+
+
+def blobs_under(tree: pygit2.Tree, prefix: str) -> list[tuple[str, str]]:
+    """(``prefix/path``, blob id) of every file in ``tree``, nested ones too."""
+    found: list[tuple[str, str]] = []
+    for entry in tree:
+        path = f"{prefix}/{entry.name}"
+        if entry.type_str == "blob":
+            found.append((path, str(entry.id)))
+        elif entry.type_str == "tree":
+            found.extend(blobs_under(entry.peel(pygit2.Tree), path))
+    return found
