@@ -434,12 +434,7 @@ class Daemon:
             )
         if self.memory.documents and self.memory.documents[0] == key:
             return self.memory.documents[1]
-        blobs: dict[str, str] = {}  # path -> blob id
-        if commit is not None:
-            for folder in SPEC_FOLDERS:
-                blobs.update(store.files(commit, folder))
-            if key[-1]:
-                blobs[SETTINGS_PATH] = str(key[-1])
+        blobs = store.spec_files(commit) if commit is not None else {}  # path -> blob id
         documents = assemble(self._parse(blob_id, path) for path, blob_id in blobs.items())
         for problem in documents.problems:
             self._report("invalid_document", str(problem), path=problem.path)

@@ -31,7 +31,6 @@ from reconciler.git.store import GitStore
 from reconciler.protocol.job_ids import job_id
 from reconciler.spec.documents import Documents, ParsedFile, assemble, parse_file
 from reconciler.spec.model import Fleet, RolloutSpec
-from reconciler.spec.paths import SETTINGS_PATH, SPEC_FOLDERS
 from reconciler.spec.rollout_status import FrozenSpec, RolloutStatus, main_path
 
 
@@ -231,12 +230,7 @@ class StatusTrust:
         if cached is not None:
             return cached
         store = self.store
-        blobs: dict[str, str] = {}
-        for folder in SPEC_FOLDERS:
-            blobs.update(store.files(commit, folder))
-        settings = store.file_blob(commit, SETTINGS_PATH)
-        if settings:
-            blobs[SETTINGS_PATH] = settings
+        blobs = store.spec_files(commit)
         known = (parsed.get(blob_id) for blob_id in blobs.values())
         documents = assemble(
             seen if seen is not None and seen.path == path else parse_file(path, store.blob(blob))

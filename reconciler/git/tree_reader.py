@@ -11,7 +11,7 @@ import pygit2
 
 from reconciler.spec.documents import is_document_path
 from reconciler.spec.errors import StoreError
-from reconciler.spec.paths import SPEC_FOLDERS
+from reconciler.spec.paths import SETTINGS_PATH, SPEC_FOLDERS
 
 
 def branch_ref(branch: str) -> str:
@@ -85,6 +85,18 @@ class TreeReader:
         nothing under it changed."""
         sub = self._subtree(commit, folder)
         return str(sub.id) if sub is not None else None
+
+    def spec_files(self, commit: str) -> dict[str, str]:
+        """The files the daemon reads as the spec at ``commit``: those
+        directly in ``rollouts/`` and ``nodes/``, and ``reconciler.yaml``;
+        path -> blob id."""
+        blobs: dict[str, str] = {}
+        for folder in SPEC_FOLDERS:
+            blobs.update(self.files(commit, folder))
+        settings = self.file_blob(commit, SETTINGS_PATH)
+        if settings:
+            blobs[SETTINGS_PATH] = settings
+        return blobs
 
     def document_files(self, commit: str) -> dict[str, bytes]:
         """Every file of the commit the documents loader reads (settings,
