@@ -43,7 +43,9 @@ from reconciler.spec.model import (
     Defaults,
     Fleet,
     Node,
+    NOTIFICATION_EVENTS,
     Problem,
+    Receiver,
     RollbackRequest,
     RolloutSpec,
     Settings,
@@ -425,6 +427,7 @@ class _Checker:
         health = self._duration(
             ["spec", "defaults", "healthTimeout"], defaults.get("healthTimeout")
         )
+        receivers = self._receivers(spec.get("notifications"))
         if self.problems:
             return self.result()
         base = Defaults()
@@ -437,8 +440,49 @@ class _Checker:
                     health_timeout=health if health is not None else base.health_timeout,
                     on_failure=defaults.get("onFailure", base.on_failure),
                 ),
+                notifications=receivers,
             )
         )
+
+    def _receivers(self, entries: Any) -> tuple[Receiver, ...]:
+        """``spec.notifications`` (DESIGN.md section 13), after the schema:
+        unique names and known event names, each problem naming the receiver."""
+        if not isinstance(entries, list) or not self._ok("spec.notifications"):
+            return ()
+        receivers: list[Receiver] = []
+        seen: dict[str, int] = {}
+        for index, entry in enumerate(entries):
+            where = f"spec.notifications[{index}]"
+            if not isinstance(entry, dict) or any(b.startswith(where) for b in self.bad_fields):
+                continue  # the schema's problem is reported already
+            name = entry["name"]
+            if name in seen:
+                self.add(
+                    ["spec", "notifications", index, "name"],
+                    f"receiver {_show(name)} is named twice (also entry {seen[name] + 1}): "
+                    "give every receiver its own name",
+                )
+                continue
+            seen[name] = index
+            events = entry.get("events", NOTIFICATION_EVENTS)
+            for at, event in enumerate(events):
+                if event not in NOTIFICATION_EVENTS:
+                    self.add(
+                        ["spec", "notifications", index, "events", at],
+                        f"receiver {_show(name)}: unknown event {_show(event)}; "
+                        f"use one of {', '.join(NOTIFICATION_EVENTS)}",
+                    )
+            receivers.append(
+                Receiver(
+                    name=name,
+                    url_env=entry["urlEnv"],
+                    format=entry.get("format", "json"),
+                    secret_env=entry.get("secretEnv"),
+                    events=tuple(dict.fromkeys(events)),
+                    rollouts=tuple(entry.get("rollouts", ())),
+                )
+            )
+        return tuple(receivers)
 
 
 def _unique(names: Iterable[str]) -> tuple[str, ...]:

@@ -97,11 +97,39 @@ class Defaults:
     on_failure: str = DEFAULT_ON_FAILURE
 
 
+# Notification events (DESIGN.md section 13): rollout events, then the
+# fleet events of section 14.
+NOTIFICATION_EVENTS = (
+    "hold",
+    "completed",
+    "failed",
+    "aborted",
+    "rolled_back",
+    "node_offline",
+    "node_drift",
+)
+NOTIFICATION_FORMATS = ("json", "slack")
+
+
+@dataclass(frozen=True)
+class Receiver:
+    """One entry of ``spec.notifications``: where events go. The URL and
+    the secret are secrets, so the document names environment variables."""
+
+    name: str
+    url_env: str
+    format: str = "json"
+    secret_env: str | None = None
+    events: tuple[str, ...] = NOTIFICATION_EVENTS
+    rollouts: tuple[str, ...] = ()  # globs on rollout names; empty: every rollout
+
+
 @dataclass(frozen=True)
 class Settings:
     status_branch: str | None = None
     offline_after: int = DEFAULT_OFFLINE_AFTER  # seconds
     defaults: Defaults = field(default_factory=Defaults)
+    notifications: tuple[Receiver, ...] = ()
 
 
 @dataclass(frozen=True)
