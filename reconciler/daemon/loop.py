@@ -7,8 +7,10 @@ only when their blobs changed) and the recorded statuses; ``observe`` the
 agents; ``step`` every rollout through the engine with one ``now``;
 ``commit`` all changed status files and the dashboard in one commit whose
 parent is the tip read, moving the branch only if it still points there;
-only then ``send`` the jobs just recorded. A pass that loses the
-compare-and-swap starts over and sends nothing.
+``notify``: hand the events that commit made true to the receivers'
+queues (never waiting for a receiver); only then ``send`` the jobs just
+recorded. A pass that loses the compare-and-swap starts over and sends
+nothing.
 
 Must not: decide anything (that is the engine's), or keep rollout state
 anywhere but the status files. What it keeps between passes is in one
@@ -32,6 +34,7 @@ from reconciler.daemon import crashpoints
 from reconciler.daemon.agent_client import AgentClient
 from reconciler.daemon.logs import EventLog
 from reconciler.daemon.metrics import Metrics
+from reconciler.daemon.notifications import Notifier
 from reconciler.daemon.status_trust import StatusTrust
 from reconciler.engine import step as engine
 from reconciler.engine.memo import StepMemo
@@ -67,6 +70,7 @@ from reconciler.spec.paths import (
 )
 from reconciler.spec.rollout_status import RolloutStatus
 from reconciler.spec.safe_yaml import dump_yaml
+from reconciler.views import notification_events
 from reconciler.views.dashboard import render_dashboard
 from reconciler.views.status_reader import StatusReader
 
@@ -76,7 +80,7 @@ REQUEST_WALK = 1000  # spec commits searched for the one that asked for a rollba
 
 # One pass (DESIGN.md section 6), as the steps ``Daemon._attempt`` runs in
 # this order; each step's docstring says what it touches.
-PASS_STEPS = ("read", "verify", "observe", "step", "commit", "send")
+PASS_STEPS = ("read", "verify", "observe", "step", "commit", "notify", "send")
 
 
 @dataclass(frozen=True)
@@ -188,8 +192,13 @@ class Daemon:
         sign: Callable[[bytes], str] | None = None,
         status_signers: Sequence[AllowedSigner] = (),
         clock: Callable[[], datetime] = lambda: datetime.now(UTC).replace(microsecond=0),
+        notifier: Notifier | None = None,
+        environ: Mapping[str, str] | None = None,
     ) -> None:
         self.store = store
+        self.notifier = notifier
+        self.environ = environ if environ is not None else {}
+        self._announced = False  # standing events handed to the notifier once, on start
         self.client = client
         self.log = log or EventLog()
         self.metrics = metrics or Metrics()
@@ -352,6 +361,28 @@ class Daemon:
             self._committed(p.step, p.commit)
             self.memory.status_reader.remember(self.store, p.commit, written, p.step.statuses)
             crashpoints.reach("after_push")
+        return None
+
+    def _notify(self, p: _Pass) -> PassOutcome | None:
+        """Hand the notifier the events the committed statuses made true
+        (DESIGN.md section 13), and on the first pass the events still true;
+        it queues them and returns at once. Touches: the notifier's queues
+        and, when the settings changed, its receivers."""
+        notifier = self.notifier
+        if notifier is None:
+            return None
+        if not any(problem.path == SETTINGS_PATH for problem in p.documents.problems):
+            notifier.reconfigure(p.documents.settings.notifications, self.environ)
+        events: list[notification_events.Event] = []
+        if not self._announced:
+            self._announced = True
+            commit = p.commit or p.status_tip or p.tip
+            for status in p.statuses.values():
+                events += notification_events.standing_rollout_events(status, p.now, commit)
+        if p.commit is not None:
+            for name, new in p.step.statuses.items():
+                events += notification_events.rollout_events(p.statuses.get(name), new, p.commit)
+        notifier.publish(events)
         return None
 
     def _send(self, p: _Pass) -> PassOutcome | None:

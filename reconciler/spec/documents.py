@@ -40,10 +40,10 @@ from reconciler.spec.agent_url import is_usable_agent_url
 from reconciler.spec.durations import parse_duration
 from reconciler.spec.model import (
     API_VERSION,
+    NOTIFICATION_EVENTS,
     Defaults,
     Fleet,
     Node,
-    NOTIFICATION_EVENTS,
     Problem,
     Receiver,
     RollbackRequest,
