@@ -249,12 +249,18 @@ class _Worker:
             self.busy = True
             try:
                 self._deliver(event)
+            except Exception as exc:  # a bug must not silence the receiver for good
+                self.metrics.dropped.labels(receiver=self.name).inc()
+                self.log.error(
+                    "notify_failed", f"{event.name} dropped: {type(exc).__name__}: {exc}",
+                    receiver=self.name, delivery=event.delivery_id,
+                )  # fmt: skip
             finally:
                 self.busy = False
 
     def _deliver(self, event: Event) -> None:
         body, headers = self.destination.request(event)
-        fields = {"receiver": self.name, "event": event.name, "delivery": event.delivery_id}
+        fields = {"receiver": self.name, "notification": event.name, "delivery": event.delivery_id}
         if event.rollout:
             fields["rollout"] = event.rollout
         started = time.monotonic()
