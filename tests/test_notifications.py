@@ -8,6 +8,7 @@ import hashlib
 import hmac
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 
@@ -22,6 +23,7 @@ from reconciler.daemon.notifications import (
 from reconciler.spec.model import Receiver
 from reconciler.spec.rollout_status import Hold, RolloutStatus
 from reconciler.views.notification_events import Event, rollout_events
+from tests.fleetkit import FleetKit
 from tests.hookkit import Receiver as Hook
 
 FAST = Backoff(first=0.05, cap=0.2, give_up=30.0)
@@ -238,3 +240,22 @@ def test_newer_settings_that_cannot_be_used_keep_the_old_receivers(hook: Hook) -
     finally:
         n.close()
     assert any("'ops'" in line and "GONE" in line for line in log_lines)
+
+
+def test_the_fleet_watch_hook_sends_offline_and_drift_events_keyed_by_node_state_since(
+    hook: Hook, tmp_path: Path
+) -> None:
+    spec = Receiver(name="ops", url_env="HOOK_URL", rollouts=("web-*",))
+    n = Notifier(resolve([spec], {"HOOK_URL": hook.url}), metrics=Metrics(), backoff=FAST)
+    kit = FleetKit.create(tmp_path, {"n1": {"role": "web"}})
+    daemon = kit.daemon(notifier=n)
+    try:
+        daemon.notify_fleet({}, {"n1": ("offline", SINCE), "n2": ("ok", SINCE)}, "c1")
+        daemon.notify_fleet({"n1": ("offline", SINCE)}, {"n1": ("offline", SINCE)}, "c2")
+        (request,) = hook.wait_for(1)
+        assert n.drain(5)
+    finally:
+        n.close()
+        kit.close()
+    assert request.event == "node_offline" and request.json()["nodes"] == ["n1"]
+    assert len(hook.requests) == 1

@@ -385,6 +385,19 @@ class Daemon:
         notifier.publish(events)
         return None
 
+    def notify_fleet(
+        self,
+        old: Mapping[str, notification_events.NodeState],
+        new: Mapping[str, notification_events.NodeState],
+        commit: str,
+    ) -> None:
+        """The fleet watch's hook (DESIGN.md sections 13 and 14): after it
+        commits ``status/fleet.yaml``, the nodes whose (state, since) became
+        offline or drift are events. ``old`` empty on the daemon's first
+        sweep: what is still true is delivered again."""
+        if self.notifier is not None:
+            self.notifier.publish(notification_events.fleet_events(old, new, commit))
+
     def _send(self, p: _Pass) -> PassOutcome | None:
         """Only now, send the jobs the committed status records. Touches: the
         agents over HTTP; logs and metrics."""
