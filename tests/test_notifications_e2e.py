@@ -90,6 +90,15 @@ def test_completion_sends_completed_signed_with_the_shared_secret(
         kit.run_until(daemon, lambda s: s.get("web", {}).get("phase") == "completed")
         (request,) = hook.wait_for(1)
         assert notifier.drain(10)
+        # Another daemon starting within the hour delivers the ending again,
+        # with the same id.
+        other, other_notifier = daemon_with(kit, {"HOOK": hook.url, "HOOK_SECRET": "x"})
+        try:
+            other.run_pass()
+            _, again = hook.wait_for(2)
+            assert other_notifier.drain(10)
+        finally:
+            other_notifier.close()
     finally:
         notifier.close()
         kit.close()
@@ -97,7 +106,8 @@ def test_completion_sends_completed_signed_with_the_shared_secret(
     assert request.event == "completed" and request.json()["phase"] == "completed"
     signature = hmac.new(b"shared-s3cret", request.body, hashlib.sha256).hexdigest()
     assert request.headers["x-reconciler-signature"] == f"sha256={signature}"
-    assert len(hook.requests) == 1
+    assert (again.event, again.delivery) == ("completed", request.delivery)
+    assert len(hook.requests) == 2
 
 
 def test_a_receiver_that_answers_500_three_times_gets_the_event_on_the_fourth_try(
