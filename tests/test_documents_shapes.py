@@ -3,6 +3,8 @@ and across rollouts (windows, freezes, ``after`` cycles, ``batches``)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from reconciler.spec.documents import assemble, parse_file
 
 SETTINGS_HEAD = "apiVersion: reconciler/v1\nkind: Settings\nspec:\n"
@@ -120,3 +122,19 @@ def test_batches_and_timed_pauses_are_read() -> None:
 def test_a_batch_listed_twice_in_pause_after_is_refused() -> None:
     parsed = parse_file(*rollout("twice", "  pauseAfter: [1, {batch: 1, for: 10m}]\n"))
     assert [p.field for p in parsed.problems] == ["spec.pauseAfter[1]"]
+
+
+def test_the_commented_windows_and_freezes_of_the_example_settings_are_valid() -> None:
+    """example-repo/reconciler.yaml shows windows and freezes as comments
+    (the demo and ``init`` copy it, and must not wait for a window); with
+    the comment marks taken away they are a valid settings document."""
+    example = Path(__file__).resolve().parent.parent / "example-repo" / "reconciler.yaml"
+    text = example.read_text()
+    assert "  # windows:\n" in text and "  # freezes:\n" in text
+    start = text.index("  # windows:\n")
+    block = text[start:].replace("  # ", "  ", -1)
+    parsed = parse_file("reconciler.yaml", (text[:start] + block).encode())
+    assert parsed.problems == ()
+    assert parsed.settings is not None
+    assert [sorted(w.days) for w in parsed.settings.windows] == [[0, 1, 2, 3], [4]]
+    assert parsed.settings.freezes[0].reason == "year-end freeze"
