@@ -262,11 +262,13 @@ moments = st.datetimes(
     ),
     st.lists(st.integers(0, 6 * 3600), min_size=3, max_size=12),
     moments,
+    st.booleans(),
 )
-def test_no_batch_starts_in_a_freeze(
-    freezes: list[Freeze], offsets: list[int], start: datetime
+def test_no_batch_starts_in_a_freeze_or_outside_a_window(
+    freezes: list[Freeze], offsets: list[int], start: datetime, with_windows: bool
 ) -> None:
-    w = World(["a", "b", "c", "d"], settings=Settings(freezes=tuple(freezes)))
+    windows = (window({0, 1, 2, 3, 4}, "09:00", "17:00"),) if with_windows else ()
+    w = World(["a", "b", "c", "d"], settings=Settings(windows=windows, freezes=tuple(freezes)))
     w.now = start
     w.rollout()
     for offset in sorted(offsets):
@@ -275,6 +277,8 @@ def test_no_batch_starts_in_a_freeze(
         w.step()
         if len(w.sent) > before:
             assert not any(f.start <= w.now < f.end for f in freezes)
+            local = w.now.astimezone(BERLIN)
+            assert not windows or (local.weekday() < 5 and 9 <= local.hour < 17)
         for job in w.sent[before:]:
             w.succeed(job.node)
 
@@ -345,3 +349,15 @@ def test_an_after_rollout_never_starts_before_its_dependencies_complete(
             if w.statuses[rollout].phase == "running" and answer != "wait":
                 (w.succeed if answer == "ok" else w.fail)(node, rollout)
                 answer = "ok"
+
+
+def test_a_version_1_rollout_writes_no_version_2_field() -> None:
+    w = World(["a", "b"])
+    w.rollout(pause_after=(1,))
+    w.step(0)
+    w.succeed("a")
+    w.step(1)
+    record = to_record(w.status())
+    assert "waiting" not in record
+    assert "until" not in record["hold"]
+    assert "batches" not in record["frozen"] and "ignoreWindows" not in record["frozen"]
