@@ -145,16 +145,21 @@ def settings_with_freeze(start: datetime, end: datetime) -> str:
 def test_a_freeze_starting_mid_rollout_lets_the_batch_finish_and_starts_no_other(
     tmp_path: Path,
 ) -> None:
-    now = datetime.now(UTC).replace(microsecond=0)
-    start, end = now + timedelta(seconds=3), now + timedelta(seconds=8)
     kit = FleetKit.create(
         tmp_path,
         {"web-1": {"role": "web"}, "web-2": {"role": "web"}, "web-3": {"role": "web"}},
-        behaviour="default: {action: succeed, delay: 4}\n",
-        files={"reconciler.yaml": settings_with_freeze(start, end)},
+        behaviour="default: {action: succeed, delay: 5}\n",
     )
     try:
-        kit.push({"rollouts/web.yaml": rollout_yaml("web", selector={"role": "web"})})
+        # Each job takes 5 s; the freeze begins 4 s from now, while batch 1 runs.
+        now = datetime.now(UTC).replace(microsecond=0)
+        start, end = now + timedelta(seconds=4), now + timedelta(seconds=9)
+        kit.push(
+            {
+                "reconciler.yaml": settings_with_freeze(start, end),
+                "rollouts/web.yaml": rollout_yaml("web", selector={"role": "web"}),
+            }
+        )
         daemon = kit.daemon()
         first = daemon.run_pass()
         assert first.jobs_sent == 1
