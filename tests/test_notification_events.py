@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
+from reconciler.spec.documents import parse_file
 from reconciler.spec.rollout_status import (
     Hold,
     NodeRecord,
@@ -147,3 +150,22 @@ def test_the_slack_text_says_rollout_what_nodes_and_what_next_in_two_lines() -> 
     done = replace(RUNNING, phase="completed", finished_at=T0, message="all 2 nodes succeeded")
     (ended,) = rollout_events(RUNNING, done, "c4")
     assert slack_text(ended).splitlines()[0] == "*web* completed: all 2 nodes succeeded"
+
+
+def test_the_commented_receiver_of_the_example_settings_is_valid() -> None:
+    """example-repo/reconciler.yaml shows a chat receiver as comments (the
+    demo and ``init`` copy it); without the comment marks it is valid."""
+    example = Path(__file__).resolve().parent.parent / "example-repo" / "reconciler.yaml"
+    text = example.read_text()
+    start = text.index("  # notifications:\n")
+    end = text.index("\n\n", start)
+    block = re.sub(r"(?m)^  # ", "  ", text[start:end])
+    parsed = parse_file("reconciler.yaml", (text[:start] + block + text[end:]).encode())
+    assert parsed.problems == ()
+    assert parsed.settings is not None
+    (receiver,) = parsed.settings.notifications
+    assert (receiver.name, receiver.format, receiver.rollouts) == (
+        "ops-chat",
+        "slack",
+        ("llama-*",),
+    )
