@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from reconciler.spec.health import Health
+
 API_VERSION = "reconciler/v1"
 
 ON_FAILURE_MODES = ("observe", "pause", "retry_once", "stop", "rollback")
@@ -88,6 +90,7 @@ class RolloutSpec:
     resume_request: str = ""
     skip_nodes: tuple[str, ...] = ()
     rollback_request: RollbackRequest | None = None
+    health: Health | None = None  # spec.health (section 11); None: version 1's rule only
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,7 @@ class Settings:
     status_branch: str | None = None
     offline_after: int = DEFAULT_OFFLINE_AFTER  # seconds
     defaults: Defaults = field(default_factory=Defaults)
+    prometheus_url: str | None = None  # spec.prometheus.url (section 11)
 
 
 @dataclass(frozen=True)
