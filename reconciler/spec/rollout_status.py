@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from reconciler.spec import health as health_rules
 from reconciler.spec.durations import format_duration, parse_duration
 from reconciler.spec.model import API_VERSION, Target
 from reconciler.spec.paths import status_page_path, status_path
@@ -137,6 +138,15 @@ class RestoreRecord:
 
 
 @dataclass(frozen=True)
+class CheckOutcome:
+    """A health check's last outcome when its node was decided (DESIGN.md 11)."""
+
+    name: str
+    ok: bool
+    detail: str = ""
+
+
+@dataclass(frozen=True)
 class NodeRecord:
     """One node of a started rollout, in frozen order.
 
@@ -178,6 +188,7 @@ class NodeRecord:
     auto_retried: bool = False
     held: str | None = None
     restore: RestoreRecord | None = None
+    checks: tuple[CheckOutcome, ...] = ()  # health checks' last outcomes, once decided
 
 
 @dataclass(frozen=True)
@@ -221,6 +232,7 @@ class FrozenSpec:
     start_at: str | None = None
     include_maintenance: bool = False
     allow_overlap: bool = False
+    health: health_rules.Health | None = None
 
     @property
     def mode(self) -> str:
@@ -312,6 +324,8 @@ def _frozen_record(frozen: FrozenSpec, nodes: tuple[NodeRecord, ...] | None) -> 
     record["startAt"] = frozen.start_at
     record["includeMaintenance"] = frozen.include_maintenance
     record["allowOverlap"] = frozen.allow_overlap
+    if frozen.health is not None:
+        record["health"] = health_rules.to_document(frozen.health)
     if nodes is not None:
         record["nodes"] = [n.name for n in nodes]
     return record
@@ -331,6 +345,7 @@ def _frozen_from(record: Mapping[str, Any]) -> FrozenSpec:
         start_at=record.get("startAt"),
         include_maintenance=record["includeMaintenance"],
         allow_overlap=record["allowOverlap"],
+        health=None if "health" not in record else health_rules.from_document(record["health"]),
     )
 
 
@@ -382,7 +397,11 @@ def node_to_record(n: NodeRecord) -> dict[str, Any]:
         "autoRetried": n.auto_retried,
         "held": n.held,
         "restore": None if n.restore is None else _restore_record(n.restore),
-    }
+    } | (
+        {"checks": [{"name": c.name, "ok": c.ok, "detail": c.detail} for c in n.checks]}
+        if n.checks
+        else {}
+    )
 
 
 def node_from_record(d: Mapping[str, Any]) -> NodeRecord:
@@ -406,6 +425,9 @@ def node_from_record(d: Mapping[str, Any]) -> NodeRecord:
         auto_retried=d.get("autoRetried", False),
         held=d.get("held"),
         restore=None if restore is None else _restore_from(restore),
+        checks=tuple(
+            CheckOutcome(c["name"], c["ok"], c.get("detail", "")) for c in d.get("checks", ())
+        ),
     )
 
 
