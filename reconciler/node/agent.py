@@ -41,6 +41,7 @@ from typing import Any
 
 from reconciler import __version__
 from reconciler.node.http_server import HttpServer, Request, Response, error_response, json_response
+from reconciler.node.probes import Prober
 from reconciler.node.state_dir import (
     CONFIG_MODE,
     BackupInfo,
@@ -120,6 +121,8 @@ class Agent:
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agent-job")
         self.jobs = state.load_jobs()
         self._recover()
+        self.prober = Prober(clock)
+        self._resume_probes()
 
     # -- start-up ------------------------------------------------------------------
 
@@ -160,8 +163,32 @@ class Agent:
             error=f"agent restarted during apply; config left as {left}",
         )
 
+    def _resume_probes(self) -> None:
+        """After a restart, probe again the checks of each runtime's newest
+        job when it was a successful live apply carrying checks (from
+        scratch: a restart never lengthens a run of successes)."""
+        newest: dict[str, JobRecord] = {}
+        for record in self.jobs.values():
+            runtime = record.payload["target"]["runtime"]
+            known = newest.get(runtime)
+            if known is None or record.accepted_at > known.accepted_at:
+                newest[runtime] = record
+        for runtime, record in newest.items():
+            self._probe_after(runtime, record)
+
+    def _probe_after(self, runtime: str, record: JobRecord) -> None:
+        payload = record.payload
+        if (
+            record.state == "succeeded"
+            and payload.get("kind") == "apply"
+            and payload.get("mode") == "live"
+            and payload.get("checks")
+        ):
+            self.prober.start(runtime, record.job_id, payload["checks"])
+
     def close(self) -> None:
         self._worker.shutdown(wait=True)
+        self.prober.close()
 
     # -- the protocol ----------------------------------------------------------------
 
@@ -226,6 +253,8 @@ class Agent:
                 return error_response(
                     503, "journal_unwritable", f"cannot record the job: {exc.strerror}"
                 )
+        # Checks of the runtime's previous job say nothing about this one.
+        self.prober.stop(payload["target"]["runtime"])
         self._worker.submit(self._run, record.job_id)
         return json_response(202, record.public())
 
@@ -246,12 +275,16 @@ class Agent:
                 entry[key] = value if isinstance(value, str) else ""
             entry["configDigest"] = digest(current[0])
             runtimes.append(entry)
-        return {
+        beat: dict[str, Any] = {
             "node": self.config.node,
             "time": format_time(self.clock()),
             "agentVersion": __version__,
             "runtimes": runtimes,
         }
+        checks = self.prober.reports()
+        if checks:
+            beat["checks"] = checks
+        return beat
 
     # -- running jobs ----------------------------------------------------------------
 
@@ -270,6 +303,14 @@ class Agent:
             record = self.jobs[job_id]
         try:
             record = self._execute(record)
+            runtime = record.payload["target"]["runtime"]
+            with self._lock:
+                newer = any(
+                    r.accepted_at > record.accepted_at and r.payload["target"]["runtime"] == runtime
+                    for r in self.jobs.values()
+                )
+            if not newer:
+                self._probe_after(runtime, record)
         except _JobFailed as exc:
             with self._lock:
                 record = self.jobs[job_id]
