@@ -16,7 +16,6 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 from reconciler.spec.durations import format_duration, parse_duration
 
@@ -144,18 +143,20 @@ def is_local_host(host: str) -> bool:
         return False
 
 
+# scheme://host[:port][/path...]; the host may be [IPv6]. No urllib: the
+# engine imports this module and must not import I/O libraries.
+_HTTP_URL = re.compile(
+    r"^([A-Za-z][A-Za-z0-9+.-]*)://(\[[^\]/]+\]|[^/:?#\s\[\]@]*)(?::([0-9]*))?([/?#]\S*)?$"
+)
+
+
 def http_url_problem(url: str) -> str:
     """Empty when ``url`` is one an agent may probe; else what to fix."""
-    # The placeholder is not a valid host for urlsplit's port parsing.
-    parsed = urlsplit(url.replace(NODE_PLACEHOLDER, "node-placeholder"))
-    if parsed.scheme not in ("http", "https"):
+    match = _HTTP_URL.match(url)
+    if match is None or match.group(1).lower() not in ("http", "https"):
         return f"must be an http:// or https:// URL, got {url!r}"
-    host = parsed.hostname or ""
-    if host == "node-placeholder":
-        host = NODE_PLACEHOLDER
-    try:
-        _ = parsed.port  # raises on a port out of range
-    except ValueError:
+    host, port = match.group(2), match.group(3)
+    if port is not None and not (port.isdigit() and 0 < int(port) < 65536):
         return f"has no valid port: {url!r}"
     if not host:
         return f"has no host: {url!r}"
