@@ -691,13 +691,14 @@ class Daemon:
             memory[key] = fold_metric_answer(
                 memory.get(key), check, job_id, answers[queries[key]], now
             )
-        errors = sum(1 for a in answers.values() if a.error)
-        if errors:
-            self.log.info(
-                "prometheus_error",
-                f"{errors} of {len(answers)} prometheus queries gave no evidence",
-                url=url,
-            )
+        # Logged when a run of answers without evidence begins, not every pass.
+        for (node, name), state in memory.items():
+            if state.error_since == now:
+                self.log.warning(
+                    "prometheus_error",
+                    f"check {name} of node {node} has no evidence: {state.detail}",
+                    url=url,
+                )
         return dict(memory)
 
     # -- writing -------------------------------------------------------------

@@ -32,7 +32,6 @@ class PrometheusClient:
         self.concurrency = concurrency
         self.timeout = timeout
         self._client: httpx.Client | None = None
-        self._pool: ThreadPoolExecutor | None = None
 
     def query_all(self, base_url: str, queries: Iterable[str]) -> dict[str, MetricAnswer]:
         """Each distinct query's answer, by query text."""
@@ -42,10 +41,13 @@ class PrometheusClient:
         if self._client is None:
             limits = httpx.Limits(max_connections=self.concurrency)
             self._client = httpx.Client(timeout=self.timeout, limits=limits)
-            self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="prometheus")
-        assert self._pool is not None
         endpoint = base_url.rstrip("/") + "/api/v1/query"
-        answers = self._pool.map(lambda q: self.query(endpoint, q), distinct)
+        if len(distinct) == 1:
+            return {distinct[0]: self.query(endpoint, distinct[0])}
+        # Threads for this round only: nothing is left running between passes.
+        workers = min(self.concurrency, len(distinct))
+        with ThreadPoolExecutor(workers, thread_name_prefix="prometheus") as pool:
+            answers = list(pool.map(lambda q: self.query(endpoint, q), distinct))
         return dict(zip(distinct, answers, strict=True))
 
     def query(self, endpoint: str, query: str) -> MetricAnswer:
@@ -72,9 +74,6 @@ class PrometheusClient:
         if self._client is not None:
             self._client.close()
             self._client = None
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
 
 
 def _error_text(body: Any) -> str:
