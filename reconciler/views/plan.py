@@ -37,6 +37,7 @@ from reconciler.spec.model import Problem, RolloutSpec, Settings, Target
 from reconciler.spec.paths import rollout_path
 from reconciler.spec.rollout_status import TERMINAL_PHASES, RolloutStatus
 from reconciler.spec.times import format_time
+from reconciler.views.health_text import health_lines
 
 MARKER = "<!-- reconciler plan -->"
 ACTIVE_PHASES = frozenset({"running", "paused"})
@@ -75,6 +76,7 @@ class AddedRollout:
     jobs_at_merge: int  # jobs sent as soon as the merge is seen
     overlaps: tuple[Overlap, ...] = ()
     reattached: bool = False  # the name of a finished rollout: it attaches to that status
+    health: tuple[str, ...] = ()  # soak and checks, one line each (section 11)
 
     @property
     def node_count(self) -> int:
@@ -358,6 +360,7 @@ def _added(
         jobs_at_merge=sum(1 for job in after.effects if job.rollout == name),
         overlaps=tuple(overlaps),
         reattached=recorded is not None,
+        health=() if spec.health is None else tuple(health_lines(spec.health, spec.live, "")),
     )
 
 
@@ -629,6 +632,9 @@ def _added_facts(r: AddedRollout) -> list[str]:
         f"{r.node_count} node(s), batchSize {r.batch_size}, healthTimeout {r.health_timeout}, "
         f"onFailure {r.on_failure}",
     ]
+    if r.health:
+        first, *checks = r.health
+        facts.append(f"health: {first}" + "".join(f"; check {c}" for c in checks))
     if r.pause_after:
         facts.append(f"holds after batch(es) {', '.join(map(str, r.pause_after))}")
     facts.append(f"start: {_start_words(r)}" + (f" (startAt {r.start_at})" if r.start_at else ""))
