@@ -128,6 +128,9 @@ class DaemonMemory:
     unreachable: dict[str, datetime] = field(default_factory=dict)  # node -> first failed contact
     # (node, check) -> what Prometheus has shown for the node's current job (section 11)
     metric_checks: dict[tuple[str, str], MetricCheck] = field(default_factory=dict)
+    # job id -> its record once succeeded: an agent never changes a finished
+    # record, and a node soaking its checks would otherwise be asked every pass
+    finished_jobs: dict[str, JobObservation] = field(default_factory=dict)
     seen_tip: str | None = None  # the tip the last pass read (or its own commit on it)
     reported: set[str] = field(default_factory=set)  # problems already logged, to log each once
     watching: bool = False  # the last pass had jobs, heartbeats or backups to read
@@ -617,8 +620,18 @@ class Daemon:
         wanted_heartbeats = engine.wanted_heartbeats(statuses)
         wanted_backups = engine.wanted_backups(statuses)
         self.memory.watching = bool(in_flight or wanted_heartbeats or wanted_backups)
-        jobs = [(url, job) for job in in_flight if (url := address(job.node))]
-        observed: dict[str, JobObservation] = {}
+        finished = self.memory.finished_jobs
+        wanted_ids = {job.job_id for job in in_flight}
+        for job_id in [j for j in finished if j not in wanted_ids]:
+            del finished[job_id]
+        observed: dict[str, JobObservation] = {
+            job.job_id: finished[job.job_id] for job in in_flight if job.job_id in finished
+        }
+        jobs = [
+            (url, job)
+            for job in in_flight
+            if job.job_id not in finished and (url := address(job.node))
+        ]
         unknown: list[tuple[str, SendJob]] = []
         for (url, job), (job_id, seen) in zip(
             jobs, _ordered(self.client.read_jobs(jobs), jobs), strict=True
@@ -629,6 +642,8 @@ class Daemon:
                 continue
             observed[job_id] = seen
             reachable[job.node] = reachable.get(job.node, False) or seen.state != "unreachable"
+            if seen.state == "succeeded" and job.kind == "apply":
+                finished[job_id] = seen
         if unknown:
             for job_id, answer in self.client.send_jobs(unknown, now).items():
                 observed[job_id] = answer
