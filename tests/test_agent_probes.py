@@ -5,6 +5,7 @@ the heartbeat reports them, and the next job for the runtime stops them."""
 from __future__ import annotations
 
 import socket
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -16,6 +17,7 @@ from healthkit import ServiceEndpoint
 from reconciler.node.probes import CheckState, probe
 from reconciler.protocol.job_payload import build_payload, payload_problems
 from reconciler.spec.health import Health, HealthCheck, HttpProbe, TcpProbe
+from reconciler.spec.times import parse_time
 
 
 @pytest.fixture
@@ -150,3 +152,31 @@ def test_the_agent_probes_after_a_live_apply_and_stops_at_the_next_job(
         assert checks() == []
     finally:
         agent.close()
+
+
+def test_a_restarted_agent_probes_its_last_live_apply_again_from_scratch(
+    tmp_path: Path, endpoint: ServiceEndpoint
+) -> None:
+    key, _ = new_key(tmp_path / "keys")
+    state = tmp_path / "state"
+    (state / "runtimes").mkdir(parents=True)
+    health = Health(
+        interval=1,
+        checks=(HealthCheck("ready", http=HttpProbe(endpoint.url + "/ready", timeout=2)),),
+    )
+    agent = AgentThread(state, [key])
+    try:
+        assert agent.post(envelope(job("apply-1", health=health), key))[0] == 202
+        agent.wait_finished("apply-1")
+        before = wait_for(lambda: agent.get("heartbeat")[1].get("checks"), what="a probe")[0]
+    finally:
+        agent.close()
+    time.sleep(1.1)
+    again = AgentThread(state, [key])
+    try:
+        after = wait_for(lambda: again.get("heartbeat")[1].get("checks"), what="a probe")[0]
+        assert after["jobId"] == "apply-1" and after["ok"]
+        # A restart never lengthens a run of successes.
+        assert parse_time(after["okSince"]) > parse_time(before["okSince"])
+    finally:
+        again.close()

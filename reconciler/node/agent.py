@@ -53,7 +53,7 @@ from reconciler.node.state_dir import (
 from reconciler.protocol.admission import admit_job
 from reconciler.protocol.signing import JobRefused, TrustedKey
 from reconciler.spec.safe_yaml import YamlProblem, dump_yaml, load_yaml
-from reconciler.spec.times import format_time
+from reconciler.spec.times import format_time, parse_time
 
 TARGET_FIELDS = ("provider", "model", "profile")
 OUTPUT_TAIL = 2000  # characters of after-apply output kept in a job's result
@@ -122,6 +122,7 @@ class Agent:
         self.jobs = state.load_jobs()
         self._recover()
         self.prober = Prober(clock)
+        self._newest_job: dict[str, str] = {}  # runtime -> the job accepted last
         self._resume_probes()
 
     # -- start-up ------------------------------------------------------------------
@@ -171,9 +172,10 @@ class Agent:
         for record in self.jobs.values():
             runtime = record.payload["target"]["runtime"]
             known = newest.get(runtime)
-            if known is None or record.accepted_at > known.accepted_at:
+            if known is None or parse_time(record.accepted_at) > parse_time(known.accepted_at):
                 newest[runtime] = record
         for runtime, record in newest.items():
+            self._newest_job[runtime] = record.job_id
             self._probe_after(runtime, record)
 
     def _probe_after(self, runtime: str, record: JobRecord) -> None:
@@ -254,6 +256,8 @@ class Agent:
                     503, "journal_unwritable", f"cannot record the job: {exc.strerror}"
                 )
         # Checks of the runtime's previous job say nothing about this one.
+        with self._lock:
+            self._newest_job[payload["target"]["runtime"]] = record.job_id
         self.prober.stop(payload["target"]["runtime"])
         self._worker.submit(self._run, record.job_id)
         return json_response(202, record.public())
@@ -305,11 +309,8 @@ class Agent:
             record = self._execute(record)
             runtime = record.payload["target"]["runtime"]
             with self._lock:
-                newer = any(
-                    r.accepted_at > record.accepted_at and r.payload["target"]["runtime"] == runtime
-                    for r in self.jobs.values()
-                )
-            if not newer:
+                newest = self._newest_job.get(runtime) == record.job_id
+            if newest:  # a job accepted since ends this one's checks
                 self._probe_after(runtime, record)
         except _JobFailed as exc:
             with self._lock:
