@@ -44,6 +44,7 @@ from reconciler.git.approval import (
     record_acted,
     refuse_backwards,
 )
+from reconciler.git.approval_notes import notes_tip
 from reconciler.git.history import History
 from reconciler.git.sshsig import AllowedSigner
 from reconciler.git.status_writes import DaemonWrites
@@ -103,6 +104,7 @@ class _Quiet:
     status_tip: str | None
     wakeup: datetime | None
     outcome: PassOutcome
+    approvals_tip: str | None = None  # the approvals notes ref, when approvals are required
 
 
 @dataclass
@@ -272,6 +274,7 @@ class Daemon:
             quiet is not None
             and quiet.tip == tip
             and store.tip(quiet.status_branch) == quiet.status_tip
+            and self._approvals_tip() == quiet.approvals_tip
             and (quiet.wakeup is None or self.clock() < quiet.wakeup)
         ):
             self.memory.quiet = quiet
@@ -380,9 +383,16 @@ class Daemon:
         )
         if p.commit is None and not p.sent and not step.transitions and not self.memory.watching:
             self.memory.quiet = _Quiet(
-                p.tip, p.status_branch, p.status_tip, outcome.wakeup, outcome
+                p.tip, p.status_branch, p.status_tip, outcome.wakeup, outcome, self._approvals_tip()
             )
         return outcome
+
+    def _approvals_tip(self) -> str | None:
+        """A new approval moves no branch, only the notes ref: a quiet pass
+        is quiet only while that stays too (DESIGN.md section 17)."""
+        if self.approver is None or not self.approver.required_approvals:
+            return None
+        return notes_tip(self.store.repository())
 
     def _forward_only(self, approval: Approval) -> Approval:
         """Refuse a verified commit that does not descend by first parent from
