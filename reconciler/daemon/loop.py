@@ -66,7 +66,7 @@ from reconciler.spec.paths import (
     rollout_path,
     status_path,
 )
-from reconciler.spec.rollout_status import RolloutStatus
+from reconciler.spec.rollout_status import ApprovalRecord, RolloutStatus
 from reconciler.spec.safe_yaml import dump_yaml
 from reconciler.views.dashboard import render_dashboard
 from reconciler.views.status_reader import StatusReader
@@ -499,6 +499,7 @@ class Daemon:
     ) -> list[RolloutInput]:
         store = self.store
         refusal = _refusal_text(approval)
+        approved_by = self._approved_by(approval)
         unverified_names: set[str] = set()
         if approval is not None and approval.refusals:
             # Rollouts seen only in the unverified tree still get a status
@@ -554,9 +555,23 @@ class Daemon:
                     queue_key=history.position(first_seen) if first_seen in history else 1 << 62,
                     author=self._author(name, spec, recorded, spec_commit, history),
                     refusal=refusal,
+                    approved_by=approved_by,
                 )
             )
         return inputs
+
+    def _approved_by(self, approval: Approval | None) -> tuple[ApprovalRecord, ...]:
+        """Who approved the verified commit acted on (section 17), when
+        approvals are required; () otherwise."""
+        approver = self.approver
+        if approver is None or not approver.required_approvals or approval is None:
+            return ()
+        verified = approval.verified_commit
+        if verified is None:
+            return ()
+        return tuple(
+            ApprovalRecord(a.principal, a.key_id) for a in approver.approvals(verified).counted
+        )
 
     def _author(
         self,

@@ -56,6 +56,7 @@ from reconciler.spec.rollout_status import (
     HOLD_NODES_SHOWN,
     NODE_STATES,
     TRANSITIONS_KEPT,
+    ApprovalRecord,
     BatchRecord,
     Condition,
     FrozenSpec,
@@ -95,6 +96,8 @@ class RolloutInput:
     queue_key: int  # order of first_seen_commit in first-parent history, oldest smallest
     author: str = ""  # author of spec_commit ("Name <email>"), recorded with rollback requests
     refusal: str | None = None  # the newest spec change was not verified (DESIGN.md section 8)
+    # approvals of the verified commit acted on, under --require-approvals (section 17)
+    approved_by: tuple[ApprovalRecord, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -372,6 +375,7 @@ class RolloutStep:
         self.hold = s.hold
         self.operator_paused = s.operator_paused
         self.spec_commit = s.spec_commit
+        self.approved_by = s.approved_by
         self.start_commit = s.start_commit
         self.first_seen_commit = s.first_seen_commit
         self.scheduled_for = s.scheduled_for
@@ -516,6 +520,7 @@ class RolloutStep:
             "hold": self.hold,
             "operator_paused": self.operator_paused,
             "spec_commit": self.spec_commit,
+            "approved_by": self.approved_by,
             "start_commit": self.start_commit,
             "first_seen_commit": self.first_seen_commit,
             "scheduled_for": self.scheduled_for,
@@ -535,11 +540,24 @@ class RolloutStep:
             return self.old
         return replace(self.old, **values)
 
+    def note_approvals(self) -> None:
+        """Record who approved, when the rollout is first seen or its spec
+        commit changes under approvals; never rewritten otherwise, so a
+        newer approval elsewhere changes no status (DESIGN.md section 17)."""
+        inp = self.inp
+        if (
+            inp.approved_by
+            and inp.spec is not None
+            and (self.is_new or inp.spec_commit != self.spec_commit)
+        ):
+            self.approved_by = inp.approved_by
+
     # -- before start
 
     def pre_start(self) -> bool:
         """Pending or scheduled: say why, or start. True when started."""
         inp, spec = self.inp, self.inp.spec
+        self.note_approvals()
         self.spec_commit = inp.spec_commit
         self.first_seen_commit = inp.first_seen_commit
         self.scheduled_for = None
@@ -635,6 +653,7 @@ class RolloutStep:
 
     def started_step(self) -> None:
         inp, spec = self.inp, self.inp.spec
+        self.note_approvals()
         self.spec_commit = inp.spec_commit
         self.set_condition("unverified", inp.refusal)
         if spec is None and not inp.file_present:

@@ -167,6 +167,15 @@ def count_approvals(
 # --- writing --------------------------------------------------------------
 
 
+def identity(repo: pygit2.Repository) -> pygit2.Signature:
+    """The person's git identity for notes commits (a placeholder when
+    none is configured: the signature inside the note is what counts)."""
+    try:
+        return repo.default_signature
+    except (KeyError, pygit2.GitError):
+        return pygit2.Signature("reconciler approve", "approve@reconciler.invalid")
+
+
 def append_approval(
     repo: pygit2.Repository, commit: str, armored: str, who: pygit2.Signature
 ) -> bool:

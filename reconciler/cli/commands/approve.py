@@ -32,13 +32,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import pygit2
-
     from reconciler.git.approval_notes import (
         NAMESPACE,
         NOTES_REF,
         append_approval,
         approval_message,
+        identity,
         push_approvals,
     )
     from reconciler.git.revisions import open_repository, resolve
@@ -49,10 +48,7 @@ def run(args: argparse.Namespace) -> int:
     commit = str(resolve(repo, args.rev).id)
     key = load_private_key(args.key)
     armored = sign_sshsig(key.private_key, approval_message(commit), NAMESPACE)
-    try:
-        who = repo.default_signature
-    except (KeyError, pygit2.GitError):
-        who = pygit2.Signature("reconciler approve", "approve@reconciler.invalid")
+    who = identity(repo)
     added = append_approval(repo, commit, armored, who)
     what = "approved" if added else "already approved by this key:"
     print(f"{what} {commit} with {key.key_id} ({NOTES_REF})")
