@@ -62,8 +62,19 @@ def ssh_verify(signers: Path, principal: str, signature: str, message: bytes) ->
     sig = signers.parent / "sig.tmp"
     sig.write_text(signature)
     result = subprocess.run(
-        ["ssh-keygen", "-Y", "verify", "-f", str(signers), "-I", principal]
-        + ["-n", "reconciler-approval", "-s", str(sig)],
+        [
+            "ssh-keygen",
+            "-Y",
+            "verify",
+            "-f",
+            str(signers),
+            "-I",
+            principal,
+            "-n",
+            "reconciler-approval",
+            "-s",
+            str(sig),
+        ],
         input=message,
         capture_output=True,
     )
@@ -208,8 +219,16 @@ def test_bad_approvals_are_each_ignored_with_a_reason(
 
     capsys.readouterr()
     code = main(
-        ["verify", commit, "--repo", str(review.bare), "--allowed-signers", str(review.signers)]
-        + ["--require-approvals", "1"]
+        [
+            "verify",
+            commit,
+            "--repo",
+            str(review.bare),
+            "--allowed-signers",
+            str(review.signers),
+            "--require-approvals",
+            "1",
+        ]
     )
     out = capsys.readouterr().out
     assert code == 1
@@ -266,8 +285,18 @@ def test_two_reviewers_pushing_at_once_keep_both_approvals(review: Review) -> No
         start.wait()
         outcomes.append(
             subprocess.run(
-                [sys.executable, "-m", "reconciler", "approve", review.commit, "--key", str(key)]
-                + ["--repo", str(work), "--push"],
+                [
+                    sys.executable,
+                    "-m",
+                    "reconciler",
+                    "approve",
+                    review.commit,
+                    "--key",
+                    str(key),
+                    "--repo",
+                    str(work),
+                    "--push",
+                ],
                 capture_output=True,
             ).returncode
         )
