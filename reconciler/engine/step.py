@@ -541,14 +541,15 @@ class RolloutStep:
         return replace(self.old, **values)
 
     def note_approvals(self) -> None:
-        """Record who approved, when the rollout is first seen or its spec
-        commit changes under approvals; never rewritten otherwise, so a
-        newer approval elsewhere changes no status (DESIGN.md section 17)."""
+        """Record who approved the spec commit acted on: before start, as it
+        is now; after start, only when the rollout's spec commit changes, so
+        a newer approval of another change rewrites no running status
+        (DESIGN.md section 17)."""
         inp = self.inp
         if (
             inp.approved_by
             and inp.spec is not None
-            and (self.is_new or inp.spec_commit != self.spec_commit)
+            and (not self.old.started or inp.spec_commit != self.old.spec_commit)
         ):
             self.approved_by = inp.approved_by
 

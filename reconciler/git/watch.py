@@ -130,6 +130,15 @@ class BranchWatcher:
         root = Path(os.path.realpath(gitdir))
         wanted = {str(root / "packed-refs")}
         wanted.update(str(root / _refname(b)) for b in branches)
+        # A ref whose folder does not exist yet (``refs/notes/`` before the
+        # first approval): the folder's creation is the hint, since the ref
+        # file may be written inside before the new folder is watched.
+        for b in branches:
+            for folder in (root / _refname(b)).parents:
+                if folder == root:
+                    break
+                if not folder.exists():
+                    wanted.add(str(folder))
         # Registered here, before returning: a push right after start is seen.
         notify = _notify(root)
         if notify is None:
