@@ -5,6 +5,7 @@ signature we accept or refuse."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
@@ -330,3 +331,46 @@ def test_a_push_that_lost_the_race_merges_and_keeps_both(
     # git itself reads the merged notes ref.
     shown = git("notes", "--ref", NOTES_REF, "show", review.commit, cwd=review.bare)
     assert shown.count("BEGIN SSH SIGNATURE") == 2
+
+
+def test_plan_shows_the_approvals_present_and_missing(
+    review: Review, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert review.approve(review.bob, review.bob_work, review.commit) == 0
+    capsys.readouterr()
+    main(
+        [
+            "plan",
+            "--repo",
+            str(review.bob_work),
+            "--base",
+            "HEAD~1",
+            "--head",
+            review.commit,
+            "--allowed-signers",
+            str(review.signers),
+            "--require-approvals",
+            "2",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert f"Approvals of {review.commit[:12]}: 1 counted, 2 required, 1 missing" in out
+    assert "  approved by bob@example.com (SHA256:" in out
+    main(
+        [
+            "plan",
+            "--repo",
+            str(review.bob_work),
+            "--base",
+            "HEAD~1",
+            "--format",
+            "json",
+            "--allowed-signers",
+            str(review.signers),
+            "--require-approvals",
+            "1",
+        ]
+    )
+    record = json.loads(capsys.readouterr().out)
+    assert record["approvals"]["missing"] == 0
+    assert [a["principal"] for a in record["approvals"]["approvedBy"]] == ["bob@example.com"]
