@@ -117,7 +117,7 @@ def main() -> None:
                     pgp_ms.append(
                         per_commit_ms(
                             Approver(repo, allowed, pgp=keyring).check_signature, pgp_commits
-                        )  # fmt: skip
+                        )
                     )
                     ssh_ms.append(
                         per_commit_ms(Approver(repo, allowed).check_signature, ssh_commits)
