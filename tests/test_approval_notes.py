@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pygit2
@@ -374,3 +375,22 @@ def test_plan_shows_the_approvals_present_and_missing(
     record = json.loads(capsys.readouterr().out)
     assert record["approvals"]["missing"] == 0
     assert [a["principal"] for a in record["approvals"]["approvedBy"]] == ["bob@example.com"]
+
+
+def test_an_approval_stops_counting_when_its_key_is_revoked(review: Review) -> None:
+    # erin's key is valid until a moment the test's clock passes
+    erin = keygen(review.root / "keys" / "erin")
+    review.signers.write_text(
+        review.signers.read_text() + f'erin@example.com valid-before="20300101Z" {public(erin)}\n'
+    )
+    assert review.approve(erin, review.bob_work, review.commit, "--push") == 0
+    now = [datetime(2029, 12, 31, 23, 0, tzinfo=UTC)]
+    repo = pygit2.Repository(str(review.bare))
+    approver = Approver(
+        repo, load_allowed_signers(review.signers), required_approvals=1, clock=lambda: now[0]
+    )
+    assert approver.approve(review.commit).verified_commit == review.commit
+    now[0] = datetime(2030, 1, 1, 0, 1, tzinfo=UTC)
+    refused = approver.approve(review.commit)
+    assert refused.verified_commit is None
+    assert "erin@example.com's key was valid only until 2030-01-01" in refused.refusals[0].reason
