@@ -25,7 +25,7 @@ from reconciler.git.approval_notes import (
     read_note,
 )
 from reconciler.git.sshsig import parse_allowed_signers
-from tests.gitutil import clone, git, git_env, make_bare_repo
+from tests.gitutil import clone, git, git_env, install_hook, make_bare_repo
 
 ROLLOUT = """apiVersion: reconciler/v1
 kind: Rollout
@@ -394,3 +394,15 @@ def test_an_approval_stops_counting_when_its_key_is_revoked(review: Review) -> N
     refused = approver.approve(review.commit)
     assert refused.verified_commit is None
     assert "erin@example.com's key was valid only until 2030-01-01" in refused.refusals[0].reason
+
+
+def test_a_push_refused_by_a_hook_is_an_error_naming_it(
+    review: Review, capsys: pytest.CaptureFixture[str]
+) -> None:
+    install_hook(review.bare, "pre-receive", "echo 'notes are closed' >&2\nexit 1\n")
+    capsys.readouterr()
+    assert review.approve(review.bob, review.bob_work, review.commit, "--push") == 1
+    err = capsys.readouterr().err
+    assert "notes are closed" in err and "git push failed" in err
+    # the approval is kept locally, to push later
+    assert read_note(pygit2.Repository(str(review.bob_work)), review.commit) is not None

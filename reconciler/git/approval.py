@@ -190,7 +190,7 @@ class Approver:
             commit,
             self.allowed,
             required=self.required_approvals,
-            signer=signature.principal or "" if signature.ok else "",
+            signer=(signature.principal or "") if signature.ok else "",
             signer_key=signature.key_id if signature.ok else None,
             at=self.clock(),
         )

@@ -264,7 +264,9 @@ def push_approvals(
 
 
 def _looks_rejected(text: str) -> bool:
-    return any(w in text for w in ("rejected", "non-fast-forward", "fetch first", "stale info"))
+    """Refused because the remote's notes moved (not "[remote rejected]": a
+    hook or a permission, which another try cannot fix)."""
+    return any(w in text for w in ("[rejected]", "non-fast-forward", "fetch first", "stale info"))
 
 
 def _notes_by_commit(repo: pygit2.Repository, notes_commit: str) -> dict[str, str]:
