@@ -116,6 +116,7 @@ def test_a_rollout_starts_only_once_someone_else_approves_it(
         assert main(["approve", seed, "--key", str(bob), "--repo", str(bob_work)]) == 0
         copied = git("notes", "--ref", NOTES_REF, "show", seed, cwd=bob_work)
         git("notes", "--ref", NOTES_REF, "append", "-m", copied, change, cwd=fleet.work)
+        git("notes", "--ref", NOTES_REF, "append", "-m", "LGTM", change, cwd=fleet.work)
         git("push", "-q", "origin", NOTES_REF, cwd=fleet.work)
         wait_for(
             "the refusal naming both ignored approvals",
@@ -127,6 +128,7 @@ def test_a_rollout_starts_only_once_someone_else_approves_it(
         assert status()["phase"] == "pending"
         assert "alice@example.com signed the commit; an author cannot approve it" in message
         assert "has 0" in message
+        assert "text that is not an SSH signature ('LGTM')" in message
         assert fleet.agents["gpu-a1"].journal() == []
         dashboard = git("show", "main:status/README.md", cwd=fleet.bare)
         assert "waiting for approval" in dashboard
@@ -162,7 +164,7 @@ def test_a_rollout_starts_only_once_someone_else_approves_it(
     assert verified.returncode == 0
     note = git("notes", "--ref", NOTES_REF, "show", change, cwd=fleet.bare)
     blocks, garbage = signature_blocks(note)
-    assert garbage == [] and len(blocks) == 3
+    assert garbage == ["LGTM"] and len(blocks) == 3
     verdicts = [
         _ssh_keygen_verifies(signers, who, block, approval_message(change), tmp_path)
         for who, block in zip(
