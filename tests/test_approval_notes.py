@@ -406,3 +406,22 @@ def test_a_push_refused_by_a_hook_is_an_error_naming_it(
     assert "notes are closed" in err and "git push failed" in err
     # the approval is kept locally, to push later
     assert read_note(pygit2.Repository(str(review.bob_work)), review.commit) is not None
+
+
+def test_require_approvals_without_allowed_signers_is_a_usage_error(
+    review: Review, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(
+        [
+            "run",
+            "--once",
+            "--repo",
+            str(review.bare),
+            "--key",
+            str(review.bob),
+            "--require-approvals",
+            "1",
+        ]
+    )
+    assert code == 2
+    assert "--require-approvals needs --allowed-signers" in capsys.readouterr().err
