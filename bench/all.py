@@ -55,6 +55,7 @@ SCRIPTS = (
     Script("approvals", (), ("--commits", "5", "--runs", "1")),
     Script("operator_views", (), ("--nodes", "500", "--rollouts", "5")),
     Script("yaml_nesting", (), ("--runs", "1")),
+    Script("health", (), ("--quick",)),
     Script("shapes", (), ("--nodes", "1000", "--calls", "2000")),
 )
 
