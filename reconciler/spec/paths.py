@@ -8,6 +8,10 @@ NODES_DIR = "nodes"
 ROLLOUTS_DIR = "rollouts"
 STATUS_DIR = "status"
 DASHBOARD_PATH = f"{STATUS_DIR}/README.md"
+# The fleet watch's record (DESIGN.md section 14). Its stem is reserved: no
+# rollout may be called ``fleet``, or its status would be this file.
+FLEET_STATUS_NAME = "fleet"
+FLEET_STATUS_PATH = f"{STATUS_DIR}/{FLEET_STATUS_NAME}.yaml"
 
 # What an operator writes (the spec), as the daemon reads it: two folders
 # of documents and one settings file.
