@@ -37,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     source = open_branch(args.repo, args.branch, ssh_key=args.ssh_key, known_hosts=args.known_hosts)
     try:
-        commit, fleet = read_branch_fleet(source)
+        _, fleet = read_branch_fleet(source)
     except (ValueError, YamlProblem) as exc:
         reason = exc.problem if isinstance(exc, YamlProblem) else exc
         print(f"reconciler fleet: {reason}", file=sys.stderr)
