@@ -78,6 +78,9 @@ class FleetWatch:
         self._cond = threading.Condition()
         self._passes = 0  # passes running now
         self._thread: threading.Thread | None = None
+        # Set when a sweep starts, cleared before its wake-up is sent: the
+        # loop that saw a sweep in flight is sure to be woken when it ends.
+        self._running = False
         self._result: Sweep | None = None
         self._started_at: float | None = None  # monotonic start of the last sweep
         self._interval = 0.0
@@ -107,12 +110,13 @@ class FleetWatch:
         if not self.enabled or interval <= 0 or self._stopping:
             return
         with self._cond:
-            if self._thread is not None and self._thread.is_alive():
+            if self._running:
                 return
             now = time.monotonic()
             if self._started_at is not None and now - self._started_at < interval:
                 return
             self._started_at = now
+            self._running = True
             self._thread = threading.Thread(
                 target=self._run, args=(list(nodes()),), name="fleet-sweep", daemon=True
             )
@@ -135,9 +139,13 @@ class FleetWatch:
         due = self.seconds_until_due()
         return due is not None and due <= 0 and not self.in_flight()
 
+    @property
+    def sweeps(self) -> int:
+        """Sweeps finished since start."""
+        return self._count
+
     def in_flight(self) -> bool:
-        thread = self._thread
-        return thread is not None and thread.is_alive()
+        return self._running
 
     def pending(self) -> Sweep | None:
         """The newest finished sweep no pass has applied yet."""
@@ -200,6 +208,8 @@ class FleetWatch:
         try:
             self.sweep(nodes)
         finally:
+            with self._cond:
+                self._running = False
             if not self._stopping:
                 self.wake()
 

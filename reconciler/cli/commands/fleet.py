@@ -52,5 +52,7 @@ def run(args: argparse.Namespace) -> int:
                 "(every spec.fleetCheck.interval of reconciler.yaml, default 1m; 0s turns it off)"
             )
         return 0
-    sys.stdout.write(render_fleet_json(fleet) if args.format == "json" else render_fleet_text(fleet))
+    sys.stdout.write(
+        render_fleet_json(fleet) if args.format == "json" else render_fleet_text(fleet)
+    )
     return 0
