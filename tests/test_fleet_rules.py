@@ -23,18 +23,20 @@ from reconciler.engine.fleet import (
 from reconciler.protocol.observations import Heartbeat, RuntimeReport
 from reconciler.spec import schemas
 from reconciler.spec.fleet_status import (
+    FLEET_PAGE_SIZE,
     FLEET_STATES,
     DesiredRuntime,
     FleetNode,
     FleetRuntime,
     FleetStatus,
     fleet_from_record,
+    fleet_to_files,
     fleet_to_record,
 )
 from reconciler.spec.model import Target
 from reconciler.spec.rollout_status import FrozenSpec, NodeRecord, RolloutStatus
 from reconciler.spec.safe_yaml import dump_yaml
-from reconciler.views.fleet_reader import read_fleet_status
+from reconciler.views.fleet_reader import FleetReader, read_fleet_status
 from reconciler.views.fleet_text import fleet_dashboard_section, render_fleet_text
 
 T0 = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
@@ -293,3 +295,34 @@ def test_the_dashboard_section_counts_states_and_lists_only_nodes_not_ok() -> No
 
 def test_fleet_status_counts_every_state() -> None:
     assert FleetStatus().counts() == dict.fromkeys(FLEET_STATES, 0)
+
+
+class Files:
+    """A status source of plain files: blob ids are paths."""
+
+    def __init__(self, files: dict[str, bytes]) -> None:
+        self.data = files
+
+    def files(self, commit: str, folder: str) -> dict[str, str]:
+        return {p: p for p in self.data if p.rsplit("/", 1)[0] == folder and p.endswith(".yaml")}
+
+    def blob(self, blob_id: str) -> bytes:
+        return self.data[blob_id]
+
+
+def test_a_large_fleet_is_paged_and_reads_back_equal_with_each_file_under_the_yaml_cap() -> None:
+    count = FLEET_PAGE_SIZE * 2 + 10
+    sightings = [NodeSighting(f"n{i:05d}", beat(f"n{i:05d}", "m" * 256)) for i in range(count)]
+    fleet = next_fleet(None, sightings, desired_state([]), OFFLINE_AFTER, T0)
+    files = {path: dump_yaml(record) for path, record in fleet_to_files(fleet).items()}
+    assert sorted(files) == [
+        "status/fleet.yaml",
+        "status/fleet/nodes-0001.yaml",
+        "status/fleet/nodes-0002.yaml",
+        "status/fleet/nodes-0003.yaml",
+    ]
+    assert max(len(data) for data in files.values()) < 1024 * 1024
+    assert FleetReader().read(Files(files), "tip") == fleet
+    del files["status/fleet/nodes-0002.yaml"]
+    with pytest.raises(ValueError, match=r"nodes-0002\.yaml is missing"):
+        FleetReader().read(Files(files), "tip")

@@ -57,7 +57,7 @@ from reconciler.protocol.observations import Heartbeat, JobObservation, Observat
 from reconciler.spec import rollout_status as status_values
 from reconciler.spec.documents import Documents, ParsedFile, assemble, parse_file
 from reconciler.spec.errors import HostKeyError, RefMoved, StoreError
-from reconciler.spec.fleet_status import FleetStatus, fleet_to_record
+from reconciler.spec.fleet_status import FleetStatus, fleet_to_files
 from reconciler.spec.model import Fleet, Node, Problem, RolloutSpec
 from reconciler.spec.paths import (
     DASHBOARD_PATH,
@@ -72,9 +72,9 @@ from reconciler.spec.paths import (
     status_path,
 )
 from reconciler.spec.rollout_status import RolloutStatus
-from reconciler.spec.safe_yaml import YamlProblem, dump_yaml
+from reconciler.spec.safe_yaml import dump_yaml
 from reconciler.views.dashboard import render_dashboard
-from reconciler.views.fleet_reader import read_fleet_status
+from reconciler.views.fleet_reader import FleetReader
 from reconciler.views.fleet_text import fleet_dashboard_section
 from reconciler.views.status_reader import StatusReader
 
@@ -134,8 +134,7 @@ class DaemonMemory:
     seen_tip: str | None = None  # the tip the last pass read (or its own commit on it)
     reported: set[str] = field(default_factory=set)  # problems already logged, to log each once
     watching: bool = False  # the last pass had jobs, heartbeats or backups to read
-    # status/fleet.yaml: (blob id, its value) as last read; a cache of Git
-    fleet_status: tuple[str, FleetStatus | None] | None = None
+    fleet_reader: FleetReader = field(default_factory=FleetReader)  # status/fleet.yaml by blob ids
 
 
 class _Pass:
@@ -395,7 +394,7 @@ class Daemon:
         )
         fleet_changes: tuple[fleet_rules.FleetChange, ...] = ()
         if p.fleet is not None and p.fleet != p.fleet_before:
-            changes[FLEET_STATUS_PATH] = dump_yaml(fleet_to_record(p.fleet))
+            changes.update(_fleet_files(p.fleet_before, p.fleet))
             fleet_changes = fleet_rules.fleet_changes(p.fleet_before, p.fleet)
         if changes:
             message = _commit_message(p.step, p.spec_commit, p.broken, fleet_changes)
@@ -800,22 +799,14 @@ class Daemon:
         """``status/fleet.yaml`` at ``commit``, parsed once per blob. A file
         that is not a fleet status is reported and replaced by the next
         decision: it is the daemon's record, not an operator's input."""
-        blob = self.store.file_blob(commit, FLEET_STATUS_PATH) if commit else None
-        if blob is None:
-            return None
-        cached = self.memory.fleet_status
-        if cached is not None and cached[0] == blob:
-            return cached[1]
-        value: FleetStatus | None = None
         try:
-            value = read_fleet_status(FLEET_STATUS_PATH, self.store.blob(blob))
-        except (YamlProblem, ValueError) as exc:
+            return self.memory.fleet_reader.read(self.store, commit)
+        except ValueError as exc:
             self._report(
                 "fleet_status_unreadable",
                 f"{exc}; the next sweep's decision replaces {FLEET_STATUS_PATH}",
             )
-        self.memory.fleet_status = (blob, value)
-        return value
+            return None
 
     def _swept(self, sweep: Sweep) -> None:
         self.metrics.fleet_sweeps.inc()
@@ -826,9 +817,15 @@ class Daemon:
             self.metrics.fleet_nodes.labels(state=state).set(count)
 
     def _fleet_committed(self, changes: Sequence[fleet_rules.FleetChange], commit: str) -> None:
-        """One log line per node state change; ``node_offline`` and
+        """One log line per node state change (nodes listed ``ok`` for the
+        first time are counted in one line); ``node_offline`` and
         ``node_drift`` are the notification events' names (section 13)."""
+        first_ok = [c for c in changes if c.from_state is None and c.to_state == "ok"]
+        if first_ok:
+            self.log.info("fleet_listed", f"{len(first_ok)} node(s) listed ok", commit=commit[:12])
         for change in changes:
+            if change.from_state is None and change.to_state == "ok":
+                continue
             event = fleet_rules.FLEET_EVENTS.get(change.to_state or "", "node_state")
             text = f"{change.from_state or 'new'} -> {change.to_state or 'gone'}"
             if change.detail:
@@ -913,6 +910,17 @@ def _refusal_text(approval: Approval | None) -> str | None:
     return (
         f"commit {newest.commit[:12]} by {newest.author} not verified: {newest.reason}; {fallback}"
     )
+
+
+def _fleet_files(before: FleetStatus | None, after: FleetStatus) -> dict[str, bytes | None]:
+    """The fleet files that differ (a node page no longer needed: None)."""
+    old = fleet_to_files(before) if before is not None else {}
+    new = fleet_to_files(after)
+    changes: dict[str, bytes | None] = {
+        path: dump_yaml(record) for path, record in new.items() if old.get(path) != record
+    }
+    changes.update({path: None for path in old if path not in new})
+    return changes
 
 
 def _dashboard(

@@ -8,16 +8,21 @@ Pure: plain data in, values out. Deciding a node's state is the engine's
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from reconciler.spec.model import API_VERSION
-from reconciler.spec.paths import FLEET_STATUS_NAME
+from reconciler.spec.paths import FLEET_STATUS_NAME, FLEET_STATUS_PATH, fleet_page_path
 from reconciler.spec.times import format_time, parse_time
 
 FLEET_KIND = "FleetStatus"
+FLEET_PAGE_KIND = "FleetStatusNodes"
+# Over this many nodes, the node records move to pages of this size
+# (status/fleet/nodes-NNNN.yaml), as a large rollout's do: every file stays
+# far under the 1 MiB a YAML file may have, and a change rewrites one page.
+FLEET_PAGE_SIZE = 500
 # Node states, in the order views show them (DESIGN.md section 14).
 FLEET_STATES = ("ok", "offline", "drift", "unverified")
 
@@ -96,19 +101,50 @@ class FleetStatus:
 
 
 def fleet_to_record(fleet: FleetStatus) -> dict[str, Any]:
+    """The whole fleet status as one record (``reconciler fleet --format json``)."""
     return {
         "apiVersion": API_VERSION,
         "kind": FLEET_KIND,
         "metadata": {"name": FLEET_STATUS_NAME},
-        "nodes": [
-            {
-                "name": n.name,
-                "state": n.state,
-                "since": format_time(n.since),
-                "runtimes": [_runtime_record(r) for r in n.runtimes],
-            }
-            for n in fleet.nodes
-        ],
+        "nodes": [_node_record(n) for n in fleet.nodes],
+    }
+
+
+def fleet_to_files(fleet: FleetStatus) -> dict[str, dict[str, Any]]:
+    """The files of a fleet status, path -> record: ``status/fleet.yaml``
+    alone up to ``FLEET_PAGE_SIZE`` nodes; over that, it holds the counts
+    and ``nodePages``, and the nodes are in pages of that size."""
+    if len(fleet.nodes) <= FLEET_PAGE_SIZE:
+        return {FLEET_STATUS_PATH: fleet_to_record(fleet)}
+    pages = [
+        fleet.nodes[i : i + FLEET_PAGE_SIZE] for i in range(0, len(fleet.nodes), FLEET_PAGE_SIZE)
+    ]
+    files: dict[str, dict[str, Any]] = {
+        FLEET_STATUS_PATH: {
+            "apiVersion": API_VERSION,
+            "kind": FLEET_KIND,
+            "metadata": {"name": FLEET_STATUS_NAME},
+            "counts": fleet.counts(),
+            "nodePages": len(pages),
+            "nodes": [],
+        }
+    }
+    for number, nodes in enumerate(pages, start=1):
+        files[fleet_page_path(number)] = {
+            "apiVersion": API_VERSION,
+            "kind": FLEET_PAGE_KIND,
+            "metadata": {"name": FLEET_STATUS_NAME, "page": number},
+            "nodes": [_node_record(n) for n in nodes],
+        }
+    return files
+
+
+def _node_record(n: FleetNode) -> dict[str, Any]:
+    return {
+        "name": n.name,
+        "state": n.state,
+        "since": format_time(n.since),
+        "runtimes": [_runtime_record(r) for r in n.runtimes],
     }
 
 
@@ -125,8 +161,11 @@ def _runtime_record(r: FleetRuntime) -> dict[str, Any]:
     }
 
 
-def fleet_from_record(record: Mapping[str, Any]) -> FleetStatus:
-    """The value of a record that passed the schema check."""
+def fleet_from_record(
+    record: Mapping[str, Any], pages: Sequence[Mapping[str, Any]] = ()
+) -> FleetStatus:
+    """The value of a record (and its node pages, in order) that passed
+    the schema check."""
     return FleetStatus(
         tuple(
             FleetNode(
@@ -151,7 +190,8 @@ def fleet_from_record(record: Mapping[str, Any]) -> FleetStatus:
                     for r in n.get("runtimes", ())
                 ),
             )
-            for n in record.get("nodes", ())
+            for part in (record, *pages)
+            for n in part.get("nodes", ())
         )
     )
 
@@ -163,5 +203,6 @@ __all__ = [
     "FleetRuntime",
     "FleetStatus",
     "fleet_from_record",
+    "fleet_to_files",
     "fleet_to_record",
 ]
