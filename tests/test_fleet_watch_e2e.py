@@ -146,6 +146,7 @@ def test_a_config_edited_by_hand_on_the_node_is_drift_within_two_sweeps(
     dashboard = git("show", "main:status/README.md", cwd=watched.fleet.bare)
     assert "3 nodes: 2 ok, 0 offline, 1 drift, 0 unverified" in dashboard
     assert "hermes runs ollama/hand-edited/default, desired ollama/llama3.1-8b/default" in dashboard
+    assert "cannot be read" not in dashboard  # fleet.yaml is not taken for a rollout's status
 
     shown = watched.cli()
     assert shown.returncode == 0, shown.stderr
@@ -179,6 +180,20 @@ def test_a_killed_agent_is_offline_after_offline_after_and_ok_after_a_restart(
     agent.restart()
     back = wait_for(lambda: watched.in_state("gpu-a2", "ok"), timeout=30, what="ok again")
     assert back.since > node.since
+
+
+def test_reconciler_fleet_before_any_sweep_says_so(tmp_path: Path) -> None:
+    from tests.gitutil import make_bare_repo
+
+    bare = make_bare_repo(tmp_path, {"reconciler.yaml": SETTINGS}, message="Seed")
+    shown = subprocess.run(
+        [sys.executable, "-m", "reconciler", "fleet", "--repo", str(bare)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert shown.returncode == 0
+    assert "no fleet status yet" in shown.stdout and "fleetCheck.interval" in shown.stdout
 
 
 def test_a_node_no_rollout_touched_is_ok(watched: Watched) -> None:

@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from reconciler.daemon.agent_client import AgentClient
 from reconciler.engine.fleet import FleetChange, NodeSighting
@@ -53,6 +53,12 @@ class Sweep:
     finished: datetime
     sightings: tuple[NodeSighting, ...]
     seconds: float  # wall time of the sweep
+
+
+def _not_before(moment: datetime) -> datetime:
+    """A clock of whole seconds (the daemon's) reads up to a second early:
+    round up, so that ``offline`` never comes before ``offlineAfter``."""
+    return moment + timedelta(seconds=1) if moment.microsecond == 0 else moment
 
 
 class FleetWatch:
@@ -174,13 +180,18 @@ class FleetWatch:
         started = self.clock()
         began = time.perf_counter()
         beats: dict[str, Heartbeat | None] = {}
+        failed_at: dict[str, datetime] = {}  # when a failure was seen, never before it happened
         for i in range(0, len(nodes), self.chunk):
             with self._cond:
                 while self._passes and not self._stopping:
                     self._cond.wait()
             if self._stopping:
                 break
-            beats.update(self.client.read_heartbeats(nodes[i : i + self.chunk]))
+            answers = self.client.read_heartbeats(nodes[i : i + self.chunk])
+            beats.update(answers)
+            if any(beat is None for beat in answers.values()):
+                seen = _not_before(self.clock())
+                failed_at.update((name, seen) for name, beat in answers.items() if beat is None)
         finished = self.clock()
         sightings: list[NodeSighting] = []
         unreachable: dict[str, datetime] = {}
@@ -189,7 +200,7 @@ class FleetWatch:
                 continue  # not read: the sweep was stopped
             beat = beats[name]
             if beat is None:
-                unreachable[name] = self._unreachable.get(name, started)
+                unreachable[name] = self._unreachable.get(name, failed_at[name])
                 sightings.append(NodeSighting(name, None, unreachable[name]))
             else:
                 sightings.append(NodeSighting(name, beat, None, self.evidence(name, beat)))
