@@ -163,6 +163,13 @@ class FleetWatch:
             if self._result is sweep:
                 self._result = None
 
+    def start(self, wake: Callable[[], None]) -> None:
+        """Sweeps may start from now on (``Daemon.serve``); ``wake`` is
+        called when one has finished."""
+        self.wake = wake
+        self._stopping = False
+        self.enabled = True
+
     def stop(self, timeout: float = 10.0) -> None:
         """No new sweeps; a sweep in flight ends after its current chunk."""
         self._stopping = True

@@ -848,8 +848,7 @@ class Daemon:
         a retry can fix are logged and retried with backoff."""
         self._watcher = watcher
         self._stopping = False
-        self.fleet_watch.enabled = True
-        self.fleet_watch.wake = watcher.wake
+        self.fleet_watch.start(watcher.wake)
         backoff = 0.0
         while not self._stopping:
             try:
@@ -874,6 +873,7 @@ class Daemon:
                 sleep = min(sleep, sweep_due + 0.01)
             if not self._stopping:
                 watcher.wait(sleep)
+        self.fleet_watch.stop()  # a sweep in flight ends after its chunk
 
     def stop(self, *_: Any) -> None:
         """Finish the pass in progress, then return from ``serve``."""
