@@ -7,10 +7,12 @@ How it stays out of the way of passes:
   a new one starts only after the last one ended and the interval passed
   since it started;
 - through the daemon's own ``AgentClient`` (its keep-alive connections and
-  its concurrency cap), in chunks of at most ``concurrency`` nodes;
+  its concurrency cap), in chunks of ``SWEEP_CHUNK`` nodes;
 - never delaying a pass: before each chunk the sweep waits while a pass is
   running (``pass_running``), so a pass shares the client with at most one
-  chunk already in flight;
+  chunk already in flight; the rules (``engine.fleet``) are applied here
+  too, in slices that wait the same way, so the pass that takes the result
+  only commits it;
 - the result is kept until a pass has applied it (committed, or found
   nothing to commit); a pass that loses the compare-and-swap leaves it for
   the next attempt.
@@ -27,13 +29,22 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from reconciler.daemon.agent_client import AgentClient
-from reconciler.engine.fleet import FleetChange, NodeSighting
+from reconciler.engine.fleet import (
+    FleetChange,
+    NodeSighting,
+    decide_nodes,
+    desired_state,
+    fleet_of,
+)
 from reconciler.protocol.observations import Heartbeat
+from reconciler.spec.fleet_status import FleetStatus, fleet_to_files
+from reconciler.spec.rollout_status import RolloutStatus
+from reconciler.spec.safe_yaml import dump_yaml
 
 # The agentKey check of a heartbeat (section 12), once agents have keys:
 # (node, heartbeat) -> True believed, False refused, None not checked.
@@ -53,12 +64,36 @@ class Sweep:
     finished: datetime
     sightings: tuple[NodeSighting, ...]
     seconds: float  # wall time of the sweep
+    # Decided in the sweep's thread, off the pass: against ``base`` (the
+    # fleet status a pass last read), the new one (``base`` itself when
+    # nothing changed) and its files that differ. A pass that reads another
+    # ``base`` decides again itself.
+    base: FleetStatus | None = None
+    decided: FleetStatus | None = None
+    files: Mapping[str, bytes | None] | None = None
 
 
 def _not_before(moment: datetime) -> datetime:
     """A clock of whole seconds (the daemon's) reads up to a second early:
     round up, so that ``offline`` never comes before ``offlineAfter``."""
     return moment + timedelta(seconds=1) if moment.microsecond == 0 else moment
+
+
+# Small steps, so that a pass starting meanwhile shares the process with
+# little of the sweep: at most one chunk of requests, or one slice of rules.
+SWEEP_CHUNK = 16  # heartbeats in flight at once (never more than --concurrency)
+DECIDE_SLICE = 100  # nodes decided between two checks for a running pass
+
+
+def fleet_file_changes(before: FleetStatus | None, after: FleetStatus) -> dict[str, bytes | None]:
+    """The fleet status files that differ (a node page no longer needed: None)."""
+    old = fleet_to_files(before) if before is not None else {}
+    new = fleet_to_files(after)
+    changes: dict[str, bytes | None] = {
+        path: dump_yaml(record) for path, record in new.items() if old.get(path) != record
+    }
+    changes.update({path: None for path in old if path not in new})
+    return changes
 
 
 class FleetWatch:
@@ -77,7 +112,7 @@ class FleetWatch:
         self.client = client
         self.clock = clock
         self.evidence = evidence
-        self.chunk = max(1, chunk or client.concurrency)
+        self.chunk = max(1, chunk or min(SWEEP_CHUNK, client.concurrency))
         self.enabled = False  # sweeps start only under ``Daemon.serve``
         self.wake: Callable[[], None] = lambda: None  # the loop's wake-up, on a result
         self.on_sweep: Callable[[Sweep], None] = lambda sweep: None  # metrics, logs
@@ -93,6 +128,9 @@ class FleetWatch:
         self._stopping = False
         self._count = 0
         self._unreachable: dict[str, datetime] = {}  # node -> first failed contact
+        # What the last pass held: the fleet status at its status tip, the
+        # rollout statuses (desired state), offlineAfter.
+        self._context: tuple[FleetStatus | None, Mapping[str, RolloutStatus], int] | None = None
 
     # -- the pass's side -----------------------------------------------------
 
@@ -127,6 +165,12 @@ class FleetWatch:
                 target=self._run, args=(list(nodes()),), name="fleet-sweep", daemon=True
             )
             self._thread.start()
+
+    def context(
+        self, base: FleetStatus | None, statuses: Mapping[str, RolloutStatus], offline_after: int
+    ) -> None:
+        """From each pass: what a sweep decides against (values, not copied)."""
+        self._context = (base, statuses, offline_after)
 
     def seconds_until_due(self) -> float | None:
         """How long until the next sweep may start (None: the watch is off)."""
@@ -189,10 +233,7 @@ class FleetWatch:
         beats: dict[str, Heartbeat | None] = {}
         failed_at: dict[str, datetime] = {}  # when a failure was seen, never before it happened
         for i in range(0, len(nodes), self.chunk):
-            with self._cond:
-                while self._passes and not self._stopping:
-                    self._cond.wait()
-            if self._stopping:
+            if not self._no_pass_running():
                 break
             answers = self.client.read_heartbeats(nodes[i : i + self.chunk])
             beats.update(answers)
@@ -212,15 +253,52 @@ class FleetWatch:
             else:
                 sightings.append(NodeSighting(name, beat, None, self.evidence(name, beat)))
         self._unreachable = unreachable
+        base, decided, files = self._decide(sightings, finished)
         with self._cond:
             self._count += 1
             result = Sweep(
-                self._count, started, finished, tuple(sightings), time.perf_counter() - began
+                self._count,
+                started,
+                finished,
+                tuple(sightings),
+                time.perf_counter() - began,
+                base,
+                decided,
+                files,
             )
             if not self._stopping:
                 self._result = result
         self.on_sweep(result)
         return result
+
+    def _no_pass_running(self) -> bool:
+        """Wait while a pass runs; False when the watch is stopping."""
+        with self._cond:
+            while self._passes and not self._stopping:
+                self._cond.wait()
+        return not self._stopping
+
+    def _decide(
+        self, sightings: list[NodeSighting], now: datetime
+    ) -> tuple[FleetStatus | None, FleetStatus | None, Mapping[str, bytes | None] | None]:
+        """``engine.fleet`` applied here, in slices that wait while a pass
+        runs, so the pass that applies the sweep only commits."""
+        context = self._context
+        if context is None or not self._no_pass_running():
+            return None, None, None
+        base, statuses, offline_after = context
+        desired = desired_state(statuses.values())
+        old = base.by_name() if base is not None else {}
+        ordered = sorted(sightings, key=lambda s: s.name)
+        nodes = []
+        for i in range(0, len(ordered), DECIDE_SLICE):
+            if not self._no_pass_running():
+                return None, None, None
+            nodes += decide_nodes(old, ordered[i : i + DECIDE_SLICE], desired, offline_after, now)
+        decided = fleet_of(base, nodes)
+        if decided is base or not self._no_pass_running():
+            return base, decided, {}
+        return base, decided, fleet_file_changes(base, decided)
 
     def _run(self, nodes: list[tuple[str, str]]) -> None:
         try:
@@ -254,4 +332,11 @@ def fleet_lines(changes: Sequence[FleetChange], limit: int) -> list[str]:
     return lines
 
 
-__all__ = ["EvidenceCheck", "FleetWatch", "Sweep", "fleet_lines", "fleet_summary"]
+__all__ = [
+    "EvidenceCheck",
+    "FleetWatch",
+    "Sweep",
+    "fleet_file_changes",
+    "fleet_lines",
+    "fleet_summary",
+]

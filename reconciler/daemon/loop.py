@@ -32,7 +32,13 @@ from typing import Any
 
 from reconciler.daemon import crashpoints
 from reconciler.daemon.agent_client import AgentClient
-from reconciler.daemon.fleet_watch import FleetWatch, Sweep, fleet_lines, fleet_summary
+from reconciler.daemon.fleet_watch import (
+    FleetWatch,
+    Sweep,
+    fleet_file_changes,
+    fleet_lines,
+    fleet_summary,
+)
 from reconciler.daemon.logs import EventLog
 from reconciler.daemon.metrics import Metrics
 from reconciler.daemon.prometheus_client import PrometheusClient
@@ -60,7 +66,7 @@ from reconciler.protocol.observations import Heartbeat, JobObservation, MetricCh
 from reconciler.spec import rollout_status as status_values
 from reconciler.spec.documents import Documents, ParsedFile, assemble, parse_file
 from reconciler.spec.errors import HostKeyError, RefMoved, StoreError
-from reconciler.spec.fleet_status import FleetStatus, fleet_to_files
+from reconciler.spec.fleet_status import FleetStatus
 from reconciler.spec.health import for_node
 from reconciler.spec.model import Fleet, Node, Problem, RolloutSpec
 from reconciler.spec.paths import (
@@ -158,6 +164,7 @@ class _Pass:
         "documents",
         "fleet",
         "fleet_before",
+        "fleet_files",
         "fleet_sweep",
         "history",
         "inputs",
@@ -191,6 +198,7 @@ class _Pass:
     fleet: FleetStatus | None  # the fleet status the commit leaves at the status tip
     fleet_before: FleetStatus | None  # the one at the status tip read
     fleet_sweep: Sweep | None  # the sweep this pass applies, if any
+    fleet_files: Mapping[str, bytes | None] | None  # its files, when decided already
 
 
 class Daemon:
@@ -379,17 +387,22 @@ class Daemon:
             lambda: [(n.agent, n.name) for n in fleet.nodes], settings.fleet_check_interval
         )
         p.fleet_before = p.fleet = self._fleet_at(p.status_tip)
+        p.fleet_files = None
+        self.fleet_watch.context(p.fleet_before, p.merged, settings.offline_after)
         p.fleet_sweep = sweep = self.fleet_watch.pending()
         if sweep is None:
             return None
-        new = fleet_rules.next_fleet(
-            p.fleet_before,
-            sweep.sightings,
-            fleet_rules.desired_state(p.merged.values()),
-            settings.offline_after,
-            sweep.finished,
-        )
-        if new == p.fleet_before or (p.fleet_before is None and not new.nodes):
+        if sweep.decided is not None and sweep.base is p.fleet_before:
+            new, p.fleet_files = sweep.decided, sweep.files  # decided in the sweep's thread
+        else:  # the fleet status changed since: decide against the one read now
+            new = fleet_rules.next_fleet(
+                p.fleet_before,
+                sweep.sightings,
+                fleet_rules.desired_state(p.merged.values()),
+                settings.offline_after,
+                sweep.finished,
+            )
+        if new is p.fleet_before or (p.fleet_before is None and not new.nodes):
             self.fleet_watch.applied(sweep)  # nothing to commit
             p.fleet_sweep = None
         p.fleet = new
@@ -408,7 +421,10 @@ class Daemon:
         )
         fleet_changes: tuple[fleet_rules.FleetChange, ...] = ()
         if p.fleet is not None and p.fleet != p.fleet_before:
-            changes.update(_fleet_files(p.fleet_before, p.fleet))
+            files = p.fleet_files
+            changes.update(
+                files if files is not None else fleet_file_changes(p.fleet_before, p.fleet)
+            )
             fleet_changes = fleet_rules.fleet_changes(p.fleet_before, p.fleet)
         if changes:
             message = _commit_message(p.step, p.spec_commit, p.broken, fleet_changes)
@@ -979,17 +995,6 @@ def _refusal_text(approval: Approval | None) -> str | None:
     return (
         f"commit {newest.commit[:12]} by {newest.author} not verified: {newest.reason}; {fallback}"
     )
-
-
-def _fleet_files(before: FleetStatus | None, after: FleetStatus) -> dict[str, bytes | None]:
-    """The fleet files that differ (a node page no longer needed: None)."""
-    old = fleet_to_files(before) if before is not None else {}
-    new = fleet_to_files(after)
-    changes: dict[str, bytes | None] = {
-        path: dump_yaml(record) for path, record in new.items() if old.get(path) != record
-    }
-    changes.update({path: None for path in old if path not in new})
-    return changes
 
 
 def _dashboard(

@@ -18,7 +18,7 @@ corrected: correcting is a new rollout.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -195,10 +195,38 @@ def next_fleet(
     now: datetime,
 ) -> FleetStatus:
     """The fleet status after one sweep. Nodes not swept (gone from
-    ``nodes/``) leave it; a node keeps its ``since`` while its state stays."""
+    ``nodes/``) leave it; a node keeps its ``since`` while its state stays.
+    When nothing changed, ``previous`` itself is returned, so a caller can
+    tell by identity, without comparing every node."""
     old = previous.by_name() if previous is not None else {}
+    nodes = decide_nodes(old, sorted(sightings, key=lambda s: s.name), desired, offline_after, now)
+    return fleet_of(previous, nodes)
+
+
+def fleet_of(previous: FleetStatus | None, nodes: Sequence[FleetNode]) -> FleetStatus:
+    """``previous`` when ``nodes`` are its very nodes (as ``decide_nodes``
+    reuses them), else a new fleet status of ``nodes``."""
+    if (
+        previous is not None
+        and len(nodes) == len(previous.nodes)
+        and all(a is b for a, b in zip(nodes, previous.nodes, strict=True))
+    ):
+        return previous
+    return FleetStatus(tuple(nodes))
+
+
+def decide_nodes(
+    old: Mapping[str, FleetNode],
+    sightings: Iterable[NodeSighting],
+    desired: DesiredState,
+    offline_after: int,
+    now: datetime,
+) -> list[FleetNode]:
+    """``RULES`` applied to each sighting, in the order given (by name, for
+    a whole fleet status), against the recorded nodes ``old``; a node that
+    did not change is the very record of ``old``."""
     nodes: list[FleetNode] = []
-    for seen in sorted(sightings, key=lambda s: s.name):
+    for seen in sightings:
         before = old.get(seen.name)
         runtimes = node_runtimes(seen.name, seen.heartbeat, before, desired)
         since_failed = seen.unreachable_since
@@ -217,11 +245,14 @@ def next_fleet(
                 continue  # nothing proven yet about a node never recorded
             state = before.state
         if before is not None and before.state == state:
+            if before.runtimes == runtimes:
+                nodes.append(before)
+                continue
             since = before.since
         else:
             since = since_failed if state == "offline" and since_failed is not None else now
         nodes.append(FleetNode(seen.name, state, since, runtimes))
-    return FleetStatus(tuple(nodes))
+    return nodes
 
 
 # --- what changed, for logs, commit messages and notifications ------------------
@@ -310,8 +341,10 @@ __all__ = [
     "NodeFacts",
     "NodeSighting",
     "decide",
+    "decide_nodes",
     "desired_state",
     "fleet_changes",
     "fleet_events",
+    "fleet_of",
     "next_fleet",
 ]
