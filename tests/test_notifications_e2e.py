@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +20,7 @@ import pytest
 from reconciler.daemon.loop import Daemon
 from reconciler.daemon.metrics import Metrics
 from reconciler.daemon.notifications import Backoff, Notifier
+from reconciler.git.watch import BranchWatcher
 from tests.fleetkit import FleetKit, rollout_yaml
 from tests.gitutil import git
 from tests.hookkit import Receiver as Hook
@@ -236,3 +238,34 @@ def test_receivers_that_cannot_be_used_stop_the_start_naming_the_receiver(
     assert "ops-chat" in proc.stderr and expected in proc.stderr
     assert git("rev-parse", "main", cwd=kit.bare) == tip  # nothing committed
     assert received == {}  # nothing sent
+
+
+def test_a_node_the_fleet_watch_finds_offline_is_one_node_offline_event(
+    tmp_path: Path, hook: Hook
+) -> None:
+    kit = FleetKit.create(
+        tmp_path,
+        WEB,
+        behaviour="default: succeed\nnodes:\n  web-2: unreachable\n",
+        files={
+            "reconciler.yaml": settings("{name: ops, urlEnv: HOOK, events: [node_offline]}")
+            + "  offlineAfter: 1s\n  fleetCheck: {interval: 1s}\n"
+        },
+    )
+    daemon, notifier = daemon_with(kit, {"HOOK": hook.url})
+    watcher = BranchWatcher.local(kit.bare, ["main"])
+    thread = threading.Thread(target=daemon.serve, args=(watcher,), kwargs={"interval": 0.2})
+    thread.start()
+    try:
+        hook.wait_for(1, timeout=30)
+        time.sleep(3)  # later sweeps: the same state, nothing new
+        assert notifier.drain(10)
+    finally:
+        daemon.stop()
+        thread.join(30)
+        watcher.close()
+        notifier.close()
+        kit.close()
+
+    (request,) = hook.requests
+    assert request.event == "node_offline" and request.json()["nodes"] == ["web-2"]
