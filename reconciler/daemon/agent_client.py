@@ -40,12 +40,14 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from reconciler.protocol.effects import SendJob
+from reconciler.protocol.evidence import split_answer
 from reconciler.protocol.job_payload import build_payload
 from reconciler.protocol.observations import (
     Backup,
     Heartbeat,
     JobObservation,
     RuntimeReport,
+    SignedAnswer,
     parse_backup_list,
 )
 from reconciler.protocol.signing import SigningKey, envelope_bytes
@@ -377,6 +379,15 @@ def _error_text(status: int, body: bytes) -> str:
     return f"http_{status}: {excerpt}" if excerpt else f"http_{status}"
 
 
+def _signed_error(body: bytes) -> SignedAnswer | None:
+    """The evidence of an error answer (a signed refusal), if it has any."""
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return split_answer(data) if isinstance(data, dict) else None
+
+
 def _optional_str(record: dict[str, Any], key: str) -> str | None:
     value = record.get(key)
     if value is None or isinstance(value, str):
@@ -401,6 +412,7 @@ def _job_observation(job_id: str, body: bytes) -> JobObservation:
         finished_at=_optional_str(record, "finishedAt"),
         source_commit=_optional_str(record, "sourceCommit"),
         detail=_optional_str(record, "detail") or "",
+        signed=split_answer(record),
     )
 
 
@@ -435,6 +447,7 @@ def _heartbeat(node: str, body: bytes) -> Heartbeat:
             )
             for r in runtimes
         ),
+        signed=split_answer(data),
     )
 
 
@@ -492,7 +505,10 @@ class AgentClient:
                     return job.job_id, _job_observation(job.job_id, answer)
                 if 400 <= status < 500 and not _transient(status):
                     return job.job_id, JobObservation(
-                        job.job_id, "refused", error=_error_text(status, answer)
+                        job.job_id,
+                        "refused",
+                        error=_error_text(status, answer),
+                        signed=_signed_error(answer),
                     )
                 raise _Unreachable(_error_text(status, answer))
             except _Unreachable as exc:

@@ -30,6 +30,7 @@ from typing import Any
 
 from reconciler.daemon import crashpoints
 from reconciler.daemon.agent_client import AgentClient
+from reconciler.daemon.answer_check import AnswerCheck
 from reconciler.daemon.logs import EventLog
 from reconciler.daemon.metrics import Metrics
 from reconciler.daemon.status_trust import StatusTrust
@@ -126,6 +127,7 @@ class DaemonMemory:
     seen_tip: str | None = None  # the tip the last pass read (or its own commit on it)
     reported: set[str] = field(default_factory=set)  # problems already logged, to log each once
     watching: bool = False  # the last pass had jobs, heartbeats or backups to read
+    answers: AnswerCheck = field(default_factory=AnswerCheck)  # agentKeys parsed, by line
 
 
 class _Pass:
@@ -610,6 +612,14 @@ class Daemon:
         jobs = [(url, job) for job in in_flight if (url := address(job.node))]
         observed: dict[str, JobObservation] = {}
         unknown: list[tuple[str, SendJob]] = []
+        unverified: dict[str, str] = {}
+
+        def believed(node: str, seen: JobObservation) -> JobObservation:
+            seen, problem = self.memory.answers.job(nodes.get(node), seen)
+            if problem:
+                self._unverified(node, "job", problem, unverified)
+            return seen
+
         for (url, job), (job_id, seen) in zip(
             jobs, _ordered(self.client.read_jobs(jobs), jobs), strict=True
         ):
@@ -617,16 +627,22 @@ class Daemon:
                 unknown.append((url, job))
                 reachable[job.node] = True
                 continue
+            seen = believed(job.node, seen)
             observed[job_id] = seen
             reachable[job.node] = reachable.get(job.node, False) or seen.state != "unreachable"
         if unknown:
+            node_of = {job.job_id: job.node for _, job in unknown}
             for job_id, answer in self.client.send_jobs(unknown, now).items():
-                observed[job_id] = answer
+                observed[job_id] = believed(node_of[job_id], answer)
             self.log.info("resent", f"{len(unknown)} job(s) the agents did not know, sent again")
             self.metrics.jobs_sent.labels(kind="resend").inc(len(unknown))
         heartbeat_nodes = [(url, n) for n in wanted_heartbeats if (url := address(n))]
         heartbeats: dict[str, Heartbeat] = {}
         for node, beat in self.client.read_heartbeats(heartbeat_nodes).items():
+            if beat is not None:
+                beat, problem = self.memory.answers.heartbeat(nodes.get(node), beat)
+                if problem:
+                    self._unverified(node, "heartbeat", problem, unverified)
             if beat is not None:
                 heartbeats[node] = beat
             reachable[node] = reachable.get(node, False) or beat is not None
@@ -646,6 +662,18 @@ class Daemon:
             heartbeats=heartbeats,
             unreachable_since=dict(self.memory.unreachable),
             backups=backups,
+            unverified=unverified,
+        )
+
+    def _unverified(self, node: str, kind: str, problem: str, found: dict[str, str]) -> None:
+        """An answer not believed: counted, logged once per problem, and
+        handed to the engine, which names the node in a status condition."""
+        found.setdefault(node, problem)
+        self.metrics.unverified_answers.labels(kind=kind).inc()
+        self._report(
+            "unverified_evidence",
+            f"answer ({kind}) of node {node} is no evidence: {problem}",
+            node=node,
         )
 
     # -- writing -------------------------------------------------------------

@@ -29,6 +29,12 @@ class Metrics:
         self.verdicts = Counter(
             "reconciler_node_transitions", "Node state transitions", ["state"], registry=r
         )
+        self.unverified_answers = Counter(
+            "reconciler_unverified_answers",
+            "Agent answers not believed: no or bad evidence for the node's agentKey",
+            ["kind"],
+            registry=r,
+        )
         self.rollouts = Gauge("reconciler_rollouts", "Rollouts by phase", ["phase"], registry=r)
         self.poll_failures = Counter(
             "reconciler_poll_failures", "Polls of a remote's branches that failed", registry=r

@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 from reconciler.protocol.observations import Heartbeat, JobObservation, Observations
 from reconciler.spec.durations import format_duration
 from reconciler.spec.model import Target
-from reconciler.spec.rollout_status import NodeRecord, RestoreRecord
+from reconciler.spec.rollout_status import NodeEvidence, NodeRecord, RestoreRecord
 from reconciler.spec.times import parse_time
 
 # How a node's error starts when its agent itself failed or refused the apply
@@ -118,3 +118,25 @@ def judge_restore(
     if now >= restore.deadline:
         return "rollback_failed", "no evidence of the restore by its deadline"
     return None
+
+
+def recorded(
+    verdict: str, job: JobObservation | None, beat: Heartbeat | None
+) -> NodeEvidence | None:
+    """What a node's status keeps of the signed answers its verdict used
+    (DESIGN.md 12): the job record, and for a live rollout the heartbeat.
+    The daemon leaves ``signed`` on an observation only when it verified
+    against the node's agentKey, so unsigned evidence records nothing;
+    ``unknown`` rests on no evidence at all."""
+    if verdict == "unknown" or job is None or job.signed is None:
+        return None
+    signed_beat = beat.signed if beat is not None else None
+    if signed_beat is not None and signed_beat.key_id != job.signed.key_id:
+        signed_beat = None
+    return NodeEvidence(
+        key_id=job.signed.key_id,
+        job_record=job.signed.body,
+        job_signature=job.signed.signature,
+        heartbeat=signed_beat.body if signed_beat is not None else None,
+        heartbeat_signature=signed_beat.signature if signed_beat is not None else None,
+    )

@@ -746,6 +746,33 @@ class RolloutStep:
                     self.record_verdict(i, *judged)
             elif node.state in RESTORE_STATES and node.restore is not None:
                 self.record_restore(i, node, node.restore)
+        self.report_unverified()
+
+    def report_unverified(self) -> None:
+        """Name, in a condition, the in-flight nodes whose answers this pass
+        did not believe (no or bad evidence for their agentKey)."""
+        unverified = self.ctx.obs.unverified
+        named = (
+            [
+                f"{node.name} ({unverified[node.name]})"
+                for node in self.nodes
+                if node.name in unverified
+                and (node.state == "dispatched" or node.state in RESTORE_STATES)
+            ]
+            if unverified
+            else []
+        )
+        self.set_condition(
+            "unverified_evidence",
+            None
+            if not named
+            else (
+                "answers not signed by the node's agentKey are no evidence: "
+                + "; ".join(named[:20])
+                + (f"; and {len(named) - 20} more" if len(named) > 20 else "")
+                + "; check the agent's --key against spec.agentKey in its node file"
+            ),
+        )
 
     def seen(self) -> evidence.Seen:
         """This pass's observations and what the evidence rules judge by."""
@@ -784,6 +811,9 @@ class RolloutStep:
             verdict=verdict,
             error=error,
             finished_at=self.now,
+            evidence=evidence.recorded(verdict, job, self.ctx.obs.heartbeats.get(node.name))
+            if self.frozen is not None and self.frozen.live
+            else evidence.recorded(verdict, job, None),
             backup_id=job.backup_id if job is not None else None,
             first_backup_id=first_backup_id,
             first_backup_known=known,
@@ -969,6 +999,7 @@ class RolloutStep:
             error="",
             backup_id=None,
             held=None,
+            evidence=None,
             auto_retried=node.auto_retried or auto_retry,
         )
         self.set_node(i, new, reason)

@@ -359,6 +359,7 @@ class _Checker:
                 agent=spec["agent"],
                 labels=tuple(sorted(spec.get("labels", {}).items())),
                 maintenance=spec.get("maintenance", False),
+                agent_key=spec.get("agentKey"),
             )
         )
 

@@ -55,6 +55,7 @@ class Node:
     agent: str
     labels: tuple[tuple[str, str], ...] = ()  # sorted by key
     maintenance: bool = False
+    agent_key: str | None = None  # OpenSSH Ed25519 public key line (DESIGN.md 12)
 
     def label(self, key: str) -> str | None:
         return dict(self.labels).get(key)

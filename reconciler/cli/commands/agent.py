@@ -23,7 +23,7 @@ from reconciler.node.agent import (
 )
 from reconciler.node.http_server import parse_listen
 from reconciler.node.state_dir import StateDir
-from reconciler.protocol.signing import load_trusted_keys
+from reconciler.protocol.signing import load_private_key, load_trusted_keys
 from reconciler.spec.durations import parse_duration
 from reconciler.spec.errors import UsageError
 
@@ -48,6 +48,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         required=True,
         metavar="FILE",
         help="the daemon's OpenSSH public key (repeat to trust several, for rotation)",
+    )
+    parser.add_argument(
+        "--key",
+        metavar="FILE",
+        help="this agent's OpenSSH Ed25519 private key: every answer is signed with it, and "
+        "its .pub line goes into the node file as spec.agentKey "
+        "(reconciler keys generate --out DIR --name agent)",
     )
     parser.add_argument(
         "--runtime",
@@ -100,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
                 "(it names the file STATE/runtimes/TYPE.yaml)"
             )
     trusted = load_trusted_keys([Path(p) for p in args.trust_key])
+    key = load_private_key(Path(args.key)) if args.key else None
     state = StateDir.open(Path(args.state_dir))
     try:
         runtimes = managed_runtimes(args.runtime, state)
@@ -116,6 +124,7 @@ def run(args: argparse.Namespace) -> int:
                 after_apply=args.after_apply,
                 after_apply_timeout=float(timeout),
                 backup_retention=args.backup_retention,
+                key=key,
             ),
             state,
         )
