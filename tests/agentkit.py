@@ -213,7 +213,11 @@ class AgentFleet(RepoKit):
         files: Mapping[str, str] | None = None,
     ) -> AgentFleet:
         """``nodes``: name -> keyword arguments of ``start_agent`` (``config``,
-        ``after_apply``, ...) plus optional ``labels``."""
+        ``after_apply``, ...) plus optional ``labels`` and ``agent_key``:
+        ``"own"`` (the agent signs with ``--key``, its node file carries the
+        matching ``agentKey``), ``"other"`` (it signs with one key, the node
+        file names another) or ``"unsigned"`` (the node file has a key, the
+        agent runs without ``--key``)."""
         key_path, public = generate_key(root / "keys")
         agents: dict[str, RealAgent] = {}
         seed: dict[str, str] = {}
@@ -221,9 +225,13 @@ class AgentFleet(RepoKit):
             for name, options in nodes.items():
                 options = dict(options)
                 labels = options.pop("labels", {"role": "gpu"})
+                agent_key, extra = _agent_keys(
+                    root / "agents" / name, options.pop("agent_key", None)
+                )
+                options["extra"] = (*options.get("extra", ()), *extra)
                 agent = start_agent(root / "agents" / name, name, public, **options)
                 agents[name] = agent
-                seed[f"nodes/{name}.yaml"] = node_yaml(name, agent.url, labels)
+                seed[f"nodes/{name}.yaml"] = node_yaml(name, agent.url, labels, agent_key=agent_key)
         except BaseException:
             for agent in agents.values():
                 agent.stop()
@@ -249,6 +257,18 @@ class AgentFleet(RepoKit):
         super().close()
         for agent in self.agents.values():
             agent.stop()
+
+
+def _agent_keys(root: Path, mode: str | None) -> tuple[str | None, tuple[str, ...]]:
+    """(the node file's agentKey line, the agent's extra arguments) for ``mode``."""
+    if mode is None:
+        return None, ()
+    signing, signing_pub = generate_key(root / "keys", "agent")
+    named_pub = signing_pub
+    if mode == "other":
+        _, named_pub = generate_key(root / "keys", "other")
+    line = named_pub.read_text().strip()
+    return line, (() if mode == "unsigned" else ("--key", str(signing)))
 
 
 def node_map(status: Mapping[str, Any]) -> dict[str, dict[str, Any]]:

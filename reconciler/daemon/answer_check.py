@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from reconciler.protocol.evidence import evidence_problem, parse_agent_key
-from reconciler.protocol.observations import Heartbeat, JobObservation, SignedAnswer
+from reconciler.protocol.observations import NO_EVIDENCE, Heartbeat, JobObservation, SignedAnswer
 from reconciler.protocol.signing import TrustedKey
 from reconciler.spec.model import Node
 
@@ -51,7 +51,7 @@ class AnswerCheck:
         if not problem:
             return seen, ""
         return (
-            JobObservation(seen.job_id, "unreachable", error=f"no evidence: {problem}"),
+            JobObservation(seen.job_id, "unreachable", error=f"{NO_EVIDENCE} {problem}"),
             problem,
         )
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from reconciler.protocol.observations import Heartbeat, JobObservation, Observations
+from reconciler.protocol.observations import NO_EVIDENCE, Heartbeat, JobObservation, Observations
 from reconciler.spec.durations import format_duration
 from reconciler.spec.model import Target
 from reconciler.spec.rollout_status import NodeEvidence, NodeRecord, RestoreRecord
@@ -19,6 +19,7 @@ from reconciler.spec.times import parse_time
 # config back byte for byte (DESIGN.md 7), so that attempt changed nothing.
 JOB_FAILED = "job failed"
 JOB_REFUSED = "refused by the agent"
+
 
 # (verdict, node state, error, the job observation it rests on)
 Judgement = tuple[str, str, str, JobObservation | None]
@@ -65,12 +66,11 @@ def judge_apply(node: NodeRecord, seen: Seen, in_fleet: bool) -> Judgement | Non
     unreachable = since is not None or (job is not None and job.state == "unreachable")
     # An outage counts only from dispatch: a new attempt gets its own offlineAfter.
     if since is not None and now - max(since, node.dispatched_at) >= seen.offline_after:
-        return (
-            "unknown",
-            "unknown",
-            f"agent unreachable for {format_duration(seen.offline_after_seconds)} or more",
-            job,
-        )
+        lasted = format_duration(seen.offline_after_seconds)
+        if job is not None and job.error.startswith(NO_EVIDENCE):
+            # Reachable, but not believed: say so, not "unreachable".
+            return "unknown", "unknown", f"{job.error} (for {lasted} or more)", job
+        return "unknown", "unknown", f"agent unreachable for {lasted} or more", job
     if now >= node.deadline:
         if unreachable:
             return "unknown", "unknown", "agent unreachable when the deadline passed", job

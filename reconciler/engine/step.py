@@ -736,7 +736,8 @@ class RolloutStep:
     def observe(self) -> None:
         """Record verdicts for in-flight applies and outcomes of restores."""
         seen: evidence.Seen | None = None
-        for i in list(self.open_indexes()):
+        in_flight = list(self.open_indexes())
+        for i in in_flight:
             node = self.nodes[i]
             if node.state == "dispatched":
                 if seen is None:
@@ -746,22 +747,16 @@ class RolloutStep:
                     self.record_verdict(i, *judged)
             elif node.state in RESTORE_STATES and node.restore is not None:
                 self.record_restore(i, node, node.restore)
-        self.report_unverified()
+        if in_flight:
+            self.report_unverified([self.nodes[i].name for i in in_flight])
 
-    def report_unverified(self) -> None:
-        """Name, in a condition, the in-flight nodes whose answers this pass
-        did not believe (no or bad evidence for their agentKey)."""
+    def report_unverified(self, asked: list[str]) -> None:
+        """Name, in a condition, the nodes whose answers this pass did not
+        believe (no or bad evidence for their agentKey), among ``asked``:
+        the nodes in flight when the pass began. It stays while nothing is
+        in flight (a hold), and goes once their answers are believed again."""
         unverified = self.ctx.obs.unverified
-        named = (
-            [
-                f"{node.name} ({unverified[node.name]})"
-                for node in self.nodes
-                if node.name in unverified
-                and (node.state == "dispatched" or node.state in RESTORE_STATES)
-            ]
-            if unverified
-            else []
-        )
+        named = [f"{name} ({unverified[name]})" for name in asked if name in unverified]
         self.set_condition(
             "unverified_evidence",
             None

@@ -24,6 +24,10 @@ class SignedAnswer:
     signature: str
 
 
+# How the daemon marks an answer it did not believe (DESIGN.md 12): an
+# ``unreachable`` job observation whose error starts with this.
+NO_EVIDENCE = "no evidence:"
+
 # Job states as the agent reports them, plus what the daemon's client adds:
 #   refused      the agent answered the POST with a 4xx (a failed verdict)
 #   unreachable  connection error, timeout, 5xx or an answer we cannot use
