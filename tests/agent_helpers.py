@@ -162,6 +162,7 @@ class FleetThread(Served):
         names: Sequence[str] = ("node-a", "node-b", "node-c"),
         script: Script | str | None = None,
         clock: Callable[[], datetime] | None = None,
+        key_seed: str | None = None,
     ) -> None:
         if isinstance(script, str):
             from reconciler.spec.safe_yaml import load_yaml
@@ -174,6 +175,7 @@ class FleetThread(Served):
             state_dir=state_dir,
             runtimes=["hermes"],
             script=script,
+            key_seed=key_seed,
             **extra,
         )
         super().__init__(self.fleet.handle, self.fleet.close)
