@@ -37,6 +37,7 @@ def node_yaml(
     labels: Mapping[str, str],
     maintenance: bool = False,
     agent_key: str | None = None,
+    cert_pin: str | None = None,
 ) -> str:
     label_text = ", ".join(f"{k}: {v}" for k, v in labels.items())
     return (
@@ -45,6 +46,7 @@ def node_yaml(
         f"spec:\n  agent: {agent}\n  labels: {{{label_text}}}\n"
         f"  maintenance: {'true' if maintenance else 'false'}\n"
         + (f'  agentKey: "{agent_key}"\n' if agent_key else "")
+        + (f'  agentCertSha256: "{cert_pin}"\n' if cert_pin else "")
     )
 
 

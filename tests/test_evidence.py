@@ -4,6 +4,9 @@ validated. Real keys, real agents on 127.0.0.1."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import ssl
 import subprocess
 import sys
 from dataclasses import replace
@@ -22,6 +25,7 @@ from reconciler.protocol.evidence import (
     split_answer,
 )
 from reconciler.protocol.signing import generate_key, load_private_key
+from reconciler.protocol.tls import parse_pin
 from reconciler.spec.documents import parse_file
 from reconciler.spec.model import Node
 from tests.agent_helpers import AgentThread, FleetThread, envelope, job, new_key, request
@@ -145,3 +149,31 @@ def test_simulated_keys_are_one_per_node_and_stable(seed: str) -> None:
     assert one.key_id == derived_agent_key(seed, "sim-0001").key_id
     assert one.key_id != derived_agent_key(seed, "sim-0002").key_id
     assert parse_agent_key(one.public_openssh).key_id == one.key_id
+
+
+def test_an_https_agent_without_a_pin_is_refused_at_its_agent_field() -> None:
+    text = (
+        b"apiVersion: reconciler/v1\nkind: Node\nmetadata: {name: gpu-a1}\n"
+        b"spec:\n  agent: https://10.0.0.5:8710\n"
+    )
+    (problem,) = parse_file("nodes/gpu-a1.yaml", text).problems
+    assert (problem.line, problem.column, problem.field) == (5, 10, "spec.agent")
+    assert "agentCertSha256" in problem.message
+    pinned = text + b"  agentCertSha256: " + b"ab" * 32 + b"\n"
+    node = parse_file("nodes/gpu-a1.yaml", pinned).node
+    assert node is not None and node.agent_cert_sha256 == "ab" * 32
+
+
+def test_keys_tls_writes_a_private_key_and_prints_the_certificates_pin(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "reconciler", "keys", "tls", "--out", str(tmp_path),
+         "--name", "gpu-a1"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert (tmp_path / "gpu-a1.key").stat().st_mode & 0o777 == 0o600
+    pem = (tmp_path / "gpu-a1.crt").read_bytes()
+    der = ssl.PEM_cert_to_DER_cert(pem.decode())
+    assert f"agentCertSha256: {hashlib.sha256(der).hexdigest()}" in done.stdout
+    assert parse_pin(hashlib.sha256(der).hexdigest()) == hashlib.sha256(der).digest()
+    b64 = "sha256:" + base64.b64encode(hashlib.sha256(der).digest()).decode()
+    assert parse_pin(b64) == hashlib.sha256(der).digest()

@@ -110,3 +110,52 @@ def test_an_agent_without_the_nodes_key_never_gets_its_node_passed(fleet: AgentF
     # The job itself went out (the daemon signs what it sends) and the agent ran it:
     # what was missing is only its believable word.
     assert [r["state"] for r in fleet.agents["gpu-a1"].journal()] == ["succeeded"]
+
+
+def test_tls_with_the_pinned_certificate_completes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    made = AgentFleet.create(
+        tmp_path / "tls",
+        {"gpu-a1": {"config": OLD, "agent_key": "own", "tls": "pinned"}},
+    )
+    try:
+        assert made.agents["gpu-a1"].url.startswith("https://")
+        made.push({"rollouts/r.yaml": rollout_yaml("r", nodeIds=["gpu-a1"], live=True)})
+        daemon = made.daemon()
+        statuses = made.run_until(daemon, lambda s: s.get("r", {}).get("phase") == "completed")
+        assert node_map(statuses["r"])["gpu-a1"]["evidence"]["jobRecord"]["state"] == "succeeded"
+        # The CLI verbs that talk to agents accept the pinned certificate too.
+        capsys.readouterr()
+        assert cli(["backups", "gpu-a1", "--repo", str(made.bare)]) == 0
+        assert "gpu-a1 (https://127.0.0.1:" in capsys.readouterr().out
+    finally:
+        made.close()
+
+
+@pytest.mark.parametrize(
+    "mode", ["other", "downgrade"], ids=["another-certificate", "http-downgrade"]
+)
+def test_no_job_reaches_an_agent_that_is_not_the_pinned_one(
+    tmp_path: Path, mode: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    made = AgentFleet.create(
+        tmp_path, {"gpu-a1": {"config": OLD, "tls": mode}}, files={"reconciler.yaml": FAST_OFFLINE}
+    )
+    try:
+        made.push({"rollouts/r.yaml": rollout_yaml("r", nodeIds=["gpu-a1"], live=True)})
+        daemon = made.daemon()
+
+        def held(statuses: dict[str, Any]) -> bool:
+            made.clock.advance(2)
+            return (statuses.get("r", {}).get("hold") or {}).get("reason") == "health_unknown"
+
+        made.run_until(daemon, held)
+        assert made.agents["gpu-a1"].journal() == []  # nothing was delivered, ever
+        assert made.agents["gpu-a1"].config_bytes() == OLD
+        capsys.readouterr()
+        assert cli(["backups", "gpu-a1", "--repo", str(made.bare)]) == 1
+        err = capsys.readouterr().err
+        assert "gpu-a1" in err
+    finally:
+        made.close()

@@ -33,7 +33,7 @@ import logging
 import ssl
 import threading
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
@@ -51,6 +51,7 @@ from reconciler.protocol.observations import (
     parse_backup_list,
 )
 from reconciler.protocol.signing import SigningKey, envelope_bytes
+from reconciler.protocol.tls import client_context, parse_pin, pin_problem
 from reconciler.spec.errors import AgentError
 
 log = logging.getLogger(__name__)
@@ -107,6 +108,7 @@ class _Connection(asyncio.Protocol):
         self.head: tuple[int, int | None, bool, bool] | None = None
         self.body_start = 0
         self.closed = False
+        self.pin: bytes | None = None  # the certificate pin this TLS connection was checked with
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -216,6 +218,8 @@ class _HttpClient:
         self.pool = _Pool(idle_limit)
         self._origins: dict[str, _Origin] = {}
         self._ssl: ssl.SSLContext | None = None
+        # https agents: (host, port) -> SHA-256 of the one certificate accepted
+        self.pins: dict[tuple[str, int], bytes] = {}
 
     def origin(self, base_url: str) -> _Origin:
         origin = self._origins.get(base_url)
@@ -237,6 +241,9 @@ class _HttpClient:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout
         conn = self.pool.take(origin)
+        if conn is not None and conn.pin != self.pins.get((origin.host, origin.port)):
+            conn.close()  # checked against a pin that has changed since
+            conn = None
         if conn is not None:
             try:
                 return await self._send(origin, conn, data, deadline)
@@ -251,12 +258,20 @@ class _HttpClient:
     async def _connect(self, origin: _Origin, deadline: float) -> _Connection:
         loop = asyncio.get_running_loop()
         context = None
+        pin = None
         if origin.scheme == "https":
+            pin = self.pins.get((origin.host, origin.port))
+            if pin is None:
+                # A job must never go to a peer whose certificate nobody pinned.
+                raise _Unreachable(
+                    f"https agent {origin.host}:{origin.port} has no pinned certificate "
+                    "(spec.agentCertSha256); nothing sent"
+                )
             if self._ssl is None:
-                self._ssl = ssl.create_default_context()
+                self._ssl = client_context()
             context = self._ssl
         try:
-            _, conn = await asyncio.wait_for(
+            transport, conn = await asyncio.wait_for(
                 loop.create_connection(_Connection, origin.host, origin.port, ssl=context),
                 max(deadline - loop.time(), 0.001),
             )
@@ -264,8 +279,16 @@ class _HttpClient:
             raise _Unreachable(
                 f"cannot connect to {origin.host}:{origin.port}: no answer within {self.timeout:g}s"
             ) from None
-        except OSError as exc:
+        except (OSError, ssl.SSLError) as exc:
             raise _Unreachable(f"cannot connect to {origin.host}:{origin.port}: {exc}") from None
+        if pin is not None:
+            ssl_object = transport.get_extra_info("ssl_object")
+            der = ssl_object.getpeercert(True) if ssl_object is not None else None
+            problem = pin_problem(der, pin)
+            if problem:
+                conn.close()
+                raise _Unreachable(f"TLS {origin.host}:{origin.port}: {problem}; nothing sent")
+            conn.pin = pin
         return conn
 
     async def _send(
@@ -486,6 +509,19 @@ class AgentClient:
 
     # The public calls: each runs one batch of requests on the loop thread.
 
+    def set_pins(self, pins: Mapping[str, str]) -> None:
+        """The certificate pins of https agents: base URL -> ``agentCertSha256``
+        (DESIGN.md 12). An https agent without a pin gets nothing; one whose
+        certificate differs gets nothing and its answers are unreachable."""
+        parsed: dict[tuple[str, int], bytes] = {}
+        for url, text in pins.items():
+            try:
+                origin = _parse_base(url)
+                parsed[(origin.host, origin.port)] = parse_pin(text)
+            except (_Unreachable, ValueError):
+                continue  # validation reports the node file; without a pin nothing is sent
+        self._http.pins = parsed
+
     def send_jobs(
         self, jobs: Sequence[tuple[str, SendJob]], now: datetime
     ) -> dict[str, JobObservation]:
@@ -633,15 +669,30 @@ def _backups_reader(node: str, body: bytes) -> tuple[Backup, ...]:
 # --- one-shot reads for the command line ---------------------------------------
 
 
-def fetch_backups(agent: str, node: str, timeout: float) -> list[Backup]:
+def fetch_backups(agent: str, node: str, timeout: float, pin: str | None = None) -> list[Backup]:
     """One node's backups, newest first, for ``reconciler backups``: one plain
-    GET (reading needs no key), errors in words for a person."""
+    GET (reading needs no key), errors in words for a person. An https agent
+    is accepted only with the certificate ``pin`` (``agentCertSha256``)."""
     import httpx  # only this one-shot read uses it; the daemon's client is asyncio
 
     url = f"{agent.rstrip('/')}/v1/nodes/{node}/backups"
-
+    https = agent.startswith("https://")
+    if https and pin is None:
+        raise AgentError(
+            f"the agent of {node} at {agent} is https:// without spec.agentCertSha256",
+            hint="pin its certificate in the node file (reconciler keys tls prints the value)",
+        )
     try:
-        answer = httpx.get(url, timeout=timeout, headers={"User-Agent": "reconciler-cli"})
+        # A GET carries nothing secret; the answer counts only from the pinned
+        # certificate, checked on the connection it came over.
+        verify = client_context() if https else True
+        with (
+            httpx.Client(verify=verify, timeout=timeout) as client,
+            client.stream("GET", url, headers={"User-Agent": "reconciler-cli"}) as answer,
+        ):
+            if https and pin is not None:
+                _check_pin(answer, pin, node, agent)
+            answer.read()
     except httpx.HTTPError as exc:
         raise AgentError(
             f"cannot reach the agent of {node} at {agent}: {exc}",
@@ -660,6 +711,21 @@ def fetch_backups(agent: str, node: str, timeout: float) -> list[Backup]:
         ) from exc
     # Newest first, as the agent promises; sorting keeps that true for any agent.
     return sorted(backups, key=lambda b: b.created_at, reverse=True)
+
+
+def _check_pin(answer: Any, pin: str, node: str, agent: str) -> None:
+    stream = answer.extensions.get("network_stream")
+    ssl_object = stream.get_extra_info("ssl_object") if stream is not None else None
+    der = ssl_object.getpeercert(True) if ssl_object is not None else None
+    try:
+        problem = pin_problem(der, parse_pin(pin))
+    except ValueError as exc:
+        problem = f"spec.agentCertSha256 {exc}"
+    if problem:
+        raise AgentError(
+            f"the agent of {node} at {agent} is not the pinned one: {problem}",
+            hint="if the agent's certificate was replaced, update agentCertSha256 in its node file",
+        )
 
 
 def _answer_error_text(answer: Any) -> str:

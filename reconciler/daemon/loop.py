@@ -751,6 +751,10 @@ class Daemon:
         while the spec trees stay the same, and with them the fleet)."""
         if self.memory.by_name is None or self.memory.by_name[0] is not fleet:
             self.memory.by_name = (fleet, fleet.by_name())
+            # The certificate pins go with the fleet they were read from (DESIGN.md 12).
+            self.client.set_pins(
+                {n.agent: n.agent_cert_sha256 for n in fleet.nodes if n.agent_cert_sha256}
+            )
         return self.memory.by_name[1]
 
     # -- reporting -----------------------------------------------------------

@@ -30,6 +30,7 @@ import hashlib
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import threading
@@ -486,8 +487,9 @@ async def serve(
     *,
     ready: Callable[[str], None] | None = None,
     stop: asyncio.Event | None = None,
+    tls: ssl.SSLContext | None = None,
 ) -> None:
-    server = HttpServer(agent.handle, host, port, on_error=_print_error)
+    server = HttpServer(agent.handle, host, port, on_error=_print_error, tls=tls)
     await server.start()
     if ready is not None:
         ready(server.address)

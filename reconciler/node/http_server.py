@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from http import HTTPStatus
@@ -210,8 +211,10 @@ class HttpServer:
         port: int = 0,
         *,
         on_error: Callable[[BaseException], None] | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.handler = handler
+        self.tls = tls  # HTTPS when set
         self.host = host
         self.port = port
         self.connections: set[_Connection] = set()
@@ -226,7 +229,12 @@ class HttpServer:
     async def start(self) -> tuple[str, int]:
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            lambda: _Connection(self), self.host, self.port, backlog=2048, reuse_address=True
+            lambda: _Connection(self),
+            self.host,
+            self.port,
+            backlog=2048,
+            reuse_address=True,
+            ssl=self.tls,
         )
         sockname = self._server.sockets[0].getsockname()
         self.host, self.port = sockname[0], sockname[1]

@@ -17,6 +17,7 @@ from reconciler.protocol.signing import (
     load_private_key,
     load_public_key,
 )
+from reconciler.protocol.tls import generate_cert
 from reconciler.spec.documents import NAME_RE
 from reconciler.spec.errors import UsageError
 
@@ -34,6 +35,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=PRIVATE_KEY_NAME,
         help="file name of the key (default reconciler; an agent's key: --name agent)",
     )
+    tls = sub.add_parser(
+        "tls",
+        help="write a self-signed DIR/NODE.crt and DIR/NODE.key for an agent's HTTPS",
+        description="Writes DIR/NODE.crt and DIR/NODE.key (mode 0600) for "
+        "`reconciler agent --tls-cert --tls-key`, and prints the certificate's SHA-256, "
+        "which the node file pins as spec.agentCertSha256.",
+    )
+    tls.add_argument("--out", required=True, metavar="DIR", help="directory for the pair")
+    tls.add_argument("--name", required=True, metavar="NODE", help="the node's name")
     show = sub.add_parser("id", help="print the key id of a private or public key file")
     show.add_argument("file", metavar="FILE")
 
@@ -54,6 +64,15 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(f"private key: {private_path} (mode 0600; give it to the agent: agent --key)")
             print(f"public key:  {public_path} (its line goes into the node file: spec.agentKey)")
+        return 0
+    if args.keys_action == "tls":
+        if not NAME_RE.fullmatch(args.name):
+            raise UsageError(f"--name {args.name!r} is not a node name")
+        crt, key_path, pin = generate_cert(Path(args.out), args.name)
+        print(f"agentCertSha256: {pin}")
+        print(f"certificate: {crt} (agent --tls-cert)")
+        print(f"private key: {key_path} (mode 0600; agent --tls-key)")
+        print(f"in nodes/{args.name}.yaml: agent: https://ADDRESS:PORT and agentCertSha256: {pin}")
         return 0
     if args.keys_action == "id":
         path = Path(args.file)
