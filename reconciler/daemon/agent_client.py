@@ -385,7 +385,7 @@ def _chunked_body(buffer: bytes, start: int) -> bytes | None:
 def _json(body: bytes) -> Any:
     try:
         return json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: nested too deep
         raise _Unreachable(f"answer is not JSON: {body[:60]!r}") from None
 
 
@@ -393,7 +393,7 @@ def _error_text(status: int, body: bytes) -> str:
     """``code: message`` from an error answer, or what we can say about it."""
     try:
         data = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: nested too deep
         data = None
     if isinstance(data, dict) and isinstance(data.get("error"), str):
         message = data.get("message")
@@ -406,7 +406,7 @@ def _signed_error(body: bytes) -> SignedAnswer | None:
     """The evidence of an error answer (a signed refusal), if it has any."""
     try:
         data = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: nested too deep
         return None
     return split_answer(data) if isinstance(data, dict) else None
 

@@ -204,7 +204,7 @@ class Agent:
     def post_job(self, body: bytes, path_node: str) -> Response:
         try:
             envelope = json.loads(body)
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: nested too deep
             return self._error(400, "invalid_job", "the body is not JSON")
         with self._lock:
             try:

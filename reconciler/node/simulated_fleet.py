@@ -498,7 +498,7 @@ class SimFleet:
     ) -> Response | asyncio.Future[Response]:
         try:
             envelope = json.loads(body)
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: nested too deep
             envelope = None
         payload_in = envelope.get("payload") if isinstance(envelope, dict) else None
         attempt = payload_in.get("attempt") if isinstance(payload_in, dict) else None
