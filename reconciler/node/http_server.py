@@ -193,6 +193,9 @@ class _Connection(asyncio.Protocol):
 
     def _admit(self, head: h11.Request) -> bool:
         """Refuse, before any body is read, what this server never accepts."""
+        if sum(len(name) + len(value) + 4 for name, value in head.headers) > MAX_HEAD_BYTES:
+            self._refuse(431, "request headers too large")
+            return False
         length = None
         for name, value in head.headers:
             if name == b"transfer-encoding":
@@ -242,6 +245,7 @@ class _Connection(asyncio.Protocol):
         else:
             response = task.result()
         self._answer(response)
+        self._process()  # requests that arrived meanwhile (a sync answer returns to the loop)
 
     def _answer(self, response: Response) -> None:
         transport = self.transport
@@ -287,7 +291,6 @@ class _Connection(asyncio.Protocol):
         self._wait_for(self.server.request_timeout if self.started else self.server.idle_timeout)
         if self.transport is not None and not self.paused_for_writes:
             self.transport.resume_reading()
-        self._process()
 
     # -- endings --------------------------------------------------------------------
 
