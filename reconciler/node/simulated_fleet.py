@@ -343,6 +343,7 @@ class SimFleet:
         for name in names:
             if name not in self.nodes:
                 self.nodes[name] = SimNode(name, self.script.for_node(name).initial, self.runtimes)
+                self.key(name)  # derived now, as a real agent loads its key at start
 
     def set_script(self, script: Script) -> None:
         self.script = script
