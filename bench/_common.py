@@ -228,12 +228,15 @@ class SimFleetProcess:
 # -- generated fleet repositories ------------------------------------------
 
 
-def node_text(name: str, agent: str, labels: Mapping[str, str]) -> bytes:
+def node_text(
+    name: str, agent: str, labels: Mapping[str, str], agent_key: str | None = None
+) -> bytes:
     label_text = ", ".join(f"{k}: {v}" for k, v in labels.items())
     return (
         "apiVersion: reconciler/v1\nkind: Node\n"
         f"metadata: {{name: {name}}}\n"
         f"spec:\n  agent: {agent}\n  labels: {{{label_text}}}\n"
+        + (f'  agentKey: "{agent_key}"\n' if agent_key else "")
     ).encode()
 
 
