@@ -37,6 +37,7 @@ import asyncio
 import functools
 import json
 import ssl
+import time
 from collections.abc import Awaitable, Callable
 from http import HTTPStatus
 from typing import Any
@@ -50,6 +51,7 @@ REQUEST_TIMEOUT = 10.0  # seconds from a request's first byte to its last
 IDLE_TIMEOUT = 120.0  # seconds a keep-alive connection may sit unused
 WRITE_HIGH_WATER = 256 * 1024  # bytes of unsent answers before reading pauses
 BACKLOG = 256
+SWEEP_INTERVAL = 0.25  # seconds between checks of the deadlines
 
 _REASONS = {s.value: s.phrase.encode("latin-1") for s in HTTPStatus}
 
@@ -97,12 +99,13 @@ class _Connection(asyncio.Protocol):
         "body",
         "busy",
         "conn",
+        "deadline",
         "head",
         "paused_for_writes",
+        "reading_paused",
         "server",
         "started",
         "task",
-        "timer",
         "transport",
     )
 
@@ -111,7 +114,10 @@ class _Connection(asyncio.Protocol):
         self.conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
         self.transport: asyncio.Transport | None = None
         self.task: asyncio.Future[Response] | None = None
-        self.timer: asyncio.TimerHandle | None = None
+        # When the current wait ends (loop time); checked by the server's sweep,
+        # which costs less per request than a timer handle.
+        self.deadline = 0.0
+        self.reading_paused = False
         self.head: h11.Request | None = None
         self.body: list[bytes] = []
         self.busy = False  # a request is being handled
@@ -134,7 +140,6 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server.connections.discard(self)
-        self._cancel_timer()
         if self.task is not None:
             self.task.cancel()
         self.transport = None
@@ -142,12 +147,21 @@ class _Connection(asyncio.Protocol):
     def pause_writing(self) -> None:
         # The client does not read its answers: stop reading its requests.
         self.paused_for_writes = True
-        if self.transport is not None:
-            self.transport.pause_reading()
+        self._pause_reading()
 
     def resume_writing(self) -> None:
         self.paused_for_writes = False
-        if self.transport is not None and not self.busy:
+        if not self.busy:
+            self._resume_reading()
+
+    def _pause_reading(self) -> None:
+        if self.transport is not None and not self.reading_paused:
+            self.reading_paused = True
+            self.transport.pause_reading()
+
+    def _resume_reading(self) -> None:
+        if self.transport is not None and self.reading_paused:
+            self.reading_paused = False
             self.transport.resume_reading()
 
     def data_received(self, data: bytes) -> None:
@@ -215,10 +229,7 @@ class _Connection(asyncio.Protocol):
     def _handle(self) -> None:
         head = self.head
         assert head is not None
-        self._cancel_timer()  # the whole request is in
-        self.busy = True
-        assert self.transport is not None
-        self.transport.pause_reading()  # one request at a time; pipelined ones wait in the socket
+        self.busy = True  # the whole request is in: its deadline no longer applies
         path = head.target.split(b"?", 1)[0].decode("latin-1")
         request = Request(head.method.decode("ascii", "replace"), path, b"".join(self.body))
         self.body = []
@@ -230,6 +241,8 @@ class _Connection(asyncio.Protocol):
         if isinstance(result, Response):
             self._answer(result)
         else:
+            # One request at a time: pipelined ones wait in the socket meanwhile.
+            self._pause_reading()
             task = asyncio.ensure_future(result)
             self.task = task
             task.add_done_callback(self._finished)
@@ -289,8 +302,8 @@ class _Connection(asyncio.Protocol):
             return
         self.started = bool(self.conn.trailing_data[0])
         self._wait_for(self.server.request_timeout if self.started else self.server.idle_timeout)
-        if self.transport is not None and not self.paused_for_writes:
-            self.transport.resume_reading()
+        if self.reading_paused and not self.paused_for_writes:
+            self._resume_reading()
 
     # -- endings --------------------------------------------------------------------
 
@@ -317,14 +330,12 @@ class _Connection(asyncio.Protocol):
         self._close()
 
     def _close(self) -> None:
-        self._cancel_timer()
         if self.transport is not None:
             self.transport.close()
             self.transport = None
             self.server.connections.discard(self)
 
-    def _time_out(self) -> None:
-        self.timer = None
+    def time_out(self) -> None:
         if self.busy:
             return  # the handler's own time; the client waits for the answer
         if self.started:
@@ -333,13 +344,7 @@ class _Connection(asyncio.Protocol):
             self._close()
 
     def _wait_for(self, seconds: float) -> None:
-        self._cancel_timer()
-        self.timer = asyncio.get_running_loop().call_later(seconds, self._time_out)
-
-    def _cancel_timer(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
+        self.deadline = self.server.loop_time() + seconds
 
     @property
     def idle(self) -> bool:
@@ -370,7 +375,18 @@ class HttpServer:
         self.idle_timeout = idle_timeout
         self.connections: set[_Connection] = set()
         self._server: asyncio.Server | None = None
+        self._sweeper: asyncio.Task[None] | None = None
         self._on_error = on_error
+        self.loop_time = time.monotonic  # the clock of deadlines
+
+    async def _sweep(self) -> None:
+        """End the waits that are over: several times a second, so a deadline
+        is kept to within SWEEP_INTERVAL."""
+        while True:
+            await asyncio.sleep(SWEEP_INTERVAL)
+            now = self.loop_time()
+            for conn in [c for c in self.connections if c.deadline <= now]:
+                conn.time_out()
 
     def log_error(self, exc: BaseException) -> None:
         if self._on_error is not None:
@@ -396,6 +412,7 @@ class HttpServer:
         )
         sockname = self._server.sockets[0].getsockname()
         self.host, self.port = sockname[0], sockname[1]
+        self._sweeper = asyncio.ensure_future(self._sweep())
         return self.host, self.port
 
     @property
@@ -404,6 +421,8 @@ class HttpServer:
         return f"{host}:{self.port}"
 
     async def close(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
         if self._server is not None:
             self._server.close()
             for conn in list(self.connections):
