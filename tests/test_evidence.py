@@ -24,7 +24,7 @@ from reconciler.protocol.evidence import (
     sign_answer,
     split_answer,
 )
-from reconciler.protocol.signing import generate_key, load_private_key
+from reconciler.protocol.signing import SigningKey, generate_key, load_private_key
 from reconciler.protocol.tls import parse_pin
 from reconciler.spec.documents import parse_file
 from reconciler.spec.model import Node
@@ -177,3 +177,31 @@ def test_keys_tls_writes_a_private_key_and_prints_the_certificates_pin(tmp_path:
     assert parse_pin(hashlib.sha256(der).hexdigest()) == hashlib.sha256(der).digest()
     b64 = "sha256:" + base64.b64encode(hashlib.sha256(der).digest()).decode()
     assert parse_pin(b64) == hashlib.sha256(der).digest()
+
+
+def test_recorded_evidence_is_checked_per_node(tmp_path: Path) -> None:
+    from reconciler.spec.rollout_status import NodeEvidence, NodeRecord
+    from reconciler.views.evidence_check import _check_node
+
+    key, _ = new_key(tmp_path / "agent")
+    other, _ = new_key(tmp_path / "other")
+
+    def kept(answer: dict[str, object], by: SigningKey = key) -> NodeEvidence:
+        signed = split_answer(sign_answer(answer, by))
+        assert signed is not None
+        return NodeEvidence(signed.key_id, signed.body, signed.signature)
+
+    passed = NodeRecord("n1", 1, "succeeded", 1, "j1", verdict="passed")
+    good = kept({"jobId": "j1", "state": "succeeded"})
+    assert _check_node(replace(passed, evidence=good), key.trusted()).ok
+    refused = kept({"error": "live_not_allowed", "message": "dry runs only"})
+    verdict = _check_node(replace(passed, verdict="failed", evidence=refused), key.trusted())
+    assert verdict.ok and verdict.message.startswith("refusal signed by")
+    # Another job's record, another key, or a changed byte: each fails.
+    assert not _check_node(replace(passed, job_id="j2", evidence=good), key.trusted()).ok
+    assert not _check_node(replace(passed, evidence=kept({"jobId": "j1"}, other)), key.trusted()).ok
+    changed = replace(good, job_record={"jobId": "j1", "state": "succeedeD"})
+    assert "bad signature" in _check_node(replace(passed, evidence=changed), key.trusted()).message
+    # Decided without evidence, though the node has a key: fails; without a key: unsigned.
+    assert not _check_node(passed, key.trusted()).ok
+    assert _check_node(passed, None).message == "unsigned evidence: the node has no agentKey"

@@ -80,7 +80,8 @@ def _check_node(record: NodeRecord, key: TrustedKey | str | None) -> NodeVerdict
     problem = signature_problem(evidence.job_record, evidence.key_id, evidence.job_signature, key)
     if problem:
         return NodeVerdict(name, False, f"job record: {problem}")
-    if evidence.job_record.get("jobId") != record.job_id:
+    refusal = "jobId" not in evidence.job_record and "error" in evidence.job_record
+    if not refusal and evidence.job_record.get("jobId") != record.job_id:
         return NodeVerdict(
             name,
             False,
@@ -95,5 +96,6 @@ def _check_node(record: NodeRecord, key: TrustedKey | str | None) -> NodeVerdict
             return NodeVerdict(name, False, f"heartbeat: {problem}")
         if evidence.heartbeat.get("node") != name:
             return NodeVerdict(name, False, "heartbeat names another node")
-    what = "job record and heartbeat" if evidence.heartbeat is not None else "job record"
+    what = "refusal" if refusal else "job record"
+    what += " and heartbeat" if evidence.heartbeat is not None else ""
     return NodeVerdict(name, True, f"{what} signed by {key.key_id} ({record.verdict})")
