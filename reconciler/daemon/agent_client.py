@@ -49,6 +49,7 @@ from reconciler.protocol.observations import (
     RuntimeReport,
     SignedAnswer,
     parse_backup_list,
+    parse_check_reports,
 )
 from reconciler.protocol.signing import SigningKey, envelope_bytes
 from reconciler.protocol.tls import client_context, parse_pin, pin_problem
@@ -456,6 +457,10 @@ def _heartbeat(node: str, body: bytes) -> Heartbeat:
     if not isinstance(runtimes, list) or not all(isinstance(r, dict) for r in runtimes):
         raise _Unreachable("heartbeat runtimes is not a list of objects")
     agent_version = data.get("agentVersion")
+    try:
+        checks = parse_check_reports(data.get("checks"))
+    except ValueError as exc:
+        raise _Unreachable(str(exc)) from None
     return Heartbeat(
         node=node,
         time=_text(data, "time"),
@@ -470,6 +475,7 @@ def _heartbeat(node: str, body: bytes) -> Heartbeat:
             )
             for r in runtimes
         ),
+        checks=checks,
         signed=split_answer(data),
     )
 
