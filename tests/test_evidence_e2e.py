@@ -159,3 +159,24 @@ def test_no_job_reaches_an_agent_that_is_not_the_pinned_one(
         assert "gpu-a1" in err
     finally:
         made.close()
+
+
+def test_the_fleet_watch_checks_heartbeats_against_the_agent_key(tmp_path: Path) -> None:
+    made = AgentFleet.create(
+        tmp_path,
+        {
+            "gpu-a1": {"config": OLD, "agent_key": "own"},
+            "gpu-a2": {"config": OLD, "agent_key": "other"},
+            "gpu-a3": {"config": OLD},
+        },
+    )
+    try:
+        daemon = made.daemon()
+        daemon.run_pass()  # reads the fleet, as every pass does before a sweep
+        sweep = daemon.fleet_watch.sweep(
+            [(agent.url, name) for name, agent in sorted(made.agents.items())]
+        )
+        verified = {s.name: s.verified for s in sweep.sightings}
+        assert verified == {"gpu-a1": True, "gpu-a2": False, "gpu-a3": None}
+    finally:
+        made.close()
