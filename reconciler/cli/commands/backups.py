@@ -20,6 +20,7 @@ from reconciler.git.branch import open_branch
 from reconciler.protocol.observations import BACKUP_FIELDS, Backup
 from reconciler.spec import documents
 from reconciler.spec.errors import ReconcilerError, StoreError
+from reconciler.spec.model import Node
 from reconciler.spec.paths import NODES_DIR, name_in, node_path
 
 HELP = "list a node's backups (newest first), from its agent"
@@ -41,10 +42,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    agent = agent_address(
+    node = node_spec(
         args.repo, args.branch, args.node, ssh_key=args.ssh_key, known_hosts=args.known_hosts
     )
-    backups = fetch_backups(agent, args.node, TIMEOUT)
+    agent = node.agent
+    backups = fetch_backups(agent, args.node, TIMEOUT, pin=node.agent_cert_sha256)
     if args.format == "json":
         records = [{key: getattr(b, attr) for attr, key in BACKUP_FIELDS.items()} for b in backups]
         sys.stdout.write(json.dumps(records, indent=2) + "\n")
@@ -62,6 +64,18 @@ def agent_address(
     known_hosts: Path | None = None,
 ) -> str:
     """``spec.agent`` of ``nodes/NODE.yaml`` on the branch."""
+    return node_spec(location, branch, node, ssh_key=ssh_key, known_hosts=known_hosts).agent
+
+
+def node_spec(
+    location: str,
+    branch: str,
+    node: str,
+    *,
+    ssh_key: Path | None = None,
+    known_hosts: Path | None = None,
+) -> Node:
+    """``nodes/NODE.yaml`` on the branch, as a value."""
     source = open_branch(location, branch, ssh_key=ssh_key, known_hosts=known_hosts)
     tip = source.refresh()
     if tip is None:
@@ -82,7 +96,7 @@ def agent_address(
     if parsed.node is None:
         problems = "; ".join(str(p) for p in parsed.problems) or "not a valid node"
         raise ReconcilerError(f"{path} on {branch} is invalid: {problems}")
-    return parsed.node.agent
+    return parsed.node
 
 
 def render_table(backups: list[Backup], node: str, agent: str) -> str:
