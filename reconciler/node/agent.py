@@ -29,10 +29,12 @@ import contextlib
 import hashlib
 import json
 import os
+import selectors
 import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -46,8 +48,10 @@ from reconciler.node.state_dir import (
     BackupInfo,
     JobRecord,
     StateDir,
+    UnsafePath,
     backups_to_prune,
     digest,
+    refuse_symlink,
 )
 from reconciler.protocol.admission import admit_job
 from reconciler.protocol.signing import JobRefused, TrustedKey
@@ -298,6 +302,10 @@ class Agent:
         payload = record.payload
         target = payload["target"]
         runtime = target["runtime"]
+        try:
+            refuse_symlink(self.state.config_path(runtime))
+        except UnsafePath as exc:
+            raise _JobFailed(f"{exc.message}; nothing was changed: {exc.hint}") from None
         current = self.state.read_config(runtime)
         before_values = _parse_config(runtime, current[0]) if current is not None else None
 
@@ -444,12 +452,12 @@ class Agent:
             )
         except OSError as exc:
             return f"after-apply command could not start: {exc.strerror}", ""
-        try:
-            output, _ = process.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
+        assert process.stdout is not None
+        output, finished = _read_bounded(process, timeout)
+        if not finished:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
-            output, _ = process.communicate()
+            process.wait()
             tail = output.decode("utf-8", "replace")[-OUTPUT_TAIL:]
             return f"after-apply command timed out after {timeout:g}s", tail
         tail = output.decode("utf-8", "replace")[-OUTPUT_TAIL:]
@@ -461,6 +469,50 @@ class Agent:
             )
             return f"after-apply command failed ({how})", tail
         return None
+
+
+OUTPUT_GRACE = 1.0  # seconds to drain output after the command exited
+
+
+def _read_bounded(process: subprocess.Popen[bytes], timeout: float) -> tuple[bytes, bool]:
+    """The command's output, and whether it exited within ``timeout``.
+
+    Never waits past ``timeout`` (plus a short grace to drain the pipe once
+    the command exited): a background process the command started, even in
+    a session of its own, may keep the pipe open for as long as it lives, so
+    end of output is not awaited; the pipe is closed when we stop reading.
+    """
+    assert process.stdout is not None
+    fd = process.stdout.fileno()
+    os.set_blocking(fd, False)
+    kept = bytearray()
+    deadline = time.monotonic() + timeout
+    exited_at: float | None = None
+    with selectors.DefaultSelector() as selector:
+        selector.register(fd, selectors.EVENT_READ)
+        while True:
+            now = time.monotonic()
+            if exited_at is None and process.poll() is not None:
+                exited_at = now
+            limit = deadline if exited_at is None else min(deadline, exited_at + OUTPUT_GRACE)
+            if now >= limit:
+                break
+            if not selector.select(min(limit - now, 0.2)):
+                continue
+            try:
+                chunk = os.read(fd, 65536)
+            except BlockingIOError:
+                continue
+            if not chunk:  # end of output: only the exit status is left to wait for
+                selector.unregister(fd)
+                remaining = deadline - time.monotonic()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    process.wait(timeout=max(remaining, 0))
+                break
+            kept += chunk
+            del kept[: max(0, len(kept) - 4 * OUTPUT_TAIL)]  # memory stays bounded
+    process.stdout.close()
+    return bytes(kept), process.poll() is not None
 
 
 # -- running it ---------------------------------------------------------------------
