@@ -68,7 +68,9 @@ CLOCK_STEPS = {"1s": 1, "121s": HEALTH_TIMEOUT + 1}
 ROLLOUT = "r"
 WAITING = ("dispatched", "rollback_pending", "restoring")  # the daemon waits on the agent
 FINAL = ("succeeded", "skipped")
-FLEET = Fleet(tuple(Node(name=n, agent=f"http://127.0.0.1:{8711 + i}") for i, n in enumerate(NODES)))
+FLEET = Fleet(
+    tuple(Node(name=n, agent=f"http://127.0.0.1:{8711 + i}") for i, n in enumerate(NODES))
+)
 SETTINGS = Settings(offline_after=OFFLINE_AFTER)
 
 
@@ -154,7 +156,7 @@ def _spec(policy: str, batch_size: int, intents: Intents) -> RolloutSpec:
 
 def _commit(intents: Intents) -> str:
     # The commit that last changed the file: the same intents, the same commit.
-    return hashlib.sha1(repr(intents).encode()).hexdigest()  # noqa: S324 - a name, not security
+    return hashlib.sha1(repr(intents).encode()).hexdigest()
 
 
 def _at(seconds: int) -> datetime:
