@@ -5,16 +5,21 @@ state directory, and a bounded journal and first backups."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 from agent_helpers import AgentThread, envelope, job, new_key
 
+from reconciler.node.agent import Agent, AgentConfig
 from reconciler.node.state_dir import StateDir, UnsafePath, write_atomic
+from reconciler.protocol.effects import SendJob
 from reconciler.protocol.signing import SigningKey
+from reconciler.spec.model import Target
 
 OLD_CONFIG = b"provider: ollama\nmodel: llama3-old\nprofile: default\n"
 
@@ -139,3 +144,87 @@ def test_a_symlinked_journal_record_is_refused(tmp_path: Path, state: Path) -> N
     finally:
         directory.close()
     assert victim.read_bytes() == b"precious\n"
+
+
+# -- bounded state ----------------------------------------------------------------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+def _agent(state: Path, key: SigningKey, clock: Clock, **config: object) -> Agent:
+    settings: dict[str, object] = {
+        "node": "node-a",
+        "trusted": {key.key_id: key.trusted()},
+        "runtimes": frozenset({"hermes"}),
+        "allow_live": True,
+    }
+    settings.update(config)
+    return Agent(AgentConfig(**settings), StateDir.open(state), clock=clock)  # type: ignore[arg-type]
+
+
+def _run_job(agent: Agent, key: SigningKey, clock: Clock, send: SendJob) -> int:
+    body = json.dumps(envelope(send, key, issued_at=clock.now)).encode()
+    answer = agent.post_job(body, "node-a")
+    agent._worker.submit(lambda: None).result(10)  # the job (queued before) has run
+    return answer.status
+
+
+def test_finished_records_are_dropped_a_day_after_their_payload_expired(
+    state: Path, key: SigningKey
+) -> None:
+    clock = Clock()
+    agent = _agent(state, key, clock)
+    try:
+        assert _run_job(agent, key, clock, job("apply-0001")) == 202
+        clock.now += timedelta(hours=24, minutes=14)  # expired 23 h 59 min ago: kept
+        assert _run_job(agent, key, clock, job("apply-0002", rollout="second")) == 202
+        assert (state / "jobs" / "apply-0001.json").exists()
+
+        clock.now += timedelta(minutes=2)  # now more than a day past its expiry
+        assert agent.compact() == 1
+        assert not (state / "jobs" / "apply-0001.json").exists()
+        assert "apply-0001" not in agent.jobs
+        assert (state / "jobs" / "apply-0002.json").exists()
+        # Replaying the dropped job is still refused: its payload has expired.
+        issued = clock.now - timedelta(days=1)
+        stale = json.dumps(envelope(job("apply-0001"), key, issued_at=issued)).encode()
+        refused = agent.post_job(stale, "node-a")
+        assert refused.status == 422 and b'"expired"' in refused.body
+    finally:
+        agent.close()
+        agent.state.close()
+
+
+def test_first_backups_of_long_finished_rollouts_fall_under_retention(
+    state: Path, key: SigningKey
+) -> None:
+    clock = Clock()
+    agent = _agent(state, key, clock, backup_retention=1, keep_first_backups=30 * 86400)
+    models = iter(f"model-{i}" for i in range(10))
+
+    def apply(job_id: str, rollout: str) -> None:
+        target = Target("hermes", "vllm", next(models), "default")
+        assert _run_job(agent, key, clock, job(job_id, rollout=rollout, target=target)) == 202
+
+    try:
+        apply("old-1", "old")  # the first backup of rollout "old": pinned
+        clock.now += timedelta(days=1)
+        apply("new-1", "new")
+        apply("new-2", "new")
+        kept = {b.rollout for b in agent.state.list_backups()}
+        assert kept == {"old", "new"}
+
+        clock.now += timedelta(days=31)  # "old" has had nothing here for 31 days
+        apply("new-3", "new")
+        rollouts = [b.rollout for b in agent.state.list_backups()]
+        assert "old" not in rollouts
+        assert rollouts.count("new") == 2  # the newest and "new"'s own first backup
+    finally:
+        agent.close()
+        agent.state.close()

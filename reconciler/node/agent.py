@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from reconciler import __version__
@@ -56,12 +56,20 @@ from reconciler.node.state_dir import (
 from reconciler.protocol.admission import admit_job
 from reconciler.protocol.signing import JobRefused, TrustedKey
 from reconciler.spec.safe_yaml import YamlProblem, dump_yaml, load_yaml
-from reconciler.spec.times import format_time
+from reconciler.spec.times import format_time, parse_time
 
 TARGET_FIELDS = ("provider", "model", "profile")
 OUTPUT_TAIL = 2000  # characters of after-apply output kept in a job's result
 DEFAULT_RETENTION = 20
 DEFAULT_AFTER_APPLY_TIMEOUT = 60.0
+DEFAULT_KEEP_FIRST_BACKUPS = 30 * 24 * 3600  # seconds
+# A finished job's record is kept this long after its payload expired. Until
+# expiresAt (issuedAt + 15 minutes) the record is what stops the job running
+# twice; after it, admission refuses the payload as `expired` anyway, and the
+# record only answers a daemon that still reads the job (one that was down, or
+# slow). A day covers a daemon restart or an outage of that length.
+JOURNAL_KEEP_AFTER_EXPIRY = timedelta(hours=24)
+COMPACT_EVERY = timedelta(minutes=1)  # agent clock; compaction is a scan of the journal
 
 
 @dataclass(frozen=True)
@@ -73,6 +81,7 @@ class AgentConfig:
     after_apply: str | None = None
     after_apply_timeout: float = DEFAULT_AFTER_APPLY_TIMEOUT
     backup_retention: int = DEFAULT_RETENTION
+    keep_first_backups: int = DEFAULT_KEEP_FIRST_BACKUPS  # seconds
 
 
 class _JobFailed(Exception):
@@ -123,7 +132,9 @@ class Agent:
         self._lock = threading.Lock()
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agent-job")
         self.jobs = state.load_jobs()
+        self._compacted_at: datetime | None = None
         self._recover()
+        self.compact()
 
     # -- start-up ------------------------------------------------------------------
 
@@ -166,6 +177,46 @@ class Agent:
 
     def close(self) -> None:
         self._worker.shutdown(wait=True)
+
+    # -- bounded state ---------------------------------------------------------------
+
+    def compact(self) -> int:
+        """Drop finished records whose payload expired more than
+        ``JOURNAL_KEEP_AFTER_EXPIRY`` ago; how many were dropped. Runs at
+        most once per ``COMPACT_EVERY`` of the agent's clock."""
+        now = self.clock()
+        if self._compacted_at is not None and now - self._compacted_at < COMPACT_EVERY:
+            return 0
+        self._compacted_at = now
+        with self._lock:
+            doomed = [
+                r.job_id
+                for r in self.jobs.values()
+                if r.state in ("succeeded", "failed") and _expired_before(r, now)
+            ]
+            for job_id in doomed:
+                self.state.delete_job(job_id)
+                del self.jobs[job_id]
+        return len(doomed)
+
+    def _finished_rollouts(self, backups: Sequence[BackupInfo]) -> set[str]:
+        """Rollouts with no job in flight here and nothing done here (no job
+        accepted, no backup taken) for ``keep_first_backups``: their first
+        backups are no longer kept beyond ``backup_retention``."""
+        horizon = self.clock() - timedelta(seconds=self.config.keep_first_backups)
+        newest: dict[str, datetime] = {}
+        busy: set[str] = set()
+        for backup in backups:
+            moment = parse_time(backup.created_at)
+            newest[backup.rollout] = max(moment, newest.get(backup.rollout, moment))
+        with self._lock:
+            for record in self.jobs.values():
+                rollout = str(record.payload.get("rollout", ""))
+                if record.state in ("accepted", "running"):
+                    busy.add(rollout)
+                moment = parse_time(record.accepted_at)
+                newest[rollout] = max(moment, newest.get(rollout, moment))
+        return {r for r, moment in newest.items() if moment < horizon and r not in busy}
 
     # -- the protocol ----------------------------------------------------------------
 
@@ -297,6 +348,10 @@ class Agent:
                 error=f"agent error: {exc}",
                 finished_at=format_time(self.clock()),
             )
+        try:
+            self.compact()
+        except OSError as exc:  # the journal stays longer; the next job tries again
+            print(f"agent: journal compaction failed: {exc}", file=sys.stderr)
 
     def _execute(self, record: JobRecord) -> JobRecord:
         payload = record.payload
@@ -411,9 +466,13 @@ class Agent:
                 for r in self.jobs.values()
                 if r.state in ("accepted", "running") and r.payload.get("backupId")
             }
-        backups = [b for b in self.state.list_backups() if b.runtime == runtime]
+        every = self.state.list_backups()
+        backups = [b for b in every if b.runtime == runtime]
         for backup_id in backups_to_prune(
-            backups, self.config.backup_retention, {b for b in busy if b}
+            backups,
+            self.config.backup_retention,
+            {b for b in busy if b},
+            self._finished_rollouts(every),
         ):
             self.state.delete_backup(backup_id)
 
@@ -469,6 +528,14 @@ class Agent:
             )
             return f"after-apply command failed ({how})", tail
         return None
+
+
+def _expired_before(record: JobRecord, now: datetime) -> bool:
+    try:
+        expires = parse_time(str(record.payload["expiresAt"]))
+    except (KeyError, ValueError):
+        return False  # cannot tell: kept
+    return expires + JOURNAL_KEEP_AFTER_EXPIRY < now
 
 
 OUTPUT_GRACE = 1.0  # seconds to drain output after the command exited

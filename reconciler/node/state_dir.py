@@ -239,6 +239,9 @@ class StateDir:
         data = json.dumps(asdict(record), ensure_ascii=False, indent=1).encode("utf-8")
         write_atomic(self._job_path(record.job_id), data, 0o600)
 
+    def delete_job(self, job_id: str) -> None:
+        remove_durably(self._job_path(job_id))
+
     def load_jobs(self) -> dict[str, JobRecord]:
         records: dict[str, JobRecord] = {}
         for path in sorted(self.jobs.glob("*.json")):
@@ -293,17 +296,22 @@ class StateDir:
 
 
 def backups_to_prune(
-    backups: Iterable[BackupInfo], retention: int, pinned: Iterable[str] = ()
+    backups: Iterable[BackupInfo],
+    retention: int,
+    pinned: Iterable[str] = (),
+    finished_rollouts: Iterable[str] = (),
 ) -> list[str]:
     """Backup ids to delete: per runtime, everything past the newest
     ``retention``, except pinned ones and the first backup each rollout took
-    on this node (the one the daemon restores: its ``firstBackupId``)."""
+    on this node (the one the daemon restores: its ``firstBackupId``) while
+    that rollout is not in ``finished_rollouts``."""
     ordered = sorted(backups, key=lambda b: b.seq)
     keep = set(pinned)
+    finished = set(finished_rollouts)
     first_of_rollout: dict[tuple[str, str], str] = {}
     for backup in ordered:
         first_of_rollout.setdefault((backup.runtime, backup.rollout), backup.backup_id)
-    keep.update(first_of_rollout.values())
+    keep.update(b for (_, rollout), b in first_of_rollout.items() if rollout not in finished)
     doomed: list[str] = []
     by_runtime: dict[str, list[BackupInfo]] = {}
     for backup in reversed(ordered):  # newest first
