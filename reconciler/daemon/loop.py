@@ -197,6 +197,9 @@ class Daemon:
         self.sign = sign
         self.clock = clock
         self.memory = DaemonMemory()
+        # Set by ``stop``, never cleared: a signal that came before ``serve``
+        # began still ends it.
+        self._stopping = False
         self._steps: tuple[Callable[[_Pass], PassOutcome | None], ...] = tuple(
             getattr(self, f"_{name}") for name in PASS_STEPS
         )
@@ -750,7 +753,6 @@ class Daemon:
         the interval while a rollout is active; until ``stop``. Errors that
         a retry can fix are logged and retried with backoff."""
         self._watcher = watcher
-        self._stopping = False
         backoff = 0.0
         while not self._stopping:
             try:
