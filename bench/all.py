@@ -31,7 +31,8 @@ from pathlib import Path
 from _common import Row, fmt, machine, parse_rows
 
 HERE = Path(__file__).resolve().parent
-NOT_BENCHMARKS = {"all", "_common", "reliability"}  # reliability: chaos scenarios, not speed
+# reliability, model_check: chaos scenarios and the engine's exhaustive check, not speed
+NOT_BENCHMARKS = {"all", "_common", "reliability", "model_check"}
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,7 @@ SCRIPTS = (
     Script("sshsig", (), ("--commits", "20", "--git-sample", "3", "--status", "200")),
     Script("operator_views", (), ("--nodes", "500", "--rollouts", "5")),
     Script("yaml_nesting", (), ("--runs", "1")),
+    Script("agent_soak", (), ("--quick",), timeout=1200.0),
 )
 
 
