@@ -43,6 +43,7 @@ from typing import Any
 
 from reconciler import __version__
 from reconciler.node.http_server import HttpServer, Request, Response, error_response, json_response
+from reconciler.node.probes import Prober
 from reconciler.node.state_dir import (
     CONFIG_MODE,
     BackupInfo,
@@ -134,6 +135,9 @@ class Agent:
         self.jobs = state.load_jobs()
         self._compacted_at: datetime | None = None
         self._recover()
+        self.prober = Prober(clock)
+        self._newest_job: dict[str, str] = {}  # runtime -> the job accepted last
+        self._resume_probes()
         self.compact()
 
     # -- start-up ------------------------------------------------------------------
@@ -175,8 +179,33 @@ class Agent:
             error=f"agent restarted during apply; config left as {left}",
         )
 
+    def _resume_probes(self) -> None:
+        """After a restart, probe again the checks of each runtime's newest
+        job when it was a successful live apply carrying checks (from
+        scratch: a restart never lengthens a run of successes)."""
+        newest: dict[str, JobRecord] = {}
+        for record in self.jobs.values():
+            runtime = record.payload["target"]["runtime"]
+            known = newest.get(runtime)
+            if known is None or parse_time(record.accepted_at) > parse_time(known.accepted_at):
+                newest[runtime] = record
+        for runtime, record in newest.items():
+            self._newest_job[runtime] = record.job_id
+            self._probe_after(runtime, record)
+
+    def _probe_after(self, runtime: str, record: JobRecord) -> None:
+        payload = record.payload
+        if (
+            record.state == "succeeded"
+            and payload.get("kind") == "apply"
+            and payload.get("mode") == "live"
+            and payload.get("checks")
+        ):
+            self.prober.start(runtime, record.job_id, payload["checks"])
+
     def close(self) -> None:
         self._worker.shutdown(wait=True)
+        self.prober.close()
 
     # -- bounded state ---------------------------------------------------------------
 
@@ -189,10 +218,13 @@ class Agent:
             return 0
         self._compacted_at = now
         with self._lock:
+            probed = set(self._newest_job.values())  # its checks may still be probed
             doomed = [
                 r.job_id
                 for r in self.jobs.values()
-                if r.state in ("succeeded", "failed") and _expired_before(r, now)
+                if r.state in ("succeeded", "failed")
+                and r.job_id not in probed
+                and _expired_before(r, now)
             ]
             for job_id in doomed:
                 self.state.delete_job(job_id)
@@ -281,6 +313,10 @@ class Agent:
                 return error_response(
                     503, "journal_unwritable", f"cannot record the job: {exc.strerror}"
                 )
+        # Checks of the runtime's previous job say nothing about this one.
+        with self._lock:
+            self._newest_job[payload["target"]["runtime"]] = record.job_id
+        self.prober.stop(payload["target"]["runtime"])
         self._worker.submit(self._run, record.job_id)
         return json_response(202, record.public())
 
@@ -301,12 +337,16 @@ class Agent:
                 entry[key] = value if isinstance(value, str) else ""
             entry["configDigest"] = digest(current[0])
             runtimes.append(entry)
-        return {
+        beat: dict[str, Any] = {
             "node": self.config.node,
             "time": format_time(self.clock()),
             "agentVersion": __version__,
             "runtimes": runtimes,
         }
+        checks = self.prober.reports()
+        if checks:
+            beat["checks"] = checks
+        return beat
 
     # -- running jobs ----------------------------------------------------------------
 
@@ -325,6 +365,11 @@ class Agent:
             record = self.jobs[job_id]
         try:
             record = self._execute(record)
+            runtime = record.payload["target"]["runtime"]
+            with self._lock:
+                newest = self._newest_job.get(runtime) == record.job_id
+            if newest:  # a job accepted since ends this one's checks
+                self._probe_after(runtime, record)
         except _JobFailed as exc:
             with self._lock:
                 record = self.jobs[job_id]

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from reconciler.spec.batch_shapes import describe_sizes
 from reconciler.spec.paths import DASHBOARD_PATH
 from reconciler.spec.rollout_status import RolloutStatus
+from reconciler.views.health_text import failing_summary
 from reconciler.views.status_text import (
     batch_groups,
     batch_text,
@@ -136,7 +137,12 @@ def _attention(rollouts: list[RolloutStatus]) -> list[str]:
             if more > 0:
                 nodes += f" and {more} more"
             text = f"- **{status.name}** `{hold.reason}`: {_sentence(hold.message)}"
-            lines.append(text + (f" Nodes: {nodes}." if nodes else ""))
+            failing = failing_summary(status)
+            lines.append(
+                text
+                + (f" Nodes: {nodes}." if nodes else "")
+                + (f" {_sentence(failing[0].upper() + failing[1:])}" if failing else "")
+            )
         for condition in status.conditions:
             lines.append(
                 f"- **{status.name}** condition `{condition.type}`: {_sentence(condition.message)}"

@@ -40,6 +40,7 @@ from reconciler.spec.model import Problem, RolloutSpec, Settings, Target, Window
 from reconciler.spec.paths import rollout_path
 from reconciler.spec.rollout_status import TERMINAL_PHASES, RolloutStatus
 from reconciler.spec.times import format_time
+from reconciler.views.health_text import health_lines
 
 MARKER = "<!-- reconciler plan -->"
 ACTIVE_PHASES = frozenset({"running", "paused"})
@@ -78,6 +79,7 @@ class AddedRollout:
     jobs_at_merge: int  # jobs sent as soon as the merge is seen
     overlaps: tuple[Overlap, ...] = ()
     reattached: bool = False  # the name of a finished rollout: it attaches to that status
+    health: tuple[str, ...] = ()  # soak and checks, one line each (section 11)
     # version 2, section 15
     batches_written: tuple[int | str, ...] = ()  # spec.batches as written; () for batchSize
     pause_for: tuple[tuple[int, int], ...] = ()  # (batch, seconds) of timed pauses
@@ -373,6 +375,7 @@ def _added(
         jobs_at_merge=sum(1 for job in after.effects if job.rollout == name),
         overlaps=tuple(overlaps),
         reattached=recorded is not None,
+        health=() if spec.health is None else tuple(health_lines(spec.health, spec.live, "")),
         batches_written=spec.batches,
         pause_for=spec.pause_for,
         after=spec.after,
@@ -675,6 +678,9 @@ def _added_facts(r: AddedRollout) -> list[str]:
         )
         + f", healthTimeout {r.health_timeout}, onFailure {r.on_failure}",
     ]
+    if r.health:
+        first, *checks = r.health
+        facts.append(f"health: {first}" + "".join(f"; check {c}" for c in checks))
     timed = dict(r.pause_for)
     untimed = [b for b in r.pause_after if b not in timed]
     if untimed:
