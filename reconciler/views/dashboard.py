@@ -14,6 +14,7 @@ file only when a status changed. Must not read Git, files or the clock.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 from reconciler.spec.batch_shapes import describe_sizes
@@ -51,6 +52,18 @@ _CLASSES = (
 
 _MESSAGE_LIMIT = 160
 _NODES_LISTED = 10
+# How a refusal for missing approvals reads (``git.approval_notes.Approvals.summary``).
+_APPROVAL_MISSING = re.compile(r"\bneeds \d+ approvals? (?:besides \S.*?'s)?; has \d+")
+
+
+def waits_for_approval(status: RolloutStatus) -> bool:
+    """Is the rollout held back only for reviewers' approvals (DESIGN.md section 17)?"""
+    condition = status.condition("unverified")
+    return (
+        status.phase == "pending"
+        and condition is not None
+        and bool(_APPROVAL_MISSING.search(condition.message))
+    )
 
 
 def render_dashboard(statuses: Mapping[str, RolloutStatus]) -> str:
@@ -118,6 +131,8 @@ def _row(status: RolloutStatus) -> str:
     icon = _PHASE_ICONS.get(s.phase, "")
     since = s.since.strftime("%Y-%m-%d %H:%MZ") if s.since else ""
     why = f"`{s.why}`" if s.why else ""
+    if waits_for_approval(status):
+        why = "⏳ waiting for approval"
     mode = ""
     if status.frozen is not None:
         mode = " · live" if status.frozen.live else " · dry-run"
@@ -144,6 +159,11 @@ def _attention(rollouts: list[RolloutStatus]) -> list[str]:
                 + (f" {_sentence(failing[0].upper() + failing[1:])}" if failing else "")
             )
         for condition in status.conditions:
+            if condition.type == "unverified" and waits_for_approval(status):
+                lines.append(
+                    f"- **{status.name}** waiting for approval: {_sentence(condition.message)}"
+                )
+                continue
             lines.append(
                 f"- **{status.name}** condition `{condition.type}`: {_sentence(condition.message)}"
             )
