@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import signal
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -86,7 +88,45 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+class _StartUp:
+    """SIGTERM and SIGINT while the daemon starts (imports, opening or
+    cloning the repository, loading keys) are noted, not acted on at once:
+    raising from a signal handler inside libgit2's callbacks or an import
+    ends in a traceback. Start-up checks ``stop`` between its steps and ends
+    cleanly; once serving, ``stop_on_signals`` takes over."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+        self._old = {s: signal.signal(s, self._note) for s in (signal.SIGTERM, signal.SIGINT)}
+
+    def _note(self, signum: int, frame: object) -> None:
+        self.signal = signum
+
+    def check(self) -> None:
+        if self.signal is not None:
+            raise _StoppedEarly(signal.Signals(self.signal).name)
+
+    def restore(self) -> None:
+        for s, handler in self._old.items():
+            signal.signal(s, handler)
+
+
+class _StoppedEarly(Exception):
+    pass
+
+
 def run(args: argparse.Namespace) -> int:
+    start_up = _StartUp()
+    try:
+        return _run(args, start_up)
+    except _StoppedEarly as stopped:
+        print(f"reconciler run: stopped by {stopped} during start-up", file=sys.stderr)
+        return 0
+    finally:
+        start_up.restore()
+
+
+def _run(args: argparse.Namespace, start_up: _StartUp) -> int:
     from reconciler.daemon import crashpoints
     from reconciler.daemon.agent_client import AgentClient
     from reconciler.daemon.logs import EventLog
@@ -97,6 +137,7 @@ def run(args: argparse.Namespace) -> int:
     from reconciler.protocol.signing import load_private_key
     from reconciler.spec.safe_yaml import loader_warning
 
+    start_up.check()
     if args.concurrency < 1:
         raise UsageError("--concurrency must be at least 1")
     if args.require_approvals < 0:
@@ -119,6 +160,7 @@ def run(args: argparse.Namespace) -> int:
         known_hosts=args.known_hosts,
     )
     store.crash_point = crashpoints.reach
+    start_up.check()
     approver = _approver(store, args)
     sign = (
         (lambda payload: sign_commit_payload(key.private_key, payload))
@@ -149,7 +191,8 @@ def run(args: argparse.Namespace) -> int:
         approvals=args.require_approvals,
     )
     try:
-        return _serve(daemon, store, args, log, metrics)
+        start_up.check()
+        return _serve(daemon, store, args, log, metrics, start_up)
     finally:
         client.close()
 
@@ -186,7 +229,12 @@ def _status_signers(
 
 
 def _serve(
-    daemon: Daemon, store: GitStore, args: argparse.Namespace, log: EventLog, metrics: Metrics
+    daemon: Daemon,
+    store: GitStore,
+    args: argparse.Namespace,
+    log: EventLog,
+    metrics: Metrics,
+    start_up: _StartUp,
 ) -> int:
     """One pass (``--once``), or passes until a signal stops the loop."""
     from reconciler.daemon.loop import stop_on_signals
@@ -210,6 +258,8 @@ def _serve(
         ) as watcher,
         stop_on_signals(daemon),
     ):
+        if start_up.signal is not None:  # came while the watcher started
+            daemon.stop()
         daemon.serve(watcher, interval=args.interval)
     log.info("stopped", "clean stop")
     return 0
