@@ -1074,8 +1074,7 @@ class RolloutStep:
             assert reason is not None
             names = [n.name for _, n in held]
             first = next(n for _, n in held if n.held == reason)
-            detail = f" ({first.error})" if first.error else ""
-            message = hold_message(reason, nodes=names, detail=detail)
+            message = hold_message(reason, nodes=names, error=first.error)
             hold = self.make_hold(reason, message, tuple(names))
         elif spec is not None and (batch := self.pause_after_waiting(spec)) is not None:
             message = hold_message("pause_after_batch", batch=batch)

@@ -1,0 +1,48 @@
+"""Text from agents and people, made safe for the Markdown we write.
+
+Every Markdown writer (``status/README.md``, ``plan --format markdown``)
+passes untrusted text (an agent's error, a hold message, a model name, a
+label value, a resumeRequest) through ``text`` before it goes into a line,
+a list item or a table cell. A forge renders the result as exactly those
+characters: no link, emphasis, code span, HTML, autolink or entity.
+
+How: every ASCII punctuation character gets a backslash. CommonMark lets any
+ASCII punctuation be escaped and renders the escaped character as itself,
+so nothing of the text can open or close a construct; ``\\|`` is also what a
+GFM table cell needs, and ``\\:``, ``\\.`` and ``\\@`` break GFM's bare-URL,
+``www.`` and e-mail autolinks. Whitespace (newlines too) becomes one space,
+so the text stays in its line or cell. Code spans are not used for such
+text: inside them escapes show literally, and a backtick in the text could
+close them.
+
+Inside raw HTML (a ``<summary>`` line) Markdown is not parsed; ``html``
+escapes for that place.
+
+Must not: read anything, or decide what is shown.
+"""
+
+from __future__ import annotations
+
+import html as _html
+import re
+
+# Every ASCII punctuation character (CommonMark's "backslash escapes").
+_PUNCTUATION = re.compile(r"([!-/:-@\[-`{-~])")
+
+
+def text(value: str) -> str:
+    """``value`` as Markdown that renders as that text, on one line."""
+    return _PUNCTUATION.sub(r"\\\1", " ".join(value.split()))
+
+
+def html(value: str) -> str:
+    """``value`` as text inside a raw HTML element, on one line."""
+    return _html.escape(" ".join(value.split()), quote=True)
+
+
+def clip(value: str, limit: int) -> str:
+    """The first ``limit`` characters of ``value`` (whitespace collapsed),
+    ending in ``…`` when cut; clip before escaping, so an escape is never
+    cut in half."""
+    value = " ".join(value.split())
+    return value if len(value) <= limit else value[: limit - 1].rstrip() + "…"
