@@ -6,11 +6,16 @@ label value, a resumeRequest) through ``text`` before it goes into a line,
 a list item or a table cell. A forge renders the result as exactly those
 characters: no link, emphasis, code span, HTML, autolink or entity.
 
-How: every ASCII punctuation character gets a backslash. CommonMark lets any
-ASCII punctuation be escaped and renders the escaped character as itself,
-so nothing of the text can open or close a construct; ``\\|`` is also what a
-GFM table cell needs, and ``\\:``, ``\\.`` and ``\\@`` break GFM's bare-URL,
-``www.`` and e-mail autolinks. Whitespace (newlines too) becomes one space,
+How: every ASCII punctuation character that can open, close or take part
+in a construct gets a backslash. CommonMark lets any ASCII punctuation be
+escaped and renders the escaped character as itself, so nothing of the text
+can open or close a construct; ``\\|`` is also what a GFM table cell needs,
+and ``\\:``, ``\\.`` and ``\\@`` break GFM's bare-URL, ``www.`` and e-mail
+autolinks (``\\#``, ``\\@`` and ``\\$`` a forge's references, mentions and
+math). Left as they are, so names and sentences stay readable: ``( ) ! ? -
++ , / ; = % ' " { } ^``, which start nothing once ``[`` and ``<`` are escaped,
+except at the start of a line (a list item), where they are escaped too.
+Whitespace (newlines too) becomes one space,
 so the text stays in its line or cell. Code spans are not used for such
 text: inside them escapes show literally, and a backtick in the text could
 close them.
@@ -26,13 +31,16 @@ from __future__ import annotations
 import html as _html
 import re
 
-# Every ASCII punctuation character (CommonMark's "backslash escapes").
-_PUNCTUATION = re.compile(r"([!-/:-@\[-`{-~])")
+# The ASCII punctuation that can open, close or take part in a construct.
+_PUNCTUATION = re.compile(r"([#$&*.:<>@\[\\\]_`|~])")
+# A list item's start: "- ", "+ ", "1) " (``.`` is escaped anyway).
+_LIST_START = re.compile(r"^([-+]|[0-9]+\))")
 
 
 def text(value: str) -> str:
     """``value`` as Markdown that renders as that text, on one line."""
-    return _PUNCTUATION.sub(r"\\\1", " ".join(value.split()))
+    escaped = _PUNCTUATION.sub(r"\\\1", " ".join(value.split()))
+    return _LIST_START.sub(lambda m: m.group(1)[:-1] + "\\" + m.group(1)[-1], escaped)
 
 
 def html(value: str) -> str:
