@@ -37,8 +37,7 @@ EXPECTED = {
         "them and carry on, or abort",
     ),
     "rollback_pending": (
-        "restoring a from its first backup after a failure (boom); wait for the restore, "
-        "or abort",
+        "restoring a from its first backup after a failure (boom); wait for the restore, or abort",
         "restoring a, b from their first backups after a failure (boom); wait for the "
         "restore, or abort",
     ),
@@ -112,7 +111,6 @@ def test_a_long_error_is_clipped_never_the_instruction() -> None:
     assert len(quoted) == DETAIL_LIMIT
     assert quoted.endswith("…")
     assert message.endswith(
-        "; set a new resumeRequest to try it again, list it in skipNodes to give up on it, "
-        "or abort"
+        "; set a new resumeRequest to try it again, list it in skipNodes to give up on it, or abort"
     )
     assert message.count("gpu-b4") == 1

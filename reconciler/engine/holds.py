@@ -103,9 +103,7 @@ AGREEING: Mapping[str, tuple[str, str]] = {
 DETAIL_LIMIT = 120
 
 
-def hold_message(
-    reason: str, *, nodes: Sequence[str] = (), error: str = "", batch: int = 0
-) -> str:
+def hold_message(reason: str, *, nodes: Sequence[str] = (), error: str = "", batch: int = 0) -> str:
     """The message of a hold for ``reason``: the held ``nodes`` (the first
     few, and how many more), the first one's ``error`` (clipped to
     ``DETAIL_LIMIT``), the ``batch`` a pauseAfter holds after."""

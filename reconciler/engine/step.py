@@ -44,8 +44,8 @@ from reconciler.engine.memo import StepMemo, fleet_index
 from reconciler.engine.policy import decide
 from reconciler.engine.records import evolve
 from reconciler.engine.rollback import restore_waiting
+from reconciler.engine.selection import maintenance_node_ids, unknown_node_ids
 from reconciler.engine.selection import resolve_nodes as _resolve
-from reconciler.engine.selection import unknown_node_ids
 from reconciler.protocol.effects import SendJob
 from reconciler.protocol.job_ids import job_id
 from reconciler.protocol.observations import JobObservation, Observations
@@ -569,7 +569,7 @@ class RolloutStep:
             return self.wait(
                 "no_nodes",
                 "the selection matches no node (maintenance nodes are left out unless "
-                "includeMaintenance is true)",
+                "includeMaintenance is true)" + self.left_out_words(spec),
             )
         if spec.start_at is not None:
             try:
@@ -628,8 +628,20 @@ class RolloutStep:
         self.message = (
             f"{len(nodes)} nodes in {count} batches of {size}, "
             f"{'live' if spec.live else 'dry-run'}, onFailure {spec.on_failure}"
-        )
+        ) + self.left_out_words(spec)
         self.set_phase("running", "started")
+
+    def left_out_words(self, spec: RolloutSpec) -> str:
+        """``; left out: gpu-b5 (in maintenance)...``: nodeIds the selection
+        dropped, so nobody wonders where a named node went."""
+        left_out = maintenance_node_ids(spec, self.ctx.fleet)
+        if not left_out:
+            return ""
+        them = "it" if len(left_out) == 1 else "them"
+        return (
+            f"; left out of nodeIds: {name_list(left_out)} (in maintenance; set "
+            f"includeMaintenance: true to include {them})"
+        )
 
     # -- after start
 

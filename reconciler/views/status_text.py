@@ -183,36 +183,41 @@ class BatchGroup:
     state: str
     ok: int  # nodes that succeeded
     total: int
+    trouble: int = 0  # nodes in TROUBLE_STATES
 
 
 def batch_groups(status: RolloutStatus) -> list[BatchGroup]:
-    per_batch: dict[int, tuple[int, int, bool, bool]] = {}  # ok, total, trouble, held
+    per_batch: dict[int, tuple[int, int, int, bool]] = {}  # ok, total, trouble, held
     for node in status.nodes:
-        ok, total, trouble, held = per_batch.get(node.batch, (0, 0, False, False))
+        ok, total, trouble, held = per_batch.get(node.batch, (0, 0, 0, False))
         per_batch[node.batch] = (
             ok + (node.state == "succeeded"),
             total + 1,
-            trouble or node.state in TROUBLE_STATES,
+            trouble + (node.state in TROUBLE_STATES),
             held or node.held is not None,
         )
     groups: list[BatchGroup] = []
     for batch in status.batches:
-        ok, total, trouble, held = per_batch.get(batch.index, (0, 0, False, False))
+        ok, total, trouble, held = per_batch.get(batch.index, (0, 0, 0, False))
         if batch.state == "done":
             state = "failed" if trouble else "done"
         elif batch.state == "pending":
             state = "pending"
-        elif status.phase == "paused" and (held or trouble or status.hold is not None):
+        elif trouble:
+            # A held batch with failed nodes is drawn failed: the hold is
+            # the failure's doing.
+            state = "failed"
+        elif status.phase == "paused" and (held or status.hold is not None):
             state = "held"
         else:
             state = "failed" if trouble else "running"
         last = groups[-1] if groups else None
         if last is not None and last.state == state and state in ("done", "pending"):
             groups[-1] = BatchGroup(
-                last.first, batch.index, state, last.ok + ok, last.total + total
+                last.first, batch.index, state, last.ok + ok, last.total + total, last.trouble
             )
         else:
-            groups.append(BatchGroup(batch.index, batch.index, state, ok, total))
+            groups.append(BatchGroup(batch.index, batch.index, state, ok, total, trouble))
     return groups
 
 
