@@ -626,7 +626,8 @@ class RolloutStep:
         self.last_handled_resume = spec.resume_request
         self.reason = ""
         self.message = (
-            f"{len(nodes)} nodes in {count} batches of {size}, "
+            f"{len(nodes)} node{'s' if len(nodes) != 1 else ''} in {count} "
+            f"batch{'es' if count != 1 else ''} of {size}, "
             f"{'live' if spec.live else 'dry-run'}, onFailure {spec.on_failure}"
         ) + self.left_out_words(spec)
         self.set_phase("running", "started")
