@@ -95,11 +95,11 @@ def run(args: argparse.Namespace) -> int:
     documents = load_directory(root)
     # Paths relative to where the command runs, so editors and GitHub find them.
     prefix = "" if root.resolve() == Path.cwd().resolve() else root.as_posix().rstrip("/") + "/"
-    for warning in warnings(documents):
+    for notice in warnings(documents):
         if args.format == "github":
-            print(github_annotation(warning, prefix, "warning"))
+            print(github_annotation(notice, prefix, "warning"))
         else:
-            print(replace(warning, path=prefix + warning.path), file=sys.stderr)
+            print(replace(notice, path=prefix + notice.path), file=sys.stderr)
     for problem in documents.problems:
         if args.format == "github":
             print(github_annotation(problem, prefix))
