@@ -36,7 +36,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a working clone, a bare repository or a remote URL (default: .)",
     )
     parser.add_argument("--branch", default="main", help="the branch the daemon tracks")
-    parser.add_argument("--format", choices=("text", "json"), default="text")
+    parser.add_argument(
+        "--format",
+        choices=("text", "json"),
+        default="text",
+        help="text: a table (default); json: one object per backup",
+    )
     add_remote_arguments(parser)
 
 

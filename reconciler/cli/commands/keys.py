@@ -19,11 +19,20 @@ HELP = "create the daemon's signing key pair (OpenSSH Ed25519)"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="keys_action", metavar="ACTION")
     generate = sub.add_parser(
-        "generate", help="write DIR/reconciler and DIR/reconciler.pub", description=__doc__
+        "generate",
+        help="write DIR/reconciler and DIR/reconciler.pub",
+        description="Write the daemon's Ed25519 key pair: DIR/reconciler (OpenSSH private "
+        "key, unencrypted, mode 0600: give it to the daemon, run --key) and "
+        "DIR/reconciler.pub (give it to every agent, --trust-key). Prints the key id, the "
+        "fingerprint ssh-keygen -l shows.",
     )
     generate.add_argument("--out", required=True, metavar="DIR", help="directory for the key pair")
-    show = sub.add_parser("id", help="print the key id of a private or public key file")
-    show.add_argument("file", metavar="FILE")
+    show = sub.add_parser(
+        "id",
+        help="print the key id of a private or public key file",
+        description="Print the key id (SHA256 fingerprint) of a private or public key file.",
+    )
+    show.add_argument("file", metavar="FILE", help="a key file: reconciler or reconciler.pub")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -41,7 +41,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--branch", default="main", help="the branch the daemon tracks")
     parser.add_argument("--watch", action="store_true", help="redraw as status commits arrive")
-    parser.add_argument("--format", choices=("text", "json"), default="text")
+    parser.add_argument(
+        "--format",
+        choices=("text", "json"),
+        default="text",
+        help="text for a terminal (default), or the status records as json",
+    )
     add_remote_arguments(parser)
 
 
