@@ -34,7 +34,7 @@ def test_help_reads_as_plain_text(verb: str, capsys: pytest.CaptureFixture[str])
     text = help_text(verb, capsys)
 
     assert text.startswith("usage: reconciler ")
-    usage, _, rest = text.partition("\n\n")
+    _, _, rest = text.partition("\n\n")
     assert rest and not rest.startswith(("usage", " ")), "a blank line, then the description"
     assert "``" not in text and "`" not in text, "no reStructuredText markup"
 
