@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 import re
 import socket
-from dataclasses import replace
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
