@@ -225,19 +225,27 @@ def batch_groups(status: RolloutStatus) -> list[BatchGroup]:
 
 
 def render_table(
-    statuses: Mapping[str, RolloutStatus], now: datetime, *, colour: bool = False
+    statuses: Mapping[str, RolloutStatus],
+    now: datetime,
+    *,
+    colour: bool = False,
+    width: int = WIDTH,
 ) -> str:
-    """One line per rollout: name, phase, progress, batch, age, hold."""
+    """One line per rollout: name, phase, progress, batch, age, hold; each
+    line at most ``width`` columns. The hold reason is what a person acts
+    on, so a long name is clipped before it is."""
     if not statuses:
         return "no rollouts have a status yet\n"
     rows = [summarize(s) for s in ordered(statuses)]
-    name_w = min(max(7, *(len(r.name) for r in rows)), 24)
     prog_w = max(len("PROGRESS"), *(len(progress_text(r)) for r in rows))
     batch_w = max(len("BATCH"), *(len(batch_text(r)) for r in rows))
     phase_w = 9
     age_w = 4
+    why_w = min(max(len("HOLD/REASON"), *(len(r.why) for r in rows)), 24)
+    room = width - (phase_w + prog_w + batch_w + age_w + why_w + 5)
+    name_w = max(12, min(max(7, *(len(r.name) for r in rows)), room, 63))
     fixed = name_w + phase_w + prog_w + batch_w + age_w + 5
-    why_w = max(10, WIDTH - fixed - 1)
+    why_w = max(10, width - fixed)
     header = (
         f"{'ROLLOUT':<{name_w}} {'PHASE':<{phase_w}} {'PROGRESS':<{prog_w}} "
         f"{'BATCH':<{batch_w}} {'AGE':>{age_w}} HOLD/REASON"
@@ -259,14 +267,19 @@ def render_table(
 def render_detail(
     status: RolloutStatus, now: datetime, *, colour: bool = False, transitions: int = 10
 ) -> str:
-    """Everything about one rollout: summary, hold, batches, every node,
-    conditions, rollbacks and the last transitions."""
+    """Everything about one rollout: summary, hold, batches, conditions,
+    rollbacks, the last transitions, then every node, those that need a
+    person first (a list of 10,000 nodes must not push the rest away)."""
     s = summarize(status)
     out: list[str] = []
-    head = f"{status.name}  {paint(status.phase, status.phase, colour)}"
+    out.append(f"{status.name}  {paint(status.phase, status.phase, colour)}")
     if s.since is not None:
-        head += f"  since {format_time(s.since)} ({age(s.since, now)} ago)"
-    out.append(head)
+        since = f"since {format_time(s.since)} ({age(s.since, now)} ago)"
+        # A long name would wrap the first line: then the time goes below it.
+        if len(status.name) + len(status.phase) + len(since) + 4 <= WIDTH:
+            out[-1] += f"  {since}"
+        else:
+            out.append(f"  since     {since.removeprefix('since ')}")
     frozen = status.frozen
     if frozen is not None:
         t = frozen.target
@@ -286,7 +299,7 @@ def render_detail(
             nodes += f" and {h.node_count - len(h.nodes)} more"
         out.append(f"  hold      {paint(h.reason, 'paused', colour)} since {format_time(h.since)}")
         out += _wrapped(h.message, "            ")
-        if nodes:
+        if nodes and not all(name in h.message for name in h.nodes):
             out += _wrapped(f"nodes: {nodes}", "            ")
     elif status.reason or status.message:
         out.append(f"  reason    {status.reason}")
@@ -305,9 +318,6 @@ def render_detail(
         out.append("")
         out.append("batches")
         out += _batch_lines(status, colour)
-    if status.nodes:
-        out.append("")
-        out += _node_lines(status.nodes, colour)
     if status.conditions:
         out.append("")
         out.append("conditions")
@@ -334,7 +344,22 @@ def render_detail(
         for tr in shown:
             line = f"  {format_time(tr.time)}  {tr.from_phase} -> {tr.to_phase}  {tr.reason}"
             out.append(f"{line[: WIDTH - 10]}  {tr.commit[:8]}")
+    if status.nodes:
+        out.append("")
+        out += _node_lines(_attention_first(status.nodes), colour)
     return "\n".join(line.rstrip() for line in out) + "\n"
+
+
+def _attention_first(nodes: Sequence[NodeRecord]) -> list[NodeRecord]:
+    """Nodes in trouble or held first, then those in flight, then the rest;
+    frozen order within each."""
+
+    def rank(node: NodeRecord) -> int:
+        if node.state in TROUBLE_STATES or node.held is not None:
+            return 0
+        return 1 if node.state in ("dispatched", "restoring") else 2
+
+    return sorted(nodes, key=rank)
 
 
 def _batch_lines(status: RolloutStatus, colour: bool) -> list[str]:
@@ -358,14 +383,14 @@ def _node_lines(nodes: Sequence[NodeRecord], colour: bool) -> list[str]:
     for n in nodes:
         state = paint(f"{n.state:<16}", n.state, colour)
         verdict = paint(f"{n.verdict or '-':<7}", n.verdict or "", colour)
-        error = " ".join(n.error.split())
-        first, rest = (error[:error_w], error[error_w:]) if error_w > 10 else (error, "")
+        # The error wraps at words in its own column, under itself.
+        error = textwrap.wrap(" ".join(n.error.split()), max(error_w, 20)) or [""]
         lines.append(
             f"{clip(n.name, name_w):<{name_w}}  {n.batch:>5}  {state} {n.attempt:>3}  "
-            f"{verdict}  {first}".rstrip()
+            f"{verdict}  {error[0]}".rstrip()
         )
         indent = " " * (WIDTH - error_w)
-        lines += textwrap.wrap(rest, WIDTH, initial_indent=indent, subsequent_indent=indent)
+        lines += [indent + more for more in error[1:]]
     return lines
 
 
