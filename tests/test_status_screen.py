@@ -129,7 +129,10 @@ def screen(tmp_path: Path, columns: int, rows: int, *argv: str) -> list[str]:
     subprocess.run(
         [TMUX, "-S", socket, "new-session", "-d", "-x", str(columns), "-y", str(rows), command],
         check=True,
-        env={**os.environ, "TERM": "xterm-256color"},
+        env={
+            **{k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")},
+            "TERM": "xterm-256color",
+        },
     )
     try:
         deadline = time.monotonic() + 30

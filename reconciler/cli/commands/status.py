@@ -62,12 +62,24 @@ def use_colour(stream: object) -> bool:
     )
 
 
+def terminal_size(stream: object) -> os.terminal_size | None:
+    """The size of the terminal ``stream`` writes to, asked of the terminal
+    itself (a COLUMNS left in the environment may be another window's)."""
+    if not getattr(stream, "isatty", lambda: False)():
+        return None
+    try:
+        return os.get_terminal_size(stream.fileno())  # type: ignore[attr-defined]
+    except (OSError, AttributeError, ValueError):
+        return shutil.get_terminal_size()
+
+
 def terminal_width(stream: object) -> int:
     """The terminal's columns (the table uses up to 200 of them), or 80 when
     not a terminal."""
-    if not getattr(stream, "isatty", lambda: False)():
+    size = terminal_size(stream)
+    if size is None:
         return status_text.WIDTH
-    return max(status_text.WIDTH, min(shutil.get_terminal_size().columns, 200))
+    return max(status_text.WIDTH, min(size.columns, 200))
 
 
 def render(
@@ -143,7 +155,8 @@ def _draw(text: str, source: Branch, snapshot: Snapshot, tty: bool) -> None:
     footer = f"{source.branch} @ {commit} · read {stamp}Z · Ctrl-C to stop"
     where = status_text.clip(f"from {source.label}", status_text.WIDTH - 1)
     if tty:
-        text = fit_screen(text, shutil.get_terminal_size().lines)
+        size = terminal_size(sys.stdout)
+        text = fit_screen(text, size.lines if size is not None else 24)
         sys.stdout.write("\x1b[H\x1b[2J" + text + "\n" + footer + "\n" + where + "\n")
     else:
         sys.stdout.write(f"--- {footer}\n{text}")
