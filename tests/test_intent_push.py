@@ -115,7 +115,7 @@ def test_two_people_and_the_daemon_pushing_at_once_lose_no_edit(tmp_path: Path) 
             n += 1
             daemon_commit(origin, n)
             passes.append(n)
-            stop.wait(0.5)  # ten times as often as the default --interval of 5 s
+            stop.wait(1.0)  # a status commit every second: five per default --interval
 
     thread = threading.Thread(target=daemon)
     thread.start()
