@@ -6,6 +6,7 @@ and a test keeps both lists the same."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 
 from reconciler.spec.rollout_status import HOLD_NODES_SHOWN
@@ -125,3 +126,9 @@ def name_list(names: Sequence[str]) -> str:
     shown = ", ".join(names[:HOLD_NODES_SHOWN])
     more = len(names) - HOLD_NODES_SHOWN
     return f"{shown} and {more} more" if more > 0 else shown
+
+
+def quoted(value: str) -> str:
+    """A token or id as messages quote it: JSON notation, which reads the
+    same in YAML (never Python's repr)."""
+    return json.dumps(value, ensure_ascii=False)
