@@ -130,6 +130,7 @@ def test_the_example_repository_is_clean_and_means_what_it_says() -> None:
         "qwen-serving",
         "mistral-lab",
         "embeddings-batch",
+        "gemma-serving",
     }
     policies = {spec.on_failure for spec in documents.rollouts.values()}
     assert {"pause", "retry_once", "rollback", "observe"} <= policies

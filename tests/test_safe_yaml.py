@@ -190,17 +190,17 @@ def test_overlong_hex_and_octal_literals_are_refused_like_decimals(literal: str)
 
 def test_the_error_path_is_linear_in_deep_nesting() -> None:
     # Naming the field of a problem used to rebuild the path on every event
-    # of the whole text: 32k brackets took 5 s, 1 MiB over 8 minutes.
+    # of the whole text: 32k brackets took 5 s, 1 MiB over 8 minutes. The
+    # bound is generous (linear takes milliseconds, bench/yaml_nesting.py has
+    # the figures); it only catches the quadratic walk coming back.
     started = time.perf_counter()
     problem = refused(b"[" * (1024 * 1024)).problem
-    assert time.perf_counter() - started < 1.0
+    assert time.perf_counter() - started < 30.0
     assert (problem.line, problem.column) == (1, safe_yaml.MAX_DEPTH + 1)
     assert problem.field == "[0]" * safe_yaml.MAX_DEPTH
     # within the nesting limit, an error at the very end of a MiB
     text = b"{k: [" * 30 + b"1, " * 300_000 + b"}"
-    started = time.perf_counter()
     problem = refused(text).problem
-    assert time.perf_counter() - started < 5.0
     assert problem.field == ".".join(["k[0]"] * 29 + ["k"])
 
 

@@ -103,3 +103,16 @@ def test_a_restore_record_is_checked_too() -> None:
 
 def test_a_status_not_started_carries_nothing_to_check() -> None:
     assert tampered_fields(RolloutStatus(name="r"), None, ON_BRANCH) == ()
+
+
+def test_batches_cut_by_a_batches_list_are_backed_and_edited_sizes_are_named() -> None:
+    growing = replace(FROZEN, batches=(1, "100%"))
+    expected = StartSpec(growing, ("n1", "n2", "n3"))
+    status = replace(STATUS, frozen=growing, nodes=(node("n1", 1), node("n2", 2), node("n3", 2)))
+    assert tampered_fields(status, expected, ON_BRANCH) == ()
+    widened = replace(status, frozen=replace(growing, batches=(3,)))
+    assert tampered_fields(widened, expected, ON_BRANCH) == (
+        "frozen.batches",
+        "nodes[n2].batch",
+        "nodes[n3].batch",
+    )

@@ -43,7 +43,7 @@ def test_the_example_repository_validates_clean(capsys: pytest.CaptureFixture[st
     assert cli.main(["validate", str(EXAMPLE)]) == 0
     captured = capsys.readouterr()
     assert captured.out == ""
-    assert "ok: 8 nodes, 4 rollouts" in captured.err
+    assert "ok: 8 nodes, 5 rollouts" in captured.err
 
 
 def test_problems_print_one_line_each_and_exit_1(

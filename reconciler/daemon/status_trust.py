@@ -29,6 +29,7 @@ from reconciler.git.approval import Approver
 from reconciler.git.status_writes import STATUS_FOLDER, DaemonWrites, status_files_at
 from reconciler.git.store import GitStore
 from reconciler.protocol.job_ids import job_id
+from reconciler.spec.batch_shapes import batch_numbers
 from reconciler.spec.documents import Documents, ParsedFile, assemble, parse_file
 from reconciler.spec.model import Fleet, RolloutSpec
 from reconciler.spec.rollout_status import FrozenSpec, RolloutStatus, main_path
@@ -56,6 +57,8 @@ def start_spec(spec: RolloutSpec, fleet: Fleet) -> StartSpec:
             start_at=spec.start_at,
             include_maintenance=spec.include_maintenance,
             allow_overlap=spec.allow_overlap,
+            batches=spec.batches,
+            ignore_windows=spec.ignore_windows,
         ),
         nodes=resolve_nodes(spec, fleet),
     )
@@ -74,6 +77,8 @@ _FROZEN_FIELDS: tuple[tuple[str, Callable[[FrozenSpec], object]], ...] = (
     ("startAt", lambda f: f.start_at),
     ("includeMaintenance", lambda f: f.include_maintenance),
     ("allowOverlap", lambda f: f.allow_overlap),
+    ("batches", lambda f: f.batches),
+    ("ignoreWindows", lambda f: f.ignore_windows),
 )
 
 
@@ -106,10 +111,10 @@ def tampered_fields(
     names = [n.name for n in status.nodes]
     if not _in_order_within(names, expected.nodes):
         wrong.append("frozen.nodes")
-    size = status.frozen.batch_size
+    numbers = batch_numbers(status.frozen.batches, status.frozen.batch_size, len(status.nodes))
     for i, node in enumerate(status.nodes):
         where = f"nodes[{node.name}]"
-        if size > 0 and node.batch != i // size + 1:
+        if status.frozen.batch_size > 0 and node.batch != numbers[i]:
             wrong.append(f"{where}.batch")
         if node.job_id is not None and node.job_id != job_id(
             status.name, start, node.name, node.attempt, "apply"

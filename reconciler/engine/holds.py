@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 
 from reconciler.spec.rollout_status import HOLD_NODES_SHOWN
+from reconciler.spec.times import format_time
 
 # A node's health verdict; restores in flight.
 VERDICT_STATES = frozenset({"failed", "timed_out", "unknown"})
@@ -103,11 +105,27 @@ AGREEING: Mapping[str, tuple[str, str]] = {
 # instruction after it is never cut, the error is.
 DETAIL_LIMIT = 120
 
+# A pauseAfter entry with ``for`` (DESIGN.md section 15): the hold lifts itself.
+TIMED_PAUSE_MESSAGE = (
+    "batch {batch} finished and pauseAfter holds here until {until}, then batch {next} "
+    "starts by itself; set a new resumeRequest to start it now, or abort"
+)
 
-def hold_message(reason: str, *, nodes: Sequence[str] = (), error: str = "", batch: int = 0) -> str:
+
+def hold_message(
+    reason: str,
+    *,
+    nodes: Sequence[str] = (),
+    error: str = "",
+    batch: int = 0,
+    until: datetime | None = None,
+) -> str:
     """The message of a hold for ``reason``: the held ``nodes`` (the first
     few, and how many more), the first one's ``error`` (clipped to
-    ``DETAIL_LIMIT``), the ``batch`` a pauseAfter holds after."""
+    ``DETAIL_LIMIT``), the ``batch`` a pauseAfter holds after, and ``until``
+    when it lifts itself."""
+    if reason == "pause_after_batch" and until is not None:
+        return TIMED_PAUSE_MESSAGE.format(batch=batch, next=batch + 1, until=format_time(until))
     error = " ".join(error.split())
     if len(error) > DETAIL_LIMIT:
         error = error[: DETAIL_LIMIT - 1].rstrip() + "…"

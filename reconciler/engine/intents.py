@@ -42,6 +42,8 @@ def handle_resume(step: RolloutStep, spec: RolloutSpec) -> bool:
     token = spec.resume_request
     if not token or token == step.last_handled_resume:
         return False
+    if step.pause_after_waiting(spec) is not None and not step.any_held() and not step.gate_open():
+        return False  # it would start a batch: it waits, unhandled, for the window (DESIGN.md 15)
     step.last_handled_resume = token
     open_nodes = list(step.open_indexes())
     restoring = [

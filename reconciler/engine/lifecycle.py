@@ -13,11 +13,11 @@ from reconciler.spec.rollout_status import NODE_STATES, PHASES, TERMINAL_PHASES
 
 # (from, to, when)
 PHASE_TRANSITIONS: tuple[tuple[str, str, str], ...] = (
-    ("pending", "scheduled", "valid, startAt ahead"),
+    ("pending", "scheduled", "valid, startAt ahead or no deploy window open"),
     ("pending", "running", "started"),
     ("pending", "aborted", "abort, or file removed"),
     ("scheduled", "pending", "a cause to wait appeared"),
-    ("scheduled", "running", "startAt reached"),
+    ("scheduled", "running", "startAt reached, a window open"),
     ("scheduled", "aborted", "abort, or file removed"),
     ("running", "paused", "hold"),
     ("paused", "running", "resume, or pause lifted"),

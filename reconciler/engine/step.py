@@ -34,6 +34,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from reconciler.engine import evidence, intents, lifecycle, rollback
+from reconciler.engine.calendar import batch_gate
 from reconciler.engine.holds import (
     RESTORE_STATES,
     VERDICT_STATES,
@@ -46,11 +47,13 @@ from reconciler.engine.records import evolve
 from reconciler.engine.rollback import restore_waiting
 from reconciler.engine.selection import maintenance_node_ids, unknown_node_ids
 from reconciler.engine.selection import resolve_nodes as _resolve
+from reconciler.engine.shapes import after_wait, timed_pause_until
 from reconciler.protocol.effects import SendJob
 from reconciler.protocol.job_ids import job_id
 from reconciler.protocol.observations import JobObservation, Observations
 from reconciler.spec import agent_url
 from reconciler.spec.agent_url import is_usable_agent_url
+from reconciler.spec.batch_shapes import describe_sizes
 from reconciler.spec.model import Fleet, Node, Problem, RolloutSpec, Settings
 from reconciler.spec.rollout_status import (
     HOLD_NODES_SHOWN,
@@ -64,8 +67,9 @@ from reconciler.spec.rollout_status import (
     RestoreRecord,
     RolloutStatus,
     TransitionRecord,
+    Waiting,
 )
-from reconciler.spec.times import parse_time
+from reconciler.spec.times import format_time, parse_time
 
 __all__ = [
     "FleetStep",
@@ -124,6 +128,8 @@ FROZEN_FIELDS = (
     ("start_at", "startAt"),
     ("include_maintenance", "includeMaintenance"),
     ("allow_overlap", "allowOverlap"),
+    ("batches", "batches"),
+    ("ignore_windows", "ignoreWindows"),
 )
 
 
@@ -370,6 +376,7 @@ class RolloutStep:
         self.reason = s.reason
         self.message = s.message
         self.hold = s.hold
+        self.waiting = s.waiting
         self.operator_paused = s.operator_paused
         self.spec_commit = s.spec_commit
         self.start_commit = s.start_commit
@@ -422,8 +429,8 @@ class RolloutStep:
 
     def batch_range(self, batch: int) -> range:
         assert self.frozen is not None
-        size = self.frozen.batch_size
-        return range((batch - 1) * size, min(batch * size, len(self.nodes)))
+        starts = self.frozen.batch_starts(len(self.nodes))
+        return range(starts[batch - 1], starts[batch])
 
     def open_indexes(self) -> Iterable[int]:
         """Indexes of nodes that may have a job in flight or be held: those
@@ -514,6 +521,7 @@ class RolloutStep:
             "reason": self.reason,
             "message": self.message,
             "hold": self.hold,
+            "waiting": self.waiting,
             "operator_paused": self.operator_paused,
             "spec_commit": self.spec_commit,
             "start_commit": self.start_commit,
@@ -543,6 +551,7 @@ class RolloutStep:
         self.spec_commit = inp.spec_commit
         self.first_seen_commit = inp.first_seen_commit
         self.scheduled_for = None
+        self.waiting = None
         self.set_condition("unverified", inp.refusal)
         if spec is None:
             if not inp.file_present:
@@ -557,6 +566,10 @@ class RolloutStep:
             return False
         if spec.paused:
             return self.wait("paused", "paused by the operator (spec.paused is true) before start")
+        if spec.after:
+            waits = after_wait(spec.after, self.ctx.current)
+            if waits is not None:
+                return self.wait(*waits)
         missing = unknown_node_ids(spec, self.ctx.fleet)
         if missing:
             return self.wait(
@@ -582,6 +595,13 @@ class RolloutStep:
                 self.message = f"waiting for startAt {spec.start_at}"
                 self.set_phase("scheduled", "waiting for startAt")
                 return False
+        self.waiting = self.batch_gate(spec.ignore_windows)
+        if self.waiting is not None:
+            # The first batch could not start: wait as scheduled, claiming no node.
+            self.reason = self.waiting.reason
+            self.message = self.waiting_message(self.waiting)
+            self.set_phase("scheduled", f"waiting: {self.waiting.reason}")
+            return False
         if not spec.allow_overlap:
             claims = self.ctx.claims(names, exclude=inp.name)
             shared = [n for n in names if n in claims]
@@ -595,7 +615,32 @@ class RolloutStep:
         self.start(spec, names)
         return True
 
+    def batch_gate(self, ignore_windows: bool) -> Waiting | None:
+        """Why no batch may start now (deploy windows, freezes), or None."""
+        if ignore_windows:
+            return None
+        settings = self.ctx.settings
+        if not settings.windows and not settings.freezes:
+            return None
+        waiting = batch_gate(settings.windows, settings.freezes, self.now)
+        # An unchanged wait keeps its value, so an idle pass writes nothing.
+        return self.waiting if waiting == self.waiting else waiting
+
+    def waiting_message(self, waiting: Waiting) -> str:
+        what = (
+            "a freeze in reconciler.yaml"
+            if waiting.reason == "freeze"
+            else "outside the deploy windows of reconciler.yaml"
+        )
+        when = (
+            f"; the next batch may start at {format_time(waiting.until)}"
+            if waiting.until is not None
+            else "; no window opens within a week"
+        )
+        return f"waiting: {what}{when} (ignoreWindows: true exempts a rollout)"
+
     def wait(self, reason: str, message: str) -> bool:
+        self.waiting = None
         self.reason = reason
         self.message = message
         self.set_phase("pending", reason)
@@ -606,6 +651,8 @@ class RolloutStep:
         self.frozen = FrozenSpec(
             target=spec.target,
             batch_size=size,
+            batches=spec.batches,
+            ignore_windows=spec.ignore_windows,
             live=spec.live,
             on_failure=spec.on_failure,
             selector=spec.selector,
@@ -614,8 +661,10 @@ class RolloutStep:
             include_maintenance=spec.include_maintenance,
             allow_overlap=spec.allow_overlap,
         )
-        nodes = [NodeRecord(name=n, batch=i // size + 1) for i, n in enumerate(names)]
-        count = -(-len(nodes) // size)
+        sizes = self.frozen.batch_sizes(len(names))
+        numbers = [k for k, n in enumerate(sizes, start=1) for _ in range(n)]
+        nodes = [NodeRecord(name=n, batch=numbers[i]) for i, n in enumerate(names)]
+        count = len(sizes)
         self._nodes = nodes
         self._progress = {"pending": len(nodes)}
         self._batches = [BatchRecord(k, "pending") for k in range(1, count + 1)]
@@ -625,9 +674,10 @@ class RolloutStep:
         # A resume token present at start answers no hold: only a new value does.
         self.last_handled_resume = spec.resume_request
         self.reason = ""
+        shape = f"of {size}" if not spec.batches else f"of {describe_sizes(sizes)}"
         self.message = (
             f"{len(nodes)} node{'s' if len(nodes) != 1 else ''} in {count} "
-            f"batch{'es' if count != 1 else ''} of {size}, "
+            f"batch{'es' if count != 1 else ''} {shape}, "
             f"{'live' if spec.live else 'dry-run'}, onFailure {spec.on_failure}"
         ) + self.left_out_words(spec)
         self.set_phase("running", "started")
@@ -649,6 +699,7 @@ class RolloutStep:
     def started_step(self) -> None:
         inp, spec = self.inp, self.inp.spec
         self.spec_commit = inp.spec_commit
+        self.waiting = None  # set again below while a due batch waits for a window
         self.set_condition("unverified", inp.refusal)
         if spec is None and not inp.file_present:
             self.abort("spec_removed", "the rollout file was removed")
@@ -706,6 +757,7 @@ class RolloutStep:
         self.reason = reason
         self.message = message
         self.hold = None
+        self.waiting = None
         self.operator_paused = False
         self.finished_at = self.now
         self.set_phase(phase, reason)
@@ -732,6 +784,8 @@ class RolloutStep:
             "start_at": spec.start_at,
             "include_maintenance": spec.include_maintenance,
             "allow_overlap": spec.allow_overlap,
+            "batches": spec.batches,
+            "ignore_windows": spec.ignore_windows,
         }
         changed = [doc for attr, doc in FROZEN_FIELDS if getattr(f, attr) != now_values[attr]]
         self.set_condition(
@@ -1024,15 +1078,30 @@ class RolloutStep:
                     + ", ".join(f"{c} {s}" for s, c in self.counts() if s != "succeeded"),
                 )
             return False
-        if self.pause_after_waiting(spec) is not None:
+        paused_after = self.pause_after_waiting(spec)
+        if paused_after is not None:
+            until = self.hold.until if self.hold is not None else None
+            if self.hold is None or self.hold.reason != "pause_after_batch" or until is None:
+                return False
+            if self.now < until:
+                return False
+        if not self.gate_open():
             return False
-        self.dispatch_batch((last or 0) + 1, f"batch {(last or 0) + 1} started")
+        why = "timed pauseAfter lifted" if paused_after is not None else "started"
+        self.dispatch_batch((last or 0) + 1, f"batch {(last or 0) + 1} {why}")
         return True
+
+    def gate_open(self) -> bool:
+        """Whether a batch may start now; records the wait when it may not."""
+        assert self.frozen is not None
+        self.waiting = self.batch_gate(self.frozen.ignore_windows)
+        return self.waiting is None
 
     def counts(self) -> list[tuple[str, int]]:
         return [(s, self.progress(s)) for s in NODE_STATES if self.progress(s)]
 
     def dispatch_batch(self, batch: int, reason: str) -> None:
+        self.waiting = None
         self.set_batch(batch, "running")
         for i in self.batch_range(batch):
             if self.nodes[i].state == "pending":
@@ -1090,8 +1159,13 @@ class RolloutStep:
             message = hold_message(reason, nodes=names, error=first.error)
             hold = self.make_hold(reason, message, tuple(names))
         elif spec is not None and (batch := self.pause_after_waiting(spec)) is not None:
-            message = hold_message("pause_after_batch", batch=batch)
-            hold = self.make_hold("pause_after_batch", message, ())
+            old = self.hold
+            since = old.since if old is not None and old.reason == "pause_after_batch" else self.now
+            until = timed_pause_until(
+                spec.pause_for, batch, since, (self.nodes[i] for i in self.batch_range(batch))
+            )
+            message = hold_message("pause_after_batch", batch=batch, until=until)
+            hold = self.make_hold("pause_after_batch", message, (), until=until)
         elif self.operator_paused:
             hold = self.make_hold("operator_paused", hold_message("operator_paused"), ())
         self.hold = hold
@@ -1100,7 +1174,9 @@ class RolloutStep:
         else:
             self.set_phase("paused", hold.reason)
 
-    def make_hold(self, reason: str, message: str, names: tuple[str, ...]) -> Hold:
+    def make_hold(
+        self, reason: str, message: str, names: tuple[str, ...], until: datetime | None = None
+    ) -> Hold:
         old = self.hold
         since = old.since if old is not None and old.reason == reason else self.now
         new = Hold(
@@ -1109,6 +1185,7 @@ class RolloutStep:
             since=since,
             nodes=names[:HOLD_NODES_SHOWN],
             node_count=len(names),
+            until=until,
         )
         return old if old == new else new
 
@@ -1148,10 +1225,10 @@ def _open_nodes(status: RolloutStatus) -> Iterable[NodeRecord]:
     """Nodes that may have a job in flight: running batches, and restores."""
     if status.frozen is None:
         return
-    size = status.frozen.batch_size
+    starts = status.frozen.batch_starts(len(status.nodes))
     for b in status.batches:
         if b.state == "running":
-            yield from status.nodes[(b.index - 1) * size : b.index * size]
+            yield from status.nodes[starts[b.index - 1] : starts[b.index]]
     if _restores_in_flight(status):
         for node in status.nodes:
             if node.state in RESTORE_STATES and status.batches[node.batch - 1].state != "running":
@@ -1222,6 +1299,10 @@ def next_wakeup(statuses: Iterable[RolloutStatus]) -> datetime | None:
     for status in statuses:
         if status.phase == "scheduled":
             consider(status.scheduled_for)
+        if status.waiting is not None and not status.terminal:
+            consider(status.waiting.until)  # a window opens or a freeze ends
+        elif status.hold is not None and status.phase == "paused":
+            consider(status.hold.until)  # a timed pauseAfter lifts by itself
         for node in _open_nodes(status):
             if node.state == "dispatched":
                 consider(node.deadline)

@@ -27,27 +27,32 @@ import multiprocessing
 import os
 import re
 import threading
+import zoneinfo
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field, replace
+from datetime import tzinfo
 from pathlib import Path, PurePosixPath
 from types import MappingProxyType
 from typing import Any
 
 from reconciler.spec import safe_yaml, schemas
 from reconciler.spec.agent_url import is_usable_agent_url
+from reconciler.spec.batch_shapes import check_batch_entry
 from reconciler.spec.durations import parse_duration
 from reconciler.spec.model import (
     API_VERSION,
     Defaults,
     Fleet,
+    Freeze,
     Node,
     Problem,
     RollbackRequest,
     RolloutSpec,
     Settings,
     Target,
+    Window,
 )
 from reconciler.spec.paths import NODES_DIR, ROLLOUTS_DIR, SETTINGS_PATH, node_path, rollout_path
 from reconciler.spec.times import parse_time
@@ -377,6 +382,7 @@ class _Checker:
                     f"{_show(start_at)} is not a real time: check the date and the time of day "
                     "(such as 2026-12-01T09:00:00Z)",
                 )
+        shapes = self._rollout_shapes(spec)
         if self.problems:
             return self.result()
         target = spec["target"]
@@ -403,7 +409,13 @@ class _Checker:
             health_timeout=health if health is not None else 300,
             live=spec.get("live", False),
             on_failure=spec.get("onFailure", "pause"),
-            pause_after=tuple(spec.get("pauseAfter", ())),
+            pause_after=tuple(
+                e if isinstance(e, int) else e["batch"] for e in spec.get("pauseAfter", ())
+            ),
+            pause_for=shapes.pause_for,
+            batches=shapes.batches,
+            after=tuple(spec.get("after", ())),
+            ignore_windows=spec.get("ignoreWindows", False),
             start_at=start_at,
             include_maintenance=spec.get("includeMaintenance", False),
             allow_overlap=spec.get("allowOverlap", False),
@@ -416,6 +428,129 @@ class _Checker:
         omitted = frozenset(k for k in _SETTINGS_DEFAULTED if k not in spec)
         return self.result(rollout=rollout, omitted=omitted)
 
+    def _rollout_shapes(self, spec: dict[str, Any]) -> _Shapes:
+        """``batches``, timed ``pauseAfter`` and ``after`` (DESIGN.md section 15)."""
+        batches: list[int | str] = []
+        written = spec.get("batches")
+        if isinstance(written, list) and self._ok("spec.batches"):
+            if "batchSize" in spec:
+                self.add(
+                    ["spec", "batchSize"],
+                    "give batchSize or batches, not both: batches lists every batch's size, "
+                    "so remove batchSize",
+                    at_key=True,
+                )
+            for index, entry in enumerate(written):
+                why = check_batch_entry(entry)
+                if why is not None:
+                    self.add(["spec", "batches", index], why)
+                else:
+                    batches.append(entry)
+        pause_for: list[tuple[int, int]] = []
+        pauses = spec.get("pauseAfter")
+        seen_batches: set[int] = set()
+        if isinstance(pauses, list) and self._ok("spec.pauseAfter"):
+            for index, entry in enumerate(pauses):
+                batch = entry.get("batch") if isinstance(entry, dict) else entry
+                if isinstance(batch, int) and batch in seen_batches:
+                    self.add(
+                        ["spec", "pauseAfter", index],
+                        f"batch {batch} is listed more than once; list each batch once",
+                    )
+                if isinstance(batch, int):
+                    seen_batches.add(batch)
+                if isinstance(entry, dict) and isinstance(batch, int):
+                    seconds = self._duration(["spec", "pauseAfter", index, "for"], entry.get("for"))
+                    if seconds is not None:
+                        pause_for.append((batch, seconds))
+        after = spec.get("after")
+        if isinstance(after, list) and self._ok("spec.after"):
+            for index, name in enumerate(after):
+                if name == self.stem:
+                    self.add(
+                        ["spec", "after", index],
+                        f"a rollout cannot wait for itself: remove {_show(name)} from after",
+                    )
+        return _Shapes(tuple(batches), tuple(sorted(pause_for)))
+
+    def _windows(self, spec: dict[str, Any]) -> tuple[Window, ...]:
+        found: list[Window] = []
+        windows = spec.get("windows")
+        if not isinstance(windows, list) or not self._ok("spec.windows"):
+            return ()
+        for index, item in enumerate(windows):
+            where: list[str | int] = ["spec", "windows", index]
+            if not isinstance(item, dict):
+                continue
+            days: set[int] = set()
+            for k, day in enumerate(item.get("days", ())):
+                if not isinstance(day, str):
+                    continue
+                number = DAY_NUMBERS.get(day.lower())
+                if number is None:
+                    guess = _did_you_mean(day, DAY_NUMBERS)
+                    hint = f"did you mean {guess}?" if guess else "write " + ", ".join(DAY_NUMBERS)
+                    self.add(
+                        [*where, "days", k],
+                        f"{_show(day)} is not a day of the week; {hint}",
+                    )
+                else:
+                    days.add(number)
+            start, end = item.get("from"), item.get("to")
+            begin = _minutes(start) if isinstance(start, str) else None
+            finish = _minutes(end) if isinstance(end, str) else None
+            if begin is not None and finish is not None and finish <= begin:
+                self.add(
+                    [*where, "to"],
+                    f"the window closes at {end}, not after it opens at {start}: a window "
+                    "lies within one day; for a window past midnight write two windows "
+                    '(one to "24:00", one from "00:00" on the next days)',
+                )
+            zone_name = item.get("timezone")
+            zone = None
+            if isinstance(zone_name, str):
+                zone = _zone(zone_name)
+                if zone is None:
+                    self.add(
+                        [*where, "timezone"],
+                        f"unknown time zone {_show(zone_name)}: write an IANA zone name "
+                        "such as Europe/Berlin, America/New_York or UTC",
+                    )
+            if zone is not None and begin is not None and finish is not None and days:
+                assert isinstance(zone_name, str)
+                found.append(Window(frozenset(days), begin, finish, zone_name, zone))
+        return tuple(found)
+
+    def _freezes(self, spec: dict[str, Any]) -> tuple[Freeze, ...]:
+        found: list[Freeze] = []
+        freezes = spec.get("freezes")
+        if not isinstance(freezes, list) or not self._ok("spec.freezes"):
+            return ()
+        for index, item in enumerate(freezes):
+            if not isinstance(item, dict):
+                continue
+            moments: list[Any] = []
+            for key in ("from", "to"):
+                try:
+                    moments.append(parse_time(str(item.get(key))))
+                except (ValueError, TypeError):
+                    if self._ok(f"spec.freezes[{index}].{key}"):
+                        self.add(
+                            ["spec", "freezes", index, key],
+                            f"{_show(item.get(key))} is not a real time: check the date and "
+                            "the time of day (such as 2026-12-24T00:00:00Z)",
+                        )
+            if len(moments) == 2:
+                if moments[1] <= moments[0]:
+                    self.add(
+                        ["spec", "freezes", index, "to"],
+                        f"the freeze ends at {item['to']}, not after it begins at "
+                        f"{item['from']}: put to after from",
+                    )
+                else:
+                    found.append(Freeze(moments[0], moments[1], item.get("reason", "")))
+        return tuple(found)
+
     def _settings(self, doc: dict[str, Any]) -> ParsedFile:
         spec = doc.get("spec")
         spec = spec if isinstance(spec, dict) else {}
@@ -425,6 +560,8 @@ class _Checker:
         health = self._duration(
             ["spec", "defaults", "healthTimeout"], defaults.get("healthTimeout")
         )
+        windows = self._windows(spec)
+        freezes = self._freezes(spec)
         if self.problems:
             return self.result()
         base = Defaults()
@@ -437,8 +574,37 @@ class _Checker:
                     health_timeout=health if health is not None else base.health_timeout,
                     on_failure=defaults.get("onFailure", base.on_failure),
                 ),
+                windows=windows,
+                freezes=freezes,
             )
         )
+
+
+@dataclass(frozen=True)
+class _Shapes:
+    batches: tuple[int | str, ...]
+    pause_for: tuple[tuple[int, int], ...]
+
+
+DAY_NUMBERS = {"mon": 0, "tue": 1, "wed": 2, "thu": 3, "fri": 4, "sat": 5, "sun": 6}
+
+
+def _minutes(text: str) -> int | None:
+    """Minutes after midnight of ``HH:MM`` (the schema checked the form)."""
+    try:
+        hours, minutes = text.split(":")
+        return int(hours) * 60 + int(minutes)
+    except ValueError:
+        return None
+
+
+def _zone(name: str) -> tzinfo | None:
+    """The IANA zone ``name`` from the zone database (the ``tzdata`` package
+    when the system has none), or None when there is no such zone."""
+    try:
+        return zoneinfo.ZoneInfo(name)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        return None
 
 
 def _unique(names: Iterable[str]) -> tuple[str, ...]:
@@ -742,6 +908,7 @@ def assemble(files: Iterable[ParsedFile]) -> Documents:
                 own.append(
                     Problem(item.path, line, column, f"spec.nodeIds[{index_in_file}]", message)
                 )
+            own.extend(_after_problems(item, spec, rollout_files))
             problems.extend(own[len(item.problems) :])
         if own or spec is None:
             if NAME_RE.fullmatch(item.name):
@@ -756,6 +923,63 @@ def assemble(files: Iterable[ParsedFile]) -> Documents:
         invalid_rollouts=MappingProxyType(dict(sorted(invalid.items()))),
         problems=tuple(sorted(problems, key=_problem_order)),
     )
+
+
+def _after_problems(
+    item: ParsedFile, spec: RolloutSpec, rollout_files: Sequence[ParsedFile]
+) -> list[Problem]:
+    """``after`` naming no rollout file, or closing a cycle (DESIGN.md 15)."""
+    if not spec.after:
+        return []
+    files = {f.name: f for f in rollout_files}
+    found: list[Problem] = []
+    for index, name in enumerate(spec.after):
+        line, column = safe_yaml.locate(item.path, item.source, ["spec", "after", index])
+        where = f"spec.after[{index}]"
+        if name not in files:
+            found.append(
+                Problem(
+                    item.path,
+                    line,
+                    column,
+                    where,
+                    f"no rollout named {_show(name)}: there is no rollouts/{name}.yaml; "
+                    "check the spelling or remove it from after",
+                )
+            )
+            continue
+        cycle = _cycle_through(item.name, name, files)
+        if cycle:
+            found.append(
+                Problem(
+                    item.path,
+                    line,
+                    column,
+                    where,
+                    "after makes a cycle: "
+                    + " -> ".join([item.name, *cycle])
+                    + "; no rollout in it could ever start: remove one of these names from "
+                    "its after list",
+                )
+            )
+    return found
+
+
+def _cycle_through(start: str, first: str, files: Mapping[str, ParsedFile]) -> list[str]:
+    """The path ``first`` -> ... -> ``start`` along ``after`` lists, if any."""
+    stack: list[tuple[str, list[str]]] = [(first, [first])]
+    seen: set[str] = set()
+    while stack:
+        name, path = stack.pop()
+        if name == start:
+            return path
+        if name in seen:
+            continue
+        seen.add(name)
+        rollout = files[name].rollout if name in files else None
+        for nxt in rollout.after if rollout is not None else ():
+            stack.append((nxt, [*path, nxt]))
+    return []
 
 
 # The last spec made from each parsed spec, by the parsed spec's identity

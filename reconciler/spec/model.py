@@ -9,6 +9,7 @@ Defaults here are the defaults the schemas declare; a test checks both agree.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime, tzinfo
 
 API_VERSION = "reconciler/v1"
 
@@ -78,7 +79,8 @@ class RolloutSpec:
     health_timeout: int = DEFAULT_HEALTH_TIMEOUT  # seconds
     live: bool = False
     on_failure: str = DEFAULT_ON_FAILURE
-    pause_after: tuple[int, ...] = ()  # 1-based batch numbers
+    pause_after: tuple[int, ...] = ()  # 1-based batch numbers, plain and timed
+    pause_for: tuple[tuple[int, int], ...] = ()  # (batch, seconds) of timed pauseAfter entries
     start_at: str | None = None  # RFC 3339 text, as written
     include_maintenance: bool = False
     allow_overlap: bool = False
@@ -88,6 +90,33 @@ class RolloutSpec:
     resume_request: str = ""
     skip_nodes: tuple[str, ...] = ()
     rollback_request: RollbackRequest | None = None
+    # version 2, section 15
+    batches: tuple[int | str, ...] = ()  # as written: 3 or "10%"; () means batchSize
+    after: tuple[str, ...] = ()  # rollouts that must complete first
+    ignore_windows: bool = False
+
+
+@dataclass(frozen=True)
+class Window:
+    """A deploy window of settings: on ``days`` (0 Monday .. 6 Sunday), from
+    ``start`` to ``end`` minutes after local midnight in ``zone``. ``zone``
+    is the resolved IANA zone, read by ``documents`` so that the engine,
+    which must not read files, only computes with it."""
+
+    days: frozenset[int]
+    start: int  # minutes after midnight, local
+    end: int  # minutes after midnight, local; after start, at most 24:00
+    timezone: str  # the IANA name as written
+    zone: tzinfo = field(compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class Freeze:
+    """No batch starts from ``start`` until ``end`` (UTC)."""
+
+    start: datetime
+    end: datetime
+    reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -102,6 +131,8 @@ class Settings:
     status_branch: str | None = None
     offline_after: int = DEFAULT_OFFLINE_AFTER  # seconds
     defaults: Defaults = field(default_factory=Defaults)
+    windows: tuple[Window, ...] = ()  # empty: any time is inside a window
+    freezes: tuple[Freeze, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from reconciler.spec.batch_shapes import batch_sizes, batch_starts
 from reconciler.spec.durations import format_duration, parse_duration
 from reconciler.spec.model import API_VERSION, Target
 from reconciler.spec.paths import status_page_path, status_path
@@ -86,16 +87,32 @@ TRANSITIONS_KEPT = 50
 PAGE_SIZE = 200
 
 
+# Why a batch that is due does not start yet (DESIGN.md section 15): not a hold.
+WAITING_REASONS = ("outside_window", "freeze")
+
+
 @dataclass(frozen=True)
 class Hold:
     """Why a started rollout is ``paused``. ``nodes`` lists at most
-    ``HOLD_NODES_SHOWN`` names; ``node_count`` counts all of them."""
+    ``HOLD_NODES_SHOWN`` names; ``node_count`` counts all of them.
+    ``until``: when a timed ``pauseAfter`` hold lifts by itself (None: it
+    waits for a person)."""
 
     reason: str
     message: str
     since: datetime
     nodes: tuple[str, ...] = ()
     node_count: int = 0
+    until: datetime | None = None
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A batch is due but a deploy window or a freeze keeps it from starting
+    until ``until`` (None: no opening within a week)."""
+
+    reason: str  # one of WAITING_REASONS
+    until: datetime | None
 
 
 @dataclass(frozen=True)
@@ -221,10 +238,20 @@ class FrozenSpec:
     start_at: str | None = None
     include_maintenance: bool = False
     allow_overlap: bool = False
+    batches: tuple[int | str, ...] = ()  # as written; () means batch_size
+    ignore_windows: bool = False
 
     @property
     def mode(self) -> str:
         return "live" if self.live else "dry_run"
+
+    def batch_sizes(self, count: int) -> tuple[int, ...]:
+        """The size of each batch of ``count`` frozen nodes."""
+        return batch_sizes(self.batches, self.batch_size, count)
+
+    def batch_starts(self, count: int) -> tuple[int, ...]:
+        """Index of each batch's first node, then ``count``."""
+        return batch_starts(self.batches, self.batch_size, count)
 
 
 @dataclass(frozen=True)
@@ -237,6 +264,7 @@ class RolloutStatus:
     reason: str = ""  # short code for the phase: why pending, why it ended
     message: str = ""  # the same for a person
     hold: Hold | None = None
+    waiting: Waiting | None = None
     operator_paused: bool = False
     spec_commit: str = ""
     start_commit: str | None = None
@@ -312,6 +340,12 @@ def _frozen_record(frozen: FrozenSpec, nodes: tuple[NodeRecord, ...] | None) -> 
     record["startAt"] = frozen.start_at
     record["includeMaintenance"] = frozen.include_maintenance
     record["allowOverlap"] = frozen.allow_overlap
+    # Version 2 fields are written only when used: a version 1 rollout's
+    # status stays byte for byte what it was.
+    if frozen.batches:
+        record["batches"] = list(frozen.batches)
+    if frozen.ignore_windows:
+        record["ignoreWindows"] = True
     if nodes is not None:
         record["nodes"] = [n.name for n in nodes]
     return record
@@ -331,6 +365,8 @@ def _frozen_from(record: Mapping[str, Any]) -> FrozenSpec:
         start_at=record.get("startAt"),
         include_maintenance=record["includeMaintenance"],
         allow_overlap=record["allowOverlap"],
+        batches=tuple(record.get("batches", ())),
+        ignore_windows=record.get("ignoreWindows", False),
     )
 
 
@@ -410,13 +446,16 @@ def node_from_record(d: Mapping[str, Any]) -> NodeRecord:
 
 
 def _hold_record(h: Hold) -> dict[str, Any]:
-    return {
+    record = {
         "reason": h.reason,
         "message": h.message,
         "nodes": list(h.nodes),
         "nodeCount": h.node_count,
         "since": format_time(h.since),
     }
+    if h.until is not None:
+        record["until"] = format_time(h.until)
+    return record
 
 
 def _hold_from(d: Mapping[str, Any]) -> Hold:
@@ -426,6 +465,7 @@ def _hold_from(d: Mapping[str, Any]) -> Hold:
         since=parse_time(d["since"]),
         nodes=tuple(d.get("nodes", ())),
         node_count=d.get("nodeCount", 0),
+        until=_pt(d.get("until")),
     )
 
 
@@ -483,6 +523,11 @@ def to_record(status: RolloutStatus, *, inline_nodes: bool = True) -> dict[str, 
         "batches": [{"index": b.index, "state": b.state} for b in status.batches],
         "nodeCount": len(status.nodes),
     }
+    if status.waiting is not None:
+        record["waiting"] = {
+            "reason": status.waiting.reason,
+            "until": _t(status.waiting.until),
+        }
     if inline_nodes:
         record["nodes"] = [node_to_record(n) for n in status.nodes]
     else:
@@ -521,6 +566,7 @@ def from_record(
     frozen = record.get("frozen")
     ht = record.get("healthTimeout")
     hold = record.get("hold")
+    waiting = record.get("waiting")
     if frozen is not None and "nodes" in frozen:
         names = [n.name for n in nodes]
         if list(frozen["nodes"]) != names:
@@ -531,6 +577,7 @@ def from_record(
         reason=record.get("reason", ""),
         message=record.get("message", ""),
         hold=None if hold is None else _hold_from(hold),
+        waiting=None if waiting is None else Waiting(waiting["reason"], _pt(waiting.get("until"))),
         operator_paused=record.get("operatorPaused", False),
         spec_commit=record.get("specCommit", ""),
         start_commit=record.get("startCommit"),
@@ -668,6 +715,7 @@ __all__ = [
     "RollbackRecord",
     "RolloutStatus",
     "TransitionRecord",
+    "Waiting",
     "changed_files",
     "count_progress",
     "from_record",

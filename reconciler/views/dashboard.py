@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from urllib.parse import quote
 
+from reconciler.spec.batch_shapes import describe_sizes
 from reconciler.spec.paths import DASHBOARD_PATH
 from reconciler.spec.rollout_status import RolloutStatus
 from reconciler.views import markdown
@@ -197,6 +198,7 @@ def _diagram(active: list[RolloutStatus]) -> list[str]:
         lines.append("    direction LR")
         groups = batch_groups(status)
         ids = [f"{rid}b{group.first}" for group in groups]
+        sizes = _sizes(status)
         for group, bid in zip(groups, ids, strict=True):
             which = (
                 f"batch {group.first}"
@@ -205,6 +207,10 @@ def _diagram(active: list[RolloutStatus]) -> list[str]:
             )
             failed = f" · ✗{group.trouble} failed" if group.trouble else ""
             label = f"{which}<br/>{group.ok}/{group.total} ok{failed} · {group.state}"
+            if sizes:
+                label = f"{which} · {_group_sizes(sizes, group.first, group.last)}<br/>" + (
+                    f"{group.ok}/{group.total} ok{failed} · {group.state}"
+                )
             lines.append(f'    {bid}["{label}"]:::{group.state}')
         if len(ids) > 1:
             lines.append("    " + " --> ".join(ids))
@@ -218,6 +224,23 @@ def _diagram(active: list[RolloutStatus]) -> list[str]:
         lines.append(f"  classDef {name} {style}")
     lines.append("```")
     return lines
+
+
+def _sizes(status: RolloutStatus) -> tuple[int, ...]:
+    """Batch sizes of a rollout cut by ``batches`` (empty for ``batchSize``,
+    whose boxes keep their version 1 labels)."""
+    if status.frozen is None or not status.frozen.batches:
+        return ()
+    return status.frozen.batch_sizes(len(status.nodes))
+
+
+def _group_sizes(sizes: tuple[int, ...], first: int, last: int) -> str:
+    chunk = sizes[first - 1 : last]
+    if len(chunk) == 1:
+        return f"{chunk[0]} node{'s' if chunk[0] != 1 else ''}"
+    if len(set(chunk)) == 1:
+        return f"{chunk[0]} nodes each"
+    return "sizes " + describe_sizes(chunk)
 
 
 def _label(text: str) -> str:

@@ -16,6 +16,7 @@ Must not: touch Git, files, the network or the clock (trees, statuses and
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -33,8 +34,10 @@ from reconciler.engine.step import (
 )
 from reconciler.protocol.observations import Observations
 from reconciler.spec import documents
+from reconciler.spec.batch_shapes import batch_starts, describe_sizes
+from reconciler.spec.documents import DAY_NUMBERS
 from reconciler.spec.durations import format_duration
-from reconciler.spec.model import Problem, RolloutSpec, Settings, Target
+from reconciler.spec.model import Problem, RolloutSpec, Settings, Target, Window
 from reconciler.spec.paths import rollout_path
 from reconciler.spec.rollout_status import TERMINAL_PHASES, RolloutStatus
 from reconciler.spec.times import format_time
@@ -79,6 +82,11 @@ class AddedRollout:
     reattached: bool = False  # the name of a finished rollout: it attaches to that status
     fleet_size: int = 0  # nodes in the fleet after the merge
     left_out: tuple[str, ...] = ()  # nodeIds in maintenance, left out
+    # version 2, section 15
+    batches_written: tuple[int | str, ...] = ()  # spec.batches as written; () for batchSize
+    pause_for: tuple[tuple[int, int], ...] = ()  # (batch, seconds) of timed pauses
+    after: tuple[str, ...] = ()
+    ignore_windows: bool = False
 
     @property
     def node_count(self) -> int:
@@ -95,6 +103,24 @@ class AddedRollout:
         if not self.fleet_size:
             return f"{first} node(s)"
         return f"{first} node(s), {round(100 * first / self.fleet_size)}% of the fleet"
+
+    @property
+    def shape(self) -> str:
+        """``of 2`` for batchSize, ``of 1, 3, 1`` for batches."""
+        if not self.batches_written:
+            return f"of {self.batch_size}"
+        return "of " + describe_sizes([len(b) for b in self.batches])
+
+    def pause_after_words(self) -> str:
+        """``pauseAfter [1 for 1h, 3]``, or ``no pauseAfter``."""
+        if not self.pause_after:
+            return "no pauseAfter"
+        timed = dict(self.pause_for)
+        entries = [
+            f"{b} for {format_duration(timed[b])}" if b in timed else str(b)
+            for b in self.pause_after
+        ]
+        return f"pauseAfter [{', '.join(entries)}]"
 
 
 @dataclass(frozen=True)
@@ -349,8 +375,8 @@ def _added(
         batches = tuple(tuple(by_batch[b]) for b in sorted(by_batch))
     else:
         names = resolve_nodes(spec, docs.fleet)
-        size = max(1, spec.batch_size)
-        batches = tuple(tuple(names[i : i + size]) for i in range(0, len(names), size))
+        starts = batch_starts(spec.batches, max(1, spec.batch_size), len(names))
+        batches = tuple(tuple(names[a:b]) for a, b in itertools.pairwise(starts))
     mine = {n for batch in batches for n in batch}
     overlaps = []
     for other, status in sorted(after_status.items()):
@@ -379,6 +405,10 @@ def _added(
         reattached=recorded is not None,
         fleet_size=len(docs.fleet.nodes),
         left_out=left_out,
+        batches_written=spec.batches,
+        pause_for=spec.pause_for,
+        after=spec.after,
+        ignore_windows=spec.ignore_windows,
     )
 
 
@@ -570,7 +600,24 @@ def _settings_changes(old: Settings, new: Settings) -> list[str]:
             "defaults changed: rollouts that omit batchSize, healthTimeout or onFailure "
             "and have not started use the new values"
         )
+    if old.windows != new.windows:
+        shown = "; ".join(_window_words(w) for w in new.windows) or "none: any time"
+        lines.append(f"deploy windows -> {shown}")
+    if old.freezes != new.freezes:
+        shown = "; ".join(
+            f"{format_time(f.start)} to {format_time(f.end)}"
+            + (f" ({f.reason})" if f.reason else "")
+            for f in new.freezes
+        )
+        lines.append(f"freezes -> {shown or 'none'}")
     return lines
+
+
+def _window_words(window: Window) -> str:
+    days = ",".join(d for d, n in DAY_NUMBERS.items() if n in window.days)
+    start = f"{window.start // 60:02d}:{window.start % 60:02d}"
+    end = f"{window.end // 60:02d}:{window.end % 60:02d}"
+    return f"{days} {start}-{end} {window.timezone}"
 
 
 def _names(names: Sequence[str], limit: int = 8) -> str:
@@ -626,20 +673,24 @@ def headline(plan: Plan) -> list[str]:
         lines.append(f"INVALID: {len(plan.problems)} document problem(s){new}: fix before merging")
     for r in plan.added:
         mode = "LIVE" if r.live else "dry-run"
-        pause_after = f"pauseAfter {list(r.pause_after)}" if r.pause_after else "no pauseAfter"
         if not r.node_count:
             size = "no node matches"
         else:
             size = (
-                f"{r.node_count} node(s) in {len(r.batches)} batch(es) of {r.batch_size}, "
+                f"{r.node_count} node(s) in {len(r.batches)} batch(es) {r.shape}, "
                 f"first batch {r.first_batch_share()}"
             )
         lines.append(
-            f"{mode} rollout {r.name}: {r.model} to {size}, {pause_after}, "
+            f"{mode} rollout {r.name}: {r.model} to {size}, {r.pause_after_words()}, "
             f"onFailure {r.on_failure}; {_start_words(r)}"
         )
         if r.left_out:
             lines.append(f"left out of {r.name}: {_left_out_words(r.left_out)}")
+        if r.ignore_windows:
+            lines.append(
+                f"ignoreWindows: {r.name} starts batches whatever the deploy windows "
+                "and freezes of reconciler.yaml say"
+            )
         for o in r.overlaps:
             lines.append(
                 f"overlap: {r.name} shares {len(o.nodes)} node(s) with {o.rollout} "
@@ -697,13 +748,26 @@ def render_text(plan: Plan) -> str:
 def _added_facts(r: AddedRollout) -> list[str]:
     facts = [
         f"target {r.target}",
-        f"{r.node_count} node(s), batchSize {r.batch_size}, healthTimeout {r.health_timeout}, "
-        f"onFailure {r.on_failure}",
+        f"{r.node_count} node(s), "
+        + (
+            f"batchSize {r.batch_size}"
+            if not r.batches_written
+            else f"batches [{', '.join(map(str, r.batches_written))}]: sizes {r.shape[3:]}"
+        )
+        + f", healthTimeout {r.health_timeout}, onFailure {r.on_failure}",
     ]
-    if r.pause_after:
-        facts.append(f"holds after batch(es) {', '.join(map(str, r.pause_after))}")
+    timed = dict(r.pause_for)
+    untimed = [b for b in r.pause_after if b not in timed]
+    if untimed:
+        facts.append(f"holds after batch(es) {', '.join(map(str, untimed))}")
+    for batch, seconds in r.pause_for:
+        facts.append(f"holds after batch {batch} for {format_duration(seconds)}, then goes on")
     if r.left_out:
         facts.append(f"left out: {_left_out_words(r.left_out)}")
+    if r.after:
+        facts.append(f"starts only after {', '.join(r.after)} completed")
+    if r.ignore_windows:
+        facts.append("ignores deploy windows and freezes (ignoreWindows: true)")
     facts.append(f"start: {_start_words(r)}" + (f" (startAt {r.start_at})" if r.start_at else ""))
     if r.jobs_at_merge:
         facts.append(f"{r.jobs_at_merge} job(s) sent as soon as the merge is seen")
@@ -711,8 +775,10 @@ def _added_facts(r: AddedRollout) -> list[str]:
 
 
 def _batch_lines(r: AddedRollout) -> list[str]:
+    sized = bool(r.batches_written)
     lines = [
-        f"batch {k}: {_names(batch, 12)}" for k, batch in enumerate(r.batches[:BATCHES_SHOWN], 1)
+        f"batch {k}" + (f" ({len(batch)})" if sized else "") + f": {_names(batch, 12)}"
+        for k, batch in enumerate(r.batches[:BATCHES_SHOWN], 1)
     ]
     hidden = len(r.batches) - BATCHES_SHOWN
     if hidden > 0:

@@ -17,8 +17,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+from reconciler.spec.batch_shapes import describe_sizes
 from reconciler.spec.durations import format_duration
-from reconciler.spec.rollout_status import NodeRecord, RolloutStatus, to_record
+from reconciler.spec.rollout_status import NodeRecord, RolloutStatus, Waiting, to_record
 from reconciler.spec.times import format_time
 
 WIDTH = 80
@@ -90,10 +91,32 @@ def summarize(status: RolloutStatus) -> Summary:
 
 def _why(status: RolloutStatus) -> str:
     if status.hold is not None:
+        if status.hold.until is not None:
+            return f"{status.hold.reason} until {status.hold.until.strftime('%Y-%m-%d %H:%MZ')}"
         return status.hold.reason
+    if status.waiting is not None:
+        return waiting_text(status.waiting)
     if status.phase == "scheduled" and status.scheduled_for is not None:
         return "starts " + status.scheduled_for.strftime("%Y-%m-%d %H:%MZ")
     return status.reason
+
+
+def waiting_text(waiting: Waiting) -> str:
+    """``freeze until 2026-12-27 00:00Z``: why a due batch waits (not a hold)."""
+    until = waiting.until.strftime("%Y-%m-%d %H:%MZ") if waiting.until else "no opening in sight"
+    return f"{waiting.reason} until {until}" if waiting.until else f"{waiting.reason}: {until}"
+
+
+def sizes_text(status: RolloutStatus) -> str:
+    """``batches 1, 3, 1`` or ``batchSize 2``: how the frozen nodes are cut."""
+    frozen = status.frozen
+    if frozen is None:
+        return ""
+    if not frozen.batches:
+        return f"batchSize {frozen.batch_size}"
+    written = ", ".join(str(b) for b in frozen.batches)
+    sizes = describe_sizes(frozen.batch_sizes(len(status.nodes)))
+    return f"batches [{written}]: sizes {sizes}"
 
 
 def current_batch(status: RolloutStatus) -> int | None:
@@ -286,8 +309,10 @@ def render_detail(
         out.append(f"  target    {t.runtime} {t.provider}/{t.model} (profile {t.profile})")
         out.append(
             f"  mode      {'LIVE' if frozen.live else 'dry-run'}, onFailure {frozen.on_failure}, "
-            f"batchSize {frozen.batch_size}"
+            f"{sizes_text(status)}"
         )
+        if frozen.ignore_windows:
+            out.append("  windows   ignored (ignoreWindows: true)")
     out.append(f"  progress  {progress_text(s)}  batch {batch_text(s)}")
     counts = ", ".join(f"{n} {state}" for state, n in status.progress)
     if counts:
@@ -298,12 +323,16 @@ def render_detail(
         if h.node_count > len(h.nodes):
             nodes += f" and {h.node_count - len(h.nodes)} more"
         out.append(f"  hold      {paint(h.reason, 'paused', colour)} since {format_time(h.since)}")
+        if h.until is not None:
+            out.append(f"            lifts by itself at {format_time(h.until)}")
         out += _wrapped(h.message, "            ")
         if nodes and not all(name in h.message for name in h.nodes):
             out += _wrapped(f"nodes: {nodes}", "            ")
     elif status.reason or status.message:
         out.append(f"  reason    {status.reason}")
         out += _wrapped(status.message, "            ")
+    if status.waiting is not None:
+        out.append(f"  waiting   {waiting_text(status.waiting)} (deploy windows and freezes)")
     if status.operator_paused:
         out.append("  paused    by the operator (spec.paused: true)")
     commits = [
