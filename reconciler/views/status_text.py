@@ -266,7 +266,7 @@ def render_table(
     age_w = 4
     why_w = min(max(len("HOLD/REASON"), *(len(r.why) for r in rows)), 24)
     room = width - (phase_w + prog_w + batch_w + age_w + why_w + 5)
-    name_w = max(12, min(max(7, *(len(r.name) for r in rows)), room, 63))
+    name_w = min(max(7, *(len(r.name) for r in rows)), max(room, 12), 63)
     fixed = name_w + phase_w + prog_w + batch_w + age_w + 5
     why_w = max(10, width - fixed)
     header = (
