@@ -54,6 +54,7 @@ SCRIPTS = (
     Script("sshsig", (), ("--commits", "20", "--git-sample", "3", "--status", "200")),
     Script("operator_views", (), ("--nodes", "500", "--rollouts", "5")),
     Script("yaml_nesting", (), ("--runs", "1")),
+    Script("health", (), ("--quick",)),
     Script("shapes", (), ("--nodes", "1000", "--calls", "2000")),
 )
 

@@ -116,3 +116,11 @@ def test_batches_cut_by_a_batches_list_are_backed_and_edited_sizes_are_named() -
         "nodes[n2].batch",
         "nodes[n3].batch",
     )
+
+
+def test_checks_added_to_a_status_are_named() -> None:
+    from reconciler.spec.health import Health, HealthCheck, TcpProbe
+
+    added = Health(checks=(HealthCheck("port", tcp=TcpProbe("127.0.0.1", 22)),))
+    edited = replace(STATUS, frozen=replace(FROZEN, health=added))
+    assert tampered_fields(edited, EXPECTED, ON_BRANCH) == ("frozen.health",)

@@ -47,6 +47,7 @@ from reconciler.protocol.observations import (
     JobObservation,
     RuntimeReport,
     parse_backup_list,
+    parse_check_reports,
 )
 from reconciler.protocol.signing import SigningKey, envelope_bytes
 from reconciler.spec.errors import AgentError
@@ -421,6 +422,10 @@ def _heartbeat(node: str, body: bytes) -> Heartbeat:
     if not isinstance(runtimes, list) or not all(isinstance(r, dict) for r in runtimes):
         raise _Unreachable("heartbeat runtimes is not a list of objects")
     agent_version = data.get("agentVersion")
+    try:
+        checks = parse_check_reports(data.get("checks"))
+    except ValueError as exc:
+        raise _Unreachable(str(exc)) from None
     return Heartbeat(
         node=node,
         time=_text(data, "time"),
@@ -435,6 +440,7 @@ def _heartbeat(node: str, body: bytes) -> Heartbeat:
             )
             for r in runtimes
         ),
+        checks=checks,
     )
 
 

@@ -23,7 +23,7 @@ import contextlib
 import signal
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from types import FrameType
 from typing import Any
@@ -32,8 +32,10 @@ from reconciler.daemon import crashpoints
 from reconciler.daemon.agent_client import AgentClient
 from reconciler.daemon.logs import EventLog
 from reconciler.daemon.metrics import Metrics
+from reconciler.daemon.prometheus_client import PrometheusClient
 from reconciler.daemon.status_trust import StatusTrust
 from reconciler.engine import step as engine
+from reconciler.engine.health_evidence import fold_metric_answer
 from reconciler.engine.memo import StepMemo
 from reconciler.engine.step import FleetStep, RolloutInput
 from reconciler.git.approval import (
@@ -50,10 +52,11 @@ from reconciler.git.status_writes import DaemonWrites
 from reconciler.git.store import GitStore
 from reconciler.git.watch import BranchWatcher
 from reconciler.protocol.effects import SendJob
-from reconciler.protocol.observations import Heartbeat, JobObservation, Observations
+from reconciler.protocol.observations import Heartbeat, JobObservation, MetricCheck, Observations
 from reconciler.spec import rollout_status as status_values
 from reconciler.spec.documents import Documents, ParsedFile, assemble, parse_file
 from reconciler.spec.errors import HostKeyError, RefMoved, StoreError
+from reconciler.spec.health import for_node
 from reconciler.spec.model import Fleet, Node, Problem, RolloutSpec
 from reconciler.spec.paths import (
     DASHBOARD_PATH,
@@ -123,6 +126,11 @@ class DaemonMemory:
     # Memory that may be forgotten on restart.
     last_readable: dict[str, RolloutStatus] = field(default_factory=dict)  # per rollout
     unreachable: dict[str, datetime] = field(default_factory=dict)  # node -> first failed contact
+    # (node, check) -> what Prometheus has shown for the node's current job (section 11)
+    metric_checks: dict[tuple[str, str], MetricCheck] = field(default_factory=dict)
+    # job id -> its record once succeeded: an agent never changes a finished
+    # record, and a node soaking its checks would otherwise be asked every pass
+    finished_jobs: dict[str, JobObservation] = field(default_factory=dict)
     seen_tip: str | None = None  # the tip the last pass read (or its own commit on it)
     reported: set[str] = field(default_factory=set)  # problems already logged, to log each once
     watching: bool = False  # the last pass had jobs, heartbeats or backups to read
@@ -188,6 +196,7 @@ class Daemon:
         sign: Callable[[bytes], str] | None = None,
         status_signers: Sequence[AllowedSigner] = (),
         clock: Callable[[], datetime] = lambda: datetime.now(UTC).replace(microsecond=0),
+        prometheus: PrometheusClient | None = None,
     ) -> None:
         self.store = store
         self.client = client
@@ -197,6 +206,7 @@ class Daemon:
         self.sign = sign
         self.clock = clock
         self.memory = DaemonMemory()
+        self.prometheus = prometheus or PrometheusClient()
         self._steps: tuple[Callable[[_Pass], PassOutcome | None], ...] = tuple(
             getattr(self, f"_{name}") for name in PASS_STEPS
         )
@@ -314,6 +324,9 @@ class Daemon:
         know), heartbeats, backup lists. Touches: the agents over HTTP;
         ``memory.unreachable`` and ``memory.watching``."""
         p.observations = self._ask_agents(p.statuses.values(), p.documents.fleet)
+        metric_checks = self._ask_prometheus(p.statuses.values(), p.observations, p.documents)
+        if metric_checks:
+            p.observations = replace(p.observations, metric_checks=metric_checks)
         return None
 
     def _step(self, p: _Pass) -> PassOutcome | None:
@@ -607,8 +620,18 @@ class Daemon:
         wanted_heartbeats = engine.wanted_heartbeats(statuses)
         wanted_backups = engine.wanted_backups(statuses)
         self.memory.watching = bool(in_flight or wanted_heartbeats or wanted_backups)
-        jobs = [(url, job) for job in in_flight if (url := address(job.node))]
-        observed: dict[str, JobObservation] = {}
+        finished = self.memory.finished_jobs
+        wanted_ids = {job.job_id for job in in_flight}
+        for job_id in [j for j in finished if j not in wanted_ids]:
+            del finished[job_id]
+        observed: dict[str, JobObservation] = {
+            job.job_id: finished[job.job_id] for job in in_flight if job.job_id in finished
+        }
+        jobs = [
+            (url, job)
+            for job in in_flight
+            if job.job_id not in finished and (url := address(job.node))
+        ]
         unknown: list[tuple[str, SendJob]] = []
         for (url, job), (job_id, seen) in zip(
             jobs, _ordered(self.client.read_jobs(jobs), jobs), strict=True
@@ -619,6 +642,8 @@ class Daemon:
                 continue
             observed[job_id] = seen
             reachable[job.node] = reachable.get(job.node, False) or seen.state != "unreachable"
+            if seen.state == "succeeded" and job.kind == "apply":
+                finished[job_id] = seen
         if unknown:
             for job_id, answer in self.client.send_jobs(unknown, now).items():
                 observed[job_id] = answer
@@ -647,6 +672,49 @@ class Daemon:
             unreachable_since=dict(self.memory.unreachable),
             backups=backups,
         )
+
+    def _ask_prometheus(
+        self,
+        statuses: Iterable[RolloutStatus],
+        observed: Observations,
+        documents: Documents,
+    ) -> dict[tuple[str, str], MetricCheck]:
+        """Ask Prometheus each prometheus check of every node whose job has
+        finished successfully (section 11) and fold the answers into memory;
+        memory of checks no longer wanted is dropped."""
+        wanted = [
+            (node, job_id, check)
+            for node, job_id, check in engine.wanted_metric_checks(statuses)
+            if (job := observed.jobs.get(job_id)) is not None and job.state == "succeeded"
+        ]
+        memory = self.memory.metric_checks
+        keep = {(node, check.name) for node, _, check in wanted}
+        for key in [k for k in memory if k not in keep]:
+            del memory[key]
+        url = documents.settings.prometheus_url
+        if not wanted or url is None:
+            return dict(memory)
+        queries = {
+            (node, check.name): for_node(check.prometheus.query, node)
+            for node, _, check in wanted
+            if check.prometheus is not None
+        }
+        answers = self.prometheus.query_all(url, queries.values())
+        now = self.clock()
+        for node, job_id, check in wanted:
+            key = (node, check.name)
+            memory[key] = fold_metric_answer(
+                memory.get(key), check, job_id, answers[queries[key]], now
+            )
+        # Logged when a run of answers without evidence begins, not every pass.
+        for (node, name), state in memory.items():
+            if state.error_since == now:
+                self.log.warning(
+                    "prometheus_error",
+                    f"check {name} of node {node} has no evidence: {state.detail}",
+                    url=url,
+                )
+        return dict(memory)
 
     # -- writing -------------------------------------------------------------
 

@@ -59,6 +59,7 @@ def start_spec(spec: RolloutSpec, fleet: Fleet) -> StartSpec:
             allow_overlap=spec.allow_overlap,
             batches=spec.batches,
             ignore_windows=spec.ignore_windows,
+            health=spec.health,
         ),
         nodes=resolve_nodes(spec, fleet),
     )
@@ -79,6 +80,8 @@ _FROZEN_FIELDS: tuple[tuple[str, Callable[[FrozenSpec], object]], ...] = (
     ("allowOverlap", lambda f: f.allow_overlap),
     ("batches", lambda f: f.batches),
     ("ignoreWindows", lambda f: f.ignore_windows),
+    # The agent checks a job carries come from here (section 11).
+    ("health", lambda f: f.health),
 )
 
 

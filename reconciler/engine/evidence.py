@@ -8,8 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from reconciler.engine import health_evidence
 from reconciler.protocol.observations import Heartbeat, JobObservation, Observations
 from reconciler.spec.durations import format_duration
+from reconciler.spec.health import Health
 from reconciler.spec.model import Target
 from reconciler.spec.rollout_status import NodeRecord, RestoreRecord
 from reconciler.spec.times import parse_time
@@ -35,6 +37,15 @@ class Seen:
     offline_after: timedelta
     offline_after_seconds: int  # as written in settings, for the message
     now: datetime
+    # section 11: the frozen checks and soak (None: version 1's rule only),
+    # and whether settings name a Prometheus server for prometheus checks
+    health: Health | None = None
+    prometheus_configured: bool = True
+
+    @property
+    def checks_apply(self) -> bool:
+        """Dry runs ignore health: nothing was applied."""
+        return self.live and self.health is not None and bool(self.health.checks)
 
 
 def judge_apply(node: NodeRecord, seen: Seen, in_fleet: bool) -> Judgement | None:
@@ -57,8 +68,14 @@ def judge_apply(node: NodeRecord, seen: Seen, in_fleet: bool) -> Judgement | Non
             if not seen.live:
                 return "passed", "succeeded", "", job
             drift = heartbeat_problem(obs.heartbeats.get(node.name), job, seen.target)
-            if not drift:
+            if not drift and not seen.checks_apply:
                 return "passed", "succeeded", "", job
+            if not drift:
+                health = judge_node_health(node, seen)
+                if health.verdict is not None:
+                    state = "succeeded" if health.verdict == "passed" else health.verdict
+                    verdict = "failed" if health.verdict == "timed_out" else health.verdict
+                    return verdict, state, health.error, job
     if not in_fleet:
         return "unknown", "unknown", "node removed from nodes/", job
     since = obs.unreachable_since.get(node.name)
@@ -81,6 +98,31 @@ def judge_apply(node: NodeRecord, seen: Seen, in_fleet: bool) -> Judgement | Non
         state = "no answer" if job is None else f"job still {job.state}"
         return "failed", "timed_out", f"deadline passed: {state}", job
     return None
+
+
+def judge_node_health(node: NodeRecord, seen: Seen) -> health_evidence.HealthJudgement:
+    """Section 11 on a live node whose apply succeeded and whose fresh
+    heartbeat shows the target: its checks decide."""
+    assert seen.health is not None and node.job_id is not None and node.deadline is not None
+    beat = seen.observations.heartbeats.get(node.name)
+    beat_time = None
+    if beat is not None:
+        try:
+            beat_time = parse_time(beat.time)
+        except ValueError:
+            beat = None
+    found = health_evidence.standings(
+        seen.health,
+        node.name,
+        node.job_id,
+        {} if beat is None else {c.name: c for c in beat.checks if c.job_id == node.job_id},
+        beat_time,
+        seen.observations.metric_checks,
+        seen.now,
+        seen.offline_after,
+        seen.prometheus_configured,
+    )
+    return health_evidence.judge_health(found, deadline_passed=seen.now >= node.deadline)
 
 
 def heartbeat_problem(beat: Heartbeat | None, job: JobObservation, target: Target) -> str:

@@ -54,12 +54,14 @@ from reconciler.protocol.observations import JobObservation, Observations
 from reconciler.spec import agent_url
 from reconciler.spec.agent_url import is_usable_agent_url
 from reconciler.spec.batch_shapes import describe_sizes
+from reconciler.spec.health import HealthCheck
 from reconciler.spec.model import Fleet, Node, Problem, RolloutSpec, Settings
 from reconciler.spec.rollout_status import (
     HOLD_NODES_SHOWN,
     NODE_STATES,
     TRANSITIONS_KEPT,
     BatchRecord,
+    CheckOutcome,
     Condition,
     FrozenSpec,
     Hold,
@@ -84,6 +86,7 @@ __all__ = [
     "waits_for_a_person",
     "wanted_backups",
     "wanted_heartbeats",
+    "wanted_metric_checks",
 ]
 
 
@@ -128,6 +131,7 @@ FROZEN_FIELDS = (
     ("start_at", "startAt"),
     ("include_maintenance", "includeMaintenance"),
     ("allow_overlap", "allowOverlap"),
+    ("health", "health"),
     ("batches", "batches"),
     ("ignore_windows", "ignoreWindows"),
 )
@@ -496,6 +500,11 @@ class RolloutStep:
         assert self.health_timeout is not None
         return self.now + timedelta(seconds=self.health_timeout)
 
+    def soak(self) -> int:
+        """Seconds an apply's deadline gains for the soak (DESIGN.md 11)."""
+        f = self.frozen
+        return f.health.soak if f is not None and f.live and f.health is not None else 0
+
     # -- the step
 
     def run(self) -> RolloutStatus:
@@ -566,6 +575,17 @@ class RolloutStep:
             return False
         if spec.paused:
             return self.wait("paused", "paused by the operator (spec.paused is true) before start")
+        if (
+            spec.live
+            and spec.health is not None
+            and spec.health.prometheus_checks
+            and self.ctx.settings.prometheus_url is None
+        ):
+            return self.wait(
+                "prometheus_not_configured",
+                "its prometheus checks need settings.spec.prometheus.url in reconciler.yaml; "
+                "it starts once that is set",
+            )
         if spec.after:
             waits = after_wait(spec.after, self.ctx.current)
             if waits is not None:
@@ -660,6 +680,7 @@ class RolloutStep:
             start_at=spec.start_at,
             include_maintenance=spec.include_maintenance,
             allow_overlap=spec.allow_overlap,
+            health=spec.health,
         )
         sizes = self.frozen.batch_sizes(len(names))
         numbers = [k for k, n in enumerate(sizes, start=1) for _ in range(n)]
@@ -720,6 +741,7 @@ class RolloutStep:
             if not self.phase_terminal():
                 self.operator_paused = spec.paused
         self.observe()
+        self.health_conditions()
         if self.phase_terminal():
             self.carry_out_decided_restores()
             rollback.handle_request(self)
@@ -784,6 +806,7 @@ class RolloutStep:
             "start_at": spec.start_at,
             "include_maintenance": spec.include_maintenance,
             "allow_overlap": spec.allow_overlap,
+            "health": spec.health,
             "batches": spec.batches,
             "ignore_windows": spec.ignore_windows,
         }
@@ -814,6 +837,44 @@ class RolloutStep:
             elif node.state in RESTORE_STATES and node.restore is not None:
                 self.record_restore(i, node, node.restore)
 
+    def health_conditions(self) -> None:
+        """Conditions for prometheus checks nothing can answer: no server in
+        settings, or a query the server refuses (DESIGN.md 11)."""
+        f = self.frozen
+        checks = f.health.prometheus_checks if f is not None and f.health is not None else ()
+        if not checks or f is None or not f.live:
+            return
+        self.set_condition(
+            "prometheus_not_configured",
+            None
+            if self.ctx.settings.prometheus_url is not None
+            else (
+                f"prometheus checks {', '.join(c.name for c in checks)} need "
+                "settings.spec.prometheus.url in reconciler.yaml; until it is set they have no "
+                "evidence and their nodes become unknown at their deadlines"
+            ),
+        )
+        metrics = self.ctx.obs.metric_checks
+        rejected = sorted(
+            {
+                (c.name, m.detail)
+                for node in self.nodes
+                if node.state == "dispatched"
+                for c in checks
+                if (m := metrics.get((node.name, c.name))) is not None and m.rejected
+            }
+        )
+        self.set_condition(
+            "prometheus_query_rejected",
+            None
+            if not rejected
+            else "; ".join(
+                f"Prometheus rejects the query of check {name}: {detail}"
+                for name, detail in rejected
+            )
+            + "; fix the query in a new rollout (health is frozen at start)",
+        )
+
     def seen(self) -> evidence.Seen:
         """This pass's observations and what the evidence rules judge by."""
         assert self.frozen is not None
@@ -824,6 +885,8 @@ class RolloutStep:
             self.ctx.offline_after,
             self.ctx.settings.offline_after,
             self.now,
+            self.frozen.health,
+            self.ctx.settings.prometheus_url is not None,
         )
 
     def record_verdict(
@@ -855,8 +918,19 @@ class RolloutStep:
             first_backup_id=first_backup_id,
             first_backup_known=known,
             first_apply_attempt=first_attempt,
+            checks=self.check_outcomes(node, job),
         )
         self.set_node(i, new, error or verdict)
+
+    def check_outcomes(
+        self, node: NodeRecord, job: JobObservation | None
+    ) -> tuple[CheckOutcome, ...]:
+        """Each health check's last outcome, for a node whose apply succeeded
+        in a live rollout with checks (DESIGN.md 11)."""
+        seen = self.seen()
+        if not seen.checks_apply or job is None or job.state != "succeeded":
+            return ()
+        return evidence.judge_node_health(node, seen).outcomes
 
     def record_restore(self, i: int, node: NodeRecord, restore: RestoreRecord) -> None:
         judged = evidence.judge_restore(restore, self.ctx.obs.jobs.get(restore.job_id), self.now)
@@ -1030,7 +1104,7 @@ class RolloutStep:
             job_id=jid,
             source_commit=self.inp.spec_commit,
             dispatched_at=self.now,
-            deadline=self.deadline(),
+            deadline=self.deadline() + timedelta(seconds=self.soak()),
             finished_at=None,
             verdict=None,
             error="",
@@ -1195,6 +1269,7 @@ class RolloutStep:
 
 def _apply_job(rollout: str, frozen: FrozenSpec, node: NodeRecord) -> SendJob:
     assert node.job_id is not None and node.source_commit is not None
+    health = frozen.health if frozen.live and frozen.health is not None else None
     return SendJob(
         job_id=node.job_id,
         kind="apply",
@@ -1204,6 +1279,7 @@ def _apply_job(rollout: str, frozen: FrozenSpec, node: NodeRecord) -> SendJob:
         mode=frozen.mode,
         target=frozen.target,
         source_commit=node.source_commit,
+        health=health if health is not None and health.agent_checks else None,
     )
 
 
@@ -1265,6 +1341,23 @@ def wanted_heartbeats(statuses: Iterable[RolloutStatus]) -> tuple[str, ...]:
             if node.state == "dispatched":
                 names[node.name] = None
     return tuple(names)
+
+
+def wanted_metric_checks(
+    statuses: Iterable[RolloutStatus],
+) -> tuple[tuple[str, str, HealthCheck], ...]:
+    """(node, job id, check) of every prometheus check the next step judges:
+    dispatched nodes of live rollouts with such checks. The daemon asks only
+    for those whose job it has seen finished (DESIGN.md 11)."""
+    wanted: list[tuple[str, str, HealthCheck]] = []
+    for status in statuses:
+        f = status.frozen
+        if f is None or not f.live or f.health is None or not f.health.prometheus_checks:
+            continue
+        for node in _open_nodes(status):
+            if node.state == "dispatched" and node.job_id is not None:
+                wanted.extend((node.name, node.job_id, c) for c in f.health.prometheus_checks)
+    return tuple(wanted)
 
 
 def wanted_backups(statuses: Iterable[RolloutStatus]) -> tuple[str, ...]:

@@ -41,6 +41,7 @@ from typing import Any
 
 from reconciler import __version__
 from reconciler.node.http_server import HttpServer, Request, Response, error_response, json_response
+from reconciler.node.probes import Prober
 from reconciler.node.state_dir import (
     CONFIG_MODE,
     BackupInfo,
@@ -52,7 +53,7 @@ from reconciler.node.state_dir import (
 from reconciler.protocol.admission import admit_job
 from reconciler.protocol.signing import JobRefused, TrustedKey
 from reconciler.spec.safe_yaml import YamlProblem, dump_yaml, load_yaml
-from reconciler.spec.times import format_time
+from reconciler.spec.times import format_time, parse_time
 
 TARGET_FIELDS = ("provider", "model", "profile")
 OUTPUT_TAIL = 2000  # characters of after-apply output kept in a job's result
@@ -120,6 +121,9 @@ class Agent:
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agent-job")
         self.jobs = state.load_jobs()
         self._recover()
+        self.prober = Prober(clock)
+        self._newest_job: dict[str, str] = {}  # runtime -> the job accepted last
+        self._resume_probes()
 
     # -- start-up ------------------------------------------------------------------
 
@@ -160,8 +164,33 @@ class Agent:
             error=f"agent restarted during apply; config left as {left}",
         )
 
+    def _resume_probes(self) -> None:
+        """After a restart, probe again the checks of each runtime's newest
+        job when it was a successful live apply carrying checks (from
+        scratch: a restart never lengthens a run of successes)."""
+        newest: dict[str, JobRecord] = {}
+        for record in self.jobs.values():
+            runtime = record.payload["target"]["runtime"]
+            known = newest.get(runtime)
+            if known is None or parse_time(record.accepted_at) > parse_time(known.accepted_at):
+                newest[runtime] = record
+        for runtime, record in newest.items():
+            self._newest_job[runtime] = record.job_id
+            self._probe_after(runtime, record)
+
+    def _probe_after(self, runtime: str, record: JobRecord) -> None:
+        payload = record.payload
+        if (
+            record.state == "succeeded"
+            and payload.get("kind") == "apply"
+            and payload.get("mode") == "live"
+            and payload.get("checks")
+        ):
+            self.prober.start(runtime, record.job_id, payload["checks"])
+
     def close(self) -> None:
         self._worker.shutdown(wait=True)
+        self.prober.close()
 
     # -- the protocol ----------------------------------------------------------------
 
@@ -226,6 +255,10 @@ class Agent:
                 return error_response(
                     503, "journal_unwritable", f"cannot record the job: {exc.strerror}"
                 )
+        # Checks of the runtime's previous job say nothing about this one.
+        with self._lock:
+            self._newest_job[payload["target"]["runtime"]] = record.job_id
+        self.prober.stop(payload["target"]["runtime"])
         self._worker.submit(self._run, record.job_id)
         return json_response(202, record.public())
 
@@ -246,12 +279,16 @@ class Agent:
                 entry[key] = value if isinstance(value, str) else ""
             entry["configDigest"] = digest(current[0])
             runtimes.append(entry)
-        return {
+        beat: dict[str, Any] = {
             "node": self.config.node,
             "time": format_time(self.clock()),
             "agentVersion": __version__,
             "runtimes": runtimes,
         }
+        checks = self.prober.reports()
+        if checks:
+            beat["checks"] = checks
+        return beat
 
     # -- running jobs ----------------------------------------------------------------
 
@@ -270,6 +307,11 @@ class Agent:
             record = self.jobs[job_id]
         try:
             record = self._execute(record)
+            runtime = record.payload["target"]["runtime"]
+            with self._lock:
+                newest = self._newest_job.get(runtime) == record.job_id
+            if newest:  # a job accepted since ends this one's checks
+                self._probe_after(runtime, record)
         except _JobFailed as exc:
             with self._lock:
                 record = self.jobs[job_id]

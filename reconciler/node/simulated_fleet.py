@@ -34,6 +34,19 @@ overrides the behaviour for a job's attempt N, inheriting the node's settings;
 the node's own behaviour is used for everything else (heartbeats, backups,
 other attempts). ``names: [...]`` at the top replaces the generated names.
 
+Health checks (DESIGN.md 11): after a successful live apply that carried
+checks, a node reports them in its heartbeat as the real agent would, probed
+every ``intervalSeconds`` from the apply's end, with outcomes scripted per
+check name (any check not named holds)::
+
+      sim-0006: {action: succeed, checks: {ready: failing}}
+      sim-0007: {checks: {ready: {okFor: 30}}}     # holds for 30 s, then fails
+      sim-0008: {checks: {ready: {failFor: 20}}}   # fails for 20 s, then holds
+      sim-0009: {attempts: {"2": {checks: {ready: ok}}}, checks: {ready: failing}}
+
+The reports are computed from the clock when a heartbeat is asked for, so
+thousands of nodes cost nothing between heartbeats.
+
 Accepted jobs and their outcomes are appended to ``STATE/sim-journal.jsonl``
 and replayed on start, so a job id is executed at most once even across a
 restart of the simulator. ``GET /v1/sim/stats`` counts, per job id, how
@@ -50,6 +63,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import math
 import sys
 from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping
@@ -94,6 +108,34 @@ FLUSH_DELAY = 0.05  # seconds an outcome may wait in the journal's buffer
 
 
 @dataclass(frozen=True)
+class CheckScript:
+    """One check's scripted outcome: ``ok``, ``failing``, ``okFor`` (holds
+    for ``seconds`` after the apply, then fails) or ``failFor`` (the reverse)."""
+
+    mode: str = "ok"
+    seconds: float = 0.0
+
+    def holds(self, offset: float) -> bool:
+        """Whether a probe ``offset`` seconds after the apply holds."""
+        if self.mode == "ok":
+            return True
+        if self.mode == "failing":
+            return False
+        if self.mode == "okFor":
+            return offset < self.seconds
+        return offset >= self.seconds
+
+    def current_run(self, last: int, interval: float) -> tuple[bool, int]:
+        """(holds, index of its first probe) for the run of equal outcomes
+        that probe ``last`` (0 at the apply's end) belongs to."""
+        ok = self.holds(last * interval)
+        if self.mode in ("ok", "failing"):
+            return ok, 0
+        switch = math.ceil(self.seconds / interval)  # the first probe of the second run
+        return ok, 0 if last < switch else switch
+
+
+@dataclass(frozen=True)
 class Behaviour:
     action: str = "succeed"
     delay: float = 0.0
@@ -103,6 +145,10 @@ class Behaviour:
     message: str = "simulated refusal"
     impersonate: str = ""
     clock_skew: float = 0.0  # seconds added to this node's clock
+    checks: tuple[tuple[str, CheckScript], ...] = ()  # by check name; others hold
+
+    def check_script(self, name: str) -> CheckScript:
+        return next((s for n, s in self.checks if n == name), CheckScript())
 
 
 @dataclass(frozen=True)
@@ -142,7 +188,34 @@ _BEHAVIOUR_KEYS = {
     "clockSkew",
     "attempts",
     "initial",
+    "checks",
 }
+
+
+def _check_scripts(value: Any, where: str) -> tuple[tuple[str, CheckScript], ...]:
+    if not isinstance(value, dict):
+        raise ScriptError(
+            f"{where}: map check names to ok, failing, {{okFor: S}} or {{failFor: S}}"
+        )
+    out = []
+    for name, spec in value.items():
+        if spec in ("ok", "failing"):
+            out.append((str(name), CheckScript(spec)))
+            continue
+        if (
+            isinstance(spec, dict)
+            and len(spec) == 1
+            and next(iter(spec)) in ("okFor", "failFor")
+            and isinstance(next(iter(spec.values())), int | float)
+            and next(iter(spec.values())) >= 0
+        ):
+            mode, seconds = next(iter(spec.items()))
+            out.append((str(name), CheckScript(mode, float(seconds))))
+            continue
+        raise ScriptError(
+            f"{where}.{name}: must be ok, failing, {{okFor: SECONDS}} or {{failFor: SECONDS}}"
+        )
+    return tuple(out)
 
 
 def _behaviour(value: Any, where: str, base: Behaviour) -> Behaviour:
@@ -172,6 +245,8 @@ def _behaviour(value: Any, where: str, base: Behaviour) -> Behaviour:
             if not isinstance(value[key], kind) or isinstance(value[key], bool):
                 raise ScriptError(f"{where}.{key}: wrong type {type(value[key]).__name__}")
             changes[attr] = value[key]
+    if "checks" in value:
+        changes["checks"] = _check_scripts(value["checks"], f"{where}.checks")
     behaviour = replace(base, **changes)
     if behaviour.delay < 0:
         raise ScriptError(f"{where}.delay: must not be negative")
@@ -274,7 +349,7 @@ class SimJob:
 
 
 class SimNode:
-    __slots__ = ("backups", "config", "jobs", "name")
+    __slots__ = ("backups", "config", "jobs", "name", "probing")
 
     def __init__(self, name: str, initial: Mapping[str, str] | None, runtimes: list[str]) -> None:
         self.name = name
@@ -283,6 +358,7 @@ class SimNode:
         )
         self.jobs: dict[str, SimJob] = {}
         self.backups: list[dict[str, str]] = []  # oldest first
+        self.probing: dict[str, SimJob] = {}  # by runtime: the live apply whose checks run
 
 
 def _digest(config: Mapping[str, str]) -> str:
@@ -405,6 +481,9 @@ class SimFleet:
         if event["config"] is not None:
             runtime, config = event["config"]
             node.config[runtime] = config
+        payload = job.payload
+        if job.state == "succeeded" and payload["mode"] == "live" and payload.get("checks"):
+            node.probing[payload["target"]["runtime"]] = job
 
     # -- the protocol -----------------------------------------------------------
 
@@ -462,7 +541,7 @@ class SimFleet:
     def _heartbeat(self, node: SimNode, behaviour: Behaviour) -> dict[str, Any]:
         now = self.clock() + timedelta(seconds=behaviour.clock_skew)
         name = behaviour.impersonate if behaviour.action == "impostor" else node.name
-        return {
+        beat: dict[str, Any] = {
             "node": name,
             "time": format_time(now),
             "agentVersion": f"sim-{__version__}",
@@ -471,6 +550,14 @@ class SimFleet:
                 for runtime, config in sorted(node.config.items())
             ],
         }
+        if node.probing:
+            script = self.script.for_node(node.name)
+            beat["checks"] = [
+                report
+                for _, job in sorted(node.probing.items())
+                for report in _check_reports(job, script.for_attempt(job.payload["attempt"]), now)
+            ]
+        return beat
 
     def _post_job(
         self, node: SimNode, script: NodeScript, body: bytes
@@ -516,6 +603,7 @@ class SimFleet:
             return error_response(behaviour.status, behaviour.code, behaviour.message)
         job = SimJob(payload)
         node.jobs[job_id] = job
+        node.probing.pop(payload["target"]["runtime"], None)  # the next job ends the checks
         self.executed[job_id] += 1
         self._log({"e": "accept", "node": node.name, "payload": payload}, flush=True)
         response = json_response(202, job.record())
@@ -617,7 +705,7 @@ def _variant(payload: Mapping[str, Any]) -> tuple[Any, ...]:
     """What makes a payload this payload, send times aside (a verified payload
     has exactly the schema's fields, all plain values)."""
     return tuple(
-        (k, tuple(v.items()) if isinstance(v, dict) else v)
+        (k, tuple(v.items()) if isinstance(v, dict) else canonical_json(v) if k == "checks" else v)
         for k, v in sorted(payload.items())
         if k not in SEND_TIME_FIELDS
     )
@@ -686,3 +774,33 @@ async def serve(
 
 def _print_error(exc: BaseException) -> None:
     print(f"sim-fleet: internal error: {exc!r}", file=sys.stderr)
+
+
+def _check_reports(job: SimJob, behaviour: Behaviour, now: datetime) -> list[dict[str, Any]]:
+    """What the real agent would report for ``job``'s checks at ``now``:
+    probes at the apply's end and every interval after, each holding or not
+    as the script says."""
+    assert job.finished_at is not None
+    start = datetime.fromisoformat(job.finished_at.replace("Z", "+00:00"))
+    elapsed = (now - start).total_seconds()
+    reports = []
+    for check in job.payload["checks"]:
+        interval = check["intervalSeconds"]
+        if elapsed < 0:
+            continue
+        last = int(elapsed // interval)  # probes 0..last have run
+        script = behaviour.check_script(check["name"])
+        # Walk back from the newest probe over the current run of equal outcomes.
+        ok, first = script.current_run(last, interval)
+        reports.append(
+            {
+                "name": check["name"],
+                "jobId": job.payload["jobId"],
+                "ok": ok,
+                "okSince": format_time(start + timedelta(seconds=first * interval)) if ok else None,
+                "failures": 0 if ok else last - first + 1,
+                "lastError": "" if ok else f"simulated failure of check {check['name']}",
+                "probedAt": format_time(start + timedelta(seconds=last * interval)),
+            }
+        )
+    return reports

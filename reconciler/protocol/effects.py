@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from reconciler.spec.health import Health
 from reconciler.spec.model import Target
 
 JOB_KINDS = ("apply", "restore")
@@ -25,3 +26,4 @@ class SendJob:
     target: Target
     source_commit: str
     backup_id: str | None = None  # restore only
+    health: Health | None = None  # live applies with agent checks: sent as ``checks``

@@ -22,7 +22,7 @@ from jsonschema.protocols import Validator  # type: ignore[import-untyped]
 from referencing import Registry, Resource
 
 from reconciler.protocol.effects import SendJob
-from reconciler.spec import schemas
+from reconciler.spec import health, schemas
 from reconciler.spec.times import format_time, parse_time
 
 SCHEMA_ID = "reconciler.job/v1"
@@ -53,6 +53,8 @@ def build_payload(job: SendJob, issued_at: datetime) -> dict[str, Any]:
     }
     if job.kind == "restore":
         payload["backupId"] = job.backup_id
+    if job.health is not None and job.health.agent_checks:
+        payload["checks"] = health.to_payload(job.health, job.node)
     return payload
 
 
@@ -144,7 +146,7 @@ def _plainly_valid(document: Any, *, envelope: bool) -> bool:
             return False
         if document["mode"] != "live":
             return False
-    elif kind != "apply" or keys != _PAYLOAD_KEYS:
+    elif kind != "apply" or (keys != _PAYLOAD_KEYS and not _live_with_checks(document)):
         return False
     target = document["target"]
     attempt = document["attempt"]
@@ -163,3 +165,61 @@ def _plainly_valid(document: Any, *, envelope: bool) -> bool:
         and _matches(_TIME, document["issuedAt"])
         and _matches(_TIME, document["expiresAt"])
     )
+
+
+_HTTP_KEYS = frozenset(("url", "expectStatus", "bodyContains", "timeoutSeconds"))
+_TCP_KEYS = frozenset(("host", "port", "timeoutSeconds"))
+
+
+def _count(value: Any, low: int, high: int) -> bool:
+    return type(value) is int and low <= value <= high
+
+
+def _live_with_checks(document: dict[str, Any]) -> bool:
+    return (
+        document.keys() == _PAYLOAD_KEYS | {"checks"}
+        and document["mode"] == "live"
+        and _plain_checks(document["checks"])
+    )
+
+
+def _plain_checks(checks: Any) -> bool:
+    """The agent checks of a live apply (section 11), as the schema says."""
+    if type(checks) is not list or not 1 <= len(checks) <= 32:
+        return False
+    names = set()
+    for check in checks:
+        if type(check) is not dict or not _matches(_NAME, check.get("name")):
+            return False
+        names.add(check["name"])
+        if not _count(check.get("intervalSeconds"), 1, 86400):
+            return False
+        kind = check.keys() - {"name", "intervalSeconds"}
+        if kind == {"http"}:
+            probe = check["http"]
+            if type(probe) is not dict or probe.keys() != _HTTP_KEYS:
+                return False
+            url, body = probe["url"], probe["bodyContains"]
+            if not (type(url) is str and 0 < len(url) <= 2048 and _HTTP_URL.match(url)):
+                return False
+            if not (type(body) is str and len(body) <= 1024):
+                return False
+            if not _count(probe["expectStatus"], 100, 599):
+                return False
+        elif kind == {"tcp"}:
+            probe = check["tcp"]
+            if type(probe) is not dict or probe.keys() != _TCP_KEYS:
+                return False
+            host = probe["host"]
+            if not (type(host) is str and 0 < len(host) <= 255 and "\n" not in host):
+                return False
+            if not _count(probe["port"], 1, 65535):
+                return False
+        else:
+            return False
+        if not _count(probe["timeoutSeconds"], 1, 3600):
+            return False
+    return len(names) == len(checks)
+
+
+_HTTP_URL = re.compile(r"https?://[^\n]*\Z")

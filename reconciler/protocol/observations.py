@@ -37,14 +37,98 @@ class RuntimeReport:
 
 
 @dataclass(frozen=True)
+class CheckReport:
+    """One agent check as a heartbeat reports it (DESIGN.md 11): ``ok_since``
+    starts the current unbroken run of successes (None while failing),
+    ``failures`` counts consecutive failures. Times are the agent's clock."""
+
+    name: str
+    job_id: str
+    ok: bool
+    ok_since: str | None
+    failures: int
+    last_error: str = ""
+    probed_at: str | None = None
+
+
+@dataclass(frozen=True)
 class Heartbeat:
     node: str
     time: str  # RFC 3339, agent clock
     agent_version: str = ""
     runtimes: tuple[RuntimeReport, ...] = ()
+    checks: tuple[CheckReport, ...] = ()
 
     def runtime(self, runtime_type: str) -> RuntimeReport | None:
         return next((r for r in self.runtimes if r.type == runtime_type), None)
+
+    def check(self, name: str, job_id: str) -> CheckReport | None:
+        return next((c for c in self.checks if c.name == name and c.job_id == job_id), None)
+
+
+def parse_check_reports(data: Any) -> tuple[CheckReport, ...]:
+    """A heartbeat's ``checks`` (JSON already decoded; absent in version 1
+    heartbeats) as values; ValueError says what is wrong with it."""
+    if data is None:
+        return ()
+    if not isinstance(data, list) or not all(isinstance(c, dict) for c in data):
+        raise ValueError("heartbeat checks is not a list of objects")
+    reports = []
+    for item in data:
+        name, job_id, ok, failures = (item.get(k) for k in ("name", "jobId", "ok", "failures"))
+        ok_since, probed_at = item.get("okSince"), item.get("probedAt")
+        if not (isinstance(name, str) and isinstance(job_id, str) and isinstance(ok, bool)):
+            raise ValueError("a heartbeat check lacks name, jobId or ok")
+        if type(failures) is not int or failures < 0:
+            raise ValueError(f"heartbeat check {name}: failures is not a count")
+        if not (ok_since is None or isinstance(ok_since, str)):
+            raise ValueError(f"heartbeat check {name}: okSince is not a time")
+        error = item.get("lastError")
+        reports.append(
+            CheckReport(
+                name=name,
+                job_id=job_id,
+                ok=ok,
+                ok_since=ok_since,
+                failures=failures,
+                last_error=error if isinstance(error, str) else "",
+                probed_at=probed_at if isinstance(probed_at, str) else None,
+            )
+        )
+    return tuple(reports)
+
+
+@dataclass(frozen=True)
+class MetricAnswer:
+    """Prometheus's answer to one instant query: the samples of a vector
+    result as (labels as text, value), or ``error`` (no evidence: an error,
+    a timeout, an unreachable server, a result that is not a vector);
+    ``rejected`` when Prometheus refused the query itself (HTTP 400)."""
+
+    samples: tuple[tuple[str, float], ...] = ()
+    error: str = ""
+    rejected: bool = False
+
+
+@dataclass(frozen=True)
+class MetricCheck:
+    """What the daemon's own asking of Prometheus has shown so far for one
+    node's check during one job (DESIGN.md 11), daemon clock, kept in memory
+    only: a restart starts it again, so a soak restarts, never shortens.
+
+    ``ok_since``: the first holding answer after the job finished with no
+    answer out of bounds since (None: none yet, or broken); ``failures``:
+    consecutive answers out of bounds; ``error_since``: when the current run
+    of answers that are no evidence (error, timeout, unreachable) began;
+    ``rejected``: Prometheus refused the query itself (a bad query)."""
+
+    name: str
+    job_id: str
+    ok_since: datetime | None = None
+    failures: int = 0
+    detail: str = ""  # the last answer, or why there was none
+    error_since: datetime | None = None
+    rejected: bool = False
 
 
 @dataclass(frozen=True)
@@ -93,3 +177,5 @@ class Observations:
     # kept in memory only, so a restart can delay `unknown`, never hasten it)
     unreachable_since: Mapping[str, datetime] = field(default_factory=dict)
     backups: Mapping[str, tuple[Backup, ...]] = field(default_factory=dict)  # by node, newest first
+    # by (node, check name): the daemon's prometheus checks of the current job
+    metric_checks: Mapping[tuple[str, str], MetricCheck] = field(default_factory=dict)

@@ -37,6 +37,7 @@ from pathlib import Path, PurePosixPath
 from types import MappingProxyType
 from typing import Any
 
+from reconciler.spec import health as health_rules
 from reconciler.spec import safe_yaml, schemas
 from reconciler.spec.agent_url import is_usable_agent_url
 from reconciler.spec.batch_shapes import check_batch_entry
@@ -382,6 +383,9 @@ class _Checker:
                     f"{_show(start_at)} is not a real time: check the date and the time of day "
                     "(such as 2026-12-01T09:00:00Z)",
                 )
+        checks = spec.get("health")
+        if isinstance(checks, dict) and self._ok("spec.health"):
+            self._check_health(checks)
         shapes = self._rollout_shapes(spec)
         if self.problems:
             return self.result()
@@ -424,9 +428,51 @@ class _Checker:
             resume_request=spec.get("resumeRequest", ""),
             skip_nodes=_unique(spec.get("skipNodes", ())),
             rollback_request=rollback,
+            health=None if checks is None else health_rules.from_document(checks),
         )
         omitted = frozenset(k for k in _SETTINGS_DEFAULTED if k not in spec)
         return self.result(rollout=rollout, omitted=omitted)
+
+    def _check_health(self, health: dict[str, Any]) -> None:
+        """Section 11's rules the schema cannot say: durations, unique check
+        names, agent checks only on the node itself."""
+        soak = health.get("soak")
+        if isinstance(soak, str) and self._ok("spec.health.soak"):
+            try:
+                health_rules.parse_soak(soak)
+            except ValueError as exc:
+                self.add(["spec", "health", "soak"], str(exc))
+        self._duration(["spec", "health", "interval"], health.get("interval"))
+        checks = health.get("checks")
+        if not isinstance(checks, list):
+            return
+        for index, name in health_rules.duplicate_names(checks):
+            self.add(
+                ["spec", "health", "checks", index, "name"],
+                f"check name {_show(name)} is used twice: give each check its own name",
+            )
+        for index, check in enumerate(checks):
+            if not isinstance(check, dict):
+                continue
+            where: list[str | int] = ["spec", "health", "checks", index]
+            for kind in health_rules.AGENT_KINDS:
+                probe = check.get(kind)
+                if isinstance(probe, dict):
+                    self._duration([*where, kind, "timeout"], probe.get("timeout"))
+            http = check.get("http")
+            url = http.get("url") if isinstance(http, dict) else None
+            if isinstance(url, str) and self._ok(safe_yaml.format_field([*where, "http", "url"])):
+                problem = health_rules.http_url_problem(url)
+                if problem:
+                    self.add([*where, "http", "url"], problem)
+            tcp = check.get("tcp")
+            host = tcp.get("host") if isinstance(tcp, dict) else None
+            if isinstance(host, str) and not health_rules.is_local_host(host):
+                self.add(
+                    [*where, "tcp", "host"],
+                    f"an agent probes only its own node: the host {_show(host)} must be "
+                    f"{health_rules.LOCAL_HOST_RULE}",
+                )
 
     def _rollout_shapes(self, spec: dict[str, Any]) -> _Shapes:
         """``batches``, timed ``pauseAfter`` and ``after`` (DESIGN.md section 15)."""
@@ -574,6 +620,7 @@ class _Checker:
                     health_timeout=health if health is not None else base.health_timeout,
                     on_failure=defaults.get("onFailure", base.on_failure),
                 ),
+                prometheus_url=(spec.get("prometheus") or {}).get("url"),
                 windows=windows,
                 freezes=freezes,
             )

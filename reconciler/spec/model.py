@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, tzinfo
 
+from reconciler.spec.health import Health
+
 API_VERSION = "reconciler/v1"
 
 ON_FAILURE_MODES = ("observe", "pause", "retry_once", "stop", "rollback")
@@ -90,6 +92,7 @@ class RolloutSpec:
     resume_request: str = ""
     skip_nodes: tuple[str, ...] = ()
     rollback_request: RollbackRequest | None = None
+    health: Health | None = None  # spec.health (section 11); None: version 1's rule only
     # version 2, section 15
     batches: tuple[int | str, ...] = ()  # as written: 3 or "10%"; () means batchSize
     after: tuple[str, ...] = ()  # rollouts that must complete first
@@ -131,6 +134,7 @@ class Settings:
     status_branch: str | None = None
     offline_after: int = DEFAULT_OFFLINE_AFTER  # seconds
     defaults: Defaults = field(default_factory=Defaults)
+    prometheus_url: str | None = None  # spec.prometheus.url (section 11)
     windows: tuple[Window, ...] = ()  # empty: any time is inside a window
     freezes: tuple[Freeze, ...] = ()
 

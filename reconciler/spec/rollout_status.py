@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from reconciler.spec import health as health_rules
 from reconciler.spec.batch_shapes import batch_sizes, batch_starts
 from reconciler.spec.durations import format_duration, parse_duration
 from reconciler.spec.model import API_VERSION, Target
@@ -154,6 +155,15 @@ class RestoreRecord:
 
 
 @dataclass(frozen=True)
+class CheckOutcome:
+    """A health check's last outcome when its node was decided (DESIGN.md 11)."""
+
+    name: str
+    ok: bool
+    detail: str = ""
+
+
+@dataclass(frozen=True)
 class NodeRecord:
     """One node of a started rollout, in frozen order.
 
@@ -195,6 +205,7 @@ class NodeRecord:
     auto_retried: bool = False
     held: str | None = None
     restore: RestoreRecord | None = None
+    checks: tuple[CheckOutcome, ...] = ()  # health checks' last outcomes, once decided
 
 
 @dataclass(frozen=True)
@@ -238,6 +249,7 @@ class FrozenSpec:
     start_at: str | None = None
     include_maintenance: bool = False
     allow_overlap: bool = False
+    health: health_rules.Health | None = None
     batches: tuple[int | str, ...] = ()  # as written; () means batch_size
     ignore_windows: bool = False
 
@@ -340,6 +352,8 @@ def _frozen_record(frozen: FrozenSpec, nodes: tuple[NodeRecord, ...] | None) -> 
     record["startAt"] = frozen.start_at
     record["includeMaintenance"] = frozen.include_maintenance
     record["allowOverlap"] = frozen.allow_overlap
+    if frozen.health is not None:
+        record["health"] = health_rules.to_document(frozen.health)
     # Version 2 fields are written only when used: a version 1 rollout's
     # status stays byte for byte what it was.
     if frozen.batches:
@@ -365,6 +379,7 @@ def _frozen_from(record: Mapping[str, Any]) -> FrozenSpec:
         start_at=record.get("startAt"),
         include_maintenance=record["includeMaintenance"],
         allow_overlap=record["allowOverlap"],
+        health=None if "health" not in record else health_rules.from_document(record["health"]),
         batches=tuple(record.get("batches", ())),
         ignore_windows=record.get("ignoreWindows", False),
     )
@@ -418,7 +433,11 @@ def node_to_record(n: NodeRecord) -> dict[str, Any]:
         "autoRetried": n.auto_retried,
         "held": n.held,
         "restore": None if n.restore is None else _restore_record(n.restore),
-    }
+    } | (
+        {"checks": [{"name": c.name, "ok": c.ok, "detail": c.detail} for c in n.checks]}
+        if n.checks
+        else {}
+    )
 
 
 def node_from_record(d: Mapping[str, Any]) -> NodeRecord:
@@ -442,6 +461,9 @@ def node_from_record(d: Mapping[str, Any]) -> NodeRecord:
         auto_retried=d.get("autoRetried", False),
         held=d.get("held"),
         restore=None if restore is None else _restore_from(restore),
+        checks=tuple(
+            CheckOutcome(c["name"], c["ok"], c.get("detail", "")) for c in d.get("checks", ())
+        ),
     )
 
 

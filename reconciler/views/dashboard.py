@@ -25,6 +25,7 @@ from reconciler.spec.batch_shapes import describe_sizes
 from reconciler.spec.paths import DASHBOARD_PATH
 from reconciler.spec.rollout_status import RolloutStatus
 from reconciler.views import markdown
+from reconciler.views.health_text import failing_summary
 from reconciler.views.status_text import (
     batch_groups,
     batch_text,
@@ -172,7 +173,11 @@ def _attention(rollouts: list[RolloutStatus]) -> list[str]:
             # The message names the held nodes and ends with what to do; the
             # engine has already clipped the agent's error inside it.
             hold = status.hold
-            lines.append(f"- {_icon(status)} **{name}** `{hold.reason}`: {_sentence(hold.message)}")
+            failing = failing_summary(status)
+            lines.append(
+                f"- {_icon(status)} **{name}** `{hold.reason}`: {_sentence(hold.message)}"
+                + (f" {_sentence(failing[0].upper() + failing[1:])}" if failing else "")
+            )
         elif status.phase == "pending" and status.reason not in _PENDING_BY_ITSELF:
             why = status.message or status.reason or "waiting"
             lines.append(

@@ -42,6 +42,7 @@ from reconciler.spec.paths import rollout_path
 from reconciler.spec.rollout_status import TERMINAL_PHASES, RolloutStatus
 from reconciler.spec.times import format_time
 from reconciler.views import markdown
+from reconciler.views.health_text import health_lines
 
 MARKER = "<!-- reconciler plan -->"
 ACTIVE_PHASES = frozenset({"running", "paused"})
@@ -82,6 +83,7 @@ class AddedRollout:
     reattached: bool = False  # the name of a finished rollout: it attaches to that status
     fleet_size: int = 0  # nodes in the fleet after the merge
     left_out: tuple[str, ...] = ()  # nodeIds in maintenance, left out
+    health: tuple[str, ...] = ()  # soak and checks, one line each (section 11)
     # version 2, section 15
     batches_written: tuple[int | str, ...] = ()  # spec.batches as written; () for batchSize
     pause_for: tuple[tuple[int, int], ...] = ()  # (batch, seconds) of timed pauses
@@ -405,6 +407,7 @@ def _added(
         reattached=recorded is not None,
         fleet_size=len(docs.fleet.nodes),
         left_out=left_out,
+        health=() if spec.health is None else tuple(health_lines(spec.health, spec.live, "")),
         batches_written=spec.batches,
         pause_for=spec.pause_for,
         after=spec.after,
@@ -756,6 +759,9 @@ def _added_facts(r: AddedRollout) -> list[str]:
         )
         + f", healthTimeout {r.health_timeout}, onFailure {r.on_failure}",
     ]
+    if r.health:
+        first, *checks = r.health
+        facts.append(f"health: {first}" + "".join(f"; check {c}" for c in checks))
     timed = dict(r.pause_for)
     untimed = [b for b in r.pause_after if b not in timed]
     if untimed:

@@ -21,6 +21,7 @@ from reconciler.spec.batch_shapes import describe_sizes
 from reconciler.spec.durations import format_duration
 from reconciler.spec.rollout_status import NodeRecord, RolloutStatus, Waiting, to_record
 from reconciler.spec.times import format_time
+from reconciler.views.health_text import failing_checks, health_lines
 
 WIDTH = 80
 BAR_WIDTH = 10
@@ -343,10 +344,19 @@ def render_detail(
         out.append("  commits   " + ", ".join(c for c in commits if c))
     if status.health_timeout is not None:
         out.append(f"  timeout   {format_duration(status.health_timeout)} per node")
+    if frozen is not None and frozen.health is not None:
+        first, *checks = health_lines(frozen.health, frozen.live, "            ")
+        out += [f"  health    {first}", *checks]
     if status.batches:
         out.append("")
         out.append("batches")
         out += _batch_lines(status, colour)
+    failing = failing_checks(status.nodes)
+    if failing:
+        out.append("")
+        out.append("failing checks")
+        for node, check, detail in failing:
+            out += _wrapped(f"{node} {check}: {detail}", "  ")
     if status.conditions:
         out.append("")
         out.append("conditions")
