@@ -52,6 +52,7 @@ SCRIPTS = (
     Script("dispatch", (), ("--nodes", "1000")),
     Script("validate", ("--runs", "3"), ("--nodes", "1000", "--rollouts", "100", "--runs", "1")),
     Script("sshsig", (), ("--commits", "20", "--git-sample", "3", "--status", "200")),
+    Script("approvals", (), ("--commits", "5", "--runs", "1")),
     Script("operator_views", (), ("--nodes", "500", "--rollouts", "5")),
     Script("yaml_nesting", (), ("--runs", "1")),
     Script("health", (), ("--quick",)),

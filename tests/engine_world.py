@@ -23,7 +23,7 @@ from reconciler.protocol.observations import (
     RuntimeReport,
 )
 from reconciler.spec.model import Fleet, Node, RollbackRequest, RolloutSpec, Settings, Target
-from reconciler.spec.rollout_status import NodeRecord, RolloutStatus
+from reconciler.spec.rollout_status import ApprovalRecord, NodeRecord, RolloutStatus
 from reconciler.spec.times import format_time
 
 T0 = datetime(2026, 12, 1, 9, 0, 0, tzinfo=UTC)
@@ -47,6 +47,9 @@ class World:
         self.first_seen: dict[str, tuple[int, str]] = {}
         self.authors: dict[str, str] = {}
         self.refusals: dict[str, str | None] = {}
+        self.approved_by: tuple[
+            ApprovalRecord, ...
+        ] = ()  # of the verified commit, for every rollout
         self.statuses: dict[str, RolloutStatus] = {}
         self.now = T0
         self.jobs: dict[str, JobObservation] = {}
@@ -203,6 +206,7 @@ class World:
                 queue_key=self.first_seen.get(name, (0, ""))[0],
                 author=self.authors.get(name, ""),
                 refusal=self.refusals.get(name),
+                approved_by=self.approved_by,
             )
             for name in sorted(names)
         ]

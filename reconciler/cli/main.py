@@ -33,6 +33,7 @@ COMMANDS: dict[str, str] = {
     "rollback": "rollback",
     "backups": "backups",
     "verify": "verify",
+    "approve": "approve",
     "keys": "keys",
     "init": "init",
     "demo": "demo",

@@ -46,6 +46,7 @@ from reconciler.git.approval import (
     record_acted,
     refuse_backwards,
 )
+from reconciler.git.approval_notes import notes_tip
 from reconciler.git.history import History
 from reconciler.git.sshsig import AllowedSigner
 from reconciler.git.status_writes import DaemonWrites
@@ -68,7 +69,7 @@ from reconciler.spec.paths import (
     rollout_path,
     status_path,
 )
-from reconciler.spec.rollout_status import RolloutStatus
+from reconciler.spec.rollout_status import ApprovalRecord, RolloutStatus
 from reconciler.spec.safe_yaml import dump_yaml
 from reconciler.views.dashboard import render_dashboard
 from reconciler.views.status_reader import StatusReader
@@ -106,6 +107,7 @@ class _Quiet:
     status_tip: str | None
     wakeup: datetime | None
     outcome: PassOutcome
+    approvals_tip: str | None = None  # the approvals notes ref, when approvals are required
 
 
 @dataclass
@@ -282,6 +284,7 @@ class Daemon:
             quiet is not None
             and quiet.tip == tip
             and store.tip(quiet.status_branch) == quiet.status_tip
+            and self._approvals_tip() == quiet.approvals_tip
             and (quiet.wakeup is None or self.clock() < quiet.wakeup)
         ):
             self.memory.quiet = quiet
@@ -393,9 +396,16 @@ class Daemon:
         )
         if p.commit is None and not p.sent and not step.transitions and not self.memory.watching:
             self.memory.quiet = _Quiet(
-                p.tip, p.status_branch, p.status_tip, outcome.wakeup, outcome
+                p.tip, p.status_branch, p.status_tip, outcome.wakeup, outcome, self._approvals_tip()
             )
         return outcome
+
+    def _approvals_tip(self) -> str | None:
+        """A new approval moves no branch, only the notes ref: a quiet pass
+        is quiet only while that stays too (DESIGN.md section 17)."""
+        if self.approver is None or not self.approver.required_approvals:
+            return None
+        return notes_tip(self.store.repository())
 
     def _forward_only(self, approval: Approval) -> Approval:
         """Refuse a verified commit that does not descend by first parent from
@@ -502,6 +512,7 @@ class Daemon:
     ) -> list[RolloutInput]:
         store = self.store
         refusal = _refusal_text(approval)
+        approved_by = self._approved_by(approval)
         unverified_names: set[str] = set()
         if approval is not None and approval.refusals:
             # Rollouts seen only in the unverified tree still get a status
@@ -557,9 +568,23 @@ class Daemon:
                     queue_key=history.position(first_seen) if first_seen in history else 1 << 62,
                     author=self._author(name, spec, recorded, spec_commit, history),
                     refusal=refusal,
+                    approved_by=approved_by,
                 )
             )
         return inputs
+
+    def _approved_by(self, approval: Approval | None) -> tuple[ApprovalRecord, ...]:
+        """Who approved the verified commit acted on (section 17), when
+        approvals are required; () otherwise."""
+        approver = self.approver
+        if approver is None or not approver.required_approvals or approval is None:
+            return ()
+        verified = approval.verified_commit
+        if verified is None:
+            return ()
+        return tuple(
+            ApprovalRecord(a.principal, a.key_id) for a in approver.approvals(verified).counted
+        )
 
     def _author(
         self,

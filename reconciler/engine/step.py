@@ -60,6 +60,7 @@ from reconciler.spec.rollout_status import (
     HOLD_NODES_SHOWN,
     NODE_STATES,
     TRANSITIONS_KEPT,
+    ApprovalRecord,
     BatchRecord,
     CheckOutcome,
     Condition,
@@ -102,6 +103,8 @@ class RolloutInput:
     queue_key: int  # order of first_seen_commit in first-parent history, oldest smallest
     author: str = ""  # author of spec_commit ("Name <email>"), recorded with rollback requests
     refusal: str | None = None  # the newest spec change was not verified (DESIGN.md section 8)
+    # approvals of the verified commit acted on, under --require-approvals (section 17)
+    approved_by: tuple[ApprovalRecord, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -383,6 +386,7 @@ class RolloutStep:
         self.waiting = s.waiting
         self.operator_paused = s.operator_paused
         self.spec_commit = s.spec_commit
+        self.approved_by = s.approved_by
         self.start_commit = s.start_commit
         self.first_seen_commit = s.first_seen_commit
         self.scheduled_for = s.scheduled_for
@@ -533,6 +537,7 @@ class RolloutStep:
             "waiting": self.waiting,
             "operator_paused": self.operator_paused,
             "spec_commit": self.spec_commit,
+            "approved_by": self.approved_by,
             "start_commit": self.start_commit,
             "first_seen_commit": self.first_seen_commit,
             "scheduled_for": self.scheduled_for,
@@ -552,11 +557,25 @@ class RolloutStep:
             return self.old
         return replace(self.old, **values)
 
+    def note_approvals(self) -> None:
+        """Record who approved the spec commit acted on: before start, as it
+        is now; after start, only when the rollout's spec commit changes, so
+        a newer approval of another change rewrites no running status
+        (DESIGN.md section 17)."""
+        inp = self.inp
+        if (
+            inp.approved_by
+            and inp.spec is not None
+            and (not self.old.started or inp.spec_commit != self.old.spec_commit)
+        ):
+            self.approved_by = inp.approved_by
+
     # -- before start
 
     def pre_start(self) -> bool:
         """Pending or scheduled: say why, or start. True when started."""
         inp, spec = self.inp, self.inp.spec
+        self.note_approvals()
         self.spec_commit = inp.spec_commit
         self.first_seen_commit = inp.first_seen_commit
         self.scheduled_for = None
@@ -719,6 +738,7 @@ class RolloutStep:
 
     def started_step(self) -> None:
         inp, spec = self.inp, self.inp.spec
+        self.note_approvals()
         self.spec_commit = inp.spec_commit
         self.waiting = None  # set again below while a due batch waits for a window
         self.set_condition("unverified", inp.refusal)

@@ -15,13 +15,22 @@ Results are memoised per commit id: a first-parent chain's approval is a
 function of the chain, so a new tip costs a walk back to the last commit seen,
 and an unchanged tip costs a dict lookup.
 
+With ``required_approvals`` N (DESIGN.md section 17) a signed spec commit
+verifies only when its note under ``refs/notes/reconciler-approvals`` holds
+N approvals by principals other than its signer
+(``reconciler.git.approval_notes``). Approvals change without the branch
+moving, so the per-commit memo is dropped whenever the notes ref moves or a
+validity window of an allowed signer opens or closes.
+
 Reads the repository with pygit2 and decides nothing about rollouts; the
-signature checks are ``reconciler.git.sshsig``.
+signature checks are ``reconciler.git.sshsig`` (SSH) and
+``reconciler.git.openpgp`` (a forge's OpenPGP merge key, with
+``--allowed-pgp-keys``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -29,6 +38,8 @@ from typing import TypeVar
 
 import pygit2
 
+from reconciler.git.approval_notes import Approvals, count_approvals, notes_tip, read_note
+from reconciler.git.openpgp import PGP_ARMOR, PgpKeyring
 from reconciler.git.sshsig import (
     AllowedSigner,
     SignatureCheck,
@@ -78,13 +89,33 @@ _NOTHING = Approval(None, None, ())
 class Approver:
     """Finds the verified commit for a tip; caches per commit id."""
 
-    def __init__(self, repo: pygit2.Repository, allowed: Sequence[AllowedSigner]) -> None:
+    def __init__(
+        self,
+        repo: pygit2.Repository,
+        allowed: Sequence[AllowedSigner],
+        *,
+        required_approvals: int = 0,
+        pgp: PgpKeyring | None = None,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
         self.repo = repo
         self.allowed = tuple(allowed)
+        self.required_approvals = required_approvals
+        self.pgp = pgp
+        self.clock = clock
         self._approvals: dict[str, Approval] = {}
-        self._checks: dict[str, SignatureCheck] = {}
+        self._checks: dict[str, SignatureCheck] = {}  # signature verdicts, forever
+        self._verdicts: dict[str, SignatureCheck] = {}  # with approvals, per notes tip
+        self._notes: str | None = None
+        self._judged_at: datetime | None = None
+        # When an allowed signer's window opens or closes, approvals change.
+        self._boundaries = sorted(
+            {t for s in self.allowed for t in (s.valid_after, s.valid_before) if t is not None}
+        )
 
     def approve(self, tip: str) -> Approval:
+        if self.required_approvals:
+            self._forget_if_approvals_moved()
         cached = self._approvals.get(tip)
         if cached is not None:
             return cached
@@ -119,14 +150,63 @@ class Approver:
         return approval
 
     def check_commit(self, commit: str) -> SignatureCheck:
+        """The commit's signature verdict and, with required approvals, its
+        approvals': not ok when either is missing, with the reason."""
+        signature = self.check_signature(commit)
+        if not signature.ok or not self.required_approvals:
+            return signature
+        cached = self._verdicts.get(commit)
+        if cached is not None:
+            return cached
+        approvals = self.approvals(commit, signature)
+        verdict = SignatureCheck(
+            approvals.ok,
+            f"{signature.reason}; {approvals.summary()}" if approvals.ok else approvals.summary(),
+            signature.principal,
+            signature.key_id,
+        )
+        if len(self._verdicts) >= _MAX_CHECKS:
+            _drop_oldest(self._verdicts)
+        self._verdicts[commit] = verdict
+        return verdict
+
+    def check_signature(self, commit: str) -> SignatureCheck:
+        """The commit's own signature (SSH, or OpenPGP with ``pgp``)."""
         cached = self._checks.get(commit)
         if cached is not None:
             return cached
-        check = check_commit_signature(self._commit(commit), self.allowed)
+        check = check_commit_signature(self._commit(commit), self.allowed, self.pgp)
         if len(self._checks) >= _MAX_CHECKS:
             _drop_oldest(self._checks)
         self._checks[commit] = check
         return check
+
+    def approvals(self, commit: str, signature: SignatureCheck | None = None) -> Approvals:
+        """The approvals in ``commit``'s note that count, and those ignored
+        with why; checked at the clock's now (an approval carries no time)."""
+        signature = signature or self.check_signature(commit)
+        return count_approvals(
+            read_note(self.repo, commit),
+            commit,
+            self.allowed,
+            required=self.required_approvals,
+            signer=(signature.principal or "") if signature.ok else "",
+            signer_key=signature.key_id if signature.ok else None,
+            at=self.clock(),
+        )
+
+    def _forget_if_approvals_moved(self) -> None:
+        """Drop every answer that counted approvals when the notes ref moved
+        or a signer's validity window opened or closed since."""
+        tip = notes_tip(self.repo)
+        now = self.clock()
+        last = self._judged_at
+        crossed = last is not None and any(last < t <= now for t in self._boundaries)
+        if tip != self._notes or crossed:
+            self._approvals.clear()
+            self._verdicts.clear()
+            self._notes = tip
+        self._judged_at = now
 
     def _commit(self, commit_id: str) -> pygit2.Commit:
         try:
@@ -169,15 +249,19 @@ def load_allowed_signers(path: Path) -> tuple[AllowedSigner, ...]:
 
 
 def check_commit_signature(
-    commit: pygit2.Commit, allowed: Sequence[AllowedSigner]
+    commit: pygit2.Commit, allowed: Sequence[AllowedSigner], pgp: PgpKeyring | None = None
 ) -> SignatureCheck:
     """Verify a commit's gpgsig header as ``git verify-commit`` would, with the
-    validity windows checked at the committer time (as git passes it)."""
+    validity windows checked at the committer time (as git passes it). An
+    OpenPGP signature is checked against ``pgp`` (``--allowed-pgp-keys``)."""
     signature, payload = commit.gpg_signature
     if not signature:
         return SignatureCheck(False, "the commit is not signed")
+    text = signature.decode("utf-8", "replace")
+    if pgp is not None and text.lstrip().startswith(PGP_ARMOR):
+        return pgp.verify(text, payload)
     at = datetime.fromtimestamp(commit.committer.time, UTC)
-    return verify_sshsig(signature.decode("utf-8", "replace"), payload, allowed, at=at)
+    return verify_sshsig(text, payload, allowed, at=at)
 
 
 def is_spec_commit(repo: pygit2.Repository, commit: pygit2.Commit) -> bool:

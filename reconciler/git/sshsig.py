@@ -10,7 +10,8 @@ What this module is for:
   git calls it for ``git verify-commit`` (namespace, key, validity window at the
   commit's committer time), and say in words why a signature is refused.
 - ``sign_commit_payload``: make such a signature with an Ed25519 key, for the
-  gpgsig header of the daemon's status commits.
+  gpgsig header of the daemon's status commits; ``sign_sshsig`` in any
+  namespace (a reviewer's approval, DESIGN.md section 17).
 
 Pure: bytes and values in, values out. No Git, no files, no subprocesses;
 the only clock reading is ``verify_sshsig``'s default when ``at`` is omitted.
@@ -445,23 +446,29 @@ def _show(moment: datetime) -> str:
 def sign_commit_payload(private_key: ed25519.Ed25519PrivateKey, payload: bytes) -> str:
     """An armored SSHSIG (namespace ``git``, sha512) over a commit's content,
     byte for byte what ``ssh-keygen -Y sign -n git`` writes, for the gpgsig header."""
+    return sign_sshsig(private_key, payload, "git")
+
+
+def sign_sshsig(private_key: ed25519.Ed25519PrivateKey, message: bytes, namespace: str) -> str:
+    """An armored SSHSIG (sha512) over ``message`` in ``namespace``, byte for
+    byte what ``ssh-keygen -Y sign -n NAMESPACE`` writes with that key."""
     public_blob = _ssh_string(b"ssh-ed25519") + _ssh_string(
         private_key.public_key().public_bytes_raw()
     )
-    namespace, reserved, hash_name = b"git", b"", b"sha512"
+    space, reserved, hash_name = namespace.encode("utf-8"), b"", b"sha512"
     signed = (
         MAGIC
-        + _ssh_string(namespace)
+        + _ssh_string(space)
         + _ssh_string(reserved)
         + _ssh_string(hash_name)
-        + _ssh_string(hashlib.sha512(payload).digest())
+        + _ssh_string(hashlib.sha512(message).digest())
     )
     signature = _ssh_string(b"ssh-ed25519") + _ssh_string(private_key.sign(signed))
     blob = (
         MAGIC
         + struct.pack(">I", 1)
         + _ssh_string(public_blob)
-        + _ssh_string(namespace)
+        + _ssh_string(space)
         + _ssh_string(reserved)
         + _ssh_string(hash_name)
         + _ssh_string(signature)

@@ -339,7 +339,8 @@ class GitStore(TreeReader):
         for attempt in range(FETCH_LOCK_TRIES):
             try:
                 self._remote().fetch(
-                    ["+refs/heads/*:refs/heads/*"],
+                    # Reviewers' approvals travel with the branch (DESIGN.md section 17).
+                    ["+refs/heads/*:refs/heads/*", "+refs/notes/*:refs/notes/*"],
                     callbacks=self._callbacks(),
                     prune=FetchPrune.PRUNE,
                 )

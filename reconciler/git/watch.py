@@ -68,6 +68,7 @@ class _LoggedEvents:
 STEP_MS = 10  # FACTS.md: step=10 gives ~20 ms latency (default 50: 75-90 ms)
 DEBOUNCE_MS = 200
 STAT_POLL = 0.1  # seconds between looks at the ref files when events cannot be had
+FOLDER_SETTLE = 0.5  # seconds after a watched folder appears before hinting again
 POLL_BACKOFF_CAP = 30.0  # seconds: the longest wait after failed polls (or the poll, if longer)
 _WAKE = b"c"
 _STOP = b"s"
@@ -130,6 +131,18 @@ class BranchWatcher:
         root = Path(os.path.realpath(gitdir))
         wanted = {str(root / "packed-refs")}
         wanted.update(str(root / _refname(b)) for b in branches)
+        # A ref whose folder does not exist yet (``refs/notes/`` before the
+        # first approval): the folder's creation is the hint (twice, see
+        # ``_run_local``), since the ref file may be written inside before
+        # the new folder is watched.
+        folders: set[str] = set()
+        for b in branches:
+            for folder in (root / _refname(b)).parents:
+                if folder == root:
+                    break
+                if not folder.exists():
+                    folders.add(str(folder))
+        wanted |= folders
         # Registered here, before returning: a push right after start is seen.
         notify = _notify(root)
         if notify is None:
@@ -138,7 +151,10 @@ class BranchWatcher:
             )
         else:
             t = threading.Thread(
-                target=self._run_local, args=(notify, wanted), name="branch-watch", daemon=True
+                target=self._run_local,
+                args=(notify, wanted, folders),
+                name="branch-watch",
+                daemon=True,
             )
         self._threads.append(t)
         t.start()
@@ -242,7 +258,9 @@ class BranchWatcher:
         self.hints += 1
         self._send(_WAKE)
 
-    def _run_local(self, notify: RustNotify, wanted: set[str]) -> None:
+    def _run_local(
+        self, notify: RustNotify, wanted: set[str], folders: frozenset[str] | set[str] = frozenset()
+    ) -> None:
         try:
             while not self._stop.value:
                 changes = notify.watch(DEBOUNCE_MS, STEP_MS, 1000, self._stop)
@@ -250,6 +268,11 @@ class BranchWatcher:
                     break
                 if isinstance(changes, set) and any(path in wanted for _, path in changes):
                     self._hint()
+                    if any(path in folders for _, path in changes):
+                        # The ref written into a folder just created may
+                        # have been missed: hint again once it surely is.
+                        self._sleep(FOLDER_SETTLE)
+                        self._hint()
         except Exception:  # pragma: no cover - the periodic re-read covers us
             log.exception("watching refs failed; falling back to periodic re-reads")
         finally:

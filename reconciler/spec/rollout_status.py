@@ -267,6 +267,15 @@ class FrozenSpec:
 
 
 @dataclass(frozen=True)
+class ApprovalRecord:
+    """A reviewer's signed approval of the spec commit acted on (DESIGN.md
+    section 17): the allowed-signers principal and the key's fingerprint."""
+
+    principal: str
+    key_id: str
+
+
+@dataclass(frozen=True)
 class RolloutStatus:
     """Everything recorded about one rollout. Equal values mean nothing
     changed: the engine returns an equal status from an idle step."""
@@ -293,6 +302,8 @@ class RolloutStatus:
     rollbacks: tuple[RollbackRecord, ...] = ()
     conditions: tuple[Condition, ...] = ()
     transitions: tuple[TransitionRecord, ...] = ()
+    # under --require-approvals: who approved the spec commit acted on
+    approved_by: tuple[ApprovalRecord, ...] = ()
 
     @property
     def terminal(self) -> bool:
@@ -530,6 +541,15 @@ def to_record(status: RolloutStatus, *, inline_nodes: bool = True) -> dict[str, 
         "specCommit": status.spec_commit,
         "startCommit": status.start_commit,
         "firstSeenCommit": status.first_seen_commit,
+        **(
+            {
+                "approvedBy": [
+                    {"principal": a.principal, "keyId": a.key_id} for a in status.approved_by
+                ]
+            }
+            if status.approved_by
+            else {}
+        ),
         "healthTimeout": (
             None if status.health_timeout is None else format_duration(status.health_timeout)
         ),
@@ -604,6 +624,9 @@ def from_record(
         spec_commit=record.get("specCommit", ""),
         start_commit=record.get("startCommit"),
         first_seen_commit=record.get("firstSeenCommit", ""),
+        approved_by=tuple(
+            ApprovalRecord(a["principal"], a["keyId"]) for a in record.get("approvedBy", ())
+        ),
         health_timeout=None if ht is None else parse_duration(ht),
         scheduled_for=_pt(record.get("scheduledFor")),
         frozen=None if frozen is None else _frozen_from(frozen),

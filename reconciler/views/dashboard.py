@@ -18,6 +18,7 @@ file only when a status changed. Must not read Git, files or the clock.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from urllib.parse import quote
 
@@ -82,6 +83,18 @@ _SUBGRAPH_STYLE = "fill:#ffffff,stroke:#d0d7de,color:#24292f"
 _NAME_SHOWN = 40  # link text of a rollout's row; the link target is the whole name
 _CONDITION_LIMIT = 300
 _NBSP = "\u00a0"  # keeps a bar with its count, and a date on one line
+# How a refusal for missing approvals reads (``git.approval_notes.Approvals.summary``).
+_APPROVAL_MISSING = re.compile(r"\bneeds \d+ approvals? (?:besides \S.*?'s)?; has \d+")
+
+
+def waits_for_approval(status: RolloutStatus) -> bool:
+    """Is the rollout held back only for reviewers' approvals (DESIGN.md section 17)?"""
+    condition = status.condition("unverified")
+    return (
+        status.phase == "pending"
+        and condition is not None
+        and bool(_APPROVAL_MISSING.search(condition.message))
+    )
 
 
 def render_dashboard(statuses: Mapping[str, RolloutStatus]) -> str:
@@ -148,6 +161,8 @@ def _row(status: RolloutStatus) -> str:
     s = summarize(status)
     since = s.since.strftime("%Y-%m-%d %H:%MZ").replace(" ", _NBSP) if s.since else ""
     why = f"`{s.why}`" if s.why else ""  # a reason code or a date: ours
+    if waits_for_approval(status):
+        why = "⏳ waiting for approval"
     mode = ""
     if status.frozen is not None:
         mode = " · live" if status.frozen.live else " · dry-run"
@@ -178,13 +193,20 @@ def _attention(rollouts: list[RolloutStatus]) -> list[str]:
                 f"- {_icon(status)} **{name}** `{hold.reason}`: {_sentence(hold.message)}"
                 + (f" {_sentence(failing[0].upper() + failing[1:])}" if failing else "")
             )
-        elif status.phase == "pending" and status.reason not in _PENDING_BY_ITSELF:
+        elif (
+            status.phase == "pending"
+            and status.reason not in _PENDING_BY_ITSELF
+            and status.condition(status.reason) is None  # a condition below says it
+        ):
             why = status.message or status.reason or "waiting"
             lines.append(
                 f"- {_icon(status)} **{name}** pending `{status.reason}`: {_sentence(why)}"
             )
         for condition in status.conditions:
             message = markdown.clip(condition.message, _CONDITION_LIMIT)
+            if condition.type == "unverified" and waits_for_approval(status):
+                lines.append(f"- ⏳ **{name}** waiting for approval: {_sentence(message)}")
+                continue
             lines.append(f"- **{name}** condition `{condition.type}`: {_sentence(message)}")
     return lines
 

@@ -11,8 +11,10 @@ branch when ``reconciler.yaml`` names one.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from reconciler.git.branch import local_branch
@@ -42,6 +44,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="text",
         help="text for a terminal (default); markdown for a pull-request comment; json",
     )
+    parser.add_argument(
+        "--allowed-signers",
+        type=Path,
+        metavar="FILE",
+        help="check the reviewers' approvals of the head commit against this file",
+    )
+    parser.add_argument(
+        "--require-approvals",
+        type=int,
+        default=0,
+        metavar="N",
+        help="show how many approvals the head commit still misses (as run --require-approvals)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -64,8 +79,69 @@ def run(args: argparse.Namespace) -> int:
         "markdown": plan.render_markdown,
         "json": plan.render_json,
     }[args.format]
-    sys.stdout.write(render(result))
+    text = render(result)
+    approvals = _approvals(repo, str(head.id), args)
+    if approvals is not None:
+        text = _with_approvals(text, approvals, args.format)
+    sys.stdout.write(text)
     return 0 if result.ok else 1
+
+
+def _approvals(repo: Any, commit: str, args: argparse.Namespace) -> dict[str, Any] | None:
+    """The head commit's approvals, present and missing (DESIGN.md section
+    17); None when none is required and its note holds none."""
+    from reconciler.git.approval import Approver, load_allowed_signers
+    from reconciler.git.approval_notes import read_note, signature_blocks
+
+    note = read_note(repo, commit)
+    if note is None and not args.require_approvals:
+        return None
+    if args.allowed_signers is None:
+        blocks, _ = signature_blocks(note or "")
+        return {
+            "commit": commit,
+            "required": args.require_approvals,
+            "signatures": len(blocks),
+            "checked": False,
+        }
+    approver = Approver(
+        repo, load_allowed_signers(args.allowed_signers), required_approvals=args.require_approvals
+    )
+    found = approver.approvals(commit)
+    return {
+        "commit": commit,
+        "required": args.require_approvals,
+        "checked": True,
+        "approvedBy": [{"principal": a.principal, "keyId": a.key_id} for a in found.counted],
+        "missing": max(0, args.require_approvals - len(found.counted)),
+        "ignored": list(found.ignored),
+        "summary": found.summary(),
+    }
+
+
+def _with_approvals(text: str, approvals: dict[str, Any], form: str) -> str:
+    if form == "json":
+        record = json.loads(text)
+        record["approvals"] = approvals
+        return json.dumps(record, indent=2, ensure_ascii=False) + "\n"
+    short = approvals["commit"][:12]
+    if not approvals["checked"]:
+        lines = [
+            f"Approvals of {short}: {approvals['signatures']} signature(s) in its note, "
+            f"{approvals['required']} required; pass --allowed-signers to check them"
+        ]
+    else:
+        lines = [
+            f"Approvals of {short}: {len(approvals['approvedBy'])} counted, "
+            f"{approvals['required']} required, {approvals['missing']} missing"
+        ]
+        lines += [f"  approved by {a['principal']} ({a['keyId']})" for a in approvals["approvedBy"]]
+        lines += [f"  ignored: {why}" for why in approvals["ignored"]]
+    if form == "markdown":
+        heading, body = ["", "## Approvals", ""], [f"- {line.strip()}" for line in lines]
+    else:
+        heading, body = [""], lines
+    return text.rstrip("\n") + "\n" + "\n".join(heading + body) + "\n"
 
 
 def base_statuses(repo: Any, base: Any, location: str) -> dict[str, RolloutStatus]:

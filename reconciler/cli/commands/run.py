@@ -75,6 +75,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="act only on spec commits signed by these keys (git's allowed-signers format)",
     )
     parser.add_argument(
+        "--require-approvals",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --allowed-signers: a spec commit also needs N reviewers' signed approvals "
+        "(reconciler approve), none by its own signer",
+    )
+    parser.add_argument(
+        "--allowed-pgp-keys",
+        type=Path,
+        metavar="FILE",
+        help="armored OpenPGP public keys whose signatures count too (a forge's merge key)",
+    )
+    parser.add_argument(
         "--sign-commits", action="store_true", help="sign status commits with the daemon's key"
     )
     parser.add_argument("--metrics", metavar="HOST:PORT", help="serve Prometheus metrics here")
@@ -114,7 +128,6 @@ def run(args: argparse.Namespace) -> int:
     from reconciler.daemon.logs import EventLog
     from reconciler.daemon.loop import Daemon
     from reconciler.daemon.metrics import Metrics
-    from reconciler.git.approval import Approver, load_allowed_signers
     from reconciler.git.sshsig import sign_commit_payload
     from reconciler.git.store import GitStore
     from reconciler.protocol.signing import load_private_key
@@ -122,6 +135,13 @@ def run(args: argparse.Namespace) -> int:
 
     if args.concurrency < 1:
         raise UsageError("--concurrency must be at least 1")
+    if args.require_approvals < 0:
+        raise UsageError("--require-approvals must be 0 or more")
+    if args.require_approvals and args.allowed_signers is None:
+        raise UsageError(
+            "--require-approvals needs --allowed-signers",
+            "approvals count only from principals of an allowed-signers file",
+        )
     log = EventLog(args.log_format)
     warning = loader_warning()
     if warning:
@@ -135,9 +155,7 @@ def run(args: argparse.Namespace) -> int:
         known_hosts=args.known_hosts,
     )
     store.crash_point = crashpoints.reach
-    approver = None
-    if args.allowed_signers is not None:
-        approver = Approver(store.repository(), load_allowed_signers(args.allowed_signers))
+    approver = _approver(store, args)
     sign = (
         (lambda payload: sign_commit_payload(key.private_key, payload))
         if args.sign_commits
@@ -164,11 +182,24 @@ def run(args: argparse.Namespace) -> int:
         f"acting on {redact_url(args.repo)} branch {args.branch}",
         key=key.key_id,
         verification="on" if approver else "off",
+        approvals=args.require_approvals,
     )
     try:
         return _serve(daemon, store, args, log, metrics)
     finally:
         client.close()
+
+
+def _approver(store: GitStore, args: argparse.Namespace) -> Approver | None:
+    """Verification (DESIGN.md sections 8 and 17), or None when off."""
+    from reconciler.git.approval import Approver, load_allowed_signers
+    from reconciler.git.openpgp import PgpKeyring
+
+    pgp = PgpKeyring.load(args.allowed_pgp_keys) if args.allowed_pgp_keys else None
+    if args.allowed_signers is None and pgp is None:
+        return None
+    allowed = load_allowed_signers(args.allowed_signers) if args.allowed_signers else ()
+    return Approver(store.repository(), allowed, required_approvals=args.require_approvals, pgp=pgp)
 
 
 def _status_signers(
@@ -205,9 +236,13 @@ def _serve(
             commit=(outcome.commit or outcome.tip)[:12],
         )
         return 0
+    from reconciler.git.approval_notes import NOTES_REF
+
+    # A new approval wakes the daemon like a push (DESIGN.md section 17).
+    watched = [args.branch, NOTES_REF] if args.require_approvals else [args.branch]
     with (
         BranchWatcher.for_store(
-            store, [args.branch], poll=args.poll, log=log, metrics=metrics
+            store, watched, poll=args.poll, log=log, metrics=metrics
         ) as watcher,
         stop_on_signals(daemon),
     ):

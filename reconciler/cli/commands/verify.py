@@ -25,7 +25,9 @@ from reconciler.git.approval import (
     load_allowed_signers,
     refuse_backwards,
 )
+from reconciler.git.approval_notes import read_note
 from reconciler.git.history import History
+from reconciler.git.openpgp import PgpKeyring
 from reconciler.git.revisions import describe_commit, open_local_repository, resolve_or_branch_tip
 from reconciler.git.sshsig import AllowedSigner, parse_allowed_signers
 from reconciler.git.status_writes import DaemonWrites
@@ -55,6 +57,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="git allowed-signers file (as for gpg.ssh.allowedSignersFile)",
     )
     parser.add_argument(
+        "--require-approvals",
+        type=int,
+        default=0,
+        metavar="N",
+        help="as the daemon run with it: a spec commit also needs N reviewers' approvals",
+    )
+    parser.add_argument(
+        "--allowed-pgp-keys",
+        type=Path,
+        metavar="FILE",
+        help="armored OpenPGP public keys whose commit signatures count too (a forge's key)",
+    )
+    parser.add_argument(
         "--daemon-key",
         type=Path,
         metavar="PUB",
@@ -67,7 +82,10 @@ def run(args: argparse.Namespace) -> int:
     allowed = _allowed_signers(Path(args.allowed_signers))
     repo = open_local_repository(args.repo)
     label, tip = resolve_or_branch_tip(repo, args.rev, args.branch)
-    approver = Approver(repo, allowed)
+    if args.require_approvals < 0:
+        raise UsageError("--require-approvals must be 0 or more")
+    pgp = _pgp_keys(args.allowed_pgp_keys)
+    approver = Approver(repo, allowed, required_approvals=args.require_approvals, pgp=pgp)
     approval = _forward_only(repo, approver.approve(tip), args.branch)
     report = describe(repo, approver, approval, label, tip)
     held = _tampered_statuses(
@@ -144,6 +162,15 @@ def _forward_only(repo: Any, approval: Approval, branch: str) -> Approval:
     return refuse_backwards(approval, acted, moves_forward=forward)
 
 
+def _pgp_keys(path: Path | None) -> PgpKeyring | None:
+    if path is None:
+        return None
+    try:
+        return PgpKeyring.load(path)
+    except ReconcilerError as exc:
+        raise UsageError(exc.message, exc.hint) from None
+
+
 def _allowed_signers(path: Path) -> tuple[AllowedSigner, ...]:
     # 1 must mean "refused", so a bad file is a usage error here.
     try:
@@ -169,11 +196,13 @@ def describe(repo: Any, approver: Approver, approval: Approval, label: str, tip:
         lines.append(f"{head}: would be acted on")
         lines.append(f"  newest spec change: {_show_commit(repo, verified)}")
         lines.append(f"  {approver.check_commit(verified).reason}")
+        lines += _approval_lines(repo, approver, verified, "  ")
         return "\n".join(lines)
     newest, *older = approval.refusals
     lines.append(f"{head}: would NOT be acted on")
     lines.append(f"  newest spec change: {_show_commit(repo, newest.commit)}")
     lines.append(f"  refused: {newest.reason}")
+    lines += _approval_lines(repo, approver, newest.commit, "  ")
     if older:
         lines.append("  older spec changes, also refused:")
         for refusal in older:
@@ -192,11 +221,32 @@ def describe(repo: Any, approver: Approver, approval: Approval, label: str, tip:
     else:
         lines.append(f"  the daemon falls back to: {_show_commit(repo, approval.verified_commit)}")
         lines.append(f"    {approver.check_commit(approval.verified_commit).reason}")
+        lines += _approval_lines(repo, approver, approval.verified_commit, "    ")
     lines.append(
         "  to approve: an allowed signer pushes a signed commit (`git commit -S`, `git merge -S`)"
         " that changes rollouts/, nodes/ or reconciler.yaml; its whole tree is what is approved"
+        + (
+            "; and another allowed signer runs `reconciler approve COMMIT --key FILE --push`"
+            if approver.required_approvals
+            else ""
+        )
     )
     return "\n".join(lines)
+
+
+def _approval_lines(repo: Any, approver: Approver, commit: str, indent: str) -> list[str]:
+    """Each approval in the commit's note, counted or ignored with why
+    (DESIGN.md section 17); nothing when none is required and none is there."""
+    if not approver.required_approvals and read_note(repo, commit) is None:
+        return []
+    approvals = approver.approvals(commit)
+    lines = [
+        f"{indent}approvals of {commit[:_SHORT]}: {len(approvals.counted)} counted, "
+        f"{approver.required_approvals} required"
+    ]
+    lines += [f"{indent}  counted: {a.principal} ({a.key_id})" for a in approvals.counted]
+    lines += [f"{indent}  ignored: {why}" for why in approvals.ignored]
+    return lines
 
 
 def _show_commit(repo: Any, commit_id: str) -> str:

@@ -1,0 +1,66 @@
+"""``reconciler approve [REV] --key FILE [--repo DIR] [--push]``: sign a
+reviewer's yes to a commit into the repository (DESIGN.md section 17).
+
+Signs ``reconciler-approval v1\\ncommit <full id>\\n`` with the reviewer's
+OpenSSH Ed25519 key (SSHSIG, namespace ``reconciler-approval``, as
+``ssh-keygen -Y sign -n reconciler-approval`` would) and appends it to the
+commit's note under ``refs/notes/reconciler-approvals``; ``--push`` pushes
+that ref, merging approvals others pushed meanwhile. Notes and signatures
+are ``git.approval_notes``; this module only reads arguments and reports.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+HELP = "approve a commit: sign it into refs/notes/reconciler-approvals (a reviewer's yes)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("rev", nargs="?", default="HEAD", metavar="REV", help="default HEAD")
+    parser.add_argument(
+        "--key",
+        required=True,
+        type=Path,
+        metavar="FILE",
+        help="the reviewer's OpenSSH Ed25519 private key",
+    )
+    parser.add_argument(
+        "--repo", metavar="DIR", default=".", help="a clone of the fleet repository (default: .)"
+    )
+    parser.add_argument(
+        "--push", action="store_true", help="push the approvals ref, merging others' approvals"
+    )
+    parser.add_argument("--remote", default="origin", help="where --push goes (default origin)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from reconciler.git.approval_notes import (
+        NAMESPACE,
+        NOTES_REF,
+        append_approval,
+        approval_message,
+        identity,
+        push_approvals,
+    )
+    from reconciler.git.revisions import open_repository, resolve
+    from reconciler.git.sshsig import sign_sshsig
+    from reconciler.protocol.signing import load_private_key
+
+    repo = open_repository(args.repo, "pass --repo with a clone of the fleet repository")
+    commit = str(resolve(repo, args.rev).id)
+    key = load_private_key(args.key)
+    armored = sign_sshsig(key.private_key, approval_message(commit), NAMESPACE)
+    who = identity(repo)
+    added = append_approval(repo, commit, armored, who)
+    what = "approved" if added else "already approved by this key:"
+    print(f"{what} {commit} with {key.key_id} ({NOTES_REF})")
+    if args.push:
+        workdir = Path(repo.workdir or repo.path)
+        merges = push_approvals(repo, workdir, args.remote, who)
+        merged = f", merged with {merges} approval push(es) by others" if merges else ""
+        print(f"pushed {NOTES_REF} to {args.remote}{merged}")
+    else:
+        print(f"next: git push {args.remote} {NOTES_REF} (or run again with --push)")
+    return 0
