@@ -51,6 +51,7 @@ def test_every_option_says_what_it_does(verb: str) -> None:
                 "NAME",
                 "FILE",
                 "DIR",
+                "REMOTE",
                 "BRANCH",
             ), (
                 f"{verb}: {action.option_strings[0]} shows {shouted}: give it a metavar "
