@@ -140,7 +140,7 @@ class RepoKit:
         names = git("ls-tree", "--name-only", "main", "status/", cwd=self.bare).split()
         found: dict[str, Any] = {}
         for path in names:
-            if path.endswith(".yaml"):
+            if path.endswith(".yaml") and path != "status/fleet.yaml":
                 text = git("show", f"main:{path}", cwd=self.bare)
                 try:
                     data = load_yaml(path, text.encode())

@@ -27,6 +27,7 @@ COMMANDS: dict[str, str] = {
     "validate": "validate",
     "plan": "plan",
     "status": "status",
+    "fleet": "fleet",
     "pause": "intents",
     "resume": "intents",
     "abort": "intents",

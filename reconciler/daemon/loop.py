@@ -5,8 +5,10 @@ says what it touches: ``read`` the branch tip; ``verify``: with
 verification on, keep to the verified tree, and read its documents (parsed
 only when their blobs changed) and the recorded statuses; ``observe`` the
 agents; ``step`` every rollout through the engine with one ``now``;
-``commit`` all changed status files and the dashboard in one commit whose
-parent is the tip read, moving the branch only if it still points there;
+``fleet``: start a fleet sweep when due and decide what the last one
+showed (DESIGN.md section 14, ``fleet_watch.py``); ``commit`` all
+changed status files and the dashboard in one commit whose parent is the
+tip read, moving the branch only if it still points there;
 only then ``send`` the jobs just recorded. A pass that loses the
 compare-and-swap starts over and sends nothing.
 
@@ -30,10 +32,18 @@ from typing import Any
 
 from reconciler.daemon import crashpoints
 from reconciler.daemon.agent_client import AgentClient
+from reconciler.daemon.fleet_watch import (
+    FleetWatch,
+    Sweep,
+    fleet_file_changes,
+    fleet_lines,
+    fleet_summary,
+)
 from reconciler.daemon.logs import EventLog
 from reconciler.daemon.metrics import Metrics
 from reconciler.daemon.prometheus_client import PrometheusClient
 from reconciler.daemon.status_trust import StatusTrust
+from reconciler.engine import fleet as fleet_rules
 from reconciler.engine import step as engine
 from reconciler.engine.health_evidence import fold_metric_answer
 from reconciler.engine.memo import StepMemo
@@ -57,10 +67,13 @@ from reconciler.protocol.observations import Heartbeat, JobObservation, MetricCh
 from reconciler.spec import rollout_status as status_values
 from reconciler.spec.documents import Documents, ParsedFile, assemble, parse_file
 from reconciler.spec.errors import HostKeyError, RefMoved, StoreError
+from reconciler.spec.fleet_status import FleetStatus
 from reconciler.spec.health import for_node
 from reconciler.spec.model import Fleet, Node, Problem, RolloutSpec
 from reconciler.spec.paths import (
     DASHBOARD_PATH,
+    FLEET_STATUS_NAME,
+    FLEET_STATUS_PATH,
     ROLLOUTS_DIR,
     SETTINGS_PATH,
     SPEC_FOLDERS,
@@ -72,6 +85,8 @@ from reconciler.spec.paths import (
 from reconciler.spec.rollout_status import ApprovalRecord, RolloutStatus
 from reconciler.spec.safe_yaml import dump_yaml
 from reconciler.views.dashboard import render_dashboard
+from reconciler.views.fleet_reader import FleetReader
+from reconciler.views.fleet_text import fleet_dashboard_section
 from reconciler.views.status_reader import StatusReader
 
 MAX_RACES = 20  # passes lost in a row to other writers before giving up
@@ -80,7 +95,7 @@ REQUEST_WALK = 1000  # spec commits searched for the one that asked for a rollba
 
 # One pass (DESIGN.md section 6), as the steps ``Daemon._attempt`` runs in
 # this order; each step's docstring says what it touches.
-PASS_STEPS = ("read", "verify", "observe", "step", "commit", "send")
+PASS_STEPS = ("read", "verify", "observe", "step", "fleet", "commit", "send")
 
 
 @dataclass(frozen=True)
@@ -136,6 +151,7 @@ class DaemonMemory:
     seen_tip: str | None = None  # the tip the last pass read (or its own commit on it)
     reported: set[str] = field(default_factory=set)  # problems already logged, to log each once
     watching: bool = False  # the last pass had jobs, heartbeats or backups to read
+    fleet_reader: FleetReader = field(default_factory=FleetReader)  # status/fleet.yaml by blob ids
 
 
 class _Pass:
@@ -148,6 +164,10 @@ class _Pass:
         "broken",
         "commit",
         "documents",
+        "fleet",
+        "fleet_before",
+        "fleet_files",
+        "fleet_sweep",
         "history",
         "inputs",
         "merged",
@@ -177,6 +197,10 @@ class _Pass:
     merged: dict[str, RolloutStatus]
     commit: str | None
     sent: int
+    fleet: FleetStatus | None  # the fleet status the commit leaves at the status tip
+    fleet_before: FleetStatus | None  # the one at the status tip read
+    fleet_sweep: Sweep | None  # the sweep this pass applies, if any
+    fleet_files: Mapping[str, bytes | None] | None  # its files, when decided already
 
 
 class Daemon:
@@ -208,6 +232,8 @@ class Daemon:
         self.sign = sign
         self.clock = clock
         self.memory = DaemonMemory()
+        self.fleet_watch = FleetWatch(client, clock=clock)
+        self.fleet_watch.on_sweep = self._swept
         self.prometheus = prometheus or PrometheusClient()
         self._steps: tuple[Callable[[_Pass], PassOutcome | None], ...] = tuple(
             getattr(self, f"_{name}") for name in PASS_STEPS
@@ -233,7 +259,9 @@ class Daemon:
         try:
             for _ in range(MAX_RACES):
                 try:
-                    return self._attempt()
+                    # Sweeps start no new chunk while a pass runs.
+                    with self.fleet_watch.pass_running():
+                        return self._attempt()
                 except RefMoved:
                     self.metrics.conflicts.inc()
                     self.log.info("conflict", "the branch moved under the pass; reading again")
@@ -286,6 +314,7 @@ class Daemon:
             and store.tip(quiet.status_branch) == quiet.status_tip
             and self._approvals_tip() == quiet.approvals_tip
             and (quiet.wakeup is None or self.clock() < quiet.wakeup)
+            and not self.fleet_watch.wants_pass()
         ):
             self.memory.quiet = quiet
             return quiet.outcome
@@ -350,6 +379,39 @@ class Daemon:
         p.merged = {**p.statuses, **p.step.statuses}
         return None
 
+    def _fleet(self, p: _Pass) -> PassOutcome | None:
+        """Start a fleet sweep when one is due, and decide what the newest
+        finished sweep shows (``engine.fleet``), with the desired state from
+        the statuses this pass holds. Touches: the fleet watch (a sweep
+        thread); ``status/fleet.yaml`` at the status tip (one blob, cached)."""
+        settings = p.documents.settings
+        fleet = p.documents.fleet
+        self.fleet_watch.tick(
+            lambda: [(n.agent, n.name) for n in fleet.nodes], settings.fleet_check_interval
+        )
+        p.fleet_before = p.fleet = self._fleet_at(p.status_tip)
+        p.fleet_files = None
+        self.fleet_watch.context(p.fleet_before, p.merged, settings.offline_after)
+        p.fleet_sweep = sweep = self.fleet_watch.pending()
+        if sweep is None:
+            return None
+        if sweep.decided is not None and sweep.base is p.fleet_before:
+            new, p.fleet_files = sweep.decided, sweep.files  # decided in the sweep's thread
+        else:  # the fleet status changed since: decide against the one read now
+            new = fleet_rules.next_fleet(
+                p.fleet_before,
+                sweep.sightings,
+                fleet_rules.desired_state(p.merged.values()),
+                settings.offline_after,
+                sweep.finished,
+            )
+        if new is p.fleet_before or (p.fleet_before is None and not new.nodes):
+            self.fleet_watch.applied(sweep)  # nothing to commit
+            p.fleet_sweep = None
+        p.fleet = new
+        self._fleet_gauges(new)
+        return None
+
     def _commit(self, p: _Pass) -> PassOutcome | None:
         """If any status changed, write the changed status files and the
         dashboard in one commit on the tip read, moving the branch only if it
@@ -358,16 +420,26 @@ class Daemon:
         p.commit = None
         written: dict[str, Any] = {}  # status path -> the plain data written there
         changes = self._status_changes(
-            p.statuses, p.step, p.merged, p.broken, p.status_tip, written
+            p.statuses, p.step, p.merged, p.broken, p.status_tip, written, p.fleet
         )
+        fleet_changes: tuple[fleet_rules.FleetChange, ...] = ()
+        if p.fleet is not None and p.fleet != p.fleet_before:
+            files = p.fleet_files
+            changes.update(
+                files if files is not None else fleet_file_changes(p.fleet_before, p.fleet)
+            )
+            fleet_changes = fleet_rules.fleet_changes(p.fleet_before, p.fleet)
         if changes:
-            message = _commit_message(p.step, p.spec_commit, p.broken)
+            message = _commit_message(p.step, p.spec_commit, p.broken, fleet_changes)
             p.commit = self.store.commit(
                 p.status_branch, p.status_tip, changes, message, sign=self.sign
             )
             self._committed(p.step, p.commit)
+            self._fleet_committed(fleet_changes, p.commit)
             self.memory.status_reader.remember(self.store, p.commit, written, p.step.statuses)
             crashpoints.reach("after_push")
+        if p.fleet_sweep is not None:
+            self.fleet_watch.applied(p.fleet_sweep)
         return None
 
     def _send(self, p: _Pass) -> PassOutcome | None:
@@ -525,6 +597,7 @@ class Daemon:
             | set(statuses)
             | unverified_names
         ) - set(broken)
+        names.discard(FLEET_STATUS_NAME)  # a reserved name: its file is the fleet's
         settings_change = history.last_change(SETTINGS_PATH)
         inputs: list[RolloutInput] = []
         for name in sorted(names):
@@ -751,6 +824,7 @@ class Daemon:
         broken: Mapping[str, str],
         parent: str | None,
         written: dict[str, Any],
+        fleet: FleetStatus | None = None,
     ) -> dict[str, bytes | None]:
         """The files of every changed status, and the dashboard if its text
         changed; empty when nothing changed, so an idle pass commits nothing.
@@ -763,7 +837,7 @@ class Daemon:
                 written[path] = data
             for path in gone:
                 changes[path] = None
-        dashboard = _dashboard(merged, broken).encode()
+        dashboard = _dashboard(merged, broken, fleet).encode()
         current = self.store.file_blob(parent, DASHBOARD_PATH) if parent else None
         if current is None or self.store.blob(current) != dashboard:
             changes[DASHBOARD_PATH] = dashboard
@@ -829,6 +903,46 @@ class Daemon:
             self.memory.reported.clear()
         self.log.warning(event, message, **fields)
 
+    # -- the fleet watch -----------------------------------------------------
+
+    def _fleet_at(self, commit: str | None) -> FleetStatus | None:
+        """``status/fleet.yaml`` at ``commit``, parsed once per blob. A file
+        that is not a fleet status is reported and replaced by the next
+        decision: it is the daemon's record, not an operator's input."""
+        try:
+            return self.memory.fleet_reader.read(self.store, commit)
+        except ValueError as exc:
+            self._report(
+                "fleet_status_unreadable",
+                f"{exc}; the next sweep's decision replaces {FLEET_STATUS_PATH}",
+            )
+            return None
+
+    def _swept(self, sweep: Sweep) -> None:
+        self.metrics.fleet_sweeps.inc()
+        self.metrics.fleet_sweep_seconds.observe(sweep.seconds)
+
+    def _fleet_gauges(self, fleet: FleetStatus) -> None:
+        for state, count in fleet.counts().items():
+            self.metrics.fleet_nodes.labels(state=state).set(count)
+
+    def _fleet_committed(self, changes: Sequence[fleet_rules.FleetChange], commit: str) -> None:
+        """One log line per node state change (nodes listed ``ok`` for the
+        first time are counted in one line); ``node_offline`` and
+        ``node_drift`` are the notification events' names (section 13)."""
+        first_ok = [c for c in changes if c.from_state is None and c.to_state == "ok"]
+        if first_ok:
+            self.log.info("fleet_listed", f"{len(first_ok)} node(s) listed ok", commit=commit[:12])
+        for change in changes:
+            if change.from_state is None and change.to_state == "ok":
+                continue
+            event = fleet_rules.FLEET_EVENTS.get(change.to_state or "", "node_state")
+            text = f"{change.from_state or 'new'} -> {change.to_state or 'gone'}"
+            if change.detail:
+                text += f": {change.detail}"
+            log = self.log.warning if change.to_state in fleet_rules.FLEET_EVENTS else self.log.info
+            log(event, text, node=change.node, commit=commit[:12])
+
     def _update_gauges(self, statuses: Iterable[RolloutStatus]) -> None:
         counts = dict.fromkeys(status_values.PHASES, 0)
         for s in statuses:
@@ -844,6 +958,7 @@ class Daemon:
         a retry can fix are logged and retried with backoff."""
         self._watcher = watcher
         self._stopping = False
+        self.fleet_watch.start(watcher.wake)
         backoff = 0.0
         while not self._stopping:
             try:
@@ -863,8 +978,12 @@ class Daemon:
             if outcome.wakeup is not None:
                 until = (outcome.wakeup - self.clock()).total_seconds()
                 sleep = min(sleep, max(until, 0.0) + 0.01)
+            sweep_due = self.fleet_watch.seconds_until_due()
+            if sweep_due is not None and not self.fleet_watch.in_flight():
+                sleep = min(sleep, sweep_due + 0.01)
             if not self._stopping:
                 watcher.wait(sleep)
+        self.fleet_watch.stop()  # a sweep in flight ends after its chunk
 
     def stop(self, *_: Any) -> None:
         """Finish the pass in progress, then return from ``serve``."""
@@ -872,6 +991,7 @@ class Daemon:
         watcher = getattr(self, "_watcher", None)
         if watcher is not None:
             watcher.stop()
+        self.fleet_watch.stop(timeout=0)
 
 
 def _needs_passes(status: RolloutStatus) -> bool:
@@ -902,10 +1022,17 @@ def _refusal_text(approval: Approval | None) -> str | None:
     )
 
 
-def _dashboard(statuses: Mapping[str, RolloutStatus], broken: Mapping[str, str]) -> str:
-    """The dashboard, with the status files that cannot be read listed last,
-    since those rollouts are held until a person repairs them."""
+def _dashboard(
+    statuses: Mapping[str, RolloutStatus],
+    broken: Mapping[str, str],
+    fleet: FleetStatus | None = None,
+) -> str:
+    """The dashboard, with the fleet watch's section when there is a fleet
+    status, and the status files that cannot be read listed last, since
+    those rollouts are held until a person repairs them."""
     text = render_dashboard(statuses)
+    if fleet is not None:
+        text = text.rstrip("\n") + "\n\n" + fleet_dashboard_section(fleet)
     if broken:
         lines = ["", "## Status files that cannot be read or are not verified", ""]
         lines += [
@@ -916,12 +1043,17 @@ def _dashboard(statuses: Mapping[str, RolloutStatus], broken: Mapping[str, str])
 
 
 def _commit_message(
-    step: FleetStep, spec_commit: str | None, broken: Mapping[str, str] | None = None
+    step: FleetStep,
+    spec_commit: str | None,
+    broken: Mapping[str, str] | None = None,
+    fleet_changes: Sequence[fleet_rules.FleetChange] = (),
 ) -> str:
     rollouts = sorted({t.rollout for t in step.transitions} | set(step.statuses))
     head = ", ".join(_summary(step, name) for name in rollouts[:3])
     if len(rollouts) > 3:
         head += f" and {len(rollouts) - 3} more"
+    if not head and fleet_changes:
+        head = fleet_summary(fleet_changes)
     if not head and broken:
         head = "unreadable status of " + ", ".join(sorted(broken)[:3])
     lines = [f"status: {head}", ""]
@@ -932,6 +1064,7 @@ def _commit_message(
         )
     if len(step.transitions) > MESSAGE_LINES:
         lines.append(f"... and {len(step.transitions) - MESSAGE_LINES} more transitions")
+    lines += fleet_lines(fleet_changes, MESSAGE_LINES)
     if step.effects:
         lines.append(f"jobs recorded: {len(step.effects)}")
     if spec_commit:

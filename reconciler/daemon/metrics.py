@@ -30,6 +30,21 @@ class Metrics:
             "reconciler_node_transitions", "Node state transitions", ["state"], registry=r
         )
         self.rollouts = Gauge("reconciler_rollouts", "Rollouts by phase", ["phase"], registry=r)
+        self.fleet_nodes = Gauge(
+            "reconciler_fleet_nodes",
+            "Nodes by fleet state (status/fleet.yaml)",
+            ["state"],
+            registry=r,
+        )
+        self.fleet_sweeps = Counter(
+            "reconciler_fleet_sweeps", "Fleet sweeps of every node's heartbeat", registry=r
+        )
+        self.fleet_sweep_seconds = Histogram(
+            "reconciler_fleet_sweep_duration_seconds",
+            "Wall time of one fleet sweep",
+            buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+            registry=r,
+        )
         self.poll_failures = Counter(
             "reconciler_poll_failures", "Polls of a remote's branches that failed", registry=r
         )

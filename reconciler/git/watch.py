@@ -209,6 +209,11 @@ class BranchWatcher:
             return False
         return _WAKE in data and not self._stop.value
 
+    def wake(self) -> None:
+        """A hint from outside the watch (a finished fleet sweep): the next
+        or pending ``wait`` returns True. Safe from any thread."""
+        self._send(_WAKE)
+
     def stop(self) -> None:
         """End watching; a pending or later ``wait`` returns False at once.
         Safe from a signal handler and from any thread."""

@@ -44,6 +44,7 @@ from reconciler.spec.batch_shapes import check_batch_entry
 from reconciler.spec.durations import parse_duration
 from reconciler.spec.model import (
     API_VERSION,
+    DEFAULT_FLEET_CHECK_INTERVAL,
     Defaults,
     Fleet,
     Freeze,
@@ -55,10 +56,19 @@ from reconciler.spec.model import (
     Target,
     Window,
 )
-from reconciler.spec.paths import NODES_DIR, ROLLOUTS_DIR, SETTINGS_PATH, node_path, rollout_path
+from reconciler.spec.paths import (
+    FLEET_STATUS_NAME,
+    FLEET_STATUS_PATH,
+    NODES_DIR,
+    ROLLOUTS_DIR,
+    SETTINGS_PATH,
+    node_path,
+    rollout_path,
+)
 from reconciler.spec.times import parse_time
 
 KINDS = ("Node", "Rollout", "Settings")
+_ZERO_DURATION = re.compile(r"(0+[smh])+")
 _SCHEMA_OF = {"Node": "node", "Rollout": "rollout", "Settings": "settings"}
 _HOME_OF = {
     "Node": node_path("NAME"),
@@ -369,6 +379,12 @@ class _Checker:
         )
 
     def _rollout(self, doc: dict[str, Any]) -> ParsedFile:
+        if self.stem == FLEET_STATUS_NAME:
+            self.add_whole(
+                f"the name {FLEET_STATUS_NAME!r} is reserved: its status would be "
+                f"{FLEET_STATUS_PATH}, the fleet watch's record; rename the file and "
+                "metadata.name"
+            )
         spec = doc.get("spec")
         if not isinstance(spec, dict):
             return self.result()
@@ -601,6 +617,15 @@ class _Checker:
         spec = doc.get("spec")
         spec = spec if isinstance(spec, dict) else {}
         offline = self._duration(["spec", "offlineAfter"], spec.get("offlineAfter"))
+        fleet_check = spec.get("fleetCheck")
+        fleet_check = fleet_check if isinstance(fleet_check, dict) else {}
+        interval = fleet_check.get("interval")
+        # ``0s`` is allowed here, and only here: it turns the fleet watch off.
+        sweep = (
+            0
+            if isinstance(interval, str) and _ZERO_DURATION.fullmatch(interval)
+            else self._duration(["spec", "fleetCheck", "interval"], interval)
+        )
         defaults = spec.get("defaults")
         defaults = defaults if isinstance(defaults, dict) else {}
         health = self._duration(
@@ -620,6 +645,7 @@ class _Checker:
                     health_timeout=health if health is not None else base.health_timeout,
                     on_failure=defaults.get("onFailure", base.on_failure),
                 ),
+                fleet_check_interval=sweep if sweep is not None else DEFAULT_FLEET_CHECK_INTERVAL,
                 prometheus_url=(spec.get("prometheus") or {}).get("url"),
                 windows=windows,
                 freezes=freezes,

@@ -21,6 +21,7 @@ DEFAULT_BATCH_SIZE = 1
 DEFAULT_HEALTH_TIMEOUT = 300  # seconds: 5m
 DEFAULT_ON_FAILURE = "pause"
 DEFAULT_OFFLINE_AFTER = 120  # seconds: 2m
+DEFAULT_FLEET_CHECK_INTERVAL = 60  # seconds: 1m; 0 turns the fleet watch off
 
 
 @dataclass(frozen=True)
@@ -134,6 +135,7 @@ class Settings:
     status_branch: str | None = None
     offline_after: int = DEFAULT_OFFLINE_AFTER  # seconds
     defaults: Defaults = field(default_factory=Defaults)
+    fleet_check_interval: int = DEFAULT_FLEET_CHECK_INTERVAL  # seconds; 0: off
     prometheus_url: str | None = None  # spec.prometheus.url (section 11)
     windows: tuple[Window, ...] = ()  # empty: any time is inside a window
     freezes: tuple[Freeze, ...] = ()

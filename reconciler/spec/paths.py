@@ -8,6 +8,17 @@ NODES_DIR = "nodes"
 ROLLOUTS_DIR = "rollouts"
 STATUS_DIR = "status"
 DASHBOARD_PATH = f"{STATUS_DIR}/README.md"
+# The fleet watch's record (DESIGN.md section 14). Its stem is reserved: no
+# rollout may be called ``fleet``, or its status would be this file.
+FLEET_STATUS_NAME = "fleet"
+FLEET_STATUS_PATH = f"{STATUS_DIR}/{FLEET_STATUS_NAME}.yaml"
+FLEET_PAGES_DIR = f"{STATUS_DIR}/{FLEET_STATUS_NAME}"
+
+
+def fleet_page_path(page: int) -> str:
+    """``status/fleet/nodes-0001.yaml``: the fleet's node pages, 1-based."""
+    return f"{FLEET_PAGES_DIR}/nodes-{page:04d}.yaml"
+
 
 # What an operator writes (the spec), as the daemon reads it: two folders
 # of documents and one settings file.

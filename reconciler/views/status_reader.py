@@ -13,7 +13,14 @@ from jsonschema.exceptions import best_match  # type: ignore[import-untyped]
 from reconciler.git.branch import Branch
 from reconciler.spec import schemas
 from reconciler.spec.errors import StoreError
-from reconciler.spec.paths import SETTINGS_PATH, STATUS_DIR, name_in, status_pages_dir, status_path
+from reconciler.spec.paths import (
+    FLEET_STATUS_PATH,
+    SETTINGS_PATH,
+    STATUS_DIR,
+    name_in,
+    status_pages_dir,
+    status_path,
+)
 from reconciler.spec.rollout_status import RolloutStatus, status_from_files
 from reconciler.spec.safe_yaml import YamlProblem, load_yaml
 
@@ -83,8 +90,8 @@ class StatusReader:
         live_blobs: set[str] = set()
         live_keys: set[tuple[str, ...]] = set()
         for path, blob_id in source.files(commit, STATUS_DIR).items():
-            if not path.endswith(".yaml"):
-                continue
+            if not path.endswith(".yaml") or path == FLEET_STATUS_PATH:
+                continue  # the fleet watch's record is not a rollout's
             name = name_in(STATUS_DIR, path)
             try:
                 main = self._load(source, path, blob_id)

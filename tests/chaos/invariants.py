@@ -71,8 +71,8 @@ def read_statuses(repo: pygit2.Repository, commit: str) -> Snapshot:
     assert isinstance(folder, pygit2.Tree)
     for entry in folder:
         file_name = entry.name or ""
-        if entry.type_str != "blob" or not file_name.endswith(".yaml"):
-            continue
+        if entry.type_str != "blob" or not file_name.endswith(".yaml") or file_name == "fleet.yaml":
+            continue  # fleet.yaml is the fleet watch's record, not a rollout's
         name = file_name[: -len(".yaml")]
         path = f"status/{file_name}"
         pages = repo[folder[name].id] if name in folder else None

@@ -1,0 +1,58 @@
+"""``reconciler fleet [--repo PATH_OR_URL] [--branch main] [--format text|json]``:
+every node's fleet state from the committed ``status/fleet.yaml`` (DESIGN.md
+section 14): what each runtime runs, what it should run, and since when a
+node is offline or drifted.
+
+Read like ``status``: the committed tree of the status branch, from a bare
+repository, a working clone or a remote; nothing asks the agents.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from reconciler.cli.remote_options import add_remote_arguments
+from reconciler.git.branch import open_branch
+from reconciler.spec.safe_yaml import YamlProblem
+from reconciler.views.fleet_reader import read_branch_fleet
+from reconciler.views.fleet_text import render_fleet_json, render_fleet_text
+
+HELP = "every node's fleet state (ok, offline, drift, unverified) from status/fleet.yaml"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--repo",
+        metavar="PATH_OR_URL",
+        default=".",
+        help="a bare repository, a working clone or a remote URL (default: .)",
+    )
+    parser.add_argument("--branch", default="main", help="the branch the daemon tracks")
+    parser.add_argument("--format", choices=("text", "json"), default="text")
+    add_remote_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    source = open_branch(args.repo, args.branch, ssh_key=args.ssh_key, known_hosts=args.known_hosts)
+    try:
+        _, fleet = read_branch_fleet(source)
+    except (ValueError, YamlProblem) as exc:
+        reason = exc.problem if isinstance(exc, YamlProblem) else exc
+        print(f"reconciler fleet: {reason}", file=sys.stderr)
+        print("  the daemon replaces it after its next sweep", file=sys.stderr)
+        return 1
+    if fleet is None:
+        if args.format == "json":
+            sys.stdout.write(json.dumps({"kind": "FleetStatus", "nodes": None}) + "\n")
+        else:
+            print(
+                "no fleet status yet: the daemon writes status/fleet.yaml after its first sweep "
+                "(every spec.fleetCheck.interval of reconciler.yaml, default 1m; 0s turns it off)"
+            )
+        return 0
+    sys.stdout.write(
+        render_fleet_json(fleet) if args.format == "json" else render_fleet_text(fleet)
+    )
+    return 0
