@@ -146,3 +146,19 @@ def test_the_plan_keeps_model_names_and_label_values_as_text(model: str) -> None
     assert constructs(page) == constructs(_plan_with("plain", model="m", label="x"))
     assert model in plain_text(page)
     assert f'"team": "{label}"' in plain_text(page)  # JSON notation, not Python's repr
+
+
+@pytest.mark.parametrize("nasty", NASTY)
+def test_the_fleet_section_keeps_what_an_agent_reports_as_text(nasty: str) -> None:
+    from reconciler.spec.fleet_status import DesiredRuntime, FleetNode, FleetRuntime, FleetStatus
+    from reconciler.views.fleet_text import fleet_dashboard_section
+
+    def section(model: str) -> str:
+        desired = DesiredRuntime("ollama", "llama3.1-8b", "default", "r")
+        runtime = FleetRuntime("hermes", "ollama", model, "default", desired)
+        node = FleetNode("a", "drift", datetime(2026, 12, 1, tzinfo=UTC), (runtime,))
+        return fleet_dashboard_section(FleetStatus((node,)))
+
+    page = section(nasty)
+    assert constructs(page) == constructs(section("plain"))
+    assert " ".join(nasty.split()) in plain_text(page)
