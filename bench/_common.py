@@ -188,7 +188,14 @@ class SimFleetProcess:
     """``reconciler sim-fleet`` as a subprocess, every node succeeding after
     ``delay`` seconds."""
 
-    def __init__(self, root: Path, names: Sequence[str], trust_key: Path, delay: float) -> None:
+    def __init__(
+        self,
+        root: Path,
+        names: Sequence[str],
+        trust_key: Path,
+        delay: float,
+        key_seed: str | None = None,
+    ) -> None:
         root.mkdir(parents=True, exist_ok=True)
         script = root / "behaviour.yaml"
         # Names via --nodes would force the sim-NNNN pattern; a script lists ours.
@@ -202,6 +209,7 @@ class SimFleetProcess:
                 "--trust-key", str(trust_key),
                 "--behaviour", str(script),
                 "--listen", "127.0.0.1:0",
+                *(["--key-seed", key_seed] if key_seed else []),
             ],
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -228,12 +236,15 @@ class SimFleetProcess:
 # -- generated fleet repositories ------------------------------------------
 
 
-def node_text(name: str, agent: str, labels: Mapping[str, str]) -> bytes:
+def node_text(
+    name: str, agent: str, labels: Mapping[str, str], agent_key: str | None = None
+) -> bytes:
     label_text = ", ".join(f"{k}: {v}" for k, v in labels.items())
     return (
         "apiVersion: reconciler/v1\nkind: Node\n"
         f"metadata: {{name: {name}}}\n"
         f"spec:\n  agent: {agent}\n  labels: {{{label_text}}}\n"
+        + (f'  agentKey: "{agent_key}"\n' if agent_key else "")
     ).encode()
 
 

@@ -59,9 +59,11 @@ from _common import (
     status_data,
 )
 
+from reconciler.protocol.evidence import derived_agent_key
 from reconciler.protocol.signing import generate_key
 
 COMPLETED = re.compile(rb"^phase: (completed|failed|aborted)$", re.MULTILINE)
+KEY_SEED = "bench-fleet"  # per-node agent keys of the simulated fleet
 
 
 def wait_for(check: object, timeout: float, pause: float = 0.02) -> float:
@@ -86,12 +88,19 @@ def one_run(
 ) -> dict[str, float]:
     private, public = generate_key(root / "keys")
     names = [f"n{i:05d}" for i in range(1, nodes + 1)]
-    sim = SimFleetProcess(root / "sim", names, public, delay)
+    # Each simulated node signs its answers and its node file names its key, so
+    # the daemon checks every answer, as in production (DESIGN.md 12).
+    sim = SimFleetProcess(root / "sim", names, public, delay, key_seed=KEY_SEED)
     daemon: subprocess.Popen[bytes] | None = None
     try:
         bare = root / "fleet.git"
         files = {
-            f"nodes/{n}.yaml": node_text(n, sim.url, {"fleet": "bench", "zone": f"z{i % 4}"})
+            f"nodes/{n}.yaml": node_text(
+                n,
+                sim.url,
+                {"fleet": "bench", "zone": f"z{i % 4}"},
+                derived_agent_key(KEY_SEED, n).public_openssh,
+            )
             for i, n in enumerate(names)
         }
         make_bare(bare, files)

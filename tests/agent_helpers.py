@@ -93,9 +93,14 @@ def wait_for(check: Callable[[], Any], timeout: float = 10, what: str = "conditi
 class Served:
     """A handler served by ``HttpServer`` on its own event loop thread."""
 
-    def __init__(self, handler: Handler, on_close: Callable[[], None] = lambda: None) -> None:
+    def __init__(
+        self,
+        handler: Handler,
+        on_close: Callable[[], None] = lambda: None,
+        server_options: dict[str, Any] | None = None,
+    ) -> None:
         self.loop = asyncio.new_event_loop()
-        self.server = HttpServer(handler, "127.0.0.1", 0)
+        self.server = HttpServer(handler, "127.0.0.1", 0, **(server_options or {}))
         self._on_close = on_close
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self._thread.start()
@@ -120,7 +125,13 @@ class Served:
 class AgentThread(Served):
     """A real ``Agent`` on a real port, in this process."""
 
-    def __init__(self, state_dir: Path, trust: Sequence[SigningKey], **config: Any) -> None:
+    def __init__(
+        self,
+        state_dir: Path,
+        trust: Sequence[SigningKey],
+        server_options: dict[str, Any] | None = None,
+        **config: Any,
+    ) -> None:
         self.state = StateDir.open(state_dir)
         settings: dict[str, Any] = {
             "node": "node-a",
@@ -130,7 +141,7 @@ class AgentThread(Served):
         }
         settings.update(config)
         self.agent = Agent(AgentConfig(**settings), self.state)
-        super().__init__(self.agent.handle, self._shutdown)
+        super().__init__(self.agent.handle, self._shutdown, server_options)
         self.node = settings["node"]
 
     def _shutdown(self) -> None:
@@ -162,6 +173,7 @@ class FleetThread(Served):
         names: Sequence[str] = ("node-a", "node-b", "node-c"),
         script: Script | str | None = None,
         clock: Callable[[], datetime] | None = None,
+        key_seed: str | None = None,
     ) -> None:
         if isinstance(script, str):
             from reconciler.spec.safe_yaml import load_yaml
@@ -174,6 +186,7 @@ class FleetThread(Served):
             state_dir=state_dir,
             runtimes=["hermes"],
             script=script,
+            key_seed=key_seed,
             **extra,
         )
         super().__init__(self.fleet.handle, self.fleet.close)

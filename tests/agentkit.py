@@ -35,6 +35,7 @@ import httpx
 
 from reconciler.daemon.loop import Daemon
 from reconciler.protocol.signing import generate_key
+from reconciler.protocol.tls import generate_cert
 from tests.fleetkit import RepoKit, node_yaml
 from tests.gitutil import clone, git, make_bare_repo
 
@@ -167,7 +168,8 @@ def _launch(node: str, args: tuple[str, ...], log: Path) -> RealAgent:
         raise AssertionError(f"agent {node} did not start: {line!r}\n{log.read_text()}")
     state = Path(args[args.index("--state-dir") + 1])
     runtime = args[args.index("--runtime") + 1]
-    url = "http://" + line.split()[-1]
+    scheme = "https" if "--tls-cert" in args else "http"
+    url = f"{scheme}://" + line.split()[-1]
     return RealAgent(node, state, url, process, log, runtime, args)
 
 
@@ -213,7 +215,11 @@ class AgentFleet(RepoKit):
         files: Mapping[str, str] | None = None,
     ) -> AgentFleet:
         """``nodes``: name -> keyword arguments of ``start_agent`` (``config``,
-        ``after_apply``, ...) plus optional ``labels``."""
+        ``after_apply``, ...) plus optional ``labels`` and ``agent_key``:
+        ``"own"`` (the agent signs with ``--key``, its node file carries the
+        matching ``agentKey``), ``"other"`` (it signs with one key, the node
+        file names another) or ``"unsigned"`` (the node file has a key, the
+        agent runs without ``--key``), and ``tls`` (see ``_agent_tls``)."""
         key_path, public = generate_key(root / "keys")
         agents: dict[str, RealAgent] = {}
         seed: dict[str, str] = {}
@@ -221,9 +227,16 @@ class AgentFleet(RepoKit):
             for name, options in nodes.items():
                 options = dict(options)
                 labels = options.pop("labels", {"role": "gpu"})
-                agent = start_agent(root / "agents" / name, name, public, **options)
+                home = root / "agents" / name
+                agent_key, extra = _agent_keys(home, options.pop("agent_key", None))
+                pin, tls_extra = _agent_tls(home, name, options.pop("tls", None))
+                options["extra"] = (*options.get("extra", ()), *extra, *tls_extra)
+                agent = start_agent(home, name, public, **options)
                 agents[name] = agent
-                seed[f"nodes/{name}.yaml"] = node_yaml(name, agent.url, labels)
+                url = agent.url.replace("http://", "https://") if pin else agent.url
+                seed[f"nodes/{name}.yaml"] = node_yaml(
+                    name, url, labels, agent_key=agent_key, cert_pin=pin
+                )
         except BaseException:
             for agent in agents.values():
                 agent.stop()
@@ -249,6 +262,33 @@ class AgentFleet(RepoKit):
         super().close()
         for agent in self.agents.values():
             agent.stop()
+
+
+def _agent_tls(root: Path, node: str, mode: str | None) -> tuple[str | None, tuple[str, ...]]:
+    """(the node file's agentCertSha256, the agent's extra arguments) for
+    ``mode``: ``"pinned"`` (HTTPS with the pinned certificate), ``"other"``
+    (HTTPS, the node file pins another certificate) or ``"downgrade"`` (the
+    node file says https:// with a pin, the agent serves plain HTTP)."""
+    if mode is None:
+        return None, ()
+    crt, key, pin = generate_cert(root / "tls", node)
+    if mode == "other":
+        _, _, pin = generate_cert(root / "tls-other", node)
+    if mode == "downgrade":
+        return pin, ()
+    return pin, ("--tls-cert", str(crt), "--tls-key", str(key))
+
+
+def _agent_keys(root: Path, mode: str | None) -> tuple[str | None, tuple[str, ...]]:
+    """(the node file's agentKey line, the agent's extra arguments) for ``mode``."""
+    if mode is None:
+        return None, ()
+    signing, signing_pub = generate_key(root / "keys", "agent")
+    named_pub = signing_pub
+    if mode == "other":
+        _, named_pub = generate_key(root / "keys", "other")
+    line = named_pub.read_text().strip()
+    return line, (() if mode == "unsigned" else ("--key", str(signing)))
 
 
 def node_map(status: Mapping[str, Any]) -> dict[str, dict[str, Any]]:

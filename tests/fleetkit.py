@@ -31,13 +31,22 @@ from tests.gitutil import clone, commit_and_push, git, make_bare_repo
 TARGET = "{runtime: hermes, provider: ollama, model: llama3.1-8b, profile: default}"
 
 
-def node_yaml(name: str, agent: str, labels: Mapping[str, str], maintenance: bool = False) -> str:
+def node_yaml(
+    name: str,
+    agent: str,
+    labels: Mapping[str, str],
+    maintenance: bool = False,
+    agent_key: str | None = None,
+    cert_pin: str | None = None,
+) -> str:
     label_text = ", ".join(f"{k}: {v}" for k, v in labels.items())
     return (
         "apiVersion: reconciler/v1\nkind: Node\n"
         f"metadata: {{name: {name}}}\n"
         f"spec:\n  agent: {agent}\n  labels: {{{label_text}}}\n"
         f"  maintenance: {'true' if maintenance else 'false'}\n"
+        + (f'  agentKey: "{agent_key}"\n' if agent_key else "")
+        + (f'  agentCertSha256: "{cert_pin}"\n' if cert_pin else "")
     )
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from reconciler.cli import main as cli
 
-VERBS = [*cli.COMMANDS, "keys generate", "keys id"]
+VERBS = [*cli.COMMANDS, "keys generate", "keys id", "keys tls"]
 
 
 def help_text(verb: str, capsys: pytest.CaptureFixture[str]) -> str:

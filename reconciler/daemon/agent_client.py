@@ -33,23 +33,26 @@ import logging
 import ssl
 import threading
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from reconciler.protocol.effects import SendJob
+from reconciler.protocol.evidence import split_answer
 from reconciler.protocol.job_payload import build_payload
 from reconciler.protocol.observations import (
     Backup,
     Heartbeat,
     JobObservation,
     RuntimeReport,
+    SignedAnswer,
     parse_backup_list,
     parse_check_reports,
 )
 from reconciler.protocol.signing import SigningKey, envelope_bytes
+from reconciler.protocol.tls import client_context, parse_pin, pin_problem
 from reconciler.spec.errors import AgentError
 
 log = logging.getLogger(__name__)
@@ -106,6 +109,7 @@ class _Connection(asyncio.Protocol):
         self.head: tuple[int, int | None, bool, bool] | None = None
         self.body_start = 0
         self.closed = False
+        self.pin: bytes | None = None  # the certificate pin this TLS connection was checked with
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -215,6 +219,8 @@ class _HttpClient:
         self.pool = _Pool(idle_limit)
         self._origins: dict[str, _Origin] = {}
         self._ssl: ssl.SSLContext | None = None
+        # https agents: (host, port) -> SHA-256 of the one certificate accepted
+        self.pins: dict[tuple[str, int], bytes] = {}
 
     def origin(self, base_url: str) -> _Origin:
         origin = self._origins.get(base_url)
@@ -236,6 +242,9 @@ class _HttpClient:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout
         conn = self.pool.take(origin)
+        if conn is not None and conn.pin != self.pins.get((origin.host, origin.port)):
+            conn.close()  # checked against a pin that has changed since
+            conn = None
         if conn is not None:
             try:
                 return await self._send(origin, conn, data, deadline)
@@ -250,12 +259,20 @@ class _HttpClient:
     async def _connect(self, origin: _Origin, deadline: float) -> _Connection:
         loop = asyncio.get_running_loop()
         context = None
+        pin = None
         if origin.scheme == "https":
+            pin = self.pins.get((origin.host, origin.port))
+            if pin is None:
+                # A job must never go to a peer whose certificate nobody pinned.
+                raise _Unreachable(
+                    f"https agent {origin.host}:{origin.port} has no pinned certificate "
+                    "(spec.agentCertSha256); nothing sent"
+                )
             if self._ssl is None:
-                self._ssl = ssl.create_default_context()
+                self._ssl = client_context()
             context = self._ssl
         try:
-            _, conn = await asyncio.wait_for(
+            transport, conn = await asyncio.wait_for(
                 loop.create_connection(_Connection, origin.host, origin.port, ssl=context),
                 max(deadline - loop.time(), 0.001),
             )
@@ -263,8 +280,16 @@ class _HttpClient:
             raise _Unreachable(
                 f"cannot connect to {origin.host}:{origin.port}: no answer within {self.timeout:g}s"
             ) from None
-        except OSError as exc:
+        except (OSError, ssl.SSLError) as exc:
             raise _Unreachable(f"cannot connect to {origin.host}:{origin.port}: {exc}") from None
+        if pin is not None:
+            ssl_object = transport.get_extra_info("ssl_object")
+            der = ssl_object.getpeercert(True) if ssl_object is not None else None
+            problem = pin_problem(der, pin)
+            if problem:
+                conn.close()
+                raise _Unreachable(f"TLS {origin.host}:{origin.port}: {problem}; nothing sent")
+            conn.pin = pin
         return conn
 
     async def _send(
@@ -361,7 +386,7 @@ def _chunked_body(buffer: bytes, start: int) -> bytes | None:
 def _json(body: bytes) -> Any:
     try:
         return json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: nested too deep
         raise _Unreachable(f"answer is not JSON: {body[:60]!r}") from None
 
 
@@ -369,13 +394,22 @@ def _error_text(status: int, body: bytes) -> str:
     """``code: message`` from an error answer, or what we can say about it."""
     try:
         data = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: nested too deep
         data = None
     if isinstance(data, dict) and isinstance(data.get("error"), str):
         message = data.get("message")
         return f"{data['error']}: {message}" if isinstance(message, str) else data["error"]
     excerpt = body[:80].decode("utf-8", "replace").strip()
     return f"http_{status}: {excerpt}" if excerpt else f"http_{status}"
+
+
+def _signed_error(body: bytes) -> SignedAnswer | None:
+    """The evidence of an error answer (a signed refusal), if it has any."""
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: nested too deep
+        return None
+    return split_answer(data) if isinstance(data, dict) else None
 
 
 def _optional_str(record: dict[str, Any], key: str) -> str | None:
@@ -402,6 +436,7 @@ def _job_observation(job_id: str, body: bytes) -> JobObservation:
         finished_at=_optional_str(record, "finishedAt"),
         source_commit=_optional_str(record, "sourceCommit"),
         detail=_optional_str(record, "detail") or "",
+        signed=split_answer(record),
     )
 
 
@@ -441,6 +476,7 @@ def _heartbeat(node: str, body: bytes) -> Heartbeat:
             for r in runtimes
         ),
         checks=checks,
+        signed=split_answer(data),
     )
 
 
@@ -479,6 +515,19 @@ class AgentClient:
 
     # The public calls: each runs one batch of requests on the loop thread.
 
+    def set_pins(self, pins: Mapping[str, str]) -> None:
+        """The certificate pins of https agents: base URL -> ``agentCertSha256``
+        (DESIGN.md 12). An https agent without a pin gets nothing; one whose
+        certificate differs gets nothing and its answers are unreachable."""
+        parsed: dict[tuple[str, int], bytes] = {}
+        for url, text in pins.items():
+            try:
+                origin = _parse_base(url)
+                parsed[(origin.host, origin.port)] = parse_pin(text)
+            except (_Unreachable, ValueError):
+                continue  # validation reports the node file; without a pin nothing is sent
+        self._http.pins = parsed
+
     def send_jobs(
         self, jobs: Sequence[tuple[str, SendJob]], now: datetime
     ) -> dict[str, JobObservation]:
@@ -498,7 +547,10 @@ class AgentClient:
                     return job.job_id, _job_observation(job.job_id, answer)
                 if 400 <= status < 500 and not _transient(status):
                     return job.job_id, JobObservation(
-                        job.job_id, "refused", error=_error_text(status, answer)
+                        job.job_id,
+                        "refused",
+                        error=_error_text(status, answer),
+                        signed=_signed_error(answer),
                     )
                 raise _Unreachable(_error_text(status, answer))
             except _Unreachable as exc:
@@ -623,15 +675,30 @@ def _backups_reader(node: str, body: bytes) -> tuple[Backup, ...]:
 # --- one-shot reads for the command line ---------------------------------------
 
 
-def fetch_backups(agent: str, node: str, timeout: float) -> list[Backup]:
+def fetch_backups(agent: str, node: str, timeout: float, pin: str | None = None) -> list[Backup]:
     """One node's backups, newest first, for ``reconciler backups``: one plain
-    GET (reading needs no key), errors in words for a person."""
+    GET (reading needs no key), errors in words for a person. An https agent
+    is accepted only with the certificate ``pin`` (``agentCertSha256``)."""
     import httpx  # only this one-shot read uses it; the daemon's client is asyncio
 
     url = f"{agent.rstrip('/')}/v1/nodes/{node}/backups"
-
+    https = agent.startswith("https://")
+    if https and pin is None:
+        raise AgentError(
+            f"the agent of {node} at {agent} is https:// without spec.agentCertSha256",
+            hint="pin its certificate in the node file (reconciler keys tls prints the value)",
+        )
     try:
-        answer = httpx.get(url, timeout=timeout, headers={"User-Agent": "reconciler-cli"})
+        # A GET carries nothing secret; the answer counts only from the pinned
+        # certificate, checked on the connection it came over.
+        verify = client_context() if https else True
+        with (
+            httpx.Client(verify=verify, timeout=timeout) as client,
+            client.stream("GET", url, headers={"User-Agent": "reconciler-cli"}) as answer,
+        ):
+            if https and pin is not None:
+                _check_pin(answer, pin, node, agent)
+            answer.read()
     except httpx.HTTPError as exc:
         raise AgentError(
             f"cannot reach the agent of {node} at {agent}: {exc}",
@@ -650,6 +717,21 @@ def fetch_backups(agent: str, node: str, timeout: float) -> list[Backup]:
         ) from exc
     # Newest first, as the agent promises; sorting keeps that true for any agent.
     return sorted(backups, key=lambda b: b.created_at, reverse=True)
+
+
+def _check_pin(answer: Any, pin: str, node: str, agent: str) -> None:
+    stream = answer.extensions.get("network_stream")
+    ssl_object = stream.get_extra_info("ssl_object") if stream is not None else None
+    der = ssl_object.getpeercert(True) if ssl_object is not None else None
+    try:
+        problem = pin_problem(der, parse_pin(pin))
+    except ValueError as exc:
+        problem = f"spec.agentCertSha256 {exc}"
+    if problem:
+        raise AgentError(
+            f"the agent of {node} at {agent} is not the pinned one: {problem}",
+            hint="if the agent's certificate was replaced, update agentCertSha256 in its node file",
+        )
 
 
 def _answer_error_text(answer: Any) -> str:

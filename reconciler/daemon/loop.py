@@ -32,6 +32,7 @@ from typing import Any
 
 from reconciler.daemon import crashpoints
 from reconciler.daemon.agent_client import AgentClient
+from reconciler.daemon.answer_check import AnswerCheck
 from reconciler.daemon.fleet_watch import (
     FleetWatch,
     Sweep,
@@ -151,6 +152,7 @@ class DaemonMemory:
     seen_tip: str | None = None  # the tip the last pass read (or its own commit on it)
     reported: set[str] = field(default_factory=set)  # problems already logged, to log each once
     watching: bool = False  # the last pass had jobs, heartbeats or backups to read
+    answers: AnswerCheck = field(default_factory=AnswerCheck)  # agentKeys parsed, by line
     fleet_reader: FleetReader = field(default_factory=FleetReader)  # status/fleet.yaml by blob ids
 
 
@@ -232,7 +234,7 @@ class Daemon:
         self.sign = sign
         self.clock = clock
         self.memory = DaemonMemory()
-        self.fleet_watch = FleetWatch(client, clock=clock)
+        self.fleet_watch = FleetWatch(client, clock=clock, evidence=self._believed_heartbeat)
         self.fleet_watch.on_sweep = self._swept
         self.prometheus = prometheus or PrometheusClient()
         self._steps: tuple[Callable[[_Pass], PassOutcome | None], ...] = tuple(
@@ -731,6 +733,14 @@ class Daemon:
             if job.job_id not in finished and (url := address(job.node))
         ]
         unknown: list[tuple[str, SendJob]] = []
+        unverified: dict[str, str] = {}
+
+        def believed(node: str, seen: JobObservation) -> JobObservation:
+            seen, problem = self.memory.answers.job(nodes.get(node), seen)
+            if problem:
+                self._unverified(node, "job", problem, unverified)
+            return seen
+
         for (url, job), (job_id, seen) in zip(
             jobs, _ordered(self.client.read_jobs(jobs), jobs), strict=True
         ):
@@ -738,18 +748,24 @@ class Daemon:
                 unknown.append((url, job))
                 reachable[job.node] = True
                 continue
+            seen = believed(job.node, seen)
             observed[job_id] = seen
             reachable[job.node] = reachable.get(job.node, False) or seen.state != "unreachable"
             if seen.state == "succeeded" and job.kind == "apply":
                 finished[job_id] = seen
         if unknown:
+            node_of = {job.job_id: job.node for _, job in unknown}
             for job_id, answer in self.client.send_jobs(unknown, now).items():
-                observed[job_id] = answer
+                observed[job_id] = believed(node_of[job_id], answer)
             self.log.info("resent", f"{len(unknown)} job(s) the agents did not know, sent again")
             self.metrics.jobs_sent.labels(kind="resend").inc(len(unknown))
         heartbeat_nodes = [(url, n) for n in wanted_heartbeats if (url := address(n))]
         heartbeats: dict[str, Heartbeat] = {}
         for node, beat in self.client.read_heartbeats(heartbeat_nodes).items():
+            if beat is not None:
+                beat, problem = self.memory.answers.heartbeat(nodes.get(node), beat)
+                if problem:
+                    self._unverified(node, "heartbeat", problem, unverified)
             if beat is not None:
                 heartbeats[node] = beat
             reachable[node] = reachable.get(node, False) or beat is not None
@@ -769,6 +785,18 @@ class Daemon:
             heartbeats=heartbeats,
             unreachable_since=dict(self.memory.unreachable),
             backups=backups,
+            unverified=unverified,
+        )
+
+    def _unverified(self, node: str, kind: str, problem: str, found: dict[str, str]) -> None:
+        """An answer not believed: counted, logged once per problem, and
+        handed to the engine, which names the node in a status condition."""
+        found.setdefault(node, problem)
+        self.metrics.unverified_answers.labels(kind=kind).inc()
+        self._report(
+            "unverified_evidence",
+            f"answer ({kind}) of node {node} is no evidence: {problem}",
+            node=node,
         )
 
     def _ask_prometheus(
@@ -885,11 +913,26 @@ class Daemon:
             )
             self.metrics.jobs_sent.labels(kind=job.kind).inc()
 
+    def _believed_heartbeat(self, node: str, beat: Heartbeat) -> bool | None:
+        """The fleet watch's agentKey check (DESIGN.md 12 and 14), from the
+        sweep's thread: None for a node without agentKey, else whether the
+        heartbeat's evidence verifies against it."""
+        known = self.memory.by_name
+        spec = known[1].get(node) if known is not None else None
+        if spec is None or spec.agent_key is None:
+            return None
+        _, problem = self.memory.answers.heartbeat(spec, beat)
+        return not problem
+
     def _nodes_by_name(self, fleet: Fleet) -> dict[str, Node]:
         """``fleet.by_name()``, built once per fleet (documents are cached
         while the spec trees stay the same, and with them the fleet)."""
         if self.memory.by_name is None or self.memory.by_name[0] is not fleet:
             self.memory.by_name = (fleet, fleet.by_name())
+            # The certificate pins go with the fleet they were read from (DESIGN.md 12).
+            self.client.set_pins(
+                {n.agent: n.agent_cert_sha256 for n in fleet.nodes if n.agent_cert_sha256}
+            )
         return self.memory.by_name[1]
 
     # -- reporting -----------------------------------------------------------

@@ -29,6 +29,12 @@ class Metrics:
         self.verdicts = Counter(
             "reconciler_node_transitions", "Node state transitions", ["state"], registry=r
         )
+        self.unverified_answers = Counter(
+            "reconciler_unverified_answers",
+            "Agent answers not believed: no or bad evidence for the node's agentKey",
+            ["kind"],
+            registry=r,
+        )
         self.rollouts = Gauge("reconciler_rollouts", "Rollouts by phase", ["phase"], registry=r)
         self.fleet_nodes = Gauge(
             "reconciler_fleet_nodes",

@@ -9,11 +9,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from reconciler.engine import health_evidence
-from reconciler.protocol.observations import Heartbeat, JobObservation, Observations
+from reconciler.protocol.observations import NO_EVIDENCE, Heartbeat, JobObservation, Observations
 from reconciler.spec.durations import format_duration
 from reconciler.spec.health import Health
 from reconciler.spec.model import Target
-from reconciler.spec.rollout_status import NodeRecord, RestoreRecord
+from reconciler.spec.rollout_status import NodeEvidence, NodeRecord, RestoreRecord
 from reconciler.spec.times import parse_time
 
 # How a node's error starts when its agent itself failed or refused the apply
@@ -21,6 +21,7 @@ from reconciler.spec.times import parse_time
 # config back byte for byte (DESIGN.md 7), so that attempt changed nothing.
 JOB_FAILED = "job failed"
 JOB_REFUSED = "refused by the agent"
+
 
 # (verdict, node state, error, the job observation it rests on)
 Judgement = tuple[str, str, str, JobObservation | None]
@@ -82,12 +83,11 @@ def judge_apply(node: NodeRecord, seen: Seen, in_fleet: bool) -> Judgement | Non
     unreachable = since is not None or (job is not None and job.state == "unreachable")
     # An outage counts only from dispatch: a new attempt gets its own offlineAfter.
     if since is not None and now - max(since, node.dispatched_at) >= seen.offline_after:
-        return (
-            "unknown",
-            "unknown",
-            f"agent unreachable for {format_duration(seen.offline_after_seconds)} or more",
-            job,
-        )
+        lasted = format_duration(seen.offline_after_seconds)
+        if job is not None and job.error.startswith(NO_EVIDENCE):
+            # Reachable, but not believed: say so, not "unreachable".
+            return "unknown", "unknown", f"{job.error} (for {lasted} or more)", job
+        return "unknown", "unknown", f"agent unreachable for {lasted} or more", job
     if now >= node.deadline:
         if unreachable:
             return "unknown", "unknown", "agent unreachable when the deadline passed", job
@@ -160,3 +160,25 @@ def judge_restore(
     if now >= restore.deadline:
         return "rollback_failed", "no evidence of the restore by its deadline"
     return None
+
+
+def recorded(
+    verdict: str, job: JobObservation | None, beat: Heartbeat | None
+) -> NodeEvidence | None:
+    """What a node's status keeps of the signed answers its verdict used
+    (DESIGN.md 12): the job record, and for a live rollout the heartbeat.
+    The daemon leaves ``signed`` on an observation only when it verified
+    against the node's agentKey, so unsigned evidence records nothing;
+    ``unknown`` rests on no evidence at all."""
+    if verdict == "unknown" or job is None or job.signed is None:
+        return None
+    signed_beat = beat.signed if beat is not None else None
+    if signed_beat is not None and signed_beat.key_id != job.signed.key_id:
+        signed_beat = None
+    return NodeEvidence(
+        key_id=job.signed.key_id,
+        job_record=job.signed.body,
+        job_signature=job.signed.signature,
+        heartbeat=signed_beat.body if signed_beat is not None else None,
+        heartbeat_signature=signed_beat.signature if signed_beat is not None else None,
+    )

@@ -846,7 +846,8 @@ class RolloutStep:
     def observe(self) -> None:
         """Record verdicts for in-flight applies and outcomes of restores."""
         seen: evidence.Seen | None = None
-        for i in list(self.open_indexes()):
+        in_flight = list(self.open_indexes())
+        for i in in_flight:
             node = self.nodes[i]
             if node.state == "dispatched":
                 if seen is None:
@@ -856,6 +857,27 @@ class RolloutStep:
                     self.record_verdict(i, *judged)
             elif node.state in RESTORE_STATES and node.restore is not None:
                 self.record_restore(i, node, node.restore)
+        if in_flight:
+            self.report_unverified([self.nodes[i].name for i in in_flight])
+
+    def report_unverified(self, asked: list[str]) -> None:
+        """Name, in a condition, the nodes whose answers this pass did not
+        believe (no or bad evidence for their agentKey), among ``asked``:
+        the nodes in flight when the pass began. It stays while nothing is
+        in flight (a hold), and goes once their answers are believed again."""
+        unverified = self.ctx.obs.unverified
+        named = [f"{name} ({unverified[name]})" for name in asked if name in unverified]
+        self.set_condition(
+            "unverified_evidence",
+            None
+            if not named
+            else (
+                "answers not signed by the node's agentKey are no evidence: "
+                + "; ".join(named[:20])
+                + (f"; and {len(named) - 20} more" if len(named) > 20 else "")
+                + "; check the agent's --key against spec.agentKey in its node file"
+            ),
+        )
 
     def health_conditions(self) -> None:
         """Conditions for prometheus checks nothing can answer: no server in
@@ -934,6 +956,9 @@ class RolloutStep:
             verdict=verdict,
             error=error,
             finished_at=self.now,
+            evidence=evidence.recorded(verdict, job, self.ctx.obs.heartbeats.get(node.name))
+            if self.frozen is not None and self.frozen.live
+            else evidence.recorded(verdict, job, None),
             backup_id=job.backup_id if job is not None else None,
             first_backup_id=first_backup_id,
             first_backup_known=known,
@@ -1130,6 +1155,7 @@ class RolloutStep:
             error="",
             backup_id=None,
             held=None,
+            evidence=None,
             auto_retried=node.auto_retried or auto_retry,
         )
         self.set_node(i, new, reason)

@@ -30,6 +30,7 @@ import hashlib
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import threading
@@ -40,7 +41,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from reconciler import __version__
-from reconciler.node.http_server import HttpServer, Request, Response, error_response, json_response
+from reconciler.node.http_server import HttpServer, Request, Response, json_response
 from reconciler.node.probes import Prober
 from reconciler.node.state_dir import (
     CONFIG_MODE,
@@ -51,7 +52,8 @@ from reconciler.node.state_dir import (
     digest,
 )
 from reconciler.protocol.admission import admit_job
-from reconciler.protocol.signing import JobRefused, TrustedKey
+from reconciler.protocol.evidence import sign_answer
+from reconciler.protocol.signing import JobRefused, SigningKey, TrustedKey
 from reconciler.spec.safe_yaml import YamlProblem, dump_yaml, load_yaml
 from reconciler.spec.times import format_time, parse_time
 
@@ -70,6 +72,7 @@ class AgentConfig:
     after_apply: str | None = None
     after_apply_timeout: float = DEFAULT_AFTER_APPLY_TIMEOUT
     backup_retention: int = DEFAULT_RETENTION
+    key: SigningKey | None = None  # signs every answer (DESIGN.md 12); None: unsigned
 
 
 class _JobFailed(Exception):
@@ -194,14 +197,21 @@ class Agent:
 
     # -- the protocol ----------------------------------------------------------------
 
+    def _json(self, status: int, answer: dict[str, Any]) -> Response:
+        """An answer object, signed with the agent's key when it has one."""
+        return json_response(status, sign_answer(answer, self.config.key))
+
+    def _error(self, status: int, code: str, message: str) -> Response:
+        return self._json(status, {"error": code, "message": message})
+
     def handle(self, request: Request) -> Response:
         parts = request.path.split("/")
         if len(parts) < 5 or parts[:3] != ["", "v1", "nodes"]:
-            return error_response(404, "not_found", f"no such endpoint: {request.path}")
+            return self._error(404, "not_found", f"no such endpoint: {request.path}")
         if parts[3] != self.config.node:
             if request.method == "POST" and parts[4:] == ["jobs"]:
                 return self.post_job(request.body, parts[3])
-            return error_response(
+            return self._error(
                 404, "unknown_node", f"this agent serves node {self.config.node}, not {parts[3]}"
             )
         route = (request.method, *parts[4:])
@@ -211,21 +221,20 @@ class Agent:
             with self._lock:
                 record = self.jobs.get(route[2])
             if record is None:
-                return error_response(404, "unknown_job", f"no job {route[2]} on this node")
-            return json_response(200, record.public())
+                return self._error(404, "unknown_job", f"no job {route[2]} on this node")
+            return self._json(200, record.public())
         if route == ("GET", "heartbeat"):
-            return json_response(200, self.heartbeat())
+            return self._json(200, self.heartbeat())
         if route == ("GET", "backups"):
+            # A list has no room for evidence; backups are not evidence of a verdict.
             return json_response(200, [b.public() for b in self.state.list_backups()])
-        return error_response(
-            404, "not_found", f"no such endpoint: {request.method} {request.path}"
-        )
+        return self._error(404, "not_found", f"no such endpoint: {request.method} {request.path}")
 
     def post_job(self, body: bytes, path_node: str) -> Response:
         try:
             envelope = json.loads(body)
-        except (ValueError, UnicodeDecodeError):
-            return error_response(400, "invalid_job", "the body is not JSON")
+        except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: nested too deep
+            return self._error(400, "invalid_job", "the body is not JSON")
         with self._lock:
             try:
                 payload = admit_job(
@@ -239,10 +248,10 @@ class Agent:
                     path_node=path_node,
                 )
             except JobRefused as refusal:
-                return error_response(refusal.status, refusal.code, refusal.message)
+                return self._error(refusal.status, refusal.code, refusal.message)
             known = self.jobs.get(payload["jobId"])
             if known is not None:
-                return json_response(200, known.public())
+                return self._json(200, known.public())
             record = JobRecord(
                 job_id=payload["jobId"],
                 payload=payload,
@@ -252,7 +261,7 @@ class Agent:
             try:
                 self._save(record)  # durable before the job can run or be acknowledged
             except OSError as exc:
-                return error_response(
+                return self._error(
                     503, "journal_unwritable", f"cannot record the job: {exc.strerror}"
                 )
         # Checks of the runtime's previous job say nothing about this one.
@@ -260,7 +269,7 @@ class Agent:
             self._newest_job[payload["target"]["runtime"]] = record.job_id
         self.prober.stop(payload["target"]["runtime"])
         self._worker.submit(self._run, record.job_id)
-        return json_response(202, record.public())
+        return self._json(202, record.public())
 
     def heartbeat(self) -> dict[str, Any]:
         runtimes = []
@@ -520,8 +529,9 @@ async def serve(
     *,
     ready: Callable[[str], None] | None = None,
     stop: asyncio.Event | None = None,
+    tls: ssl.SSLContext | None = None,
 ) -> None:
-    server = HttpServer(agent.handle, host, port, on_error=_print_error)
+    server = HttpServer(agent.handle, host, port, on_error=_print_error, tls=tls)
     await server.start()
     if ready is not None:
         ready(server.address)

@@ -1,10 +1,27 @@
-"""A small HTTP/1.1 server on asyncio, for the node agent and the simulated
-fleet: JSON in and out, keep-alive, Content-Length bodies only.
+"""The HTTP/1.1 server of the node agent and the simulated fleet, on asyncio
+protocols, with the wire format from h11 (python-hyper's HTTP/1.1 state
+machine, the one httpx's own stack is built on): JSON in and out,
+keep-alive, Content-Length bodies only.
 
-Why not ``http.server``: a thread per connection and its line-by-line
-parsing cap a simulated fleet at a few hundred requests per second; this
-parses each request with a few ``bytes`` operations and answers in the
-same event-loop callback (``bench/dispatch.py``).
+Why not ``http.server`` or a framework: a thread per connection caps a
+simulated fleet at a few hundred requests per second, and the agent must
+hold its ground against whoever can reach its port. h11 parses and
+validates (duplicate or malformed ``Content-Length``, header size, request
+line); this module adds the limits an exposed server needs:
+
+    connections     at most ``max_connections`` at once; at the cap, an idle
+                    keep-alive connection is closed to make room, else the
+                    new one is closed at once
+    head + body     must arrive within ``request_timeout`` of their first
+                    byte; bytes do not extend it (a slowloris is cut off)
+    idle            a keep-alive connection with no request for
+                    ``idle_timeout`` is closed
+    size            head over MAX_HEAD_BYTES: 431; body over MAX_BODY_BYTES:
+                    413; chunked bodies: 411, and the connection closes
+    memory          one request at a time per connection: reading pauses
+                    while a request is handled or while the answers wait in
+                    the write buffer above its high-water mark, so a client
+                    that pipelines and never reads holds bounded memory
 
 A handler takes a ``Request`` and returns a ``Response`` (answered at once)
 or an awaitable of one (answered when it completes; cancelled if the client
@@ -19,14 +36,24 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from http import HTTPStatus
 from typing import Any
 
+import h11
+
 MAX_HEAD_BYTES = 64 * 1024
 MAX_BODY_BYTES = 1024 * 1024
+MAX_CONNECTIONS = 512  # well under the usual 1,024 descriptors, so accept never fails
+REQUEST_TIMEOUT = 10.0  # seconds from a request's first byte to its last
 IDLE_TIMEOUT = 120.0  # seconds a keep-alive connection may sit unused
+WRITE_HIGH_WATER = 256 * 1024  # bytes of unsent answers before reading pauses
+BACKLOG = 256
+SWEEP_INTERVAL = 0.25  # seconds between checks of the deadlines
+
+_REASONS = {s.value: s.phrase.encode("latin-1") for s in HTTPStatus}
 
 
 class Request:
@@ -52,8 +79,6 @@ class Response:
 
 Handler = Callable[[Request], "Response | Awaitable[Response]"]
 
-_REASONS = {s.value: s.phrase for s in HTTPStatus}
-
 
 _ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))  # built once
 
@@ -68,20 +93,50 @@ def error_response(status: int, code: str, message: str) -> Response:
 
 
 class _Connection(asyncio.Protocol):
-    __slots__ = ("buffer", "busy", "last_active", "server", "task", "transport")
+    """One client connection: h11 parses, this class enforces the limits."""
+
+    __slots__ = (
+        "body",
+        "busy",
+        "conn",
+        "deadline",
+        "head",
+        "paused_for_writes",
+        "reading_paused",
+        "server",
+        "started",
+        "task",
+        "transport",
+    )
 
     def __init__(self, server: HttpServer) -> None:
         self.server = server
-        self.buffer = b""
-        self.busy = False
-        self.task: asyncio.Future[Response] | None = None
+        self.conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
         self.transport: asyncio.Transport | None = None
-        self.last_active = time.monotonic()
+        self.task: asyncio.Future[Response] | None = None
+        # When the current wait ends (loop time); checked by the server's sweep,
+        # which costs less per request than a timer handle.
+        self.deadline = 0.0
+        self.reading_paused = False
+        self.head: h11.Request | None = None
+        self.body: list[bytes] = []
+        self.busy = False  # a request is being handled
+        self.started = False  # bytes of the current request have arrived
+        self.paused_for_writes = False
+
+    # -- asyncio callbacks --------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
-        self.server.connections.add(self)
+        server = self.server
+        if len(server.connections) >= server.max_connections and not server.evict_idle():
+            transport.abort()  # over the cap, with nothing idle to give way
+            self.transport = None
+            return
+        server.connections.add(self)
+        transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
+        self._wait_for(server.idle_timeout)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server.connections.discard(self)
@@ -89,74 +144,111 @@ class _Connection(asyncio.Protocol):
             self.task.cancel()
         self.transport = None
 
-    def data_received(self, data: bytes) -> None:
-        self.buffer = self.buffer + data if self.buffer else data
-        self.last_active = time.monotonic()
+    def pause_writing(self) -> None:
+        # The client does not read its answers: stop reading its requests.
+        self.paused_for_writes = True
+        self._pause_reading()
+
+    def resume_writing(self) -> None:
+        self.paused_for_writes = False
         if not self.busy:
-            self._process()
+            self._resume_reading()
+
+    def _pause_reading(self) -> None:
+        if self.transport is not None and not self.reading_paused:
+            self.reading_paused = True
+            self.transport.pause_reading()
+
+    def _resume_reading(self) -> None:
+        if self.transport is not None and self.reading_paused:
+            self.reading_paused = False
+            self.transport.resume_reading()
+
+    def data_received(self, data: bytes) -> None:
+        if not self.started:
+            # The first byte of a request starts its deadline; later bytes do not move it.
+            self.started = True
+            self._wait_for(self.server.request_timeout)
+        try:
+            self.conn.receive_data(data)
+        except h11.RemoteProtocolError as exc:
+            self._fail(exc)
+            return
+        self._process()
+
+    def eof_received(self) -> bool | None:
+        return None  # the client is gone: close our side too
+
+    # -- requests -----------------------------------------------------------------
 
     def _process(self) -> None:
         while self.transport is not None and not self.busy:
-            buffer = self.buffer
-            end = buffer.find(b"\r\n\r\n")
-            if end < 0:
-                if len(buffer) > MAX_HEAD_BYTES:
-                    self._fail(431, "request headers too large")
-                return
-            head = buffer[:end].decode("latin-1")
-            lines = head.split("\r\n")
-            parts = lines[0].split(" ")
-            if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
-                self._fail(400, "not an HTTP/1.x request")
-                return
-            method, target, version = parts
-            length = 0
-            keep_alive = version == "HTTP/1.1"
-            expect_continue = False
-            for line in lines[1:]:
-                name, _, value = line.partition(":")
-                name = name.strip().lower()
-                if name == "content-length":
-                    try:
-                        length = int(value)
-                    except ValueError:
-                        self._fail(400, "bad Content-Length")
-                        return
-                elif name == "connection":
-                    token = value.strip().lower()
-                    keep_alive = token == "keep-alive" or (keep_alive and token != "close")
-                elif name == "transfer-encoding":
-                    self._fail(501, "chunked request bodies are not supported; send Content-Length")
-                    return
-                elif name == "expect" and value.strip().lower() == "100-continue":
-                    expect_continue = True
-            if length < 0 or length > MAX_BODY_BYTES:
-                self._fail(413, f"request body over {MAX_BODY_BYTES} bytes")
-                return
-            start = end + 4
-            if len(buffer) - start < length:
-                if expect_continue and len(buffer) == start:
-                    self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-                return
-            body = buffer[start : start + length]
-            self.buffer = buffer[start + length :]
-            path = target.split("?", 1)[0]
             try:
-                result = self.server.handler(Request(method, path, body))
-            except Exception as exc:  # a handler bug answers 500, the server lives on
-                self.server.log_error(exc)
-                result = error_response(500, "internal", "the server failed on this request")
-            if isinstance(result, Response):
-                self._answer(result, keep_alive)
-            else:
-                self.busy = True
-                task = asyncio.ensure_future(result)
-                self.task = task
-                task.add_done_callback(functools.partial(self._finished, keep_alive=keep_alive))
+                event = self.conn.next_event()
+            except h11.RemoteProtocolError as exc:
+                self._fail(exc)
+                return
+            if event is h11.NEED_DATA or event is h11.PAUSED:
+                if event is h11.NEED_DATA and len(self.conn.trailing_data[0]) > MAX_HEAD_BYTES:
+                    self._refuse(431, "request headers too large")
+                return
+            if isinstance(event, h11.Request):
+                if not self._admit(event):
+                    return
+                self.head = event
+                self.body = []
+            elif isinstance(event, h11.Data):
+                self.body.append(event.data)
+            elif isinstance(event, h11.EndOfMessage):
+                self._handle()
+            elif isinstance(event, h11.ConnectionClosed):
+                self._close()
+                return
 
-    def _finished(self, task: asyncio.Future[Response], keep_alive: bool) -> None:
+    def _admit(self, head: h11.Request) -> bool:
+        """Refuse, before any body is read, what this server never accepts."""
+        if sum(len(name) + len(value) + 4 for name, value in head.headers) > MAX_HEAD_BYTES:
+            self._refuse(431, "request headers too large")
+            return False
+        length = None
+        for name, value in head.headers:
+            if name == b"transfer-encoding":
+                self._refuse(411, "chunked request bodies are not supported; send Content-Length")
+                return False
+            if name == b"content-length":
+                length = int(value)  # h11 checked it is digits and the only value
+        if length is not None and length > MAX_BODY_BYTES:
+            self._refuse(413, f"request body over {MAX_BODY_BYTES} bytes")
+            return False
+        if self.conn.they_are_waiting_for_100_continue and self.transport is not None:
+            self.transport.write(
+                self.conn.send(h11.InformationalResponse(status_code=100, headers=[])) or b""
+            )
+        return True
+
+    def _handle(self) -> None:
+        head = self.head
+        assert head is not None
+        self.busy = True  # the whole request is in: its deadline no longer applies
+        path = head.target.split(b"?", 1)[0].decode("latin-1")
+        request = Request(head.method.decode("ascii", "replace"), path, b"".join(self.body))
+        self.body = []
+        try:
+            result = self.server.handler(request)
+        except Exception as exc:  # a handler bug answers 500, the server lives on
+            self.server.log_error(exc)
+            result = error_response(500, "internal", "the server failed on this request")
+        if isinstance(result, Response):
+            self._answer(result)
+        else:
+            # One request at a time: pipelined ones wait in the socket meanwhile.
+            self._pause_reading()
+            task = asyncio.ensure_future(result)
+            self.task = task
+            task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Future[Response]) -> None:
         self.task = None
-        self.busy = False
         if task.cancelled() or self.transport is None:
             return
         exc = task.exception()
@@ -165,39 +257,98 @@ class _Connection(asyncio.Protocol):
             response = error_response(500, "internal", "the server failed on this request")
         else:
             response = task.result()
-        self._answer(response, keep_alive)
-        self._process()
+        self._answer(response)
+        self._process()  # requests that arrived meanwhile (a sync answer returns to the loop)
 
-    def _answer(self, response: Response, keep_alive: bool) -> None:
+    def _answer(self, response: Response) -> None:
         transport = self.transport
         if transport is None:
             return
         if response.drop:
             transport.abort()
             return
-        close = response.close or not keep_alive
-        reason = _REASONS.get(response.status, "Unknown")
-        transport.write(
-            b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%s\r\n%s"
-            % (
-                response.status,
-                reason.encode("latin-1"),
-                len(response.body),
-                b"Connection: close\r\n" if close else b"",
-                response.body,
+        headers = [
+            (b"Content-Type", b"application/json"),
+            (b"Content-Length", b"%d" % len(response.body)),
+        ]
+        if response.close:
+            headers.append((b"Connection", b"close"))
+        try:
+            data = self.conn.send(
+                h11.Response(
+                    status_code=response.status,
+                    headers=headers,
+                    reason=_REASONS.get(response.status, b""),
+                )
             )
+            data += self.conn.send(h11.Data(data=response.body))
+            data += self.conn.send(h11.EndOfMessage())
+        except h11.LocalProtocolError:
+            self._close()
+            return
+        transport.write(data)
+        self._next_cycle()
+
+    def _next_cycle(self) -> None:
+        self.busy = False
+        self.head = None
+        if self.conn.our_state is h11.MUST_CLOSE or self.conn.their_state is not h11.DONE:
+            self._close()
+            return
+        try:
+            self.conn.start_next_cycle()
+        except h11.LocalProtocolError:
+            self._close()
+            return
+        self.started = bool(self.conn.trailing_data[0])
+        self._wait_for(self.server.request_timeout if self.started else self.server.idle_timeout)
+        if self.reading_paused and not self.paused_for_writes:
+            self._resume_reading()
+
+    # -- endings --------------------------------------------------------------------
+
+    def _fail(self, exc: h11.RemoteProtocolError) -> None:
+        status = exc.error_status_hint
+        if status == 400 and "Content-Length" in str(exc):
+            message = f"bad Content-Length: {exc}"
+        else:
+            message = str(exc) or "not a valid HTTP/1.1 request"
+        self._refuse(status, message)
+
+    def _refuse(self, status: int, message: str) -> None:
+        """Answer an error and close: after a framing error nothing that
+        follows on this connection can be trusted."""
+        transport = self.transport
+        if transport is None:
+            return
+        body = json.dumps({"error": "bad_request", "message": message}).encode("utf-8")
+        reason = _REASONS.get(status, b"Error")
+        transport.write(
+            b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+            b"Connection: close\r\n\r\n%s" % (status, reason, len(body), body)
         )
-        self.last_active = time.monotonic()
-        if close:
-            transport.close()
+        self._close()
+
+    def _close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
             self.transport = None
+            self.server.connections.discard(self)
 
-    def _fail(self, status: int, message: str) -> None:
-        self._answer(Response(status, _error_body("bad_request", message), close=True), False)
+    def time_out(self) -> None:
+        if self.busy:
+            return  # the handler's own time; the client waits for the answer
+        if self.started:
+            self._refuse(408, "request not complete in time")
+        else:
+            self._close()
 
+    def _wait_for(self, seconds: float) -> None:
+        self.deadline = self.server.loop_time() + seconds
 
-def _error_body(code: str, message: str) -> bytes:
-    return json.dumps({"error": code, "message": message}).encode("utf-8")
+    @property
+    def idle(self) -> bool:
+        return not self.busy and not self.started
 
 
 class HttpServer:
@@ -210,23 +361,54 @@ class HttpServer:
         port: int = 0,
         *,
         on_error: Callable[[BaseException], None] | None = None,
+        tls: ssl.SSLContext | None = None,
+        max_connections: int = MAX_CONNECTIONS,
+        request_timeout: float = REQUEST_TIMEOUT,
+        idle_timeout: float = IDLE_TIMEOUT,
     ) -> None:
         self.handler = handler
         self.host = host
         self.port = port
+        self.tls = tls  # HTTPS when set
+        self.max_connections = max_connections
+        self.request_timeout = request_timeout
+        self.idle_timeout = idle_timeout
         self.connections: set[_Connection] = set()
         self._server: asyncio.Server | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self._on_error = on_error
+        self.loop_time = time.monotonic  # the clock of deadlines
+
+    async def _sweep(self) -> None:
+        """End the waits that are over: several times a second, so a deadline
+        is kept to within SWEEP_INTERVAL."""
+        while True:
+            await asyncio.sleep(SWEEP_INTERVAL)
+            now = self.loop_time()
+            for conn in [c for c in self.connections if c.deadline <= now]:
+                conn.time_out()
 
     def log_error(self, exc: BaseException) -> None:
         if self._on_error is not None:
             self._on_error(exc)
 
+    def evict_idle(self) -> bool:
+        """Close one idle keep-alive connection to make room; False if none is idle."""
+        for conn in self.connections:
+            if conn.idle:
+                conn._close()
+                return True
+        return False
+
     async def start(self) -> tuple[str, int]:
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            lambda: _Connection(self), self.host, self.port, backlog=2048, reuse_address=True
+            functools.partial(_Connection, self),
+            self.host,
+            self.port,
+            backlog=BACKLOG,
+            reuse_address=True,
+            ssl=self.tls,
         )
         sockname = self._server.sockets[0].getsockname()
         self.host, self.port = sockname[0], sockname[1]
@@ -237,14 +419,6 @@ class HttpServer:
     def address(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"{host}:{self.port}"
-
-    async def _sweep(self) -> None:
-        while True:
-            await asyncio.sleep(IDLE_TIMEOUT / 4)
-            cutoff = time.monotonic() - IDLE_TIMEOUT
-            for conn in list(self.connections):
-                if not conn.busy and conn.last_active < cutoff and conn.transport is not None:
-                    conn.transport.close()
 
     async def close(self) -> None:
         if self._sweeper is not None:

@@ -75,8 +75,9 @@ from typing import Any
 from reconciler import __version__
 from reconciler.node.http_server import HttpServer, Request, Response, error_response, json_response
 from reconciler.protocol.admission import admit_job
+from reconciler.protocol.evidence import derived_agent_key, sign_answer
 from reconciler.protocol.job_payload import SEND_TIME_FIELDS
-from reconciler.protocol.signing import JobRefused, TrustedKey, canonical_json
+from reconciler.protocol.signing import JobRefused, SigningKey, TrustedKey, canonical_json
 from reconciler.spec.safe_yaml import YamlProblem, load_yaml
 from reconciler.spec.times import format_time
 
@@ -390,8 +391,13 @@ class SimFleet:
         runtimes: list[str],
         script: Script | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        key_seed: str | None = None,
     ) -> None:
         self.trusted = trusted
+        # Each node signs its answers with its own key, derived from the seed
+        # (protocol.evidence.derived_agent_key), as a fleet of real agents would.
+        self.key_seed = key_seed
+        self._keys: dict[str, SigningKey] = {}
         self.runtimes = runtimes
         self.clock = clock
         self.script = script or Script()
@@ -413,6 +419,7 @@ class SimFleet:
         for name in names:
             if name not in self.nodes:
                 self.nodes[name] = SimNode(name, self.script.for_node(name).initial, self.runtimes)
+                self.key(name)  # derived now, as a real agent loads its key at start
 
     def set_script(self, script: Script) -> None:
         self.script = script
@@ -487,6 +494,21 @@ class SimFleet:
 
     # -- the protocol -----------------------------------------------------------
 
+    def key(self, node: str) -> SigningKey | None:
+        """The node's signing key, or None when the fleet signs nothing."""
+        if self.key_seed is None:
+            return None
+        key = self._keys.get(node)
+        if key is None:
+            key = self._keys[node] = derived_agent_key(self.key_seed, node)
+        return key
+
+    def _json(self, node: SimNode, status: int, answer: dict[str, Any]) -> Response:
+        return json_response(status, sign_answer(answer, self.key(node.name)))
+
+    def _error(self, node: SimNode, status: int, code: str, message: str) -> Response:
+        return self._json(node, status, {"error": code, "message": message})
+
     def handle(self, request: Request) -> Response | asyncio.Future[Response]:
         self.requests += 1
         parts = request.path.split("/")
@@ -509,14 +531,14 @@ class SimFleet:
                 return answer
             if job is None or behaviour.action == "impostor":
                 return error_response(404, "unknown_job", f"no job {parts[5]} on {node.name}")
-            return json_response(200, job.record())
+            return self._json(node, 200, job.record())
         if len(parts) == 5 and request.method == "GET" and what in ("heartbeat", "backups"):
             behaviour = script.behaviour
             answer = self._transport(behaviour)
             if answer is not None:
                 return answer
             if what == "heartbeat":
-                return json_response(200, self._heartbeat(node, behaviour))
+                return self._json(node, 200, self._heartbeat(node, behaviour))
             backups = [] if behaviour.action == "impostor" else node.backups[::-1]
             return json_response(200, backups)
         return error_response(
@@ -564,7 +586,7 @@ class SimFleet:
     ) -> Response | asyncio.Future[Response]:
         try:
             envelope = json.loads(body)
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: nested too deep
             envelope = None
         payload_in = envelope.get("payload") if isinstance(envelope, dict) else None
         attempt = payload_in.get("attempt") if isinstance(payload_in, dict) else None
@@ -591,22 +613,22 @@ class SimFleet:
                 job_id = envelope["payload"]["jobId"]
                 self.received[job_id] += 1
                 self.variants[job_id].add(_variant(envelope["payload"]))
-            return error_response(refusal.status, refusal.code, refusal.message)
+            return self._error(node, refusal.status, refusal.code, refusal.message)
         job_id = payload["jobId"]
         self.received[job_id] += 1
         self.variants[job_id].add(_variant(payload))
         known = node.jobs.get(job_id)
         if known is not None:
-            return json_response(200, known.record())
+            return self._json(node, 200, known.record())
         if behaviour.action == "refuse":
             self.refusals[behaviour.code] += 1
-            return error_response(behaviour.status, behaviour.code, behaviour.message)
+            return self._error(node, behaviour.status, behaviour.code, behaviour.message)
         job = SimJob(payload)
         node.jobs[job_id] = job
         node.probing.pop(payload["target"]["runtime"], None)  # the next job ends the checks
         self.executed[job_id] += 1
         self._log({"e": "accept", "node": node.name, "payload": payload}, flush=True)
-        response = json_response(202, job.record())
+        response = self._json(node, 202, job.record())
         job.state = "running"
         if behaviour.action != "hang":
             loop = asyncio.get_running_loop()

@@ -11,6 +11,23 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+
+@dataclass(frozen=True)
+class SignedAnswer:
+    """An agent's answer as it came, split from its ``evidence``
+    (DESIGN.md 12): ``body`` is the answer without ``evidence``, whose
+    canonical JSON ``signature`` (standard base64) signs with the key
+    ``key_id``. Whether it verifies is the daemon's business, not this value's."""
+
+    body: Mapping[str, Any] = field(hash=False)
+    key_id: str
+    signature: str
+
+
+# How the daemon marks an answer it did not believe (DESIGN.md 12): an
+# ``unreachable`` job observation whose error starts with this.
+NO_EVIDENCE = "no evidence:"
+
 # Job states as the agent reports them, plus what the daemon's client adds:
 #   refused      the agent answered the POST with a 4xx (a failed verdict)
 #   unreachable  connection error, timeout, 5xx or an answer we cannot use
@@ -25,6 +42,9 @@ class JobObservation:
     finished_at: str | None = None  # RFC 3339, agent clock
     source_commit: str | None = None
     detail: str = ""  # what a dry-run would change, or the after-apply output tail
+    # the signed answer this observation was read from; the daemon keeps it
+    # only when it verified against the node's agentKey
+    signed: SignedAnswer | None = None
 
 
 @dataclass(frozen=True)
@@ -57,6 +77,7 @@ class Heartbeat:
     time: str  # RFC 3339, agent clock
     agent_version: str = ""
     runtimes: tuple[RuntimeReport, ...] = ()
+    signed: SignedAnswer | None = None  # as on JobObservation
     checks: tuple[CheckReport, ...] = ()
 
     def runtime(self, runtime_type: str) -> RuntimeReport | None:
@@ -177,5 +198,8 @@ class Observations:
     # kept in memory only, so a restart can delay `unknown`, never hasten it)
     unreachable_since: Mapping[str, datetime] = field(default_factory=dict)
     backups: Mapping[str, tuple[Backup, ...]] = field(default_factory=dict)  # by node, newest first
+    # by node: why its answers were not believed (no or bad evidence for
+    # its agentKey); each such answer was dropped as no evidence
+    unverified: Mapping[str, str] = field(default_factory=dict)
     # by (node, check name): the daemon's prometheus checks of the current job
     metric_checks: Mapping[tuple[str, str], MetricCheck] = field(default_factory=dict)

@@ -129,12 +129,13 @@ class SigningKey:
 # -- key files ---------------------------------------------------------------
 
 
-def generate_key(out_dir: Path) -> tuple[Path, Path]:
+def generate_key(out_dir: Path, name: str = PRIVATE_KEY_NAME) -> tuple[Path, Path]:
     """Write a new unencrypted OpenSSH Ed25519 key pair into ``out_dir``:
-    ``reconciler`` (mode 0600) and ``reconciler.pub``. Refuses to overwrite."""
+    ``NAME`` (mode 0600) and ``NAME.pub`` (default ``reconciler``; an
+    agent's key is ``agent``). Refuses to overwrite."""
     out_dir = Path(out_dir)
-    private_path = out_dir / PRIVATE_KEY_NAME
-    public_path = out_dir / PUBLIC_KEY_NAME
+    private_path = out_dir / name
+    public_path = out_dir / f"{name}.pub"
     for existing in (private_path, public_path):
         if existing.exists():
             raise KeyFileError(
@@ -154,7 +155,8 @@ def generate_key(out_dir: Path) -> tuple[Path, Path]:
         with os.fdopen(fd, "wb") as handle:
             handle.write(private_bytes)
         os.chmod(private_path, 0o600)  # the umask may have removed bits, never added
-        public_path.write_text(SigningKey(key).public_openssh + "\n", encoding="ascii")
+        public = SigningKey(key).public_openssh.rsplit(" ", 1)[0]
+        public_path.write_text(f"{public} {name}\n", encoding="ascii")
     except OSError as exc:
         raise KeyFileError(f"cannot write a key into {out_dir}: {exc.strerror}") from exc
     return private_path, public_path

@@ -367,6 +367,17 @@ class _Checker:
                 "not a usable agent URL: write it like http://10.0.0.5:8710 "
                 "(a host, and if given a port from 1 to 65535)",
             )
+        if (
+            isinstance(agent, str)
+            and agent.startswith("https://")
+            and self._ok("spec.agent")
+            and "agentCertSha256" not in spec
+        ):
+            self.add(
+                ["spec", "agent"],
+                "an https:// agent needs spec.agentCertSha256, the SHA-256 of its certificate "
+                "that `reconciler keys tls` printed; or use http://",
+            )
         if self.problems:
             return self.result()
         return self.result(
@@ -375,6 +386,8 @@ class _Checker:
                 agent=spec["agent"],
                 labels=tuple(sorted(spec.get("labels", {}).items())),
                 maintenance=spec.get("maintenance", False),
+                agent_key=spec.get("agentKey"),
+                agent_cert_sha256=spec.get("agentCertSha256"),
             )
         )
 

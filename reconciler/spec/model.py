@@ -59,6 +59,8 @@ class Node:
     agent: str
     labels: tuple[tuple[str, str], ...] = ()  # sorted by key
     maintenance: bool = False
+    agent_key: str | None = None  # OpenSSH Ed25519 public key line (DESIGN.md 12)
+    agent_cert_sha256: str | None = None  # pin of an https:// agent's certificate
 
     def label(self, key: str) -> str | None:
         return dict(self.labels).get(key)

@@ -17,7 +17,7 @@ the engine can produce).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -206,6 +206,22 @@ class NodeRecord:
     held: str | None = None
     restore: RestoreRecord | None = None
     checks: tuple[CheckOutcome, ...] = ()  # health checks' last outcomes, once decided
+    evidence: NodeEvidence | None = None  # signed answers the verdict used
+
+
+@dataclass(frozen=True)
+class NodeEvidence:
+    """The signed answers a node's verdict rests on (DESIGN.md 12), kept so
+    ``reconciler verify --evidence`` can check them offline: the job record
+    and, for a live rollout, the heartbeat, each exactly as the agent
+    signed it (the signature covers the whole answer, so nothing is
+    trimmed), with the key id and signatures (standard base64)."""
+
+    key_id: str
+    job_record: Mapping[str, Any] = field(hash=False)
+    job_signature: str
+    heartbeat: Mapping[str, Any] | None = field(default=None, hash=False)
+    heartbeat_signature: str | None = None
 
 
 @dataclass(frozen=True)
@@ -424,7 +440,34 @@ def _restore_from(d: Mapping[str, Any]) -> RestoreRecord:
     )
 
 
+def _evidence_record(e: NodeEvidence) -> dict[str, Any]:
+    return {
+        "keyId": e.key_id,
+        "jobRecord": dict(e.job_record),
+        "heartbeat": None if e.heartbeat is None else dict(e.heartbeat),
+        "signatures": {"jobRecord": e.job_signature, "heartbeat": e.heartbeat_signature},
+    }
+
+
+def evidence_from(d: Mapping[str, Any]) -> NodeEvidence:
+    signatures = d.get("signatures") or {}
+    return NodeEvidence(
+        key_id=d["keyId"],
+        job_record=d["jobRecord"],
+        job_signature=signatures.get("jobRecord", ""),
+        heartbeat=d.get("heartbeat"),
+        heartbeat_signature=signatures.get("heartbeat"),
+    )
+
+
 def node_to_record(n: NodeRecord) -> dict[str, Any]:
+    record = _node_record(n)
+    if n.evidence is not None:  # absent, not null: unsigned records stay as in version 1
+        record["evidence"] = _evidence_record(n.evidence)
+    return record
+
+
+def _node_record(n: NodeRecord) -> dict[str, Any]:
     return {
         "name": n.name,
         "batch": n.batch,
@@ -475,6 +518,7 @@ def node_from_record(d: Mapping[str, Any]) -> NodeRecord:
         checks=tuple(
             CheckOutcome(c["name"], c["ok"], c.get("detail", "")) for c in d.get("checks", ())
         ),
+        evidence=None if d.get("evidence") is None else evidence_from(d["evidence"]),
     )
 
 

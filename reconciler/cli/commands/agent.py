@@ -23,7 +23,8 @@ from reconciler.node.agent import (
 )
 from reconciler.node.http_server import parse_listen
 from reconciler.node.state_dir import StateDir
-from reconciler.protocol.signing import load_trusted_keys
+from reconciler.protocol.signing import load_private_key, load_trusted_keys
+from reconciler.protocol.tls import server_context
 from reconciler.spec.durations import parse_duration
 from reconciler.spec.errors import UsageError
 
@@ -49,6 +50,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="the daemon's OpenSSH public key (repeat to trust several, for rotation)",
     )
+    parser.add_argument(
+        "--key",
+        metavar="FILE",
+        help="this agent's OpenSSH Ed25519 private key: every answer is signed with it, and "
+        "its .pub line goes into the node file as spec.agentKey "
+        "(reconciler keys generate --out DIR --name agent)",
+    )
+    parser.add_argument(
+        "--tls-cert",
+        metavar="FILE",
+        help="serve HTTPS with this certificate (reconciler keys tls); the node file then "
+        "says https:// and pins it with spec.agentCertSha256",
+    )
+    parser.add_argument("--tls-key", metavar="FILE", help="the private key of --tls-cert")
     parser.add_argument(
         "--runtime",
         action="append",
@@ -100,6 +115,10 @@ def run(args: argparse.Namespace) -> int:
                 "(it names the file STATE/runtimes/TYPE.yaml)"
             )
     trusted = load_trusted_keys([Path(p) for p in args.trust_key])
+    key = load_private_key(Path(args.key)) if args.key else None
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise UsageError("--tls-cert and --tls-key go together: pass both, or neither")
+    tls = server_context(Path(args.tls_cert), Path(args.tls_key)) if args.tls_cert else None
     state = StateDir.open(Path(args.state_dir))
     try:
         runtimes = managed_runtimes(args.runtime, state)
@@ -116,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
                 after_apply=args.after_apply,
                 after_apply_timeout=float(timeout),
                 backup_retention=args.backup_retention,
+                key=key,
             ),
             state,
         )
@@ -125,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
             loop = asyncio.get_running_loop()
             for signum in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(signum, stop.set)
-            await serve(agent, host, port, ready=_ready, stop=stop)
+            await serve(agent, host, port, ready=_ready, stop=stop, tls=tls)
 
         try:
             asyncio.run(main())

@@ -25,6 +25,7 @@ from reconciler.git.branch import Branch, open_branch
 from reconciler.protocol.observations import BACKUP_FIELDS, Backup
 from reconciler.spec import documents
 from reconciler.spec.errors import AgentError, ReconcilerError, StoreError
+from reconciler.spec.model import Node
 from reconciler.spec.paths import NODES_DIR, name_in, node_path
 from reconciler.views.status_reader import read_snapshot
 
@@ -53,9 +54,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     source = open_branch(args.repo, args.branch, ssh_key=args.ssh_key, known_hosts=args.known_hosts)
-    agent = agent_address(source, args.branch, args.node)
+    node = node_spec(source, args.branch, args.node)
+    agent = node.agent
     try:
-        backups = fetch_backups(agent, args.node, TIMEOUT)
+        backups = fetch_backups(agent, args.node, TIMEOUT, pin=node.agent_cert_sha256)
     except AgentError as error:
         if not error.message.startswith("cannot reach"):
             raise
@@ -74,8 +76,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def agent_address(source: Branch, branch: str, node: str) -> str:
-    """``spec.agent`` of ``nodes/NODE.yaml`` on the branch."""
+def node_spec(source: Branch, branch: str, node: str) -> Node:
+    """``nodes/NODE.yaml`` on the branch, as a value."""
     tip = source.refresh()
     if tip is None:
         raise StoreError(f"branch {branch!r} not found in {source.label}")
@@ -95,7 +97,7 @@ def agent_address(source: Branch, branch: str, node: str) -> str:
     if parsed.node is None:
         problems = "; ".join(str(p) for p in parsed.problems) or "not a valid node"
         raise ReconcilerError(f"{path} on {branch} is invalid: {problems}")
-    return parsed.node.agent
+    return parsed.node
 
 
 def recorded_backups(source: Branch, node: str) -> str:

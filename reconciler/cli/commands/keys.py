@@ -1,7 +1,8 @@
-"""``reconciler keys generate --out DIR``: the daemon's Ed25519 key pair.
+"""``reconciler keys generate --out DIR [--name NAME]``: an Ed25519 key pair,
+the daemon's (default name ``reconciler``) or an agent's (``--name agent``).
 
-Writes ``DIR/reconciler`` (OpenSSH private key, unencrypted, mode 0600) and
-``DIR/reconciler.pub``; prints the key id (the fingerprint ``ssh-keygen -l``
+Writes ``DIR/NAME`` (OpenSSH private key, unencrypted, mode 0600) and
+``DIR/NAME.pub``; prints the key id (the fingerprint ``ssh-keygen -l``
 shows) and what to do with each file.
 """
 
@@ -10,23 +11,45 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from reconciler.protocol.signing import generate_key, load_private_key, load_public_key
+from reconciler.protocol.signing import (
+    PRIVATE_KEY_NAME,
+    generate_key,
+    load_private_key,
+    load_public_key,
+)
+from reconciler.protocol.tls import generate_cert
+from reconciler.spec.documents import NAME_RE
 from reconciler.spec.errors import UsageError
 
-HELP = "create the daemon's signing key pair (OpenSSH Ed25519)"
+HELP = "create a signing key pair (OpenSSH Ed25519): the daemon's or an agent's"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="keys_action", metavar="ACTION")
     generate = sub.add_parser(
         "generate",
-        help="write DIR/reconciler and DIR/reconciler.pub",
-        description="Write the daemon's Ed25519 key pair: DIR/reconciler (OpenSSH private "
-        "key, unencrypted, mode 0600: give it to the daemon, run --key) and "
-        "DIR/reconciler.pub (give it to every agent, --trust-key). Prints the key id, the "
-        "fingerprint ssh-keygen -l shows.",
+        help="write DIR/NAME and DIR/NAME.pub",
+        description="Write an Ed25519 key pair: DIR/NAME (OpenSSH private key, "
+        "unencrypted, mode 0600) and DIR/NAME.pub. The daemon's (NAME reconciler, the "
+        "default): give the private key to the daemon (run --key) and the public key to "
+        "every agent (--trust-key). An agent's (--name agent): the agent signs its answers "
+        "with it. Prints the key id, the fingerprint ssh-keygen -l shows.",
     )
     generate.add_argument("--out", required=True, metavar="DIR", help="directory for the key pair")
+    generate.add_argument(
+        "--name",
+        default=PRIVATE_KEY_NAME,
+        help="file name of the key (default reconciler; an agent's key: --name agent)",
+    )
+    tls = sub.add_parser(
+        "tls",
+        help="write a self-signed DIR/NODE.crt and DIR/NODE.key for an agent's HTTPS",
+        description="Writes DIR/NODE.crt and DIR/NODE.key (mode 0600) for "
+        "reconciler agent --tls-cert --tls-key, and prints the certificate's SHA-256, "
+        "which the node file pins as spec.agentCertSha256.",
+    )
+    tls.add_argument("--out", required=True, metavar="DIR", help="directory for the pair")
+    tls.add_argument("--name", required=True, metavar="NODE", help="the node's name")
     show = sub.add_parser(
         "id",
         help="print the key id of a private or public key file",
@@ -37,11 +60,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.keys_action == "generate":
-        private_path, public_path = generate_key(Path(args.out))
+        if not NAME_RE.fullmatch(args.name):
+            raise UsageError(
+                f"--name {args.name!r}: use lowercase letters, digits and -, "
+                "starting and ending with a letter or digit"
+            )
+        private_path, public_path = generate_key(Path(args.out), args.name)
         key = load_private_key(private_path)
         print(f"key id: {key.key_id}")
-        print(f"private key: {private_path} (mode 0600; give it to the daemon: run --key)")
-        print(f"public key:  {public_path} (give it to every agent: --trust-key)")
+        if args.name == PRIVATE_KEY_NAME:
+            print(f"private key: {private_path} (mode 0600; give it to the daemon: run --key)")
+            print(f"public key:  {public_path} (give it to every agent: --trust-key)")
+        else:
+            print(f"private key: {private_path} (mode 0600; give it to the agent: agent --key)")
+            print(f"public key:  {public_path} (its line goes into the node file: spec.agentKey)")
+        return 0
+    if args.keys_action == "tls":
+        if not NAME_RE.fullmatch(args.name):
+            raise UsageError(f"--name {args.name!r} is not a node name")
+        crt, key_path, pin = generate_cert(Path(args.out), args.name)
+        print(f"agentCertSha256: {pin}")
+        print(f"certificate: {crt} (agent --tls-cert)")
+        print(f"private key: {key_path} (mode 0600; agent --tls-key)")
+        print(f"in nodes/{args.name}.yaml: agent: https://ADDRESS:PORT and agentCertSha256: {pin}")
         return 0
     if args.keys_action == "id":
         path = Path(args.file)

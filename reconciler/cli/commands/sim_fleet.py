@@ -56,6 +56,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="node names are PREFIX0001, PREFIX0002, ... (default: sim-)",
     )
     parser.add_argument(
+        "--key-seed",
+        metavar="TEXT",
+        help="sign every node's answers with its own key derived from TEXT and the node "
+        "name (protocol.evidence.derived_agent_key), so node files can carry spec.agentKey",
+    )
+    parser.add_argument(
         "--runtime",
         action="append",
         metavar="TYPE",
@@ -83,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
         state_dir=Path(args.state_dir),
         runtimes=args.runtime or ["hermes"],
         script=script,
+        key_seed=args.key_seed,
     )
 
     async def main() -> None:

@@ -7,6 +7,11 @@ daemon would act on REV's spec, 1 when it would not, 2 for a usage error
 (bad arguments, unreadable allowed-signers file, unknown REV, no repository),
 so that 1 always means "refused".
 
+With ``--evidence NAME`` it checks instead, offline, the signed agent
+answers recorded in rollout NAME's status against each node's ``agentKey``
+at the rollout's ``specCommit`` (DESIGN.md section 12), printing ``ok`` or
+why not per node; exit 1 when any fails.
+
 Reads a local repository (``git.revisions``); decides nothing itself (``approval``).
 """
 
@@ -26,6 +31,7 @@ from reconciler.git.approval import (
     refuse_backwards,
 )
 from reconciler.git.approval_notes import read_note
+from reconciler.git.branch import open_branch
 from reconciler.git.history import History
 from reconciler.git.openpgp import PgpKeyring
 from reconciler.git.revisions import describe_commit, open_local_repository, resolve_or_branch_tip
@@ -33,7 +39,8 @@ from reconciler.git.sshsig import AllowedSigner, parse_allowed_signers
 from reconciler.git.status_writes import DaemonWrites
 from reconciler.git.store import GitStore
 from reconciler.spec.errors import ReconcilerError, StoreError, UsageError
-from reconciler.views.status_reader import StatusReader
+from reconciler.views.evidence_check import check_evidence
+from reconciler.views.status_reader import StatusReader, read_snapshot
 
 HELP = "tell whether a commit would be acted on under --allowed-signers, and why"
 
@@ -50,9 +57,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--branch", default="main", help="branch whose tip is checked when REV is omitted"
     )
-    parser.add_argument(
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument(
+        "--evidence",
+        metavar="NAME",
+        help="check the signed agent answers recorded in rollout NAME's status "
+        "against the nodes' agentKey at its specCommit",
+    )
+    what.add_argument(
         "--allowed-signers",
-        required=True,
         metavar="FILE",
         help="git allowed-signers file (as for gpg.ssh.allowedSignersFile)",
     )
@@ -79,6 +92,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.evidence is not None:
+        return verify_evidence(args.repo, args.branch, args.evidence)
     allowed = _allowed_signers(Path(args.allowed_signers))
     repo = open_local_repository(args.repo)
     label, tip = resolve_or_branch_tip(repo, args.rev, args.branch)
@@ -97,6 +112,27 @@ def run(args: argparse.Namespace) -> int:
         report += "".join(f"\n    {reason}" for _, reason in sorted(held.items()))
     print(report)
     return 0 if approval.acted_on and not held else 1
+
+
+def verify_evidence(repo: str, branch: str, name: str) -> int:
+    """Print each node's evidence check for rollout ``name``; 1 if any fails."""
+    source = open_branch(repo, branch)
+    status = read_snapshot(source).statuses.get(name)
+    if status is None:
+        raise UsageError(
+            f"no readable status for rollout {name!r} on branch {branch} of {repo}",
+            "check the name with: reconciler status",
+        )
+    verdicts = check_evidence(source, status)
+    print(f"rollout {name}: evidence checked against agentKey at specCommit {status.spec_commit}")
+    width = max((len(v.node) for v in verdicts), default=0)
+    for v in verdicts:
+        print(f"  {v.node:<{width}}  {'ok' if v.ok else 'FAILED'}: {v.message}")
+    failed = [v.node for v in verdicts if not v.ok]
+    if failed:
+        print(f"evidence does not verify for: {', '.join(failed)}")
+        return 1
+    return 0
 
 
 def _status_signers(

@@ -1,0 +1,69 @@
+"""Which agent answers the daemon believes (DESIGN.md section 12).
+
+For a node whose file carries ``spec.agentKey``, an answer counts only when
+its ``evidence`` verifies against that key; any other answer (none, a bad
+signature, another node's key) is no evidence: a job observation becomes
+``unreachable`` with the reason, a heartbeat is dropped. A node without
+``agentKey`` is believed as in version 1, and its observations lose any
+``signed`` part, so status records evidence only when it was checked.
+
+Must not decide anything about rollouts; the engine judges what is left.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from reconciler.protocol.evidence import evidence_problem, parse_agent_key
+from reconciler.protocol.observations import NO_EVIDENCE, Heartbeat, JobObservation, SignedAnswer
+from reconciler.protocol.signing import TrustedKey
+from reconciler.spec.model import Node
+
+# Answers that carry a verdict: a 404 (unknown job: resend it) decides nothing.
+CHECKED_STATES = frozenset({"accepted", "running", "succeeded", "failed", "refused"})
+
+
+class AnswerCheck:
+    """Checks answers against the nodes' agentKeys; parsed keys are cached
+    by their line, so a pass over 10,000 nodes parses each key once."""
+
+    def __init__(self) -> None:
+        self._keys: dict[str, TrustedKey | None] = {}
+
+    def key(self, node: Node | None) -> TrustedKey | None:
+        if node is None or node.agent_key is None:
+            return None
+        line = node.agent_key
+        if line not in self._keys:
+            try:
+                self._keys[line] = parse_agent_key(line, f"nodes/{node.name}.yaml")
+            except ValueError:
+                self._keys[line] = None  # validation reports the file; no key believes nothing
+        return self._keys[line]
+
+    def job(self, node: Node | None, seen: JobObservation) -> tuple[JobObservation, str]:
+        """The observation to use, and why the answer was not believed ("" if it was)."""
+        if node is None or node.agent_key is None:
+            return (replace(seen, signed=None) if seen.signed is not None else seen), ""
+        if seen.state not in CHECKED_STATES:
+            return seen, ""
+        problem = self._problem(node, seen.signed)
+        if not problem:
+            return seen, ""
+        return (
+            JobObservation(seen.job_id, "unreachable", error=f"{NO_EVIDENCE} {problem}"),
+            problem,
+        )
+
+    def heartbeat(self, node: Node | None, beat: Heartbeat) -> tuple[Heartbeat | None, str]:
+        """The heartbeat to use (None: not believed), and why not."""
+        if node is None or node.agent_key is None:
+            return (replace(beat, signed=None) if beat.signed is not None else beat), ""
+        problem = self._problem(node, beat.signed)
+        return (None, problem) if problem else (beat, "")
+
+    def _problem(self, node: Node, signed: SignedAnswer | None) -> str:
+        key = self.key(node)
+        if key is None:
+            return "its agentKey is not a valid Ed25519 public key"
+        return evidence_problem(signed, key)

@@ -1,0 +1,182 @@
+"""Signed answers end to end (DESIGN.md section 12): real ``reconciler
+agent`` processes started with ``--key``, node files carrying
+``spec.agentKey``, the in-process daemon with the real agent client, and
+``reconciler verify --evidence`` reading the committed status.
+
+The chain checked here: the daemon believes a node's answers only when its
+own key signed them; the verdict keeps those answers in status; anyone can
+check them offline against the node file at the rollout's specCommit."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from reconciler.cli.main import main as cli
+from tests.agentkit import AgentFleet, node_map
+from tests.fleetkit import rollout_yaml
+from tests.gitutil import git
+
+OLD = b"provider: ollama\nmodel: llama3-8b\nprofile: default\n"
+FAST_OFFLINE = "apiVersion: reconciler/v1\nkind: Settings\nspec: {offlineAfter: 5s}\n"
+
+
+@pytest.fixture
+def fleet(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[AgentFleet]:
+    modes: dict[str, str] = request.param
+    made = AgentFleet.create(
+        tmp_path,
+        {name: {"config": OLD, "agent_key": mode} for name, mode in modes.items()},
+        files={"reconciler.yaml": FAST_OFFLINE},
+    )
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+def verify_evidence(fleet: AgentFleet, name: str, capsys: pytest.CaptureFixture[str]) -> Any:
+    capsys.readouterr()
+    code = cli(["verify", "--evidence", name, "--repo", str(fleet.bare)])
+    return code, capsys.readouterr().out
+
+
+@pytest.mark.parametrize("fleet", [{"gpu-a1": "own", "gpu-a2": "own"}], indirect=True)
+def test_a_rollout_on_signed_evidence_completes_and_verifies_until_a_byte_changes(
+    fleet: AgentFleet, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fleet.push({"rollouts/r.yaml": rollout_yaml("r", nodeIds=["gpu-a1", "gpu-a2"], live=True)})
+    daemon = fleet.daemon()
+    statuses = fleet.run_until(daemon, lambda s: s.get("r", {}).get("phase") == "completed")
+
+    nodes = node_map(statuses["r"])
+    for name in ("gpu-a1", "gpu-a2"):
+        evidence = nodes[name]["evidence"]
+        assert evidence["jobRecord"]["jobId"] == nodes[name]["jobId"]
+        assert evidence["jobRecord"]["state"] == "succeeded"
+        assert evidence["heartbeat"]["node"] == name  # live: the heartbeat the verdict used
+        assert evidence["keyId"].startswith("SHA256:")
+    code, out = verify_evidence(fleet, "r", capsys)
+    assert code == 0, out
+    assert "gpu-a1  ok: job record and heartbeat signed by SHA256:" in out
+    assert "gpu-a2  ok:" in out
+
+    # Someone edits the recorded evidence of gpu-a2 in a commit: one byte.
+    fleet.pull()
+    path = fleet.work / "status" / "r.yaml"
+    text = path.read_text()
+    signature = nodes["gpu-a2"]["evidence"]["signatures"]["jobRecord"]
+    at = text.index(signature, text.index("name: gpu-a2")) + 5
+    changed = text[:at] + ("B" if text[at] != "B" else "C") + text[at + 1 :]
+    assert changed != text and len(changed) == len(text)
+    path.write_text(changed)
+    git("commit", "-qam", "Touch up the status", cwd=fleet.work)
+    fleet.git_push()
+
+    code, out = verify_evidence(fleet, "r", capsys)
+    assert code == 1
+    assert "gpu-a2  FAILED: job record: bad signature" in out
+    assert "gpu-a1  ok:" in out
+    assert "evidence does not verify for: gpu-a2" in out
+
+
+@pytest.mark.parametrize(
+    "fleet",
+    [{"gpu-a1": "other"}, {"gpu-a1": "unsigned"}],
+    indirect=True,
+    ids=["another-key", "no-key"],
+)
+def test_an_agent_without_the_nodes_key_never_gets_its_node_passed(fleet: AgentFleet) -> None:
+    fleet.push({"rollouts/r.yaml": rollout_yaml("r", nodeIds=["gpu-a1"], live=True)})
+    daemon = fleet.daemon()
+
+    def held(statuses: dict[str, Any]) -> bool:
+        fleet.clock.advance(2)  # offlineAfter is 5s of the daemon's clock
+        return (statuses.get("r", {}).get("hold") or {}).get("reason") == "health_unknown"
+
+    statuses = fleet.run_until(daemon, held)
+
+    status = statuses["r"]
+    node = node_map(status)["gpu-a1"]
+    assert node["state"] == "unknown" and node["verdict"] == "unknown"
+    assert "evidence" not in node
+    assert node["error"].startswith("no evidence: "), node["error"]
+    assert status["phase"] == "paused"
+    conditions = {c["type"]: c["message"] for c in status["conditions"]}
+    assert "gpu-a1" in conditions["unverified_evidence"]
+    # The job itself went out (the daemon signs what it sends) and the agent ran it:
+    # what was missing is only its believable word.
+    assert [r["state"] for r in fleet.agents["gpu-a1"].journal()] == ["succeeded"]
+
+
+def test_tls_with_the_pinned_certificate_completes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    made = AgentFleet.create(
+        tmp_path / "tls",
+        {"gpu-a1": {"config": OLD, "agent_key": "own", "tls": "pinned"}},
+    )
+    try:
+        assert made.agents["gpu-a1"].url.startswith("https://")
+        made.push({"rollouts/r.yaml": rollout_yaml("r", nodeIds=["gpu-a1"], live=True)})
+        daemon = made.daemon()
+        statuses = made.run_until(daemon, lambda s: s.get("r", {}).get("phase") == "completed")
+        assert node_map(statuses["r"])["gpu-a1"]["evidence"]["jobRecord"]["state"] == "succeeded"
+        # The CLI verbs that talk to agents accept the pinned certificate too.
+        capsys.readouterr()
+        assert cli(["backups", "gpu-a1", "--repo", str(made.bare)]) == 0
+        assert "gpu-a1 (https://127.0.0.1:" in capsys.readouterr().out
+    finally:
+        made.close()
+
+
+@pytest.mark.parametrize(
+    "mode", ["other", "downgrade"], ids=["another-certificate", "http-downgrade"]
+)
+def test_no_job_reaches_an_agent_that_is_not_the_pinned_one(
+    tmp_path: Path, mode: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    made = AgentFleet.create(
+        tmp_path, {"gpu-a1": {"config": OLD, "tls": mode}}, files={"reconciler.yaml": FAST_OFFLINE}
+    )
+    try:
+        made.push({"rollouts/r.yaml": rollout_yaml("r", nodeIds=["gpu-a1"], live=True)})
+        daemon = made.daemon()
+
+        def held(statuses: dict[str, Any]) -> bool:
+            made.clock.advance(2)
+            return (statuses.get("r", {}).get("hold") or {}).get("reason") == "health_unknown"
+
+        made.run_until(daemon, held)
+        assert made.agents["gpu-a1"].journal() == []  # nothing was delivered, ever
+        assert made.agents["gpu-a1"].config_bytes() == OLD
+        capsys.readouterr()
+        assert cli(["backups", "gpu-a1", "--repo", str(made.bare)]) == 1
+        err = capsys.readouterr().err
+        assert "gpu-a1" in err
+    finally:
+        made.close()
+
+
+def test_the_fleet_watch_checks_heartbeats_against_the_agent_key(tmp_path: Path) -> None:
+    made = AgentFleet.create(
+        tmp_path,
+        {
+            "gpu-a1": {"config": OLD, "agent_key": "own"},
+            "gpu-a2": {"config": OLD, "agent_key": "other"},
+            "gpu-a3": {"config": OLD},
+        },
+    )
+    try:
+        daemon = made.daemon()
+        daemon.run_pass()  # reads the fleet, as every pass does before a sweep
+        sweep = daemon.fleet_watch.sweep(
+            [(agent.url, name) for name, agent in sorted(made.agents.items())]
+        )
+        verified = {s.name: s.verified for s in sweep.sightings}
+        assert verified == {"gpu-a1": True, "gpu-a2": False, "gpu-a3": None}
+    finally:
+        made.close()
