@@ -41,17 +41,39 @@ def _seconds(text: str) -> float:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--repo", required=True, help="bare repository path, or a remote URL")
-    parser.add_argument("--branch", default="main", help="the branch to act on (default main)")
-    parser.add_argument("--key", required=True, type=Path, help="the daemon's OpenSSH Ed25519 key")
+    parser.add_argument(
+        "--repo",
+        required=True,
+        metavar="PATH_OR_URL",
+        help="a bare repository's path, or a remote URL (file://, ssh://, https://)",
+    )
+    parser.add_argument("--branch", default="main", help="the branch to act on (default: main)")
+    parser.add_argument(
+        "--key",
+        required=True,
+        type=Path,
+        metavar="FILE",
+        help="the daemon's OpenSSH Ed25519 private key (reconciler keys generate)",
+    )
     parser.add_argument("--once", action="store_true", help="run one pass and exit")
     parser.add_argument(
-        "--interval", type=_seconds, default=5.0, help="pass interval while a rollout is active"
+        "--interval",
+        type=_seconds,
+        default=5.0,
+        metavar="DURATION",
+        help="time between passes while a rollout is active (default: 5s)",
     )
-    parser.add_argument("--poll", type=_seconds, default=15.0, help="fetch interval for a remote")
+    parser.add_argument(
+        "--poll",
+        type=_seconds,
+        default=15.0,
+        metavar="DURATION",
+        help="how often a remote is fetched when nothing is active (default: 15s)",
+    )
     parser.add_argument(
         "--allowed-signers",
         type=Path,
+        metavar="FILE",
         help="act only on spec commits signed by these keys (git's allowed-signers format)",
     )
     parser.add_argument(
@@ -72,19 +94,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--sign-commits", action="store_true", help="sign status commits with the daemon's key"
     )
     parser.add_argument("--metrics", metavar="HOST:PORT", help="serve Prometheus metrics here")
-    parser.add_argument("--log-format", choices=("text", "json"), default="text")
     parser.add_argument(
-        "--cache-dir", type=Path, help="where a remote's mirror is kept (default ~/.cache)"
+        "--log-format",
+        choices=("text", "json"),
+        default="text",
+        help="text: one line per event for people (default); json: one object per line",
+    )
+    parser.add_argument(
+        "--cache-dir",
+        type=Path,
+        metavar="DIR",
+        help="where a remote's mirror is kept (default: ~/.cache)",
     )
     add_remote_arguments(parser)
     parser.add_argument(
-        "--concurrency", type=int, default=64, help="agent requests in flight at once"
+        "--concurrency",
+        type=int,
+        default=64,
+        metavar="N",
+        help="agent requests in flight at once (default: 64)",
     )
     parser.add_argument(
         "--agent-timeout",
         type=_seconds,
         default=5.0,
-        help="how long one agent request may take before the agent counts as unreachable",
+        metavar="DURATION",
+        help="how long one agent request may take before the agent counts as unreachable "
+        "(default: 5s)",
     )
 
 
