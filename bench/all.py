@@ -31,7 +31,8 @@ from pathlib import Path
 from _common import Row, fmt, machine, parse_rows
 
 HERE = Path(__file__).resolve().parent
-NOT_BENCHMARKS = {"all", "_common", "reliability"}  # reliability: chaos scenarios, not speed
+# reliability, model_check: chaos scenarios and the engine's exhaustive check, not speed
+NOT_BENCHMARKS = {"all", "_common", "reliability", "model_check"}
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,7 @@ SCRIPTS = (
     Script("yaml_nesting", (), ("--runs", "1")),
     Script("health", (), ("--quick",)),
     Script("shapes", (), ("--nodes", "1000", "--calls", "2000")),
+    Script("agent_soak", (), ("--quick",), timeout=1200.0),
     Script("notify", (), ("--quick",)),
 )
 
