@@ -326,6 +326,20 @@ def spread(values: list[float]) -> str:
     return f"median {median(values):.2f} s, min {min(values):.2f}, max {max(values):.2f}"
 
 
+def measure_ours(nodes: int, runs: int) -> None:
+    """Our side alone, for profiling: no ratio, no rows."""
+    names = [f"node-{k:03d}" for k in range(1, nodes + 1)]
+    with tempfile.TemporaryDirectory(prefix="bench-ansible-") as tmp:
+        ours = OurSide(Path(tmp), names)
+        try:
+            for run in range(1, runs + 1):
+                for what, fault in (("rollout", False), ("fault", True)):
+                    wall, cpu, phase = ours.rollout(f"r{run}-{what}", f"m-{run}-{what}", fault)
+                    print(f"run {run} {what}: ours {wall:.3f} s (CPU {cpu:.2f} s, {phase})")
+        finally:
+            ours.close()
+
+
 def measure(nodes: int, runs: int) -> list[Row]:
     names = [f"node-{k:03d}" for k in range(1, nodes + 1)]
     with tempfile.TemporaryDirectory(prefix="bench-ansible-") as tmp:
@@ -377,9 +391,14 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=100)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="20 nodes, 1 run")
+    parser.add_argument("--ours-only", action="store_true", help="our side alone (profiling)")
     args = parser.parse_args()
     if args.quick:
         args.nodes, args.runs = 20, 1
+    if args.ours_only:
+        announce(f"ours alone: {args.nodes} nodes, batches of {BATCH}, {args.runs} runs")
+        measure_ours(args.nodes, args.runs)
+        return
     announce(f"ansible: {args.nodes} nodes, batches of {BATCH}, {args.runs} runs alternating")
     emit(measure(args.nodes, args.runs))
 
