@@ -334,8 +334,13 @@ def measure_ours(nodes: int, runs: int) -> None:
         try:
             for run in range(1, runs + 1):
                 for what, fault in (("rollout", False), ("fault", True)):
+                    before = int(git("rev-list", "--count", "main", cwd=ours.bare))
                     wall, cpu, phase = ours.rollout(f"r{run}-{what}", f"m-{run}-{what}", fault)
-                    print(f"run {run} {what}: ours {wall:.3f} s (CPU {cpu:.2f} s, {phase})")
+                    commits = int(git("rev-list", "--count", "main", cwd=ours.bare)) - before
+                    print(
+                        f"run {run} {what}: ours {wall:.3f} s (CPU {cpu:.2f} s, {phase}; "
+                        f"{commits} commits with the push and the abort)"
+                    )
         finally:
             ours.close()
 
