@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# Events per sequence in the engine's exhaustive check (bench/model_check.py).
+MODEL_CHECK_DEPTH ?= 5
 
 .PHONY: test lint typecheck pytest demo bench reliability clean
 
@@ -32,6 +34,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/all.py
 
 reliability: $(STAMP)
+	$(BIN)/python bench/model_check.py --depth $(MODEL_CHECK_DEPTH)
 	$(BIN)/python bench/reliability.py
 
 clean:

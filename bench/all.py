@@ -31,7 +31,8 @@ from pathlib import Path
 from _common import Row, fmt, machine, parse_rows
 
 HERE = Path(__file__).resolve().parent
-NOT_BENCHMARKS = {"all", "_common", "reliability"}  # reliability: chaos scenarios, not speed
+# reliability, model_check: chaos scenarios and the engine's exhaustive check, not speed
+NOT_BENCHMARKS = {"all", "_common", "reliability", "model_check"}
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,7 @@ SCRIPTS = (
     Script("shapes", (), ("--nodes", "1000", "--calls", "2000")),
     # Ansible side by side (installs ansible-core into a temporary venv when missing).
     Script("peers/ansible", (), ("--quick",), timeout=1800.0),
+    Script("agent_soak", (), ("--quick",), timeout=1200.0),
 )
 
 

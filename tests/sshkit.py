@@ -163,3 +163,35 @@ class SshServer:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(5)
+
+
+GITOLITE = Path("/usr/bin/gitolite")
+GITOLITE_SHELL = Path("/usr/share/gitolite3/gitolite-shell")
+
+
+def require_gitolite() -> None:
+    """As ``require_sshd``, for Debian's gitolite3."""
+    if not (GITOLITE.exists() and GITOLITE_SHELL.exists()):
+        reason = "gitolite3 is not installed (apt-get install gitolite3; .ci/run does)"
+        if os.environ.get("RECONCILER_REQUIRE_SSHD"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+
+
+def gitolite_setup(home: Path, admin_pub: Path, conf: str) -> None:
+    """A gitolite install in ``home`` (its own HOME), ``conf`` as its rules."""
+    home.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "HOME": str(home)}
+    subprocess.run(
+        ["gitolite", "setup", "-pk", str(admin_pub)], env=env, check=True, capture_output=True
+    )
+    (home / ".gitolite" / "conf" / "gitolite.conf").write_text(conf)
+    subprocess.run(["gitolite", "setup"], env=env, check=True, capture_output=True)
+
+
+def gitolite_login(home: Path, user: str, pub: str) -> str:
+    """An ``authorized_keys`` line that runs gitolite as ``user`` for ``pub``."""
+    return (
+        f'command="HOME={home} {GITOLITE_SHELL} {user}",no-port-forwarding,'
+        f"no-X11-forwarding,no-agent-forwarding,no-pty {pub}\n"
+    )

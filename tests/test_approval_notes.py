@@ -17,6 +17,7 @@ import pygit2
 import pytest
 
 from reconciler.cli.main import main
+from reconciler.git import approval_notes
 from reconciler.git.approval import Approver, load_allowed_signers
 from reconciler.git.approval_notes import (
     NOTES_REF,
@@ -425,3 +426,19 @@ def test_require_approvals_without_allowed_signers_is_a_usage_error(
     )
     assert code == 2
     assert "--require-approvals needs --allowed-signers" in capsys.readouterr().err
+
+
+def test_a_push_that_met_another_push_holding_the_notes_lock_is_tried_again() -> None:
+    # What git prints when two first approvals create the notes ref at once
+    # (seen with two `git push` into one bare repository): a race, not a
+    # refusal; a hook's refusal stays final.
+    lock_race = (
+        " ! [remote rejected] refs/notes/reconciler-approvals -> "
+        "refs/notes/reconciler-approvals (failed to update ref)"
+    )
+    hook = (
+        " ! [remote rejected] refs/notes/reconciler-approvals -> "
+        "refs/notes/reconciler-approvals (pre-receive hook declined)"
+    )
+    assert approval_notes._looks_rejected(lock_race)
+    assert not approval_notes._looks_rejected(hook)

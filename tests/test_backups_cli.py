@@ -4,13 +4,15 @@ found through the node file on the branch."""
 from __future__ import annotations
 
 import json
+import re
 import socket
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from agent_helpers import AgentThread, envelope, job, new_key
-from fleet_helpers import identity, make_fleet, node_doc
+from fleet_helpers import identity, make_fleet, make_status, node_doc, status_text
 
 from reconciler.cli import main as cli
 from reconciler.spec.model import Target
@@ -89,3 +91,32 @@ def test_an_unreachable_agent_is_a_clear_failure(
     assert cli.main(["backups", "node-a", "--repo", str(fleet)]) == 1
 
     assert f"cannot reach the agent of node-a at http://127.0.0.1:{port}" in capsys.readouterr().err
+
+
+def test_from_a_laptop_that_cannot_reach_the_agent_the_recorded_backups_are_shown(
+    tmp_path: Path, identity: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with socket.socket() as probe:  # a port nothing listens on: the agent's network is elsewhere
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    status = make_status("llama-canary", "completed", [("node-a", 1, "succeeded")])
+    status = replace(
+        status,
+        nodes=(replace(status.nodes[0], first_backup_id="bk-first", backup_id="bk-later"),),
+    )
+    fleet = make_fleet(
+        tmp_path / "fleet",
+        {
+            "nodes/node-a.yaml": node_doc("node-a", agent=f"http://127.0.0.1:{port}"),
+            **status_text(status),
+        },
+    )
+
+    assert cli.main(["backups", "node-a", "--repo", str(fleet)]) == 1
+
+    out, err = capsys.readouterr()
+    assert "node-a: backups recorded in the status files" in out
+    assert re.search(r"^llama-canary\s+bk-first\s+bk-later\s+succeeded$", out, re.M)
+    assert f"cannot reach the agent of node-a at http://127.0.0.1:{port}" in err
+    assert "(from this machine)" in err
+    assert "run reconciler backups node-a there (for example over ssh)" in " ".join(err.split())

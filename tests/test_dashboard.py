@@ -7,7 +7,9 @@ import re
 from dataclasses import replace
 
 from fleet_helpers import make_status
+from markdown_render import plain_text
 
+from reconciler.engine.holds import hold_message
 from reconciler.spec.rollout_status import Condition
 from reconciler.views.dashboard import render_dashboard
 
@@ -74,13 +76,13 @@ def test_one_row_per_rollout_with_phase_progress_batch_and_hold() -> None:
     assert list(table) == ["llama-canary", "qwen-wide", "phi-next", "mistral-old"]
     phase, progress, batch, why, since = table["llama-canary"]
     assert "paused" in phase and "live" in phase
-    assert progress == "`███░░░░░░░ 3/8 ✗1`"
+    assert progress == "`███░░░░░░░\u00a03/8\u00a0✗1`"  # never wraps apart
     assert batch == "4/8"
     assert why == "`health_failed`"
-    assert since == "2026-12-01 09:00Z"
-    assert table["qwen-wide"][1] == "`█░░░░░░░░░ 30/200`"
+    assert since == "2026-12-01\u00a009:00Z"
+    assert table["qwen-wide"][1] == "`█░░░░░░░░░\u00a030/200`"
     assert table["phi-next"][3] == "`overlap`"
-    assert table["mistral-old"][1] == "`██████████ 1/1`"
+    assert table["mistral-old"][1] == "`██████████\u00a01/1`"
     assert "[llama-canary](llama-canary.yaml)" in text  # links to the status file
 
 
@@ -88,7 +90,8 @@ def test_holds_and_conditions_are_listed_for_a_person() -> None:
     text = render_dashboard(ALL)
 
     attention = text.split("## Needs attention")[1].split("##")[0]
-    assert "**llama-canary** `health_failed`: gpu-a4: health_failed. Nodes: gpu-a4." in attention
+    # The message names the nodes once; no "Nodes:" list repeats them.
+    assert "- 🛑 **llama-canary** `health_failed`: gpu-a4\\: health\\_failed." in attention
     assert "**phi-next** condition `unverified`: commit 1234abc is not signed" in attention
 
 
@@ -96,12 +99,12 @@ def test_mermaid_diagram_of_active_rollouts_coloured_by_batch_state() -> None:
     text = render_dashboard(ALL)
 
     diagram = text.split("```mermaid\n")[1].split("```")[0]
-    assert diagram.startswith("flowchart LR")
+    assert diagram.startswith("flowchart TB")
     assert 'subgraph r1["llama-canary: paused (health_failed)"]' in diagram
     assert 'subgraph r2["qwen-wide: running"]' in diagram
     assert "mistral-old" not in diagram and "phi-next" not in diagram  # not active
     assert '["batches 1-3<br/>3/3 ok · done"]:::done' in diagram
-    assert '["batch 4<br/>0/1 ok · held"]:::held' in diagram
+    assert '["batch 4<br/>0/1 ok · ✗1 failed · failed"]:::failed' in diagram
     assert '["batches 5-8<br/>0/4 ok · pending"]:::pending' in diagram
     assert '["batch 4<br/>0/10 ok · running"]:::running' in diagram
     assert "r1b1 --> r1b4 --> r1b5" in diagram
@@ -133,5 +136,72 @@ def test_no_rollouts_and_hostile_text_render_safely() -> None:
     hold = replace(nasty.hold, message='boom | <script>"x"</script>\nsecond line')
     text = render_dashboard({"x": replace(nasty, hold=hold)})
     assert "<script>" not in text
-    assert "boom \\| &lt;script&gt;" in text
+    assert "boom \\| \\<script\\>" in text
     assert "second line" in text.split("## Needs attention")[1].splitlines()[2]
+
+
+# --- what a person must see first ------------------------------------------------
+
+
+def test_a_long_agent_error_is_clipped_and_the_instruction_kept() -> None:
+    held = make_status("x", "paused", [("gpu-a4", 1, "failed")], hold="health_failed")
+    assert held.hold is not None
+    message = hold_message("health_failed", nodes=["gpu-a4"], error="disk full " * 80)
+    page = render_dashboard({"x": replace(held, hold=replace(held.hold, message=message))})
+
+    [line] = [ln for ln in page.splitlines() if ln.startswith("- 🛑 **x**")]
+    assert plain_text(line).endswith(
+        "; set a new resumeRequest to try it again, list it in skipNodes to give up on it, "
+        "or abort."
+    )
+    assert plain_text(line).count("gpu-a4") == 1  # named once
+
+
+def test_pending_rollouts_a_person_must_unblock_are_explained() -> None:
+    no_nodes = make_status(
+        "empty", "pending", reason="no_nodes", message="the selection matches no node"
+    )
+    invalid = make_status("broken", "pending", reason="invalid", message="invalid rollout file")
+    page = render_dashboard({s.name: s for s in (no_nodes, invalid, WAITING)})
+
+    attention = plain_text(page.split("## Needs attention")[1])
+    assert "empty pending no_nodes: the selection matches no node." in attention
+    assert "broken pending invalid: invalid rollout file." in attention
+    # waiting for another rollout to end needs nobody
+    assert "phi-next pending" not in attention
+
+
+def test_the_hold_icon_tells_a_failure_from_a_planned_pause() -> None:
+    planned = make_status("planned", "paused", [("a", 1, "succeeded")], hold="pause_after_batch")
+    failing = make_status("failing", "paused", [("b", 1, "failed")], hold="health_failed")
+    unknown = make_status("silent", "paused", [("c", 1, "unknown")], hold="health_unknown")
+    table = rows(render_dashboard({s.name: s for s in (planned, failing, unknown)}))
+
+    assert table["planned"][0].startswith("⏸️ paused")
+    assert table["failing"][0].startswith("🛑 paused")
+    assert table["silent"][0].startswith("❓ paused")
+
+
+def test_a_long_name_keeps_its_link_target_and_cells_do_not_wrap() -> None:
+    name = "a" * 30 + "-" + "b" * 32  # 63 characters, the longest a name can be
+    page = render_dashboard({name: replace(DONE, name=name)})
+
+    [row] = [ln for ln in page.splitlines() if ln.startswith("| [")]
+    link_text = row[3 : row.index("]")]
+    assert len(link_text) <= 40 and link_text.endswith("…")
+    assert f"]({name}.yaml)" in row
+    cells = row.split("|")
+    assert " " not in cells[3].strip("` ")  # the bar and its count
+    assert " " not in cells[6].strip()  # the date
+
+
+def test_mermaid_keeps_the_table_order_neutral_boxes_and_marks_failures() -> None:
+    text = render_dashboard(ALL)
+    diagram = text.split("```mermaid\n")[1].split("```")[0]
+
+    # llama-canary comes first in the table and at the top of the diagram
+    assert diagram.index('subgraph r1["llama-canary') < diagram.index('subgraph r2["qwen-wide')
+    assert "  r1 ~~~ r2\n" in diagram
+    assert "  style r1 fill:#ffffff,stroke:#d0d7de,color:#24292f\n" in diagram
+    assert "  style r2 fill:#ffffff,stroke:#d0d7de,color:#24292f\n" in diagram
+    assert "✗1 failed" in diagram and ":::failed" in diagram

@@ -308,7 +308,7 @@ def test_a_resume_while_a_rollback_request_waits_is_refused_and_sends_nothing() 
     assert step.effects == ()
     assert w.node("a").attempt == 1 and w.state("b") == "pending"
     refusal = w.status().condition("resume_refused")
-    assert refusal is not None and "rollbackRequest 'r1' waits" in refusal.message
+    assert refusal is not None and 'rollbackRequest "r1" waits' in refusal.message
     assert w.status().last_handled_resume == "go-on"
     assert w.hold() == "health_unknown"
     (record,) = w.status().rollbacks
@@ -356,7 +356,7 @@ def test_a_waiting_rollback_request_replaced_by_a_new_id_ends_refused() -> None:
     assert step.effects == ()
     states = {r.id: r for r in w.status().rollbacks}
     assert states["r1"].state == "refused"
-    assert states["r1"].message.startswith("replaced by 'r2'")
+    assert states["r1"].message.startswith('replaced by "r2"')
     assert states["r2"].state == "waiting"
 
 

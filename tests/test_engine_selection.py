@@ -47,3 +47,57 @@ def specs(draw: st.DrawFn) -> RolloutSpec:
 @settings(max_examples=400, deadline=None)
 def test_the_indexed_selection_equals_the_plain_rules(fleet: Fleet, spec: RolloutSpec) -> None:
     assert resolve_nodes(spec, fleet) == selection.resolve_nodes(spec, fleet)
+
+
+def _start(spec: RolloutSpec, fleet: Fleet) -> str:
+    from datetime import UTC, datetime
+
+    from reconciler.engine.step import RolloutInput, step_fleet
+    from reconciler.protocol.observations import Observations
+    from reconciler.spec.model import Settings
+
+    inp = RolloutInput(
+        name="r",
+        spec=spec,
+        file_present=True,
+        problems=(),
+        status=None,
+        spec_commit="c" * 40,
+        first_seen_commit="c" * 40,
+        queue_key=0,
+    )
+    step = step_fleet([inp], fleet, Settings(), Observations(), datetime(2026, 12, 1, tzinfo=UTC))
+    return step.statuses["r"].message
+
+
+def test_a_node_id_in_maintenance_is_named_in_the_status() -> None:
+    fleet = Fleet(
+        (
+            Node(name="gpu-b1", agent="http://127.0.0.1:8710"),
+            Node(name="gpu-b5", agent="http://127.0.0.1:8710", maintenance=True),
+        )
+    )
+    spec = RolloutSpec(
+        name="r", target=Target("hermes", "ollama", "m"), node_ids=("gpu-b1", "gpu-b5")
+    )
+
+    assert _start(spec, fleet) == (
+        "1 node in 1 batch of 1, dry-run, onFailure pause; left out of nodeIds: gpu-b5 "
+        "(in maintenance; set includeMaintenance: true to include it)"
+    )
+    only = RolloutSpec(name="r", target=Target("hermes", "ollama", "m"), node_ids=("gpu-b5",))
+    assert _start(only, fleet).endswith(
+        "left out of nodeIds: gpu-b5 (in maintenance; set includeMaintenance: true to include it)"
+    )
+    assert (
+        selection.maintenance_node_ids(
+            RolloutSpec(
+                name="r",
+                target=Target("h", "p", "m"),
+                node_ids=("gpu-b5",),
+                include_maintenance=True,
+            ),
+            fleet,
+        )
+        == ()
+    )

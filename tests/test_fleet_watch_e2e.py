@@ -29,6 +29,7 @@ from tests.agent_helpers import wait_for
 from tests.agentkit import AgentFleet, free_port
 from tests.fleetkit import rollout_yaml
 from tests.gitutil import git
+from tests.markdown_render import plain_text
 
 pytestmark = pytest.mark.slow
 
@@ -145,7 +146,9 @@ def test_a_config_edited_by_hand_on_the_node_is_drift_within_two_sweeps(
     assert subject.strip() == "status: fleet: gpu-a1 drift"
     dashboard = git("show", "main:status/README.md", cwd=watched.fleet.bare)
     assert "3 nodes: 2 ok, 0 offline, 1 drift, 0 unverified" in dashboard
-    assert "hermes runs ollama/hand-edited/default, desired ollama/llama3.1-8b/default" in dashboard
+    assert "hermes runs ollama/hand-edited/default, desired ollama/llama3.1-8b/default" in (
+        plain_text(dashboard)  # as the forge shows it: what agents report is escaped
+    )
     assert "cannot be read" not in dashboard  # fleet.yaml is not taken for a rollout's status
 
     shown = watched.cli()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+from markdown_render import plain_text
 from test_engine_health_checks import HEALTH, HealthWorld, at
 
 from reconciler.protocol.observations import CheckReport
@@ -66,8 +67,10 @@ def test_status_detail_shows_the_checks_and_the_failing_ones() -> None:
 def test_the_dashboard_names_the_failing_checks_under_the_hold() -> None:
     world = failed_world()
     text = render_dashboard({"r": world.status()})
-    line = next(x for x in text.splitlines() if x.startswith("- **r** `health_failed`"))
-    assert "Failing checks: n1 ready (failed 3 times in a row: status 503 (expected 200))" in line
+    line = next(x for x in text.splitlines() if x.startswith("- 🛑 **r** `health_failed`"))
+    assert "Failing checks: n1 ready (failed 3 times in a row: status 503 (expected 200))" in (
+        plain_text(line)
+    )
 
 
 def test_plan_shows_the_checks_and_the_soak() -> None:

@@ -27,7 +27,9 @@ def test_the_wheel_carries_schemas_examples_and_the_console_script(tmp_path: Pat
         check=True,
         capture_output=True,
     )
-    (wheel,) = tmp_path.glob("reconciler-*.whl")
+    # The distribution is fleet-rollout-reconciler (`reconciler` on PyPI is
+    # someone else's); the import package and the command keep their name.
+    (wheel,) = tmp_path.glob("fleet_rollout_reconciler-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
 
     for schema in ("node", "rollout", "settings", "rollout-status", "job"):

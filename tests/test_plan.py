@@ -10,7 +10,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fleet_helpers import commit_files, git, identity, make_fleet, node_doc, status_text
+from fleet_helpers import (
+    commit_files,
+    git,
+    identity,
+    make_fleet,
+    make_status,
+    node_doc,
+    status_text,
+)
+from markdown_render import plain_text
 
 from reconciler.cli import main as cli
 from reconciler.engine.step import RolloutInput, step_fleet
@@ -202,6 +211,8 @@ def test_resume_answers_a_health_hold_and_dispatches_again(
     assert "gpu-a1: failed -> dispatched" in effects
     assert "phase paused -> running" in effects
     assert "1 job sent at merge" in effects
+    # the headline says that the resume changes live nodes again
+    assert intent["note"] == "sends 1 LIVE job again at merge"
 
 
 def test_skip_and_rollback_requests(fleet: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -304,10 +315,15 @@ def test_markdown_puts_the_risky_facts_first(
 
     assert code == 0
     assert out.startswith(plan.MARKER)
-    bullets = [line for line in out.splitlines() if line.startswith("- ")]
+    # as a forge shows them
+    bullets = [plain_text(line) for line in out.splitlines() if line.startswith("- ")]
     # live before dry-run, the overlap right after the rollout it concerns, then intents
-    assert "LIVE rollout wide: 5 node(s) in 5 batch(es)" in bullets[0]
-    assert "dry-run rollout all-gpus: 7 node(s)" in bullets[1]
+    # what changes (the model), how much, how much at first, where it stops
+    assert (
+        "LIVE rollout wide: ollama/llama3.1-8b to 5 node(s) in 5 batch(es) of 1, "
+        "first batch 1 node(s), 14% of the fleet, no pauseAfter" in bullets[0]
+    )
+    assert "dry-run rollout all-gpus: ollama/llama3.1-8b to 7 node(s)" in bullets[1]
     assert "overlap: all-gpus shares 2 node(s) with canary" in bullets[2]
     assert "overlap: all-gpus shares 5 node(s) with wide" in bullets[3]
     assert "pause canary: paused: false → true" in bullets[4]
@@ -336,3 +352,72 @@ def test_no_change_says_so(fleet: Path, capsys: pytest.CaptureFixture[str]) -> N
     code, out = run_plan(fleet, capsys, "markdown", "--base", "HEAD")
     assert code == 0
     assert "No rollout, node or settings changes." in out
+
+
+# --- the plan as a pull-request comment (pure: make_plan on two trees) ----------
+
+
+def _pure_plan(
+    base: dict[str, str], head: dict[str, str], statuses: dict[str, RolloutStatus] | None = None
+) -> plan.Plan:
+    return plan.make_plan(
+        plan.Tree("a" * 40, {p: t.encode() for p, t in base.items()}),
+        plan.Tree("b" * 40, {p: t.encode() for p, t in head.items()}),
+        statuses or {},
+        now=EARLIER,
+    )
+
+
+def test_the_headline_names_the_model_the_first_batch_share_and_pause_after() -> None:
+    wide = rollout("wide", "{role: wide}", extra="  pauseAfter: [1, 3]\n").replace(
+        "batchSize: 1", "batchSize: 2"
+    )
+    result = _pure_plan(NODES, {**NODES, "rollouts/wide.yaml": wide})
+
+    [line] = plan.headline(result)
+    assert line == (
+        "LIVE rollout wide: ollama/llama3.1-8b to 5 node(s) in 3 batch(es) of 2, "
+        "first batch 2 node(s), 29% of the fleet, pauseAfter [1, 3], onFailure pause; "
+        "starts at merge"
+    )
+    assert line in plain_text(plan.render_markdown(result))
+
+
+def test_a_rollout_matching_no_node_says_so() -> None:
+    none = rollout("none", "{role: nothing}")
+    page = plan.render_markdown(_pure_plan(NODES, {**NODES, "rollouts/none.yaml": none}))
+
+    assert "No node matches." in page
+    assert "| batch | nodes |" not in page
+    assert "none: ollama/llama3.1-8b to no node matches" in plain_text(page)
+
+
+def test_a_resume_on_a_completed_rollout_has_no_effect() -> None:
+    done = make_status("canary", "completed", [("gpu-a1", 1, "succeeded")])
+    resumed = CANARY + '  resumeRequest: "again"\n'
+    base = {**NODES, "rollouts/canary.yaml": CANARY}
+    result = _pure_plan(base, {**base, "rollouts/canary.yaml": resumed}, {"canary": done})
+
+    [intent] = result.intents
+    assert intent.effects == ("no effect: the rollout already completed",)
+    assert plan.headline(result) == [
+        'resume canary: resumeRequest: "again" (no effect: the rollout already completed)'
+    ]
+
+
+def test_nodes_in_maintenance_named_in_node_ids_are_listed_as_left_out() -> None:
+    nodes = {
+        **NODES,
+        "nodes/gpu-b5.yaml": node_doc("gpu-b5", "{role: wide}") + "  maintenance: true\n",
+    }
+    picked = rollout("picked", "null", extra="  nodeIds: [gpu-b1, gpu-b5]\n").replace(
+        "  selector: null\n", ""
+    )
+    result = _pure_plan(nodes, {**nodes, "rollouts/picked.yaml": picked})
+
+    assert result.added[0].left_out == ("gpu-b5",)
+    assert (
+        "left out of picked: gpu-b5 is in maintenance; set includeMaintenance: true to include it"
+        in plan.headline(result)
+    )
+    assert "left out: gpu-b5 is in maintenance" in plan.render_text(result)

@@ -293,7 +293,7 @@ def test_a_node_whose_apply_was_never_seen_is_found_in_the_agents_backup_list(
     rollback(fleet, "gone", "--all")
     statuses = fleet.run_until(daemon, lambda s: len(s["gone"]["rollbacks"]) == 2)
     first = record_of(statuses["gone"], "r1")
-    assert first["state"] == "refused" and "replaced by 'r2'" in first["message"]
+    assert first["state"] == "refused" and 'replaced by "r2"' in first["message"]
     assert record_of(statuses["gone"], "r2")["state"] == "waiting"
     # Someone else resumes meanwhile: refused, nothing is dispatched while it waits.
     resumed = run_cli(fleet, "resume", "gone", "--commit", who=BORIS)
@@ -301,7 +301,7 @@ def test_a_node_whose_apply_was_never_seen_is_found_in_the_agents_backup_list(
     fleet.git_push()
     statuses = fleet.run_until(daemon, lambda s: s["gone"]["lastHandledResume"] != "")
     (refusal,) = [c for c in statuses["gone"]["conditions"] if c["type"] == "resume_refused"]
-    assert "rollbackRequest 'r2' waits" in refusal["message"]
+    assert 'rollbackRequest "r2" waits' in refusal["message"]
     assert node_map(statuses["gone"])["gpu-f1"]["attempt"] == 1
     agent.restart()
 

@@ -161,3 +161,31 @@ def test_the_installed_command_runs_as_a_process(tmp_path: Path) -> None:
     assert (clean.returncode, clean.stdout) == (0, "")
     assert broken.returncode == 1
     assert broken.stdout.startswith("::error file=rollouts/llama.yaml,line=7,col=14,")
+
+
+def test_a_node_id_in_maintenance_is_a_warning_and_exits_0(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = broken_repo(tmp_path / "fleet")
+    (root / "rollouts" / "x.yml").unlink()
+    (root / "nodes" / "gpu-a5.yaml").write_text(
+        "apiVersion: reconciler/v1\nkind: Node\nmetadata: {name: gpu-a5}\n"
+        "spec:\n  agent: http://127.0.0.1:8710\n  maintenance: true\n"
+    )
+    llama = root / "rollouts" / "llama.yaml"
+    llama.write_text(
+        llama.read_text().replace("[gpu-a1]", "[gpu-a1, gpu-a5]").replace("0\n", "1\n")
+    )
+
+    assert cli.main(["validate", str(root)]) == 0
+    err = capsys.readouterr().err
+    assert (
+        f"{root}/rollouts/llama.yaml: spec.nodeIds: warning: gpu-a5 is in maintenance and is "
+        "left out; set includeMaintenance: true to include it, or take it out of maintenance"
+    ) in err
+    assert "ok: 2 nodes, 1 rollout" in err
+
+    assert cli.main(["validate", str(root), "--format", "github"]) == 0
+    assert capsys.readouterr().out.startswith(
+        f"::warning file={root}/rollouts/llama.yaml,title=spec.nodeIds::spec.nodeIds: warning: gpu-a5"
+    )

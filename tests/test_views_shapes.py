@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from engine_world import World
 from fleet_helpers import commit_files, git, make_fleet, node_doc
+from markdown_render import plain_text
 from test_plan import json_plan, run_plan
 
 from reconciler.spec.model import Settings, Window
@@ -81,7 +82,7 @@ def test_dashboard_and_status_show_batch_sizes_and_a_timed_pause() -> None:
     assert '["batch 1 · 1 node<br/>1/1 ok · done"]:::done' in dashboard
     assert '["batches 2-3 · sizes 3, 1<br/>0/4 ok · pending"]:::pending' in dashboard
     assert "pause_after_batch until 2026-12-01 09:03Z" in dashboard
-    assert "until 2026-12-01T09:03:05Z" in dashboard  # the hold's message
+    assert "until 2026-12-01T09:03:05Z" in plain_text(dashboard)  # the hold's message
 
     detail = render_detail(w.status(), w.now)
     assert "batches [1, 50%]: sizes 1, 3, 1" in detail

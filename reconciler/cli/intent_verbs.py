@@ -1,12 +1,14 @@
 """What the intent verbs (``pause``, ``resume``, ``abort``, ``rollback``)
-share: their common options, and writing, committing and reporting an edit."""
+share: their common options, and writing, committing, pushing and reporting
+an edit."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from reconciler.cli import intent_edits
+from reconciler.cli import intent_edits, intent_push
+from reconciler.cli.remote_options import add_remote_arguments
 
 
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
@@ -23,10 +25,37 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--commit", action="store_true", help="commit the edited file (git author: you)"
     )
+    parser.add_argument(
+        "--push",
+        action="store_true",
+        help="fetch first, commit and push to the branch this clone tracks; when the "
+        "daemon (or anyone) pushed in between, replay the commit on the new tip and push "
+        f"again, up to {intent_push.PUSH_TRIES} times. The edit touches only the rollout "
+        "file, which the daemon never writes, so the replay cannot conflict with it",
+    )
+    add_remote_arguments(parser)
 
 
-def finish(edit: intent_edits.Edit, message: str, commit: bool) -> int:
-    """Write the edit, commit it if asked, and tell the person what happens next."""
+def prepare(args: argparse.Namespace) -> tuple[Path, intent_push.Upstream | None]:
+    """The clone's root, brought up to date first with ``--push`` so the
+    edit is made against the newest status."""
+    root = intent_edits.find_root(args.repo)
+    if not args.push:
+        return root, None
+    up = intent_push.upstream(root, args.ssh_key, args.known_hosts)
+    intent_push.catch_up(root, up)
+    return root, up
+
+
+def finish(
+    edit: intent_edits.Edit,
+    message: str,
+    commit: bool,
+    up: intent_push.Upstream | None = None,
+) -> int:
+    """Write the edit, commit it (and push it, given ``up``) if asked, and
+    tell the person what happens next."""
+    commit = commit or up is not None
     for note in edit.notes:
         print(f"note: {note}")
     if not edit.changed:
@@ -39,6 +68,16 @@ def finish(edit: intent_edits.Edit, message: str, commit: bool) -> int:
         print(f"{edit.rollout.relpath}: {change}")
     if commit:
         commit_id = intent_edits.commit_edit(edit, message)
+        if up is not None:
+            tries = intent_push.push(edit.rollout.root, up, edit.rollout.relpath)
+            commit_id = intent_edits.run_git(edit.rollout.root, "rev-parse", "HEAD").strip()
+            again = f" (after {tries - 1} replay{'s' if tries != 2 else ''})" if tries > 1 else ""
+            print(
+                f"pushed {commit_id[:12]} to {up.remote}/{up.branch}{again}: "
+                f"{edit.verb} {edit.rollout.name}"
+            )
+            print("next: the daemon acts on it at its next pass")
+            return 0
         print(f"committed {commit_id[:12]}: {edit.verb} {edit.rollout.name}")
         print("next: push it (or open a pull request); the daemon acts on the merged branch")
     else:

@@ -157,7 +157,13 @@ class FleetWatch:
             if self._running:
                 return
             now = time.monotonic()
-            if self._started_at is not None and now - self._started_at < interval:
+            if self._started_at is None:
+                # The first sweep waits one interval, as ``seconds_until_due``
+                # says: a daemon whose first passes fail (a push the server
+                # refuses) must not be woken by a sweep out of its backoff.
+                self._started_at = now
+                return
+            if now - self._started_at < interval:
                 return
             self._started_at = now
             self._running = True

@@ -239,6 +239,9 @@ class Daemon:
         self.fleet_watch = FleetWatch(client, clock=clock, evidence=self._believed_heartbeat)
         self.fleet_watch.on_sweep = self._swept
         self.prometheus = prometheus or PrometheusClient()
+        # Set by ``stop``, never cleared: a signal that came before ``serve``
+        # began still ends it.
+        self._stopping = False
         self._wake: Callable[[], None] | None = None  # set while ``serve`` runs
         self._steps: tuple[Callable[[_Pass], PassOutcome | None], ...] = tuple(
             getattr(self, f"_{name}") for name in PASS_STEPS
@@ -1025,7 +1028,6 @@ class Daemon:
         the interval while a rollout is active; until ``stop``. Errors that
         a retry can fix are logged and retried with backoff."""
         self._watcher = watcher
-        self._stopping = False
         self._wake = watcher.wake  # a finished job's held read starts a pass
         self.fleet_watch.start(watcher.wake)
         backoff = 0.0

@@ -6,6 +6,7 @@ and a test keeps both lists the same."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 
@@ -39,7 +40,10 @@ RESUME_OF_HELD: Mapping[str, str] = {
     "restoring": LEAVE,
 }
 
-# Why a hold exists and what the operator can do, by reason.
+# Why a hold exists and what the operator can do, by reason. The words in
+# braces other than {nodes}, {detail}, {batch} and {next} agree with the
+# number of held nodes (``AGREEING``): "gpu-b4 failed and was restored from
+# its backup", "gpu-b4, gpu-b5 failed and were restored from their backups".
 HOLD_MESSAGES = {
     "operator_paused": "paused by the operator (spec.paused is true); set paused: false to carry on",
     "pause_after_batch": (
@@ -47,43 +51,59 @@ HOLD_MESSAGES = {
         "to start batch {next}, or abort"
     ),
     "health_failed": (
-        "health check failed on {nodes}{detail}; set a new resumeRequest to try them again, "
-        "list them in skipNodes to give up on them, or abort"
+        "health check failed on {nodes}{detail}; set a new resumeRequest to try {them} again, "
+        "list {them} in skipNodes to give up on {them}, or abort"
     ),
     "health_unknown": (
-        "no health evidence from {nodes}{detail}; check the agents, then set a new "
-        "resumeRequest to try again, list them in skipNodes, or abort"
+        "no health evidence from {nodes}{detail}; check {their} {agents}, then set a new "
+        "resumeRequest to try again, list {them} in skipNodes, or abort"
     ),
     "retry_exhausted": (
         "failed again after the automatic retry on {nodes}{detail}; set a new resumeRequest "
-        "to try once more, list them in skipNodes, or abort"
+        "to try once more, list {them} in skipNodes, or abort"
     ),
     "stopped": (
-        "stopped on failure, {nodes} left as they are{detail}; set a new resumeRequest "
-        "to skip them and carry on, or abort"
+        "stopped on failure, {nodes} left as {they} {are}{detail}; set a new resumeRequest "
+        "to skip {them} and carry on, or abort"
     ),
     "rollback_pending": (
-        "restoring {nodes} from their first backups after a failure{detail}; "
+        "restoring {nodes} from {their} first {backups} after a failure{detail}; "
         "wait for the restore, or abort"
     ),
     "rolled_back": (
-        "{nodes} failed and were restored from their backups{detail}; set a new "
-        "resumeRequest to skip them and carry on, or abort"
+        "{nodes} failed and {were} restored from {their} {backups}{detail}; set a new "
+        "resumeRequest to skip {them} and carry on, or abort"
     ),
     "rollback_failed": (
-        "restoring {nodes} failed{detail}; inspect them (reconciler backups NODE), then set "
-        "a new resumeRequest to skip them and carry on, or abort"
+        "restoring {nodes} failed{detail}; inspect {them} (reconciler backups NODE), then set "
+        "a new resumeRequest to skip {them} and carry on, or abort"
     ),
     "rollback_unavailable": (
-        "{nodes} failed and have no backup to restore{detail}; set a new resumeRequest "
-        "to try them again, list them in skipNodes, or abort"
+        "{nodes} failed and {have} no backup to restore{detail}; set a new resumeRequest "
+        "to try {them} again, list {them} in skipNodes, or abort"
     ),
     "dispatch_refused": (
-        "cannot send jobs to {nodes}{detail}; fix the node files (maintenance, agent "
-        "address), then set a new resumeRequest, list them in skipNodes, or abort"
+        "cannot send jobs to {nodes}{detail}; fix the node {files} (maintenance, agent "
+        "address), then set a new resumeRequest, list {them} in skipNodes, or abort"
     ),
 }
 
+# The words of HOLD_MESSAGES that agree with the number of nodes: (one, several).
+AGREEING: Mapping[str, tuple[str, str]] = {
+    "they": ("it", "they"),
+    "them": ("it", "them"),
+    "their": ("its", "their"),
+    "are": ("is", "are"),
+    "were": ("was", "were"),
+    "have": ("has", "have"),
+    "agents": ("agent", "agents"),
+    "backups": ("backup", "backups"),
+    "files": ("file", "files"),
+}
+
+# How much of the first held node's error a hold message quotes: the
+# instruction after it is never cut, the error is.
+DETAIL_LIMIT = 120
 
 # A pauseAfter entry with ``for`` (DESIGN.md section 15): the hold lifts itself.
 TIMED_PAUSE_MESSAGE = (
@@ -96,17 +116,26 @@ def hold_message(
     reason: str,
     *,
     nodes: Sequence[str] = (),
-    detail: str = "",
+    error: str = "",
     batch: int = 0,
     until: datetime | None = None,
 ) -> str:
     """The message of a hold for ``reason``: the held ``nodes`` (the first
-    few, and how many more), the first one's error as ``detail``, the
-    ``batch`` a pauseAfter holds after, and ``until`` when it lifts itself."""
+    few, and how many more), the first one's ``error`` (clipped to
+    ``DETAIL_LIMIT``), the ``batch`` a pauseAfter holds after, and ``until``
+    when it lifts itself."""
     if reason == "pause_after_batch" and until is not None:
         return TIMED_PAUSE_MESSAGE.format(batch=batch, next=batch + 1, until=format_time(until))
+    error = " ".join(error.split())
+    if len(error) > DETAIL_LIMIT:
+        error = error[: DETAIL_LIMIT - 1].rstrip() + "…"
+    words = {word: forms[0 if len(nodes) == 1 else 1] for word, forms in AGREEING.items()}
     return HOLD_MESSAGES[reason].format(
-        nodes=name_list(nodes), detail=detail, batch=batch, next=batch + 1
+        nodes=name_list(nodes),
+        detail=f" ({error})" if error else "",
+        batch=batch,
+        next=batch + 1,
+        **words,
     )
 
 
@@ -115,3 +144,9 @@ def name_list(names: Sequence[str]) -> str:
     shown = ", ".join(names[:HOLD_NODES_SHOWN])
     more = len(names) - HOLD_NODES_SHOWN
     return f"{shown} and {more} more" if more > 0 else shown
+
+
+def quoted(value: str) -> str:
+    """A token or id as messages quote it: JSON notation, which reads the
+    same in YAML (never Python's repr)."""
+    return json.dumps(value, ensure_ascii=False)

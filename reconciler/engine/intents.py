@@ -6,7 +6,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from reconciler.engine.holds import ASK_AGAIN, RESTORE_STATES, RESUME_OF_HELD, SKIP, name_list
+from reconciler.engine.holds import (
+    ASK_AGAIN,
+    RESTORE_STATES,
+    RESUME_OF_HELD,
+    SKIP,
+    name_list,
+    quoted,
+)
 from reconciler.engine.records import evolve
 from reconciler.engine.rollback import restore_waiting
 from reconciler.spec.model import RolloutSpec
@@ -48,14 +55,14 @@ def handle_resume(step: RolloutStep, spec: RolloutSpec) -> bool:
     if restoring:
         step.set_condition(
             "resume_refused",
-            f"resumeRequest {token!r} refused: a restore is in progress on "
+            f"resumeRequest {quoted(token)} refused: a restore is in progress on "
             f"{name_list(restoring)}; wait for it to finish, then resume again, or abort",
         )
         return True
     if asked:
         step.set_condition(
             "resume_refused",
-            f"resumeRequest {token!r} refused: rollbackRequest {asked[0]!r} waits for "
+            f"resumeRequest {quoted(token)} refused: rollbackRequest {quoted(asked[0])} waits for "
             "the agents' backup lists to send its restores; wait for it, then resume "
             "again, or abort",
         )
@@ -76,10 +83,10 @@ def handle_resume(step: RolloutStep, spec: RolloutSpec) -> bool:
                 why = "resume: removed or in maintenance" if gone else "resume"
                 step.set_node(i, evolve(node, state="skipped", held=None), why)
             elif action == ASK_AGAIN:
-                step.dispatch(i, f"resume {token!r}")
+                step.dispatch(i, f"resume {quoted(token)}")
         return True
     waiting = step.pause_after_waiting(spec)
     if waiting is not None:
-        step.dispatch_batch(waiting + 1, f"resume {token!r} after batch {waiting}")
+        step.dispatch_batch(waiting + 1, f"resume {quoted(token)} after batch {waiting}")
         return True
     return True  # recorded; nothing was held

@@ -9,7 +9,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from reconciler.engine.evidence import JOB_FAILED, JOB_REFUSED
-from reconciler.engine.holds import RESTORE_STATES, name_list
+from reconciler.engine.holds import RESTORE_STATES, name_list, quoted
 from reconciler.spec.rollout_status import NodeRecord, RollbackNode, RollbackRecord
 
 if TYPE_CHECKING:
@@ -31,7 +31,9 @@ def refuse_request(step: RolloutStep, message: str) -> None:
         message=message,
     )
     step.rollbacks = (*step.rollbacks, record)
-    step.set_condition("rollback_refused", f"rollbackRequest {request.id!r} refused: {message}")
+    step.set_condition(
+        "rollback_refused", f"rollbackRequest {quoted(request.id)} refused: {message}"
+    )
     step.spec_commit = step.inp.spec_commit
 
 
@@ -170,7 +172,7 @@ def start_restores(
         "rollback_refused",
         None
         if not refused
-        else f"rollbackRequest {request!r} refused for {name_list(refused)}: "
+        else f"rollbackRequest {quoted(request)} refused for {name_list(refused)}: "
         + "; ".join(f"{n.name}: {n.message}" for n in nodes if n.outcome == "refused")[:500],
     )
     state = "restoring" if any(n.outcome == "restoring" for n in nodes) else "done"
@@ -193,7 +195,7 @@ def withdraw_waiting(step: RolloutStep, current: str | None) -> None:
     so it stops holding back dispatches and resumes."""
     if not any(r.state == "waiting" and r.id != current for r in step.rollbacks):
         return
-    why = f"replaced by {current!r}" if current is not None else "removed from the file"
+    why = f"replaced by {quoted(current)}" if current is not None else "removed from the file"
     step.rollbacks = tuple(
         replace(r, state="refused", message=f"{why} before its restores were sent")
         if r.state == "waiting" and r.id != current

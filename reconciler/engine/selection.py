@@ -41,5 +41,18 @@ def unknown_node_ids(spec: RolloutSpec, fleet: Fleet) -> tuple[str, ...]:
     return tuple(dict.fromkeys(n for n in spec.node_ids if n not in names))
 
 
+def maintenance_node_ids(spec: RolloutSpec, fleet: Fleet) -> tuple[str, ...]:
+    """Names in ``nodeIds`` that ``resolve_nodes`` leaves out because the node
+    is in maintenance (and the rollout does not include maintenance nodes)."""
+    if spec.node_ids is None or spec.include_maintenance:
+        return ()
+    by_name = fleet.by_name()
+    return tuple(
+        dict.fromkeys(
+            n for n in spec.node_ids if (node := by_name.get(n)) is not None and node.maintenance
+        )
+    )
+
+
 def _eligible(spec: RolloutSpec, node: Node) -> bool:
     return spec.include_maintenance or not node.maintenance

@@ -45,8 +45,8 @@ from reconciler.engine.memo import StepMemo, fleet_index
 from reconciler.engine.policy import decide
 from reconciler.engine.records import evolve
 from reconciler.engine.rollback import restore_waiting
+from reconciler.engine.selection import maintenance_node_ids, unknown_node_ids
 from reconciler.engine.selection import resolve_nodes as _resolve
-from reconciler.engine.selection import unknown_node_ids
 from reconciler.engine.shapes import after_wait, timed_pause_until
 from reconciler.protocol.effects import SendJob
 from reconciler.protocol.job_ids import job_id
@@ -621,7 +621,7 @@ class RolloutStep:
             return self.wait(
                 "no_nodes",
                 "the selection matches no node (maintenance nodes are left out unless "
-                "includeMaintenance is true)",
+                "includeMaintenance is true)" + self.left_out_words(spec),
             )
         if spec.start_at is not None:
             try:
@@ -716,10 +716,23 @@ class RolloutStep:
         self.reason = ""
         shape = f"of {size}" if not spec.batches else f"of {describe_sizes(sizes)}"
         self.message = (
-            f"{len(nodes)} nodes in {count} batches {shape}, "
+            f"{len(nodes)} node{'s' if len(nodes) != 1 else ''} in {count} "
+            f"batch{'es' if count != 1 else ''} {shape}, "
             f"{'live' if spec.live else 'dry-run'}, onFailure {spec.on_failure}"
-        )
+        ) + self.left_out_words(spec)
         self.set_phase("running", "started")
+
+    def left_out_words(self, spec: RolloutSpec) -> str:
+        """``; left out: gpu-b5 (in maintenance)...``: nodeIds the selection
+        dropped, so nobody wonders where a named node went."""
+        left_out = maintenance_node_ids(spec, self.ctx.fleet)
+        if not left_out:
+            return ""
+        them = "it" if len(left_out) == 1 else "them"
+        return (
+            f"; left out of nodeIds: {name_list(left_out)} (in maintenance; set "
+            f"includeMaintenance: true to include {them})"
+        )
 
     # -- after start
 
@@ -1263,8 +1276,7 @@ class RolloutStep:
             assert reason is not None
             names = [n.name for _, n in held]
             first = next(n for _, n in held if n.held == reason)
-            detail = f" ({first.error})" if first.error else ""
-            message = hold_message(reason, nodes=names, detail=detail)
+            message = hold_message(reason, nodes=names, error=first.error)
             hold = self.make_hold(reason, message, tuple(names))
         elif spec is not None and (batch := self.pause_after_waiting(spec)) is not None:
             old = self.hold

@@ -264,9 +264,21 @@ def push_approvals(
 
 
 def _looks_rejected(text: str) -> bool:
-    """Refused because the remote's notes moved (not "[remote rejected]": a
-    hook or a permission, which another try cannot fix)."""
-    return any(w in text for w in ("[rejected]", "non-fast-forward", "fetch first", "stale info"))
+    """Refused because the remote's notes moved, or another push held their
+    lock at that moment (two first approvals creating the ref at once: "failed
+    to update ref", "cannot lock ref"); not other "[remote rejected]" causes,
+    a hook or a permission, which another try cannot fix."""
+    return any(
+        w in text
+        for w in (
+            "[rejected]",
+            "non-fast-forward",
+            "fetch first",
+            "stale info",
+            "(failed to update ref)",
+            "(cannot lock ref",
+        )
+    )
 
 
 def _notes_by_commit(repo: pygit2.Repository, notes_commit: str) -> dict[str, str]:

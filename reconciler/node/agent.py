@@ -29,15 +29,17 @@ import contextlib
 import hashlib
 import json
 import os
+import selectors
 import signal
 import ssl
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from reconciler import __version__
@@ -48,8 +50,10 @@ from reconciler.node.state_dir import (
     BackupInfo,
     JobRecord,
     StateDir,
+    UnsafePath,
     backups_to_prune,
     digest,
+    refuse_symlink,
 )
 from reconciler.protocol.admission import admit_job
 from reconciler.protocol.evidence import sign_answer
@@ -62,6 +66,14 @@ TARGET_FIELDS = ("provider", "model", "profile")
 OUTPUT_TAIL = 2000  # characters of after-apply output kept in a job's result
 DEFAULT_RETENTION = 20
 DEFAULT_AFTER_APPLY_TIMEOUT = 60.0
+DEFAULT_KEEP_FIRST_BACKUPS = 30 * 24 * 3600  # seconds
+# A finished job's record is kept this long after its payload expired. Until
+# expiresAt (issuedAt + 15 minutes) the record is what stops the job running
+# twice; after it, admission refuses the payload as `expired` anyway, and the
+# record only answers a daemon that still reads the job (one that was down, or
+# slow). A day covers a daemon restart or an outage of that length.
+JOURNAL_KEEP_AFTER_EXPIRY = timedelta(hours=24)
+COMPACT_EVERY = timedelta(minutes=1)  # agent clock; compaction is a scan of the journal
 
 
 @dataclass(frozen=True)
@@ -74,6 +86,7 @@ class AgentConfig:
     after_apply_timeout: float = DEFAULT_AFTER_APPLY_TIMEOUT
     backup_retention: int = DEFAULT_RETENTION
     key: SigningKey | None = None  # signs every answer (DESIGN.md 12); None: unsigned
+    keep_first_backups: int = DEFAULT_KEEP_FIRST_BACKUPS  # seconds
 
 
 class _JobFailed(Exception):
@@ -126,10 +139,12 @@ class Agent:
         self.jobs = state.load_jobs()
         # job id -> held ``?wait=`` answers, woken from the job's thread when it finishes
         self._waiters: dict[str, list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]]] = {}
+        self._compacted_at: datetime | None = None
         self._recover()
         self.prober = Prober(clock)
         self._newest_job: dict[str, str] = {}  # runtime -> the job accepted last
         self._resume_probes()
+        self.compact()
 
     # -- start-up ------------------------------------------------------------------
 
@@ -198,6 +213,49 @@ class Agent:
         self._worker.shutdown(wait=True)
         self.prober.close()
 
+    # -- bounded state ---------------------------------------------------------------
+
+    def compact(self) -> int:
+        """Drop finished records whose payload expired more than
+        ``JOURNAL_KEEP_AFTER_EXPIRY`` ago; how many were dropped. Runs at
+        most once per ``COMPACT_EVERY`` of the agent's clock."""
+        now = self.clock()
+        if self._compacted_at is not None and now - self._compacted_at < COMPACT_EVERY:
+            return 0
+        self._compacted_at = now
+        with self._lock:
+            probed = set(self._newest_job.values())  # its checks may still be probed
+            doomed = [
+                r.job_id
+                for r in self.jobs.values()
+                if r.state in ("succeeded", "failed")
+                and r.job_id not in probed
+                and _expired_before(r, now)
+            ]
+            for job_id in doomed:
+                self.state.delete_job(job_id)
+                del self.jobs[job_id]
+        return len(doomed)
+
+    def _finished_rollouts(self, backups: Sequence[BackupInfo]) -> set[str]:
+        """Rollouts with no job in flight here and nothing done here (no job
+        accepted, no backup taken) for ``keep_first_backups``: their first
+        backups are no longer kept beyond ``backup_retention``."""
+        horizon = self.clock() - timedelta(seconds=self.config.keep_first_backups)
+        newest: dict[str, datetime] = {}
+        busy: set[str] = set()
+        for backup in backups:
+            moment = parse_time(backup.created_at)
+            newest[backup.rollout] = max(moment, newest.get(backup.rollout, moment))
+        with self._lock:
+            for record in self.jobs.values():
+                rollout = str(record.payload.get("rollout", ""))
+                if record.state in ("accepted", "running"):
+                    busy.add(rollout)
+                moment = parse_time(record.accepted_at)
+                newest[rollout] = max(moment, newest.get(rollout, moment))
+        return {r for r, moment in newest.items() if moment < horizon and r not in busy}
+
     # -- the protocol ----------------------------------------------------------------
 
     def _json(self, status: int, answer: dict[str, Any]) -> Response:
@@ -255,7 +313,9 @@ class Agent:
                 held[:] = [w for w in held if w[1] is not woken]
                 if not held:
                     self._waiters.pop(job_id, None)
-                record = self.jobs[job_id]
+                record = self.jobs.get(job_id)  # expired records are compacted away
+        if record is None:
+            return self._error(404, "unknown_job", f"no job {job_id} on this node")
         return self._json(200, record.public())
 
     def post_job(self, body: bytes, path_node: str) -> Response:
@@ -376,11 +436,19 @@ class Agent:
                 error=f"agent error: {exc}",
                 finished_at=format_time(self.clock()),
             )
+        try:
+            self.compact()
+        except OSError as exc:  # the journal stays longer; the next job tries again
+            print(f"agent: journal compaction failed: {exc}", file=sys.stderr)
 
     def _execute(self, record: JobRecord) -> JobRecord:
         payload = record.payload
         target = payload["target"]
         runtime = target["runtime"]
+        try:
+            refuse_symlink(self.state.config_path(runtime))
+        except UnsafePath as exc:
+            raise _JobFailed(f"{exc.message}; nothing was changed: {exc.hint}") from None
         current = self.state.read_config(runtime)
         before_values = _parse_config(runtime, current[0]) if current is not None else None
 
@@ -486,9 +554,13 @@ class Agent:
                 for r in self.jobs.values()
                 if r.state in ("accepted", "running") and r.payload.get("backupId")
             }
-        backups = [b for b in self.state.list_backups() if b.runtime == runtime]
+        every = self.state.list_backups()
+        backups = [b for b in every if b.runtime == runtime]
         for backup_id in backups_to_prune(
-            backups, self.config.backup_retention, {b for b in busy if b}
+            backups,
+            self.config.backup_retention,
+            {b for b in busy if b},
+            self._finished_rollouts(every),
         ):
             self.state.delete_backup(backup_id)
 
@@ -527,12 +599,12 @@ class Agent:
             )
         except OSError as exc:
             return f"after-apply command could not start: {exc.strerror}", ""
-        try:
-            output, _ = process.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
+        assert process.stdout is not None
+        output, finished = _read_bounded(process, timeout)
+        if not finished:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
-            output, _ = process.communicate()
+            process.wait()
             tail = output.decode("utf-8", "replace")[-OUTPUT_TAIL:]
             return f"after-apply command timed out after {timeout:g}s", tail
         tail = output.decode("utf-8", "replace")[-OUTPUT_TAIL:]
@@ -549,6 +621,58 @@ class Agent:
 def _wake(woken: asyncio.Future[None]) -> None:
     if not woken.done():
         woken.set_result(None)
+
+
+def _expired_before(record: JobRecord, now: datetime) -> bool:
+    try:
+        expires = parse_time(str(record.payload["expiresAt"]))
+    except (KeyError, ValueError):
+        return False  # cannot tell: kept
+    return expires + JOURNAL_KEEP_AFTER_EXPIRY < now
+
+
+OUTPUT_GRACE = 1.0  # seconds to drain output after the command exited
+
+
+def _read_bounded(process: subprocess.Popen[bytes], timeout: float) -> tuple[bytes, bool]:
+    """The command's output, and whether it exited within ``timeout``.
+
+    Never waits past ``timeout`` (plus a short grace to drain the pipe once
+    the command exited): a background process the command started, even in
+    a session of its own, may keep the pipe open for as long as it lives, so
+    end of output is not awaited; the pipe is closed when we stop reading.
+    """
+    assert process.stdout is not None
+    fd = process.stdout.fileno()
+    os.set_blocking(fd, False)
+    kept = bytearray()
+    deadline = time.monotonic() + timeout
+    exited_at: float | None = None
+    with selectors.DefaultSelector() as selector:
+        selector.register(fd, selectors.EVENT_READ)
+        while True:
+            now = time.monotonic()
+            if exited_at is None and process.poll() is not None:
+                exited_at = now
+            limit = deadline if exited_at is None else min(deadline, exited_at + OUTPUT_GRACE)
+            if now >= limit:
+                break
+            if not selector.select(min(limit - now, 0.2)):
+                continue
+            try:
+                chunk = os.read(fd, 65536)
+            except BlockingIOError:
+                continue
+            if not chunk:  # end of output: only the exit status is left to wait for
+                selector.unregister(fd)
+                remaining = deadline - time.monotonic()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    process.wait(timeout=max(remaining, 0))
+                break
+            kept += chunk
+            del kept[: max(0, len(kept) - 4 * OUTPUT_TAIL)]  # memory stays bounded
+    process.stdout.close()
+    return bytes(kept), process.poll() is not None
 
 
 # -- running it ---------------------------------------------------------------------

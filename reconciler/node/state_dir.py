@@ -10,7 +10,11 @@ either as it was or as intended, never torn.
 
 Every write goes to a temporary file in the same directory, is fsynced,
 renamed over the target, and the directory is fsynced: rename is atomic, so
-readers see the old file or the new one. A backup's ``.json`` is written
+readers see the old file or the new one. The temporary file has a fresh
+random name and is created with ``O_EXCL|O_NOFOLLOW``, so a file or symlink
+planted under that name is never followed, truncated or chmodded; a target
+that is a symlink is refused (``UnsafePath``), since a rename would replace
+the link, not the file it points to. A backup's ``.json`` is written
 after its ``.data``, so a backup exists only once both are complete.
 
 Must not: speak HTTP, verify signatures, or decide which job runs (that is
@@ -24,6 +28,7 @@ import fcntl
 import hashlib
 import json
 import os
+import secrets
 import stat
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
@@ -48,10 +53,26 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+class UnsafePath(ReconcilerError):
+    """A state file the agent would write is a symbolic link."""
+
+
+def refuse_symlink(path: Path) -> None:
+    if path.is_symlink():
+        raise UnsafePath(
+            f"{path} is a symbolic link (to {os.readlink(path)}); the agent replaces "
+            "its files by rename and does not write through links",
+            f"make {path.name} a regular file (copy the linked file there), "
+            "or point --state-dir at the real directory",
+        )
+
+
 def write_atomic(path: Path, data: bytes, mode: int = CONFIG_MODE) -> None:
     """Replace ``path`` with ``data`` (and ``mode``) so a crash leaves the old or the new file."""
-    temp = path.with_name(f".{path.name}{_TEMP_MARK}{os.getpid()}")
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    refuse_symlink(path)
+    temp = path.with_name(f".{path.name}{_TEMP_MARK}{os.getpid()}-{secrets.token_hex(6)}")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(temp, flags, 0o600)
     try:
         view = memoryview(data)
         while view:
@@ -70,6 +91,7 @@ def write_atomic(path: Path, data: bytes, mode: int = CONFIG_MODE) -> None:
 
 
 def remove_durably(path: Path) -> None:
+    refuse_symlink(path)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
     _fsync_dir(path.parent)
@@ -217,6 +239,9 @@ class StateDir:
         data = json.dumps(asdict(record), ensure_ascii=False, indent=1).encode("utf-8")
         write_atomic(self._job_path(record.job_id), data, 0o600)
 
+    def delete_job(self, job_id: str) -> None:
+        remove_durably(self._job_path(job_id))
+
     def load_jobs(self) -> dict[str, JobRecord]:
         records: dict[str, JobRecord] = {}
         for path in sorted(self.jobs.glob("*.json")):
@@ -271,17 +296,22 @@ class StateDir:
 
 
 def backups_to_prune(
-    backups: Iterable[BackupInfo], retention: int, pinned: Iterable[str] = ()
+    backups: Iterable[BackupInfo],
+    retention: int,
+    pinned: Iterable[str] = (),
+    finished_rollouts: Iterable[str] = (),
 ) -> list[str]:
     """Backup ids to delete: per runtime, everything past the newest
     ``retention``, except pinned ones and the first backup each rollout took
-    on this node (the one the daemon restores: its ``firstBackupId``)."""
+    on this node (the one the daemon restores: its ``firstBackupId``) while
+    that rollout is not in ``finished_rollouts``."""
     ordered = sorted(backups, key=lambda b: b.seq)
     keep = set(pinned)
+    finished = set(finished_rollouts)
     first_of_rollout: dict[tuple[str, str], str] = {}
     for backup in ordered:
         first_of_rollout.setdefault((backup.runtime, backup.rollout), backup.backup_id)
-    keep.update(first_of_rollout.values())
+    keep.update(b for (_, rollout), b in first_of_rollout.items() if rollout not in finished)
     doomed: list[str] = []
     by_runtime: dict[str, list[BackupInfo]] = {}
     for backup in reversed(ordered):  # newest first

@@ -2,10 +2,14 @@
 files, so the forge's file view of ``status/`` shows the fleet at a glance.
 
 One table row per rollout (phase, progress bar, current batch, hold), a list
-of what needs a person (holds and conditions), and a Mermaid flowchart of the
-active rollouts' batches coloured by state. Consecutive batches in the same
-state are drawn as one box, so a rollout of 10,000 batches is still a
-handful of boxes.
+of what needs a person (holds, pending rollouts only a person can unblock,
+conditions), and a Mermaid flowchart of the active rollouts' batches
+coloured by state. Consecutive batches in the same state are drawn as one
+box, so a rollout of 10,000 batches is still a handful of boxes.
+
+Text that comes from agents and people (errors inside hold messages,
+condition messages) goes through ``markdown.text``: it renders as text,
+never as a link, emphasis, code or HTML.
 
 Deterministic: the text depends only on the statuses given (no clock, no
 environment, no dict order), so the daemon can compare bytes and write the
@@ -16,10 +20,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from urllib.parse import quote
 
 from reconciler.spec.batch_shapes import describe_sizes
 from reconciler.spec.paths import DASHBOARD_PATH
 from reconciler.spec.rollout_status import RolloutStatus
+from reconciler.views import markdown
 from reconciler.views.health_text import failing_summary
 from reconciler.views.status_text import (
     batch_groups,
@@ -41,6 +47,27 @@ _PHASE_ICONS = {
     "aborted": "⛔",
 }
 
+# A held rollout's icon says why it is held: a planned pause is not a failure.
+# Reasons not listed here show the phase's icon.
+_HOLD_ICONS = {
+    "operator_paused": "⏸️",
+    "pause_after_batch": "⏸️",
+    "health_failed": "🛑",
+    "retry_exhausted": "🛑",
+    "stopped": "🛑",
+    "rollback_failed": "🛑",
+    "rollback_unavailable": "🛑",
+    "dispatch_refused": "🛑",
+    "health_unknown": "❓",
+    "rollback_pending": "⏪",
+    "rolled_back": "⏪",
+}
+
+# Pending reasons that go away by themselves (another rollout ends, the
+# operator's own pause); every other pending reason (no nodes, invalid file,
+# unknown nodes, unverified, waiting for approval) needs a person.
+_PENDING_BY_ITSELF = frozenset({"overlap", "paused"})
+
 # Mermaid classes, one per batch state as drawn.
 _CLASSES = (
     ("done", "fill:#dafbe1,stroke:#1a7f37,color:#1a7f37"),
@@ -50,8 +77,12 @@ _CLASSES = (
     ("pending", "fill:#f6f8fa,stroke:#8c959f,color:#57606a"),
 )
 
-_MESSAGE_LIMIT = 160
-_NODES_LISTED = 10
+# Subgraphs (one per rollout) are neutral: only the batches carry state colours.
+_SUBGRAPH_STYLE = "fill:#ffffff,stroke:#d0d7de,color:#24292f"
+
+_NAME_SHOWN = 40  # link text of a rollout's row; the link target is the whole name
+_CONDITION_LIMIT = 300
+_NBSP = "\u00a0"  # keeps a bar with its count, and a date on one line
 # How a refusal for missing approvals reads (``git.approval_notes.Approvals.summary``).
 _APPROVAL_MISSING = re.compile(r"\bneeds \d+ approvals? (?:besides \S.*?'s)?; has \d+")
 
@@ -128,50 +159,63 @@ _rows: dict[int, tuple[RolloutStatus, str]] = {}
 
 def _row(status: RolloutStatus) -> str:
     s = summarize(status)
-    icon = _PHASE_ICONS.get(s.phase, "")
-    since = s.since.strftime("%Y-%m-%d %H:%MZ") if s.since else ""
-    why = f"`{s.why}`" if s.why else ""
+    since = s.since.strftime("%Y-%m-%d %H:%MZ").replace(" ", _NBSP) if s.since else ""
+    why = f"`{s.why}`" if s.why else ""  # a reason code or a date: ours
     if waits_for_approval(status):
         why = "⏳ waiting for approval"
     mode = ""
     if status.frozen is not None:
         mode = " · live" if status.frozen.live else " · dry-run"
+    name = markdown.text(markdown.clip(s.name, _NAME_SHOWN))
+    progress = progress_text(s).replace(" ", _NBSP)
     return (
-        f"| [{s.name}]({s.name}.yaml) | {icon} {s.phase}{mode} | `{progress_text(s)}` "
+        f"| [{name}]({quote(s.name)}.yaml) | {_icon(status)} {s.phase}{mode} | `{progress}` "
         f"| {batch_text(s)} | {why} | {since} |"
     )
+
+
+def _icon(status: RolloutStatus) -> str:
+    if status.hold is not None and status.hold.reason in _HOLD_ICONS:
+        return _HOLD_ICONS[status.hold.reason]
+    return _PHASE_ICONS.get(status.phase, "")
 
 
 def _attention(rollouts: list[RolloutStatus]) -> list[str]:
     lines: list[str] = []
     for status in rollouts:
+        name = markdown.text(status.name)
         if status.hold is not None:
+            # The message names the held nodes and ends with what to do; the
+            # engine has already clipped the agent's error inside it.
             hold = status.hold
-            nodes = ", ".join(hold.nodes[:_NODES_LISTED])
-            more = max(hold.node_count, len(hold.nodes)) - min(len(hold.nodes), _NODES_LISTED)
-            if more > 0:
-                nodes += f" and {more} more"
-            text = f"- **{status.name}** `{hold.reason}`: {_sentence(hold.message)}"
             failing = failing_summary(status)
             lines.append(
-                text
-                + (f" Nodes: {nodes}." if nodes else "")
+                f"- {_icon(status)} **{name}** `{hold.reason}`: {_sentence(hold.message)}"
                 + (f" {_sentence(failing[0].upper() + failing[1:])}" if failing else "")
             )
-        for condition in status.conditions:
-            if condition.type == "unverified" and waits_for_approval(status):
-                lines.append(
-                    f"- **{status.name}** waiting for approval: {_sentence(condition.message)}"
-                )
-                continue
+        elif (
+            status.phase == "pending"
+            and status.reason not in _PENDING_BY_ITSELF
+            and status.condition(status.reason) is None  # a condition below says it
+        ):
+            why = status.message or status.reason or "waiting"
             lines.append(
-                f"- **{status.name}** condition `{condition.type}`: {_sentence(condition.message)}"
+                f"- {_icon(status)} **{name}** pending `{status.reason}`: {_sentence(why)}"
             )
+        for condition in status.conditions:
+            message = markdown.clip(condition.message, _CONDITION_LIMIT)
+            if condition.type == "unverified" and waits_for_approval(status):
+                lines.append(f"- ⏳ **{name}** waiting for approval: {_sentence(message)}")
+                continue
+            lines.append(f"- **{name}** condition `{condition.type}`: {_sentence(message)}")
     return lines
 
 
 def _diagram(active: list[RolloutStatus]) -> list[str]:
-    lines = ["```mermaid", "flowchart LR"]
+    # Top to bottom in the table's order: an invisible link between
+    # consecutive rollouts fixes the order (side by side, separate
+    # subgraphs would be stacked in reverse); batches run left to right.
+    lines = ["```mermaid", "flowchart TB"]
     for i, status in enumerate(active, start=1):
         rid = f"r{i}"
         title = f"{status.name}: {status.phase}"
@@ -188,15 +232,21 @@ def _diagram(active: list[RolloutStatus]) -> list[str]:
                 if group.first == group.last
                 else f"batches {group.first}-{group.last}"
             )
-            label = f"{which}<br/>{group.ok}/{group.total} ok · {group.state}"
+            failed = f" · ✗{group.trouble} failed" if group.trouble else ""
+            label = f"{which}<br/>{group.ok}/{group.total} ok{failed} · {group.state}"
             if sizes:
                 label = f"{which} · {_group_sizes(sizes, group.first, group.last)}<br/>" + (
-                    f"{group.ok}/{group.total} ok · {group.state}"
+                    f"{group.ok}/{group.total} ok{failed} · {group.state}"
                 )
             lines.append(f'    {bid}["{label}"]:::{group.state}')
         if len(ids) > 1:
             lines.append("    " + " --> ".join(ids))
         lines.append("  end")
+    rids = [f"r{i}" for i in range(1, len(active) + 1)]
+    if len(rids) > 1:
+        lines.append("  " + " ~~~ ".join(rids))
+    for rid in rids:
+        lines.append(f"  style {rid} {_SUBGRAPH_STYLE}")
     for name, style in _CLASSES:
         lines.append(f"  classDef {name} {style}")
     lines.append("```")
@@ -225,15 +275,7 @@ def _label(text: str) -> str:
     return text.replace('"', "#quot;").replace("<", "&lt;").replace(">", "&gt;")
 
 
-def _cell(text: str) -> str:
-    """Text safe inside one Markdown table cell or list item: one line,
-    no pipes or HTML, bounded length."""
-    text = " ".join(text.split())
-    if len(text) > _MESSAGE_LIMIT:
-        text = text[: _MESSAGE_LIMIT - 1] + "…"
-    return text.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
-
-
 def _sentence(text: str) -> str:
-    text = _cell(text)
+    """Untrusted text as one Markdown sentence: escaped, one line, with a full stop."""
+    text = markdown.text(text)
     return text if not text or text[-1] in ".!?…" else text + "."

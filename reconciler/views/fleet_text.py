@@ -13,6 +13,7 @@ import json
 from reconciler.engine.fleet import drift_text
 from reconciler.spec.fleet_status import FleetNode, FleetStatus, fleet_to_record
 from reconciler.spec.times import format_time
+from reconciler.views import markdown
 
 _ICONS = {"ok": "✅", "offline": "🔌", "drift": "🔀", "unverified": "⚠️"}
 _TABLE_LIMIT = 200  # rows of the dashboard's table of nodes not ok
@@ -43,7 +44,7 @@ def fleet_dashboard_section(fleet: FleetStatus) -> str:
     if bad:
         out += ["| node | state | since | what |", "|---|---|---|---|"]
         for node in bad[:_TABLE_LIMIT]:
-            what = _detail(node).replace("|", "\\|")
+            what = markdown.text(_detail(node))  # quotes what the agent reports
             out.append(
                 f"| `{node.name}` | {_ICONS.get(node.state, '')} {node.state} "
                 f"| {format_time(node.since)} | {what} |"

@@ -20,9 +20,10 @@ import itertools
 import json
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 
+from reconciler.engine.selection import maintenance_node_ids
 from reconciler.engine.step import (
     FROZEN_FIELDS,
     FleetStep,
@@ -40,6 +41,7 @@ from reconciler.spec.model import Problem, RolloutSpec, Settings, Target, Window
 from reconciler.spec.paths import rollout_path
 from reconciler.spec.rollout_status import TERMINAL_PHASES, RolloutStatus
 from reconciler.spec.times import format_time
+from reconciler.views import markdown
 from reconciler.views.health_text import health_lines
 
 MARKER = "<!-- reconciler plan -->"
@@ -79,6 +81,8 @@ class AddedRollout:
     jobs_at_merge: int  # jobs sent as soon as the merge is seen
     overlaps: tuple[Overlap, ...] = ()
     reattached: bool = False  # the name of a finished rollout: it attaches to that status
+    fleet_size: int = 0  # nodes in the fleet after the merge
+    left_out: tuple[str, ...] = ()  # nodeIds in maintenance, left out
     health: tuple[str, ...] = ()  # soak and checks, one line each (section 11)
     # version 2, section 15
     batches_written: tuple[int | str, ...] = ()  # spec.batches as written; () for batchSize
@@ -91,11 +95,34 @@ class AddedRollout:
         return sum(len(b) for b in self.batches)
 
     @property
+    def model(self) -> str:
+        """``provider/model``: what the rollout puts on its nodes."""
+        return self.target.split(" ")[1] if " " in self.target else self.target
+
+    def first_batch_share(self) -> str:
+        """``2 node(s), 20% of the fleet``: how much the first batch risks."""
+        first = len(self.batches[0]) if self.batches else 0
+        if not self.fleet_size:
+            return f"{first} node(s)"
+        return f"{first} node(s), {round(100 * first / self.fleet_size)}% of the fleet"
+
+    @property
     def shape(self) -> str:
         """``of 2`` for batchSize, ``of 1, 3, 1`` for batches."""
         if not self.batches_written:
             return f"of {self.batch_size}"
         return "of " + describe_sizes([len(b) for b in self.batches])
+
+    def pause_after_words(self) -> str:
+        """``pauseAfter [1 for 1h, 3]``, or ``no pauseAfter``."""
+        if not self.pause_after:
+            return "no pauseAfter"
+        timed = dict(self.pause_for)
+        entries = [
+            f"{b} for {format_duration(timed[b])}" if b in timed else str(b)
+            for b in self.pause_after
+        ]
+        return f"pauseAfter [{', '.join(entries)}]"
 
 
 @dataclass(frozen=True)
@@ -106,6 +133,7 @@ class Intent:
     intent: str  # pause | unpause | resume | abort | skip | rollback
     change: str  # the field as it changes, e.g. "paused: false -> true"
     effects: tuple[str, ...]  # what happens, in words
+    note: str = ""  # what the headline must add: no effect, live jobs sent again
 
 
 @dataclass(frozen=True)
@@ -246,6 +274,7 @@ def make_plan(
             continue  # status of a file long gone
         old_spec, new_spec = base_docs.rollouts.get(name), head_docs.rollouts.get(name)
         found = _intents(name, old_spec, new_spec, effects)
+        found = _noted(found, statuses.get(name), _jobs_at_merge(name, before, after))
         intents += found
         explained = {e for i in found for e in i.effects}
         rest = [e for e in effects if e not in explained]
@@ -359,6 +388,7 @@ def _added(
         if shared:
             overlaps.append(Overlap(other, shared))
     t = spec.target
+    left_out = maintenance_node_ids(spec, docs.fleet)
     return AddedRollout(
         name=name,
         live=spec.live,
@@ -375,6 +405,8 @@ def _added(
         jobs_at_merge=sum(1 for job in after.effects if job.rollout == name),
         overlaps=tuple(overlaps),
         reattached=recorded is not None,
+        fleet_size=len(docs.fleet.nodes),
+        left_out=left_out,
         health=() if spec.health is None else tuple(health_lines(spec.health, spec.live, "")),
         batches_written=spec.batches,
         pause_for=spec.pause_for,
@@ -411,9 +443,7 @@ def _effects(
             node_moves.setdefault((t.from_state, t.to_state, t.reason), []).append(t.node)
     for (src, dst, reason), nodes in sorted(node_moves.items()):
         lines.append(f"{_names(sorted(nodes))}: {src} -> {dst} ({reason})")
-    jobs = sum(1 for j in after.effects if j.rollout == name) - sum(
-        1 for j in before.effects if j.rollout == name
-    )
+    jobs = _jobs_at_merge(name, before, after)
     if jobs > 0:
         lines.append(f"{jobs} job{'s' if jobs != 1 else ''} sent at merge")
     if new is not None and old is not None:
@@ -434,6 +464,35 @@ def _effects(
         ):
             lines.append(f"still pending: {new.message or new.reason}")
     return lines
+
+
+def _jobs_at_merge(name: str, before: FleetStep, after: FleetStep) -> int:
+    """Jobs for ``name`` that the head step sends and the base step does not."""
+    return sum(1 for j in after.effects if j.rollout == name) - sum(
+        1 for j in before.effects if j.rollout == name
+    )
+
+
+def _noted(found: list[Intent], status: RolloutStatus | None, jobs: int) -> list[Intent]:
+    """A resume's headline note: it does nothing on a finished rollout; it
+    sends live jobs again on a live one."""
+    result = []
+    for intent in found:
+        if intent.intent == "resume" and status is not None and status.terminal:
+            note = f"no effect: the rollout already {status.phase}"
+            intent = Intent(intent.rollout, intent.intent, intent.change, (note,), note)
+        elif (
+            intent.intent == "resume"
+            and jobs > 0
+            and status is not None
+            and status.frozen is not None
+            and status.frozen.live
+        ):
+            intent = replace(
+                intent, note=f"sends {jobs} LIVE job{'s' if jobs != 1 else ''} again at merge"
+            )
+        result.append(intent)
+    return result
 
 
 def _mine(transitions: Iterable[Transition], name: str) -> list[Transition]:
@@ -464,7 +523,7 @@ def _intents(
             Intent(name, verb, f"paused: {_yaml(old.paused)} -> {_yaml(new.paused)}", said)
         )
     if new.resume_request != old.resume_request and new.resume_request:
-        found.append(Intent(name, "resume", f"resumeRequest: {new.resume_request!r}", said))
+        found.append(Intent(name, "resume", f"resumeRequest: {_json(new.resume_request)}", said))
     added_skips = [n for n in new.skip_nodes if n not in old.skip_nodes]
     if added_skips:
         found.append(Intent(name, "skip", f"skipNodes += {', '.join(added_skips)}", said))
@@ -523,7 +582,7 @@ def _node_changes(base: documents.Documents, head: documents.Documents) -> list[
         if a.maintenance != b.maintenance:
             parts.append(f"maintenance {_yaml(a.maintenance)} -> {_yaml(b.maintenance)}")
         if a.labels != b.labels:
-            parts.append(f"labels {dict(a.labels)} -> {dict(b.labels)}")
+            parts.append(f"labels {_json(dict(a.labels))} -> {_json(dict(b.labels))}")
         if a.agent != b.agent:
             parts.append(f"agent {a.agent} -> {b.agent}")
         lines.append(f"changed {name}: {'; '.join(parts)}")
@@ -569,6 +628,11 @@ def _names(names: Sequence[str], limit: int = 8) -> str:
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
+def _json(value: object) -> str:
+    """A value in JSON notation (YAML's flow style reads it the same way)."""
+    return json.dumps(value, ensure_ascii=False)
+
+
 def _yaml(value: bool) -> str:
     return "true" if value else "false"
 
@@ -579,7 +643,7 @@ def _show(value: object) -> str:
     if value is None:
         return "(none)"
     if isinstance(value, tuple) and value and isinstance(value[0], tuple):
-        return str(dict(value))
+        return _json(dict(value))
     if isinstance(value, tuple):
         return "[" + ", ".join(map(str, value)) + "]"
     if isinstance(value, Target):
@@ -612,10 +676,19 @@ def headline(plan: Plan) -> list[str]:
         lines.append(f"INVALID: {len(plan.problems)} document problem(s){new}: fix before merging")
     for r in plan.added:
         mode = "LIVE" if r.live else "dry-run"
+        if not r.node_count:
+            size = "no node matches"
+        else:
+            size = (
+                f"{r.node_count} node(s) in {len(r.batches)} batch(es) {r.shape}, "
+                f"first batch {r.first_batch_share()}"
+            )
         lines.append(
-            f"{mode} rollout {r.name}: {r.node_count} node(s) in {len(r.batches)} batch(es) "
-            f"{r.shape}, onFailure {r.on_failure}; {_start_words(r)}"
+            f"{mode} rollout {r.name}: {r.model} to {size}, {r.pause_after_words()}, "
+            f"onFailure {r.on_failure}; {_start_words(r)}"
         )
+        if r.left_out:
+            lines.append(f"left out of {r.name}: {_left_out_words(r.left_out)}")
         if r.ignore_windows:
             lines.append(
                 f"ignoreWindows: {r.name} starts batches whatever the deploy windows "
@@ -630,7 +703,7 @@ def headline(plan: Plan) -> list[str]:
         if c.risky:
             lines.append(f"LIVE from now: {c.rollout}: {c.what}")
     for i in plan.intents:
-        lines.append(f"{i.intent} {i.rollout}: {i.change}")
+        lines.append(f"{i.intent} {i.rollout}: {i.change}" + (f" ({i.note})" if i.note else ""))
     for gone in plan.removed:
         effect = "; ".join(gone.effects)
         was = f" ({gone.phase})" if gone.phase else ""
@@ -638,6 +711,14 @@ def headline(plan: Plan) -> list[str]:
     for f in plan.refused:
         lines.append(f"refused on {f.rollout} ({f.type}): {f.message}")
     return lines
+
+
+def _left_out_words(names: Sequence[str]) -> str:
+    verb = "is" if len(names) == 1 else "are"
+    return (
+        f"{_names(names)} {verb} in maintenance; set includeMaintenance: true to include "
+        f"{'it' if len(names) == 1 else 'them'}"
+    )
 
 
 def render_text(plan: Plan) -> str:
@@ -687,6 +768,8 @@ def _added_facts(r: AddedRollout) -> list[str]:
         facts.append(f"holds after batch(es) {', '.join(map(str, untimed))}")
     for batch, seconds in r.pause_for:
         facts.append(f"holds after batch {batch} for {format_duration(seconds)}, then goes on")
+    if r.left_out:
+        facts.append(f"left out: {_left_out_words(r.left_out)}")
     if r.after:
         facts.append(f"starts only after {', '.join(r.after)} completed")
     if r.ignore_windows:
@@ -708,14 +791,18 @@ def _batch_lines(r: AddedRollout) -> list[str]:
         rest = sum(len(b) for b in r.batches[BATCHES_SHOWN:])
         lines.append(f"... {hidden} more batch(es), {rest} node(s)")
     if not r.batches:
-        lines.append("no node matches")
+        lines.append("No node matches.")
     return lines
 
 
 def render_markdown(plan: Plan) -> str:
     """A pull-request comment: a marker (so a bot can update its comment),
     the headline facts as a list, details folded away."""
-    out = [MARKER, f"### reconciler plan: `{plan.head[:10]}` into `{plan.base[:10]}`", ""]
+    out = [
+        MARKER,
+        f"### reconciler plan: `{plan.head[:10]}` into `{plan.base[:10]}`",
+        "",
+    ]
     if plan.empty:
         out.append("No rollout, node or settings changes.")
         return "\n".join(out) + "\n"
@@ -738,14 +825,17 @@ def render_markdown(plan: Plan) -> str:
         out.append(f"- {icon} {_md(line)}")
     if plan.problems:
         out += ["", "**Invalid documents** (the check fails until they are fixed):", ""]
-        out += [f"- `{_code(str(p))}`" for p in plan.problems[:50]]
+        out += [f"- {markdown.text(str(p))}" for p in plan.problems[:50]]
         if len(plan.problems) > 50:
             out.append(f"- … and {len(plan.problems) - 50} more (run `reconciler validate`)")
     for r in plan.added:
         title = f"{r.name}: {'LIVE' if r.live else 'dry-run'}, {r.node_count} node(s)"
-        out += ["", f"<details><summary>{_md(title)}</summary>", ""]
+        out += ["", f"<details><summary>{markdown.html(title)}</summary>", ""]
         out += [f"- {_md(f)}" for f in _added_facts(r)]
-        out += ["", "| batch | nodes |", "|---|---|"]
+        if not r.batches:
+            out += ["", "No node matches."]
+        else:
+            out += ["", "| batch | nodes |", "|---|---|"]
         for k, batch in enumerate(r.batches[:BATCHES_SHOWN], 1):
             out.append(f"| {k} | {_md(_names(batch, 12))} |")
         hidden = len(r.batches) - BATCHES_SHOWN
@@ -756,9 +846,9 @@ def render_markdown(plan: Plan) -> str:
     effects += [(r.rollout, e) for r in plan.removed for e in r.effects]
     if effects:
         out += ["", "<details><summary>What the engine does at merge</summary>", ""]
-        out += [f"- **{name}**: {_md(e)}" for name, e in effects]
+        out += [f"- **{markdown.text(name)}**: {_md(e)}" for name, e in effects]
         out += ["", "</details>"]
-    other = [f"**{c.rollout}**: {_md(c.what)}" for c in plan.changed]
+    other = [f"**{markdown.text(c.rollout)}**: {_md(c.what)}" for c in plan.changed]
     other += [f"node {_md(n)}" for n in plan.nodes]
     other += [f"settings: {_md(s)}" for s in plan.settings]
     if other:
@@ -774,12 +864,8 @@ def render_json(plan: Plan) -> str:
 
 
 def _md(text: str) -> str:
-    text = " ".join(text.split()).replace(" -> ", " → ")
-    return text.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
-
-
-def _code(text: str) -> str:
-    return " ".join(text.split()).replace("`", "'")
+    """A plan line (which quotes documents and people) as Markdown text."""
+    return markdown.text(" ".join(text.split()).replace(" -> ", " → "))
 
 
 __all__ = [

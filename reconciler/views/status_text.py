@@ -207,36 +207,41 @@ class BatchGroup:
     state: str
     ok: int  # nodes that succeeded
     total: int
+    trouble: int = 0  # nodes in TROUBLE_STATES
 
 
 def batch_groups(status: RolloutStatus) -> list[BatchGroup]:
-    per_batch: dict[int, tuple[int, int, bool, bool]] = {}  # ok, total, trouble, held
+    per_batch: dict[int, tuple[int, int, int, bool]] = {}  # ok, total, trouble, held
     for node in status.nodes:
-        ok, total, trouble, held = per_batch.get(node.batch, (0, 0, False, False))
+        ok, total, trouble, held = per_batch.get(node.batch, (0, 0, 0, False))
         per_batch[node.batch] = (
             ok + (node.state == "succeeded"),
             total + 1,
-            trouble or node.state in TROUBLE_STATES,
+            trouble + (node.state in TROUBLE_STATES),
             held or node.held is not None,
         )
     groups: list[BatchGroup] = []
     for batch in status.batches:
-        ok, total, trouble, held = per_batch.get(batch.index, (0, 0, False, False))
+        ok, total, trouble, held = per_batch.get(batch.index, (0, 0, 0, False))
         if batch.state == "done":
             state = "failed" if trouble else "done"
         elif batch.state == "pending":
             state = "pending"
-        elif status.phase == "paused" and (held or trouble or status.hold is not None):
+        elif trouble:
+            # A held batch with failed nodes is drawn failed: the hold is
+            # the failure's doing.
+            state = "failed"
+        elif status.phase == "paused" and (held or status.hold is not None):
             state = "held"
         else:
             state = "failed" if trouble else "running"
         last = groups[-1] if groups else None
         if last is not None and last.state == state and state in ("done", "pending"):
             groups[-1] = BatchGroup(
-                last.first, batch.index, state, last.ok + ok, last.total + total
+                last.first, batch.index, state, last.ok + ok, last.total + total, last.trouble
             )
         else:
-            groups.append(BatchGroup(batch.index, batch.index, state, ok, total))
+            groups.append(BatchGroup(batch.index, batch.index, state, ok, total, trouble))
     return groups
 
 
@@ -244,19 +249,27 @@ def batch_groups(status: RolloutStatus) -> list[BatchGroup]:
 
 
 def render_table(
-    statuses: Mapping[str, RolloutStatus], now: datetime, *, colour: bool = False
+    statuses: Mapping[str, RolloutStatus],
+    now: datetime,
+    *,
+    colour: bool = False,
+    width: int = WIDTH,
 ) -> str:
-    """One line per rollout: name, phase, progress, batch, age, hold."""
+    """One line per rollout: name, phase, progress, batch, age, hold; each
+    line at most ``width`` columns. The hold reason is what a person acts
+    on, so a long name is clipped before it is."""
     if not statuses:
         return "no rollouts have a status yet\n"
     rows = [summarize(s) for s in ordered(statuses)]
-    name_w = min(max(7, *(len(r.name) for r in rows)), 24)
     prog_w = max(len("PROGRESS"), *(len(progress_text(r)) for r in rows))
     batch_w = max(len("BATCH"), *(len(batch_text(r)) for r in rows))
     phase_w = 9
     age_w = 4
+    why_w = min(max(len("HOLD/REASON"), *(len(r.why) for r in rows)), 24)
+    room = width - (phase_w + prog_w + batch_w + age_w + why_w + 5)
+    name_w = min(max(7, *(len(r.name) for r in rows)), max(room, 12), 63)
     fixed = name_w + phase_w + prog_w + batch_w + age_w + 5
-    why_w = max(10, WIDTH - fixed - 1)
+    why_w = max(10, width - fixed)
     header = (
         f"{'ROLLOUT':<{name_w}} {'PHASE':<{phase_w}} {'PROGRESS':<{prog_w}} "
         f"{'BATCH':<{batch_w}} {'AGE':>{age_w}} HOLD/REASON"
@@ -278,14 +291,19 @@ def render_table(
 def render_detail(
     status: RolloutStatus, now: datetime, *, colour: bool = False, transitions: int = 10
 ) -> str:
-    """Everything about one rollout: summary, hold, batches, every node,
-    conditions, rollbacks and the last transitions."""
+    """Everything about one rollout: summary, hold, batches, conditions,
+    rollbacks, the last transitions, then every node, those that need a
+    person first (a list of 10,000 nodes must not push the rest away)."""
     s = summarize(status)
     out: list[str] = []
-    head = f"{status.name}  {paint(status.phase, status.phase, colour)}"
+    out.append(f"{status.name}  {paint(status.phase, status.phase, colour)}")
     if s.since is not None:
-        head += f"  since {format_time(s.since)} ({age(s.since, now)} ago)"
-    out.append(head)
+        since = f"since {format_time(s.since)} ({age(s.since, now)} ago)"
+        # A long name would wrap the first line: then the time goes below it.
+        if len(status.name) + len(status.phase) + len(since) + 4 <= WIDTH:
+            out[-1] += f"  {since}"
+        else:
+            out.append(f"  since     {since.removeprefix('since ')}")
     frozen = status.frozen
     if frozen is not None:
         t = frozen.target
@@ -309,7 +327,7 @@ def render_detail(
         if h.until is not None:
             out.append(f"            lifts by itself at {format_time(h.until)}")
         out += _wrapped(h.message, "            ")
-        if nodes:
+        if nodes and not all(name in h.message for name in h.nodes):
             out += _wrapped(f"nodes: {nodes}", "            ")
     elif status.reason or status.message:
         out.append(f"  reason    {status.reason}")
@@ -333,9 +351,6 @@ def render_detail(
         out.append("")
         out.append("batches")
         out += _batch_lines(status, colour)
-    if status.nodes:
-        out.append("")
-        out += _node_lines(status.nodes, colour)
     failing = failing_checks(status.nodes)
     if failing:
         out.append("")
@@ -368,7 +383,22 @@ def render_detail(
         for tr in shown:
             line = f"  {format_time(tr.time)}  {tr.from_phase} -> {tr.to_phase}  {tr.reason}"
             out.append(f"{line[: WIDTH - 10]}  {tr.commit[:8]}")
+    if status.nodes:
+        out.append("")
+        out += _node_lines(_attention_first(status.nodes), colour)
     return "\n".join(line.rstrip() for line in out) + "\n"
+
+
+def _attention_first(nodes: Sequence[NodeRecord]) -> list[NodeRecord]:
+    """Nodes in trouble or held first, then those in flight, then the rest;
+    frozen order within each."""
+
+    def rank(node: NodeRecord) -> int:
+        if node.state in TROUBLE_STATES or node.held is not None:
+            return 0
+        return 1 if node.state in ("dispatched", "restoring") else 2
+
+    return sorted(nodes, key=rank)
 
 
 def _batch_lines(status: RolloutStatus, colour: bool) -> list[str]:
@@ -392,14 +422,14 @@ def _node_lines(nodes: Sequence[NodeRecord], colour: bool) -> list[str]:
     for n in nodes:
         state = paint(f"{n.state:<16}", n.state, colour)
         verdict = paint(f"{n.verdict or '-':<7}", n.verdict or "", colour)
-        error = " ".join(n.error.split())
-        first, rest = (error[:error_w], error[error_w:]) if error_w > 10 else (error, "")
+        # The error wraps at words in its own column, under itself.
+        error = textwrap.wrap(" ".join(n.error.split()), max(error_w, 20)) or [""]
         lines.append(
             f"{clip(n.name, name_w):<{name_w}}  {n.batch:>5}  {state} {n.attempt:>3}  "
-            f"{verdict}  {first}".rstrip()
+            f"{verdict}  {error[0]}".rstrip()
         )
         indent = " " * (WIDTH - error_w)
-        lines += textwrap.wrap(rest, WIDTH, initial_indent=indent, subsequent_indent=indent)
+        lines += [indent + more for more in error[1:]]
     return lines
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from reconciler.node.agent import (
     DEFAULT_AFTER_APPLY_TIMEOUT,
+    DEFAULT_KEEP_FIRST_BACKUPS,
     DEFAULT_RETENTION,
     Agent,
     AgentConfig,
@@ -96,7 +97,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_RETENTION,
         metavar="N",
         help="backups kept per runtime (default 20; the first backup of each rollout "
-        "is kept beyond that)",
+        "is kept beyond that, see --keep-first-backups)",
+    )
+    parser.add_argument(
+        "--keep-first-backups",
+        default=f"{DEFAULT_KEEP_FIRST_BACKUPS // 3600}h",
+        metavar="DURATION",
+        help="keep a rollout's first backup beyond --backup-retention until the rollout "
+        "has had no job here for this long (default 720h, 30 days)",
     )
 
 
@@ -104,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         host, port = parse_listen(args.listen)
         timeout = parse_duration(args.after_apply_timeout)
+        keep_first = parse_duration(args.keep_first_backups)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     if args.backup_retention < 1:
@@ -136,6 +145,7 @@ def run(args: argparse.Namespace) -> int:
                 after_apply_timeout=float(timeout),
                 backup_retention=args.backup_retention,
                 key=key,
+                keep_first_backups=keep_first,
             ),
             state,
         )

@@ -20,7 +20,11 @@ HELP = "approve a commit: sign it into refs/notes/reconciler-approvals (a review
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("rev", nargs="?", default="HEAD", metavar="REV", help="default HEAD")
     parser.add_argument(
-        "--key", required=True, type=Path, help="the reviewer's OpenSSH Ed25519 private key"
+        "--key",
+        required=True,
+        type=Path,
+        metavar="FILE",
+        help="the reviewer's OpenSSH Ed25519 private key",
     )
     parser.add_argument(
         "--repo", metavar="DIR", default=".", help="a clone of the fleet repository (default: .)"

@@ -5,6 +5,12 @@ The agent's address comes from ``nodes/NODE.yaml`` in the branch's
 committed tree (as the daemon sees it). Reading backups needs no key, so
 this is one plain GET (``agent_client.fetch_backups``) rather than the
 daemon's signing ``AgentClient``.
+
+Agents are often reachable only from the daemon's network, not from an
+operator's laptop. When the agent cannot be reached, the error says so and
+what to do instead, and the command lists what the committed status files
+already record about the node's backups: the first backup each rollout
+took, which is what a restore puts back.
 """
 
 from __future__ import annotations
@@ -12,16 +18,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 from reconciler.cli.remote_options import add_remote_arguments
 from reconciler.daemon.agent_client import fetch_backups
-from reconciler.git.branch import open_branch
+from reconciler.git.branch import Branch, open_branch
 from reconciler.protocol.observations import BACKUP_FIELDS, Backup
 from reconciler.spec import documents
-from reconciler.spec.errors import ReconcilerError, StoreError
+from reconciler.spec.errors import AgentError, ReconcilerError, StoreError
 from reconciler.spec.model import Node
 from reconciler.spec.paths import NODES_DIR, name_in, node_path
+from reconciler.views.status_reader import read_snapshot
 
 HELP = "list a node's backups (newest first), from its agent"
 
@@ -37,16 +43,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a working clone, a bare repository or a remote URL (default: .)",
     )
     parser.add_argument("--branch", default="main", help="the branch the daemon tracks")
-    parser.add_argument("--format", choices=("text", "json"), default="text")
+    parser.add_argument(
+        "--format",
+        choices=("text", "json"),
+        default="text",
+        help="text: a table (default); json: one object per backup",
+    )
     add_remote_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    node = node_spec(
-        args.repo, args.branch, args.node, ssh_key=args.ssh_key, known_hosts=args.known_hosts
-    )
+    source = open_branch(args.repo, args.branch, ssh_key=args.ssh_key, known_hosts=args.known_hosts)
+    node = node_spec(source, args.branch, args.node)
     agent = node.agent
-    backups = fetch_backups(agent, args.node, TIMEOUT, pin=node.agent_cert_sha256)
+    try:
+        backups = fetch_backups(agent, args.node, TIMEOUT, pin=node.agent_cert_sha256)
+    except AgentError as error:
+        if not error.message.startswith("cannot reach"):
+            raise
+        sys.stdout.write(recorded_backups(source, args.node))
+        raise ReconcilerError(
+            f"{error.message} (from this machine)",
+            hint="agents are often reachable only from where the daemon runs: run "
+            f"reconciler backups {args.node} there (for example over ssh), with the same "
+            "--repo; the first backups the status files record are listed above",
+        ) from None
     if args.format == "json":
         records = [{key: getattr(b, attr) for attr, key in BACKUP_FIELDS.items()} for b in backups]
         sys.stdout.write(json.dumps(records, indent=2) + "\n")
@@ -55,28 +76,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def agent_address(
-    location: str,
-    branch: str,
-    node: str,
-    *,
-    ssh_key: Path | None = None,
-    known_hosts: Path | None = None,
-) -> str:
-    """``spec.agent`` of ``nodes/NODE.yaml`` on the branch."""
-    return node_spec(location, branch, node, ssh_key=ssh_key, known_hosts=known_hosts).agent
-
-
-def node_spec(
-    location: str,
-    branch: str,
-    node: str,
-    *,
-    ssh_key: Path | None = None,
-    known_hosts: Path | None = None,
-) -> Node:
+def node_spec(source: Branch, branch: str, node: str) -> Node:
     """``nodes/NODE.yaml`` on the branch, as a value."""
-    source = open_branch(location, branch, ssh_key=ssh_key, known_hosts=known_hosts)
     tip = source.refresh()
     if tip is None:
         raise StoreError(f"branch {branch!r} not found in {source.label}")
@@ -97,6 +98,35 @@ def node_spec(
         problems = "; ".join(str(p) for p in parsed.problems) or "not a valid node"
         raise ReconcilerError(f"{path} on {branch} is invalid: {problems}")
     return parsed.node
+
+
+def recorded_backups(source: Branch, node: str) -> str:
+    """What the committed status files say about ``node``'s backups: per
+    rollout, the first backup (what a restore puts back) and the latest."""
+    try:
+        snapshot = read_snapshot(source)
+    except ReconcilerError:
+        return ""
+    rows = []
+    for name, status in sorted(snapshot.statuses.items()):
+        for record in status.nodes:
+            if record.name == node and (record.first_backup_id or record.backup_id):
+                rows.append(
+                    (name, record.first_backup_id or "-", record.backup_id or "-", record.state)
+                )
+    if not rows:
+        return f"{node}: the status files record no backup of it\n"
+    header = ("ROLLOUT", "FIRST BACKUP", "LATEST BACKUP", "STATE")
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = [
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in [header, *rows]
+    ]
+    return (
+        f"{node}: backups recorded in the status files (the first is what a restore puts back)\n"
+        + "\n".join(lines)
+        + "\n"
+    )
 
 
 def render_table(backups: list[Backup], node: str, agent: str) -> str:

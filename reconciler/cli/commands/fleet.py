@@ -30,7 +30,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a bare repository, a working clone or a remote URL (default: .)",
     )
     parser.add_argument("--branch", default="main", help="the branch the daemon tracks")
-    parser.add_argument("--format", choices=("text", "json"), default="text")
+    parser.add_argument(
+        "--format",
+        choices=("text", "json"),
+        default="text",
+        help="text for a terminal (default), or the fleet status record as json",
+    )
     add_remote_arguments(parser)
 
 

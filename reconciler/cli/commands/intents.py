@@ -7,7 +7,7 @@ import argparse
 from datetime import UTC, datetime
 
 from reconciler.cli import intent_edits
-from reconciler.cli.intent_verbs import add_common_arguments, finish
+from reconciler.cli.intent_verbs import add_common_arguments, finish, prepare
 from reconciler.spec.errors import UsageError
 
 HELP = "pause, resume or abort a rollout by editing its file (then commit and push)"
@@ -30,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    root = intent_edits.find_root(args.repo)
+    root, up = prepare(args)
     if args.verb == "pause":
         edit = intent_edits.pause(root, args.name)
     elif args.verb == "abort":
@@ -42,4 +42,4 @@ def run(args: argparse.Namespace) -> int:
         )
     else:
         raise UsageError(f"unknown intent {args.verb!r}")
-    return finish(edit, args.message, args.commit)
+    return finish(edit, args.message, args.commit, up)

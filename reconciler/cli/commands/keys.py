@@ -27,7 +27,13 @@ HELP = "create a signing key pair (OpenSSH Ed25519): the daemon's or an agent's"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="keys_action", metavar="ACTION")
     generate = sub.add_parser(
-        "generate", help="write DIR/NAME and DIR/NAME.pub", description=__doc__
+        "generate",
+        help="write DIR/NAME and DIR/NAME.pub",
+        description="Write an Ed25519 key pair: DIR/NAME (OpenSSH private key, "
+        "unencrypted, mode 0600) and DIR/NAME.pub. The daemon's (NAME reconciler, the "
+        "default): give the private key to the daemon (run --key) and the public key to "
+        "every agent (--trust-key). An agent's (--name agent): the agent signs its answers "
+        "with it. Prints the key id, the fingerprint ssh-keygen -l shows.",
     )
     generate.add_argument("--out", required=True, metavar="DIR", help="directory for the key pair")
     generate.add_argument(
@@ -39,13 +45,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "tls",
         help="write a self-signed DIR/NODE.crt and DIR/NODE.key for an agent's HTTPS",
         description="Writes DIR/NODE.crt and DIR/NODE.key (mode 0600) for "
-        "`reconciler agent --tls-cert --tls-key`, and prints the certificate's SHA-256, "
+        "reconciler agent --tls-cert --tls-key, and prints the certificate's SHA-256, "
         "which the node file pins as spec.agentCertSha256.",
     )
     tls.add_argument("--out", required=True, metavar="DIR", help="directory for the pair")
     tls.add_argument("--name", required=True, metavar="NODE", help="the node's name")
-    show = sub.add_parser("id", help="print the key id of a private or public key file")
-    show.add_argument("file", metavar="FILE")
+    show = sub.add_parser(
+        "id",
+        help="print the key id of a private or public key file",
+        description="Print the key id (SHA256 fingerprint) of a private or public key file.",
+    )
+    show.add_argument("file", metavar="FILE", help="a key file: reconciler or reconciler.pub")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -38,7 +38,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="what the change merges into (default: the merge-base of HEAD and main)",
     )
     parser.add_argument("--head", metavar="REV", default="HEAD", help="the change (default HEAD)")
-    parser.add_argument("--format", choices=("text", "markdown", "json"), default="text")
+    parser.add_argument(
+        "--format",
+        choices=("text", "markdown", "json"),
+        default="text",
+        help="text for a terminal (default); markdown for a pull-request comment; json",
+    )
     parser.add_argument(
         "--allowed-signers",
         type=Path,

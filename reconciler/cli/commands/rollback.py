@@ -8,7 +8,7 @@ import argparse
 from datetime import UTC, datetime
 
 from reconciler.cli import intent_edits
-from reconciler.cli.intent_verbs import add_common_arguments, finish
+from reconciler.cli.intent_verbs import add_common_arguments, finish, prepare
 from reconciler.spec.errors import UsageError
 
 HELP = "ask the daemon to restore nodes from this rollout's backups (live rollouts only)"
@@ -28,6 +28,6 @@ def run(args: argparse.Namespace) -> int:
         nodes = [n.strip() for n in args.nodes.split(",") if n.strip()]
         if not nodes:
             raise UsageError("--nodes needs at least one node name, e.g. --nodes gpu-a1,gpu-a2")
-    root = intent_edits.find_root(args.repo)
+    root, up = prepare(args)
     edit = intent_edits.rollback(root, args.name, nodes, now=datetime.now(UTC))
-    return finish(edit, args.message, args.commit)
+    return finish(edit, args.message, args.commit, up)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import signal
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -39,17 +41,39 @@ def _seconds(text: str) -> float:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--repo", required=True, help="bare repository path, or a remote URL")
-    parser.add_argument("--branch", default="main", help="the branch to act on (default main)")
-    parser.add_argument("--key", required=True, type=Path, help="the daemon's OpenSSH Ed25519 key")
+    parser.add_argument(
+        "--repo",
+        required=True,
+        metavar="PATH_OR_URL",
+        help="a bare repository's path, or a remote URL (file://, ssh://, https://)",
+    )
+    parser.add_argument("--branch", default="main", help="the branch to act on (default: main)")
+    parser.add_argument(
+        "--key",
+        required=True,
+        type=Path,
+        metavar="FILE",
+        help="the daemon's OpenSSH Ed25519 private key (reconciler keys generate)",
+    )
     parser.add_argument("--once", action="store_true", help="run one pass and exit")
     parser.add_argument(
-        "--interval", type=_seconds, default=5.0, help="pass interval while a rollout is active"
+        "--interval",
+        type=_seconds,
+        default=5.0,
+        metavar="DURATION",
+        help="time between passes while a rollout is active (default: 5s)",
     )
-    parser.add_argument("--poll", type=_seconds, default=15.0, help="fetch interval for a remote")
+    parser.add_argument(
+        "--poll",
+        type=_seconds,
+        default=15.0,
+        metavar="DURATION",
+        help="how often a remote is fetched when nothing is active (default: 15s)",
+    )
     parser.add_argument(
         "--allowed-signers",
         type=Path,
+        metavar="FILE",
         help="act only on spec commits signed by these keys (git's allowed-signers format)",
     )
     parser.add_argument(
@@ -70,23 +94,75 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--sign-commits", action="store_true", help="sign status commits with the daemon's key"
     )
     parser.add_argument("--metrics", metavar="HOST:PORT", help="serve Prometheus metrics here")
-    parser.add_argument("--log-format", choices=("text", "json"), default="text")
     parser.add_argument(
-        "--cache-dir", type=Path, help="where a remote's mirror is kept (default ~/.cache)"
+        "--log-format",
+        choices=("text", "json"),
+        default="text",
+        help="text: one line per event for people (default); json: one object per line",
+    )
+    parser.add_argument(
+        "--cache-dir",
+        type=Path,
+        metavar="DIR",
+        help="where a remote's mirror is kept (default: ~/.cache)",
     )
     add_remote_arguments(parser)
     parser.add_argument(
-        "--concurrency", type=int, default=64, help="agent requests in flight at once"
+        "--concurrency",
+        type=int,
+        default=64,
+        metavar="N",
+        help="agent requests in flight at once (default: 64)",
     )
     parser.add_argument(
         "--agent-timeout",
         type=_seconds,
         default=5.0,
-        help="how long one agent request may take before the agent counts as unreachable",
+        metavar="DURATION",
+        help="how long one agent request may take before the agent counts as unreachable "
+        "(default: 5s)",
     )
 
 
+class _StartUp:
+    """SIGTERM and SIGINT while the daemon starts (imports, opening or
+    cloning the repository, loading keys) are noted, not acted on at once:
+    raising from a signal handler inside libgit2's callbacks or an import
+    ends in a traceback. Start-up checks ``stop`` between its steps and ends
+    cleanly; once serving, ``stop_on_signals`` takes over."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+        self._old = {s: signal.signal(s, self._note) for s in (signal.SIGTERM, signal.SIGINT)}
+
+    def _note(self, signum: int, frame: object) -> None:
+        self.signal = signum
+
+    def check(self) -> None:
+        if self.signal is not None:
+            raise _StoppedEarly(signal.Signals(self.signal).name)
+
+    def restore(self) -> None:
+        for s, handler in self._old.items():
+            signal.signal(s, handler)
+
+
+class _StoppedEarly(Exception):
+    pass
+
+
 def run(args: argparse.Namespace) -> int:
+    start_up = _StartUp()
+    try:
+        return _run(args, start_up)
+    except _StoppedEarly as stopped:
+        print(f"reconciler run: stopped by {stopped} during start-up", file=sys.stderr)
+        return 0
+    finally:
+        start_up.restore()
+
+
+def _run(args: argparse.Namespace, start_up: _StartUp) -> int:
     from reconciler.daemon import crashpoints
     from reconciler.daemon.agent_client import AgentClient
     from reconciler.daemon.logs import EventLog
@@ -97,6 +173,7 @@ def run(args: argparse.Namespace) -> int:
     from reconciler.protocol.signing import load_private_key
     from reconciler.spec.safe_yaml import loader_warning
 
+    start_up.check()
     if args.concurrency < 1:
         raise UsageError("--concurrency must be at least 1")
     if args.require_approvals < 0:
@@ -119,6 +196,7 @@ def run(args: argparse.Namespace) -> int:
         known_hosts=args.known_hosts,
     )
     store.crash_point = crashpoints.reach
+    start_up.check()
     approver = _approver(store, args)
     sign = (
         (lambda payload: sign_commit_payload(key.private_key, payload))
@@ -149,7 +227,8 @@ def run(args: argparse.Namespace) -> int:
         approvals=args.require_approvals,
     )
     try:
-        return _serve(daemon, store, args, log, metrics)
+        start_up.check()
+        return _serve(daemon, store, args, log, metrics, start_up)
     finally:
         client.close()
 
@@ -186,7 +265,12 @@ def _status_signers(
 
 
 def _serve(
-    daemon: Daemon, store: GitStore, args: argparse.Namespace, log: EventLog, metrics: Metrics
+    daemon: Daemon,
+    store: GitStore,
+    args: argparse.Namespace,
+    log: EventLog,
+    metrics: Metrics,
+    start_up: _StartUp,
 ) -> int:
     """One pass (``--once``), or passes until a signal stops the loop."""
     from reconciler.daemon.loop import stop_on_signals
@@ -210,6 +294,8 @@ def _serve(
         ) as watcher,
         stop_on_signals(daemon),
     ):
+        if start_up.signal is not None:  # came while the watcher started
+            daemon.stop()
         daemon.serve(watcher, interval=args.interval)
     log.info("stopped", "clean stop")
     return 0

@@ -47,10 +47,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--behaviour",
         metavar="FILE",
         help="YAML script of per-node behaviour, re-read when it changes "
-        "(see `pydoc reconciler.node.simulated_fleet`)",
+        "(the format: pydoc reconciler.node.simulated_fleet)",
     )
     parser.add_argument(
-        "--node-prefix", default="sim-", help="node names are PREFIX0001, PREFIX0002, ..."
+        "--node-prefix",
+        default="sim-",
+        metavar="PREFIX",
+        help="node names are PREFIX0001, PREFIX0002, ... (default: sim-)",
     )
     parser.add_argument(
         "--key-seed",

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shutil
 import sys
 import time
 from datetime import UTC, datetime
@@ -41,7 +42,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--branch", default="main", help="the branch the daemon tracks")
     parser.add_argument("--watch", action="store_true", help="redraw as status commits arrive")
-    parser.add_argument("--format", choices=("text", "json"), default="text")
+    parser.add_argument(
+        "--format",
+        choices=("text", "json"),
+        default="text",
+        help="text for a terminal (default), or the status records as json",
+    )
     add_remote_arguments(parser)
 
 
@@ -56,7 +62,29 @@ def use_colour(stream: object) -> bool:
     )
 
 
-def render(snapshot: Snapshot, name: str | None, fmt: str, colour: bool) -> tuple[str, bool]:
+def terminal_size(stream: object) -> os.terminal_size | None:
+    """The size of the terminal ``stream`` writes to, asked of the terminal
+    itself (a COLUMNS left in the environment may be another window's)."""
+    if not getattr(stream, "isatty", lambda: False)():
+        return None
+    try:
+        return os.get_terminal_size(stream.fileno())  # type: ignore[attr-defined]
+    except (OSError, AttributeError, ValueError):
+        return shutil.get_terminal_size()
+
+
+def terminal_width(stream: object) -> int:
+    """The terminal's columns (the table uses up to 200 of them), or 80 when
+    not a terminal."""
+    size = terminal_size(stream)
+    if size is None:
+        return status_text.WIDTH
+    return max(status_text.WIDTH, min(size.columns, 200))
+
+
+def render(
+    snapshot: Snapshot, name: str | None, fmt: str, colour: bool, width: int = status_text.WIDTH
+) -> tuple[str, bool]:
     """The text to show, and whether NAME was found."""
     now = datetime.now(UTC)
     if name is not None:
@@ -69,7 +97,7 @@ def render(snapshot: Snapshot, name: str | None, fmt: str, colour: bool) -> tupl
         return status_text.render_detail(status, now, colour=colour), True
     if fmt == "json":
         return status_text.render_json(snapshot.statuses.values()), True
-    return status_text.render_table(snapshot.statuses, now, colour=colour), True
+    return status_text.render_table(snapshot.statuses, now, colour=colour, width=width), True
 
 
 def run(args: argparse.Namespace) -> int:
@@ -77,7 +105,9 @@ def run(args: argparse.Namespace) -> int:
     if args.watch:
         return watch(source, args.name, args.format)
     snapshot = read_snapshot(source)
-    text, found = render(snapshot, args.name, args.format, use_colour(sys.stdout))
+    text, found = render(
+        snapshot, args.name, args.format, use_colour(sys.stdout), terminal_width(sys.stdout)
+    )
     sys.stdout.write(text)
     for problem in snapshot.problems:
         print(f"warning: {problem}", file=sys.stderr)
@@ -110,7 +140,7 @@ def watch(source: Branch, name: str | None, fmt: str) -> int:
                         print(f"warning: {exc}", file=sys.stderr)
                     last_read = now
                 if snapshot is not None:
-                    text, _ = render(snapshot, name, fmt, colour)
+                    text, _ = render(snapshot, name, fmt, colour, terminal_width(sys.stdout))
                     if shown is None or snapshot.commit != shown[0] or (tty and text != shown[1]):
                         _draw(text, source, snapshot, tty)
                         shown = (snapshot.commit, text)
@@ -125,7 +155,25 @@ def _draw(text: str, source: Branch, snapshot: Snapshot, tty: bool) -> None:
     footer = f"{source.branch} @ {commit} · read {stamp}Z · Ctrl-C to stop"
     where = status_text.clip(f"from {source.label}", status_text.WIDTH - 1)
     if tty:
+        size = terminal_size(sys.stdout)
+        text = fit_screen(text, size.lines if size is not None else 24)
         sys.stdout.write("\x1b[H\x1b[2J" + text + "\n" + footer + "\n" + where + "\n")
     else:
         sys.stdout.write(f"--- {footer}\n{text}")
     sys.stdout.flush()
+
+
+def fit_screen(text: str, rows: int) -> str:
+    """The top of ``text`` that fits a terminal of ``rows`` lines with the
+    footer (the useful part comes first), and how much was left out."""
+    lines = text.splitlines()
+    room = max(3, rows - 4)  # the footer: a blank line, two lines, the cursor's line
+    if len(lines) <= room:
+        return text
+    hidden = len(lines) - room + 1
+    return (
+        "\n".join(
+            [*lines[: room - 1], f"… {hidden} more lines: run it without --watch to see them all"]
+        )
+        + "\n"
+    )

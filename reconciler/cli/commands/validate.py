@@ -4,6 +4,9 @@ of a fleet repository's working tree, as the daemon would read it.
 One line per problem, ``file:line:col: field: message``, or GitHub Actions
 annotations with ``--format github``. Exit 0 when clean, 1 on any problem,
 2 on usage errors. ``status/`` is the daemon's and is not checked.
+
+Warnings (exit 0 all the same): a ``nodeIds`` entry in maintenance, which
+the rollout leaves out.
 """
 
 from __future__ import annotations
@@ -13,10 +16,12 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from reconciler.engine.selection import maintenance_node_ids
 from reconciler.spec import safe_yaml
-from reconciler.spec.documents import load_directory
+from reconciler.spec.documents import Documents, load_directory
 from reconciler.spec.errors import UsageError
 from reconciler.spec.model import Problem
+from reconciler.spec.paths import rollout_path
 
 HELP = "check every document in a fleet repository: file:line:col: field: message"
 
@@ -46,7 +51,7 @@ def _escape_property(text: str) -> str:
     return _escape_data(text).replace(":", "%3A").replace(",", "%2C")
 
 
-def github_annotation(problem: Problem, prefix: str = "") -> str:
+def github_annotation(problem: Problem, prefix: str = "", level: str = "error") -> str:
     """``::error file=...,line=...,col=...,title=...::message``; ``prefix`` is
     the path of the fleet repository inside the checked-out repository."""
     props = [f"file={_escape_property(prefix + problem.path)}"]
@@ -56,7 +61,26 @@ def github_annotation(problem: Problem, prefix: str = "") -> str:
     title = problem.field or "document"
     props.append(f"title={_escape_property(title)}")
     message = f"{problem.field}: {problem.message}" if problem.field else problem.message
-    return f"::error {','.join(props)}::{_escape_data(message)}"
+    return f"::{level} {','.join(props)}::{_escape_data(message)}"
+
+
+def warnings(documents: Documents) -> list[Problem]:
+    """What is valid but likely not meant: nodeIds entries left out because
+    the node is in maintenance."""
+    found = []
+    for name, spec in sorted(documents.rollouts.items()):
+        for node in maintenance_node_ids(spec, documents.fleet):
+            found.append(
+                Problem(
+                    rollout_path(name),
+                    0,
+                    0,
+                    "spec.nodeIds",
+                    f"warning: {node} is in maintenance and is left out; set "
+                    "includeMaintenance: true to include it, or take it out of maintenance",
+                )
+            )
+    return found
 
 
 def run(args: argparse.Namespace) -> int:
@@ -71,6 +95,11 @@ def run(args: argparse.Namespace) -> int:
     documents = load_directory(root)
     # Paths relative to where the command runs, so editors and GitHub find them.
     prefix = "" if root.resolve() == Path.cwd().resolve() else root.as_posix().rstrip("/") + "/"
+    for notice in warnings(documents):
+        if args.format == "github":
+            print(github_annotation(notice, prefix, "warning"))
+        else:
+            print(replace(notice, path=prefix + notice.path), file=sys.stderr)
     for problem in documents.problems:
         if args.format == "github":
             print(github_annotation(problem, prefix))
@@ -88,5 +117,9 @@ def run(args: argparse.Namespace) -> int:
         return 1
     rollouts = len(documents.rollouts)
     nodes = len(documents.fleet.nodes)
-    print(f"ok: {nodes} nodes, {rollouts} rollouts", file=sys.stderr)
+    print(
+        f"ok: {nodes} node{'s' if nodes != 1 else ''}, "
+        f"{rollouts} rollout{'s' if rollouts != 1 else ''}",
+        file=sys.stderr,
+    )
     return 0

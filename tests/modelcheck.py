@@ -1,0 +1,465 @@
+"""An exhaustive bounded model check of the engine: every sequence of
+events up to a depth, breadth first, from a fresh rollout over three nodes,
+with the engine's promises checked after every pass.
+
+World: one live rollout over nodes n1..n3, batch size 1 or 2, one of the five
+failure policies, ``healthTimeout`` 120 s and ``offlineAfter`` 60 s. Each
+transition is one event followed by one reconcile pass through the real
+``step_fleet`` with the world's clock:
+
+    observations  a job in flight succeeded, failed, or its answer is unknown
+                  (the agent's answer could not be read); a node's heartbeat
+                  shows the target (matching), the old model (drifting), or
+                  none (missing); an agent goes unreachable or comes back
+    intents       pause, unpause, resume (a new token), skip a node, abort,
+                  rollback request for every node
+    clock         1 s (before any deadline) or 121 s (past every deadline
+                  and past offlineAfter)
+
+Checked at every transition (DESIGN.md section 6 items 2 to 4, section 5):
+
+    gate          no apply to a node of batch k+1 while a node of an earlier
+                  batch is unsettled, and none while a restore is in flight
+    unknown       a node whose verdict is `unknown` is never retried, stopped
+                  or restored by the engine (only a person's resume, skip or
+                  rollback request moves it)
+    terminal      a terminal phase stays
+    attempts      never decrease; a recorded verdict is never rewritten
+    payload       one payload per job id: what is sent equals what status
+                  rebuilds for that id, before and after the pass
+    policy        every hold is the one the section 5 table gives
+
+States are deduplicated by a canonical hash (BLAKE2b of the repr of the
+state's frozen values: clock, intents, status, observations). The search is
+breadth first, so the first violation found comes with a shortest sequence
+of events that leads to it.
+
+Must not: change the engine. A broken rule is tested by handing the engine a
+different policy table for the duration of a check (``injected_rules``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+
+from reconciler.engine import policy as policy_table
+from reconciler.engine.policy import Rule, decide
+from reconciler.engine.step import RolloutInput, Transition, in_flight, step_fleet
+from reconciler.protocol.effects import SendJob
+from reconciler.protocol.observations import Heartbeat, JobObservation, Observations, RuntimeReport
+from reconciler.spec.model import Fleet, Node, RollbackRequest, RolloutSpec, Settings, Target
+from reconciler.spec.rollout_status import TERMINAL_PHASES, NodeRecord, RolloutStatus
+from reconciler.spec.times import format_time
+
+POLICIES = ("observe", "pause", "retry_once", "stop", "rollback")
+BATCH_SIZES = (1, 2)
+NODES = ("n1", "n2", "n3")
+T0 = datetime(2026, 12, 1, 9, 0, 0, tzinfo=UTC)
+TARGET = Target(runtime="hermes", provider="ollama", model="llama3.1-8b", profile="default")
+OLD_MODEL = "llama3-8b"
+HEALTH_TIMEOUT = 120
+OFFLINE_AFTER = 60
+CLOCK_STEPS = {"1s": 1, "121s": HEALTH_TIMEOUT + 1}
+ROLLOUT = "r"
+WAITING = ("dispatched", "rollback_pending", "restoring")  # the daemon waits on the agent
+FINAL = ("succeeded", "skipped")
+FLEET = Fleet(
+    tuple(Node(name=n, agent=f"http://127.0.0.1:{8711 + i}") for i, n in enumerate(NODES))
+)
+SETTINGS = Settings(offline_after=OFFLINE_AFTER)
+
+
+@dataclass(frozen=True)
+class Intents:
+    paused: bool = False
+    abort: bool = False
+    resumes: int = 0
+    skip: tuple[str, ...] = ()
+    rollback: bool = False
+
+
+@dataclass(frozen=True)
+class State:
+    """Everything the next pass depends on, as frozen values."""
+
+    clock: int  # seconds after T0
+    intents: Intents
+    status: RolloutStatus | None
+    jobs: tuple[tuple[str, str, int], ...]  # (job id, state, finished at) of jobs in flight
+    heartbeats: tuple[tuple[str, str, int], ...]  # (node, model, time) per node with one
+    unreachable: tuple[tuple[str, int], ...]  # (node, since) per unreachable node
+
+    def key(self) -> bytes:
+        return hashlib.blake2b(repr(self).encode(), digest_size=16).digest()
+
+
+@dataclass(frozen=True)
+class Violation:
+    rule: str
+    message: str
+    events: tuple[str, ...]  # a shortest sequence of events from the start
+
+
+@dataclass
+class Report:
+    policy: str
+    batch_size: int
+    depth: int
+    states: int = 0
+    transitions: int = 0
+    seconds: float = 0.0
+    violations: list[Violation] = field(default_factory=list)
+
+
+class _Broken(Exception):
+    def __init__(self, rule: str, message: str) -> None:
+        super().__init__(message)
+        self.rule = rule
+        self.message = message
+
+
+@contextlib.contextmanager
+def injected_rules(rules: Sequence[Rule]) -> Iterator[None]:
+    """The engine decides with ``rules`` instead of DESIGN's table while inside."""
+    saved = policy_table.RULES
+    policy_table.RULES = tuple(rules)
+    try:
+        yield
+    finally:
+        policy_table.RULES = saved
+
+
+# -- the world ---------------------------------------------------------------------
+
+
+def _spec(policy: str, batch_size: int, intents: Intents) -> RolloutSpec:
+    return RolloutSpec(
+        name=ROLLOUT,
+        target=TARGET,
+        node_ids=NODES,
+        batch_size=batch_size,
+        health_timeout=HEALTH_TIMEOUT,
+        live=True,
+        on_failure=policy,
+        paused=intents.paused,
+        abort=intents.abort,
+        resume_request=f"resume-{intents.resumes}" if intents.resumes else "",
+        skip_nodes=intents.skip,
+        rollback_request=RollbackRequest("rb1", None) if intents.rollback else None,
+    )
+
+
+def _commit(intents: Intents) -> str:
+    # The commit that last changed the file: the same intents, the same commit.
+    return hashlib.sha1(repr(intents).encode()).hexdigest()
+
+
+def _at(seconds: int) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def _observations(state: State) -> Observations:
+    jobs = {
+        job_id: JobObservation(
+            job_id=job_id,
+            state=answer,
+            error="" if answer == "succeeded" else f"{answer}: model check",
+            backup_id=f"bk-{job_id[-12:]}" if answer in ("succeeded", "failed") else None,
+            finished_at=format_time(_at(at)) if answer in ("succeeded", "failed") else None,
+        )
+        for job_id, answer, at in state.jobs
+    }
+    heartbeats = {
+        node: Heartbeat(
+            node=node,
+            time=format_time(_at(at)),
+            runtimes=(RuntimeReport("hermes", TARGET.provider, model, TARGET.profile),),
+        )
+        for node, model, at in state.heartbeats
+    }
+    return Observations(
+        jobs=jobs,
+        heartbeats=heartbeats,
+        unreachable_since={node: _at(since) for node, since in state.unreachable},
+    )
+
+
+def _pass(
+    policy: str, batch_size: int, state: State
+) -> tuple[State, tuple[SendJob, ...], tuple[Transition, ...]]:
+    """One reconcile pass at the state's clock: the new state, the jobs sent
+    and the transitions the engine reported."""
+    intents = state.intents
+    commit = _commit(intents)
+    rollout = RolloutInput(
+        name=ROLLOUT,
+        spec=_spec(policy, batch_size, intents),
+        file_present=True,
+        problems=(),
+        status=state.status,
+        spec_commit=commit,
+        first_seen_commit="0" * 40,
+        queue_key=0,
+        author="Ops <ops@example.org>",
+    )
+    result = step_fleet(
+        [rollout], FLEET, SETTINGS, _observations(state), _at(state.clock), unreadable={}
+    )
+    status = result.statuses.get(ROLLOUT, state.status)
+    # Answers of jobs no longer in flight change nothing (a verdict belongs to
+    # one attempt), so they are dropped: fewer states, the same behaviour.
+    open_ids = {job.job_id for job in in_flight([status] if status else [])}
+    jobs = tuple(j for j in state.jobs if j[0] in open_ids)
+    return replace(state, status=status, jobs=jobs), tuple(result.effects), result.transitions
+
+
+def _events(state: State) -> Iterator[tuple[str, State]]:
+    now = state.clock
+    status = state.status
+    open_jobs = in_flight([status]) if status else ()
+    answered = {j[0]: j for j in state.jobs}
+    for job in open_jobs:
+        for answer, label in (
+            ("succeeded", "succeeded"),
+            ("failed", "failed"),
+            ("unreachable", "unknown"),
+        ):
+            if answered.get(job.job_id, (None, None))[1] == answer:
+                continue
+            others = tuple(j for j in state.jobs if j[0] != job.job_id)
+            entry = (job.job_id, answer, now)
+            yield (
+                f"{job.node}: {job.kind} job attempt {job.attempt} {label}",
+                replace(state, jobs=tuple(sorted((*others, entry)))),
+            )
+    states = {n.name: n.state for n in status.nodes} if status else {}
+    beats = {b[0]: b for b in state.heartbeats}
+    down = {u[0]: u for u in state.unreachable}
+    for node in NODES:
+        # Heartbeats decide only a dispatched node's health; an agent's
+        # reachability matters only while the daemon waits on it.
+        if states.get(node) == "dispatched":
+            for model, label in ((TARGET.model, "matching"), (OLD_MODEL, "drifting")):
+                if beats.get(node, (None, None))[1] != model:
+                    others = tuple(b for b in state.heartbeats if b[0] != node)
+                    # The agent's clock is a second ahead: the heartbeat is
+                    # after any job it finished at this instant.
+                    beat = (node, model, now + 1)
+                    yield (
+                        f"{node}: heartbeat {label}",
+                        replace(state, heartbeats=tuple(sorted((*others, beat)))),
+                    )
+            if node in beats:
+                yield (
+                    f"{node}: heartbeat missing",
+                    replace(state, heartbeats=tuple(b for b in state.heartbeats if b[0] != node)),
+                )
+        if node in down:
+            yield (
+                f"{node}: agent reachable again",
+                replace(state, unreachable=tuple(u for u in state.unreachable if u[0] != node)),
+            )
+        elif states.get(node) in WAITING:
+            yield (
+                f"{node}: agent unreachable",
+                replace(state, unreachable=tuple(sorted((*state.unreachable, (node, now))))),
+            )
+    intents = state.intents
+    phase = status.phase if status else "pending"
+    if phase not in TERMINAL_PHASES:
+        if not intents.paused:
+            yield "intent: pause", replace(state, intents=replace(intents, paused=True))
+        else:
+            yield "intent: unpause", replace(state, intents=replace(intents, paused=False))
+        if phase == "paused":  # a resume when nothing is held only records itself
+            resumed = replace(intents, resumes=intents.resumes + 1)
+            yield "intent: resume", replace(state, intents=resumed)
+        for node in NODES:
+            if node not in intents.skip and states.get(node) not in FINAL:
+                skip = tuple(sorted((*intents.skip, node)))
+                yield f"intent: skip {node}", replace(state, intents=replace(intents, skip=skip))
+        if not intents.abort:
+            yield "intent: abort", replace(state, intents=replace(intents, abort=True))
+    if not intents.rollback:
+        yield "intent: rollback all", replace(state, intents=replace(intents, rollback=True))
+    for label, seconds in CLOCK_STEPS.items():
+        yield f"clock: +{label}", replace(state, clock=now + seconds)
+
+
+# -- the invariants ----------------------------------------------------------------
+
+
+def _settled(node: NodeRecord, policy: str) -> bool:
+    if node.held is not None:
+        return False
+    if node.state in ("succeeded", "skipped", "rolled_back", "rollback_failed"):
+        return True
+    return node.state in ("failed", "timed_out", "unknown") and policy == "observe"
+
+
+def _check(
+    policy: str,
+    event: str,
+    before: State,
+    after: State,
+    sent: tuple[SendJob, ...],
+    transitions: tuple[Transition, ...],
+) -> None:
+    old, new = before.status, after.status
+    if new is None:
+        return
+    # terminal phases stay
+    if old is not None and old.phase in TERMINAL_PHASES and new.phase != old.phase:
+        raise _Broken("terminal", f"terminal phase {old.phase} became {new.phase}")
+    old_nodes = {n.name: n for n in old.nodes} if old else {}
+    for node in new.nodes:
+        previous = old_nodes.get(node.name)
+        if previous is not None and node.attempt < previous.attempt:
+            raise _Broken(
+                "attempts", f"{node.name}: attempt {previous.attempt} became {node.attempt}"
+            )
+        if (
+            previous is not None
+            and previous.attempt == node.attempt
+            and previous.verdict is not None
+            and node.verdict != previous.verdict
+        ):
+            raise _Broken(
+                "verdict",
+                f"{node.name} attempt {node.attempt}: verdict {previous.verdict} "
+                f"became {node.verdict}",
+            )
+    # `unknown` never retried, stopped or restored by the engine: follow each
+    # node through the pass's transitions, from the state it was in before.
+    resumed = old is not None and old.last_handled_resume != new.last_handled_resume
+    current = {name: node.state for name, node in old_nodes.items()}
+    for t in transitions:
+        if t.node is None:
+            continue
+        if current.get(t.node) == "unknown" and t.to_state != "unknown":
+            by_person = (
+                (resumed and t.to_state in ("dispatched", "skipped"))
+                or (t.to_state == "skipped" and t.node in after.intents.skip)
+                or (after.intents.rollback and t.to_state in ("restoring", "rollback_pending"))
+            )
+            if not by_person:
+                raise _Broken(
+                    "unknown",
+                    f"{t.node}: unknown became {t.to_state} ({t.reason}) "
+                    f"after '{event}', which is no person's answer",
+                )
+        current[t.node] = t.to_state
+    # the batch gate, for every apply sent
+    frozen = new.frozen
+    assert frozen is not None
+    by_name = {n.name: n for n in new.nodes}
+    for job in sent:
+        if job.kind != "apply":
+            continue
+        target = by_name[job.node]
+        for other in new.nodes:
+            if other.batch < target.batch and not _settled(other, frozen.on_failure):
+                raise _Broken(
+                    "gate",
+                    f"{job.node} (batch {target.batch}) got a job while {other.name} "
+                    f"(batch {other.batch}) is {other.state}, held {other.held}",
+                )
+            if other.state in ("rollback_pending", "restoring"):
+                raise _Broken("gate", f"apply to {job.node} while {other.name} is being restored")
+    # one payload per job id
+    recorded_before = {j.job_id: j for j in (in_flight([old]) if old else ())}
+    recorded_after = {j.job_id: j for j in in_flight([new])}
+    for job in sent:
+        for recorded in (recorded_before.get(job.job_id), recorded_after.get(job.job_id)):
+            if recorded is not None and recorded != job:
+                raise _Broken("payload", f"job {job.job_id} sent with two payloads")
+    for job_id, job in recorded_after.items():
+        earlier = recorded_before.get(job_id)
+        if earlier is not None and earlier != job:
+            raise _Broken("payload", f"job {job_id} is rebuilt with another payload")
+    # section 5: every hold is the table's
+    if new.phase in TERMINAL_PHASES:
+        return
+    for node in new.nodes:
+        held = node.held
+        if held in (None, "dispatch_refused", "rolled_back", "rollback_failed"):
+            continue
+        if node.state == "rollback_pending" or held in ("rollback_pending", "rollback_unavailable"):
+            if not (policy == "rollback" and node.verdict == "failed"):
+                raise _Broken("policy", f"{node.name}: {held} under {policy}, {node.verdict}")
+            continue
+        if node.state == "stopped":
+            if not (policy == "stop" and held == "stopped"):
+                raise _Broken("policy", f"{node.name}: stopped under {policy}, held {held}")
+            continue
+        if node.verdict is None:
+            raise _Broken("policy", f"{node.name}: held {held} without a verdict")
+        backup = node.first_backup_id is not None or not node.first_backup_known
+        expected = decide(
+            policy, node.verdict, auto_retried=node.auto_retried, backup_available=backup
+        ).hold
+        if expected != held:
+            raise _Broken(
+                "policy", f"{node.name}: held {held}, the table says {expected} ({node.verdict})"
+            )
+
+
+# -- the search --------------------------------------------------------------------
+
+
+def initial_state() -> State:
+    return State(0, Intents(), None, (), (), ())
+
+
+def check(policy: str, batch_size: int, depth: int, stop_at_first: bool = True) -> Report:
+    """Every event sequence up to ``depth`` from a fresh rollout, breadth first."""
+    report = Report(policy, batch_size, depth)
+    started = time.monotonic()
+    first, _, _ = _pass(policy, batch_size, initial_state())
+    parents: dict[bytes, tuple[bytes | None, str]] = {first.key(): (None, "start")}
+    level = [first]
+    for _ in range(depth):
+        following: list[State] = []
+        for state in level:
+            key = state.key()
+            for event, changed in _events(state):
+                report.transitions += 1
+                after, sent, moves = _pass(policy, batch_size, changed)
+                try:
+                    _check(policy, event, state, after, sent, moves)
+                except _Broken as broken:
+                    path = (*_path(parents, key), event)
+                    report.violations.append(Violation(broken.rule, broken.message, path))
+                    if stop_at_first:
+                        report.states = len(parents)
+                        report.seconds = time.monotonic() - started
+                        return report
+                    continue
+                new_key = after.key()
+                if new_key not in parents:
+                    parents[new_key] = (key, event)
+                    following.append(after)
+        level = following
+    report.states = len(parents)
+    report.seconds = time.monotonic() - started
+    return report
+
+
+def _path(parents: dict[bytes, tuple[bytes | None, str]], key: bytes) -> tuple[str, ...]:
+    events: list[str] = []
+    current: bytes | None = key
+    while current is not None:
+        parent, event = parents[current]
+        if parent is not None:
+            events.append(event)
+        current = parent
+    return tuple(reversed(events))
+
+
+def check_all(depth: int) -> list[Report]:
+    return [check(p, b, depth) for p in POLICIES for b in BATCH_SIZES]
