@@ -154,3 +154,24 @@ def test_fleet_that_ignores_wait_is_polled_at_the_interval(tmp_path: Path) -> No
         assert took >= 2 * 1.5  # two gaps between three batches, each the interval
     finally:
         kit.close()
+
+
+def test_simulated_fleet_answers_a_held_read_unfinished_when_the_wait_ends(
+    tmp_path: Path,
+) -> None:
+    kit = FleetKit.create(tmp_path, {"web-1": {"role": "web"}}, behaviour="default: hang\n")
+    try:
+        kit.push({"rollouts/r.yaml": rollout_yaml("r", selector={"role": "web"})})
+        daemon = kit.daemon()
+        status = kit.run_until(daemon, lambda s: bool(s.get("r", {}).get("nodes")))
+        job_id = status["r"]["nodes"][0]["jobId"]
+        url = f"{kit.fleet.url}/v1/nodes/web-1/jobs/{job_id}"
+        started = time.monotonic()
+        held = httpx.get(url + "?wait=1s", timeout=30).json()
+        took = time.monotonic() - started
+        assert held["state"] == "running"  # the job hangs: the wait ended
+        assert took >= 0.9
+        bad = httpx.get(url + "?wait=-1s")
+        assert bad.status_code == 400 and "wait must" in bad.json()["message"]
+    finally:
+        kit.close()
