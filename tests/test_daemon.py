@@ -246,7 +246,7 @@ def test_a_scheduled_rollout_starts_at_its_time_after_quiet_passes(kit: FleetKit
 
 
 def test_the_pass_is_its_named_steps_in_design_order_each_saying_what_it_touches() -> None:
-    assert PASS_STEPS == ("read", "verify", "observe", "step", "fleet", "commit", "send")
+    assert PASS_STEPS == ("read", "verify", "observe", "step", "fleet", "commit", "notify", "send")
     for name in PASS_STEPS:
         doc = getattr(Daemon, f"_{name}").__doc__ or ""
         assert "Touches:" in doc, name

@@ -29,8 +29,12 @@ from reconciler.views import plan
 
 __all__ = ["identity"]
 
-# Statuses are made by the engine a minute ago, so no deadline has passed.
-EARLIER = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=1)
+
+def earlier() -> datetime:
+    """Statuses are made by the engine a minute before the test, so no
+    deadline has passed (taken per test: the suite runs longer than a
+    health timeout)."""
+    return datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=1)
 
 
 def rollout(name: str, selector: str, *, live: bool = True, extra: str = "") -> str:
@@ -81,7 +85,7 @@ def engine_statuses(
         )
         for name, spec in docs.rollouts.items()
     ]
-    step = step_fleet(inputs, docs.fleet, docs.settings, observations or Observations(), EARLIER)
+    step = step_fleet(inputs, docs.fleet, docs.settings, observations or Observations(), earlier())
     return {**previous, **step.statuses}
 
 
@@ -364,7 +368,7 @@ def _pure_plan(
         plan.Tree("a" * 40, {p: t.encode() for p, t in base.items()}),
         plan.Tree("b" * 40, {p: t.encode() for p, t in head.items()}),
         statuses or {},
-        now=EARLIER,
+        now=earlier(),
     )
 
 

@@ -8,9 +8,10 @@ agents; ``step`` every rollout through the engine with one ``now``;
 ``fleet``: start a fleet sweep when due and decide what the last one
 showed (DESIGN.md section 14, ``fleet_watch.py``); ``commit`` all
 changed status files and the dashboard in one commit whose parent is the
-tip read, moving the branch only if it still points there;
-only then ``send`` the jobs just recorded. A pass that loses the
-compare-and-swap starts over and sends nothing.
+tip read, moving the branch only if it still points there; ``notify``:
+hand the events that commit made true to the receivers' queues (never
+waiting for a receiver); only then ``send`` the jobs just recorded. A pass
+that loses the compare-and-swap starts over and sends nothing.
 
 Must not: decide anything (that is the engine's), or keep rollout state
 anywhere but the status files. What it keeps between passes is in one
@@ -42,6 +43,7 @@ from reconciler.daemon.fleet_watch import (
 )
 from reconciler.daemon.logs import EventLog
 from reconciler.daemon.metrics import Metrics
+from reconciler.daemon.notifications import Notifier
 from reconciler.daemon.prometheus_client import PrometheusClient
 from reconciler.daemon.status_trust import StatusTrust
 from reconciler.engine import fleet as fleet_rules
@@ -85,6 +87,7 @@ from reconciler.spec.paths import (
 )
 from reconciler.spec.rollout_status import ApprovalRecord, RolloutStatus
 from reconciler.spec.safe_yaml import dump_yaml
+from reconciler.views import notification_events
 from reconciler.views.dashboard import render_dashboard
 from reconciler.views.fleet_reader import FleetReader
 from reconciler.views.fleet_text import fleet_dashboard_section
@@ -96,7 +99,7 @@ REQUEST_WALK = 1000  # spec commits searched for the one that asked for a rollba
 
 # One pass (DESIGN.md section 6), as the steps ``Daemon._attempt`` runs in
 # this order; each step's docstring says what it touches.
-PASS_STEPS = ("read", "verify", "observe", "step", "fleet", "commit", "send")
+PASS_STEPS = ("read", "verify", "observe", "step", "fleet", "commit", "notify", "send")
 
 
 @dataclass(frozen=True)
@@ -226,9 +229,14 @@ class Daemon:
         sign: Callable[[bytes], str] | None = None,
         status_signers: Sequence[AllowedSigner] = (),
         clock: Callable[[], datetime] = lambda: datetime.now(UTC).replace(microsecond=0),
+        notifier: Notifier | None = None,
+        environ: Mapping[str, str] | None = None,
         prometheus: PrometheusClient | None = None,
     ) -> None:
         self.store = store
+        self.notifier = notifier
+        self.environ = environ if environ is not None else {}
+        self._announced = False  # standing events handed to the notifier once, on start
         self.client = client
         self.log = log or EventLog()
         self.metrics = metrics or Metrics()
@@ -449,6 +457,48 @@ class Daemon:
         if p.fleet_sweep is not None:
             self.fleet_watch.applied(p.fleet_sweep)
         return None
+
+    def _notify(self, p: _Pass) -> PassOutcome | None:
+        """Hand the notifier the events the committed statuses made true
+        (DESIGN.md section 13), and on the first pass the events still true;
+        it queues them and returns at once. Touches: the notifier's queues
+        and, when the settings changed, its receivers."""
+        notifier = self.notifier
+        if notifier is None:
+            return None
+        if not any(problem.path == SETTINGS_PATH for problem in p.documents.problems):
+            notifier.reconfigure(p.documents.settings.notifications, self.environ)
+        events: list[notification_events.Event] = []
+        if not self._announced:
+            self._announced = True
+            commit = p.commit or p.status_tip or p.tip
+            for status in p.statuses.values():
+                events += notification_events.standing_rollout_events(status, p.now, commit)
+            events += notification_events.standing_fleet_events(
+                _fleet_states(p.fleet_before), commit
+            )
+        if p.commit is not None:
+            for name, new in p.step.statuses.items():
+                events += notification_events.rollout_events(p.statuses.get(name), new, p.commit)
+            if p.fleet is not None and p.fleet != p.fleet_before:
+                events += notification_events.fleet_events(
+                    _fleet_states(p.fleet_before), _fleet_states(p.fleet), p.commit
+                )
+        notifier.publish(events)
+        return None
+
+    def notify_fleet(
+        self,
+        old: Mapping[str, notification_events.NodeState],
+        new: Mapping[str, notification_events.NodeState],
+        commit: str,
+    ) -> None:
+        """The fleet watch's hook (DESIGN.md sections 13 and 14): after it
+        commits ``status/fleet.yaml``, the nodes whose (state, since) became
+        offline or drift are events. ``old`` empty on the daemon's first
+        sweep: what is still true is delivered again."""
+        if self.notifier is not None:
+            self.notifier.publish(notification_events.fleet_events(old, new, commit))
 
     def _send(self, p: _Pass) -> PassOutcome | None:
         """Only now, send the jobs the committed status records. Touches: the
@@ -1065,6 +1115,12 @@ class Daemon:
         if watcher is not None:
             watcher.stop()
         self.fleet_watch.stop(timeout=0)
+
+
+def _fleet_states(fleet: FleetStatus | None) -> dict[str, notification_events.NodeState]:
+    """Each node's (state, since) in ``status/fleet.yaml``: what fleet
+    events are keyed by (DESIGN.md section 13)."""
+    return {n.name: (n.state, n.since) for n in fleet.nodes} if fleet is not None else {}
 
 
 def _needs_passes(status: RolloutStatus) -> bool:

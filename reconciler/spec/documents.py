@@ -45,11 +45,13 @@ from reconciler.spec.durations import parse_duration
 from reconciler.spec.model import (
     API_VERSION,
     DEFAULT_FLEET_CHECK_INTERVAL,
+    NOTIFICATION_EVENTS,
     Defaults,
     Fleet,
     Freeze,
     Node,
     Problem,
+    Receiver,
     RollbackRequest,
     RolloutSpec,
     Settings,
@@ -646,6 +648,7 @@ class _Checker:
         )
         windows = self._windows(spec)
         freezes = self._freezes(spec)
+        receivers = self._receivers(spec.get("notifications"))
         if self.problems:
             return self.result()
         base = Defaults()
@@ -662,8 +665,49 @@ class _Checker:
                 prometheus_url=(spec.get("prometheus") or {}).get("url"),
                 windows=windows,
                 freezes=freezes,
+                notifications=receivers,
             )
         )
+
+    def _receivers(self, entries: Any) -> tuple[Receiver, ...]:
+        """``spec.notifications`` (DESIGN.md section 13), after the schema:
+        unique names and known event names, each problem naming the receiver."""
+        if not isinstance(entries, list) or not self._ok("spec.notifications"):
+            return ()
+        receivers: list[Receiver] = []
+        seen: dict[str, int] = {}
+        for index, entry in enumerate(entries):
+            where = f"spec.notifications[{index}]"
+            if not isinstance(entry, dict) or any(b.startswith(where) for b in self.bad_fields):
+                continue  # the schema's problem is reported already
+            name = entry["name"]
+            if name in seen:
+                self.add(
+                    ["spec", "notifications", index, "name"],
+                    f"receiver {_show(name)} is named twice (also entry {seen[name] + 1}): "
+                    "give every receiver its own name",
+                )
+                continue
+            seen[name] = index
+            events = entry.get("events", NOTIFICATION_EVENTS)
+            for at, event in enumerate(events):
+                if event not in NOTIFICATION_EVENTS:
+                    self.add(
+                        ["spec", "notifications", index, "events", at],
+                        f"receiver {_show(name)}: unknown event {_show(event)}; "
+                        f"use one of {', '.join(NOTIFICATION_EVENTS)}",
+                    )
+            receivers.append(
+                Receiver(
+                    name=name,
+                    url_env=entry["urlEnv"],
+                    format=entry.get("format", "json"),
+                    secret_env=entry.get("secretEnv"),
+                    events=tuple(dict.fromkeys(events)),
+                    rollouts=tuple(entry.get("rollouts", ())),
+                )
+            )
+        return tuple(receivers)
 
 
 @dataclass(frozen=True)

@@ -132,6 +132,33 @@ class Defaults:
     on_failure: str = DEFAULT_ON_FAILURE
 
 
+# Notification events (DESIGN.md section 13): rollout events, then the
+# fleet events of section 14.
+NOTIFICATION_EVENTS = (
+    "hold",
+    "completed",
+    "failed",
+    "aborted",
+    "rolled_back",
+    "node_offline",
+    "node_drift",
+)
+NOTIFICATION_FORMATS = ("json", "slack")
+
+
+@dataclass(frozen=True)
+class Receiver:
+    """One entry of ``spec.notifications``: where events go. The URL and
+    the secret are secrets, so the document names environment variables."""
+
+    name: str
+    url_env: str
+    format: str = "json"
+    secret_env: str | None = None
+    events: tuple[str, ...] = NOTIFICATION_EVENTS
+    rollouts: tuple[str, ...] = ()  # globs on rollout names; empty: every rollout
+
+
 @dataclass(frozen=True)
 class Settings:
     status_branch: str | None = None
@@ -141,6 +168,7 @@ class Settings:
     prometheus_url: str | None = None  # spec.prometheus.url (section 11)
     windows: tuple[Window, ...] = ()  # empty: any time is inside a window
     freezes: tuple[Freeze, ...] = ()
+    notifications: tuple[Receiver, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ if TYPE_CHECKING:  # imported when run, so that other verbs never pay for them
     from reconciler.daemon.logs import EventLog
     from reconciler.daemon.loop import Daemon
     from reconciler.daemon.metrics import Metrics
+    from reconciler.daemon.notifications import Notifier
     from reconciler.git.approval import Approver
     from reconciler.git.sshsig import AllowedSigner
     from reconciler.git.store import GitStore
@@ -209,6 +211,7 @@ def _run(args: argparse.Namespace, start_up: _StartUp) -> int:
     status_signers = (
         _status_signers(approver, key, args.sign_commits, log) if approver is not None else ()
     )
+    notifier = _notifier(store, approver, log, metrics)
     client = AgentClient(key, concurrency=args.concurrency, timeout=args.agent_timeout)
     daemon = Daemon(
         store,
@@ -218,6 +221,8 @@ def _run(args: argparse.Namespace, start_up: _StartUp) -> int:
         approver=approver,
         sign=sign,
         status_signers=status_signers,
+        notifier=notifier,
+        environ=os.environ,
     )
     log.info(
         "start",
@@ -231,6 +236,31 @@ def _run(args: argparse.Namespace, start_up: _StartUp) -> int:
         return _serve(daemon, store, args, log, metrics, start_up)
     finally:
         client.close()
+        if notifier is not None:
+            # One pass's events still go out; a hanging receiver delays the
+            # exit this long at most (a restart delivers what is still true).
+            notifier.drain(NOTIFY_DRAIN if args.once else 2.0)
+            notifier.close()
+
+
+NOTIFY_DRAIN = 10.0  # seconds `run --once` waits for its notifications
+
+
+def _notifier(
+    store: GitStore, approver: Approver | None, log: EventLog, metrics: Metrics
+) -> Notifier:
+    """The receivers of the settings acted on, checked whole before the
+    daemon starts: one that cannot be used stops the start (DESIGN.md 13)."""
+    from reconciler.daemon.notifications import Notifier, receivers_at, resolve
+
+    tip = store.refresh()
+    commit = tip if approver is None or tip is None else approver.approve(tip).verified_commit
+    receivers = receivers_at(store, commit)
+    notifier = Notifier(resolve(receivers, os.environ), log=log, metrics=metrics)
+    notifier.receivers = receivers
+    if receivers:
+        log.info("notify_config", "receivers: " + ", ".join(r.name for r in receivers))
+    return notifier
 
 
 def _approver(store: GitStore, args: argparse.Namespace) -> Approver | None:
