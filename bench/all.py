@@ -59,6 +59,8 @@ SCRIPTS = (
     Script("yaml_nesting", (), ("--runs", "1")),
     Script("health", (), ("--quick",)),
     Script("shapes", (), ("--nodes", "1000", "--calls", "2000")),
+    # Ansible side by side (installs ansible-core into a temporary venv when missing).
+    Script("peers/ansible", (), ("--quick",), timeout=1800.0),
     Script("agent_soak", (), ("--quick",), timeout=1200.0),
     Script("notify", (), ("--quick",)),
 )

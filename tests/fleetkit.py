@@ -94,7 +94,11 @@ class SimFleet:
 
 
 def start_sim_fleet(
-    workdir: Path, names: list[str], trust_key: Path, behaviour: str = "default: succeed\n"
+    workdir: Path,
+    names: list[str],
+    trust_key: Path,
+    behaviour: str = "default: succeed\n",
+    extra: tuple[str, ...] = (),
 ) -> SimFleet:
     workdir.mkdir(parents=True, exist_ok=True)
     script = workdir / "behaviour.yaml"
@@ -106,6 +110,7 @@ def start_sim_fleet(
             "--trust-key", str(trust_key),
             "--behaviour", str(script),
             "--listen", "127.0.0.1:0",
+            *extra,
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -195,10 +200,11 @@ class FleetKit(RepoKit):
         *,
         behaviour: str = "default: succeed\n",
         files: Mapping[str, str] | None = None,
+        sim_args: tuple[str, ...] = (),
     ) -> FleetKit:
         key_path, _ = generate_key(root / "keys")
         fleet = start_sim_fleet(
-            root / "sim", list(nodes), root / "keys" / "reconciler.pub", behaviour
+            root / "sim", list(nodes), root / "keys" / "reconciler.pub", behaviour, sim_args
         )
         try:
             seed: dict[str, str] = {

@@ -42,6 +42,7 @@ from urllib.parse import urlsplit
 from reconciler.protocol.effects import SendJob
 from reconciler.protocol.evidence import split_answer
 from reconciler.protocol.job_payload import build_payload
+from reconciler.protocol.long_poll import DAEMON_WAIT_SECONDS, FINISHED_JOB_STATES, wait_query
 from reconciler.protocol.observations import (
     Backup,
     Heartbeat,
@@ -61,6 +62,9 @@ AGENT_JOB_STATES = frozenset({"accepted", "running", "succeeded", "failed"})
 MAX_RESPONSE_BYTES = 8 * 1024 * 1024
 MAX_HEAD_BYTES = 64 * 1024
 MAX_IDLE_CONNECTIONS = 512  # across all origins; a fleet of 10,000 agents must not pin 10,000 fds
+# Held ``?wait=`` reads in flight at once, each on its own connection: jobs
+# beyond it are read by the passes' polling, as from agents without ``wait``.
+MAX_WATCHES = 256
 USER_AGENT = "reconciler-daemon"
 _T = TypeVar("_T")
 _R = TypeVar("_R")
@@ -229,7 +233,13 @@ class _HttpClient:
         return origin
 
     async def request(
-        self, base_url: str, method: str, path: str, body: bytes | None = None
+        self,
+        base_url: str,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        *,
+        timeout: float | None = None,
     ) -> tuple[int, bytes]:
         origin = self.origin(base_url)
         head = (
@@ -240,19 +250,20 @@ class _HttpClient:
             head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
         data = (head + "\r\n").encode("latin-1") + (body or b"")
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.timeout
+        limit = timeout or self.timeout
+        deadline = loop.time() + limit
         conn = self.pool.take(origin)
         if conn is not None and conn.pin != self.pins.get((origin.host, origin.port)):
             conn.close()  # checked against a pin that has changed since
             conn = None
         if conn is not None:
             try:
-                return await self._send(origin, conn, data, deadline)
+                return await self._send(origin, conn, data, deadline, limit)
             except _StaleConnection:
                 pass  # the agent closed an idle keep-alive connection: retry once, fresh
         conn = await self._connect(origin, deadline)
         try:
-            return await self._send(origin, conn, data, deadline)
+            return await self._send(origin, conn, data, deadline, limit)
         except _StaleConnection as exc:
             raise _Unreachable(f"connection closed by the agent: {exc}") from None
 
@@ -293,11 +304,11 @@ class _HttpClient:
         return conn
 
     async def _send(
-        self, origin: _Origin, conn: _Connection, data: bytes, deadline: float
+        self, origin: _Origin, conn: _Connection, data: bytes, deadline: float, limit: float
     ) -> tuple[int, bytes]:
         loop = asyncio.get_running_loop()
         # A timer instead of wait_for: wait_for costs a task per request.
-        timer = loop.call_at(deadline, _time_out, conn, self.timeout)
+        timer = loop.call_at(deadline, _time_out, conn, limit)
         done = False
         try:
             status, body, keep_alive = await conn.exchange(data)
@@ -512,6 +523,9 @@ class AgentClient:
         )
         self._thread.start()
         self._closed = False
+        # On the loop thread only: job id -> its held read; origins that ignore ``wait``.
+        self._watches: dict[str, asyncio.Task[None]] = {}
+        self._no_wait: set[_Origin] = set()
 
     # The public calls: each runs one batch of requests on the loop thread.
 
@@ -587,12 +601,81 @@ class AgentClient:
         """GET each node's backups, newest first; None when unreachable or unusable."""
         return self._read_nodes(nodes, "backups", _backups_reader)
 
+    def watch_jobs(
+        self, jobs: Sequence[tuple[str, SendJob]], on_finished: Callable[[], None]
+    ) -> None:
+        """Keep a held read (``?wait=``, README "Event-driven observation") in
+        flight for each of ``jobs``, and for no other job; call ``on_finished``
+        (from the client's thread) when one answers finished. Returns at once.
+        Agents that ignore ``wait`` (they answer at once, unfinished) are
+        left to the passes' polling."""
+        if self._closed:
+            return
+        wanted = list(jobs)
+        self._loop.call_soon_threadsafe(self._watch, wanted, on_finished)
+
+    def watching(self) -> set[str]:
+        """The job ids with a held read in flight (for tests and metrics)."""
+
+        async def ids() -> set[str]:
+            return set(self._watches)
+
+        return self._call(ids())
+
+    def _watch(self, jobs: list[tuple[str, SendJob]], on_finished: Callable[[], None]) -> None:
+        wanted = {job.job_id: (url, job) for url, job in jobs}
+        for job_id in [j for j in self._watches if j not in wanted]:
+            self._watches.pop(job_id).cancel()
+        for job_id, (url, job) in wanted.items():
+            if job_id in self._watches or len(self._watches) >= MAX_WATCHES:
+                continue
+            try:
+                origin = self._http.origin(url)
+            except _Unreachable:
+                continue  # the passes report it
+            if origin not in self._no_wait:
+                task = asyncio.ensure_future(self._held_read(origin, url, job, on_finished))
+                self._watches[job_id] = task
+
+    async def _held_read(
+        self, origin: _Origin, url: str, job: SendJob, on_finished: Callable[[], None]
+    ) -> None:
+        """Held reads of one job until it is finished; ends quietly on any
+        trouble, which the next pass's read reports."""
+        loop = asyncio.get_running_loop()
+        path = f"/v1/nodes/{job.node}/jobs/{job.job_id}?{wait_query(DAEMON_WAIT_SECONDS)}"
+        try:
+            while True:
+                asked = loop.time()
+                status, answer = await self._http.request(
+                    url, "GET", path, timeout=DAEMON_WAIT_SECONDS + self.timeout
+                )
+                if status != 200:
+                    return
+                seen = _job_observation(job.job_id, answer)
+                if seen.state in FINISHED_JOB_STATES:
+                    on_finished()
+                    return
+                if loop.time() - asked < DAEMON_WAIT_SECONDS / 2:
+                    # Answered unfinished before the wait could end: it ignores ``wait``.
+                    self._no_wait.add(origin)
+                    log.info("agent at %s answers at once: its jobs are polled", url)
+                    return
+        except _Unreachable:
+            return
+        finally:
+            if self._watches.get(job.job_id) is asyncio.current_task():
+                del self._watches[job.job_id]
+
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
 
         async def shutdown() -> None:
+            for task in self._watches.values():
+                task.cancel()
+            self._watches.clear()
             self._http.close()
 
         asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result()

@@ -185,6 +185,7 @@ class _Pass:
         "statuses",
         "step",
         "tip",
+        "unfinished",
     )
     tip: str
     history: History
@@ -197,6 +198,7 @@ class _Pass:
     broken: dict[str, str]
     inputs: list[RolloutInput]
     observations: Observations
+    unfinished: list[tuple[str, SendJob]]  # jobs the agents said are not finished yet
     now: datetime
     step: FleetStep
     merged: dict[str, RolloutStatus]
@@ -248,6 +250,7 @@ class Daemon:
         # Set by ``stop``, never cleared: a signal that came before ``serve``
         # began still ends it.
         self._stopping = False
+        self._wake: Callable[[], None] | None = None  # set while ``serve`` runs
         self._steps: tuple[Callable[[_Pass], PassOutcome | None], ...] = tuple(
             getattr(self, f"_{name}") for name in PASS_STEPS
         )
@@ -368,7 +371,7 @@ class Daemon:
         """Ask the agents: unfinished jobs (resending those they do not
         know), heartbeats, backup lists. Touches: the agents over HTTP;
         ``memory.unreachable`` and ``memory.watching``."""
-        p.observations = self._ask_agents(p.statuses.values(), p.documents.fleet)
+        p.observations, p.unfinished = self._ask_agents(p.statuses.values(), p.documents.fleet)
         metric_checks = self._ask_prometheus(p.statuses.values(), p.observations, p.documents)
         if metric_checks:
             p.observations = replace(p.observations, metric_checks=metric_checks)
@@ -501,7 +504,19 @@ class Daemon:
         """Only now, send the jobs the committed status records. Touches: the
         agents over HTTP; logs and metrics."""
         p.sent = self._execute(p.step.effects, p.documents.fleet, p.now)
+        self._watch_jobs(p)
         return None
+
+    def _watch_jobs(self, p: _Pass) -> None:
+        """While ``serve`` runs, keep a held read in flight for every job
+        sent and not finished, so that a pass starts as soon as one finishes
+        rather than at the interval (README "Event-driven observation")."""
+        wake = self._wake
+        if wake is None:
+            return
+        nodes = self._nodes_by_name(p.documents.fleet)
+        sent = [(nodes[job.node].agent, job) for job in p.step.effects if job.node in nodes]
+        self.client.watch_jobs(p.unfinished + sent, wake)
 
     def _outcome(self, p: _Pass) -> PassOutcome:
         """What the pass did, for the loop; remembers a quiet pass."""
@@ -756,10 +771,13 @@ class Daemon:
 
     # -- observing -----------------------------------------------------------
 
-    def _ask_agents(self, statuses: Iterable[RolloutStatus], fleet: Fleet) -> Observations:
+    def _ask_agents(
+        self, statuses: Iterable[RolloutStatus], fleet: Fleet
+    ) -> tuple[Observations, list[tuple[str, SendJob]]]:
         """Read every unfinished job, resend those the agent does not know
         (same id, same payload, fresh signature), and read the heartbeats
-        and backup lists the engine needs. Failures are observations."""
+        and backup lists the engine needs. Failures are observations. Also
+        returns the jobs the agents said are accepted or running."""
         statuses = list(statuses)
         nodes = self._nodes_by_name(fleet)
         now = self.clock()
@@ -833,13 +851,20 @@ class Daemon:
                 self.memory.unreachable.pop(node, None)
             else:
                 self.memory.unreachable.setdefault(node, now)
-        return Observations(
+        unfinished = [
+            (url, job)
+            for url, job in jobs
+            if (seen := observed.get(job.job_id)) is not None
+            and seen.state in ("accepted", "running")
+        ]
+        observations = Observations(
             jobs=observed,
             heartbeats=heartbeats,
             unreachable_since=dict(self.memory.unreachable),
             backups=backups,
             unverified=unverified,
         )
+        return observations, unfinished
 
     def _unverified(self, node: str, kind: str, problem: str, found: dict[str, str]) -> None:
         """An answer not believed: counted, logged once per problem, and
@@ -1053,6 +1078,7 @@ class Daemon:
         the interval while a rollout is active; until ``stop``. Errors that
         a retry can fix are logged and retried with backoff."""
         self._watcher = watcher
+        self._wake = watcher.wake  # a finished job's held read starts a pass
         self.fleet_watch.start(watcher.wake)
         backoff = 0.0
         while not self._stopping:
@@ -1078,6 +1104,8 @@ class Daemon:
                 sleep = min(sleep, sweep_due + 0.01)
             if not self._stopping:
                 watcher.wait(sleep)
+        self._wake = None
+        self.client.watch_jobs([], lambda: None)  # no held reads outlive the loop
         self.fleet_watch.stop()  # a sweep in flight ends after its chunk
 
     def stop(self, *_: Any) -> None:

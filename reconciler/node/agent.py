@@ -36,7 +36,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -57,6 +57,7 @@ from reconciler.node.state_dir import (
 )
 from reconciler.protocol.admission import admit_job
 from reconciler.protocol.evidence import sign_answer
+from reconciler.protocol.long_poll import FINISHED_JOB_STATES, wait_seconds
 from reconciler.protocol.signing import JobRefused, SigningKey, TrustedKey
 from reconciler.spec.safe_yaml import YamlProblem, dump_yaml, load_yaml
 from reconciler.spec.times import format_time, parse_time
@@ -136,6 +137,8 @@ class Agent:
         self._lock = threading.Lock()
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agent-job")
         self.jobs = state.load_jobs()
+        # job id -> held ``?wait=`` answers, woken from the job's thread when it finishes
+        self._waiters: dict[str, list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]]] = {}
         self._compacted_at: datetime | None = None
         self._recover()
         self.prober = Prober(clock)
@@ -262,7 +265,7 @@ class Agent:
     def _error(self, status: int, code: str, message: str) -> Response:
         return self._json(status, {"error": code, "message": message})
 
-    def handle(self, request: Request) -> Response:
+    def handle(self, request: Request) -> Response | Awaitable[Response]:
         parts = request.path.split("/")
         if len(parts) < 5 or parts[:3] != ["", "v1", "nodes"]:
             return self._error(404, "not_found", f"no such endpoint: {request.path}")
@@ -276,17 +279,44 @@ class Agent:
         if route == ("POST", "jobs"):
             return self.post_job(request.body, parts[3])
         if len(route) == 3 and route[:2] == ("GET", "jobs"):
+            try:
+                wait = wait_seconds(request.query)
+            except ValueError as exc:
+                return self._error(400, "bad_request", str(exc))
             with self._lock:
                 record = self.jobs.get(route[2])
-            if record is None:
-                return self._error(404, "unknown_job", f"no job {route[2]} on this node")
-            return self._json(200, record.public())
+                if record is None:
+                    return self._error(404, "unknown_job", f"no job {route[2]} on this node")
+                if not wait or record.state in FINISHED_JOB_STATES:
+                    return self._json(200, record.public())
+                # Registered under the lock the job's thread saves with: no finish is missed.
+                loop = asyncio.get_running_loop()
+                woken: asyncio.Future[None] = loop.create_future()
+                self._waiters.setdefault(route[2], []).append((loop, woken))
+            return self._held_job(route[2], woken, wait)
         if route == ("GET", "heartbeat"):
             return self._json(200, self.heartbeat())
         if route == ("GET", "backups"):
             # A list has no room for evidence; backups are not evidence of a verdict.
             return json_response(200, [b.public() for b in self.state.list_backups()])
         return self._error(404, "not_found", f"no such endpoint: {request.method} {request.path}")
+
+    async def _held_job(self, job_id: str, woken: asyncio.Future[None], wait: float) -> Response:
+        """The job's record once it finished, or as it is when ``wait`` ends."""
+        try:
+            await asyncio.wait_for(asyncio.shield(woken), wait)
+        except TimeoutError:
+            pass
+        finally:
+            with self._lock:
+                held = self._waiters.get(job_id, [])
+                held[:] = [w for w in held if w[1] is not woken]
+                if not held:
+                    self._waiters.pop(job_id, None)
+                record = self.jobs.get(job_id)  # expired records are compacted away
+        if record is None:
+            return self._error(404, "unknown_job", f"no job {job_id} on this node")
+        return self._json(200, record.public())
 
     def post_job(self, body: bytes, path_node: str) -> Response:
         try:
@@ -360,8 +390,12 @@ class Agent:
     # -- running jobs ----------------------------------------------------------------
 
     def _save(self, record: JobRecord) -> None:
+        """Called with ``_lock`` held (or before serving starts)."""
         self.state.save_job(record)
         self.jobs[record.job_id] = record
+        if record.state in FINISHED_JOB_STATES:
+            for loop, woken in self._waiters.pop(record.job_id, ()):
+                loop.call_soon_threadsafe(_wake, woken)
 
     def _update(self, record: JobRecord, **changes: Any) -> JobRecord:
         record = record.with_changes(**changes)
@@ -582,6 +616,11 @@ class Agent:
             )
             return f"after-apply command failed ({how})", tail
         return None
+
+
+def _wake(woken: asyncio.Future[None]) -> None:
+    if not woken.done():
+        woken.set_result(None)
 
 
 def _expired_before(record: JobRecord, now: datetime) -> bool:

@@ -57,12 +57,13 @@ _REASONS = {s.value: s.phrase.encode("latin-1") for s in HTTPStatus}
 
 
 class Request:
-    __slots__ = ("body", "method", "path")
+    __slots__ = ("body", "method", "path", "query")
 
-    def __init__(self, method: str, path: str, body: bytes) -> None:
+    def __init__(self, method: str, path: str, body: bytes, query: str = "") -> None:
         self.method = method
         self.path = path
         self.body = body
+        self.query = query  # the text after ``?``, undecoded; "" when none
 
 
 class Response:
@@ -230,8 +231,13 @@ class _Connection(asyncio.Protocol):
         head = self.head
         assert head is not None
         self.busy = True  # the whole request is in: its deadline no longer applies
-        path = head.target.split(b"?", 1)[0].decode("latin-1")
-        request = Request(head.method.decode("ascii", "replace"), path, b"".join(self.body))
+        target, _, query = head.target.partition(b"?")
+        request = Request(
+            head.method.decode("ascii", "replace"),
+            target.decode("latin-1"),
+            b"".join(self.body),
+            query.decode("latin-1"),
+        )
         self.body = []
         try:
             result = self.server.handler(request)

@@ -77,6 +77,7 @@ from reconciler.node.http_server import HttpServer, Request, Response, error_res
 from reconciler.protocol.admission import admit_job
 from reconciler.protocol.evidence import derived_agent_key, sign_answer
 from reconciler.protocol.job_payload import SEND_TIME_FIELDS
+from reconciler.protocol.long_poll import FINISHED_JOB_STATES, wait_seconds
 from reconciler.protocol.signing import JobRefused, SigningKey, TrustedKey, canonical_json
 from reconciler.spec.safe_yaml import YamlProblem, load_yaml
 from reconciler.spec.times import format_time
@@ -327,7 +328,7 @@ def load_script(path: Path) -> Script:
 
 
 class SimJob:
-    __slots__ = ("backup_id", "detail", "error", "finished_at", "payload", "state")
+    __slots__ = ("backup_id", "detail", "error", "finished_at", "payload", "state", "waiters")
 
     def __init__(self, payload: dict[str, Any]) -> None:
         self.payload = payload
@@ -336,6 +337,7 @@ class SimJob:
         self.backup_id: str | None = None
         self.finished_at: str | None = None
         self.detail = ""
+        self.waiters: list[asyncio.Future[None]] = []  # held ``?wait=`` answers
 
     def record(self) -> dict[str, Any]:
         return {
@@ -408,6 +410,7 @@ class SimFleet:
         self.variants: defaultdict[str, set[tuple[Any, ...]]] = defaultdict(set)
         self.refusals: Counter[str] = Counter()
         self.requests = 0
+        self.ignore_wait = False  # answer ``?wait=`` at once, as an agent older than it does
         self.state_dir = state_dir
         state_dir.mkdir(parents=True, exist_ok=True)
         self._journal_path = state_dir / JOURNAL_NAME
@@ -483,6 +486,10 @@ class SimFleet:
         job.backup_id = event["backupId"]
         job.finished_at = event["finishedAt"]
         job.detail = event["detail"]
+        for woken in job.waiters:
+            if not woken.done():
+                woken.set_result(None)
+        job.waiters.clear()
         if event["backup"] is not None:
             node.backups.append(event["backup"])
         if event["config"] is not None:
@@ -531,6 +538,12 @@ class SimFleet:
                 return answer
             if job is None or behaviour.action == "impostor":
                 return error_response(404, "unknown_job", f"no job {parts[5]} on {node.name}")
+            try:
+                wait = wait_seconds(request.query)
+            except ValueError as exc:
+                return self._error(node, 400, "bad_request", str(exc))
+            if wait and job.state not in FINISHED_JOB_STATES and not self.ignore_wait:
+                return asyncio.ensure_future(self._held_job(node, job, wait))
             return self._json(node, 200, job.record())
         if len(parts) == 5 and request.method == "GET" and what in ("heartbeat", "backups"):
             behaviour = script.behaviour
@@ -544,6 +557,19 @@ class SimFleet:
         return error_response(
             404, "not_found", f"no such endpoint: {request.method} {request.path}"
         )
+
+    async def _held_job(self, node: SimNode, job: SimJob, wait: float) -> Response:
+        """The job's record once it finished, or as it is when ``wait`` ends."""
+        woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        job.waiters.append(woken)
+        try:
+            await asyncio.wait_for(woken, wait)
+        except TimeoutError:
+            pass
+        finally:
+            if woken in job.waiters:
+                job.waiters.remove(woken)
+        return self._json(node, 200, job.record())
 
     def _transport(self, behaviour: Behaviour) -> Response | asyncio.Future[Response] | None:
         action = behaviour.action

@@ -62,6 +62,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "name (protocol.evidence.derived_agent_key), so node files can carry spec.agentKey",
     )
     parser.add_argument(
+        "--ignore-wait",
+        action="store_true",
+        help="answer GET .../jobs/ID?wait= at once, as an agent without held answers does",
+    )
+    parser.add_argument(
         "--runtime",
         action="append",
         metavar="TYPE",
@@ -91,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
         script=script,
         key_seed=args.key_seed,
     )
+    fleet.ignore_wait = args.ignore_wait
 
     async def main() -> None:
         stop = asyncio.Event()

@@ -1,0 +1,177 @@
+"""Event-driven observation (README "Event-driven observation"): held
+``?wait=`` reads of jobs on the real agent and the simulated fleet, and the
+daemon's loop starting a pass as soon as one answers finished. The plain
+behaviour (polling at the interval) is pinned with a fleet that ignores
+``wait``. Real agent processes, the simulated fleet as a real process, real
+HTTP on 127.0.0.1."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from agentkit import AgentFleet
+from fleetkit import FleetKit, RepoKit, rollout_yaml
+
+from reconciler.daemon.loop import Daemon
+from reconciler.git.store import GitStore
+from reconciler.git.watch import BranchWatcher
+from reconciler.protocol.long_poll import wait_seconds
+
+CONFIG = b"provider: vllm\nmodel: old-model\nprofile: default\n"
+
+
+def test_wait_reads_durations_and_refuses_what_is_not_one() -> None:
+    assert wait_seconds("") is None
+    assert wait_seconds("other=1") is None
+    assert wait_seconds("wait=20s") == 20.0
+    assert wait_seconds("wait=1.5") == 1.5
+    assert wait_seconds("wait=3600s") == 60.0  # capped
+    for bad in ("wait=soon", "wait=-1s", "wait=nan"):
+        with pytest.raises(ValueError, match="wait must"):
+            wait_seconds(bad)
+
+
+def serve_in_thread(kit: RepoKit, daemon: Daemon, **kwargs: Any) -> threading.Thread:
+    watcher = BranchWatcher.for_store(GitStore.open(str(kit.bare), "main"))
+    thread = threading.Thread(target=daemon.serve, args=(watcher,), kwargs=kwargs, daemon=True)
+    thread.start()
+    return thread
+
+
+def wait_for(kit: RepoKit, done: Any, timeout: float) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        statuses = kit.statuses()
+        if done(statuses):
+            return statuses
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not reached in {timeout}s; statuses: {statuses}")
+        time.sleep(0.05)
+
+
+def completed(statuses: dict[str, Any]) -> bool:
+    return bool(statuses.get("r", {}).get("phase") == "completed")
+
+
+def test_real_agent_holds_a_job_read_until_the_job_finishes(tmp_path: Path) -> None:
+    fleet = AgentFleet.create(tmp_path, {"a1": {"config": CONFIG, "after_apply": "sleep 1"}})
+    try:
+        fleet.push({"rollouts/r.yaml": rollout_yaml("r", nodeIds=["a1"], live=True)})
+        daemon = fleet.daemon()
+        daemon.run_pass()  # dispatches the one job
+        agent = fleet.agents["a1"]
+        job_id = agent.journal()[0]["job_id"]
+        url = f"{agent.url}/v1/nodes/a1/jobs/{job_id}"
+        plain = httpx.get(url).json()
+        assert plain["state"] in ("accepted", "running")  # no wait: answered at once
+        started = time.monotonic()
+        held = httpx.get(url + "?wait=20s", timeout=30).json()
+        took = time.monotonic() - started
+        assert held["state"] == "succeeded"
+        assert took < 10  # answered when the job finished, not when the wait ended
+        # A finished job is answered at once, and a short wait ends unfinished jobs' reads.
+        assert httpx.get(url + "?wait=20s").json()["state"] == "succeeded"
+        bad = httpx.get(url + "?wait=soon")
+        assert bad.status_code == 400 and "wait must" in bad.json()["message"]
+    finally:
+        fleet.close()
+
+
+def test_batches_follow_finished_jobs_not_the_interval_with_real_agents(tmp_path: Path) -> None:
+    nodes = {f"a{i}": {"config": CONFIG, "after_apply": "sleep 0.3"} for i in range(1, 4)}
+    fleet = AgentFleet.create(tmp_path, nodes)
+    try:
+        fleet.push({"rollouts/r.yaml": rollout_yaml("r", nodeIds=["a1", "a2", "a3"], live=True)})
+        daemon = fleet.daemon()
+        # An interval far longer than the test: a pass after a dispatch can
+        # only come from a held read answering that the job finished.
+        started = time.monotonic()
+        thread = serve_in_thread(fleet, daemon, interval=120.0, reread=120.0)
+        try:
+            done = wait_for(fleet, completed, 60)
+            took = time.monotonic() - started
+        finally:
+            daemon.stop()
+            thread.join(15)
+        assert not thread.is_alive()
+        assert [n["batch"] for n in done["r"]["nodes"]] == [1, 2, 3]
+        assert all(n["state"] == "succeeded" for n in done["r"]["nodes"])
+        assert took < 60  # three batches: two of them would each wait out 120 s
+        assert daemon.client.watching() == set()  # no held read outlives the loop
+    finally:
+        fleet.close()
+
+
+def test_simulated_fleet_batches_follow_each_other_with_default_interval(tmp_path: Path) -> None:
+    nodes = {f"web-{i}": {"role": "web"} for i in range(1, 5)}
+    kit = FleetKit.create(tmp_path, nodes, behaviour="default: {action: succeed, delay: 0.2}\n")
+    try:
+        kit.push({"rollouts/r.yaml": rollout_yaml("r", selector={"role": "web"})})
+        daemon = kit.daemon()
+        started = time.monotonic()
+        thread = serve_in_thread(kit, daemon, interval=5.0)  # the default
+        try:
+            wait_for(kit, completed, 60)
+            took = time.monotonic() - started
+        finally:
+            daemon.stop()
+            thread.join(15)
+        # Four batches, three gaps between them: at the interval that is 15 s at least.
+        assert took < 12
+    finally:
+        kit.close()
+
+
+def test_fleet_that_ignores_wait_is_polled_at_the_interval(tmp_path: Path) -> None:
+    """The plain behaviour: an agent without held answers answers at once;
+    the daemon stops holding reads there and the interval brings each batch."""
+    nodes = {f"web-{i}": {"role": "web"} for i in range(1, 4)}
+    kit = FleetKit.create(
+        tmp_path,
+        nodes,
+        behaviour="default: {action: succeed, delay: 0.2}\n",
+        sim_args=("--ignore-wait",),
+    )
+    try:
+        kit.push({"rollouts/r.yaml": rollout_yaml("r", selector={"role": "web"})})
+        daemon = kit.daemon()
+        started = time.monotonic()
+        thread = serve_in_thread(kit, daemon, interval=1.5)
+        try:
+            done = wait_for(kit, completed, 60)
+            took = time.monotonic() - started
+            held = daemon.client.watching()
+        finally:
+            daemon.stop()
+            thread.join(15)
+        assert all(n["state"] == "succeeded" for n in done["r"]["nodes"])
+        assert held == set()  # nothing held at an agent that answers at once
+        assert took >= 2 * 1.5  # two gaps between three batches, each the interval
+    finally:
+        kit.close()
+
+
+def test_simulated_fleet_answers_a_held_read_unfinished_when_the_wait_ends(
+    tmp_path: Path,
+) -> None:
+    kit = FleetKit.create(tmp_path, {"web-1": {"role": "web"}}, behaviour="default: hang\n")
+    try:
+        kit.push({"rollouts/r.yaml": rollout_yaml("r", selector={"role": "web"})})
+        daemon = kit.daemon()
+        status = kit.run_until(daemon, lambda s: bool(s.get("r", {}).get("nodes")))
+        job_id = status["r"]["nodes"][0]["jobId"]
+        url = f"{kit.fleet.url}/v1/nodes/web-1/jobs/{job_id}"
+        started = time.monotonic()
+        held = httpx.get(url + "?wait=1s", timeout=30).json()
+        took = time.monotonic() - started
+        assert held["state"] == "running"  # the job hangs: the wait ended
+        assert took >= 0.9
+        bad = httpx.get(url + "?wait=-1s")
+        assert bad.status_code == 400 and "wait must" in bad.json()["message"]
+    finally:
+        kit.close()
