@@ -22,3 +22,16 @@ def add_remote_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="the SSH server's host key must match an entry here (default ~/.ssh/known_hosts)",
     )
+
+
+def add_branch_source_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--repo``, ``--branch`` and the remote flags of the verbs that read
+    what the daemon committed (``status``, ``fleet``, ``backups``)."""
+    parser.add_argument(
+        "--repo",
+        metavar="PATH_OR_URL",
+        default=".",
+        help="a bare repository, a working clone or a remote URL (default: .)",
+    )
+    parser.add_argument("--branch", default="main", help="the branch the daemon tracks")
+    add_remote_arguments(parser)

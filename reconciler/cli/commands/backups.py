@@ -19,7 +19,7 @@ import argparse
 import json
 import sys
 
-from reconciler.cli.remote_options import add_remote_arguments
+from reconciler.cli.remote_options import add_branch_source_arguments
 from reconciler.daemon.agent_client import fetch_backups
 from reconciler.git.branch import Branch, open_branch
 from reconciler.protocol.observations import BACKUP_FIELDS, Backup
@@ -36,20 +36,13 @@ TIMEOUT = 10.0
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("node", metavar="NODE", help="the node (nodes/NODE.yaml)")
-    parser.add_argument(
-        "--repo",
-        metavar="PATH_OR_URL",
-        default=".",
-        help="a working clone, a bare repository or a remote URL (default: .)",
-    )
-    parser.add_argument("--branch", default="main", help="the branch the daemon tracks")
+    add_branch_source_arguments(parser)
     parser.add_argument(
         "--format",
         choices=("text", "json"),
         default="text",
         help="text: a table (default); json: one object per backup",
     )
-    add_remote_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -13,7 +13,7 @@ import argparse
 import json
 import sys
 
-from reconciler.cli.remote_options import add_remote_arguments
+from reconciler.cli.remote_options import add_branch_source_arguments
 from reconciler.git.branch import open_branch
 from reconciler.spec.safe_yaml import YamlProblem
 from reconciler.views.fleet_reader import read_branch_fleet
@@ -23,20 +23,13 @@ HELP = "every node's fleet state (ok, offline, drift, unverified) from status/fl
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--repo",
-        metavar="PATH_OR_URL",
-        default=".",
-        help="a bare repository, a working clone or a remote URL (default: .)",
-    )
-    parser.add_argument("--branch", default="main", help="the branch the daemon tracks")
+    add_branch_source_arguments(parser)
     parser.add_argument(
         "--format",
         choices=("text", "json"),
         default="text",
         help="text for a terminal (default), or the fleet status record as json",
     )
-    add_remote_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:

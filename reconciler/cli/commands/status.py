@@ -19,7 +19,7 @@ import sys
 import time
 from datetime import UTC, datetime
 
-from reconciler.cli.remote_options import add_remote_arguments
+from reconciler.cli.remote_options import add_branch_source_arguments
 from reconciler.daemon.logs import EventLog
 from reconciler.git.branch import REMOTE_POLL, Branch, open_branch
 from reconciler.spec.errors import StoreError
@@ -34,13 +34,7 @@ REMOTE_REFETCH = 30.0  # a full fetch at least this often, in case a hint was mi
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", metavar="NAME", nargs="?", help="one rollout in full")
-    parser.add_argument(
-        "--repo",
-        metavar="PATH_OR_URL",
-        default=".",
-        help="a bare repository, a working clone or a remote URL (default: .)",
-    )
-    parser.add_argument("--branch", default="main", help="the branch the daemon tracks")
+    add_branch_source_arguments(parser)
     parser.add_argument("--watch", action="store_true", help="redraw as status commits arrive")
     parser.add_argument(
         "--format",
@@ -48,7 +42,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="text",
         help="text for a terminal (default), or the status records as json",
     )
-    add_remote_arguments(parser)
 
 
 # --- rendering --------------------------------------------------------------
