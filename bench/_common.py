@@ -377,3 +377,14 @@ def first_parent_count(bare: Path, newer: str, older: str) -> int:
 
 def announce(title: str) -> None:
     print(f"== {title}  [{machine()}]", flush=True)
+
+
+def wait_for(check: object, timeout: float, pause: float = 0.02) -> float:
+    """Poll ``check()`` until true; the perf_counter time it became true."""
+    assert callable(check)
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"not reached in {timeout:.0f}s")
+        time.sleep(pause)
+    return time.perf_counter()

@@ -57,6 +57,7 @@ from _common import (
     row,
     start_daemon,
     status_data,
+    wait_for,
 )
 
 from reconciler.protocol.evidence import derived_agent_key
@@ -64,17 +65,6 @@ from reconciler.protocol.signing import generate_key
 
 COMPLETED = re.compile(rb"^phase: (completed|failed|aborted)$", re.MULTILINE)
 KEY_SEED = "bench-fleet"  # per-node agent keys of the simulated fleet
-
-
-def wait_for(check: object, timeout: float, pause: float = 0.02) -> float:
-    """Poll ``check()`` until true; the perf_counter time it became true."""
-    assert callable(check)
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"not reached in {timeout:.0f}s")
-        time.sleep(pause)
-    return time.perf_counter()
 
 
 def one_run(

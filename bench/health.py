@@ -39,6 +39,7 @@ from _common import (
     row,
     start_daemon,
     status_data,
+    wait_for,
 )
 
 from reconciler.protocol.signing import generate_key
@@ -49,16 +50,6 @@ HEALTH = (
     "{name: ready, http: {url: 'http://127.0.0.1:8000/ready'}}, "
     "{name: port, tcp: {host: '{node}', port: 8000}}]}"
 )
-
-
-def wait_for(check: object, timeout: float, pause: float = 0.02) -> float:
-    assert callable(check)
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"not reached in {timeout:.0f}s")
-        time.sleep(pause)
-    return time.perf_counter()
 
 
 def one_run(
