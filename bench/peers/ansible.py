@@ -247,7 +247,9 @@ class OurSide:
         found = PHASE.search(status_data(self.bare, name) or b"")
         return found.group(1).decode() if found else ""
 
-    def _push(self, files: dict[str, str], message: str) -> None:
+    def _push(self, files: dict[str, str], message: str) -> float:
+        """Commit ``files`` and push them; the ``perf_counter`` at the start of
+        the push that went through (writing the commit is not the rollout's)."""
         git("pull", "-q", "--rebase", "origin", "main", cwd=self.work)
         for path, text in files.items():
             target = self.work / path
@@ -256,6 +258,7 @@ class OurSide:
         git("add", "-A", cwd=self.work)
         git("commit", "-q", "-m", message, cwd=self.work)
         for _ in range(20):  # the daemon commits statuses meanwhile: rebase and try again
+            start = time.perf_counter()
             pushed = subprocess.run(
                 ["git", "push", "-q", "origin", "main"],
                 cwd=self.work,
@@ -264,7 +267,7 @@ class OurSide:
                 check=False,
             )
             if pushed.returncode == 0:
-                return
+                return start
             git("pull", "-q", "--rebase", "origin", "main", cwd=self.work)
         raise RuntimeError("could not push the rollout")
 
@@ -289,8 +292,7 @@ class OurSide:
         )
         time.sleep(0.2)  # the daemon is idle, waiting on its watcher
         cpu = self._cpu()
-        start = time.perf_counter()
-        self._push({f"rollouts/{name}.yaml": text}, f"Roll out {model}")
+        start = self._push({f"rollouts/{name}.yaml": text}, f"Roll out {model}")
         stops = ("paused", "failed", "completed") if fault else ("completed", "failed", "paused")
         self._wait(lambda: self._phase(name) in stops, 300)
         wall = time.perf_counter() - start

@@ -33,7 +33,7 @@ import logging
 import ssl
 import threading
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
@@ -65,6 +65,11 @@ MAX_IDLE_CONNECTIONS = 512  # across all origins; a fleet of 10,000 agents must 
 # Held ``?wait=`` reads in flight at once, each on its own connection: jobs
 # beyond it are read by the passes' polling, as from agents without ``wait``.
 MAX_WATCHES = 256
+# After a held read answers succeeded, the pass waits this long for the other
+# held reads to answer too, so that a batch's finishes make one pass and one
+# status commit rather than one each. It starts at once when none is left
+# held, or when an answer is a failure (a hold is not delayed).
+GATHER_SECONDS = 0.1
 USER_AGENT = "reconciler-daemon"
 _T = TypeVar("_T")
 _R = TypeVar("_R")
@@ -523,9 +528,15 @@ class AgentClient:
         )
         self._thread.start()
         self._closed = False
-        # On the loop thread only: job id -> its held read; origins that ignore ``wait``.
+        # On the loop thread only: job id -> its held read; origins that ignore
+        # ``wait``; the pending gathered wake-up (see GATHER_SECONDS).
         self._watches: dict[str, asyncio.Task[None]] = {}
         self._no_wait: set[_Origin] = set()
+        self._gathering: asyncio.TimerHandle | None = None
+        # Finished records that held reads brought, until a pass takes them
+        # (``take_finished``): the pass need not ask for them again.
+        self._finished_lock = threading.Lock()
+        self._finished: dict[str, JobObservation] = {}
 
     # The public calls: each runs one batch of requests on the loop thread.
 
@@ -543,15 +554,34 @@ class AgentClient:
         self._http.pins = parsed
 
     def send_jobs(
-        self, jobs: Sequence[tuple[str, SendJob]], now: datetime
+        self,
+        jobs: Sequence[tuple[str, SendJob]],
+        now: datetime,
+        *,
+        halfway: Callable[[], None] | None = None,
     ) -> dict[str, JobObservation]:
-        """POST each job, signed with ``issuedAt=now``; observations by job id."""
+        """POST each job, signed with ``issuedAt=now``, all at once (up to the
+        concurrency); observations by job id. ``halfway`` is called (on the
+        client's thread) once half of the answers, rounded up, are in and
+        some are still outstanding: the crash point between "some sent" and
+        "all sent"."""
         key = self.key
+        outstanding = len(jobs)
+        signal_at = outstanding // 2 if halfway is not None and outstanding > 1 else -1
 
         def body(job: SendJob) -> bytes:
             return envelope_bytes(build_payload(job, now), key)
 
         async def one(item: tuple[str, SendJob]) -> tuple[str, JobObservation]:
+            nonlocal outstanding
+            try:
+                return await post(item)
+            finally:
+                outstanding -= 1
+                if outstanding == signal_at and halfway is not None:
+                    halfway()
+
+        async def post(item: tuple[str, SendJob]) -> tuple[str, JobObservation]:
             url, job = item
             try:
                 status, answer = await self._http.request(
@@ -614,6 +644,13 @@ class AgentClient:
         wanted = list(jobs)
         self._loop.call_soon_threadsafe(self._watch, wanted, on_finished)
 
+    def take_finished(self, job_ids: Iterable[str]) -> dict[str, JobObservation]:
+        """The finished records of ``job_ids`` that held reads brought since
+        the last call; the others it kept are dropped (no longer wanted)."""
+        with self._finished_lock:
+            found, self._finished = self._finished, {}
+        return {job_id: found[job_id] for job_id in job_ids if job_id in found}
+
     def watching(self) -> set[str]:
         """The job ids with a held read in flight (for tests and metrics)."""
 
@@ -654,7 +691,11 @@ class AgentClient:
                     return
                 seen = _job_observation(job.job_id, answer)
                 if seen.state in FINISHED_JOB_STATES:
-                    on_finished()
+                    if self._watches.get(job.job_id) is asyncio.current_task():
+                        del self._watches[job.job_id]
+                    with self._finished_lock:
+                        self._finished[job.job_id] = seen
+                    self._wake_gathered(seen.state == "failed", on_finished)
                     return
                 if loop.time() - asked < DAEMON_WAIT_SECONDS / 2:
                     # Answered unfinished before the wait could end: it ignores ``wait``.
@@ -667,12 +708,29 @@ class AgentClient:
             if self._watches.get(job.job_id) is asyncio.current_task():
                 del self._watches[job.job_id]
 
+    def _wake_gathered(self, at_once: bool, on_finished: Callable[[], None]) -> None:
+        """Start a pass now when asked to or when no held read is left, else
+        once GATHER_SECONDS have passed since the first finish waiting."""
+
+        def fire() -> None:
+            self._gathering = None
+            on_finished()
+
+        if at_once or not self._watches:
+            if self._gathering is not None:
+                self._gathering.cancel()
+            fire()
+        elif self._gathering is None:
+            self._gathering = asyncio.get_running_loop().call_later(GATHER_SECONDS, fire)
+
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
 
         async def shutdown() -> None:
+            if self._gathering is not None:
+                self._gathering.cancel()
             for task in self._watches.values():
                 task.cancel()
             self._watches.clear()

@@ -812,9 +812,13 @@ class Daemon:
                 self._unverified(node, "job", problem, unverified)
             return seen
 
-        for (url, job), (job_id, seen) in zip(
-            jobs, _ordered(self.client.read_jobs(jobs), jobs), strict=True
-        ):
+        # Finished records the held reads brought are the answers a read
+        # would get now (an agent never changes a finished record): only
+        # the other jobs are asked.
+        held = self.client.take_finished(job.job_id for _, job in jobs)
+        asked = [(url, job) for url, job in jobs if job.job_id not in held]
+        answers: dict[str, JobObservation | None] = {**held, **self.client.read_jobs(asked)}
+        for (url, job), (job_id, seen) in zip(jobs, _ordered(answers, jobs), strict=True):
             if seen is None:
                 unknown.append((url, job))
                 reachable[job.node] = True
@@ -963,21 +967,14 @@ class Daemon:
                 self.metrics.verdicts.labels(state=t.to_state).inc()
 
     def _execute(self, effects: Iterable[SendJob], fleet: Fleet, now: datetime) -> int:
-        """Send the jobs the committed status records. Their answers are
-        not needed: the next pass reads every unfinished job anyway."""
+        """Send the jobs the committed status records, all at once. Their
+        answers are not needed: the next pass reads every unfinished job
+        anyway. Crash point ``mid_send``: half of the answers are in."""
         nodes = self._nodes_by_name(fleet)
         jobs = [(nodes[job.node].agent, job) for job in effects if job.node in nodes]
-        half = (len(jobs) + 1) // 2
-        self._send_batch(jobs[:half], now)
-        if jobs[half:]:
-            crashpoints.reach("mid_send")
-            self._send_batch(jobs[half:], now)
-        return len(jobs)
-
-    def _send_batch(self, jobs: list[tuple[str, SendJob]], now: datetime) -> None:
         if not jobs:
-            return
-        answers = self.client.send_jobs(jobs, now)
+            return 0
+        answers = self.client.send_jobs(jobs, now, halfway=lambda: crashpoints.reach("mid_send"))
         for url, job in jobs:
             answer = answers.get(job.job_id)
             self.log.info(
@@ -990,6 +987,7 @@ class Daemon:
                 agent=url,
             )
             self.metrics.jobs_sent.labels(kind=job.kind).inc()
+        return len(jobs)
 
     def _believed_heartbeat(self, node: str, beat: Heartbeat) -> bool | None:
         """The fleet watch's agentKey check (DESIGN.md 12 and 14), from the
