@@ -537,6 +537,10 @@ class AgentClient:
         # (``take_finished``): the pass need not ask for them again.
         self._finished_lock = threading.Lock()
         self._finished: dict[str, JobObservation] = {}
+        # node -> its heartbeat read right after a held read saw its live
+        # apply succeed: the evidence that pass will ask for, read meanwhile.
+        self._heartbeats: dict[str, Heartbeat] = {}
+        self._posting = 0  # POSTs in flight (loop thread): their held reads are still to come
 
     # The public calls: each runs one batch of requests on the loop thread.
 
@@ -559,12 +563,14 @@ class AgentClient:
         now: datetime,
         *,
         halfway: Callable[[], None] | None = None,
+        on_finished: Callable[[], None] | None = None,
     ) -> dict[str, JobObservation]:
         """POST each job, signed with ``issuedAt=now``, all at once (up to the
         concurrency); observations by job id. ``halfway`` is called (on the
         client's thread) once half of the answers, rounded up, are in and
         some are still outstanding: the crash point between "some sent" and
-        "all sent"."""
+        "all sent". With ``on_finished``, each job accepted gets its held
+        read (``watch_jobs``) as soon as its own answer is in."""
         key = self.key
         outstanding = len(jobs)
         signal_at = outstanding // 2 if halfway is not None and outstanding > 1 else -1
@@ -574,9 +580,14 @@ class AgentClient:
 
         async def one(item: tuple[str, SendJob]) -> tuple[str, JobObservation]:
             nonlocal outstanding
+            self._posting += 1
             try:
-                return await post(item)
+                job_id, seen = await post(item)
+                if on_finished is not None and seen.state in ("accepted", "running"):
+                    self._watch_one(*item, on_finished)
+                return job_id, seen
             finally:
+                self._posting -= 1
                 outstanding -= 1
                 if outstanding == signal_at and halfway is not None:
                     halfway()
@@ -651,6 +662,13 @@ class AgentClient:
             found, self._finished = self._finished, {}
         return {job_id: found[job_id] for job_id in job_ids if job_id in found}
 
+    def take_heartbeats(self, nodes: Iterable[str]) -> dict[str, Heartbeat]:
+        """The heartbeats of ``nodes`` read after their held reads answered
+        succeeded, since the last call; the others it kept are dropped."""
+        with self._finished_lock:
+            found, self._heartbeats = self._heartbeats, {}
+        return {node: found[node] for node in nodes if node in found}
+
     def watching(self) -> set[str]:
         """The job ids with a held read in flight (for tests and metrics)."""
 
@@ -663,16 +681,19 @@ class AgentClient:
         wanted = {job.job_id: (url, job) for url, job in jobs}
         for job_id in [j for j in self._watches if j not in wanted]:
             self._watches.pop(job_id).cancel()
-        for job_id, (url, job) in wanted.items():
-            if job_id in self._watches or len(self._watches) >= MAX_WATCHES:
-                continue
-            try:
-                origin = self._http.origin(url)
-            except _Unreachable:
-                continue  # the passes report it
-            if origin not in self._no_wait:
-                task = asyncio.ensure_future(self._held_read(origin, url, job, on_finished))
-                self._watches[job_id] = task
+        for url, job in wanted.values():
+            self._watch_one(url, job, on_finished)
+
+    def _watch_one(self, url: str, job: SendJob, on_finished: Callable[[], None]) -> None:
+        if job.job_id in self._watches or len(self._watches) >= MAX_WATCHES:
+            return
+        try:
+            origin = self._http.origin(url)
+        except _Unreachable:
+            return  # the passes report it
+        if origin not in self._no_wait:
+            task = asyncio.ensure_future(self._held_read(origin, url, job, on_finished))
+            self._watches[job.job_id] = task
 
     async def _held_read(
         self, origin: _Origin, url: str, job: SendJob, on_finished: Callable[[], None]
@@ -691,10 +712,17 @@ class AgentClient:
                     return
                 seen = _job_observation(job.job_id, answer)
                 if seen.state in FINISHED_JOB_STATES:
+                    beat = None
+                    if seen.state == "succeeded" and job.kind == "apply" and job.mode == "live":
+                        # The pass deciding this node asks for a heartbeat newer than
+                        # the job (DESIGN.md 4): read it now, while the batch finishes.
+                        beat = await self._one_heartbeat(url, job.node)
                     if self._watches.get(job.job_id) is asyncio.current_task():
                         del self._watches[job.job_id]
                     with self._finished_lock:
                         self._finished[job.job_id] = seen
+                        if beat is not None:
+                            self._heartbeats[job.node] = beat
                     self._wake_gathered(seen.state == "failed", on_finished)
                     return
                 if loop.time() - asked < DAEMON_WAIT_SECONDS / 2:
@@ -716,7 +744,7 @@ class AgentClient:
             self._gathering = None
             on_finished()
 
-        if at_once or not self._watches:
+        if at_once or not (self._watches or self._posting):
             if self._gathering is not None:
                 self._gathering.cancel()
             fire()
@@ -748,6 +776,13 @@ class AgentClient:
         self.close()
 
     # Internals
+
+    async def _one_heartbeat(self, url: str, node: str) -> Heartbeat | None:
+        try:
+            status, answer = await self._http.request(url, "GET", f"/v1/nodes/{node}/heartbeat")
+            return _heartbeat(node, answer) if status == 200 else None
+        except (_Unreachable, AgentError, ValueError):
+            return None  # the pass reads it again and reports what is wrong
 
     def _read_nodes(
         self,

@@ -251,6 +251,7 @@ class Daemon:
         # began still ends it.
         self._stopping = False
         self._wake: Callable[[], None] | None = None  # set while ``serve`` runs
+        self._watcher_of_serve: BranchWatcher | None = None  # likewise
         self._steps: tuple[Callable[[_Pass], PassOutcome | None], ...] = tuple(
             getattr(self, f"_{name}") for name in PASS_STEPS
         )
@@ -450,6 +451,9 @@ class Daemon:
             p.commit = self.store.commit(
                 p.status_branch, p.status_tip, changes, message, sign=self.sign
             )
+            if p.status_branch == self.store.branch and self._watcher_of_serve is not None:
+                # Before the ref's file event reaches the watcher: not a hint.
+                self._watcher_of_serve.acted_on(p.status_branch, p.commit)
             self._committed(p.step, p.commit)
             self._fleet_committed(fleet_changes, p.commit)
             self.memory.status_reader.remember(self.store, p.commit, written, p.step.statuses)
@@ -834,9 +838,16 @@ class Daemon:
                 observed[job_id] = believed(node_of[job_id], answer)
             self.log.info("resent", f"{len(unknown)} job(s) the agents did not know, sent again")
             self.metrics.jobs_sent.labels(kind="resend").inc(len(unknown))
-        heartbeat_nodes = [(url, n) for n in wanted_heartbeats if (url := address(n))]
+        # Heartbeats read right after a held read saw a live apply succeed
+        # are newer than that job, as a read now would be: the others are asked.
+        read_ahead: dict[str, Heartbeat | None] = dict(
+            self.client.take_heartbeats(wanted_heartbeats)
+        )
+        heartbeat_nodes = [
+            (url, n) for n in wanted_heartbeats if n not in read_ahead and (url := address(n))
+        ]
         heartbeats: dict[str, Heartbeat] = {}
-        for node, beat in self.client.read_heartbeats(heartbeat_nodes).items():
+        for node, beat in {**read_ahead, **self.client.read_heartbeats(heartbeat_nodes)}.items():
             if beat is not None:
                 beat, problem = self.memory.answers.heartbeat(nodes.get(node), beat)
                 if problem:
@@ -974,7 +985,9 @@ class Daemon:
         jobs = [(nodes[job.node].agent, job) for job in effects if job.node in nodes]
         if not jobs:
             return 0
-        answers = self.client.send_jobs(jobs, now, halfway=lambda: crashpoints.reach("mid_send"))
+        answers = self.client.send_jobs(
+            jobs, now, halfway=lambda: crashpoints.reach("mid_send"), on_finished=self._wake
+        )
         for url, job in jobs:
             answer = answers.get(job.job_id)
             self.log.info(
@@ -1076,6 +1089,7 @@ class Daemon:
         the interval while a rollout is active; until ``stop``. Errors that
         a retry can fix are logged and retried with backoff."""
         self._watcher = watcher
+        self._watcher_of_serve = watcher
         self._wake = watcher.wake  # a finished job's held read starts a pass
         self.fleet_watch.start(watcher.wake)
         backoff = 0.0
@@ -1093,6 +1107,8 @@ class Daemon:
                     backoff = 0.0
                 continue
             backoff = 0.0
+            # The pass's own status commit moves the branch too: not a hint.
+            watcher.acted_on(self.store.branch, self.memory.seen_tip)
             sleep = interval if outcome.active else reread
             if outcome.wakeup is not None:
                 until = (outcome.wakeup - self.clock()).total_seconds()
@@ -1103,6 +1119,7 @@ class Daemon:
             if not self._stopping:
                 watcher.wait(sleep)
         self._wake = None
+        self._watcher_of_serve = None
         self.client.watch_jobs([], lambda: None)  # no held reads outlive the loop
         self.fleet_watch.stop()  # a sweep in flight ends after its chunk
 
