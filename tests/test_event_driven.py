@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +17,16 @@ import httpx
 import pytest
 from agentkit import AgentFleet
 from fleetkit import FleetKit, RepoKit, rollout_yaml
+from gitutil import git
 
+from reconciler.daemon import agent_client
 from reconciler.daemon.loop import Daemon
 from reconciler.git.store import GitStore
 from reconciler.git.watch import BranchWatcher
+from reconciler.protocol.effects import SendJob
 from reconciler.protocol.long_poll import wait_seconds
+from reconciler.spec.model import Target
+from reconciler.spec.times import parse_time
 
 CONFIG = b"provider: vllm\nmodel: old-model\nprofile: default\n"
 
@@ -175,3 +181,100 @@ def test_simulated_fleet_answers_a_held_read_unfinished_when_the_wait_ends(
         assert bad.status_code == 400 and "wait must" in bad.json()["message"]
     finally:
         kit.close()
+
+
+def status_commit_messages(kit: RepoKit) -> list[str]:
+    log = git("log", "--format=%B%x00", "main", cwd=kit.bare)
+    return [m for m in log.split("\0") if m.strip().startswith("status:")]
+
+
+def test_a_batch_finishing_together_is_one_pass_and_one_status_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A held read answering succeeded waits for the batch's other held
+    reads (up to GATHER_SECONDS, here longer than the test): the pass starts
+    when the last one answers, not at the first, and not at the gather's end."""
+    monkeypatch.setattr(agent_client, "GATHER_SECONDS", 120.0)
+    nodes = {
+        "a1": {"config": CONFIG, "after_apply": "true"},
+        "a2": {"config": CONFIG, "after_apply": "sleep 0.5"},
+        "a3": {"config": CONFIG, "after_apply": "sleep 1"},
+    }
+    fleet = AgentFleet.create(tmp_path, nodes)
+    try:
+        rollout = rollout_yaml("r", nodeIds=["a1", "a2", "a3"], live=True, batchSize=3)
+        fleet.push({"rollouts/r.yaml": rollout})
+        daemon = fleet.daemon()
+        started = time.monotonic()
+        thread = serve_in_thread(fleet, daemon, interval=120.0, reread=120.0)
+        try:
+            done = wait_for(fleet, completed, 60)
+            took = time.monotonic() - started
+        finally:
+            daemon.stop()
+            thread.join(15)
+        assert all(n["state"] == "succeeded" for n in done["r"]["nodes"])
+        assert took < 60  # neither the gather's 120 s nor the interval's
+        finished = [m for m in status_commit_messages(fleet) if "-> succeeded" in m]
+        assert len(finished) == 1, finished  # the three verdicts in one commit
+        assert all(f"r/{n}: dispatched -> succeeded" in finished[0] for n in nodes)
+    finally:
+        fleet.close()
+
+
+def test_a_failure_starts_a_pass_at_once_while_the_batch_still_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(agent_client, "GATHER_SECONDS", 120.0)
+    nodes = {
+        "a1": {"config": CONFIG, "after_apply": "exit 3"},
+        "a2": {"config": CONFIG, "after_apply": "sleep 20"},
+    }
+    fleet = AgentFleet.create(tmp_path, nodes)
+    try:
+        rollout = rollout_yaml("r", nodeIds=["a1", "a2"], live=True, batchSize=2)
+        fleet.push({"rollouts/r.yaml": rollout})
+        daemon = fleet.daemon()
+        thread = serve_in_thread(fleet, daemon, interval=120.0, reread=120.0)
+        try:
+            held = wait_for(fleet, lambda s: s.get("r", {}).get("phase") == "paused", 15)
+        finally:
+            daemon.stop()
+            thread.join(15)
+        states = {n["name"]: n["state"] for n in held["r"]["nodes"]}
+        assert held["r"]["hold"]["reason"] == "health_failed"
+        assert states == {"a1": "failed", "a2": "dispatched"}  # a2's apply still sleeps
+    finally:
+        fleet.close()
+
+
+def test_held_reads_bring_what_a_plain_read_would_get(tmp_path: Path) -> None:
+    """The shortcuts a pass takes from held reads, against the plain reads:
+    the finished record is the one a GET returns, and the heartbeat read
+    right after it is newer than the job and shows its target."""
+    fleet = AgentFleet.create(tmp_path, {"a1": {"config": CONFIG, "after_apply": "sleep 0.3"}})
+    try:
+        agent = fleet.agents["a1"]
+        client = fleet.daemon().client
+        job = SendJob(
+            "job-held-1", "apply", "a1", "r", 1, "live",
+            Target("hermes", "vllm", "new-model", "default"), "0" * 40,
+        )  # fmt: skip
+        woken = threading.Event()
+        sent = client.send_jobs([(agent.url, job)], datetime.now(UTC), on_finished=woken.set)
+        assert sent["job-held-1"].state in ("accepted", "running")
+        assert woken.wait(20)  # the held read began on the POST's answer and saw it finish
+        held = client.take_finished(["job-held-1"])
+        beats = client.take_heartbeats(["a1"])
+        plain = client.read_jobs([(agent.url, job)])["job-held-1"]
+        assert held == {"job-held-1": plain} and plain is not None
+        assert plain.state == "succeeded" and plain.finished_at is not None
+        beat = beats["a1"]
+        assert parse_time(beat.time) > parse_time(plain.finished_at)
+        runtime = beat.runtime("hermes")
+        assert runtime is not None and runtime.model == "new-model"
+        # Taken once: the next pass reads for itself.
+        assert client.take_finished(["job-held-1"]) == {}
+        assert client.take_heartbeats(["a1"]) == {}
+    finally:
+        fleet.close()
