@@ -18,6 +18,7 @@ import pytest
 from agentkit import AgentFleet
 from fleetkit import FleetKit, RepoKit, rollout_yaml
 from gitutil import git
+from healthkit import ServiceEndpoint
 
 from reconciler.daemon import agent_client
 from reconciler.daemon.loop import Daemon
@@ -278,3 +279,118 @@ def test_held_reads_bring_what_a_plain_read_would_get(tmp_path: Path) -> None:
         assert client.take_heartbeats(["a1"]) == {}
     finally:
         fleet.close()
+
+
+# -- held heartbeat reads --------------------------------------------------------
+
+
+def test_real_agent_holds_a_heartbeat_read_until_its_heartbeat_changes(tmp_path: Path) -> None:
+    fleet = AgentFleet.create(tmp_path, {"a1": {"config": CONFIG, "after_apply": "sleep 1"}})
+    try:
+        agent = fleet.agents["a1"]
+        url = f"{agent.url}/v1/nodes/a1/heartbeat"
+        before = httpx.get(url).json()
+        query = {"newerThan": before["time"], "wait": "20s"}
+        # Nothing changes: the wait ends and the heartbeat is answered as it is.
+        started = time.monotonic()
+        quiet = httpx.get(url, params={**query, "wait": "1s"}, timeout=30).json()
+        assert time.monotonic() - started >= 0.9
+        assert quiet["runtimes"] == before["runtimes"]
+        # A job finishing changes it: the held read answers then, not at the wait's end.
+        held: dict[str, Any] = {}
+        reader = threading.Thread(
+            target=lambda: held.update(httpx.get(url, params=query, timeout=30).json())
+        )
+        reader.start()
+        fleet.push({"rollouts/r.yaml": rollout_yaml("r", nodeIds=["a1"], live=True)})
+        fleet.daemon().run_pass()  # sends the job
+        started = time.monotonic()
+        reader.join(25)
+        assert not reader.is_alive() and time.monotonic() - started < 15
+        assert held["runtimes"][0]["model"] == "llama3.1-8b"  # the rollout's target
+        # Changed after newerThan already: answered at once. Not a time: refused.
+        assert httpx.get(url, params=query, timeout=5).json()["runtimes"] == held["runtimes"]
+        bad = httpx.get(url, params={**query, "newerThan": "yesterday"})
+        assert bad.status_code == 400 and "newerThan must" in bad.json()["message"]
+    finally:
+        fleet.close()
+
+
+def soak_rollout(endpoint: ServiceEndpoint, soak: str) -> str:
+    check = f"{{name: ready, http: {{url: '{endpoint.url}/ready', bodyContains: ready}}}}"
+    health = f"{{soak: {soak}, interval: 1s, checks: [{check}]}}"
+    return rollout_yaml("r", nodeIds=["a1"], live=True, health=health)
+
+
+def test_a_soak_ends_with_a_held_heartbeat_read_not_at_the_interval(tmp_path: Path) -> None:
+    endpoint = ServiceEndpoint(200, b"ready")
+    fleet = AgentFleet.create(tmp_path, {"a1": {"config": CONFIG}})
+    try:
+        fleet.push({"rollouts/r.yaml": soak_rollout(endpoint, "3s")})
+        daemon = fleet.daemon()
+        started = time.monotonic()
+        # An interval far longer than the test: after the apply, only held
+        # heartbeat reads can bring the check's first success and the soak's end.
+        thread = serve_in_thread(fleet, daemon, interval=120.0, reread=120.0)
+        try:
+            done = wait_for(fleet, completed, 60)
+            took = time.monotonic() - started
+        finally:
+            daemon.stop()
+            thread.join(15)
+        assert took < 60
+        assert done["r"]["nodes"][0]["checks"][0]["ok"] is True
+        assert daemon.client.watching_heartbeats() == set()  # none outlives the loop
+    finally:
+        fleet.close()
+        endpoint.close()
+
+
+def test_a_check_failing_mid_soak_is_seen_when_the_heartbeat_changes(tmp_path: Path) -> None:
+    endpoint = ServiceEndpoint(200, b"ready")
+    fleet = AgentFleet.create(tmp_path, {"a1": {"config": CONFIG}})
+    try:
+        fleet.push({"rollouts/r.yaml": soak_rollout(endpoint, "10m")})
+        daemon = fleet.daemon()
+        thread = serve_in_thread(fleet, daemon, interval=120.0, reread=120.0)
+        try:
+            deadline = time.monotonic() + 30
+            while daemon.client.watching_heartbeats() != {"a1"}:
+                assert time.monotonic() < deadline, "no held heartbeat read for the soaking node"
+                time.sleep(0.1)
+            endpoint.set(503, b"down")
+            failed = wait_for(fleet, lambda s: s.get("r", {}).get("phase") == "paused", 40)
+        finally:
+            daemon.stop()
+            thread.join(15)
+        assert failed["r"]["hold"]["reason"] == "health_failed"
+        assert "health check ready failed" in failed["r"]["nodes"][0]["error"]
+    finally:
+        fleet.close()
+        endpoint.close()
+
+
+def test_a_fleet_answering_heartbeats_at_once_is_polled_as_before(tmp_path: Path) -> None:
+    """The plain behaviour: an agent that ignores ``newerThan`` and ``wait``
+    answers at once; the daemon stops holding heartbeat reads there and the
+    interval brings the soak's end."""
+    nodes = {"web-1": {"role": "web"}}
+    behaviour = "default: {action: succeed, delay: 0.1}\n"  # simulated checks hold
+    kit = FleetKit.create(tmp_path, nodes, behaviour=behaviour, sim_args=("--ignore-wait",))
+    try:
+        check = "{name: ready, http: {url: 'http://127.0.0.1:9/ready'}}"
+        health = f"{{soak: 1s, interval: 1s, checks: [{check}]}}"
+        rollout = rollout_yaml("r", selector={"role": "web"}, live=True, health=health)
+        kit.push({"rollouts/r.yaml": rollout})
+        daemon = kit.daemon()
+        thread = serve_in_thread(kit, daemon, interval=1.5)
+        try:
+            done = wait_for(kit, completed, 60)
+            held = daemon.client.watching_heartbeats()
+        finally:
+            daemon.stop()
+            thread.join(15)
+        assert done["r"]["nodes"][0]["state"] == "succeeded"
+        assert held == set()
+    finally:
+        kit.close()

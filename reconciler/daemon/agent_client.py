@@ -42,7 +42,13 @@ from urllib.parse import urlsplit
 from reconciler.protocol.effects import SendJob
 from reconciler.protocol.evidence import split_answer
 from reconciler.protocol.job_payload import build_payload
-from reconciler.protocol.long_poll import DAEMON_WAIT_SECONDS, FINISHED_JOB_STATES, wait_query
+from reconciler.protocol.long_poll import (
+    DAEMON_WAIT_SECONDS,
+    FINISHED_JOB_STATES,
+    heartbeat_content,
+    heartbeat_query,
+    wait_query,
+)
 from reconciler.protocol.observations import (
     Backup,
     Heartbeat,
@@ -511,6 +517,19 @@ def _transient(status: int) -> bool:
 # -- the client ----------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class HeartbeatWatch:
+    """A held heartbeat read to keep: answer when the node's heartbeat
+    differs from ``content`` (``heartbeat_content`` of the one last seen, at
+    ``newer_than``), or when ``wait`` seconds have passed (a soak's end)."""
+
+    url: str
+    node: str
+    newer_than: str
+    content: tuple[object, ...]
+    wait: float = DAEMON_WAIT_SECONDS
+
+
 class AgentClient:
     """Talks to node agents for the daemon. Thread-safe; one call at a time
     runs on the client's own event loop thread."""
@@ -541,6 +560,10 @@ class AgentClient:
         # apply succeed: the evidence that pass will ask for, read meanwhile.
         self._heartbeats: dict[str, Heartbeat] = {}
         self._posting = 0  # POSTs in flight (loop thread): their held reads are still to come
+        # On the loop thread only: node -> its held heartbeat read; origins
+        # that answer heartbeats at once whatever the query.
+        self._beat_watches: dict[str, asyncio.Task[None]] = {}
+        self._no_beat_wait: set[_Origin] = set()
 
     # The public calls: each runs one batch of requests on the loop thread.
 
@@ -662,6 +685,79 @@ class AgentClient:
             found, self._finished = self._finished, {}
         return {job_id: found[job_id] for job_id in job_ids if job_id in found}
 
+    def watch_heartbeats(
+        self, nodes: Sequence[HeartbeatWatch], on_change: Callable[[], None]
+    ) -> None:
+        """Keep a held heartbeat read (``?newerThan=&wait=``) in flight for
+        each of ``nodes`` and no other; call ``on_change`` (from the client's
+        thread) when one answers changed, or at its own ``wait`` (a soak's
+        end), the heartbeat kept for ``take_heartbeats``. Returns at once.
+        Agents that answer at once are left to the passes' polling."""
+        if self._closed:
+            return
+        self._loop.call_soon_threadsafe(self._watch_beats, list(nodes), on_change)
+
+    def _watch_beats(self, nodes: list[HeartbeatWatch], on_change: Callable[[], None]) -> None:
+        wanted = {w.node: w for w in nodes}
+        for node in [n for n in self._beat_watches if n not in wanted]:
+            self._beat_watches.pop(node).cancel()
+        for node, watch in wanted.items():
+            if node in self._beat_watches or len(self._beat_watches) >= MAX_WATCHES:
+                continue
+            try:
+                origin = self._http.origin(watch.url)
+            except _Unreachable:
+                continue
+            if origin not in self._no_beat_wait:
+                task = asyncio.ensure_future(self._held_heartbeat(origin, watch, on_change))
+                self._beat_watches[node] = task
+
+    async def _held_heartbeat(
+        self, origin: _Origin, watch: HeartbeatWatch, on_change: Callable[[], None]
+    ) -> None:
+        """Held heartbeat reads of one node until one shows a change or its
+        first wait (the caller's, up to a soak's end) ends; quiet on trouble."""
+        loop = asyncio.get_running_loop()
+        newer, wait, timed = watch.newer_than, watch.wait, True
+        try:
+            while True:
+                asked = loop.time()
+                path = f"/v1/nodes/{watch.node}/heartbeat?{heartbeat_query(newer, wait)}"
+                status, answer = await self._http.request(
+                    watch.url, "GET", path, timeout=wait + self.timeout
+                )
+                if status != 200:
+                    return
+                beat = _heartbeat(watch.node, answer)
+                took = loop.time() - asked
+                changed = heartbeat_content(beat) != watch.content
+                if changed or (timed and took >= wait * 0.9):
+                    if self._beat_watches.get(watch.node) is asyncio.current_task():
+                        del self._beat_watches[watch.node]
+                    with self._finished_lock:
+                        self._heartbeats[watch.node] = beat
+                    on_change()
+                    return
+                if took < wait / 2:
+                    # Answered, unchanged, before the wait could end: it ignores the query.
+                    self._no_beat_wait.add(origin)
+                    log.info("agent at %s answers heartbeats at once: they are polled", watch.url)
+                    return
+                newer, wait, timed = beat.time, DAEMON_WAIT_SECONDS, False
+        except _Unreachable:
+            return
+        finally:
+            if self._beat_watches.get(watch.node) is asyncio.current_task():
+                del self._beat_watches[watch.node]
+
+    def watching_heartbeats(self) -> set[str]:
+        """The nodes with a held heartbeat read in flight (for tests)."""
+
+        async def nodes() -> set[str]:
+            return set(self._beat_watches)
+
+        return self._call(nodes())
+
     def take_heartbeats(self, nodes: Iterable[str]) -> dict[str, Heartbeat]:
         """The heartbeats of ``nodes`` read after their held reads answered
         succeeded, since the last call; the others it kept are dropped."""
@@ -759,9 +855,10 @@ class AgentClient:
         async def shutdown() -> None:
             if self._gathering is not None:
                 self._gathering.cancel()
-            for task in self._watches.values():
+            for task in [*self._watches.values(), *self._beat_watches.values()]:
                 task.cancel()
             self._watches.clear()
+            self._beat_watches.clear()
             self._http.close()
 
         asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result()

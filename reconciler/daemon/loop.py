@@ -27,12 +27,12 @@ import signal
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from types import FrameType
 from typing import Any
 
 from reconciler.daemon import crashpoints
-from reconciler.daemon.agent_client import AgentClient
+from reconciler.daemon.agent_client import AgentClient, HeartbeatWatch
 from reconciler.daemon.answer_check import AnswerCheck
 from reconciler.daemon.fleet_watch import (
     FleetWatch,
@@ -66,6 +66,7 @@ from reconciler.git.status_writes import DaemonWrites
 from reconciler.git.store import GitStore
 from reconciler.git.watch import BranchWatcher
 from reconciler.protocol.effects import SendJob
+from reconciler.protocol.long_poll import DAEMON_WAIT_SECONDS, heartbeat_content
 from reconciler.protocol.observations import Heartbeat, JobObservation, MetricCheck, Observations
 from reconciler.spec import rollout_status as status_values
 from reconciler.spec.documents import Documents, ParsedFile, assemble, parse_file
@@ -87,6 +88,7 @@ from reconciler.spec.paths import (
 )
 from reconciler.spec.rollout_status import ApprovalRecord, RolloutStatus
 from reconciler.spec.safe_yaml import dump_yaml
+from reconciler.spec.times import parse_time
 from reconciler.views import notification_events
 from reconciler.views.dashboard import render_dashboard
 from reconciler.views.fleet_reader import FleetReader
@@ -94,6 +96,7 @@ from reconciler.views.fleet_text import fleet_dashboard_section
 from reconciler.views.status_reader import StatusReader
 
 MAX_RACES = 20  # passes lost in a row to other writers before giving up
+SOAK_MARGIN = 0.2  # seconds past a soak's end a held heartbeat read answers
 MESSAGE_LINES = 60  # transitions listed in one commit message
 REQUEST_WALK = 1000  # spec commits searched for the one that asked for a rollback
 
@@ -509,7 +512,47 @@ class Daemon:
         agents over HTTP; logs and metrics."""
         p.sent = self._execute(p.step.effects, p.documents.fleet, p.now)
         self._watch_jobs(p)
+        self._watch_heartbeats(p)
         return None
+
+    def _watch_heartbeats(self, p: _Pass) -> None:
+        """While ``serve`` runs, keep a held heartbeat read in flight for every
+        live node whose apply is seen succeeded and still waits for its
+        verdict (checks and their soak, DESIGN.md 11), so that a pass starts
+        when its heartbeat changes, or when its soak should end, rather than
+        at the interval. The passes still read those heartbeats as before."""
+        wake = self._wake
+        if wake is None:
+            return
+        nodes = self._nodes_by_name(p.documents.fleet)
+        watches: list[HeartbeatWatch] = []
+        for status in p.merged.values():
+            frozen = status.frozen
+            if frozen is None or not frozen.live or status.phase not in ("running", "paused"):
+                continue
+            soak = frozen.health.soak if frozen.health is not None else 0
+            for record in status.nodes:
+                seen = p.observations.jobs.get(record.job_id or "")
+                beat = p.observations.heartbeats.get(record.name)
+                spec = nodes.get(record.name)
+                if (
+                    record.state != "dispatched"
+                    or seen is None
+                    or seen.state != "succeeded"
+                    or beat is None
+                    or spec is None
+                ):
+                    continue
+                watches.append(
+                    HeartbeatWatch(
+                        spec.agent,
+                        record.name,
+                        beat.time,
+                        heartbeat_content(beat),
+                        _until_soaked(beat, record.job_id or "", soak),
+                    )
+                )
+        self.client.watch_heartbeats(watches, wake)
 
     def _watch_jobs(self, p: _Pass) -> None:
         """While ``serve`` runs, keep a held read in flight for every job
@@ -1121,6 +1164,7 @@ class Daemon:
         self._wake = None
         self._watcher_of_serve = None
         self.client.watch_jobs([], lambda: None)  # no held reads outlive the loop
+        self.client.watch_heartbeats([], lambda: None)
         self.fleet_watch.stop()  # a sweep in flight ends after its chunk
 
     def stop(self, *_: Any) -> None:
@@ -1142,6 +1186,22 @@ def _needs_passes(status: RolloutStatus) -> bool:
     """Active, and not only waiting for a person (section 6, step 7: the
     interval applies while a rollout can move on by itself)."""
     return engine.is_active(status) and not engine.waits_for_a_person(status)
+
+
+def _until_soaked(beat: Heartbeat, job_id: str, soak: int) -> float:
+    """Seconds (agent clock) from ``beat`` until every agent check of
+    ``job_id`` it reports has held for ``soak``, if all hold now; else the
+    daemon's usual wait. A little over, so the answer shows it soaked."""
+    checks = [c for c in beat.checks if c.job_id == job_id]
+    if not checks or not all(c.ok and c.ok_since for c in checks):
+        return float(DAEMON_WAIT_SECONDS)
+    try:
+        at = parse_time(beat.time)
+        since = max(parse_time(c.ok_since or "") for c in checks)
+    except ValueError:
+        return float(DAEMON_WAIT_SECONDS)
+    left = (since + timedelta(seconds=soak) - at).total_seconds()
+    return min(max(left + SOAK_MARGIN, SOAK_MARGIN), float(DAEMON_WAIT_SECONDS))
 
 
 def _ordered(
