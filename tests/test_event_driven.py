@@ -223,6 +223,37 @@ def test_a_batch_finishing_together_is_one_pass_and_one_status_commit(
         fleet.close()
 
 
+def test_a_slow_node_does_not_hold_back_the_others_verdicts_past_the_gather(
+    tmp_path: Path,
+) -> None:
+    """With the default gather (GATHER_SECONDS), a node still applying does
+    not keep the batch's finished nodes from being recorded: their pass
+    starts when the gather ends."""
+    nodes = {
+        "a1": {"config": CONFIG, "after_apply": "true"},
+        "a2": {"config": CONFIG, "after_apply": "sleep 20"},
+    }
+    fleet = AgentFleet.create(tmp_path, nodes)
+    try:
+        rollout = rollout_yaml("r", nodeIds=["a1", "a2"], live=True, batchSize=2)
+        fleet.push({"rollouts/r.yaml": rollout})
+        daemon = fleet.daemon()
+        thread = serve_in_thread(fleet, daemon, interval=120.0, reread=120.0)
+        try:
+            seen = wait_for(
+                fleet,
+                lambda s: any(n["state"] == "succeeded" for n in s.get("r", {}).get("nodes", [])),
+                15,
+            )
+        finally:
+            daemon.stop()
+            thread.join(15)
+        states = {n["name"]: n["state"] for n in seen["r"]["nodes"]}
+        assert states == {"a1": "succeeded", "a2": "dispatched"}  # a2 still sleeps
+    finally:
+        fleet.close()
+
+
 def test_a_failure_starts_a_pass_at_once_while_the_batch_still_runs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
