@@ -718,7 +718,9 @@ class AgentClient:
         """Held heartbeat reads of one node until one shows a change or its
         first wait (the caller's, up to a soak's end) ends; quiet on trouble."""
         loop = asyncio.get_running_loop()
-        newer, wait, timed = watch.newer_than, watch.wait, True
+        # A wait shorter than the usual one ends at a soak's end: worth a pass.
+        newer, wait = watch.newer_than, watch.wait
+        timed = wait < DAEMON_WAIT_SECONDS
         try:
             while True:
                 asked = loop.time()
