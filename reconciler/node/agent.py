@@ -6,11 +6,18 @@ Life of a posted job::
 
     admission checks (admission.admit_job)  -> 4xx, nothing written
     journal record "accepted", fsynced      -> 202
-    worker thread: "running" with the config digests before and after, fsynced
-                   backup of the old bytes, new config (atomic rename),
+    worker thread: "running" with the config digests before and after, in
+                   memory only (see ``_recovered_accepted``)
+                   backup of the old bytes naming the job, fsynced
+                   new config (atomic rename), fsynced
                    after-apply command; if it fails or times out the old
                    bytes (and mode) go back and the job fails
                    -> "succeeded" / "failed", fsynced
+
+A live apply costs the durable writes its promises need and no more: the
+record behind a 202 (one file and one directory fsync), the backup before
+the config is replaced (two files, one directory fsync), the config before
+"succeeded", and the verdict before it is shown.
 
 Jobs run one at a time, in the order accepted. A job id is executed at most
 once: the journal is written before anything runs, and on start an agent
@@ -157,15 +164,53 @@ class Agent:
         now = format_time(self.clock())
         for record in list(self.jobs.values()):
             if record.state == "accepted":
-                self._save(
-                    record.with_changes(
-                        state="failed",
-                        finished_at=now,
-                        error="agent restarted before the job ran; nothing was changed",
-                    )
-                )
-            elif record.state == "running":
+                self._save(self._recovered_accepted(record, now))
+            elif record.state == "running":  # journalled by agents before 2.x
                 self._save(self._recovered(record, now))
+
+    def _recovered_accepted(self, record: JobRecord, now: str) -> JobRecord:
+        """A job the journal holds as "accepted": it never ran, or it was
+        running. "running" is not journalled, since that would cost two
+        fsyncs per job for what this reads back instead: the backup, durable
+        before the config is replaced and naming its job, holds the bytes
+        before; the bytes after follow from them and the payload. A job with
+        no backup of its own replaced no config (it may have created one)."""
+        payload = record.payload
+        runtime = payload["target"]["runtime"]
+        # The job's own backup is the newest of its runtime, so no prune
+        # (retention is at least 1) removes it before the job's verdict.
+        taken = next((b for b in self.state.list_backups() if b.job_id == record.job_id), None)
+        before = taken.digest if taken is not None else None
+        after = self._planned_digest(payload, taken)
+        current = self.state.read_config(runtime)
+        if taken is None and (current is None or after is None or digest(current[0]) != after):
+            return record.with_changes(
+                state="failed",
+                finished_at=now,
+                error="agent restarted before the job ran; nothing was changed",
+            )
+        planned = taken.backup_id if taken is not None else None
+        running = record.with_changes(before=before, after=after, planned_backup=planned)
+        return self._recovered(running, now)
+
+    def _planned_digest(self, payload: Mapping[str, Any], taken: BackupInfo | None) -> str | None:
+        """The digest of the config a live job writes, given the backup it
+        took (None: there was no config); None when it cannot be told."""
+        if payload.get("mode") != "live":
+            return None
+        if payload["kind"] == "restore":
+            source = self.state.find_backup(str(payload.get("backupId")))
+            return source.digest if source is not None else None
+        wanted = {k: payload["target"][k] for k in TARGET_FIELDS}
+        try:
+            values = (
+                _parse_config(payload["target"]["runtime"], self.state.read_backup(taken))
+                if taken is not None
+                else {}
+            )
+        except (_JobFailed, OSError):
+            return None
+        return digest(dump_yaml({**values, **wanted}))
 
     def _recovered(self, record: JobRecord, now: str) -> JobRecord:
         runtime = record.payload["target"]["runtime"]
@@ -530,13 +575,16 @@ class Agent:
 
         old_data = current[0] if current is not None else None
         backup_id = self._backup_id(runtime, payload) if current is not None else None
-        record = self._update(
-            record,
+        # In memory only, for GET: recovery reads the same from the backup
+        # (``_recovered_accepted``), so the journal keeps "accepted" until the verdict.
+        record = record.with_changes(
             state="running",
             before=digest(old_data),
             after=digest(new_data),
             planned_backup=backup_id,
         )
+        with self._lock:
+            self.jobs[record.job_id] = record
         if current is not None and backup_id is not None:
             self._take_backup(backup_id, runtime, payload, current[0], current[1], before_values)
         self.state.write_config(runtime, new_data, new_mode)

@@ -14,8 +14,13 @@ readers see the old file or the new one. The temporary file has a fresh
 random name and is created with ``O_EXCL|O_NOFOLLOW``, so a file or symlink
 planted under that name is never followed, truncated or chmodded; a target
 that is a symlink is refused (``UnsafePath``), since a rename would replace
-the link, not the file it points to. A backup's ``.json`` is written
-after its ``.data``, so a backup exists only once both are complete.
+the link, not the file it points to. A backup exists only while both its
+``.json`` and its ``.data`` are there, so the two renames need no order
+between them and share one directory fsync.
+
+Removals (pruned backups, compacted journal records) are not fsynced: one
+lost to a crash brings back a file that is deleted again by the next prune
+or compaction, and nothing depends on it being gone.
 
 Must not: speak HTTP, verify signatures, or decide which job runs (that is
 ``agent``).
@@ -30,7 +35,7 @@ import json
 import os
 import secrets
 import stat
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -69,7 +74,31 @@ def refuse_symlink(path: Path) -> None:
 
 def write_atomic(path: Path, data: bytes, mode: int = CONFIG_MODE) -> None:
     """Replace ``path`` with ``data`` (and ``mode``) so a crash leaves the old or the new file."""
-    refuse_symlink(path)
+    write_atomic_together(path.parent, [(path.name, data, mode)])
+
+
+def write_atomic_together(directory: Path, files: Sequence[tuple[str, bytes, int]]) -> None:
+    """Replace each named file of ``directory`` as ``write_atomic`` does, with
+    one directory fsync for all the renames: for callers to whom the files'
+    order after a crash does not matter (each file is old or new on its own)."""
+    temps = []
+    try:
+        for name, data, mode in files:
+            path = directory / name
+            refuse_symlink(path)
+            temps.append((_write_temp(path, data, mode), path))
+    except BaseException:
+        for temp, _ in temps:
+            with contextlib.suppress(OSError):
+                os.unlink(temp)
+        raise
+    for temp, path in temps:
+        os.replace(temp, path)
+    _fsync_dir(directory)
+
+
+def _write_temp(path: Path, data: bytes, mode: int) -> Path:
+    """A fsynced temporary file beside ``path`` holding ``data``."""
     temp = path.with_name(f".{path.name}{_TEMP_MARK}{os.getpid()}-{secrets.token_hex(6)}")
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     fd = os.open(temp, flags, 0o600)
@@ -86,8 +115,13 @@ def write_atomic(path: Path, data: bytes, mode: int = CONFIG_MODE) -> None:
             os.unlink(temp)
         raise
     os.close(fd)
-    os.replace(temp, path)
-    _fsync_dir(path.parent)
+    return temp
+
+
+def _remove(path: Path) -> None:
+    refuse_symlink(path)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
 
 
 def remove_durably(path: Path) -> None:
@@ -240,7 +274,10 @@ class StateDir:
         write_atomic(self._job_path(record.job_id), data, 0o600)
 
     def delete_job(self, job_id: str) -> None:
-        remove_durably(self._job_path(job_id))
+        # No fsync: only compaction deletes, and only finished records past their
+        # payload's expiry; one a crash brings back is compacted again, and
+        # admission refuses its payload as expired meanwhile.
+        _remove(self._job_path(job_id))
 
     def load_jobs(self) -> dict[str, JobRecord]:
         records: dict[str, JobRecord] = {}
@@ -266,8 +303,8 @@ class StateDir:
         """Every complete backup, newest first."""
         found = []
         for path in self.backups.glob("*.json"):
-            if path.name.startswith("."):
-                continue
+            if path.name.startswith(".") or not path.with_suffix(".data").exists():
+                continue  # without its bytes a backup does not exist (module docstring)
             try:
                 found.append(BackupInfo(**json.loads(path.read_bytes())))
             except (ValueError, TypeError):
@@ -285,14 +322,21 @@ class StateDir:
         return max((b.seq for b in self.list_backups()), default=0) + 1
 
     def save_backup(self, info: BackupInfo, data: bytes) -> None:
+        """Durably: on return both files survive a crash, so the config may be replaced."""
         data_path, info_path = self._backup_paths(info.backup_id)
-        write_atomic(data_path, data, 0o600)
-        write_atomic(info_path, json.dumps(asdict(info), indent=1).encode("utf-8"), 0o600)
+        description = json.dumps(asdict(info), indent=1).encode("utf-8")
+        # One directory fsync for both: a crash that keeps one rename and loses
+        # the other leaves no backup, since one needs both files to be listed.
+        write_atomic_together(
+            self.backups, [(data_path.name, data, 0o600), (info_path.name, description, 0o600)]
+        )
 
     def delete_backup(self, backup_id: str) -> None:
         data_path, info_path = self._backup_paths(backup_id)
-        remove_durably(info_path)  # first: without its .json a backup no longer exists
-        remove_durably(data_path)
+        # Not fsynced (module docstring): a prune lost to a crash is done again
+        # by the next one. Either file alone is no backup.
+        _remove(info_path)
+        _remove(data_path)
 
 
 def backups_to_prune(
