@@ -566,6 +566,63 @@ def test_killed_mid_apply_the_job_is_reported_and_never_run_again(
                 os.kill(sleeper, signal.SIGKILL)
 
 
+NEW_CONFIG = b"provider: vllm\nmodel: llama3.1-8b\nprofile: default\n"
+
+
+def crashed_while_running(state: Path, key: SigningKey, backup: str, config: bytes | None) -> None:
+    """The state directory as a power loss can leave it while a live apply ran:
+    the journal says "accepted" ("running" is not journalled); ``backup`` is
+    "both", "json-only" (one of its two renames lost) or "none"."""
+    directory = StateDir.open(state)
+    payload = envelope(job(), key)["payload"]
+    directory.save_job(JobRecord("apply-0001", payload, "accepted", "2026-12-01T09:00:00Z"))
+    if backup != "none":
+        info = BackupInfo(
+            "hermes-20261201T090000Z-0001", "hermes", "2026-12-01T09:00:00Z", 1,
+            "apply-0001", "llama", "ollama", "llama3-old", "default", 0o644, digest(OLD_CONFIG) or "",
+        )  # fmt: skip
+        directory.save_backup(info, OLD_CONFIG)
+        if backup == "json-only":
+            (state / "backups" / f"{info.backup_id}.data").unlink()
+    config_path = state / "runtimes" / "hermes.yaml"
+    if config is None:
+        config_path.unlink()
+    else:
+        config_path.write_bytes(config)
+    directory.close()
+
+
+@pytest.mark.parametrize(
+    ("backup", "config", "error", "backup_id"),
+    [
+        ("both", NEW_CONFIG, "agent restarted during apply; config left as new", True),
+        ("both", OLD_CONFIG, "agent restarted during apply; config left as old", True),
+        ("both", b"model: other\n", "agent restarted during apply; config left as "
+         "neither old nor new (changed by something else)", True),
+        ("json-only", OLD_CONFIG, "agent restarted before the job ran; nothing was changed", False),
+        ("none", OLD_CONFIG, "agent restarted before the job ran; nothing was changed", False),
+        ("none", None, "agent restarted before the job ran; nothing was changed", False),
+        # No backup and the job's config in place: there was none, the job created it.
+        ("none", NEW_CONFIG, "agent restarted during apply; config left as new", False),
+    ],
+)  # fmt: skip
+def test_a_job_journalled_accepted_is_recovered_from_its_backup(
+    state: Path, key: SigningKey, backup: str, config: bytes | None, error: str, backup_id: bool
+) -> None:
+    crashed_while_running(state, key, backup, config)
+
+    agent = AgentThread(state, [key])
+    try:
+        record = agent.get("jobs/apply-0001")[1]
+        listed = agent.get("backups")[1]
+    finally:
+        agent.close()
+
+    assert record["state"] == "failed" and record["error"] == error
+    assert record["backupId"] == ("hermes-20261201T090000Z-0001" if backup_id else None)
+    assert len(listed) == (1 if backup == "both" else 0)  # a .json alone is no backup
+
+
 def test_a_crash_before_the_config_was_written_reports_it_left_old(
     state: Path, key: SigningKey
 ) -> None:
