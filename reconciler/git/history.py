@@ -12,18 +12,23 @@ costs one string comparison. A commit changed a spec path when the subtree
 id of ``rollouts/`` or ``nodes/`` (or the blob id of ``reconciler.yaml``)
 differs from its first parent's; only then are those subtrees diffed.
 
+``changed_paths`` answers the other question a pass asks: which files under
+some folders differ between the position read last and the new one. It is
+a tree diff, not a log walk, so a rewind (a force-push, a verified commit
+held back) is answered like any other move.
+
 This module reads Git objects; it must not write to the repository or decide
 anything about rollouts.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from itertools import repeat
 
 import pygit2
 
-from reconciler.git.tree_reader import entry_id, subtree_of
+from reconciler.git.tree_reader import blobs_under, entry_id, subtree_of
 from reconciler.spec.errors import StoreError
 from reconciler.spec.paths import SPEC_FILES, SPEC_FOLDERS
 
@@ -283,3 +288,46 @@ def _walk(repo: pygit2.Repository, tree: pygit2.Tree, prefix: str) -> Iterator[s
             yield from _walk(repo, sub, path)
         elif entry.type_str == "blob":
             yield path
+
+
+def changed_paths(
+    repo: pygit2.Repository,
+    old: pygit2.Tree | None,
+    new: pygit2.Tree | None,
+    folders: Sequence[str],
+    files: Sequence[str] = (),
+) -> frozenset[str]:
+    """Every file path that differs between two root trees, under ``folders``
+    (nested files included) and among the top-level ``files``: added,
+    deleted, changed, changed in mode or kind; a rename is its two paths.
+    ``old`` None means everything present in ``new`` (a first read).
+
+    Neither tree need descend from the other: it compares content, so a
+    rewind is one more difference. A folder whose tree id is the same on
+    both sides costs one comparison; only differing folders are diffed
+    (in libgit2, which skips identical subtrees inside them too)."""
+    found: set[str] = set()
+    for folder in folders:
+        before = subtree_of(old, folder)
+        after = subtree_of(new, folder)
+        if before is not None and after is not None:
+            if before.id == after.id:
+                continue
+            for delta in before.diff_to_tree(after).deltas:
+                found.add(f"{folder}/{delta.old_file.path}")
+                found.add(f"{folder}/{delta.new_file.path}")
+            continue
+        for side in (before, after):
+            if side is not None:
+                found.update(path for path, _ in blobs_under(side, folder))
+    for name in files:
+        if _file_entry(old, name) != _file_entry(new, name):
+            found.add(name)
+    return frozenset(found)
+
+
+def _file_entry(tree: pygit2.Tree | None, name: str) -> tuple[pygit2.Oid, int] | None:
+    if tree is None or name not in tree:
+        return None
+    entry = tree[name]
+    return (entry.id, entry.filemode)
