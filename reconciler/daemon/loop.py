@@ -68,7 +68,7 @@ from reconciler.git.watch import BranchWatcher
 from reconciler.protocol.effects import SendJob
 from reconciler.protocol.observations import Heartbeat, JobObservation, MetricCheck, Observations
 from reconciler.spec import rollout_status as status_values
-from reconciler.spec.documents import Documents, ParsedFile, assemble, parse_file
+from reconciler.spec.documents import Assembly, Documents, ParsedFile, parse_file
 from reconciler.spec.errors import HostKeyError, RefMoved, StoreError
 from reconciler.spec.fleet_status import FleetStatus
 from reconciler.spec.health import for_node
@@ -79,7 +79,10 @@ from reconciler.spec.paths import (
     FLEET_STATUS_PATH,
     ROLLOUTS_DIR,
     SETTINGS_PATH,
+    SPEC_FILES,
     SPEC_FOLDERS,
+    STATUS_DIR,
+    is_spec_path,
     name_in,
     node_path,
     rollout_path,
@@ -138,6 +141,9 @@ class DaemonMemory:
     # Caches of Git, by blob or tree ids.
     parsed: dict[str, ParsedFile] = field(default_factory=dict)  # blob id -> parsed document
     documents: tuple[tuple[str | None, ...], Documents] | None = None  # spec tree ids -> documents
+    documents_commit: str | None = None  # the commit those documents were read at
+    assembly: Assembly = field(default_factory=Assembly)  # documents, redone for what changed
+    spec_blobs: dict[str, str] = field(default_factory=dict)  # spec path -> blob id, at that commit
     status_reader: StatusReader = field(default_factory=StatusReader)  # status files by blob id
     by_name: tuple[Fleet, dict[str, Node]] | None = None  # the fleet's nodes by name, per fleet
     memo: StepMemo = field(default_factory=StepMemo)  # finished rollouts at rest
@@ -588,8 +594,13 @@ class Daemon:
 
     def _read_documents(self, commit: str | None) -> Documents:
         """The documents of ``commit``'s tree; reassembled only when a spec
-        subtree changed, reparsed only for blobs not seen before."""
+        subtree changed, and then only for the files that changed since the
+        commit read last (``git.history.changed_paths``, rewinds included;
+        ``spec.documents.Assembly`` falls back to every file when a node,
+        the settings or a rule across files is involved); reparsed only for
+        blobs not seen before."""
         store = self.store
+        memory = self.memory
         if commit is None:
             key: tuple[str | None, ...] = (None,)
         else:
@@ -597,22 +608,52 @@ class Daemon:
                 *(store.subtree_id(commit, folder) for folder in SPEC_FOLDERS),
                 store.file_blob(commit, SETTINGS_PATH),
             )
-        if self.memory.documents and self.memory.documents[0] == key:
-            return self.memory.documents[1]
-        blobs = store.spec_files(commit) if commit is not None else {}  # path -> blob id
-        documents = assemble(self._parse(blob_id, path) for path, blob_id in blobs.items())
+        if memory.documents and memory.documents[0] == key:
+            return memory.documents[1]
+        before = memory.documents_commit
+        if commit is not None and before is not None and memory.assembly.documents is not None:
+            changed: dict[str, ParsedFile | None] = {}
+            for path in store.changed_paths(before, commit, SPEC_FOLDERS, SPEC_FILES):
+                if not is_spec_path(path):
+                    continue  # nested deeper than the daemon reads
+                old_blob = memory.spec_blobs.pop(path, None)
+                if old_blob is not None:
+                    memory.parsed.pop(old_blob, None)
+                blob_id = store.file_blob(commit, path)
+                if blob_id is None:
+                    changed[path] = None
+                else:
+                    memory.spec_blobs[path] = blob_id
+                    changed[path] = self._parse(blob_id, path)
+            documents = memory.assembly.update(changed)
+        else:
+            blobs = store.spec_files(commit) if commit is not None else {}  # path -> blob id
+            documents = memory.assembly.rebuild(
+                self._parse(blob_id, path) for path, blob_id in blobs.items()
+            )
+            memory.spec_blobs = blobs
+        if len(memory.parsed) > 2 * len(memory.spec_blobs) + REQUEST_WALK:
+            # Old versions parsed for rollback requests' history: forgotten.
+            live = set(memory.spec_blobs.values())
+            for blob_id in [b for b in memory.parsed if b not in live]:
+                del memory.parsed[blob_id]
         for problem in documents.problems:
             self._report("invalid_document", str(problem), path=problem.path)
-        self.memory.documents = (key, documents)
-        live = set(blobs.values())
-        for blob_id in [b for b in self.memory.parsed if b not in live]:
-            del self.memory.parsed[blob_id]
+        memory.documents = (key, documents)
+        memory.documents_commit = commit
         return documents
 
     def _read_statuses(self, commit: str | None) -> tuple[dict[str, RolloutStatus], dict[str, str]]:
         """Recorded statuses by rollout name, and the names whose status
         files cannot be read (with why): those are held, never overwritten."""
-        statuses, broken = self.memory.status_reader.read(self.store, commit)
+        reader = self.memory.status_reader
+        if commit is not None and reader.at is not None:
+            # Only the rollouts whose status files changed since the last
+            # read are read again (a rewind is a change like any other).
+            changed = self.store.changed_paths(reader.at, commit, (STATUS_DIR,))
+            statuses, broken = reader.read_changed(self.store, commit, changed)
+        else:
+            statuses, broken = reader.read(self.store, commit)
         for name, reason in broken.items():
             self._report(
                 "status_unreadable",
