@@ -147,6 +147,12 @@ class DaemonMemory:
     status_reader: StatusReader = field(default_factory=StatusReader)  # status files by blob id
     by_name: tuple[Fleet, dict[str, Node]] | None = None  # the fleet's nodes by name, per fleet
     memo: StepMemo = field(default_factory=StepMemo)  # finished rollouts at rest
+    # Engine inputs by rollout, kept while what they were built from stays.
+    inputs: dict[str, _BuiltInput] = field(default_factory=dict)
+    inputs_by_node: dict[str, set[str]] = field(default_factory=dict)  # node path -> rollouts
+    inputs_generation: int = 0  # ``History.generation`` they were built at
+    inputs_context: tuple[object, ...] = ()  # (refusal, approvals) they were built with
+    inputs_fleet: Fleet | None = None
     quiet: _Quiet | None = None  # the last pass, if it changed and watched nothing
     # (verified commit, last acted commit) -> descends from it by first parent
     descends: dict[tuple[str, str], bool] = field(default_factory=dict)
@@ -163,6 +169,21 @@ class DaemonMemory:
     watching: bool = False  # the last pass had jobs, heartbeats or backups to read
     answers: AnswerCheck = field(default_factory=AnswerCheck)  # agentKeys parsed, by line
     fleet_reader: FleetReader = field(default_factory=FleetReader)  # status/fleet.yaml by blob ids
+
+
+@dataclass(frozen=True)
+class _BuiltInput:
+    """A rollout's engine input and what it was built from (values, by
+    identity), so the next pass can tell whether to build it again."""
+
+    input: RolloutInput
+    spec: RolloutSpec | None
+    problems: tuple[Problem, ...] | None  # as in ``Documents.invalid_rollouts``
+    status: RolloutStatus | None
+    node_paths: tuple[str, ...]  # the node files whose history it read
+    unstarted: bool  # its nodes come from the fleet, not from its status
+    uses_tip: bool  # a commit id in it fell back to the tip read, or is off the line
+    tip: str
 
 
 class _Pass:
@@ -250,6 +271,8 @@ class Daemon:
         self.sign = sign
         self.clock = clock
         self.memory = DaemonMemory()
+        # Off in the tests that pin the kept inputs against building them all.
+        self.reuse_inputs = True
         self.fleet_watch = FleetWatch(client, clock=clock, evidence=self._believed_heartbeat)
         self.fleet_watch.on_sweep = self._swept
         self.prometheus = prometheus or PrometheusClient()
@@ -693,7 +716,16 @@ class Daemon:
         statuses: Mapping[str, RolloutStatus],
         broken: Mapping[str, str],
     ) -> list[RolloutInput]:
+        """Each rollout's engine input. Built again only for the rollouts
+        whose input may differ from the last pass's: its spec, problems or
+        status value changed (the readers keep unchanged values' identity),
+        history moved for its rollout file or the nodes it uses
+        (``History.changed_since``), or, before it starts, the fleet
+        changed. A rewind, new settings, a change in approvals or an
+        unverified tree rebuild every input (tests pin the result against
+        building every input)."""
         store = self.store
+        memory = self.memory
         refusal = _refusal_text(approval)
         approved_by = self._approved_by(approval)
         unverified_names: set[str] = set()
@@ -709,53 +741,139 @@ class Daemon:
             | unverified_names
         ) - set(broken)
         names.discard(FLEET_STATUS_NAME)  # a reserved name: its file is the fleet's
+        cache = memory.inputs
+        touched = history.changed_since(memory.inputs_generation)
+        if (
+            touched is None
+            or SETTINGS_PATH in touched
+            or unverified_names
+            or memory.inputs_context != (refusal, approved_by)
+            or not self.reuse_inputs
+        ):
+            cache.clear()
+            memory.inputs_by_node.clear()
+            touched = frozenset()
+        affected: set[str] = set()
+        for path in touched:
+            if path.startswith(ROLLOUTS_DIR + "/"):
+                affected.add(name_in(ROLLOUTS_DIR, path))
+            else:
+                affected.update(memory.inputs_by_node.get(path, ()))
+        fleet_moved = memory.inputs_fleet is not documents.fleet
         settings_change = history.last_change(SETTINGS_PATH)
         inputs: list[RolloutInput] = []
         for name in sorted(names):
-            path = rollout_path(name)
             spec = documents.rollouts.get(name)
-            problems = tuple(documents.invalid_rollouts.get(name, ()))
-            present = spec is not None or bool(problems)
+            problems = documents.invalid_rollouts.get(name)
             recorded = statuses.get(name)
-            if spec is not None:
-                used = (
-                    [n.name for n in recorded.nodes]
-                    if recorded and recorded.started
-                    else engine.resolve_nodes(spec, documents.fleet)
-                )
-                node_paths = [node_path(n) for n in used]
-            else:
-                node_paths = []
-            spec_commit = history.newest(
-                [history.last_change(path), settings_change, history.last_change_of(node_paths)]
+            cached = cache.get(name)
+            if (
+                cached is not None
+                and name not in affected
+                and cached.spec is spec
+                and cached.problems is problems
+                and cached.status is recorded
+                and not (cached.unstarted and fleet_moved)
+                and not (cached.uses_tip and cached.tip != tip)
+            ):
+                inputs.append(cached.input)
+                continue
+            built = self._input(
+                name,
+                tip,
+                history,
+                documents,
+                recorded,
+                settings_change,
+                refusal,
+                approved_by,
+                name in unverified_names,
             )
-            first_seen = history.first_added(path)
-            if recorded is not None:
-                spec_commit = spec_commit or recorded.spec_commit
-                first_seen = recorded.first_seen_commit or first_seen
-            if name in unverified_names and not present:
-                # Only an unverified commit has this file (or nothing is
-                # verified yet): it is held with the refusal, never started,
-                # and never aborted by a removal nobody verified either.
-                problems = (Problem(path, 0, 0, "", refusal or "not verified"),)
-                present = True
-            first_seen = first_seen or spec_commit or tip
-            inputs.append(
-                RolloutInput(
-                    name=name,
-                    spec=spec,
-                    file_present=present,
-                    problems=problems,
-                    status=recorded,
-                    spec_commit=spec_commit or tip,
-                    first_seen_commit=first_seen,
-                    queue_key=history.position(first_seen) if first_seen in history else 1 << 62,
-                    author=self._author(name, spec, recorded, spec_commit, history),
-                    refusal=refusal,
-                    approved_by=approved_by,
-                )
-            )
+            if cached is not None:
+                for path in cached.node_paths:
+                    users = memory.inputs_by_node.get(path)
+                    if users is not None:
+                        users.discard(name)
+            for path in built.node_paths:
+                memory.inputs_by_node.setdefault(path, set()).add(name)
+            cache[name] = built
+            inputs.append(built.input)
+        for name in [n for n in cache if n not in names] if len(cache) > len(names) else ():
+            for path in cache.pop(name).node_paths:
+                memory.inputs_by_node.get(path, set()).discard(name)
+        memory.inputs_generation = history.generation
+        memory.inputs_context = (refusal, approved_by)
+        memory.inputs_fleet = documents.fleet
         return inputs
+
+    def _input(
+        self,
+        name: str,
+        tip: str,
+        history: History,
+        documents: Documents,
+        recorded: RolloutStatus | None,
+        settings_change: str | None,
+        refusal: str | None,
+        approved_by: tuple[ApprovalRecord, ...],
+        unverified: bool,
+    ) -> _BuiltInput:
+        """One rollout's engine input, and what it was built from."""
+        path = rollout_path(name)
+        spec = documents.rollouts.get(name)
+        source_problems = documents.invalid_rollouts.get(name)
+        problems = tuple(source_problems or ())
+        present = spec is not None or bool(problems)
+        if spec is not None:
+            used = (
+                [n.name for n in recorded.nodes]
+                if recorded and recorded.started
+                else engine.resolve_nodes(spec, documents.fleet)
+            )
+            node_paths = [node_path(n) for n in used]
+        else:
+            node_paths = []
+        spec_commit = history.newest(
+            [history.last_change(path), settings_change, history.last_change_of(node_paths)]
+        )
+        first_seen = history.first_added(path)
+        if recorded is not None:
+            spec_commit = spec_commit or recorded.spec_commit
+            first_seen = recorded.first_seen_commit or first_seen
+        if unverified and not present:
+            # Only an unverified commit has this file (or nothing is
+            # verified yet): it is held with the refusal, never started,
+            # and never aborted by a removal nobody verified either.
+            problems = (Problem(path, 0, 0, "", refusal or "not verified"),)
+            present = True
+        # A commit id that fell back to the tip, or a queue position that
+        # may appear later, is worked out again every pass.
+        uses_tip = not spec_commit or not (first_seen or spec_commit)
+        first_seen = first_seen or spec_commit or tip
+        uses_tip = uses_tip or first_seen not in history
+        built = RolloutInput(
+            name=name,
+            spec=spec,
+            file_present=present,
+            problems=problems,
+            status=recorded,
+            spec_commit=spec_commit or tip,
+            first_seen_commit=first_seen,
+            queue_key=history.position(first_seen) if first_seen in history else 1 << 62,
+            author=self._author(name, spec, recorded, spec_commit, history),
+            refusal=refusal,
+            approved_by=approved_by,
+        )
+        return _BuiltInput(
+            built,
+            spec,
+            source_problems,
+            recorded,
+            tuple(node_paths),
+            unstarted=spec is not None and not (recorded and recorded.started),
+            uses_tip=uses_tip,
+            tip=tip,
+        )
 
     def _approved_by(self, approval: Approval | None) -> tuple[ApprovalRecord, ...]:
         """Who approved the verified commit acted on (section 17), when

@@ -67,6 +67,12 @@ class History:
         self.full_walks = 0
         self.walked = 0
         self.rewinds = 0
+        # For ``changed_since``: each advance is a generation; the paths
+        # whose facts it changed, newest last; and the last generation that
+        # stepped back or started over (then any fact may have changed).
+        self.generation = 0
+        self._journal: list[tuple[int, frozenset[str]]] = []
+        self._rewound_at = 0
 
     @property
     def tip(self) -> str | None:
@@ -83,6 +89,7 @@ class History:
         ``GitStore.is_descendant`` first."""
         if tip == self._tip:
             return
+        self.generation += 1
         new: list[pygit2.Commit] = []
         stop: str | None = None
         try:
@@ -103,8 +110,10 @@ class History:
             ) from e
         if stop is not None and stop != self._tip:
             self._rewind(stop)
+            self._rewound_at = self.generation
         if stop is None and self._tip is not None:
             self._reset()
+            self._rewound_at = self.generation
         if self._tip is None:
             self.full_walks += 1
         new.reverse()
@@ -128,6 +137,21 @@ class History:
         self._tip = tip
         self._tip_key = prev_key
         self._tip_subs = prev_subs
+
+    def changed_since(self, generation: int) -> frozenset[str] | None:
+        """The spec paths whose ``last_change`` or ``first_added`` may have
+        changed since ``generation`` (a value of ``self.generation`` read
+        earlier): those a commit walked since then changed. None when any
+        may have: the index stepped back (a rewind) or started over since,
+        or ``generation`` is from before the first advance."""
+        if generation <= 0 or self._rewound_at > generation:
+            return None
+        found: set[str] = set()
+        for at, paths in reversed(self._journal):
+            if at <= generation:
+                break
+            found.update(paths)
+        return frozenset(found)
 
     def last_change(self, path: str) -> str | None:
         """The newest first-parent commit (as of the tip) that added, changed or
@@ -178,6 +202,7 @@ class History:
 
     def _reset(self) -> None:
         self._tip = None
+        self._journal.clear()
         self._order.clear()
         self._position.clear()
         self._last_pos.clear()
@@ -221,6 +246,11 @@ class History:
                 self._first_added[path] = cid
         self._undo[pos] = undo
         self._changes.append(cid)
+        self._journal.append((self.generation, frozenset(path for path, _ in changed)))
+        if len(self._journal) > _JOURNAL_LIMIT:
+            # Asking from before the oldest kept entry answers None.
+            self._rewound_at = max(self._rewound_at, self._journal[_JOURNAL_LIMIT // 2][0])
+            del self._journal[: _JOURNAL_LIMIT // 2]
 
     def _rewind(self, stop: str) -> None:
         """Forget every commit after `stop`, as if the index had been
@@ -245,6 +275,7 @@ class History:
         self.rewinds += 1
 
 
+_JOURNAL_LIMIT = 4096  # change commits remembered for changed_since
 _EMPTY_KEY: _Key = (None,) * (len(SPEC_FOLDERS) + len(SPEC_FILES))
 _EMPTY_SUBS: _Subs = (None,) * len(SPEC_FOLDERS)
 
