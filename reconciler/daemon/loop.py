@@ -41,6 +41,7 @@ from reconciler.daemon.fleet_watch import (
     fleet_lines,
     fleet_summary,
 )
+from reconciler.daemon.inert import InertStatuses, needs_passes
 from reconciler.daemon.logs import EventLog
 from reconciler.daemon.metrics import Metrics
 from reconciler.daemon.notifications import Notifier
@@ -154,6 +155,7 @@ class DaemonMemory:
     inputs_context: tuple[object, ...] = ()  # (refusal, approvals) they were built with
     inputs_fleet: Fleet | None = None
     quiet: _Quiet | None = None  # the last pass, if it changed and watched nothing
+    inert: InertStatuses = field(default_factory=InertStatuses)  # statuses that ask nothing
     # (verified commit, last acted commit) -> descends from it by first parent
     descends: dict[tuple[str, str], bool] = field(default_factory=dict)
     # Memory that may be forgotten on restart.
@@ -400,8 +402,10 @@ class Daemon:
         """Ask the agents: unfinished jobs (resending those they do not
         know), heartbeats, backup lists. Touches: the agents over HTTP;
         ``memory.unreachable`` and ``memory.watching``."""
-        p.observations, p.unfinished = self._ask_agents(p.statuses.values(), p.documents.fleet)
-        metric_checks = self._ask_prometheus(p.statuses.values(), p.observations, p.documents)
+        # Finished rollouts at rest ask nothing: only the others are looked at.
+        lively = self.memory.inert.lively(p.statuses)
+        p.observations, p.unfinished = self._ask_agents(lively, p.documents.fleet)
+        metric_checks = self._ask_prometheus(lively, p.observations, p.documents)
         if metric_checks:
             p.observations = replace(p.observations, metric_checks=metric_checks)
         return None
@@ -554,6 +558,7 @@ class Daemon:
             p.commit if p.commit and p.status_branch == self.store.branch else p.tip
         )
         self._update_gauges(merged.values())
+        lively = self.memory.inert.lively(merged)
         outcome = PassOutcome(
             tip=p.tip,
             commit=p.commit,
@@ -561,9 +566,9 @@ class Daemon:
             jobs_sent=p.sent,
             # The statuses just changed first: usually one of them is active,
             # and then the thousands of unchanged ones need not be looked at.
-            active=any(_needs_passes(s) for s in step.statuses.values())
-            or any(_needs_passes(s) for s in merged.values()),
-            wakeup=engine.next_wakeup(merged.values()),
+            active=any(needs_passes(s) for s in step.statuses.values())
+            or any(needs_passes(s) for s in lively),
+            wakeup=engine.next_wakeup(lively),
         )
         if p.commit is None and not p.sent and not step.transitions and not self.memory.watching:
             self.memory.quiet = _Quiet(
@@ -1280,12 +1285,6 @@ def _fleet_states(fleet: FleetStatus | None) -> dict[str, notification_events.No
     """Each node's (state, since) in ``status/fleet.yaml``: what fleet
     events are keyed by (DESIGN.md section 13)."""
     return {n.name: (n.state, n.since) for n in fleet.nodes} if fleet is not None else {}
-
-
-def _needs_passes(status: RolloutStatus) -> bool:
-    """Active, and not only waiting for a person (section 6, step 7: the
-    interval applies while a rollout can move on by itself)."""
-    return engine.is_active(status) and not engine.waits_for_a_person(status)
 
 
 def _ordered(
