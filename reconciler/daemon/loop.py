@@ -156,6 +156,7 @@ class DaemonMemory:
     inputs_fleet: Fleet | None = None
     quiet: _Quiet | None = None  # the last pass, if it changed and watched nothing
     inert: InertStatuses = field(default_factory=InertStatuses)  # statuses that ask nothing
+    dashboard: tuple[str, bytes] | None = None  # the dashboard blob read last: (id, content)
     # (verified commit, last acted commit) -> descends from it by first parent
     descends: dict[tuple[str, str], bool] = field(default_factory=dict)
     # Memory that may be forgotten on restart.
@@ -767,7 +768,7 @@ class Daemon:
         fleet_moved = memory.inputs_fleet is not documents.fleet
         settings_change = history.last_change(SETTINGS_PATH)
         inputs: list[RolloutInput] = []
-        for name in sorted(names):
+        for name in names:  # in no order: the engine orders them by queue
             spec = documents.rollouts.get(name)
             problems = documents.invalid_rollouts.get(name)
             recorded = statuses.get(name)
@@ -1109,9 +1110,17 @@ class Daemon:
                 changes[path] = None
         dashboard = _dashboard(merged, broken, fleet).encode()
         current = self.store.file_blob(parent, DASHBOARD_PATH) if parent else None
-        if current is None or self.store.blob(current) != dashboard:
+        if current is None or self._dashboard_text(current) != dashboard:
             changes[DASHBOARD_PATH] = dashboard
         return changes
+
+    def _dashboard_text(self, blob_id: str) -> bytes:
+        """The dashboard blob's content; the last one read is kept (it is
+        large at thousands of rollouts, and mostly the same blob)."""
+        kept = self.memory.dashboard
+        if kept is None or kept[0] != blob_id:
+            kept = self.memory.dashboard = (blob_id, self.store.blob(blob_id))
+        return kept[1]
 
     def _committed(self, step: FleetStep, commit: str) -> None:
         self.metrics.commits.inc()

@@ -19,6 +19,7 @@ file only when a status changed. Must not read Git, files or the clock.
 from __future__ import annotations
 
 import re
+from bisect import bisect_left, insort
 from collections.abc import Mapping
 from urllib.parse import quote
 
@@ -28,6 +29,7 @@ from reconciler.spec.rollout_status import RolloutStatus
 from reconciler.views import markdown
 from reconciler.views.health_text import failing_summary
 from reconciler.views.status_text import (
+    PHASE_ORDER,
     batch_groups,
     batch_text,
     ordered,
@@ -99,7 +101,7 @@ def waits_for_approval(status: RolloutStatus) -> bool:
 
 def render_dashboard(statuses: Mapping[str, RolloutStatus]) -> str:
     """The Markdown text of ``status/README.md`` for these statuses."""
-    rollouts = ordered(statuses)
+    rollouts = _ordered(statuses)
     out = [
         "# Rollouts",
         "",
@@ -181,34 +183,87 @@ def _icon(status: RolloutStatus) -> str:
 
 
 def _attention(rollouts: list[RolloutStatus]) -> list[str]:
+    global _notes
     lines: list[str] = []
+    seen: dict[int, tuple[RolloutStatus, tuple[str, ...]]] = {}
     for status in rollouts:
-        name = markdown.text(status.name)
-        if status.hold is not None:
-            # The message names the held nodes and ends with what to do; the
-            # engine has already clipped the agent's error inside it.
-            hold = status.hold
-            failing = failing_summary(status)
-            lines.append(
-                f"- {_icon(status)} **{name}** `{hold.reason}`: {_sentence(hold.message)}"
-                + (f" {_sentence(failing[0].upper() + failing[1:])}" if failing else "")
-            )
-        elif (
-            status.phase == "pending"
-            and status.reason not in _PENDING_BY_ITSELF
-            and status.condition(status.reason) is None  # a condition below says it
-        ):
-            why = status.message or status.reason or "waiting"
-            lines.append(
-                f"- {_icon(status)} **{name}** pending `{status.reason}`: {_sentence(why)}"
-            )
-        for condition in status.conditions:
-            message = markdown.clip(condition.message, _CONDITION_LIMIT)
-            if condition.type == "unverified" and waits_for_approval(status):
-                lines.append(f"- ⏳ **{name}** waiting for approval: {_sentence(message)}")
-                continue
-            lines.append(f"- **{name}** condition `{condition.type}`: {_sentence(message)}")
+        cached = _notes.get(id(status))
+        found = cached[1] if cached is not None and cached[0] is status else _notes_of(status)
+        if found:
+            seen[id(status)] = (status, found)
+            lines.extend(found)
+    _notes.update(seen)
+    if len(_notes) > 2 * len(seen) + 20_000:
+        _notes = seen
     return lines
+
+
+# A rollout's lines under "Needs attention", by the identity of its status,
+# as ``_rows`` (most statuses have none, and are not kept).
+_notes: dict[int, tuple[RolloutStatus, tuple[str, ...]]] = {}
+
+
+def _notes_of(status: RolloutStatus) -> tuple[str, ...]:
+    if status.hold is None and not status.conditions and status.phase != "pending":
+        return ()
+    lines: list[str] = []
+    name = markdown.text(status.name)
+    if status.hold is not None:
+        # The message names the held nodes and ends with what to do; the
+        # engine has already clipped the agent's error inside it.
+        hold = status.hold
+        failing = failing_summary(status)
+        lines.append(
+            f"- {_icon(status)} **{name}** `{hold.reason}`: {_sentence(hold.message)}"
+            + (f" {_sentence(failing[0].upper() + failing[1:])}" if failing else "")
+        )
+    elif (
+        status.phase == "pending"
+        and status.reason not in _PENDING_BY_ITSELF
+        and status.condition(status.reason) is None  # a condition below says it
+    ):
+        why = status.message or status.reason or "waiting"
+        lines.append(f"- {_icon(status)} **{name}** pending `{status.reason}`: {_sentence(why)}")
+    for condition in status.conditions:
+        message = markdown.clip(condition.message, _CONDITION_LIMIT)
+        if condition.type == "unverified" and waits_for_approval(status):
+            lines.append(f"- ⏳ **{name}** waiting for approval: {_sentence(message)}")
+            continue
+        lines.append(f"- **{name}** condition `{condition.type}`: {_sentence(message)}")
+    return tuple(lines)
+
+
+def _ordered(statuses: Mapping[str, RolloutStatus]) -> list[RolloutStatus]:
+    """``status_text.ordered``, kept from call to call: the daemon renders
+    after each status commit, with the same status objects for every
+    rollout but the few that changed, which alone are placed again. The
+    order is total (names are unique), so the result is the same list."""
+    global _placed
+    last, keys = _placed
+    changed = [name for name, status in statuses.items() if last.get(name) is not status]
+    added = sum(1 for name in changed if name not in last)
+    if len(last) + added != len(statuses) or len(changed) > 64:
+        result = ordered(statuses)
+        _placed = (dict(statuses), [_order_key(s) for s in result])
+        return result
+    for name in changed:
+        old = last.get(name)
+        if old is not None:
+            del keys[bisect_left(keys, _order_key(old))]
+        insort(keys, _order_key(statuses[name]))
+    _placed = ({**last, **{name: statuses[name] for name in changed}}, keys)
+    return [statuses[name] for _, name in keys]
+
+
+_RANK = {phase: i for i, phase in enumerate(PHASE_ORDER)}
+
+
+def _order_key(status: RolloutStatus) -> tuple[int, str]:
+    return (_RANK.get(status.phase, len(_RANK)), status.name)
+
+
+# The statuses of the last ``_ordered`` call and their sort keys, in order.
+_placed: tuple[dict[str, RolloutStatus], list[tuple[int, str]]] = ({}, [])
 
 
 def _diagram(active: list[RolloutStatus]) -> list[str]:
