@@ -154,6 +154,12 @@ class DaemonMemory:
     inputs_generation: int = 0  # ``History.generation`` they were built at
     inputs_context: tuple[object, ...] = ()  # (refusal, approvals) they were built with
     inputs_fleet: Fleet | None = None
+    inputs_tip_bound: set[str] = field(default_factory=set)  # built with the tip read
+    inputs_unstarted: set[str] = field(default_factory=set)  # built from the fleet
+    # Rollouts whose spec or status files the read step found changed in
+    # this pass (None: it read every file, so look at every rollout).
+    spec_changed: frozenset[str] | None = None
+    status_changed: frozenset[str] | None = None
     quiet: _Quiet | None = None  # the last pass, if it changed and watched nothing
     inert: InertStatuses = field(default_factory=InertStatuses)  # statuses that ask nothing
     dashboard: tuple[str, bytes] | None = None  # the dashboard blob read last: (id, content)
@@ -638,6 +644,7 @@ class Daemon:
                 store.file_blob(commit, SETTINGS_PATH),
             )
         if memory.documents and memory.documents[0] == key:
+            memory.spec_changed = frozenset()
             return memory.documents[1]
         before = memory.documents_commit
         if commit is not None and before is not None and memory.assembly.documents is not None:
@@ -655,7 +662,9 @@ class Daemon:
                     memory.spec_blobs[path] = blob_id
                     changed[path] = self._parse(blob_id, path)
             documents = memory.assembly.update(changed)
+            memory.spec_changed = memory.assembly.changed_names
         else:
+            memory.spec_changed = None
             blobs = store.spec_files(commit) if commit is not None else {}  # path -> blob id
             documents = memory.assembly.rebuild(
                 self._parse(blob_id, path) for path, blob_id in blobs.items()
@@ -681,8 +690,10 @@ class Daemon:
             # read are read again (a rewind is a change like any other).
             changed = self.store.changed_paths(reader.at, commit, (STATUS_DIR,))
             statuses, broken = reader.read_changed(self.store, commit, changed)
+            self.memory.status_changed = reader.changed_names
         else:
             statuses, broken = reader.read(self.store, commit)
+            self.memory.status_changed = None
         for name, reason in broken.items():
             self._report(
                 "status_unreadable",
@@ -724,12 +735,13 @@ class Daemon:
     ) -> list[RolloutInput]:
         """Each rollout's engine input. Built again only for the rollouts
         whose input may differ from the last pass's: its spec, problems or
-        status value changed (the readers keep unchanged values' identity),
-        history moved for its rollout file or the nodes it uses
-        (``History.changed_since``), or, before it starts, the fleet
-        changed. A rewind, new settings, a change in approvals or an
-        unverified tree rebuild every input (tests pin the result against
-        building every input)."""
+        status value changed (the readers keep unchanged values' identity
+        and say which rollouts' files changed), history moved for its
+        rollout file or the nodes it uses (``History.changed_since``), or,
+        before it starts, the fleet changed. A rewind, new settings, a
+        change in approvals, an unverified tree or status trust checks
+        look at every rollout (tests pin the result against building
+        every input)."""
         store = self.store
         memory = self.memory
         refusal = _refusal_text(approval)
@@ -740,13 +752,6 @@ class Daemon:
             # that says why nothing happens (DESIGN.md section 8).
             for path in store.files(tip, ROLLOUTS_DIR):
                 unverified_names.add(name_in(ROLLOUTS_DIR, path))
-        names = (
-            set(documents.rollouts)
-            | set(documents.invalid_rollouts)
-            | set(statuses)
-            | unverified_names
-        ) - set(broken)
-        names.discard(FLEET_STATUS_NAME)  # a reserved name: its file is the fleet's
         cache = memory.inputs
         touched = history.changed_since(memory.inputs_generation)
         if (
@@ -758,6 +763,8 @@ class Daemon:
         ):
             cache.clear()
             memory.inputs_by_node.clear()
+            memory.inputs_tip_bound.clear()
+            memory.inputs_unstarted.clear()
             touched = frozenset()
         affected: set[str] = set()
         for path in touched:
@@ -767,11 +774,38 @@ class Daemon:
                 affected.update(memory.inputs_by_node.get(path, ()))
         fleet_moved = memory.inputs_fleet is not documents.fleet
         settings_change = history.last_change(SETTINGS_PATH)
-        inputs: list[RolloutInput] = []
-        for name in names:  # in no order: the engine orders them by queue
+        spec_changed, status_changed = memory.spec_changed, memory.status_changed
+        if cache and spec_changed is not None and status_changed is not None and not self.trust:
+            # Only the rollouts something happened to are looked at.
+            looked = spec_changed | status_changed | affected | memory.inputs_tip_bound
+            if fleet_moved:
+                looked |= memory.inputs_unstarted
+            names: Iterable[str] = looked
+        else:
+            every = (
+                set(documents.rollouts)
+                | set(documents.invalid_rollouts)
+                | set(statuses)
+                | unverified_names
+            ) - set(broken)
+            for name in [n for n in cache if n not in every]:
+                self._drop_input(name)
+            names = every
+        for name in names:
+            if name == FLEET_STATUS_NAME or name in broken:  # reserved; held
+                self._drop_input(name)
+                continue
             spec = documents.rollouts.get(name)
             problems = documents.invalid_rollouts.get(name)
             recorded = statuses.get(name)
+            if (
+                spec is None
+                and problems is None
+                and recorded is None
+                and name not in unverified_names
+            ):
+                self._drop_input(name)
+                continue
             cached = cache.get(name)
             if (
                 cached is not None
@@ -782,7 +816,6 @@ class Daemon:
                 and not (cached.unstarted and fleet_moved)
                 and not (cached.uses_tip and cached.tip != tip)
             ):
-                inputs.append(cached.input)
                 continue
             built = self._input(
                 name,
@@ -795,22 +828,30 @@ class Daemon:
                 approved_by,
                 name in unverified_names,
             )
-            if cached is not None:
-                for path in cached.node_paths:
-                    users = memory.inputs_by_node.get(path)
-                    if users is not None:
-                        users.discard(name)
+            self._drop_input(name)
             for path in built.node_paths:
                 memory.inputs_by_node.setdefault(path, set()).add(name)
+            if built.uses_tip:
+                memory.inputs_tip_bound.add(name)
+            if built.unstarted:
+                memory.inputs_unstarted.add(name)
             cache[name] = built
-            inputs.append(built.input)
-        for name in [n for n in cache if n not in names] if len(cache) > len(names) else ():
-            for path in cache.pop(name).node_paths:
-                memory.inputs_by_node.get(path, set()).discard(name)
         memory.inputs_generation = history.generation
         memory.inputs_context = (refusal, approved_by)
         memory.inputs_fleet = documents.fleet
-        return inputs
+        return [built.input for built in cache.values()]
+
+    def _drop_input(self, name: str) -> None:
+        memory = self.memory
+        cached = memory.inputs.pop(name, None)
+        if cached is None:
+            return
+        for path in cached.node_paths:
+            users = memory.inputs_by_node.get(path)
+            if users is not None:
+                users.discard(name)
+        memory.inputs_tip_bound.discard(name)
+        memory.inputs_unstarted.discard(name)
 
     def _input(
         self,

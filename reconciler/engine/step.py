@@ -31,6 +31,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from operator import attrgetter
 from typing import Any
 
 from reconciler.engine import evidence, intents, lifecycle, rollback
@@ -196,7 +197,8 @@ class _Pass:
 
     def node(self, name: str) -> Node | None:
         if self._fleet_by_name is None:
-            self._fleet_by_name = self.fleet.by_name()
+            # Built once per fleet, not once per pass (memo.fleet_index).
+            self._fleet_by_name = fleet_index(self.fleet).by_name
         return self._fleet_by_name.get(name)
 
     def seed(self, order: Sequence[RolloutInput], resting: set[str]) -> None:
@@ -266,8 +268,7 @@ class _Pass:
 _INDEPENDENT = -1  # settled whatever the other rollouts do (ctx.version is never negative)
 
 
-def _queue_order(inp: RolloutInput) -> tuple[int, str]:
-    return (inp.queue_key, inp.name)
+_queue_order = attrgetter("queue_key", "name")
 
 
 def _may_rest(inp: RolloutInput) -> bool:

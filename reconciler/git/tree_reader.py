@@ -28,6 +28,9 @@ class TreeReader:
         self.is_remote = False
         self._files_cache: dict[pygit2.Oid, dict[str, str]] = {}
         self._tree_cache: dict[str, pygit2.Tree] = {}
+        # Folders read at a commit: a large folder's tree is parsed once,
+        # not at every file looked up in it.
+        self._subtree_cache: dict[tuple[str, str], pygit2.Tree | None] = {}
 
     def repository(self) -> pygit2.Repository:
         """The underlying repository (for read-only helpers such as approval)."""
@@ -63,9 +66,12 @@ class TreeReader:
 
     def file_blob(self, commit: str, path: str) -> str | None:
         """Blob id of the file at `path` in `commit`, or None if there is none."""
-        tree = self._tree(commit)
+        folder, sep, name = path.rpartition("/")
+        tree = self._subtree(commit, folder) if sep else self._tree(commit)
+        if tree is None:
+            return None
         try:
-            entry = tree[path]
+            entry = tree[name]
         except KeyError:
             return None
         return str(entry.id) if entry.type_str == "blob" else None
@@ -135,6 +141,16 @@ class TreeReader:
         return tree
 
     def _subtree(self, commit: str, folder: str) -> pygit2.Tree | None:
+        key = (commit, folder)
+        if key in self._subtree_cache:
+            return self._subtree_cache[key]
+        found = self._find_subtree(commit, folder)
+        if len(self._subtree_cache) > 64:
+            self._subtree_cache.clear()
+        self._subtree_cache[key] = found
+        return found
+
+    def _find_subtree(self, commit: str, folder: str) -> pygit2.Tree | None:
         tree = self._tree(commit)
         folder = folder.strip("/")
         if not folder:

@@ -1081,6 +1081,8 @@ class Assembly:
         self.files: dict[str, ParsedFile] = {}
         self.documents: Documents | None = None
         self.full_assemblies = 0  # for tests and the benchmark
+        # The rollouts (by name) the last update redid; None after a full assembly.
+        self.changed_names: frozenset[str] | None = None
         self._problems: dict[str, tuple[Problem, ...]] = {}  # by path
         self._nodes: dict[str, Node] = {}
         self._node_files: dict[str, ParsedFile] = {}
@@ -1110,6 +1112,9 @@ class Assembly:
                 self.files[path] = new
         if not incremental:
             return self._full()
+        self.changed_names = frozenset(
+            item.name for item in (*old_items.values(), *changes.values()) if item is not None
+        )
         docs = self.documents
         settings = docs.settings
         rollouts = dict(docs.rollouts)
@@ -1162,6 +1167,7 @@ class Assembly:
 
     def _full(self) -> Documents:
         self.full_assemblies += 1
+        self.changed_names = None
         files = list(self.files.values())
         self.documents = docs = assemble(files)
         self._problems = {}

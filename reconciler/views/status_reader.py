@@ -89,12 +89,15 @@ class StatusReader:
         self._keys: dict[str, tuple[str, ...]] = {}
         self._statuses: dict[str, RolloutStatus] = {}
         self._broken: dict[str, str] = {}
+        # The rollouts ``read_changed`` read again (None after a full read).
+        self.changed_names: frozenset[str] | None = None
 
     def read(
         self, source: StatusSource, commit: str | None
     ) -> tuple[dict[str, RolloutStatus], dict[str, str]]:
         """Statuses by rollout name at ``commit``, and the names whose files
         cannot be read, with why (``path: reason``)."""
+        self.changed_names = None
         if commit is None:
             self.at = None
             return {}, {}
@@ -126,10 +129,11 @@ class StatusReader:
         last read returned, the same objects."""
         if commit is None or self.at is None:
             return self.read(source, commit)
+        self.changed_names = frozenset(_names_of(changed))
         statuses = dict(self._statuses)
         broken = dict(self._broken)
         keys = dict(self._keys)
-        for name in sorted(_names_of(changed)):
+        for name in sorted(self.changed_names):
             old = keys.pop(name, None)
             statuses.pop(name, None)
             broken.pop(name, None)
@@ -196,7 +200,7 @@ class StatusReader:
 
     def remember(
         self,
-        source: StatusSource,
+        source: ChangeSource,
         commit: str,
         written: Mapping[str, Any],
         statuses: Mapping[str, RolloutStatus],
@@ -204,10 +208,9 @@ class StatusReader:
         """Seed the cache with status files just written at ``commit``
         (``written``: path -> plain data), so the next read does not parse,
         check and rebuild them (values round-trip losslessly through files)."""
-        top = source.files(commit, STATUS_DIR)
         for name, value in statuses.items():
             path = status_path(name)
-            blob_id = top.get(path)
+            blob_id = source.file_blob(commit, path) if path in written else None
             if blob_id is None or path not in written:
                 continue
             pages = (
