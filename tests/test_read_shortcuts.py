@@ -199,18 +199,20 @@ def test_a_daemon_reading_what_changed_reads_and_decides_what_reading_everything
         assert any(map(needs_passes, lively)) == any(map(needs_passes, every))
 
         # The dashboard's kept order is the order.
-        assert dashboard._ordered(got.statuses) == ordered(want.statuses), step
-        assert dashboard.render_dashboard(got.statuses) == _fresh_dashboard(want.statuses)
+        assert kept.memory.dashboard_order.place(got.statuses) == ordered(want.statuses), step
+        assert dashboard.render_dashboard(
+            got.statuses, kept.memory.dashboard_order
+        ) == _fresh_dashboard(want.statuses)
     assert rewinds >= 3 and incremental_reads > 50
     # It did take the shortcuts: most reads assembled only what changed.
     assert kept.memory.assembly.full_assemblies < 40
 
 
 def _fresh_dashboard(statuses: dict[str, object]) -> str:
-    """The dashboard with its kept rows, notes and order forgotten."""
-    saved = dashboard._rows, dashboard._notes, dashboard._placed
-    dashboard._rows, dashboard._notes, dashboard._placed = {}, {}, ({}, [])
+    """The dashboard with its kept rows and notes forgotten."""
+    saved = dashboard._rows, dashboard._notes
+    dashboard._rows, dashboard._notes = {}, {}
     try:
         return dashboard.render_dashboard(statuses)  # type: ignore[arg-type]
     finally:
-        dashboard._rows, dashboard._notes, dashboard._placed = saved
+        dashboard._rows, dashboard._notes = saved

@@ -92,7 +92,7 @@ from reconciler.spec.paths import (
 from reconciler.spec.rollout_status import ApprovalRecord, RolloutStatus
 from reconciler.spec.safe_yaml import dump_yaml
 from reconciler.views import notification_events
-from reconciler.views.dashboard import render_dashboard
+from reconciler.views.dashboard import DashboardOrder, render_dashboard
 from reconciler.views.fleet_reader import FleetReader
 from reconciler.views.fleet_text import fleet_dashboard_section
 from reconciler.views.status_reader import StatusReader
@@ -163,6 +163,7 @@ class DaemonMemory:
     quiet: _Quiet | None = None  # the last pass, if it changed and watched nothing
     inert: InertStatuses = field(default_factory=InertStatuses)  # statuses that ask nothing
     dashboard: tuple[str, bytes] | None = None  # the dashboard blob read last: (id, content)
+    dashboard_order: DashboardOrder = field(default_factory=DashboardOrder)  # its rows' order
     # (verified commit, last acted commit) -> descends from it by first parent
     descends: dict[tuple[str, str], bool] = field(default_factory=dict)
     # Memory that may be forgotten on restart.
@@ -1149,7 +1150,7 @@ class Daemon:
                 written[path] = data
             for path in gone:
                 changes[path] = None
-        dashboard = _dashboard(merged, broken, fleet).encode()
+        dashboard = _dashboard(merged, broken, fleet, self.memory.dashboard_order).encode()
         current = self.store.file_blob(parent, DASHBOARD_PATH) if parent else None
         if current is None or self._dashboard_text(current) != dashboard:
             changes[DASHBOARD_PATH] = dashboard
@@ -1363,11 +1364,12 @@ def _dashboard(
     statuses: Mapping[str, RolloutStatus],
     broken: Mapping[str, str],
     fleet: FleetStatus | None = None,
+    order: DashboardOrder | None = None,
 ) -> str:
     """The dashboard, with the fleet watch's section when there is a fleet
     status, and the status files that cannot be read listed last, since
     those rollouts are held until a person repairs them."""
-    text = render_dashboard(statuses)
+    text = render_dashboard(statuses, order)
     if fleet is not None:
         text = text.rstrip("\n") + "\n\n" + fleet_dashboard_section(fleet)
     if broken:

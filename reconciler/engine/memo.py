@@ -24,17 +24,20 @@ class FleetIndex:
                 self.by_label.setdefault(pair, []).append(node)
 
 
-# The index of the last fleet seen: a pass (and the next, while the node
-# files stay the same) hands the same Fleet value to every call. A cache of
-# a pure function's intermediate value; results do not depend on it.
+# The indexes of the last few fleets seen: a pass (and the next, while the
+# node files stay the same) hands the same Fleet value to every call; a few,
+# for processes that run more than one daemon (the benchmarks). A cache of a
+# pure function's intermediate value; results do not depend on it.
 _last_index: list[tuple[Fleet, FleetIndex]] = []
+_INDEXES_KEPT = 4
 
 
 def fleet_index(fleet: Fleet) -> FleetIndex:
-    if _last_index and _last_index[0][0] is fleet:
-        return _last_index[0][1]
+    for kept, index in _last_index:
+        if kept is fleet:
+            return index
     index = FleetIndex(fleet)
-    _last_index[:] = [(fleet, index)]
+    _last_index[:] = [(fleet, index), *_last_index[: _INDEXES_KEPT - 1]]
     return index
 
 

@@ -99,9 +99,13 @@ def waits_for_approval(status: RolloutStatus) -> bool:
     )
 
 
-def render_dashboard(statuses: Mapping[str, RolloutStatus]) -> str:
-    """The Markdown text of ``status/README.md`` for these statuses."""
-    rollouts = _ordered(statuses)
+def render_dashboard(
+    statuses: Mapping[str, RolloutStatus], order: DashboardOrder | None = None
+) -> str:
+    """The Markdown text of ``status/README.md`` for these statuses.
+    ``order``: the rollouts' order kept from the last call by the same
+    caller (the daemon keeps one), which only speeds the call up."""
+    rollouts = order.place(statuses) if order is not None else ordered(statuses)
     out = [
         "# Rollouts",
         "",
@@ -233,26 +237,32 @@ def _notes_of(status: RolloutStatus) -> tuple[str, ...]:
     return tuple(lines)
 
 
-def _ordered(statuses: Mapping[str, RolloutStatus]) -> list[RolloutStatus]:
+class DashboardOrder:
     """``status_text.ordered``, kept from call to call: the daemon renders
     after each status commit, with the same status objects for every
     rollout but the few that changed, which alone are placed again. The
     order is total (names are unique), so the result is the same list."""
-    global _placed
-    last, keys = _placed
-    changed = [name for name, status in statuses.items() if last.get(name) is not status]
-    added = sum(1 for name in changed if name not in last)
-    if len(last) + added != len(statuses) or len(changed) > 64:
-        result = ordered(statuses)
-        _placed = (dict(statuses), [_order_key(s) for s in result])
-        return result
-    for name in changed:
-        old = last.get(name)
-        if old is not None:
-            del keys[bisect_left(keys, _order_key(old))]
-        insort(keys, _order_key(statuses[name]))
-    _placed = ({**last, **{name: statuses[name] for name in changed}}, keys)
-    return [statuses[name] for _, name in keys]
+
+    def __init__(self) -> None:
+        self._last: dict[str, RolloutStatus] = {}
+        self._keys: list[tuple[int, str]] = []
+
+    def place(self, statuses: Mapping[str, RolloutStatus]) -> list[RolloutStatus]:
+        last, keys = self._last, self._keys
+        changed = [name for name, status in statuses.items() if last.get(name) is not status]
+        added = sum(1 for name in changed if name not in last)
+        if len(last) + added != len(statuses) or len(changed) > 64:
+            result = ordered(statuses)
+            self._last = dict(statuses)
+            self._keys = [_order_key(s) for s in result]
+            return result
+        for name in changed:
+            old = last.get(name)
+            if old is not None:
+                del keys[bisect_left(keys, _order_key(old))]
+            insort(keys, _order_key(statuses[name]))
+            last[name] = statuses[name]
+        return [statuses[name] for _, name in keys]
 
 
 _RANK = {phase: i for i, phase in enumerate(PHASE_ORDER)}
@@ -260,10 +270,6 @@ _RANK = {phase: i for i, phase in enumerate(PHASE_ORDER)}
 
 def _order_key(status: RolloutStatus) -> tuple[int, str]:
     return (_RANK.get(status.phase, len(_RANK)), status.name)
-
-
-# The statuses of the last ``_ordered`` call and their sort keys, in order.
-_placed: tuple[dict[str, RolloutStatus], list[tuple[int, str]]] = ({}, [])
 
 
 def _diagram(active: list[RolloutStatus]) -> list[str]:
