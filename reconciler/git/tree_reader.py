@@ -19,10 +19,23 @@ def branch_ref(branch: str) -> str:
     return branch if branch.startswith("refs/") else f"refs/heads/{branch}"
 
 
+# libgit2 keeps parsed trees in its object cache only up to 4 KiB each by
+# default, so a folder of thousands of files (status/, nodes/) was inflated
+# and parsed again at every lookup and diff: 16 ms against 0.3 ms for a diff
+# of two 5,000-file folders. The cache's total size stays bounded (256 MiB).
+TREE_CACHE_LIMIT = 4 * 1024 * 1024
+
+
+def cache_large_trees() -> None:
+    """Let libgit2 cache trees up to ``TREE_CACHE_LIMIT`` (process-wide)."""
+    pygit2.settings.cache_object_limit(pygit2.enums.ObjectType.TREE, TREE_CACHE_LIMIT)
+
+
 class TreeReader:
     """Reads of one repository's committed objects. Not thread-safe."""
 
     def __init__(self, repo: pygit2.Repository, location: str) -> None:
+        cache_large_trees()
         self._repo = repo
         self.location = location
         self.is_remote = False
