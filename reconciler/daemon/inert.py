@@ -42,8 +42,12 @@ class InertStatuses:
     def __init__(self) -> None:
         self._known: dict[str, RolloutStatus] = {}
 
-    def lively(self, statuses: Mapping[str, RolloutStatus]) -> list[RolloutStatus]:
-        """The statuses that are not inert, in the mapping's order."""
+    def lively(
+        self, statuses: Mapping[str, RolloutStatus], *, every: bool = True
+    ) -> list[RolloutStatus]:
+        """The statuses that are not inert, in the mapping's order.
+        ``every``: ``statuses`` holds every rollout's (then what is kept
+        for rollouts no longer there is forgotten)."""
         known = self._known
         found: list[RolloutStatus] = []
         for name, status in statuses.items():
@@ -54,6 +58,6 @@ class InertStatuses:
             else:
                 known.pop(name, None)
                 found.append(status)
-        if len(known) > 2 * len(statuses) + 1000:
+        if every and len(known) > 2 * len(statuses) + 1000:
             self._known = {n: s for n, s in known.items() if statuses.get(n) is s}
         return found

@@ -25,9 +25,11 @@ from __future__ import annotations
 import contextlib
 import signal
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from operator import attrgetter
 from types import FrameType
 from typing import Any
 
@@ -97,6 +99,7 @@ from reconciler.views.fleet_reader import FleetReader
 from reconciler.views.fleet_text import fleet_dashboard_section
 from reconciler.views.status_reader import StatusReader
 
+_phase_of = attrgetter("phase")
 MAX_RACES = 20  # passes lost in a row to other writers before giving up
 MESSAGE_LINES = 60  # transitions listed in one commit message
 REQUEST_WALK = 1000  # spec commits searched for the one that asked for a rollback
@@ -212,6 +215,7 @@ class _Pass:
         "fleet_sweep",
         "history",
         "inputs",
+        "lively",
         "merged",
         "now",
         "observations",
@@ -235,6 +239,7 @@ class _Pass:
     broken: dict[str, str]
     inputs: list[RolloutInput]
     observations: Observations
+    lively: list[RolloutStatus]  # the statuses observed: those not inert
     unfinished: list[tuple[str, SendJob]]  # jobs the agents said are not finished yet
     now: datetime
     step: FleetStep
@@ -411,7 +416,7 @@ class Daemon:
         know), heartbeats, backup lists. Touches: the agents over HTTP;
         ``memory.unreachable`` and ``memory.watching``."""
         # Finished rollouts at rest ask nothing: only the others are looked at.
-        lively = self.memory.inert.lively(p.statuses)
+        p.lively = lively = self.memory.inert.lively(p.statuses)
         p.observations, p.unfinished = self._ask_agents(lively, p.documents.fleet)
         metric_checks = self._ask_prometheus(lively, p.observations, p.documents)
         if metric_checks:
@@ -566,7 +571,9 @@ class Daemon:
             p.commit if p.commit and p.status_branch == self.store.branch else p.tip
         )
         self._update_gauges(merged.values())
-        lively = self.memory.inert.lively(merged)
+        # The statuses observed as lively, as the step left them, and those it changed.
+        lively = [s for s in p.lively if s.name not in step.statuses]
+        lively += self.memory.inert.lively(step.statuses, every=False)
         outcome = PassOutcome(
             tip=p.tip,
             commit=p.commit,
@@ -1281,8 +1288,7 @@ class Daemon:
 
     def _update_gauges(self, statuses: Iterable[RolloutStatus]) -> None:
         counts = dict.fromkeys(status_values.PHASES, 0)
-        for s in statuses:
-            counts[s.phase] = counts.get(s.phase, 0) + 1
+        counts.update(Counter(map(_phase_of, statuses)))
         for phase, count in counts.items():
             self.metrics.rollouts.labels(phase=phase).set(count)
 

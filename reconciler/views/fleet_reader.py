@@ -16,7 +16,7 @@ from reconciler.spec.errors import StoreError
 from reconciler.spec.fleet_status import FLEET_KIND, FleetStatus, fleet_from_record
 from reconciler.spec.paths import FLEET_PAGES_DIR, FLEET_STATUS_PATH, fleet_page_path
 from reconciler.spec.safe_yaml import YamlProblem, load_yaml
-from reconciler.views.status_reader import StatusSource, status_branch
+from reconciler.views.status_reader import ChangeSource, status_branch
 
 FLEET_SCHEMA = "fleet-status"
 
@@ -28,12 +28,13 @@ class FleetReader:
         self._key: tuple[str, ...] | None = None
         self._value: FleetStatus | None = None
 
-    def read(self, source: StatusSource, commit: str | None) -> FleetStatus | None:
+    def read(self, source: ChangeSource, commit: str | None) -> FleetStatus | None:
         """The fleet status at ``commit``; None when there is none. ValueError
         naming the file and the problem when it is not a fleet status."""
         if commit is None:
             return None
-        main = source.files(commit, FLEET_STATUS_PATH.rsplit("/", 1)[0]).get(FLEET_STATUS_PATH)
+        # One lookup, not a listing of status/ (thousands of rollouts' files).
+        main = source.file_blob(commit, FLEET_STATUS_PATH)
         if main is None:
             return None
         pages = sorted(source.files(commit, FLEET_PAGES_DIR).items())
