@@ -496,6 +496,12 @@ class Daemon:
             p.commit = self.store.commit(
                 p.status_branch, p.status_tip, changes, message, sign=self.sign
             )
+            if DASHBOARD_PATH in changes:
+                # What was just written is what the next pass compares with.
+                written_id = self.store.file_blob(p.commit, DASHBOARD_PATH)
+                dashboard = changes[DASHBOARD_PATH]
+                if written_id is not None and dashboard is not None:
+                    self.memory.dashboard = (written_id, dashboard)
             self._committed(p.step, p.commit)
             self._fleet_committed(fleet_changes, p.commit)
             self.memory.status_reader.remember(self.store, p.commit, written, p.step.statuses)
@@ -789,7 +795,9 @@ class Daemon:
             if fleet_moved:
                 looked |= memory.inputs_unstarted
             names: Iterable[str] = looked
+            every_name = False
         else:
+            every_name = True
             every = (
                 set(documents.rollouts)
                 | set(documents.invalid_rollouts)
@@ -844,10 +852,16 @@ class Daemon:
             if built.unstarted:
                 memory.inputs_unstarted.add(name)
             cache[name] = built
+        if every_name:
+            # Kept in queue order, so the engine's sort finds them sorted
+            # (but for the few added later) and takes linear time.
+            memory.inputs = dict(
+                sorted(cache.items(), key=lambda item: (item[1].input.queue_key, item[0]))
+            )
         memory.inputs_generation = history.generation
         memory.inputs_context = (refusal, approved_by)
         memory.inputs_fleet = documents.fleet
-        return [built.input for built in cache.values()]
+        return [built.input for built in memory.inputs.values()]
 
     def _drop_input(self, name: str) -> None:
         memory = self.memory
