@@ -216,3 +216,22 @@ def _fresh_dashboard(statuses: dict[str, object]) -> str:
         return dashboard.render_dashboard(statuses)  # type: ignore[arg-type]
     finally:
         dashboard._rows, dashboard._notes = saved
+
+
+def test_a_position_whose_objects_are_gone_means_reading_everything_again(kit: FleetKit) -> None:
+    # A mirror fetched after a force-push may no longer hold the commit read
+    # last; the pass then reads every file, as on start, instead of failing.
+    kept = kit.daemon()
+    push(kit, {"rollouts/r1.yaml": rollout_yaml("r1", selector={"role": "web"})}, "add r1")
+    read_step(kept)
+    gone = "0" * 40
+    kept.memory.status_reader.at = gone
+    kept.memory.documents_commit = gone
+    push(kit, {"rollouts/r2.yaml": rollout_yaml("r2", selector={"role": "db"})}, "add r2")
+    kit.daemon().run_pass()  # statuses too
+
+    got, want = read_step(kept), read_step(kit.daemon())
+
+    assert got.documents == want.documents and set(got.documents.rollouts) == {"r1", "r2"}
+    assert got.statuses == want.statuses and set(got.statuses) == {"r1", "r2"}
+    assert kept.memory.status_changed is None and kept.memory.spec_changed is None

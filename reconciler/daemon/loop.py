@@ -661,9 +661,14 @@ class Daemon:
             memory.spec_changed = frozenset()
             return memory.documents[1]
         before = memory.documents_commit
-        if commit is not None and before is not None and memory.assembly.documents is not None:
+        paths = (
+            self._changed_paths(before, commit, (*SPEC_FOLDERS, *SPEC_FILES))
+            if commit is not None and before is not None and memory.assembly.documents is not None
+            else None
+        )
+        if commit is not None and paths is not None:
             changed: dict[str, ParsedFile | None] = {}
-            for path in store.changed_paths(before, commit, SPEC_FOLDERS, SPEC_FILES):
+            for path in paths:
                 if not is_spec_path(path):
                     continue  # nested deeper than the daemon reads
                 old_blob = memory.spec_blobs.pop(path, None)
@@ -695,14 +700,33 @@ class Daemon:
         memory.documents_commit = commit
         return documents
 
+    def _changed_paths(
+        self, before: str | None, commit: str | None, paths: tuple[str, ...]
+    ) -> frozenset[str] | None:
+        """The files under ``paths`` (folders, and top-level files) that
+        differ between the commit read last and ``commit``; None when the
+        commit read last is gone (a mirror's objects after a force-push):
+        then everything is read again."""
+        folders = tuple(p for p in paths if p not in SPEC_FILES)
+        files = tuple(p for p in paths if p in SPEC_FILES)
+        try:
+            return self.store.changed_paths(before, commit, folders, files)
+        except StoreError as exc:
+            self.log.info("read_everything", f"{exc}; reading every file again")
+            return None
+
     def _read_statuses(self, commit: str | None) -> tuple[dict[str, RolloutStatus], dict[str, str]]:
         """Recorded statuses by rollout name, and the names whose status
         files cannot be read (with why): those are held, never overwritten."""
         reader = self.memory.status_reader
-        if commit is not None and reader.at is not None:
+        changed = (
+            self._changed_paths(reader.at, commit, (STATUS_DIR,))
+            if commit is not None and reader.at is not None
+            else None
+        )
+        if changed is not None:
             # Only the rollouts whose status files changed since the last
             # read are read again (a rewind is a change like any other).
-            changed = self.store.changed_paths(reader.at, commit, (STATUS_DIR,))
             statuses, broken = reader.read_changed(self.store, commit, changed)
             self.memory.status_changed = reader.changed_names
         else:
