@@ -813,7 +813,7 @@ class Daemon:
         fleet_moved = memory.inputs_fleet is not documents.fleet
         settings_change = history.last_change(SETTINGS_PATH)
         spec_changed, status_changed = memory.spec_changed, memory.status_changed
-        if cache and spec_changed is not None and status_changed is not None and not self.trust:
+        if cache and spec_changed is not None and status_changed is not None and self.trust is None:
             # Only the rollouts something happened to are looked at.
             looked = spec_changed | status_changed | affected | memory.inputs_tip_bound
             if fleet_moved:
