@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from jsonschema.exceptions import best_match  # type: ignore[import-untyped]
 
@@ -60,6 +60,7 @@ class StatusSource(Protocol):
     def blob(self, blob_id: str) -> bytes: ...
 
 
+@runtime_checkable
 class ChangeSource(StatusSource, Protocol):
     """A Git source that can name a file's blob directly (the daemon's store)."""
 
