@@ -174,7 +174,10 @@ class Agent:
         fsyncs per job for what this reads back instead: the backup, durable
         before the config is replaced and naming its job, holds the bytes
         before; the bytes after follow from them and the payload. A job with
-        no backup of its own replaced no config (it may have created one)."""
+        no backup of its own replaced no config (it may have created one).
+        The one case told less exactly than from a journalled "running": with
+        no config before, a job still queued behind one that created exactly
+        its own target config is also reported as having left it new."""
         payload = record.payload
         runtime = payload["target"]["runtime"]
         # The job's own backup is the newest of its runtime, so no prune
