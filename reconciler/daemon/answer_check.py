@@ -12,23 +12,31 @@ Must not decide anything about rollouts; the engine judges what is left.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import replace
 
-from reconciler.protocol.evidence import evidence_problem, parse_agent_key
+from reconciler.protocol.evidence import evidence_problem, parse_agent_key, signed_bytes_problem
 from reconciler.protocol.observations import NO_EVIDENCE, Heartbeat, JobObservation, SignedAnswer
-from reconciler.protocol.signing import TrustedKey
+from reconciler.protocol.signing import TrustedKey, canonical_json
 from reconciler.spec.model import Node
 
 # Answers that carry a verdict: a 404 (unknown job: resend it) decides nothing.
 CHECKED_STATES = frozenset({"accepted", "running", "succeeded", "failed", "refused"})
+# Answers remembered as verified: a running job is read pass after pass with
+# the same signed record. Past this many the memory starts afresh.
+MAX_VERIFIED = 50_000
 
 
 class AnswerCheck:
     """Checks answers against the nodes' agentKeys; parsed keys are cached
-    by their line, so a pass over 10,000 nodes parses each key once."""
+    by their line, so a pass over 10,000 nodes parses each key once, and an
+    answer already verified (same key, same signature, same signed bytes) is
+    not verified again."""
 
     def __init__(self) -> None:
         self._keys: dict[str, TrustedKey | None] = {}
+        # (key id, signature) -> SHA-256 of the canonical JSON it verified over
+        self._verified: dict[tuple[str, str], bytes] = {}
 
     def key(self, node: Node | None) -> TrustedKey | None:
         if node is None or node.agent_key is None:
@@ -66,4 +74,19 @@ class AnswerCheck:
         key = self.key(node)
         if key is None:
             return "its agentKey is not a valid Ed25519 public key"
-        return evidence_problem(signed, key)
+        if signed is None or signed.key_id != key.key_id:
+            return evidence_problem(signed, key)
+        try:
+            data = canonical_json(signed.body)
+        except (TypeError, ValueError):
+            return evidence_problem(signed, key)  # says what is wrong with it
+        digest = hashlib.sha256(data).digest()
+        remembered = (key.key_id, signed.signature)
+        if self._verified.get(remembered) == digest:
+            return ""
+        problem = signed_bytes_problem(data, signed.key_id, signed.signature, key)
+        if not problem:
+            if len(self._verified) >= MAX_VERIFIED:
+                self._verified.clear()
+            self._verified[remembered] = digest
+        return problem

@@ -202,6 +202,8 @@ class _Connection(asyncio.Protocol):
                 self.body.append(event.data)
             elif isinstance(event, h11.EndOfMessage):
                 self._handle()
+                if not self.started:
+                    return  # answered, and nothing of a next request has come yet
             elif isinstance(event, h11.ConnectionClosed):
                 self._close()
                 return

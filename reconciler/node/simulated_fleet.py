@@ -75,7 +75,7 @@ from typing import Any
 from reconciler import __version__
 from reconciler.node.http_server import HttpServer, Request, Response, error_response, json_response
 from reconciler.protocol.admission import admit_job
-from reconciler.protocol.evidence import derived_agent_key, sign_answer
+from reconciler.protocol.evidence import derived_agent_key, signed_answer_bytes
 from reconciler.protocol.job_payload import SEND_TIME_FIELDS
 from reconciler.protocol.long_poll import FINISHED_JOB_STATES, wait_seconds
 from reconciler.protocol.signing import JobRefused, SigningKey, TrustedKey, canonical_json
@@ -328,10 +328,20 @@ def load_script(path: Path) -> Script:
 
 
 class SimJob:
-    __slots__ = ("backup_id", "detail", "error", "finished_at", "payload", "state", "waiters")
+    __slots__ = (
+        "answer",
+        "backup_id",
+        "detail",
+        "error",
+        "finished_at",
+        "payload",
+        "state",
+        "waiters",
+    )
 
     def __init__(self, payload: dict[str, Any]) -> None:
         self.payload = payload
+        self.answer: bytes | None = None  # the signed record; None when it changed since
         self.state = "accepted"
         self.error: str | None = None
         self.backup_id: str | None = None
@@ -475,12 +485,14 @@ class SimFleet:
         for node in self.nodes.values():
             for job in node.jobs.values():
                 if job.state in ("accepted", "running"):
+                    job.answer = None
                     job.state = "failed"
                     job.error = "simulated agent restarted before the job finished"
                     job.finished_at = now
 
     def _apply_finish(self, node: SimNode, event: dict[str, Any]) -> None:
         job = node.jobs[event["jobId"]]
+        job.answer = None
         job.state = event["state"]
         job.error = event["error"]
         job.backup_id = event["backupId"]
@@ -511,7 +523,14 @@ class SimFleet:
         return key
 
     def _json(self, node: SimNode, status: int, answer: dict[str, Any]) -> Response:
-        return json_response(status, sign_answer(answer, self.key(node.name)))
+        return Response(status, signed_answer_bytes(answer, self.key(node.name)))
+
+    def _job_answer(self, node: SimNode, status: int, job: SimJob) -> Response:
+        """The job's record, signed once per state: a job read again and
+        again while it runs, or after it finished, costs no new signature."""
+        if job.answer is None:
+            job.answer = signed_answer_bytes(job.record(), self.key(node.name))
+        return Response(status, job.answer)
 
     def _error(self, node: SimNode, status: int, code: str, message: str) -> Response:
         return self._json(node, status, {"error": code, "message": message})
@@ -544,7 +563,7 @@ class SimFleet:
                 return self._error(node, 400, "bad_request", str(exc))
             if wait and job.state not in FINISHED_JOB_STATES and not self.ignore_wait:
                 return asyncio.ensure_future(self._held_job(node, job, wait))
-            return self._json(node, 200, job.record())
+            return self._job_answer(node, 200, job)
         if len(parts) == 5 and request.method == "GET" and what in ("heartbeat", "backups"):
             behaviour = script.behaviour
             answer = self._transport(behaviour)
@@ -569,7 +588,7 @@ class SimFleet:
         finally:
             if woken in job.waiters:
                 job.waiters.remove(woken)
-        return self._json(node, 200, job.record())
+        return self._job_answer(node, 200, job)
 
     def _transport(self, behaviour: Behaviour) -> Response | asyncio.Future[Response] | None:
         action = behaviour.action
@@ -645,7 +664,7 @@ class SimFleet:
         self.variants[job_id].add(_variant(payload))
         known = node.jobs.get(job_id)
         if known is not None:
-            return self._json(node, 200, known.record())
+            return self._job_answer(node, 200, known)
         if behaviour.action == "refuse":
             self.refusals[behaviour.code] += 1
             return self._error(node, behaviour.status, behaviour.code, behaviour.message)
@@ -654,8 +673,8 @@ class SimFleet:
         node.probing.pop(payload["target"]["runtime"], None)  # the next job ends the checks
         self.executed[job_id] += 1
         self._log({"e": "accept", "node": node.name, "payload": payload}, flush=True)
-        response = self._json(node, 202, job.record())
-        job.state = "running"
+        response = self._job_answer(node, 202, job)
+        job.state, job.answer = "running", None
         if behaviour.action != "hang":
             loop = asyncio.get_running_loop()
             if behaviour.delay:

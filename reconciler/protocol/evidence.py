@@ -40,6 +40,23 @@ def sign_answer(answer: Mapping[str, Any], key: SigningKey | None) -> dict[str, 
     return {**body, EVIDENCE: {"keyId": key.key_id, "signature": signature}}
 
 
+def signed_answer_bytes(answer: Mapping[str, Any], key: SigningKey | None) -> bytes:
+    """``sign_answer(answer, key)`` as JSON bytes, encoded once: the signed
+    canonical JSON with ``evidence`` spliced in as its last member. JSON
+    objects are unordered, so a reader that takes ``evidence`` out and
+    canonicalises the rest gets the signed bytes back (an agent answers
+    thousands of requests a second; a second encoding is a third of a
+    signature's cost)."""
+    if EVIDENCE in answer:
+        answer = {k: v for k, v in answer.items() if k != EVIDENCE}
+    data = canonical_json(answer)
+    if key is None:
+        return data
+    signature = base64.b64encode(key.sign(data))
+    evidence = b'"evidence":{"keyId":"%s","signature":"%s"}}' % (key.key_id.encode(), signature)
+    return data[:-1] + (b"," if len(data) > 2 else b"") + evidence
+
+
 def split_answer(answer: Mapping[str, Any]) -> SignedAnswer | None:
     """The answer and its evidence as a value, or None when it carries none
     (or a malformed one: that is no evidence either)."""
@@ -65,13 +82,20 @@ def signature_problem(body: Any, key_id: str, signature: str, key: TrustedKey) -
     if key_id != key.key_id:
         return f"signed by key {key_id}, not by the node's agentKey {key.key_id}"
     try:
-        raw = base64.b64decode(signature, validate=True)
-    except (binascii.Error, ValueError):
-        return "the signature is not standard base64"
-    try:
         data = canonical_json(body)
     except (TypeError, ValueError):
         return "the signed answer is not a JSON object"
+    return signed_bytes_problem(data, key_id, signature, key)
+
+
+def signed_bytes_problem(data: bytes, key_id: str, signature: str, key: TrustedKey) -> str:
+    """``signature_problem`` for an answer already in canonical JSON ``data``."""
+    if key_id != key.key_id:
+        return f"signed by key {key_id}, not by the node's agentKey {key.key_id}"
+    try:
+        raw = base64.b64decode(signature, validate=True)
+    except (binascii.Error, ValueError):
+        return "the signature is not standard base64"
     if not key.verify(data, raw):
         return f"bad signature for key {key.key_id}"
     return ""
