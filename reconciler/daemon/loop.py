@@ -89,6 +89,7 @@ from reconciler.spec.rollout_status import ApprovalRecord, RolloutStatus
 from reconciler.spec.safe_yaml import dump_yaml
 from reconciler.views import notification_events
 from reconciler.views.dashboard import render_dashboard
+from reconciler.views.evidence_marks import evidence_dashboard_section
 from reconciler.views.fleet_reader import FleetReader
 from reconciler.views.fleet_text import fleet_dashboard_section
 from reconciler.views.status_reader import StatusReader
@@ -436,7 +437,14 @@ class Daemon:
         p.commit = None
         written: dict[str, Any] = {}  # status path -> the plain data written there
         changes = self._status_changes(
-            p.statuses, p.step, p.merged, p.broken, p.status_tip, written, p.fleet
+            p.statuses,
+            p.step,
+            p.merged,
+            p.broken,
+            p.status_tip,
+            written,
+            p.fleet,
+            p.documents.fleet.nodes,
         )
         fleet_changes: tuple[fleet_rules.FleetChange, ...] = ()
         if p.fleet is not None and p.fleet != p.fleet_before:
@@ -931,6 +939,7 @@ class Daemon:
         parent: str | None,
         written: dict[str, Any],
         fleet: FleetStatus | None = None,
+        nodes: Sequence[Node] = (),
     ) -> dict[str, bytes | None]:
         """The files of every changed status, and the dashboard if its text
         changed; empty when nothing changed, so an idle pass commits nothing.
@@ -943,7 +952,7 @@ class Daemon:
                 written[path] = data
             for path in gone:
                 changes[path] = None
-        dashboard = _dashboard(merged, broken, fleet).encode()
+        dashboard = _dashboard(merged, broken, fleet, nodes).encode()
         current = self.store.file_blob(parent, DASHBOARD_PATH) if parent else None
         if current is None or self.store.blob(current) != dashboard:
             changes[DASHBOARD_PATH] = dashboard
@@ -1155,13 +1164,18 @@ def _dashboard(
     statuses: Mapping[str, RolloutStatus],
     broken: Mapping[str, str],
     fleet: FleetStatus | None = None,
+    nodes: Sequence[Node] = (),
 ) -> str:
     """The dashboard, with the fleet watch's section when there is a fleet
-    status, and the status files that cannot be read listed last, since
-    those rollouts are held until a person repairs them."""
+    status, the evidence marks of the nodes (DESIGN.md 12) when any applies,
+    and the status files that cannot be read listed last, since those
+    rollouts are held until a person repairs them."""
     text = render_dashboard(statuses)
     if fleet is not None:
         text = text.rstrip("\n") + "\n\n" + fleet_dashboard_section(fleet)
+    marks = evidence_dashboard_section(nodes)
+    if marks:
+        text = text.rstrip("\n") + "\n\n" + marks
     if broken:
         lines = ["", "## Status files that cannot be read or are not verified", ""]
         lines += [
