@@ -21,7 +21,9 @@ PIN = "ab" * 32
 
 
 def node(name: str, agent: str = "http://127.0.0.1:8710", key: bool = False) -> Node:
-    return Node(name, agent, agent_key=derived_agent_key(SEED, name).public_openssh if key else None)
+    return Node(
+        name, agent, agent_key=derived_agent_key(SEED, name).public_openssh if key else None
+    )
 
 
 def test_a_version_1_fleet_is_not_marked() -> None:
