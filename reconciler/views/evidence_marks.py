@@ -43,7 +43,7 @@ def evidence_marks(nodes: Sequence[Node]) -> EvidenceMarks:
     marked = []
     if keys_in_use or tls_in_use:
         for node in sorted(nodes, key=lambda n: n.name):
-            marks = (UNSIGNED,) if keys_in_use and node.agent_key is None else ()
+            marks: tuple[str, ...] = (UNSIGNED,) if keys_in_use and node.agent_key is None else ()
             if tls_in_use and not _https(node):
                 marks += (PLAIN_HTTP,)
             if marks:
