@@ -233,3 +233,16 @@ def test_recorded_evidence_is_checked_per_node(tmp_path: Path) -> None:
     # Decided without evidence, though the node has a key: fails; without a key: unsigned.
     assert not _check_node(passed, key.trusted()).ok
     assert _check_node(passed, None).message == "unsigned evidence: the node has no agentKey"
+
+
+def test_an_agent_key_line_must_carry_exactly_an_ed25519_key(tmp_path: Path) -> None:
+    key, _ = new_key(tmp_path / "k")
+    blob = base64.b64decode(key.public_openssh.split()[1])
+    assert parse_agent_key(key.public_openssh).key_id == key.key_id
+    ecdsa = tmp_path / "ecdsa"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ecdsa", "-N", "", "-f", str(ecdsa)], check=True)
+    other = ecdsa.with_suffix(".pub").read_text().split()[1]
+    for data in (blob[:-1], blob + b"\0", base64.b64decode(other), b"x" * 51):
+        line = "ssh-ed25519 " + base64.b64encode(data).decode()
+        with pytest.raises(ValueError, match="not a valid public key"):
+            parse_agent_key(line)
