@@ -9,7 +9,10 @@ time spent building and signing payloads.
 Both ways in one run (``--evidence both``, the default): unsigned answers as
 in version 1, then signed answers (DESIGN.md 12): the simulated fleet signs
 every answer with a per-node key derived from a seed, and every answer read
-is checked against that node's agentKey (``AnswerCheck``), inside the timing.
+is checked against that node's agentKey (``AnswerCheck``), inside the timing:
+as in the daemon, the agent client's thread verifies each signed answer as it
+arrives (``AnswerCheck.prepare``) and the check that believes it or not
+finds it verified.
 
     .venv/bin/python bench/dispatch.py                # 10,000 nodes
     .venv/bin/python bench/dispatch.py --nodes 2000 --compare-httpx
@@ -167,6 +170,10 @@ def run_variant(
     print(f"-- {label}")
     try:
         client = AgentClient(key, concurrency=args.concurrency)
+        # As the daemon does: signatures are checked as answers arrive, and
+        # each answer is then believed or not by the same check.
+        check.nodes = nodes
+        client.on_signed = check.prepare
         # warm up: connections and code paths
         client.read_heartbeats([(url, f"sim-{i:04d}") for i in range(1, 201)])
         for round_no in range(1, args.rounds + 1):

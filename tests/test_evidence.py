@@ -246,3 +246,22 @@ def test_an_agent_key_line_must_carry_exactly_an_ed25519_key(tmp_path: Path) -> 
         line = "ssh-ed25519 " + base64.b64encode(data).decode()
         with pytest.raises(ValueError, match="not a valid public key"):
             parse_agent_key(line)
+
+
+def test_an_answer_checked_early_is_believed_only_as_the_pass_would(tmp_path: Path) -> None:
+    key, _ = new_key(tmp_path / "k")
+    other, _ = new_key(tmp_path / "other")
+    node = Node("node-a", "http://127.0.0.1:1", agent_key=key.public_openssh)
+    check = AnswerCheck()
+    check.nodes = {"node-a": node}
+    good = split_answer(sign_answer({"jobId": "j1", "state": "succeeded"}, key))
+    forged = split_answer(sign_answer({"jobId": "j1", "state": "succeeded"}, other))
+    assert good is not None and forged is not None
+    for signed in (good, forged, replace(good, body={"jobId": "j1", "state": "failed"})):
+        check.prepare("node-a", signed)  # from the client's thread; never raises
+    check.prepare("node-z", good)  # not in the fleet: nothing to check against
+    check.prepare("node-a", replace(good, body={"x": object()}))  # not JSON
+    seen = JobObservation("j1", "succeeded", signed=good)
+    assert check.job(node, seen) == (seen, "")
+    lied, problem = check.job(node, replace(seen, signed=forged))
+    assert lied.state == "unreachable" and other.key_id in problem

@@ -13,6 +13,7 @@ Must not decide anything about rollouts; the engine judges what is left.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from dataclasses import replace
 
 from reconciler.protocol.evidence import evidence_problem, parse_agent_key, signed_bytes_problem
@@ -37,6 +38,20 @@ class AnswerCheck:
         self._keys: dict[str, TrustedKey | None] = {}
         # (key id, signature) -> SHA-256 of the canonical JSON it verified over
         self._verified: dict[tuple[str, str], bytes] = {}
+        # The fleet's nodes by name, for ``prepare`` (the daemon sets it per fleet).
+        self.nodes: Mapping[str, Node] = {}
+
+    def prepare(self, node: str, signed: SignedAnswer) -> None:
+        """Check ``signed`` ahead of ``job`` or ``heartbeat``, from the agent
+        client's thread as the answer arrives, so the pass finds it already
+        verified (or not: then ``job`` checks it again and says why). Never
+        raises: this is only an early start."""
+        try:
+            spec = self.nodes.get(node)
+            if spec is not None and spec.agent_key is not None:
+                self._problem(spec, signed)
+        except Exception:  # the pass's own check says what is wrong
+            return
 
     def key(self, node: Node | None) -> TrustedKey | None:
         if node is None or node.agent_key is None:

@@ -245,6 +245,7 @@ class Daemon:
         self.sign = sign
         self.clock = clock
         self.memory = DaemonMemory()
+        client.on_signed = self.memory.answers.prepare  # signatures checked as answers arrive
         self.fleet_watch = FleetWatch(client, clock=clock, evidence=self._believed_heartbeat)
         self.fleet_watch.on_sweep = self._swept
         self.prometheus = prometheus or PrometheusClient()
@@ -1020,6 +1021,7 @@ class Daemon:
             self.client.set_pins(
                 {n.agent: n.agent_cert_sha256 for n in fleet.nodes if n.agent_cert_sha256}
             )
+            self.memory.answers.nodes = self.memory.by_name[1]
         return self.memory.by_name[1]
 
     # -- reporting -----------------------------------------------------------
