@@ -40,6 +40,9 @@ class AnswerCheck:
         self._verified: dict[tuple[str, str], bytes] = {}
         # The fleet's nodes by name, for ``prepare`` (the daemon sets it per fleet).
         self.nodes: Mapping[str, Node] = {}
+        # Answers ``prepare`` verified, by identity, until the pass checks them:
+        # the same object needs no second encoding (it holds its key id).
+        self._prepared: dict[int, SignedAnswer] = {}
 
     def prepare(self, node: str, signed: SignedAnswer) -> None:
         """Check ``signed`` ahead of ``job`` or ``heartbeat``, from the agent
@@ -48,8 +51,10 @@ class AnswerCheck:
         raises: this is only an early start."""
         try:
             spec = self.nodes.get(node)
-            if spec is not None and spec.agent_key is not None:
-                self._problem(spec, signed)
+            if spec is not None and spec.agent_key is not None and not self._problem(spec, signed):
+                if len(self._prepared) >= MAX_VERIFIED:
+                    self._prepared.clear()
+                self._prepared[id(signed)] = signed
         except Exception:  # the pass's own check says what is wrong
             return
 
@@ -91,6 +96,8 @@ class AnswerCheck:
             return "its agentKey is not a valid Ed25519 public key"
         if signed is None or signed.key_id != key.key_id:
             return evidence_problem(signed, key)
+        if self._prepared.pop(id(signed), None) is signed:
+            return ""  # verified as it arrived, against a key with this very id
         try:
             data = canonical_json(signed.body)
         except (TypeError, ValueError):
