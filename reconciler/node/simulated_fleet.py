@@ -65,7 +65,7 @@ import hashlib
 import json
 import math
 import sys
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
@@ -417,7 +417,11 @@ class SimFleet:
         self.add_nodes(names)
         self.received: Counter[str] = Counter()
         self.executed: Counter[str] = Counter()
-        self.variants: defaultdict[str, set[tuple[Any, ...]]] = defaultdict(set)
+        # Distinct payloads (send times aside) per job id, for the stats: the
+        # first payload is only kept, and compared once a second one comes,
+        # since nearly every job is received once.
+        self._first_payload: dict[str, Mapping[str, Any]] = {}
+        self.variants: dict[str, set[tuple[Any, ...]]] = {}
         self.refusals: Counter[str] = Counter()
         self.requests = 0
         self.ignore_wait = False  # answer ``?wait=`` at once, as an agent older than it does
@@ -478,7 +482,7 @@ class SimFleet:
                 node.jobs[job.payload["jobId"]] = job
                 self.executed[job.payload["jobId"]] += 1
                 self.received[job.payload["jobId"]] += 1
-                self.variants[job.payload["jobId"]].add(_variant(job.payload))
+                self._count_variant(job.payload["jobId"], job.payload)
             elif event["e"] == "finish":
                 self._apply_finish(node, event)
         now = format_time(self.clock())
@@ -657,11 +661,11 @@ class SimFleet:
                 assert isinstance(envelope, dict)
                 job_id = envelope["payload"]["jobId"]
                 self.received[job_id] += 1
-                self.variants[job_id].add(_variant(envelope["payload"]))
+                self._count_variant(job_id, envelope["payload"])
             return self._error(node, refusal.status, refusal.code, refusal.message)
         job_id = payload["jobId"]
         self.received[job_id] += 1
-        self.variants[job_id].add(_variant(payload))
+        self._count_variant(job_id, payload)
         known = node.jobs.get(job_id)
         if known is not None:
             return self._job_answer(node, 200, known)
@@ -743,8 +747,20 @@ class SimFleet:
         self._log(event, flush=False)
         self._apply_finish(node, event)
 
+    def _count_variant(self, job_id: str, payload: Mapping[str, Any]) -> None:
+        first = self._first_payload.setdefault(job_id, payload)
+        if first is payload:
+            return
+        seen = self.variants.get(job_id)
+        if seen is None:
+            seen = self.variants[job_id] = {_variant(first)}
+        seen.add(_variant(payload))
+
     def stats(self) -> dict[str, Any]:
-        variants = {job_id: len(v) for job_id, v in self.variants.items()}
+        variants = {
+            job_id: len(self.variants[job_id]) if job_id in self.variants else 1
+            for job_id in self._first_payload
+        }
         return {
             "nodes": len(self.nodes),
             "requests": self.requests,
