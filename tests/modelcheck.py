@@ -29,10 +29,55 @@ Checked at every transition (DESIGN.md section 6 items 2 to 4, section 5):
                   rebuilds for that id, before and after the pass
     policy        every hold is the one the section 5 table gives
 
-States are deduplicated by a canonical hash (BLAKE2b of the repr of the
-state's frozen values: clock, intents, status, observations). The search is
-breadth first, so the first violation found comes with a shortest sequence
-of events that leads to it.
+States are deduplicated by a canonical hash. Unreduced (``reduced=False``):
+BLAKE2b of the repr of the state's frozen values (clock, intents, status,
+observations). Reduced (the default, ``abstract_key``): BLAKE2b of the
+state's abstraction, which merges only states the engine cannot tell apart
+in any future; see "Reductions" below. The search is breadth first, so the
+first violation found comes with a shortest sequence of events that leads
+to it.
+
+Reductions (each loses no behaviour; ``tests/test_engine_model_check.py``
+holds them to it: at a small depth the reduced and the unreduced search
+reach the same abstract states and find the same violations, and every
+counterexample the reduced search reports replays, event by event, in the
+unreduced world):
+
+    history      the status's ``transitions`` and ``conditions``, and the
+                 times it only records (when it started, finished, a hold
+                 began, a verdict or a rollback was recorded) are left out
+                 of the key: the engine writes them and never reads them
+                 (it reads a condition only to keep its own ``since``), and
+                 no invariant reads them.
+    time         the clock and every time the engine compares are replaced
+                 by the only facts the engine can see about them. It
+                 compares times in exactly three ways in this world:
+                 ``now >= deadline`` (deadline = dispatch + 120 s, asserted
+                 here), ``now - max(unreachable since, dispatch) >= 60 s``,
+                 and a heartbeat's time after a job's finish. Clock steps
+                 are 1 s and 121 s, so the time between two events is
+                 under 60 s (at most one second per 1 s step, asserted) or
+                 at least 120 s: both deadline tests are "has a 121 s step
+                 passed since". So a dispatch or an outage keeps one fact
+                 (a 121 s step since, or not); a heartbeat keeps whether it
+                 is ahead of the clock (sent at this instant: the agent's
+                 clock is a second ahead, so an answer at this instant is
+                 older) and whether it is after the node's recorded answer.
+                 Every later comparison follows from these facts: a step
+                 of either size makes every heartbeat no longer ahead; a
+                 121 s step passes every deadline; a new event is stamped
+                 with the clock.
+    symmetry     with batch size 2, n1 and n2 are in one batch. The key is
+                 the smaller of the state's abstraction and its image with
+                 n1 and n2 swapped (names, job ids, backup ids and each
+                 node's record and observations). This is sound only for
+                 nodes the rules treat alike: same batch, same agent kind,
+                 same runtime; the engine decides each node from its own
+                 record and observations and from counts over its batch.
+                 Where it lists nodes in frozen order ("restoring n1, n2")
+                 the swapped text differs and the two states stay apart,
+                 which loses a merge, never a behaviour. Nodes of different
+                 batches are never swapped: the gate orders them.
 
 Must not: change the engine. A broken rule is tested by handing the engine a
 different policy table for the duration of a check (``injected_rules``).
@@ -41,7 +86,10 @@ different policy table for the duration of a check (``injected_rules``).
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
+import itertools
+import re
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -51,6 +99,7 @@ from reconciler.engine import policy as policy_table
 from reconciler.engine.policy import Rule, decide
 from reconciler.engine.step import RolloutInput, Transition, in_flight, step_fleet
 from reconciler.protocol.effects import SendJob
+from reconciler.protocol.job_ids import job_id
 from reconciler.protocol.observations import Heartbeat, JobObservation, Observations, RuntimeReport
 from reconciler.spec.model import Fleet, Node, RollbackRequest, RolloutSpec, Settings, Target
 from reconciler.spec.rollout_status import TERMINAL_PHASES, NodeRecord, RolloutStatus
@@ -105,15 +154,28 @@ class Violation:
     events: tuple[str, ...]  # a shortest sequence of events from the start
 
 
+@dataclass(frozen=True)
+class Level:
+    """The search after all sequences of ``depth`` events: distinct states
+    and transitions so far, and the seconds spent."""
+
+    depth: int
+    states: int
+    transitions: int
+    seconds: float
+
+
 @dataclass
 class Report:
     policy: str
     batch_size: int
     depth: int
+    reduced: bool = True
     states: int = 0
     transitions: int = 0
     seconds: float = 0.0
     violations: list[Violation] = field(default_factory=list)
+    levels: list[Level] = field(default_factory=list)
 
 
 class _Broken(Exception):
@@ -409,6 +471,137 @@ def _check(
             )
 
 
+# -- the abstraction (reduced search) ------------------------------------------------
+
+# Times the engine only writes: kept as "set" (T0) or None, never compared.
+_RECORDED = T0
+
+
+def _seconds(at: datetime) -> int:
+    return int((at - T0).total_seconds())
+
+
+@functools.lru_cache(maxsize=64)
+def _swap_pattern(start_commit: str, first: str, second: str) -> tuple[re.Pattern[str], dict[str, str]]:
+    """What swapping two nodes renames in text: their names, and the ids of
+    every job either could be sent (and the backup ids the world derives
+    from them), for every attempt a search of this depth can reach."""
+    names = {first: second, second: first}
+    mapping: dict[str, str] = dict(names)
+    for attempt in range(1, 40):
+        pairs = [("apply", "")] + [("restore", why) for why in ("rb1", "policy")]
+        for kind, why in pairs:
+            a = job_id(ROLLOUT, start_commit, first, attempt, kind, why)
+            b = job_id(ROLLOUT, start_commit, second, attempt, kind, why)
+            mapping[a] = b
+            mapping[b] = a
+            mapping[f"bk-{a[-12:]}"] = f"bk-{b[-12:]}"
+            mapping[f"bk-{b[-12:]}"] = f"bk-{a[-12:]}"
+    pattern = re.compile(r"\bn\d\b|(?:apply|restore)-[0-9a-f]{32}|bk-[0-9a-f]{12}")
+    return pattern, mapping
+
+
+def abstract_key(state: State) -> bytes:
+    """The canonical hash of what the engine can tell about ``state`` now
+    and in every future (module docstring, "Reductions")."""
+    status = state.status
+    if status is None:
+        return state.key()
+    now = state.clock
+
+    def passed(at: datetime) -> bool:
+        """Whether a 121 s step came since ``at`` (every deadline and
+        offlineAfter measured from it has passed)."""
+        gap = now - _seconds(at)
+        # The time facts are exact only while 1 s steps add up to under 60 s.
+        assert gap < OFFLINE_AFTER or gap >= HEALTH_TIMEOUT, f"gap of {gap} s"
+        return gap >= HEALTH_TIMEOUT
+
+    hold = status.hold
+    assert hold is None or hold.until is None, "timed holds are outside this world"
+    assert status.waiting is None and status.scheduled_for is None
+    intents = state.intents
+    rollout = replace(
+        status,
+        nodes=(),
+        conditions=(),
+        transitions=(),
+        started_at=_RECORDED if status.started_at is not None else None,
+        finished_at=_RECORDED if status.finished_at is not None else None,
+        hold=None if hold is None else replace(hold, since=_RECORDED),
+        rollbacks=tuple(replace(r, time=_RECORDED) for r in status.rollbacks),
+    )
+    owner = {job.job_id: job.node for job in in_flight([status])}
+    beats = {b[0]: b for b in state.heartbeats}
+    down = dict(state.unreachable)
+    texts: dict[str, str] = {}
+    for node in status.nodes:
+        facts: list[object] = []
+        if node.dispatched_at is not None:
+            assert node.deadline is not None
+            assert node.deadline - node.dispatched_at == timedelta(seconds=HEALTH_TIMEOUT)
+            facts.append(passed(node.dispatched_at))
+        restore = node.restore
+        if restore is not None:
+            assert restore.deadline - restore.dispatched_at == timedelta(seconds=HEALTH_TIMEOUT)
+            facts.append(passed(restore.dispatched_at))
+            restore = replace(
+                restore,
+                dispatched_at=_RECORDED,
+                deadline=_RECORDED,
+                finished_at=_RECORDED if restore.finished_at is not None else None,
+            )
+        record = replace(
+            node,
+            dispatched_at=_RECORDED if node.dispatched_at is not None else None,
+            deadline=_RECORDED if node.deadline is not None else None,
+            finished_at=_RECORDED if node.finished_at is not None else None,
+            restore=restore,
+        )
+        beat = beats.get(node.name)
+        answers = tuple(
+            (job, answer, beat is not None and beat[2] > at)
+            for job, answer, at in state.jobs
+            if owner.get(job) == node.name
+        )
+        since = down.get(node.name)
+        texts[node.name] = repr(
+            (
+                record,
+                tuple(facts),
+                answers,
+                None if beat is None else (beat[1], beat[2] > now),
+                None if since is None else passed(_at(since)),
+                node.name in intents.skip,
+            )
+        )
+    assert len(owner) == len(set(owner)) and all(j[0] in owner for j in state.jobs)
+    shared = repr((rollout, replace(intents, skip=())))
+    order = [n.name for n in status.nodes]
+    candidates = [shared + "".join(texts[n] for n in order)]
+    for first, second in _symmetric_pairs(status):
+        pattern, mapping = _swap_pattern(status.start_commit or "", first, second)
+
+        def rename(text: str) -> str:
+            return pattern.sub(lambda m: mapping.get(m.group(0), m.group(0)), text)
+
+        swapped = {first: second, second: first}
+        candidates.append(
+            rename(shared) + "".join(rename(texts[swapped.get(n, n)]) for n in order)
+        )
+    return hashlib.blake2b(min(candidates).encode(), digest_size=16).digest()
+
+
+def _symmetric_pairs(status: RolloutStatus) -> list[tuple[str, str]]:
+    """Pairs of nodes in one batch (with 3 nodes, at most one pair)."""
+    by_batch: dict[int, list[str]] = {}
+    for node in status.nodes:
+        by_batch.setdefault(node.batch, []).append(node.name)
+    pairs = [p for names in by_batch.values() for p in itertools.combinations(names, 2)]
+    assert len(pairs) <= 1, "more than two alike nodes need every permutation, not one swap"
+    return pairs
+
+
 # -- the search --------------------------------------------------------------------
 
 
@@ -416,17 +609,31 @@ def initial_state() -> State:
     return State(0, Intents(), None, (), (), ())
 
 
-def check(policy: str, batch_size: int, depth: int, stop_at_first: bool = True) -> Report:
-    """Every event sequence up to ``depth`` from a fresh rollout, breadth first."""
-    report = Report(policy, batch_size, depth)
+def check(
+    policy: str,
+    batch_size: int,
+    depth: int,
+    stop_at_first: bool = True,
+    reduced: bool = True,
+    reached: set[bytes] | None = None,
+) -> Report:
+    """Every event sequence up to ``depth`` from a fresh rollout, breadth
+    first. ``reduced``: states deduplicated by ``abstract_key`` (else by the
+    concrete state). ``reached``, if given, collects the abstract key of
+    every state visited, to compare the two searches."""
+    report = Report(policy, batch_size, depth, reduced)
+    key_of = abstract_key if reduced else State.key
     started = time.monotonic()
     first, _, _ = _pass(policy, batch_size, initial_state())
-    parents: dict[bytes, tuple[bytes | None, str]] = {first.key(): (None, "start")}
+    parents: dict[bytes, tuple[bytes | None, str]] = {key_of(first): (None, "start")}
+    if reached is not None:
+        reached.add(abstract_key(first))
+    labels: dict[str, str] = {}  # one string per event label: millions of parents share them
     level = [first]
-    for _ in range(depth):
+    for number in range(1, depth + 1):
         following: list[State] = []
         for state in level:
-            key = state.key()
+            key = key_of(state)
             for event, changed in _events(state):
                 report.transitions += 1
                 after, sent, moves = _pass(policy, batch_size, changed)
@@ -440,14 +647,34 @@ def check(policy: str, batch_size: int, depth: int, stop_at_first: bool = True) 
                         report.seconds = time.monotonic() - started
                         return report
                     continue
-                new_key = after.key()
+                new_key = key_of(after)
                 if new_key not in parents:
-                    parents[new_key] = (key, event)
+                    parents[new_key] = (key, labels.setdefault(event, event))
                     following.append(after)
+                    if reached is not None:
+                        reached.add(new_key if reduced else abstract_key(after))
         level = following
+        seconds = time.monotonic() - started
+        report.levels.append(Level(number, len(parents), report.transitions, seconds))
     report.states = len(parents)
     report.seconds = time.monotonic() - started
     return report
+
+
+def replay(policy: str, batch_size: int, events: Sequence[str]) -> str | None:
+    """Run ``events`` (labels as a counterexample prints them) in the
+    unreduced world from the start; the rule the last one breaks, or None.
+    Raises KeyError if an event is not possible where the sequence has it."""
+    state, _, _ = _pass(policy, batch_size, initial_state())
+    for number, event in enumerate(events, 1):
+        changed = dict(_events(state))[event]
+        after, sent, moves = _pass(policy, batch_size, changed)
+        try:
+            _check(policy, event, state, after, sent, moves)
+        except _Broken as broken:
+            return broken.rule if number == len(events) else f"early: {broken.rule}"
+        state = after
+    return None
 
 
 def _path(parents: dict[bytes, tuple[bytes | None, str]], key: bytes) -> tuple[str, ...]:
@@ -461,5 +688,5 @@ def _path(parents: dict[bytes, tuple[bytes | None, str]], key: bytes) -> tuple[s
     return tuple(reversed(events))
 
 
-def check_all(depth: int) -> list[Report]:
-    return [check(p, b, depth) for p in POLICIES for b in BATCH_SIZES]
+def check_all(depth: int, reduced: bool = True) -> list[Report]:
+    return [check(p, b, depth, reduced=reduced) for p in POLICIES for b in BATCH_SIZES]

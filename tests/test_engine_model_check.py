@@ -1,15 +1,16 @@
 """The exhaustive bounded check of the engine (``modelcheck``) at a small
-depth: every policy and batch size, no violation; and a broken rule handed
-to the engine is caught with a shortest counterexample."""
+depth: every policy and batch size, no violation; a broken rule handed to
+the engine is caught with a shortest counterexample; and the reduced search
+(``abstract_key``) loses nothing the unreduced one finds."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
 import pytest
-from modelcheck import BATCH_SIZES, POLICIES, check, injected_rules
+from modelcheck import BATCH_SIZES, POLICIES, check, injected_rules, replay
 
-from reconciler.engine.policy import RULES, Decision
+from reconciler.engine.policy import RULES, Decision, Rule
 
 DEPTH = 3
 
@@ -24,14 +25,17 @@ def test_every_sequence_of_events_keeps_the_invariants(policy: str, batch_size: 
     assert report.transitions >= report.states - 1
 
 
-def test_retrying_unknown_is_caught_with_a_shortest_counterexample() -> None:
-    broken = tuple(
+def _retrying_unknown() -> tuple[Rule, ...]:
+    return tuple(
         replace(rule, decision=Decision("retry"))
         if (rule.verdict, rule.policy) == ("unknown", "retry_once")
         else rule
         for rule in RULES
     )
-    with injected_rules(broken):
+
+
+def test_retrying_unknown_is_caught_with_a_shortest_counterexample() -> None:
+    with injected_rules(_retrying_unknown()):
         report = check("retry_once", 1, 4)
 
     assert [v.rule for v in report.violations] == ["unknown"]
@@ -46,3 +50,40 @@ def test_the_real_table_is_back_after_an_injection() -> None:
     with injected_rules(()):
         pass
     assert check("retry_once", 1, 2).violations == []
+
+
+@pytest.mark.parametrize("batch_size", BATCH_SIZES)
+@pytest.mark.parametrize("policy", POLICIES)
+def test_the_reduced_search_reaches_every_abstract_state_the_full_one_does(
+    policy: str, batch_size: int
+) -> None:
+    # The reductions merge only states the engine cannot tell apart, so the
+    # unreduced search, mapped through the abstraction, reaches exactly the
+    # same set at every depth; with fewer states to visit.
+    full: set[bytes] = set()
+    reduced: set[bytes] = set()
+    unreduced_report = check(policy, batch_size, DEPTH, reduced=False, reached=full)
+    reduced_report = check(policy, batch_size, DEPTH, reduced=True, reached=reduced)
+
+    assert reduced == full
+    assert reduced_report.states == len(reduced) < unreduced_report.states
+    assert reduced_report.violations == unreduced_report.violations == []
+
+
+@pytest.mark.parametrize("batch_size", BATCH_SIZES)
+def test_the_reduced_search_finds_every_violation_the_full_one_does(batch_size: int) -> None:
+    # All violations of the broken rule within four events, not just the
+    # first: the same rules broken, the same shortest length, and each
+    # counterexample the reduced search prints replays in the unreduced world.
+    with injected_rules(_retrying_unknown()):
+        full = check("retry_once", batch_size, 4, stop_at_first=False, reduced=False)
+        reduced = check("retry_once", batch_size, 4, stop_at_first=False, reduced=True)
+        replayed = {replay("retry_once", batch_size, v.events) for v in reduced.violations}
+
+    assert reduced.violations and full.violations
+    assert {v.rule for v in reduced.violations} == {v.rule for v in full.violations} == {"unknown"}
+    assert min(len(v.events) for v in reduced.violations) == min(
+        len(v.events) for v in full.violations
+    )
+    assert {v.message for v in reduced.violations} <= {v.message for v in full.violations}
+    assert replayed == {"unknown"}
