@@ -1,10 +1,11 @@
 """The exhaustive bounded model check of the engine (``tests/modelcheck.py``):
 3 nodes, batch sizes 1 and 2, each of the 5 failure policies, every sequence
-of events up to ``--depth``, states deduplicated by a canonical hash. Prints
-distinct states, transitions and time per setup; exit status 1 on any
+of events up to ``--depth``, states deduplicated by a canonical hash of their
+abstraction (``--unreduced``: of the concrete state). Prints distinct states,
+transitions and time per setup and per depth; exit status 1 on any
 violation, with its shortest counterexample.
 
-    .venv/bin/python bench/model_check.py --depth 5 --jobs 2
+    .venv/bin/python bench/model_check.py --depth 8 --jobs 2
 """
 
 from __future__ import annotations
@@ -20,32 +21,52 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from modelcheck import BATCH_SIZES, POLICIES, Report, check
 
 
-def _one(setup: tuple[str, int, int]) -> Report:
-    policy, batch_size, depth = setup
-    return check(policy, batch_size, depth)
+def _one(setup: tuple[str, int, int, bool]) -> Report:
+    policy, batch_size, depth, reduced = setup
+    return check(policy, batch_size, depth, reduced=reduced)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--depth", type=int, default=5, help="events per sequence (default 5)")
+    parser.add_argument("--depth", type=int, default=8, help="events per sequence (default 8)")
     parser.add_argument("--jobs", type=int, default=2, help="setups checked at once (default 2)")
+    parser.add_argument(
+        "--unreduced", action="store_true", help="deduplicate concrete states (no reductions)"
+    )
     args = parser.parse_args()
     started = time.monotonic()
-    setups = [(p, b, args.depth) for p in POLICIES for b in BATCH_SIZES]
+    # The biggest setups (batch size 2) first, so two processes end together.
+    setups = [(p, b, args.depth, not args.unreduced) for b in (2, 1) for p in POLICIES]
+    assert sorted(b for _, b, _, _ in setups) == sorted(BATCH_SIZES * len(POLICIES))
     with ProcessPoolExecutor(args.jobs) as pool:
         reports = list(pool.map(_one, setups))
-    print(f"model check, depth {args.depth}")
-    print(f"{'policy':<11}{'batch':>5}{'states':>10}{'transitions':>13}{'sec':>8}  result")
+    wall = time.monotonic() - started
+    kind = "unreduced" if args.unreduced else "reduced"
+    print(f"model check, depth {args.depth}, {kind}")
+    print(f"{'policy':<11}{'batch':>5}{'states':>12}{'transitions':>14}{'sec':>9}  result")
     for r in reports:
         result = "ok" if not r.violations else f"VIOLATION ({r.violations[0].rule})"
         print(
-            f"{r.policy:<11}{r.batch_size:>5}{r.states:>10}{r.transitions:>13}"
-            f"{r.seconds:>8.1f}  {result}"
+            f"{r.policy:<11}{r.batch_size:>5}{r.states:>12,}{r.transitions:>14,}"
+            f"{r.seconds:>9.1f}  {result}"
         )
     states = sum(r.states for r in reports)
     transitions = sum(r.transitions for r in reports)
-    wall = time.monotonic() - started
-    print(f"{'total':<16}{states:>10}{transitions:>13}{wall:>8.1f}  wall, {args.jobs} at a time")
+    print(f"{'total':<16}{states:>12,}{transitions:>14,}{wall:>9.1f}  wall, {args.jobs} at a time")
+    print("\nper depth, all 10 setups (seconds: summed over setups, one core each)")
+    print(f"{'depth':>5}{'states':>12}{'transitions':>14}{'growth':>8}{'sec':>9}")
+    previous = 0
+    for depth in range(1, args.depth + 1):
+        levels = [lv for r in reports for lv in r.levels if lv.depth == depth]
+        if len(levels) < len(reports):
+            break  # a setup stopped at a violation
+        level_states = sum(lv.states for lv in levels)
+        growth = f"{level_states / previous:.1f}x" if previous else ""
+        print(
+            f"{depth:>5}{level_states:>12,}{sum(lv.transitions for lv in levels):>14,}"
+            f"{growth:>8}{sum(lv.seconds for lv in levels):>9.1f}"
+        )
+        previous = level_states
     bad = [r for r in reports if r.violations]
     for r in bad:
         v = r.violations[0]

@@ -91,15 +91,15 @@ import hashlib
 import itertools
 import re
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
 from reconciler.engine import policy as policy_table
 from reconciler.engine.policy import Rule, decide
 from reconciler.engine.step import RolloutInput, Transition, in_flight, step_fleet
+from reconciler.protocol import job_ids
 from reconciler.protocol.effects import SendJob
-from reconciler.protocol.job_ids import job_id
 from reconciler.protocol.observations import Heartbeat, JobObservation, Observations, RuntimeReport
 from reconciler.spec.model import Fleet, Node, RollbackRequest, RolloutSpec, Settings, Target
 from reconciler.spec.rollout_status import TERMINAL_PHASES, NodeRecord, RolloutStatus
@@ -482,7 +482,9 @@ def _seconds(at: datetime) -> int:
 
 
 @functools.lru_cache(maxsize=64)
-def _swap_pattern(start_commit: str, first: str, second: str) -> tuple[re.Pattern[str], dict[str, str]]:
+def _swap_pattern(
+    start_commit: str, first: str, second: str
+) -> tuple[re.Pattern[str], dict[str, str]]:
     """What swapping two nodes renames in text: their names, and the ids of
     every job either could be sent (and the backup ids the world derives
     from them), for every attempt a search of this depth can reach."""
@@ -491,14 +493,19 @@ def _swap_pattern(start_commit: str, first: str, second: str) -> tuple[re.Patter
     for attempt in range(1, 40):
         pairs = [("apply", "")] + [("restore", why) for why in ("rb1", "policy")]
         for kind, why in pairs:
-            a = job_id(ROLLOUT, start_commit, first, attempt, kind, why)
-            b = job_id(ROLLOUT, start_commit, second, attempt, kind, why)
+            a = job_ids.job_id(ROLLOUT, start_commit, first, attempt, kind, why)
+            b = job_ids.job_id(ROLLOUT, start_commit, second, attempt, kind, why)
             mapping[a] = b
             mapping[b] = a
             mapping[f"bk-{a[-12:]}"] = f"bk-{b[-12:]}"
             mapping[f"bk-{b[-12:]}"] = f"bk-{a[-12:]}"
     pattern = re.compile(r"\bn\d\b|(?:apply|restore)-[0-9a-f]{32}|bk-[0-9a-f]{12}")
     return pattern, mapping
+
+
+def _renamer(start_commit: str, first: str, second: str) -> Callable[[str], str]:
+    pattern, mapping = _swap_pattern(start_commit, first, second)
+    return lambda text: pattern.sub(lambda m: mapping.get(m.group(0), m.group(0)), text)
 
 
 def abstract_key(state: State) -> bytes:
@@ -580,15 +587,9 @@ def abstract_key(state: State) -> bytes:
     order = [n.name for n in status.nodes]
     candidates = [shared + "".join(texts[n] for n in order)]
     for first, second in _symmetric_pairs(status):
-        pattern, mapping = _swap_pattern(status.start_commit or "", first, second)
-
-        def rename(text: str) -> str:
-            return pattern.sub(lambda m: mapping.get(m.group(0), m.group(0)), text)
-
+        rename = _renamer(status.start_commit or "", first, second)
         swapped = {first: second, second: first}
-        candidates.append(
-            rename(shared) + "".join(rename(texts[swapped.get(n, n)]) for n in order)
-        )
+        candidates.append(rename(shared) + "".join(rename(texts[swapped.get(n, n)]) for n in order))
     return hashlib.blake2b(min(candidates).encode(), digest_size=16).digest()
 
 
@@ -629,11 +630,10 @@ def check(
     if reached is not None:
         reached.add(abstract_key(first))
     labels: dict[str, str] = {}  # one string per event label: millions of parents share them
-    level = [first]
+    level = [(key_of(first), first)]
     for number in range(1, depth + 1):
-        following: list[State] = []
-        for state in level:
-            key = key_of(state)
+        following: list[tuple[bytes, State]] = []
+        for key, state in level:
             for event, changed in _events(state):
                 report.transitions += 1
                 after, sent, moves = _pass(policy, batch_size, changed)
@@ -650,7 +650,8 @@ def check(
                 new_key = key_of(after)
                 if new_key not in parents:
                     parents[new_key] = (key, labels.setdefault(event, event))
-                    following.append(after)
+                    if number < depth:  # the last level is counted, not expanded
+                        following.append((new_key, after))
                     if reached is not None:
                         reached.add(new_key if reduced else abstract_key(after))
         level = following
