@@ -18,17 +18,26 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from modelcheck import BATCH_SIZES, POLICIES, Report, check
+from modelcheck import BATCH_SIZES, POLICIES, Level, Report, check
 
 
 def _one(setup: tuple[str, int, int, bool]) -> Report:
     policy, batch_size, depth, reduced = setup
-    return check(policy, batch_size, depth, reduced=reduced)
+
+    def progress(level: Level) -> None:
+        # Each depth as it ends: a run stopped early still leaves its figures.
+        print(
+            f"  done: {policy} batch {batch_size} depth {level.depth}: {level.states:,} states, "
+            f"{level.transitions:,} transitions, {level.seconds:.1f} s",
+            flush=True,
+        )
+
+    return check(policy, batch_size, depth, reduced=reduced, on_level=progress)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--depth", type=int, default=8, help="events per sequence (default 8)")
+    parser.add_argument("--depth", type=int, default=6, help="events per sequence (default 6)")
     parser.add_argument("--jobs", type=int, default=2, help="setups checked at once (default 2)")
     parser.add_argument(
         "--unreduced", action="store_true", help="deduplicate concrete states (no reductions)"
@@ -38,11 +47,12 @@ def main() -> None:
     # The biggest setups (batch size 2) first, so two processes end together.
     setups = [(p, b, args.depth, not args.unreduced) for b in (2, 1) for p in POLICIES]
     assert sorted(b for _, b, _, _ in setups) == sorted(BATCH_SIZES * len(POLICIES))
+    kind = "unreduced" if args.unreduced else "reduced"
+    print(f"model check, depth {args.depth}, {kind}, {args.jobs} setup(s) at a time", flush=True)
     with ProcessPoolExecutor(args.jobs) as pool:
         reports = list(pool.map(_one, setups))
     wall = time.monotonic() - started
-    kind = "unreduced" if args.unreduced else "reduced"
-    print(f"model check, depth {args.depth}, {kind}")
+    print()
     print(f"{'policy':<11}{'batch':>5}{'states':>12}{'transitions':>14}{'sec':>9}  result")
     for r in reports:
         result = "ok" if not r.violations else f"VIOLATION ({r.violations[0].rule})"

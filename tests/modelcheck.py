@@ -97,7 +97,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
@@ -615,11 +615,13 @@ def check(
     stop_at_first: bool = True,
     reduced: bool = True,
     reached: set[bytes] | None = None,
+    on_level: Callable[[Level], None] | None = None,
 ) -> Report:
     """Every event sequence up to ``depth`` from a fresh rollout, breadth
     first. ``reduced``: states deduplicated by ``abstract_key`` (else by the
     concrete state). ``reached``, if given, collects the abstract key of
-    every state visited, to compare the two searches."""
+    every state visited, to compare the two searches; ``on_level`` is told
+    each depth's figures as soon as that depth is done."""
     report = Report(policy, batch_size, depth, reduced)
     key_of = abstract_key if reduced else State.key
     started = time.monotonic()
@@ -655,6 +657,8 @@ def check(
         level = following
         seconds = time.monotonic() - started
         report.levels.append(Level(number, len(parents), report.transitions, seconds))
+        if on_level is not None:
+            on_level(report.levels[-1])
     report.states = len(parents)
     report.seconds = time.monotonic() - started
     return report
