@@ -664,6 +664,37 @@ def check(
     return report
 
 
+def concrete_states(policy: str, batch_size: int, depth: int) -> list[State]:
+    """Every concrete state within ``depth`` events (the unreduced search's)."""
+    first, _, _ = _pass(policy, batch_size, initial_state())
+    seen = {first.key(): first}
+    level = [first]
+    for _ in range(depth):
+        following = []
+        for state in level:
+            for _, changed in _events(state):
+                after, _, _ = _pass(policy, batch_size, changed)
+                if seen.setdefault(after.key(), after) is after:
+                    following.append(after)
+        level = following
+    return list(seen.values())
+
+
+def futures(policy: str, batch_size: int, state: State) -> dict[str, tuple[bytes, str | None]]:
+    """Per event from ``state``: the abstract key after the pass, and the
+    rule the transition breaks (None: none)."""
+    found: dict[str, tuple[bytes, str | None]] = {}
+    for event, changed in _events(state):
+        after, sent, moves = _pass(policy, batch_size, changed)
+        try:
+            _check(policy, event, state, after, sent, moves)
+            broken = None
+        except _Broken as caught:
+            broken = caught.rule
+        found[event] = (abstract_key(after), broken)
+    return found
+
+
 def replay(policy: str, batch_size: int, events: Sequence[str]) -> str | None:
     """Run ``events`` (labels as a counterexample prints them) in the
     unreduced world from the start; the rule the last one breaks, or None.

@@ -8,7 +8,17 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from modelcheck import BATCH_SIZES, POLICIES, check, injected_rules, replay
+from modelcheck import (
+    BATCH_SIZES,
+    POLICIES,
+    State,
+    abstract_key,
+    check,
+    concrete_states,
+    futures,
+    injected_rules,
+    replay,
+)
 
 from reconciler.engine.policy import RULES, Decision, Rule
 
@@ -79,3 +89,26 @@ def test_the_reduced_search_finds_every_violation_the_full_one_does(batch_size: 
     )
     assert {v.message for v in reduced.violations} <= {v.message for v in full.violations}
     assert replayed == {"unknown"}
+
+
+@pytest.mark.parametrize(("policy", "batch_size"), [("retry_once", 1), ("rollback", 2)])
+def test_states_the_abstraction_merges_have_the_same_futures(policy: str, batch_size: int) -> None:
+    # The soundness of the reductions, one step at a time: concrete states
+    # with one abstract key (different clocks, stale heartbeats, recorded
+    # times, commits) answer every event alike, breaking the same rule or
+    # none and landing on one abstract key. An event only one of them has (a
+    # stale heartbeat going missing) changes nothing the engine can see.
+    classes: dict[bytes, list[State]] = {}
+    for state in concrete_states(policy, batch_size, 2):
+        classes.setdefault(abstract_key(state), []).append(state)
+    merged = [(key, states) for key, states in classes.items() if len(states) > 1]
+    assert len(merged) > 20  # the abstraction does merge: clocks, heartbeats, history
+
+    for key, states in merged:
+        answers = [futures(policy, batch_size, state) for state in states]
+        shared = set.intersection(*(set(a) for a in answers))
+        for event in shared:
+            assert len({a[event] for a in answers}) == 1, (event, states[0], states[1])
+        for a in answers:
+            for event in set(a) - shared:
+                assert a[event] == (key, None), event
