@@ -48,6 +48,12 @@ def main() -> None:
     parser.add_argument(
         "--batch-size", action="append", type=int, choices=BATCH_SIZES, help="only this size"
     )
+    parser.add_argument(
+        "--setup",
+        action="append",
+        metavar="POLICY:BATCH",
+        help="only this setup, e.g. stop:1 (repeatable; instead of --policy, --batch-size)",
+    )
     args = parser.parse_args()
     started = time.monotonic()
     # The biggest setups (batch size 2) first, so two processes end together.
@@ -56,7 +62,10 @@ def main() -> None:
         for b in sorted(BATCH_SIZES, reverse=True)
         for p in POLICIES
         if (not args.policy or p in args.policy) and (not args.batch_size or b in args.batch_size)
+        if not args.setup or f"{p}:{b}" in args.setup
     ]
+    if not setups:
+        parser.error(f"no setup matches; setups are POLICY:BATCH of {POLICIES} and {BATCH_SIZES}")
     kind = "unreduced" if args.unreduced else "reduced"
     print(f"model check, depth {args.depth}, {kind}, {args.jobs} setup(s) at a time", flush=True)
     with ProcessPoolExecutor(args.jobs) as pool:
