@@ -20,8 +20,9 @@ answering after ``--delay`` seconds) is a real process on 127.0.0.1.
    are timed alternating between the sizes (nothing changed, nothing parsed
    again, no commit), then passes that each start one new 10-node rollout.
 
-Targets: idle pass under 50 ms; pass cost growing with the rollouts that
-changed, not with the number that exist.
+Targets: idle pass under 50 ms; a pass starting one rollout among 5,000
+finished under 30 ms: pass cost growing with the rollouts that changed, not
+with the number that exist.
 """
 
 from __future__ import annotations
@@ -248,12 +249,15 @@ def idle_at_scale(
     # Passes with one change: a new 10-node rollout among the finished ones,
     # sizes alternating; between rounds the new rollouts finish untimed.
     starts: dict[int, list[float]] = {count: [] for count in sizes}
+    cpu: dict[int, list[float]] = {count: [] for count in sizes}
     for k in range(ONE_CHANGE_ROUNDS):
         for count in sizes if k % 2 == 0 else sizes[::-1]:
             daemon, repo = daemons[count]
             new = rollout_files(1, nodes // GROUP, GROUP, first=count + k)
             commit_files(repo, new, "one more")
+            used = time.process_time()
             seconds, outcome = timed_pass(daemon)
+            cpu[count].append(time.process_time() - used)
             assert outcome.commit is not None and outcome.jobs_sent == GROUP, outcome
             starts[count].append(seconds)
         for count in sizes:
@@ -288,6 +292,17 @@ def idle_at_scale(
             row(
                 f"passes: pass starting 1 new rollout, {count:,} finished, median",
                 one[count] * 1e3,
+                "ms",
+                30.0 if count == max(sizes) else None,
+                "target <" if count == max(sizes) else "",
+            )
+        )
+    for count in sizes:
+        # The daemon's CPU (all its threads): steadier than wall time on a shared machine.
+        rows.append(
+            row(
+                f"passes: pass starting 1 new rollout, {count:,} finished, CPU median",
+                median(cpu[count]) * 1e3,
                 "ms",
             )
         )

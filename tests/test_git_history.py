@@ -264,3 +264,27 @@ def test_incremental_index_agrees_with_a_fresh_walk_through_merges_and_rewrites(
         assert list(incremental.change_commits()) == list(fresh.change_commits()), step
         assert len(incremental) == len(fresh)
     assert incremental.rewinds > 0 and incremental.full_walks == 1
+
+
+def test_changed_since_names_the_paths_a_walk_changed_and_none_after_a_rewind(
+    bare: Path, work: Path
+) -> None:
+    store = GitStore.open(str(bare))
+    history = store.history()
+    history.advance(store.refresh() or "")
+    start = history.generation
+    commit_and_push(work, {"rollouts/a.yaml": "a\n"}, "add a")
+    commit_and_push(work, {"nodes/b.yaml": "b2\n", "status/a.yaml": "s\n"}, "edit b")
+    history.advance(store.refresh() or "")
+    middle = history.generation
+
+    assert history.changed_since(start) == {"rollouts/a.yaml", "nodes/b.yaml"}
+    assert history.changed_since(middle) == frozenset()
+    assert history.changed_since(0) is None  # before the first advance: everything
+
+    # A force-push back to before "edit b": the index steps back, so any
+    # fact may have changed since any earlier generation.
+    git("push", "-q", "-f", "origin", "HEAD~1:main", cwd=work)
+    history.advance(store.refresh() or "")
+    assert history.changed_since(middle) is None
+    assert history.changed_since(history.generation) == frozenset()

@@ -55,6 +55,32 @@ def test_the_stores_own_commit_and_a_packed_ref_update_are_seen(tmp_path: Path, 
         assert watcher.wait(5.0)
 
 
+def test_a_commit_the_caller_acted_on_is_no_hint_and_a_push_after_it_is(
+    tmp_path: Path, bare: Path
+) -> None:
+    """The daemon's own status commit (``acted_on`` as soon as it is made)
+    wakes nobody; the plain behaviour, without ``acted_on``, is the test
+    above. Anything that leaves the branch elsewhere still wakes."""
+    work = clone(bare, tmp_path / "work")
+    store = GitStore.open(str(bare))
+    with BranchWatcher.for_store(store) as watcher:
+        own = store.commit("main", store.refresh(), {"status/x.yaml": b"x\n"}, "status")
+        watcher.acted_on("main", own)
+        assert watcher.wait(0.5) is False
+        assert watcher.hints == 0
+
+        git("pull", "-q", "origin", "main", cwd=work)
+        commit(work, {"rollouts/r.yaml": "x\n"}, "add r")
+        git("push", "-q", "origin", "main", cwd=work)
+        assert watcher.wait(5.0) is True  # the branch is no longer where it was acted on
+
+        drain(watcher)
+        acted = store.refresh()
+        watcher.acted_on("main", "0" * 40)  # acted on something else: a change is a hint
+        store.commit("main", acted, {"status/y.yaml": b"y\n"}, "status")
+        assert watcher.wait(5.0) is True
+
+
 def test_other_branches_and_object_writes_do_not_wake(tmp_path: Path, bare: Path) -> None:
     work = clone(bare, tmp_path / "work")
     store = GitStore.open(str(bare))

@@ -45,16 +45,20 @@ import sys
 import tempfile
 import time
 import venv
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _common import (
     Row,
+    SimFleetProcess,
     announce,
     emit,
     git,
     git_env,
+    load_average,
     make_bare,
     median,
     node_text,
@@ -63,9 +67,11 @@ from _common import (
 )
 
 from reconciler.protocol.signing import generate_key
+from reconciler.spec.safe_yaml import load_yaml
 
 BATCH = 10
 FAULT_NODE = 15
+SIM_APPLY = 0.02  # seconds a simulated live apply takes (a real agent's here: 15-60 ms)
 BASE = "provider: ollama\nmodel: base-model\nprofile: default\n"
 PLAYBOOK = """\
 - hosts: fleet
@@ -146,10 +152,10 @@ class AnsibleSide:
             "ANSIBLE_PYTHON_INTERPRETER": self.python,
         }
 
-    def run(self, model: str, fault: bool) -> tuple[float, float, bool]:
-        """(wall seconds, CPU seconds, succeeded)."""
+    def run(self, model: str, fault: bool, hosts: int | None = None) -> tuple[float, float, bool]:
+        """(wall seconds, CPU seconds, succeeded), on the first ``hosts`` nodes (all: None)."""
         lines = ["[fleet]"]
-        for k, name in enumerate(self.names, start=1):
+        for k, name in enumerate(self.names[:hosts], start=1):
             path = self.root / "nodes" / name / "hermes.yaml"
             extra = " healthy=false" if fault and k == FAULT_NODE else ""
             lines.append(f"{name} ansible_connection=local config_path={path}{extra}")
@@ -189,9 +195,13 @@ class OurSide:
                 home = self.root / "agents" / name
                 (home / "state" / "runtimes").mkdir(parents=True)
                 (home / "state" / "runtimes" / "hermes.yaml").write_text(BASE)
+                # Read back: an apply's file holds the target (and the node is
+                # not broken); a restore's no longer holds the target it undoes.
                 probe = (
-                    'grep -qx "model: $RECONCILER_MODEL" "$RECONCILER_CONFIG"'
-                    f' && test ! -e "{self.root}/agents/$RECONCILER_NODE/BROKEN"'
+                    'if [ "$RECONCILER_KIND" = restore ]; then'
+                    ' ! grep -qx "model: $RECONCILER_MODEL" "$RECONCILER_CONFIG";'
+                    ' else grep -qx "model: $RECONCILER_MODEL" "$RECONCILER_CONFIG"'
+                    f' && test ! -e "{self.root}/agents/$RECONCILER_NODE/BROKEN"; fi'
                 )
                 self.agents.append(
                     subprocess.Popen(
@@ -247,7 +257,9 @@ class OurSide:
         found = PHASE.search(status_data(self.bare, name) or b"")
         return found.group(1).decode() if found else ""
 
-    def _push(self, files: dict[str, str], message: str) -> None:
+    def _push(self, files: dict[str, str], message: str) -> float:
+        """Commit ``files`` and push them; the ``perf_counter`` at the start of
+        the push that went through (writing the commit is not the rollout's)."""
         git("pull", "-q", "--rebase", "origin", "main", cwd=self.work)
         for path, text in files.items():
             target = self.work / path
@@ -256,6 +268,7 @@ class OurSide:
         git("add", "-A", cwd=self.work)
         git("commit", "-q", "-m", message, cwd=self.work)
         for _ in range(20):  # the daemon commits statuses meanwhile: rebase and try again
+            start = time.perf_counter()
             pushed = subprocess.run(
                 ["git", "push", "-q", "origin", "main"],
                 cwd=self.work,
@@ -264,7 +277,7 @@ class OurSide:
                 check=False,
             )
             if pushed.returncode == 0:
-                return
+                return start
             git("pull", "-q", "--rebase", "origin", "main", cwd=self.work)
         raise RuntimeError("could not push the rollout")
 
@@ -272,12 +285,9 @@ class OurSide:
         pids = [a.pid for a in self.agents] + ([self.daemon.pid] if self.daemon else [])
         return sum(_process_cpu(pid) for pid in pids)
 
-    def rollout(self, name: str, model: str, fault: bool) -> tuple[float, float, str]:
-        """(wall seconds, CPU seconds, the phase it stopped in)."""
-        broken = self.root / "agents" / self.names[FAULT_NODE - 1] / "BROKEN"
-        if fault:
-            broken.write_text("the probe fails here\n")
-        text = (
+    @staticmethod
+    def rollout_text(name: str, model: str, *intents: str) -> str:
+        return (
             "apiVersion: reconciler/v1\nkind: Rollout\n"
             f"metadata: {{name: {name}}}\n"
             "spec:\n"
@@ -285,24 +295,94 @@ class OurSide:
             "  selector: {role: gpu}\n"
             f"  batchSize: {BATCH}\n"
             "  live: true\n"
-            "  onFailure: pause\n"
+            "  onFailure: pause\n" + "".join(f"  {line}\n" for line in intents)
         )
+
+    def _timed_push(
+        self, name: str, text: str, message: str, done: Callable[[], bool]
+    ) -> tuple[float, float]:
+        """Push ``text`` as the rollout's file; (wall seconds, CPU seconds)
+        from the push until ``done``."""
         time.sleep(0.2)  # the daemon is idle, waiting on its watcher
         cpu = self._cpu()
-        start = time.perf_counter()
-        self._push({f"rollouts/{name}.yaml": text}, f"Roll out {model}")
-        stops = ("paused", "failed", "completed") if fault else ("completed", "failed", "paused")
-        self._wait(lambda: self._phase(name) in stops, 300)
-        wall = time.perf_counter() - start
-        used = self._cpu() - cpu
-        phase = self._phase(name)
+        start = self._push({f"rollouts/{name}.yaml": text}, message)
+        self._wait(done, 300)
+        return time.perf_counter() - start, self._cpu() - cpu
+
+    def rollout(
+        self, name: str, model: str, fault: bool, keep: bool = False
+    ) -> tuple[float, float, str]:
+        """(wall seconds, CPU seconds, the phase it stopped in). A fault
+        rollout is aborted afterwards (not timed) unless ``keep``."""
         if fault:
-            broken.unlink()
-            self._push({f"rollouts/{name}.yaml": text + "  abort: true\n"}, f"Abort {name}")
-            self._wait(lambda: self._phase(name) == "aborted", 120, 0.02)
-        elif phase != "completed":
+            self.broken.write_text("the probe fails here\n")
+        text = self.rollout_text(name, model)
+        stops = ("paused", "failed", "completed") if fault else ("completed", "failed", "paused")
+        wall, used = self._timed_push(
+            name, text, f"Roll out {model}", lambda: self._phase(name) in stops
+        )
+        phase = self._phase(name)
+        if fault and not keep:
+            self.broken.unlink()
+            self.abort(name, model)
+        elif not fault and phase != "completed":
             raise RuntimeError(f"rollout {name} ended {phase}; see {self.root}/daemon.log")
         return wall, used, phase
+
+    @property
+    def broken(self) -> Path:
+        return self.root / "agents" / self.names[FAULT_NODE - 1] / "BROKEN"
+
+    def abort(self, name: str, model: str, *intents: str) -> None:
+        text = self.rollout_text(name, model, *intents, "abort: true")
+        self._push({f"rollouts/{name}.yaml": text}, f"Abort {name}")
+        self._wait(lambda: self._phase(name) == "aborted", 120, 0.02)
+
+    def resume(self, name: str, model: str) -> tuple[float, float, str]:
+        """The node fixed, a resume pushed: timed to ``completed``."""
+        self.broken.unlink()
+        text = self.rollout_text(name, model, "resumeRequest: fixed")
+        wall, used = self._timed_push(
+            name,
+            text,
+            f"Resume {name}",
+            lambda: self._phase(name) in ("completed", "failed", "aborted"),
+        )
+        phase = self._phase(name)
+        if phase != "completed":
+            raise RuntimeError(f"resumed {name} ended {phase}; see {self.root}/daemon.log")
+        return wall, used, phase
+
+    def rollback(self, name: str, model: str) -> tuple[float, float, int]:
+        """A held rollout's changed nodes restored (``rollbackRequest`` with
+        ``nodes: all``): timed to the request ``done``; then aborted (not
+        timed). Returns (wall, CPU, nodes restored)."""
+        self.broken.unlink()
+        request = "rollbackRequest: {id: back, nodes: all}"
+        text = self.rollout_text(name, model, request)
+        wall, used = self._timed_push(
+            name, text, f"Roll back {name}", lambda: self._rollback_state(name) == "done"
+        )
+        # The request's record: each node restored, or skipped when it never
+        # changed (node 15's agent put its config back when the probe failed).
+        records = (self._status(name).get("rollbacks") or [{}])[-1].get("nodes") or []
+        rolled = [r for r in records if r.get("outcome") == "rolled_back"]
+        if len(rolled) != 2 * BATCH - 1:
+            raise RuntimeError(f"rollback of {name}: {records}; see {self.root}/daemon.log")
+        self.abort(name, model, request)
+        return wall, used, len(rolled)
+
+    def _status(self, name: str) -> dict[str, Any]:
+        data = status_data(self.bare, name)
+        loaded = load_yaml(f"status/{name}.yaml", data) if data else None
+        return loaded if isinstance(loaded, dict) else {}
+
+    def _rollback_state(self, name: str) -> str:
+        data = status_data(self.bare, name) or b""
+        if b"rollbacks:" not in data:
+            return ""
+        rollbacks = self._status(name).get("rollbacks") or [{}]
+        return str(rollbacks[-1].get("state", ""))
 
     def close(self) -> None:
         processes = ([self.daemon] if self.daemon else []) + self.agents
@@ -326,6 +406,52 @@ def spread(values: list[float]) -> str:
     return f"median {median(values):.2f} s, min {min(values):.2f}, max {max(values):.2f}"
 
 
+# What each row times, in the order of a run: (key, label).
+ROWS = (
+    ("rollout", "rollout N={n}"),
+    ("fault", "failure at node 15 to hold"),
+    ("resume", "resume after the fix to completed"),
+    ("rollback", "rollback of the 20 changed nodes"),
+)
+Sample = tuple[float, float, str]  # wall seconds, CPU seconds, how it ended
+
+
+def one_run(
+    run: int, ours: OurSide, theirs: AnsibleSide | None
+) -> dict[str, tuple[Sample | None, Sample]]:
+    """One run of every row, the two sides alternating step by step:
+    row -> (Ansible's sample or None, ours)."""
+    names = [f"r{run}-rollout", f"r{run}-fault", f"r{run}-back"]
+    models = [f"model-{run}-rollout", f"model-{run}-fault", f"model-{run}-back"]
+    found: dict[str, tuple[Sample | None, Sample]] = {}
+
+    def ansible(model: str, fault: bool, hosts: int | None = None) -> Sample | None:
+        if theirs is None:
+            return None
+        wall, cpu, ok = theirs.run(model, fault, hosts)
+        return wall, cpu, "ok" if ok else "stopped"
+
+    # A rollout at N.
+    found["rollout"] = (ansible(models[0], False), ours.rollout(names[0], models[0], False))
+    # A failure at node 15, then the fix: Ansible runs the playbook again;
+    # we push a resume for the held rollout.
+    found["fault"] = (
+        ansible(models[1], True),
+        ours.rollout(names[1], models[1], True, keep=True),
+    )
+    found["resume"] = (ansible(models[1], False), ours.resume(names[1], models[1]))
+    # Another failure (not timed), then the 20 changed nodes put back:
+    # Ansible writes the previous config to them; we push a rollbackRequest.
+    ansible(models[2], True)
+    ours.rollout(names[2], models[2], True, keep=True)
+    wall, cpu, rolled = ours.rollback(names[2], models[2])
+    found["rollback"] = (
+        ansible(models[1], False, hosts=2 * BATCH),
+        (wall, cpu, f"{rolled} restored"),
+    )
+    return found
+
+
 def measure_ours(nodes: int, runs: int) -> None:
     """Our side alone, for profiling: no ratio, no rows."""
     names = [f"node-{k:03d}" for k in range(1, nodes + 1)]
@@ -333,60 +459,130 @@ def measure_ours(nodes: int, runs: int) -> None:
         ours = OurSide(Path(tmp), names)
         try:
             for run in range(1, runs + 1):
-                for what, fault in (("rollout", False), ("fault", True)):
-                    before = int(git("rev-list", "--count", "main", cwd=ours.bare))
-                    wall, cpu, phase = ours.rollout(f"r{run}-{what}", f"m-{run}-{what}", fault)
-                    commits = int(git("rev-list", "--count", "main", cwd=ours.bare)) - before
-                    print(
-                        f"run {run} {what}: ours {wall:.3f} s (CPU {cpu:.2f} s, {phase}; "
-                        f"{commits} commits with the push and the abort)"
-                    )
+                before = int(git("rev-list", "--count", "main", cwd=ours.bare))
+                for what, (_, (wall, cpu, how)) in one_run(run, ours, None).items():
+                    print(f"run {run} {what}: ours {wall:.3f} s (CPU {cpu:.2f} s, {how})")
+                commits = int(git("rev-list", "--count", "main", cwd=ours.bare)) - before
+                print(f"run {run}: {commits} commits in all, pushes and aborts included")
         finally:
             ours.close()
 
 
-def measure(nodes: int, runs: int) -> list[Row]:
+def measure(nodes: int, runs: int) -> tuple[list[Row], float]:
+    """The rows, and Ansible's median rollout wall time."""
     names = [f"node-{k:03d}" for k in range(1, nodes + 1)]
     with tempfile.TemporaryDirectory(prefix="bench-ansible-") as tmp:
         root = Path(tmp)
         theirs = AnsibleSide(root, names)
         ours = OurSide(root, names)
-        results: dict[tuple[str, str], list[tuple[float, float]]] = {}
+        results: dict[str, list[tuple[Sample, Sample]]] = {}
         try:
             for run in range(1, runs + 1):
-                for what, fault in (("rollout", False), ("fault", True)):
-                    model = f"model-{run}-{what}"
-                    a_wall, a_cpu, a_ok = theirs.run(model, fault)
-                    o_wall, o_cpu, phase = ours.rollout(f"r{run}-{what}", model, fault)
-                    results.setdefault(("ansible", what), []).append((a_wall, a_cpu))
-                    results.setdefault(("ours", what), []).append((o_wall, o_cpu))
+                for what, (a, o) in one_run(run, ours, theirs).items():
+                    assert a is not None
+                    results.setdefault(what, []).append((a, o))
                     print(
-                        f"run {run} {what}: Ansible {a_wall:.2f} s (CPU {a_cpu:.1f} s, "
-                        f"{'ok' if a_ok else 'stopped'}), ours {o_wall:.3f} s "
-                        f"(CPU {o_cpu:.2f} s, {phase}), ratio {o_wall / a_wall:.4f}",
+                        f"run {run} {what}: Ansible {a[0]:.2f} s (CPU {a[1]:.1f} s, {a[2]}), "
+                        f"ours {o[0]:.3f} s (CPU {o[1]:.2f} s, {o[2]}), "
+                        f"ratio {o[0] / a[0]:.4f}  [load average {load_average():.1f}]",
                         flush=True,
                     )
         finally:
             ours.close()
     rows: list[Row] = []
-    for what, label in (("rollout", f"rollout N={nodes}"), ("fault", "failure at node 15 to hold")):
-        a = [w for w, _ in results[("ansible", what)]]
-        o = [w for w, _ in results[("ours", what)]]
-        ratios = [x / y for x, y in zip(o, a, strict=True)]
+    for what, label in ROWS:
+        label = label.format(n=nodes)
+        a = [x[0] for x, _ in results[what]]
+        o = [y[0] for _, y in results[what]]
+        ratios = [y / x for x, y in zip(a, o, strict=True)]
         print(f"{label}: Ansible {spread(a)}; ours {spread(o)}; worst ratio {max(ratios):.4f}")
         rows += [
             row(f"ansible: {label}, Ansible wall", median(a), "s"),
             row(f"ansible: {label}, ours wall", median(o), "s", median(a), "Ansible"),
             row(f"ansible: {label}, ours wall, worst run", max(o), "s"),
             row(f"ansible: {label}, worst ratio ours/Ansible", max(ratios), "x"),
-            row(
-                f"ansible: {label}, Ansible CPU",
-                median([c for _, c in results[("ansible", what)]]),
-                "s",
-            ),
-            row(
-                f"ansible: {label}, ours CPU", median([c for _, c in results[("ours", what)]]), "s"
-            ),
+            row(f"ansible: {label}, Ansible CPU", median([x[1] for x, _ in results[what]]), "s"),
+            row(f"ansible: {label}, ours CPU", median([y[1] for _, y in results[what]]), "s"),
+        ]
+    return rows, median([x[0] for x, _ in results["rollout"]])
+
+
+def measure_simulated(nodes: int, runs: int, ansible_per_node: float | None) -> list[Row]:
+    """Ours at ``nodes`` simulated agents (``reconciler sim-fleet``, one
+    process, each live apply taking SIM_APPLY seconds), the daemon with
+    default flags; Ansible's side is estimated from its N=100 run when one
+    ran (its time grows with the number of batches), not measured."""
+    names = [f"node-{k:04d}" for k in range(1, nodes + 1)]
+    walls: list[float] = []
+    with tempfile.TemporaryDirectory(prefix="bench-ansible-sim-") as tmp:
+        root = Path(tmp)
+        key, public = generate_key(root / "keys")
+        fleet = SimFleetProcess(root / "sim", names, public, SIM_APPLY)
+        daemon = None
+        try:
+            bare = root / "fleet.git"
+            make_bare(
+                bare,
+                {f"nodes/{n}.yaml": node_text(n, f"{fleet.url}", {"role": "gpu"}) for n in names},
+            )
+            work = root / "work"
+            git("clone", "-q", str(bare), str(work), cwd=root)
+            with open(root / "daemon.log", "wb") as log:
+                daemon = subprocess.Popen(
+                    [sys.executable, "-m", "reconciler", "run", "--repo", str(bare),
+                     "--key", str(key)],
+                    stdout=log,
+                    stderr=log,
+                )  # fmt: skip
+            deadline = time.monotonic() + 120
+            while git("ls-tree", "main", "status/", cwd=bare) == "":
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the daemon did not start; see {root}/daemon.log")
+                time.sleep(0.05)
+            for run in range(1, runs + 1):
+                name = f"sim-{run}"
+                text = OurSide.rollout_text(name, f"sim-model-{run}")
+                git("pull", "-q", "--rebase", "origin", "main", cwd=work)
+                (work / "rollouts").mkdir(exist_ok=True)
+                (work / "rollouts" / f"{name}.yaml").write_text(text)
+                git("add", "-A", cwd=work)
+                git("commit", "-q", "-m", f"Roll out {name}", cwd=work)
+                time.sleep(0.2)
+                start = time.perf_counter()
+                git("push", "-q", "origin", "main", cwd=work)
+                phase = b""
+                while time.perf_counter() - start < 600:
+                    found = PHASE.search(status_data(bare, name) or b"")
+                    phase = found.group(1) if found else b""
+                    if phase in (b"completed", b"failed", b"paused"):
+                        break
+                    time.sleep(0.01)
+                wall = time.perf_counter() - start
+                if phase != b"completed":
+                    raise RuntimeError(f"{name} ended {phase!r}; see {root}/daemon.log")
+                walls.append(wall)
+                print(
+                    f"simulated N={nodes} run {run}: ours {wall:.2f} s "
+                    f"[load average {load_average():.1f}]",
+                    flush=True,
+                )
+        finally:
+            if daemon is not None:
+                daemon.send_signal(signal.SIGTERM)
+                try:
+                    daemon.wait(30)
+                except subprocess.TimeoutExpired:
+                    daemon.kill()
+                    daemon.wait()
+            fleet.stop()
+    label = f"rollout N={nodes} simulated agents"
+    rows = [row(f"ansible: {label}, ours wall", median(walls), "s")]
+    if ansible_per_node is not None:
+        estimate = ansible_per_node * nodes
+        print(f"{label}: ours {spread(walls)}; Ansible estimated {estimate:.0f} s (not run)")
+        rows += [
+            row(f"ansible: {label}, Ansible wall ESTIMATED", estimate, "s"),
+            row(f"ansible: {label}, ours/Ansible estimated", median(walls) / estimate, "x"),
         ]
     return rows
 
@@ -395,17 +591,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=100)
     parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--quick", action="store_true", help="20 nodes, 1 run")
+    parser.add_argument(
+        "--sim-nodes", type=int, default=1000, help="the simulated row's N (0: no such row)"
+    )
+    parser.add_argument("--quick", action="store_true", help="20 nodes, 1 run, 200 simulated")
     parser.add_argument("--ours-only", action="store_true", help="our side alone (profiling)")
     args = parser.parse_args()
     if args.quick:
-        args.nodes, args.runs = 20, 1
+        args.nodes, args.runs, args.sim_nodes = 20, 1, min(args.sim_nodes, 200)
     if args.ours_only:
         announce(f"ours alone: {args.nodes} nodes, batches of {BATCH}, {args.runs} runs")
         measure_ours(args.nodes, args.runs)
         return
     announce(f"ansible: {args.nodes} nodes, batches of {BATCH}, {args.runs} runs alternating")
-    emit(measure(args.nodes, args.runs))
+    rows, ansible_rollout = measure(args.nodes, args.runs)
+    if args.sim_nodes:
+        rows += measure_simulated(args.sim_nodes, 3, ansible_rollout / args.nodes)
+    emit(rows)
 
 
 if __name__ == "__main__":

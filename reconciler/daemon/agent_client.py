@@ -33,7 +33,7 @@ import logging
 import ssl
 import threading
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
@@ -42,7 +42,13 @@ from urllib.parse import urlsplit
 from reconciler.protocol.effects import SendJob
 from reconciler.protocol.evidence import split_answer
 from reconciler.protocol.job_payload import build_payload
-from reconciler.protocol.long_poll import DAEMON_WAIT_SECONDS, FINISHED_JOB_STATES, wait_query
+from reconciler.protocol.long_poll import (
+    DAEMON_WAIT_SECONDS,
+    FINISHED_JOB_STATES,
+    heartbeat_content,
+    heartbeat_query,
+    wait_query,
+)
 from reconciler.protocol.observations import (
     Backup,
     Heartbeat,
@@ -65,6 +71,11 @@ MAX_IDLE_CONNECTIONS = 512  # across all origins; a fleet of 10,000 agents must 
 # Held ``?wait=`` reads in flight at once, each on its own connection: jobs
 # beyond it are read by the passes' polling, as from agents without ``wait``.
 MAX_WATCHES = 256
+# After a held read answers succeeded, the pass waits this long for the other
+# held reads to answer too, so that a batch's finishes make one pass and one
+# status commit rather than one each. It starts at once when none is left
+# held, or when an answer is a failure (a hold is not delayed).
+GATHER_SECONDS = 0.1
 USER_AGENT = "reconciler-daemon"
 _T = TypeVar("_T")
 _R = TypeVar("_R")
@@ -506,6 +517,19 @@ def _transient(status: int) -> bool:
 # -- the client ----------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class HeartbeatWatch:
+    """A held heartbeat read to keep: answer when the node's heartbeat
+    differs from ``content`` (``heartbeat_content`` of the one last seen, at
+    ``newer_than``), or when ``wait`` seconds have passed (a soak's end)."""
+
+    url: str
+    node: str
+    newer_than: str
+    content: tuple[object, ...]
+    wait: float = DAEMON_WAIT_SECONDS
+
+
 class AgentClient:
     """Talks to node agents for the daemon. Thread-safe; one call at a time
     runs on the client's own event loop thread."""
@@ -523,9 +547,23 @@ class AgentClient:
         )
         self._thread.start()
         self._closed = False
-        # On the loop thread only: job id -> its held read; origins that ignore ``wait``.
+        # On the loop thread only: job id -> its held read; origins that ignore
+        # ``wait``; the pending gathered wake-up (see GATHER_SECONDS).
         self._watches: dict[str, asyncio.Task[None]] = {}
         self._no_wait: set[_Origin] = set()
+        self._gathering: asyncio.TimerHandle | None = None
+        # Finished records that held reads brought, until a pass takes them
+        # (``take_finished``): the pass need not ask for them again.
+        self._finished_lock = threading.Lock()
+        self._finished: dict[str, JobObservation] = {}
+        # node -> its heartbeat read right after a held read saw its live
+        # apply succeed: the evidence that pass will ask for, read meanwhile.
+        self._heartbeats: dict[str, Heartbeat] = {}
+        self._posting = 0  # POSTs in flight (loop thread): their held reads are still to come
+        # On the loop thread only: node -> its held heartbeat read; origins
+        # that answer heartbeats at once whatever the query.
+        self._beat_watches: dict[str, asyncio.Task[None]] = {}
+        self._no_beat_wait: set[_Origin] = set()
 
     # The public calls: each runs one batch of requests on the loop thread.
 
@@ -543,15 +581,41 @@ class AgentClient:
         self._http.pins = parsed
 
     def send_jobs(
-        self, jobs: Sequence[tuple[str, SendJob]], now: datetime
+        self,
+        jobs: Sequence[tuple[str, SendJob]],
+        now: datetime,
+        *,
+        halfway: Callable[[], None] | None = None,
+        on_finished: Callable[[], None] | None = None,
     ) -> dict[str, JobObservation]:
-        """POST each job, signed with ``issuedAt=now``; observations by job id."""
+        """POST each job, signed with ``issuedAt=now``, all at once (up to the
+        concurrency); observations by job id. ``halfway`` is called (on the
+        client's thread) once half of the answers, rounded up, are in and
+        some are still outstanding: the crash point between "some sent" and
+        "all sent". With ``on_finished``, each job accepted gets its held
+        read (``watch_jobs``) as soon as its own answer is in."""
         key = self.key
+        outstanding = len(jobs)
+        signal_at = outstanding // 2 if halfway is not None and outstanding > 1 else -1
 
         def body(job: SendJob) -> bytes:
             return envelope_bytes(build_payload(job, now), key)
 
         async def one(item: tuple[str, SendJob]) -> tuple[str, JobObservation]:
+            nonlocal outstanding
+            self._posting += 1
+            try:
+                job_id, seen = await post(item)
+                if on_finished is not None and seen.state in ("accepted", "running"):
+                    self._watch_one(*item, on_finished)
+                return job_id, seen
+            finally:
+                self._posting -= 1
+                outstanding -= 1
+                if outstanding == signal_at and halfway is not None:
+                    halfway()
+
+        async def post(item: tuple[str, SendJob]) -> tuple[str, JobObservation]:
             url, job = item
             try:
                 status, answer = await self._http.request(
@@ -614,6 +678,95 @@ class AgentClient:
         wanted = list(jobs)
         self._loop.call_soon_threadsafe(self._watch, wanted, on_finished)
 
+    def take_finished(self, job_ids: Iterable[str]) -> dict[str, JobObservation]:
+        """The finished records of ``job_ids`` that held reads brought since
+        the last call; the others it kept are dropped (no longer wanted)."""
+        with self._finished_lock:
+            found, self._finished = self._finished, {}
+        return {job_id: found[job_id] for job_id in job_ids if job_id in found}
+
+    def watch_heartbeats(
+        self, nodes: Sequence[HeartbeatWatch], on_change: Callable[[], None]
+    ) -> None:
+        """Keep a held heartbeat read (``?newerThan=&wait=``) in flight for
+        each of ``nodes`` and no other; call ``on_change`` (from the client's
+        thread) when one answers changed, or at its own ``wait`` (a soak's
+        end), the heartbeat kept for ``take_heartbeats``. Returns at once.
+        Agents that answer at once are left to the passes' polling."""
+        if self._closed:
+            return
+        self._loop.call_soon_threadsafe(self._watch_beats, list(nodes), on_change)
+
+    def _watch_beats(self, nodes: list[HeartbeatWatch], on_change: Callable[[], None]) -> None:
+        wanted = {w.node: w for w in nodes}
+        for node in [n for n in self._beat_watches if n not in wanted]:
+            self._beat_watches.pop(node).cancel()
+        for node, watch in wanted.items():
+            if node in self._beat_watches or len(self._beat_watches) >= MAX_WATCHES:
+                continue
+            try:
+                origin = self._http.origin(watch.url)
+            except _Unreachable:
+                continue
+            if origin not in self._no_beat_wait:
+                task = asyncio.ensure_future(self._held_heartbeat(origin, watch, on_change))
+                self._beat_watches[node] = task
+
+    async def _held_heartbeat(
+        self, origin: _Origin, watch: HeartbeatWatch, on_change: Callable[[], None]
+    ) -> None:
+        """Held heartbeat reads of one node until one shows a change or its
+        first wait (the caller's, up to a soak's end) ends; quiet on trouble."""
+        loop = asyncio.get_running_loop()
+        # A wait shorter than the usual one ends at a soak's end: worth a pass.
+        newer, wait = watch.newer_than, watch.wait
+        timed = wait < DAEMON_WAIT_SECONDS
+        try:
+            while True:
+                asked = loop.time()
+                path = f"/v1/nodes/{watch.node}/heartbeat?{heartbeat_query(newer, wait)}"
+                status, answer = await self._http.request(
+                    watch.url, "GET", path, timeout=wait + self.timeout
+                )
+                if status != 200:
+                    return
+                beat = _heartbeat(watch.node, answer)
+                took = loop.time() - asked
+                changed = heartbeat_content(beat) != watch.content
+                if changed or (timed and took >= wait * 0.9):
+                    if self._beat_watches.get(watch.node) is asyncio.current_task():
+                        del self._beat_watches[watch.node]
+                    with self._finished_lock:
+                        self._heartbeats[watch.node] = beat
+                    on_change()
+                    return
+                if took < wait / 2:
+                    # Answered, unchanged, before the wait could end: it ignores the query.
+                    self._no_beat_wait.add(origin)
+                    log.info("agent at %s answers heartbeats at once: they are polled", watch.url)
+                    return
+                newer, wait, timed = beat.time, DAEMON_WAIT_SECONDS, False
+        except _Unreachable:
+            return
+        finally:
+            if self._beat_watches.get(watch.node) is asyncio.current_task():
+                del self._beat_watches[watch.node]
+
+    def watching_heartbeats(self) -> set[str]:
+        """The nodes with a held heartbeat read in flight (for tests)."""
+
+        async def nodes() -> set[str]:
+            return set(self._beat_watches)
+
+        return self._call(nodes())
+
+    def take_heartbeats(self, nodes: Iterable[str]) -> dict[str, Heartbeat]:
+        """The heartbeats of ``nodes`` read after their held reads answered
+        succeeded, since the last call; the others it kept are dropped."""
+        with self._finished_lock:
+            found, self._heartbeats = self._heartbeats, {}
+        return {node: found[node] for node in nodes if node in found}
+
     def watching(self) -> set[str]:
         """The job ids with a held read in flight (for tests and metrics)."""
 
@@ -626,16 +779,19 @@ class AgentClient:
         wanted = {job.job_id: (url, job) for url, job in jobs}
         for job_id in [j for j in self._watches if j not in wanted]:
             self._watches.pop(job_id).cancel()
-        for job_id, (url, job) in wanted.items():
-            if job_id in self._watches or len(self._watches) >= MAX_WATCHES:
-                continue
-            try:
-                origin = self._http.origin(url)
-            except _Unreachable:
-                continue  # the passes report it
-            if origin not in self._no_wait:
-                task = asyncio.ensure_future(self._held_read(origin, url, job, on_finished))
-                self._watches[job_id] = task
+        for url, job in wanted.values():
+            self._watch_one(url, job, on_finished)
+
+    def _watch_one(self, url: str, job: SendJob, on_finished: Callable[[], None]) -> None:
+        if job.job_id in self._watches or len(self._watches) >= MAX_WATCHES:
+            return
+        try:
+            origin = self._http.origin(url)
+        except _Unreachable:
+            return  # the passes report it
+        if origin not in self._no_wait:
+            task = asyncio.ensure_future(self._held_read(origin, url, job, on_finished))
+            self._watches[job.job_id] = task
 
     async def _held_read(
         self, origin: _Origin, url: str, job: SendJob, on_finished: Callable[[], None]
@@ -654,7 +810,18 @@ class AgentClient:
                     return
                 seen = _job_observation(job.job_id, answer)
                 if seen.state in FINISHED_JOB_STATES:
-                    on_finished()
+                    beat = None
+                    if seen.state == "succeeded" and job.kind == "apply" and job.mode == "live":
+                        # The pass deciding this node asks for a heartbeat newer than
+                        # the job (DESIGN.md 4): read it now, while the batch finishes.
+                        beat = await self._one_heartbeat(url, job.node)
+                    if self._watches.get(job.job_id) is asyncio.current_task():
+                        del self._watches[job.job_id]
+                    with self._finished_lock:
+                        self._finished[job.job_id] = seen
+                        if beat is not None:
+                            self._heartbeats[job.node] = beat
+                    self._wake_gathered(seen.state == "failed", on_finished)
                     return
                 if loop.time() - asked < DAEMON_WAIT_SECONDS / 2:
                     # Answered unfinished before the wait could end: it ignores ``wait``.
@@ -667,15 +834,33 @@ class AgentClient:
             if self._watches.get(job.job_id) is asyncio.current_task():
                 del self._watches[job.job_id]
 
+    def _wake_gathered(self, at_once: bool, on_finished: Callable[[], None]) -> None:
+        """Start a pass now when asked to or when no held read is left, else
+        once GATHER_SECONDS have passed since the first finish waiting."""
+
+        def fire() -> None:
+            self._gathering = None
+            on_finished()
+
+        if at_once or not (self._watches or self._posting):
+            if self._gathering is not None:
+                self._gathering.cancel()
+            fire()
+        elif self._gathering is None:
+            self._gathering = asyncio.get_running_loop().call_later(GATHER_SECONDS, fire)
+
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
 
         async def shutdown() -> None:
-            for task in self._watches.values():
+            if self._gathering is not None:
+                self._gathering.cancel()
+            for task in [*self._watches.values(), *self._beat_watches.values()]:
                 task.cancel()
             self._watches.clear()
+            self._beat_watches.clear()
             self._http.close()
 
         asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result()
@@ -690,6 +875,13 @@ class AgentClient:
         self.close()
 
     # Internals
+
+    async def _one_heartbeat(self, url: str, node: str) -> Heartbeat | None:
+        try:
+            status, answer = await self._http.request(url, "GET", f"/v1/nodes/{node}/heartbeat")
+            return _heartbeat(node, answer) if status == 200 else None
+        except (_Unreachable, AgentError, ValueError):
+            return None  # the pass reads it again and reports what is wrong
 
     def _read_nodes(
         self,

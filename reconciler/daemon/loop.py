@@ -25,14 +25,16 @@ from __future__ import annotations
 import contextlib
 import signal
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from operator import attrgetter
 from types import FrameType
 from typing import Any
 
 from reconciler.daemon import crashpoints
-from reconciler.daemon.agent_client import AgentClient
+from reconciler.daemon.agent_client import AgentClient, HeartbeatWatch
 from reconciler.daemon.answer_check import AnswerCheck
 from reconciler.daemon.fleet_watch import (
     FleetWatch,
@@ -41,6 +43,7 @@ from reconciler.daemon.fleet_watch import (
     fleet_lines,
     fleet_summary,
 )
+from reconciler.daemon.inert import InertStatuses, needs_passes
 from reconciler.daemon.logs import EventLog
 from reconciler.daemon.metrics import Metrics
 from reconciler.daemon.notifications import Notifier
@@ -66,9 +69,10 @@ from reconciler.git.status_writes import DaemonWrites
 from reconciler.git.store import GitStore
 from reconciler.git.watch import BranchWatcher
 from reconciler.protocol.effects import SendJob
+from reconciler.protocol.long_poll import DAEMON_WAIT_SECONDS, heartbeat_content
 from reconciler.protocol.observations import Heartbeat, JobObservation, MetricCheck, Observations
 from reconciler.spec import rollout_status as status_values
-from reconciler.spec.documents import Documents, ParsedFile, assemble, parse_file
+from reconciler.spec.documents import Assembly, Documents, ParsedFile, parse_file
 from reconciler.spec.errors import HostKeyError, RefMoved, StoreError
 from reconciler.spec.fleet_status import FleetStatus
 from reconciler.spec.health import for_node
@@ -79,7 +83,10 @@ from reconciler.spec.paths import (
     FLEET_STATUS_PATH,
     ROLLOUTS_DIR,
     SETTINGS_PATH,
+    SPEC_FILES,
     SPEC_FOLDERS,
+    STATUS_DIR,
+    is_spec_path,
     name_in,
     node_path,
     rollout_path,
@@ -87,13 +94,16 @@ from reconciler.spec.paths import (
 )
 from reconciler.spec.rollout_status import ApprovalRecord, RolloutStatus
 from reconciler.spec.safe_yaml import dump_yaml
+from reconciler.spec.times import parse_time
 from reconciler.views import notification_events
-from reconciler.views.dashboard import render_dashboard
+from reconciler.views.dashboard import DashboardOrder, render_dashboard
 from reconciler.views.fleet_reader import FleetReader
 from reconciler.views.fleet_text import fleet_dashboard_section
 from reconciler.views.status_reader import StatusReader
 
+_phase_of = attrgetter("phase")
 MAX_RACES = 20  # passes lost in a row to other writers before giving up
+SOAK_MARGIN = 0.2  # seconds past a soak's end a held heartbeat read answers
 MESSAGE_LINES = 60  # transitions listed in one commit message
 REQUEST_WALK = 1000  # spec commits searched for the one that asked for a rollback
 
@@ -138,10 +148,28 @@ class DaemonMemory:
     # Caches of Git, by blob or tree ids.
     parsed: dict[str, ParsedFile] = field(default_factory=dict)  # blob id -> parsed document
     documents: tuple[tuple[str | None, ...], Documents] | None = None  # spec tree ids -> documents
+    documents_commit: str | None = None  # the commit those documents were read at
+    assembly: Assembly = field(default_factory=Assembly)  # documents, redone for what changed
+    spec_blobs: dict[str, str] = field(default_factory=dict)  # spec path -> blob id, at that commit
     status_reader: StatusReader = field(default_factory=StatusReader)  # status files by blob id
     by_name: tuple[Fleet, dict[str, Node]] | None = None  # the fleet's nodes by name, per fleet
     memo: StepMemo = field(default_factory=StepMemo)  # finished rollouts at rest
+    # Engine inputs by rollout, kept while what they were built from stays.
+    inputs: dict[str, _BuiltInput] = field(default_factory=dict)
+    inputs_by_node: dict[str, set[str]] = field(default_factory=dict)  # node path -> rollouts
+    inputs_generation: int = 0  # ``History.generation`` they were built at
+    inputs_context: tuple[object, ...] = ()  # (refusal, approvals) they were built with
+    inputs_fleet: Fleet | None = None
+    inputs_tip_bound: set[str] = field(default_factory=set)  # built with the tip read
+    inputs_unstarted: set[str] = field(default_factory=set)  # built from the fleet
+    # Rollouts whose spec or status files the read step found changed in
+    # this pass (None: it read every file, so look at every rollout).
+    spec_changed: frozenset[str] | None = None
+    status_changed: frozenset[str] | None = None
     quiet: _Quiet | None = None  # the last pass, if it changed and watched nothing
+    inert: InertStatuses = field(default_factory=InertStatuses)  # statuses that ask nothing
+    dashboard: tuple[str, bytes] | None = None  # the dashboard blob read last: (id, content)
+    dashboard_order: DashboardOrder = field(default_factory=DashboardOrder)  # its rows' order
     # (verified commit, last acted commit) -> descends from it by first parent
     descends: dict[tuple[str, str], bool] = field(default_factory=dict)
     # Memory that may be forgotten on restart.
@@ -157,6 +185,21 @@ class DaemonMemory:
     watching: bool = False  # the last pass had jobs, heartbeats or backups to read
     answers: AnswerCheck = field(default_factory=AnswerCheck)  # agentKeys parsed, by line
     fleet_reader: FleetReader = field(default_factory=FleetReader)  # status/fleet.yaml by blob ids
+
+
+@dataclass(frozen=True)
+class _BuiltInput:
+    """A rollout's engine input and what it was built from (values, by
+    identity), so the next pass can tell whether to build it again."""
+
+    input: RolloutInput
+    spec: RolloutSpec | None
+    problems: tuple[Problem, ...] | None  # as in ``Documents.invalid_rollouts``
+    status: RolloutStatus | None
+    node_paths: tuple[str, ...]  # the node files whose history it read
+    unstarted: bool  # its nodes come from the fleet, not from its status
+    uses_tip: bool  # a commit id in it fell back to the tip read, or is off the line
+    tip: str
 
 
 class _Pass:
@@ -175,6 +218,7 @@ class _Pass:
         "fleet_sweep",
         "history",
         "inputs",
+        "lively",
         "merged",
         "now",
         "observations",
@@ -198,6 +242,7 @@ class _Pass:
     broken: dict[str, str]
     inputs: list[RolloutInput]
     observations: Observations
+    lively: list[RolloutStatus]  # the statuses observed: those not inert
     unfinished: list[tuple[str, SendJob]]  # jobs the agents said are not finished yet
     now: datetime
     step: FleetStep
@@ -244,6 +289,8 @@ class Daemon:
         self.sign = sign
         self.clock = clock
         self.memory = DaemonMemory()
+        # Off in the tests that pin the kept inputs against building them all.
+        self.reuse_inputs = True
         self.fleet_watch = FleetWatch(client, clock=clock, evidence=self._believed_heartbeat)
         self.fleet_watch.on_sweep = self._swept
         self.prometheus = prometheus or PrometheusClient()
@@ -251,6 +298,7 @@ class Daemon:
         # began still ends it.
         self._stopping = False
         self._wake: Callable[[], None] | None = None  # set while ``serve`` runs
+        self._watcher_of_serve: BranchWatcher | None = None  # likewise
         self._steps: tuple[Callable[[_Pass], PassOutcome | None], ...] = tuple(
             getattr(self, f"_{name}") for name in PASS_STEPS
         )
@@ -371,8 +419,10 @@ class Daemon:
         """Ask the agents: unfinished jobs (resending those they do not
         know), heartbeats, backup lists. Touches: the agents over HTTP;
         ``memory.unreachable`` and ``memory.watching``."""
-        p.observations, p.unfinished = self._ask_agents(p.statuses.values(), p.documents.fleet)
-        metric_checks = self._ask_prometheus(p.statuses.values(), p.observations, p.documents)
+        # Finished rollouts at rest ask nothing: only the others are looked at.
+        p.lively = lively = self.memory.inert.lively(p.statuses)
+        p.observations, p.unfinished = self._ask_agents(lively, p.documents.fleet)
+        metric_checks = self._ask_prometheus(lively, p.observations, p.documents)
         if metric_checks:
             p.observations = replace(p.observations, metric_checks=metric_checks)
         return None
@@ -450,6 +500,15 @@ class Daemon:
             p.commit = self.store.commit(
                 p.status_branch, p.status_tip, changes, message, sign=self.sign
             )
+            if p.status_branch == self.store.branch and self._watcher_of_serve is not None:
+                # Before the ref's file event reaches the watcher: not a hint.
+                self._watcher_of_serve.acted_on(p.status_branch, p.commit)
+            if DASHBOARD_PATH in changes:
+                # What was just written is what the next pass compares with.
+                written_id = self.store.file_blob(p.commit, DASHBOARD_PATH)
+                dashboard = changes[DASHBOARD_PATH]
+                if written_id is not None and dashboard is not None:
+                    self.memory.dashboard = (written_id, dashboard)
             self._committed(p.step, p.commit)
             self._fleet_committed(fleet_changes, p.commit)
             self.memory.status_reader.remember(self.store, p.commit, written, p.step.statuses)
@@ -505,7 +564,47 @@ class Daemon:
         agents over HTTP; logs and metrics."""
         p.sent = self._execute(p.step.effects, p.documents.fleet, p.now)
         self._watch_jobs(p)
+        self._watch_heartbeats(p)
         return None
+
+    def _watch_heartbeats(self, p: _Pass) -> None:
+        """While ``serve`` runs, keep a held heartbeat read in flight for every
+        live node whose apply is seen succeeded and still waits for its
+        verdict (checks and their soak, DESIGN.md 11), so that a pass starts
+        when its heartbeat changes, or when its soak should end, rather than
+        at the interval. The passes still read those heartbeats as before."""
+        wake = self._wake
+        if wake is None:
+            return
+        nodes = self._nodes_by_name(p.documents.fleet)
+        watches: list[HeartbeatWatch] = []
+        for status in p.merged.values():
+            frozen = status.frozen
+            if frozen is None or not frozen.live or status.phase not in ("running", "paused"):
+                continue
+            soak = frozen.health.soak if frozen.health is not None else 0
+            for record in status.nodes:
+                seen = p.observations.jobs.get(record.job_id or "")
+                beat = p.observations.heartbeats.get(record.name)
+                spec = nodes.get(record.name)
+                if (
+                    record.state != "dispatched"
+                    or seen is None
+                    or seen.state != "succeeded"
+                    or beat is None
+                    or spec is None
+                ):
+                    continue
+                watches.append(
+                    HeartbeatWatch(
+                        spec.agent,
+                        record.name,
+                        beat.time,
+                        heartbeat_content(beat),
+                        _until_soaked(beat, record.job_id or "", soak),
+                    )
+                )
+        self.client.watch_heartbeats(watches, wake)
 
     def _watch_jobs(self, p: _Pass) -> None:
         """While ``serve`` runs, keep a held read in flight for every job
@@ -525,6 +624,9 @@ class Daemon:
             p.commit if p.commit and p.status_branch == self.store.branch else p.tip
         )
         self._update_gauges(merged.values())
+        # The statuses observed as lively, as the step left them, and those it changed.
+        lively = [s for s in p.lively if s.name not in step.statuses]
+        lively += self.memory.inert.lively(step.statuses, every=False)
         outcome = PassOutcome(
             tip=p.tip,
             commit=p.commit,
@@ -532,9 +634,9 @@ class Daemon:
             jobs_sent=p.sent,
             # The statuses just changed first: usually one of them is active,
             # and then the thousands of unchanged ones need not be looked at.
-            active=any(_needs_passes(s) for s in step.statuses.values())
-            or any(_needs_passes(s) for s in merged.values()),
-            wakeup=engine.next_wakeup(merged.values()),
+            active=any(needs_passes(s) for s in step.statuses.values())
+            or any(needs_passes(s) for s in lively),
+            wakeup=engine.next_wakeup(lively),
         )
         if p.commit is None and not p.sent and not step.transitions and not self.memory.watching:
             self.memory.quiet = _Quiet(
@@ -588,8 +690,13 @@ class Daemon:
 
     def _read_documents(self, commit: str | None) -> Documents:
         """The documents of ``commit``'s tree; reassembled only when a spec
-        subtree changed, reparsed only for blobs not seen before."""
+        subtree changed, and then only for the files that changed since the
+        commit read last (``git.history.changed_paths``, rewinds included;
+        ``spec.documents.Assembly`` falls back to every file when a node,
+        the settings or a rule across files is involved); reparsed only for
+        blobs not seen before."""
         store = self.store
+        memory = self.memory
         if commit is None:
             key: tuple[str | None, ...] = (None,)
         else:
@@ -597,22 +704,81 @@ class Daemon:
                 *(store.subtree_id(commit, folder) for folder in SPEC_FOLDERS),
                 store.file_blob(commit, SETTINGS_PATH),
             )
-        if self.memory.documents and self.memory.documents[0] == key:
-            return self.memory.documents[1]
-        blobs = store.spec_files(commit) if commit is not None else {}  # path -> blob id
-        documents = assemble(self._parse(blob_id, path) for path, blob_id in blobs.items())
+        if memory.documents and memory.documents[0] == key:
+            memory.spec_changed = frozenset()
+            return memory.documents[1]
+        before = memory.documents_commit
+        paths = (
+            self._changed_paths(before, commit, (*SPEC_FOLDERS, *SPEC_FILES))
+            if commit is not None and before is not None and memory.assembly.documents is not None
+            else None
+        )
+        if commit is not None and paths is not None:
+            changed: dict[str, ParsedFile | None] = {}
+            for path in paths:
+                if not is_spec_path(path):
+                    continue  # nested deeper than the daemon reads
+                old_blob = memory.spec_blobs.pop(path, None)
+                if old_blob is not None:
+                    memory.parsed.pop(old_blob, None)
+                blob_id = store.file_blob(commit, path)
+                if blob_id is None:
+                    changed[path] = None
+                else:
+                    memory.spec_blobs[path] = blob_id
+                    changed[path] = self._parse(blob_id, path)
+            documents = memory.assembly.update(changed)
+            memory.spec_changed = memory.assembly.changed_names
+        else:
+            memory.spec_changed = None
+            blobs = store.spec_files(commit) if commit is not None else {}  # path -> blob id
+            documents = memory.assembly.rebuild(
+                self._parse(blob_id, path) for path, blob_id in blobs.items()
+            )
+            memory.spec_blobs = blobs
+        if len(memory.parsed) > 2 * len(memory.spec_blobs) + REQUEST_WALK:
+            # Old versions parsed for rollback requests' history: forgotten.
+            live = set(memory.spec_blobs.values())
+            for blob_id in [b for b in memory.parsed if b not in live]:
+                del memory.parsed[blob_id]
         for problem in documents.problems:
             self._report("invalid_document", str(problem), path=problem.path)
-        self.memory.documents = (key, documents)
-        live = set(blobs.values())
-        for blob_id in [b for b in self.memory.parsed if b not in live]:
-            del self.memory.parsed[blob_id]
+        memory.documents = (key, documents)
+        memory.documents_commit = commit
         return documents
+
+    def _changed_paths(
+        self, before: str | None, commit: str | None, paths: tuple[str, ...]
+    ) -> frozenset[str] | None:
+        """The files under ``paths`` (folders, and top-level files) that
+        differ between the commit read last and ``commit``; None when the
+        commit read last is gone (a mirror's objects after a force-push):
+        then everything is read again."""
+        folders = tuple(p for p in paths if p not in SPEC_FILES)
+        files = tuple(p for p in paths if p in SPEC_FILES)
+        try:
+            return self.store.changed_paths(before, commit, folders, files)
+        except StoreError as exc:
+            self.log.info("read_everything", f"{exc}; reading every file again")
+            return None
 
     def _read_statuses(self, commit: str | None) -> tuple[dict[str, RolloutStatus], dict[str, str]]:
         """Recorded statuses by rollout name, and the names whose status
         files cannot be read (with why): those are held, never overwritten."""
-        statuses, broken = self.memory.status_reader.read(self.store, commit)
+        reader = self.memory.status_reader
+        changed = (
+            self._changed_paths(reader.at, commit, (STATUS_DIR,))
+            if commit is not None and reader.at is not None
+            else None
+        )
+        if changed is not None:
+            # Only the rollouts whose status files changed since the last
+            # read are read again (a rewind is a change like any other).
+            statuses, broken = reader.read_changed(self.store, commit, changed)
+            self.memory.status_changed = reader.changed_names
+        else:
+            statuses, broken = reader.read(self.store, commit)
+            self.memory.status_changed = None
         for name, reason in broken.items():
             self._report(
                 "status_unreadable",
@@ -652,7 +818,17 @@ class Daemon:
         statuses: Mapping[str, RolloutStatus],
         broken: Mapping[str, str],
     ) -> list[RolloutInput]:
+        """Each rollout's engine input. Built again only for the rollouts
+        whose input may differ from the last pass's: its spec, problems or
+        status value changed (the readers keep unchanged values' identity
+        and say which rollouts' files changed), history moved for its
+        rollout file or the nodes it uses (``History.changed_since``), or,
+        before it starts, the fleet changed. A rewind, new settings, a
+        change in approvals, an unverified tree or status trust checks
+        look at every rollout (tests pin the result against building
+        every input)."""
         store = self.store
+        memory = self.memory
         refusal = _refusal_text(approval)
         approved_by = self._approved_by(approval)
         unverified_names: set[str] = set()
@@ -661,60 +837,183 @@ class Daemon:
             # that says why nothing happens (DESIGN.md section 8).
             for path in store.files(tip, ROLLOUTS_DIR):
                 unverified_names.add(name_in(ROLLOUTS_DIR, path))
-        names = (
-            set(documents.rollouts)
-            | set(documents.invalid_rollouts)
-            | set(statuses)
-            | unverified_names
-        ) - set(broken)
-        names.discard(FLEET_STATUS_NAME)  # a reserved name: its file is the fleet's
-        settings_change = history.last_change(SETTINGS_PATH)
-        inputs: list[RolloutInput] = []
-        for name in sorted(names):
-            path = rollout_path(name)
-            spec = documents.rollouts.get(name)
-            problems = tuple(documents.invalid_rollouts.get(name, ()))
-            present = spec is not None or bool(problems)
-            recorded = statuses.get(name)
-            if spec is not None:
-                used = (
-                    [n.name for n in recorded.nodes]
-                    if recorded and recorded.started
-                    else engine.resolve_nodes(spec, documents.fleet)
-                )
-                node_paths = [node_path(n) for n in used]
+        cache = memory.inputs
+        touched = history.changed_since(memory.inputs_generation)
+        if (
+            touched is None
+            or SETTINGS_PATH in touched
+            or unverified_names
+            or memory.inputs_context != (refusal, approved_by)
+            or not self.reuse_inputs
+        ):
+            cache.clear()
+            memory.inputs_by_node.clear()
+            memory.inputs_tip_bound.clear()
+            memory.inputs_unstarted.clear()
+            touched = frozenset()
+        affected: set[str] = set()
+        for path in touched:
+            if path.startswith(ROLLOUTS_DIR + "/"):
+                affected.add(name_in(ROLLOUTS_DIR, path))
             else:
-                node_paths = []
-            spec_commit = history.newest(
-                [history.last_change(path), settings_change, history.last_change_of(node_paths)]
+                affected.update(memory.inputs_by_node.get(path, ()))
+        fleet_moved = memory.inputs_fleet is not documents.fleet
+        settings_change = history.last_change(SETTINGS_PATH)
+        spec_changed, status_changed = memory.spec_changed, memory.status_changed
+        if cache and spec_changed is not None and status_changed is not None and self.trust is None:
+            # Only the rollouts something happened to are looked at.
+            looked = spec_changed | status_changed | affected | memory.inputs_tip_bound
+            if fleet_moved:
+                looked |= memory.inputs_unstarted
+            names: Iterable[str] = looked
+            every_name = False
+        else:
+            every_name = True
+            every = (
+                set(documents.rollouts)
+                | set(documents.invalid_rollouts)
+                | set(statuses)
+                | unverified_names
+            ) - set(broken)
+            for name in [n for n in cache if n not in every]:
+                self._drop_input(name)
+            names = every
+        for name in names:
+            if name == FLEET_STATUS_NAME or name in broken:  # reserved; held
+                self._drop_input(name)
+                continue
+            spec = documents.rollouts.get(name)
+            problems = documents.invalid_rollouts.get(name)
+            recorded = statuses.get(name)
+            if (
+                spec is None
+                and problems is None
+                and recorded is None
+                and name not in unverified_names
+            ):
+                self._drop_input(name)
+                continue
+            cached = cache.get(name)
+            if (
+                cached is not None
+                and name not in affected
+                and cached.spec is spec
+                and cached.problems is problems
+                and cached.status is recorded
+                and not (cached.unstarted and fleet_moved)
+                and not (cached.uses_tip and cached.tip != tip)
+            ):
+                continue
+            built = self._input(
+                name,
+                tip,
+                history,
+                documents,
+                recorded,
+                settings_change,
+                refusal,
+                approved_by,
+                name in unverified_names,
             )
-            first_seen = history.first_added(path)
-            if recorded is not None:
-                spec_commit = spec_commit or recorded.spec_commit
-                first_seen = recorded.first_seen_commit or first_seen
-            if name in unverified_names and not present:
-                # Only an unverified commit has this file (or nothing is
-                # verified yet): it is held with the refusal, never started,
-                # and never aborted by a removal nobody verified either.
-                problems = (Problem(path, 0, 0, "", refusal or "not verified"),)
-                present = True
-            first_seen = first_seen or spec_commit or tip
-            inputs.append(
-                RolloutInput(
-                    name=name,
-                    spec=spec,
-                    file_present=present,
-                    problems=problems,
-                    status=recorded,
-                    spec_commit=spec_commit or tip,
-                    first_seen_commit=first_seen,
-                    queue_key=history.position(first_seen) if first_seen in history else 1 << 62,
-                    author=self._author(name, spec, recorded, spec_commit, history),
-                    refusal=refusal,
-                    approved_by=approved_by,
-                )
+            self._drop_input(name)
+            for path in built.node_paths:
+                memory.inputs_by_node.setdefault(path, set()).add(name)
+            if built.uses_tip:
+                memory.inputs_tip_bound.add(name)
+            if built.unstarted:
+                memory.inputs_unstarted.add(name)
+            cache[name] = built
+        if every_name:
+            # Kept in queue order, so the engine's sort finds them sorted
+            # (but for the few added later) and takes linear time.
+            memory.inputs = dict(
+                sorted(cache.items(), key=lambda item: (item[1].input.queue_key, item[0]))
             )
-        return inputs
+        memory.inputs_generation = history.generation
+        memory.inputs_context = (refusal, approved_by)
+        memory.inputs_fleet = documents.fleet
+        return [built.input for built in memory.inputs.values()]
+
+    def _drop_input(self, name: str) -> None:
+        memory = self.memory
+        cached = memory.inputs.pop(name, None)
+        if cached is None:
+            return
+        for path in cached.node_paths:
+            users = memory.inputs_by_node.get(path)
+            if users is not None:
+                users.discard(name)
+        memory.inputs_tip_bound.discard(name)
+        memory.inputs_unstarted.discard(name)
+
+    def _input(
+        self,
+        name: str,
+        tip: str,
+        history: History,
+        documents: Documents,
+        recorded: RolloutStatus | None,
+        settings_change: str | None,
+        refusal: str | None,
+        approved_by: tuple[ApprovalRecord, ...],
+        unverified: bool,
+    ) -> _BuiltInput:
+        """One rollout's engine input, and what it was built from."""
+        path = rollout_path(name)
+        spec = documents.rollouts.get(name)
+        source_problems = documents.invalid_rollouts.get(name)
+        problems = tuple(source_problems or ())
+        present = spec is not None or bool(problems)
+        if spec is not None:
+            used = (
+                [n.name for n in recorded.nodes]
+                if recorded and recorded.started
+                else engine.resolve_nodes(spec, documents.fleet)
+            )
+            node_paths = [node_path(n) for n in used]
+        else:
+            node_paths = []
+        spec_commit = history.newest(
+            [history.last_change(path), settings_change, history.last_change_of(node_paths)]
+        )
+        first_seen = history.first_added(path)
+        if recorded is not None:
+            spec_commit = spec_commit or recorded.spec_commit
+            first_seen = recorded.first_seen_commit or first_seen
+        if unverified and not present:
+            # Only an unverified commit has this file (or nothing is
+            # verified yet): it is held with the refusal, never started,
+            # and never aborted by a removal nobody verified either.
+            problems = (Problem(path, 0, 0, "", refusal or "not verified"),)
+            present = True
+        # A commit id that fell back to the tip, or a queue position that
+        # may appear later, is worked out again every pass.
+        uses_tip = not spec_commit or not (first_seen or spec_commit)
+        first_seen = first_seen or spec_commit or tip
+        uses_tip = uses_tip or first_seen not in history
+        built = RolloutInput(
+            name=name,
+            spec=spec,
+            file_present=present,
+            problems=problems,
+            status=recorded,
+            spec_commit=spec_commit or tip,
+            first_seen_commit=first_seen,
+            queue_key=history.position(first_seen) if first_seen in history else 1 << 62,
+            author=self._author(name, spec, recorded, spec_commit, history),
+            refusal=refusal,
+            approved_by=approved_by,
+        )
+        return _BuiltInput(
+            built,
+            spec,
+            source_problems,
+            recorded,
+            tuple(node_paths),
+            unstarted=spec is not None and not (recorded and recorded.started),
+            uses_tip=uses_tip,
+            tip=tip,
+        )
 
     def _approved_by(self, approval: Approval | None) -> tuple[ApprovalRecord, ...]:
         """Who approved the verified commit acted on (section 17), when
@@ -812,9 +1111,13 @@ class Daemon:
                 self._unverified(node, "job", problem, unverified)
             return seen
 
-        for (url, job), (job_id, seen) in zip(
-            jobs, _ordered(self.client.read_jobs(jobs), jobs), strict=True
-        ):
+        # Finished records the held reads brought are the answers a read
+        # would get now (an agent never changes a finished record): only
+        # the other jobs are asked.
+        held = self.client.take_finished(job.job_id for _, job in jobs)
+        asked = [(url, job) for url, job in jobs if job.job_id not in held]
+        answers: dict[str, JobObservation | None] = {**held, **self.client.read_jobs(asked)}
+        for (url, job), (job_id, seen) in zip(jobs, _ordered(answers, jobs), strict=True):
             if seen is None:
                 unknown.append((url, job))
                 reachable[job.node] = True
@@ -830,9 +1133,16 @@ class Daemon:
                 observed[job_id] = believed(node_of[job_id], answer)
             self.log.info("resent", f"{len(unknown)} job(s) the agents did not know, sent again")
             self.metrics.jobs_sent.labels(kind="resend").inc(len(unknown))
-        heartbeat_nodes = [(url, n) for n in wanted_heartbeats if (url := address(n))]
+        # Heartbeats read right after a held read saw a live apply succeed
+        # are newer than that job, as a read now would be: the others are asked.
+        read_ahead: dict[str, Heartbeat | None] = dict(
+            self.client.take_heartbeats(wanted_heartbeats)
+        )
+        heartbeat_nodes = [
+            (url, n) for n in wanted_heartbeats if n not in read_ahead and (url := address(n))
+        ]
         heartbeats: dict[str, Heartbeat] = {}
-        for node, beat in self.client.read_heartbeats(heartbeat_nodes).items():
+        for node, beat in {**read_ahead, **self.client.read_heartbeats(heartbeat_nodes)}.items():
             if beat is not None:
                 beat, problem = self.memory.answers.heartbeat(nodes.get(node), beat)
                 if problem:
@@ -943,11 +1253,19 @@ class Daemon:
                 written[path] = data
             for path in gone:
                 changes[path] = None
-        dashboard = _dashboard(merged, broken, fleet).encode()
+        dashboard = _dashboard(merged, broken, fleet, self.memory.dashboard_order).encode()
         current = self.store.file_blob(parent, DASHBOARD_PATH) if parent else None
-        if current is None or self.store.blob(current) != dashboard:
+        if current is None or self._dashboard_text(current) != dashboard:
             changes[DASHBOARD_PATH] = dashboard
         return changes
+
+    def _dashboard_text(self, blob_id: str) -> bytes:
+        """The dashboard blob's content; the last one read is kept (it is
+        large at thousands of rollouts, and mostly the same blob)."""
+        kept = self.memory.dashboard
+        if kept is None or kept[0] != blob_id:
+            kept = self.memory.dashboard = (blob_id, self.store.blob(blob_id))
+        return kept[1]
 
     def _committed(self, step: FleetStep, commit: str) -> None:
         self.metrics.commits.inc()
@@ -963,21 +1281,16 @@ class Daemon:
                 self.metrics.verdicts.labels(state=t.to_state).inc()
 
     def _execute(self, effects: Iterable[SendJob], fleet: Fleet, now: datetime) -> int:
-        """Send the jobs the committed status records. Their answers are
-        not needed: the next pass reads every unfinished job anyway."""
+        """Send the jobs the committed status records, all at once. Their
+        answers are not needed: the next pass reads every unfinished job
+        anyway. Crash point ``mid_send``: half of the answers are in."""
         nodes = self._nodes_by_name(fleet)
         jobs = [(nodes[job.node].agent, job) for job in effects if job.node in nodes]
-        half = (len(jobs) + 1) // 2
-        self._send_batch(jobs[:half], now)
-        if jobs[half:]:
-            crashpoints.reach("mid_send")
-            self._send_batch(jobs[half:], now)
-        return len(jobs)
-
-    def _send_batch(self, jobs: list[tuple[str, SendJob]], now: datetime) -> None:
         if not jobs:
-            return
-        answers = self.client.send_jobs(jobs, now)
+            return 0
+        answers = self.client.send_jobs(
+            jobs, now, halfway=lambda: crashpoints.reach("mid_send"), on_finished=self._wake
+        )
         for url, job in jobs:
             answer = answers.get(job.job_id)
             self.log.info(
@@ -990,6 +1303,7 @@ class Daemon:
                 agent=url,
             )
             self.metrics.jobs_sent.labels(kind=job.kind).inc()
+        return len(jobs)
 
     def _believed_heartbeat(self, node: str, beat: Heartbeat) -> bool | None:
         """The fleet watch's agentKey check (DESIGN.md 12 and 14), from the
@@ -1066,8 +1380,7 @@ class Daemon:
 
     def _update_gauges(self, statuses: Iterable[RolloutStatus]) -> None:
         counts = dict.fromkeys(status_values.PHASES, 0)
-        for s in statuses:
-            counts[s.phase] = counts.get(s.phase, 0) + 1
+        counts.update(Counter(map(_phase_of, statuses)))
         for phase, count in counts.items():
             self.metrics.rollouts.labels(phase=phase).set(count)
 
@@ -1078,6 +1391,7 @@ class Daemon:
         the interval while a rollout is active; until ``stop``. Errors that
         a retry can fix are logged and retried with backoff."""
         self._watcher = watcher
+        self._watcher_of_serve = watcher
         self._wake = watcher.wake  # a finished job's held read starts a pass
         self.fleet_watch.start(watcher.wake)
         backoff = 0.0
@@ -1095,6 +1409,8 @@ class Daemon:
                     backoff = 0.0
                 continue
             backoff = 0.0
+            # The pass's own status commit moves the branch too: not a hint.
+            watcher.acted_on(self.store.branch, self.memory.seen_tip)
             sleep = interval if outcome.active else reread
             if outcome.wakeup is not None:
                 until = (outcome.wakeup - self.clock()).total_seconds()
@@ -1105,7 +1421,9 @@ class Daemon:
             if not self._stopping:
                 watcher.wait(sleep)
         self._wake = None
+        self._watcher_of_serve = None
         self.client.watch_jobs([], lambda: None)  # no held reads outlive the loop
+        self.client.watch_heartbeats([], lambda: None)
         self.fleet_watch.stop()  # a sweep in flight ends after its chunk
 
     def stop(self, *_: Any) -> None:
@@ -1123,10 +1441,20 @@ def _fleet_states(fleet: FleetStatus | None) -> dict[str, notification_events.No
     return {n.name: (n.state, n.since) for n in fleet.nodes} if fleet is not None else {}
 
 
-def _needs_passes(status: RolloutStatus) -> bool:
-    """Active, and not only waiting for a person (section 6, step 7: the
-    interval applies while a rollout can move on by itself)."""
-    return engine.is_active(status) and not engine.waits_for_a_person(status)
+def _until_soaked(beat: Heartbeat, job_id: str, soak: int) -> float:
+    """Seconds (agent clock) from ``beat`` until every agent check of
+    ``job_id`` it reports has held for ``soak``, if all hold now; else the
+    daemon's usual wait. A little over, so the answer shows it soaked."""
+    checks = [c for c in beat.checks if c.job_id == job_id]
+    if not checks or not all(c.ok and c.ok_since for c in checks):
+        return float(DAEMON_WAIT_SECONDS)
+    try:
+        at = parse_time(beat.time)
+        since = max(parse_time(c.ok_since or "") for c in checks)
+    except ValueError:
+        return float(DAEMON_WAIT_SECONDS)
+    left = (since + timedelta(seconds=soak) - at).total_seconds()
+    return min(max(left + SOAK_MARGIN, SOAK_MARGIN), float(DAEMON_WAIT_SECONDS))
 
 
 def _ordered(
@@ -1155,11 +1483,12 @@ def _dashboard(
     statuses: Mapping[str, RolloutStatus],
     broken: Mapping[str, str],
     fleet: FleetStatus | None = None,
+    order: DashboardOrder | None = None,
 ) -> str:
     """The dashboard, with the fleet watch's section when there is a fleet
     status, and the status files that cannot be read listed last, since
     those rollouts are held until a person repairs them."""
-    text = render_dashboard(statuses)
+    text = render_dashboard(statuses, order)
     if fleet is not None:
         text = text.rstrip("\n") + "\n\n" + fleet_dashboard_section(fleet)
     if broken:

@@ -24,17 +24,20 @@ class FleetIndex:
                 self.by_label.setdefault(pair, []).append(node)
 
 
-# The index of the last fleet seen: a pass (and the next, while the node
-# files stay the same) hands the same Fleet value to every call. A cache of
-# a pure function's intermediate value; results do not depend on it.
+# The indexes of the last few fleets seen: a pass (and the next, while the
+# node files stay the same) hands the same Fleet value to every call; a few,
+# for processes that run more than one daemon (the benchmarks). A cache of a
+# pure function's intermediate value; results do not depend on it.
 _last_index: list[tuple[Fleet, FleetIndex]] = []
+_INDEXES_KEPT = 4
 
 
 def fleet_index(fleet: Fleet) -> FleetIndex:
-    if _last_index and _last_index[0][0] is fleet:
-        return _last_index[0][1]
+    for kept, index in _last_index:
+        if kept is fleet:
+            return index
     index = FleetIndex(fleet)
-    _last_index[:] = [(fleet, index)]
+    _last_index[:] = [(fleet, index), *_last_index[: _INDEXES_KEPT - 1]]
     return index
 
 
@@ -57,21 +60,27 @@ class StepMemo:
     def resting(
         self, rollouts: Iterable[RolloutInput], fleet: Fleet, settings: Settings
     ) -> set[str]:
-        """The rollouts whose input equals one found at rest last time."""
+        """The rollouts whose input equals one found at rest last time (the
+        daemon hands the same input object while nothing it depends on
+        changed). Forgets the others: they are stepped again."""
         if not (
             self._fleet is not None
             and (self._fleet is fleet or self._fleet == fleet)
             and self._settings == settings
         ):
+            self._at_rest = {}
             return set()
-        found: set[str] = set()
+        at_rest = self._at_rest
+        kept: dict[str, RolloutInput] = {}
         for inp in rollouts:
-            seen = self._at_rest.get(inp.name)
-            if seen is not None and seen.status is inp.status and seen == inp:
-                found.add(inp.name)
-        return found
+            seen = at_rest.get(inp.name)
+            if seen is not None and (seen is inp or (seen.status is inp.status and seen == inp)):
+                kept[inp.name] = inp
+        self._at_rest = kept
+        return set(kept)
 
     def remember(self, fleet: Fleet, settings: Settings, at_rest: Iterable[RolloutInput]) -> None:
+        """Also at rest now: ``at_rest`` (found by the step just done)."""
         self._fleet = fleet
         self._settings = settings
-        self._at_rest = {inp.name: inp for inp in at_rest}
+        self._at_rest.update((inp.name, inp) for inp in at_rest)

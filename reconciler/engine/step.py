@@ -31,6 +31,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from operator import attrgetter
 from typing import Any
 
 from reconciler.engine import evidence, intents, lifecycle, rollback
@@ -185,6 +186,7 @@ class _Pass:
         self._holders: dict[str, set[str]] | None = None  # node -> rollouts claiming it
         self._claimed: dict[str, tuple[str, ...]] = {}  # rollout -> nodes it claims
         self.unreadable: dict[str, Sequence[str]] = {}  # rollout -> nodes it may hold
+        self._resting: set[str] = set()  # at rest since an earlier pass: claim nothing
 
     @property
     def current(self) -> dict[str, RolloutStatus]:
@@ -195,8 +197,16 @@ class _Pass:
 
     def node(self, name: str) -> Node | None:
         if self._fleet_by_name is None:
-            self._fleet_by_name = self.fleet.by_name()
+            # Built once per fleet, not once per pass (memo.fleet_index).
+            self._fleet_by_name = fleet_index(self.fleet).by_name
         return self._fleet_by_name.get(name)
+
+    def seed(self, order: Sequence[RolloutInput], resting: set[str]) -> None:
+        """Every recorded status, in ``order`` (which is the order ``claims``
+        prefers holders in); ``resting`` rollouts claim no node."""
+        self._current = {inp.name: inp.status for inp in order if inp.status is not None}
+        self._position = {name: i for i, name in enumerate(self._current)}
+        self._resting = resting
 
     def set_current(self, name: str, status: RolloutStatus) -> None:
         old = self._current.get(name)
@@ -216,8 +226,10 @@ class _Pass:
         self.reads += 1
         if self._holders is None:
             self._holders = {}
+            resting = self._resting
             for rollout, status in self._current.items():
-                self._index_claims(rollout, status)
+                if rollout not in resting:
+                    self._index_claims(rollout, status)
             for rollout, nodes in self.unreadable.items():
                 self._position.setdefault(rollout, len(self._position))
                 for node in nodes:
@@ -256,10 +268,16 @@ class _Pass:
 _INDEPENDENT = -1  # settled whatever the other rollouts do (ctx.version is never negative)
 
 
+_queue_order = attrgetter("queue_key", "name")
+
+
 def _may_rest(inp: RolloutInput) -> bool:
-    """A terminal rollout whose step reads nothing but its input and status."""
+    """A terminal rollout whose step reads nothing but its input and status,
+    and which claims no node (so ``claims`` need not look at it)."""
     status = inp.status
     if status is None or not status.terminal or is_active(status):
+        return False
+    if _restores_in_flight(status):
         return False
     request = inp.spec.rollback_request if inp.spec is not None else None
     return request is None or any(
@@ -292,10 +310,13 @@ def step_fleet(
     """
     ctx = _Pass(fleet, settings, observations, now)
     ctx.unreadable = dict(unreadable or {})
-    order = sorted(rollouts, key=lambda r: (r.queue_key, r.name))
-    for inp in order:
-        if inp.status is not None:
-            ctx.set_current(inp.name, inp.status)
+    order = sorted(rollouts, key=_queue_order)
+    # At rest since an earlier pass: not stepped, and claiming no node.
+    resting = memo.resting(order, fleet, settings) if memo is not None else set()
+    ctx.seed(order, resting)
+    # Only these are stepped: most rollouts of a large repository are
+    # finished and at rest, and a pass must not cost what exists.
+    stepped = [inp for inp in order if inp.name not in resting] if resting else order
     effects: list[SendJob] = []
     transitions: list[Transition] = []
     # Rollouts whose last step changed nothing and sent nothing. A step reads
@@ -305,10 +326,6 @@ def step_fleet(
     # (INDEPENDENT), or none has changed since (ctx.version then). So later
     # rounds pass over it: most rollouts of a large repository are finished.
     settled: dict[str, int] = {}
-    # At rest since an earlier pass: not stepped.
-    resting = memo.resting(order, fleet, settings) if memo is not None else set()
-    for name in resting:
-        settled[name] = _INDEPENDENT
 
     def run(inp: RolloutInput) -> bool:
         mark = settled.get(inp.name)
@@ -331,20 +348,26 @@ def step_fleet(
     # Each round can only move rollouts forward; a bound keeps a bug from looping.
     for _ in range(len(order) + 2):
         progressed = False
-        ahead = {n for n, s in ctx.current.items() if s.started or s.terminal}
-        for inp in order:
+        current = ctx._current
+        ahead = {
+            inp.name
+            for inp in stepped
+            if (s := current.get(inp.name)) is not None and (s.started or s.terminal)
+        }
+        for inp in stepped:
             if inp.name in ahead:
                 progressed |= run(inp)
-        for inp in order:
+        for inp in stepped:
             if inp.name not in ahead:
                 progressed |= run(inp)
         if not progressed:
             break
+    # Rollouts at rest kept their status (the same object): none changed.
     changed = {
-        inp.name: ctx.current[inp.name]
-        for inp in order
+        inp.name: ctx._current[inp.name]
+        for inp in stepped
         if inp.status is None
-        or (ctx.current[inp.name] is not inp.status and ctx.current[inp.name] != inp.status)
+        or (ctx._current[inp.name] is not inp.status and ctx._current[inp.name] != inp.status)
     }
     if memo is not None:
         memo.remember(
@@ -352,10 +375,10 @@ def step_fleet(
             settings,
             (
                 inp
-                for inp in order
+                for inp in stepped
                 if settled.get(inp.name) == _INDEPENDENT
-                and ctx.current[inp.name] is inp.status
-                and (inp.name in resting or _may_rest(inp))
+                and ctx._current[inp.name] is inp.status
+                and _may_rest(inp)
             ),
         )
     return FleetStep(statuses=changed, effects=tuple(effects), transitions=tuple(transitions))

@@ -12,18 +12,23 @@ costs one string comparison. A commit changed a spec path when the subtree
 id of ``rollouts/`` or ``nodes/`` (or the blob id of ``reconciler.yaml``)
 differs from its first parent's; only then are those subtrees diffed.
 
+``changed_paths`` answers the other question a pass asks: which files under
+some folders differ between the position read last and the new one. It is
+a tree diff, not a log walk, so a rewind (a force-push, a verified commit
+held back) is answered like any other move.
+
 This module reads Git objects; it must not write to the repository or decide
 anything about rollouts.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from itertools import repeat
 
 import pygit2
 
-from reconciler.git.tree_reader import entry_id, subtree_of
+from reconciler.git.tree_reader import blobs_under, entry_id, subtree_of
 from reconciler.spec.errors import StoreError
 from reconciler.spec.paths import SPEC_FILES, SPEC_FOLDERS
 
@@ -62,6 +67,12 @@ class History:
         self.full_walks = 0
         self.walked = 0
         self.rewinds = 0
+        # For ``changed_since``: each advance is a generation; the paths
+        # whose facts it changed, newest last; and the last generation that
+        # stepped back or started over (then any fact may have changed).
+        self.generation = 0
+        self._journal: list[tuple[int, frozenset[str]]] = []
+        self._rewound_at = 0
 
     @property
     def tip(self) -> str | None:
@@ -78,6 +89,7 @@ class History:
         ``GitStore.is_descendant`` first."""
         if tip == self._tip:
             return
+        self.generation += 1
         new: list[pygit2.Commit] = []
         stop: str | None = None
         try:
@@ -98,8 +110,10 @@ class History:
             ) from e
         if stop is not None and stop != self._tip:
             self._rewind(stop)
+            self._rewound_at = self.generation
         if stop is None and self._tip is not None:
             self._reset()
+            self._rewound_at = self.generation
         if self._tip is None:
             self.full_walks += 1
         new.reverse()
@@ -123,6 +137,21 @@ class History:
         self._tip = tip
         self._tip_key = prev_key
         self._tip_subs = prev_subs
+
+    def changed_since(self, generation: int) -> frozenset[str] | None:
+        """The spec paths whose ``last_change`` or ``first_added`` may have
+        changed since ``generation`` (a value of ``self.generation`` read
+        earlier): those a commit walked since then changed. None when any
+        may have: the index stepped back (a rewind) or started over since,
+        or ``generation`` is from before the first advance."""
+        if generation <= 0 or self._rewound_at > generation:
+            return None
+        found: set[str] = set()
+        for at, paths in reversed(self._journal):
+            if at <= generation:
+                break
+            found.update(paths)
+        return frozenset(found)
 
     def last_change(self, path: str) -> str | None:
         """The newest first-parent commit (as of the tip) that added, changed or
@@ -173,6 +202,7 @@ class History:
 
     def _reset(self) -> None:
         self._tip = None
+        self._journal.clear()
         self._order.clear()
         self._position.clear()
         self._last_pos.clear()
@@ -216,6 +246,11 @@ class History:
                 self._first_added[path] = cid
         self._undo[pos] = undo
         self._changes.append(cid)
+        self._journal.append((self.generation, frozenset(path for path, _ in changed)))
+        if len(self._journal) > _JOURNAL_LIMIT:
+            # Asking from before the oldest kept entry answers None.
+            self._rewound_at = max(self._rewound_at, self._journal[_JOURNAL_LIMIT // 2][0])
+            del self._journal[: _JOURNAL_LIMIT // 2]
 
     def _rewind(self, stop: str) -> None:
         """Forget every commit after `stop`, as if the index had been
@@ -240,6 +275,7 @@ class History:
         self.rewinds += 1
 
 
+_JOURNAL_LIMIT = 4096  # change commits remembered for changed_since
 _EMPTY_KEY: _Key = (None,) * (len(SPEC_FOLDERS) + len(SPEC_FILES))
 _EMPTY_SUBS: _Subs = (None,) * len(SPEC_FOLDERS)
 
@@ -283,3 +319,46 @@ def _walk(repo: pygit2.Repository, tree: pygit2.Tree, prefix: str) -> Iterator[s
             yield from _walk(repo, sub, path)
         elif entry.type_str == "blob":
             yield path
+
+
+def changed_paths(
+    repo: pygit2.Repository,
+    old: pygit2.Tree | None,
+    new: pygit2.Tree | None,
+    folders: Sequence[str],
+    files: Sequence[str] = (),
+) -> frozenset[str]:
+    """Every file path that differs between two root trees, under ``folders``
+    (nested files included) and among the top-level ``files``: added,
+    deleted, changed, changed in mode or kind; a rename is its two paths.
+    ``old`` None means everything present in ``new`` (a first read).
+
+    Neither tree need descend from the other: it compares content, so a
+    rewind is one more difference. A folder whose tree id is the same on
+    both sides costs one comparison; only differing folders are diffed
+    (in libgit2, which skips identical subtrees inside them too)."""
+    found: set[str] = set()
+    for folder in folders:
+        before = subtree_of(old, folder)
+        after = subtree_of(new, folder)
+        if before is not None and after is not None:
+            if before.id == after.id:
+                continue
+            for delta in before.diff_to_tree(after).deltas:
+                found.add(f"{folder}/{delta.old_file.path}")
+                found.add(f"{folder}/{delta.new_file.path}")
+            continue
+        for side in (before, after):
+            if side is not None:
+                found.update(path for path, _ in blobs_under(side, folder))
+    for name in files:
+        if _file_entry(old, name) != _file_entry(new, name):
+            found.add(name)
+    return frozenset(found)
+
+
+def _file_entry(tree: pygit2.Tree | None, name: str) -> tuple[pygit2.Oid, int] | None:
+    if tree is None or name not in tree:
+        return None
+    entry = tree[name]
+    return (entry.id, entry.filemode)

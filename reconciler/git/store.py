@@ -45,7 +45,7 @@ import pygit2
 from pygit2.enums import CredentialType, FetchPrune, FileMode, ObjectType, RepositoryOpenFlag
 from pygit2.ffi import ffi as pygit2_ffi
 
-from reconciler.git.history import History
+from reconciler.git.history import History, changed_paths
 from reconciler.git.known_hosts import DEFAULT_PORT, HostKey, default_known_hosts, verify_host_key
 from reconciler.git.tree_reader import TreeReader, branch_ref
 from reconciler.spec.errors import HostKeyError, KeyFileError, RefMoved, StoreError
@@ -215,6 +215,30 @@ class GitStore(TreeReader):
         if self._history is None:
             self._history = History(self._repo)
         return self._history
+
+    def changed_paths(
+        self,
+        old: str | None,
+        new: str | None,
+        folders: tuple[str, ...],
+        files: tuple[str, ...] = (),
+    ) -> frozenset[str]:
+        """The files under ``folders`` (and among top-level ``files``) that
+        differ between commits ``old`` and ``new``, which need not be related
+        (a rewind is a difference like any other); None is an empty tree."""
+        try:
+            return changed_paths(
+                self._repo,
+                self._tree(old) if old is not None else None,
+                self._tree(new) if new is not None else None,
+                folders,
+                files,
+            )
+        except (KeyError, ValueError, pygit2.GitError) as e:
+            raise StoreError(
+                f"cannot compare {old} with {new}: {e}",
+                "the repository is missing objects; re-fetch or check the repository",
+            ) from e
 
     def is_descendant(self, commit: str, ancestor: str) -> bool:
         """True when `ancestor` is reachable from `commit` (or is `commit`)."""

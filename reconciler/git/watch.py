@@ -98,6 +98,11 @@ class BranchWatcher:
         self._stop = _Flag()
         self._threads: list[threading.Thread] = []
         self.hints = 0  # how many hints were sent (for tests and metrics)
+        # refname -> the commit the caller last acted on there (``acted_on``);
+        # replaced whole, never changed in place, so the watching thread reads
+        # it without a lock.
+        self._acted: dict[str, str] = {}
+        self._ref_files: dict[str, Path] = {}  # refname -> its loose ref file (local only)
 
     # -- construction ------------------------------------------------------
 
@@ -129,6 +134,7 @@ class BranchWatcher:
         (a bare repository, or the ``.git`` of a non-bare one)."""
         self = cls()
         root = Path(os.path.realpath(gitdir))
+        self._ref_files = {_refname(b): root / _refname(b) for b in branches}
         wanted = {str(root / "packed-refs")}
         wanted.update(str(root / _refname(b)) for b in branches)
         # A ref whose folder does not exist yet (``refs/notes/`` before the
@@ -214,6 +220,32 @@ class BranchWatcher:
         or pending ``wait`` returns True. Safe from any thread."""
         self._send(_WAKE)
 
+    def acted_on(self, branch: str, commit: str | None) -> None:
+        """The caller has acted on ``commit`` at the tip of ``branch`` (its
+        own status commit, say): a change of the ref files that leaves every
+        watched branch where the caller acted on it is no hint (local
+        repositories only). Any other value, a ref not named here or a ref
+        that cannot be read is still a hint."""
+        refname = _refname(branch)
+        acted = {k: v for k, v in self._acted.items() if k != refname}
+        if commit is not None:
+            acted[refname] = commit
+        self._acted = acted
+
+    def _acted_on_all(self) -> bool:
+        acted = self._acted
+        files = self._ref_files
+        if not files:
+            return False
+        for refname, path in files.items():
+            try:
+                value = path.read_text(encoding="ascii").strip()
+            except (OSError, UnicodeDecodeError):
+                return False  # packed, moving or gone: let the pass look
+            if acted.get(refname) != value:
+                return False
+        return True
+
     def stop(self) -> None:
         """End watching; a pending or later ``wait`` returns False at once.
         Safe from a signal handler and from any thread."""
@@ -272,6 +304,8 @@ class BranchWatcher:
                 if changes == "stop":
                     break
                 if isinstance(changes, set) and any(path in wanted for _, path in changes):
+                    if self._acted_on_all():
+                        continue  # the caller's own commit: nothing it has not seen
                     self._hint()
                     if any(path in folders for _, path in changes):
                         # The ref written into a folder just created may

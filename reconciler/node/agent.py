@@ -57,7 +57,7 @@ from reconciler.node.state_dir import (
 )
 from reconciler.protocol.admission import admit_job
 from reconciler.protocol.evidence import sign_answer
-from reconciler.protocol.long_poll import FINISHED_JOB_STATES, wait_seconds
+from reconciler.protocol.long_poll import FINISHED_JOB_STATES, newer_than, wait_seconds
 from reconciler.protocol.signing import JobRefused, SigningKey, TrustedKey
 from reconciler.spec.safe_yaml import YamlProblem, dump_yaml, load_yaml
 from reconciler.spec.times import format_time, parse_time
@@ -140,8 +140,12 @@ class Agent:
         # job id -> held ``?wait=`` answers, woken from the job's thread when it finishes
         self._waiters: dict[str, list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]]] = {}
         self._compacted_at: datetime | None = None
+        # Held ``?newerThan=&wait=`` heartbeat reads, and when the heartbeat
+        # last changed by the agent's own doing (agent clock).
+        self._beat_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        self._beat_changed_at = clock()
         self._recover()
-        self.prober = Prober(clock)
+        self.prober = Prober(clock, on_change=self._heartbeat_changed)
         self._newest_job: dict[str, str] = {}  # runtime -> the job accepted last
         self._resume_probes()
         self.compact()
@@ -295,7 +299,22 @@ class Agent:
                 self._waiters.setdefault(route[2], []).append((loop, woken))
             return self._held_job(route[2], woken, wait)
         if route == ("GET", "heartbeat"):
-            return self._json(200, self.heartbeat())
+            try:
+                wait, newer = wait_seconds(request.query), newer_than(request.query)
+            except ValueError as exc:
+                return self._error(400, "bad_request", str(exc))
+            if not wait or newer is None:
+                return self._json(200, self.heartbeat())
+            with self._lock:
+                changed = self._beat_changed_at > parse_time(newer)
+                if not changed:
+                    # Registered under the lock changes are recorded with: none is missed.
+                    loop = asyncio.get_running_loop()
+                    beat_woken: asyncio.Future[None] = loop.create_future()
+                    self._beat_waiters.append((loop, beat_woken))
+            if changed:
+                return self._json(200, self.heartbeat())
+            return self._held_heartbeat(beat_woken, wait)
         if route == ("GET", "backups"):
             # A list has no room for evidence; backups are not evidence of a verdict.
             return json_response(200, [b.public() for b in self.state.list_backups()])
@@ -317,6 +336,25 @@ class Agent:
         if record is None:
             return self._error(404, "unknown_job", f"no job {job_id} on this node")
         return self._json(200, record.public())
+
+    async def _held_heartbeat(self, woken: asyncio.Future[None], wait: float) -> Response:
+        """The heartbeat once it changed, or as it is when ``wait`` ends."""
+        try:
+            await asyncio.wait_for(asyncio.shield(woken), wait)
+        except TimeoutError:
+            pass
+        finally:
+            with self._lock:
+                self._beat_waiters[:] = [w for w in self._beat_waiters if w[1] is not woken]
+        return self._json(200, self.heartbeat())
+
+    def _heartbeat_changed(self) -> None:
+        """A job finished or a check's outcome moved: held heartbeat reads answer."""
+        with self._lock:
+            self._beat_changed_at = self.clock()
+            waiters, self._beat_waiters = self._beat_waiters, []
+        for loop, woken in waiters:
+            loop.call_soon_threadsafe(_wake, woken)
 
     def post_job(self, body: bytes, path_node: str) -> Response:
         try:
@@ -395,6 +433,11 @@ class Agent:
         self.jobs[record.job_id] = record
         if record.state in FINISHED_JOB_STATES:
             for loop, woken in self._waiters.pop(record.job_id, ()):
+                loop.call_soon_threadsafe(_wake, woken)
+            # The config (and the checks' job) may have changed: the lock is held here.
+            self._beat_changed_at = self.clock()
+            beat_waiters, self._beat_waiters = self._beat_waiters, []
+            for loop, woken in beat_waiters:
                 loop.call_soon_threadsafe(_wake, woken)
 
     def _update(self, record: JobRecord, **changes: Any) -> JobRecord:

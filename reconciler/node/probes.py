@@ -176,8 +176,10 @@ class _Run:
         checks: Sequence[Mapping[str, Any]],
         clock: Callable[[], datetime],
         run_probe: Callable[[Mapping[str, Any]], str],
+        on_change: Callable[[], None] = lambda: None,
     ) -> None:
         self.job_id = job_id
+        self.on_change = on_change
         self.checks = list(checks)
         self.clock = clock
         self.run_probe = run_probe
@@ -194,7 +196,10 @@ class _Run:
                 if self.stopped.is_set():
                     return
                 with self.lock:
-                    self.states[index] = self.states[index].after(error, format_time(self.clock()))
+                    old = self.states[index]
+                    self.states[index] = new = old.after(error, format_time(self.clock()))
+                if replace(old, probed_at=None) != replace(new, probed_at=None):
+                    self.on_change()  # held heartbeat reads answer (not for probedAt alone)
             self.stopped.wait(self.interval)
 
     def reports(self) -> list[dict[str, Any]]:
@@ -209,15 +214,17 @@ class Prober:
         self,
         clock: Callable[[], datetime],
         run_probe: Callable[[Mapping[str, Any]], str] = probe,
+        on_change: Callable[[], None] = lambda: None,
     ) -> None:
         self.clock = clock
         self.run_probe = run_probe
+        self.on_change = on_change  # a check's reported outcome moved
         self._runs: dict[str, _Run] = {}
         self._lock = threading.Lock()
 
     def start(self, runtime: str, job_id: str, checks: Sequence[Mapping[str, Any]]) -> None:
         """Probe ``checks`` for ``job_id`` from now on, instead of anything before."""
-        run = _Run(job_id, checks, self.clock, self.run_probe)
+        run = _Run(job_id, checks, self.clock, self.run_probe, self.on_change)
         with self._lock:
             old = self._runs.pop(runtime, None)
             self._runs[runtime] = run

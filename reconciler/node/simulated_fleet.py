@@ -77,10 +77,10 @@ from reconciler.node.http_server import HttpServer, Request, Response, error_res
 from reconciler.protocol.admission import admit_job
 from reconciler.protocol.evidence import derived_agent_key, sign_answer
 from reconciler.protocol.job_payload import SEND_TIME_FIELDS
-from reconciler.protocol.long_poll import FINISHED_JOB_STATES, wait_seconds
+from reconciler.protocol.long_poll import FINISHED_JOB_STATES, newer_than, wait_seconds
 from reconciler.protocol.signing import JobRefused, SigningKey, TrustedKey, canonical_json
 from reconciler.spec.safe_yaml import YamlProblem, load_yaml
-from reconciler.spec.times import format_time
+from reconciler.spec.times import format_time, parse_time
 
 ACTIONS = frozenset(
     {
@@ -352,7 +352,7 @@ class SimJob:
 
 
 class SimNode:
-    __slots__ = ("backups", "config", "jobs", "name", "probing")
+    __slots__ = ("backups", "beat_waiters", "changed_at", "config", "jobs", "name", "probing")
 
     def __init__(self, name: str, initial: Mapping[str, str] | None, runtimes: list[str]) -> None:
         self.name = name
@@ -362,6 +362,10 @@ class SimNode:
         self.jobs: dict[str, SimJob] = {}
         self.backups: list[dict[str, str]] = []  # oldest first
         self.probing: dict[str, SimJob] = {}  # by runtime: the live apply whose checks run
+        # Held ``?newerThan=&wait=`` heartbeat reads; when a job last finished
+        # here (simulated checks move with the clock and are seen at the wait's end).
+        self.beat_waiters: list[asyncio.Future[None]] = []
+        self.changed_at: str | None = None
 
 
 def _digest(config: Mapping[str, str]) -> str:
@@ -486,10 +490,12 @@ class SimFleet:
         job.backup_id = event["backupId"]
         job.finished_at = event["finishedAt"]
         job.detail = event["detail"]
-        for woken in job.waiters:
+        node.changed_at = event["finishedAt"]
+        for woken in [*job.waiters, *node.beat_waiters]:
             if not woken.done():
                 woken.set_result(None)
         job.waiters.clear()
+        node.beat_waiters.clear()
         if event["backup"] is not None:
             node.backups.append(event["backup"])
         if event["config"] is not None:
@@ -551,6 +557,17 @@ class SimFleet:
             if answer is not None:
                 return answer
             if what == "heartbeat":
+                try:
+                    wait, newer = wait_seconds(request.query), newer_than(request.query)
+                except ValueError as exc:
+                    return self._error(node, 400, "bad_request", str(exc))
+                changed = (
+                    node.changed_at is not None
+                    and newer is not None
+                    and (parse_time(node.changed_at) > parse_time(newer))
+                )
+                if wait and newer is not None and not changed and not self.ignore_wait:
+                    return asyncio.ensure_future(self._held_heartbeat(node, behaviour, wait))
                 return self._json(node, 200, self._heartbeat(node, behaviour))
             backups = [] if behaviour.action == "impostor" else node.backups[::-1]
             return json_response(200, backups)
@@ -570,6 +587,19 @@ class SimFleet:
             if woken in job.waiters:
                 job.waiters.remove(woken)
         return self._json(node, 200, job.record())
+
+    async def _held_heartbeat(self, node: SimNode, behaviour: Behaviour, wait: float) -> Response:
+        """The heartbeat once a job of the node finished, or when ``wait`` ends."""
+        woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        node.beat_waiters.append(woken)
+        try:
+            await asyncio.wait_for(woken, wait)
+        except TimeoutError:
+            pass
+        finally:
+            if woken in node.beat_waiters:
+                node.beat_waiters.remove(woken)
+        return self._json(node, 200, self._heartbeat(node, behaviour))
 
     def _transport(self, behaviour: Behaviour) -> Response | asyncio.Future[Response] | None:
         action = behaviour.action

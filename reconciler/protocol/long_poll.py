@@ -1,6 +1,7 @@
 """Held answers (README "Event-driven observation"): ``GET .../jobs/{id}?wait=20s``
 is answered once the job is finished (``succeeded`` or ``failed``) or when
-the wait ends, whichever comes first. Optional for agents: one that ignores
+the wait ends, whichever comes first; ``GET .../heartbeat?newerThan=T&wait=20s``
+once the heartbeat changed after T or when the wait ends. Optional for agents: one that ignores
 ``wait`` answers at once, and the daemon then polls it as before.
 
 Both sides read the parameter here, so they agree on its spelling and bounds.
@@ -8,7 +9,11 @@ Both sides read the parameter here, so they agree on its spelling and bounds.
 
 from __future__ import annotations
 
-from urllib.parse import parse_qs
+from dataclasses import replace
+from urllib.parse import parse_qs, urlencode
+
+from reconciler.protocol.observations import Heartbeat
+from reconciler.spec.times import parse_time
 
 FINISHED_JOB_STATES = frozenset({"succeeded", "failed"})
 MAX_WAIT_SECONDS = 60.0  # an agent holds an answer no longer than this
@@ -35,3 +40,41 @@ def wait_seconds(query: str) -> float | None:
 
 def wait_query(seconds: float) -> str:
     return f"wait={seconds:g}s"
+
+
+# -- heartbeats ------------------------------------------------------------------
+#
+# ``GET .../heartbeat?newerThan=T&wait=20s`` is answered once the agent's
+# heartbeat has changed after T (agent clock; a change is one the agent made
+# itself: a job finished, a check's outcome moved), or when the wait ends,
+# with the heartbeat as it is then. Without ``wait`` (or from an agent that
+# ignores both) it is an ordinary read.
+
+
+def newer_than(query: str) -> str | None:
+    """The ``newerThan`` of a query string (RFC 3339 text), None without one;
+    ValueError, with what is wrong, for a value that is not a time."""
+    values = parse_qs(query, keep_blank_values=True).get("newerThan")
+    if not values:
+        return None
+    text = values[-1].strip()
+    try:
+        parse_time(text)
+    except ValueError:
+        raise ValueError(
+            f"newerThan must be an RFC 3339 time like 2026-12-01T09:00:00Z, got {text!r}"
+        ) from None
+    return text
+
+
+def heartbeat_query(newer: str, seconds: float) -> str:
+    return urlencode({"newerThan": newer, "wait": f"{seconds:g}s"})
+
+
+def heartbeat_content(beat: Heartbeat) -> tuple[object, ...]:
+    """What a held heartbeat read waits to see change: everything but the
+    times that move by themselves (``time``, each check's ``probedAt``)."""
+    return (
+        beat.runtimes,
+        tuple(replace(c, probed_at=None) for c in beat.checks),
+    )

@@ -1013,33 +1013,8 @@ def assemble(files: Iterable[ParsedFile]) -> Documents:
     invalid: dict[str, tuple[Problem, ...]] = {}
     defaults = settings.defaults
     for item in rollout_files:
-        own = list(item.problems)
-        spec = item.rollout
-        if spec is not None:
-            spec = _with_defaults(spec, item.omitted, defaults)
-            for index, name in enumerate(spec.node_ids or ()):
-                if name in nodes:
-                    continue
-                broken = node_files.get(name)
-                if broken is not None:
-                    message = (
-                        f"node {_show(name)} cannot be used: its file {broken.path} is invalid; "
-                        "fix that file first"
-                    )
-                else:
-                    message = (
-                        f"no node named {_show(name)}: there is no nodes/{name}.yaml; "
-                        "check the spelling or add the node"
-                    )
-                index_in_file = _index_in_file(item.source, name, index)
-                line, column = safe_yaml.locate(
-                    item.path, item.source, ["spec", "nodeIds", index_in_file]
-                )
-                own.append(
-                    Problem(item.path, line, column, f"spec.nodeIds[{index_in_file}]", message)
-                )
-            own.extend(_after_problems(item, spec, rollout_files))
-            problems.extend(own[len(item.problems) :])
+        spec, own = _rollout_result(item, defaults, nodes, node_files, rollout_files)
+        problems.extend(own[len(item.problems) :])
         if own or spec is None:
             if NAME_RE.fullmatch(item.name):
                 invalid[item.name] = tuple(sorted(own, key=_problem_order))
@@ -1053,6 +1028,160 @@ def assemble(files: Iterable[ParsedFile]) -> Documents:
         invalid_rollouts=MappingProxyType(dict(sorted(invalid.items()))),
         problems=tuple(sorted(problems, key=_problem_order)),
     )
+
+
+def _rollout_result(
+    item: ParsedFile,
+    defaults: Defaults,
+    nodes: Mapping[str, Node],
+    node_files: Mapping[str, ParsedFile],
+    rollout_files: Sequence[ParsedFile],
+) -> tuple[RolloutSpec | None, list[Problem]]:
+    """One rollout file's spec (defaults applied) and every problem it has:
+    its own, then those across files (``nodeIds``, ``after``)."""
+    own = list(item.problems)
+    spec = item.rollout
+    if spec is not None:
+        spec = _with_defaults(spec, item.omitted, defaults)
+        for index, name in enumerate(spec.node_ids or ()):
+            if name in nodes:
+                continue
+            broken = node_files.get(name)
+            if broken is not None:
+                message = (
+                    f"node {_show(name)} cannot be used: its file {broken.path} is invalid; "
+                    "fix that file first"
+                )
+            else:
+                message = (
+                    f"no node named {_show(name)}: there is no nodes/{name}.yaml; "
+                    "check the spelling or add the node"
+                )
+            index_in_file = _index_in_file(item.source, name, index)
+            line, column = safe_yaml.locate(
+                item.path, item.source, ["spec", "nodeIds", index_in_file]
+            )
+            own.append(Problem(item.path, line, column, f"spec.nodeIds[{index_in_file}]", message))
+        own.extend(_after_problems(item, spec, rollout_files))
+    return spec, own
+
+
+class Assembly:
+    """``assemble`` kept from one read of a tree to the next, for the
+    daemon: given the files that changed, it redoes only what they can
+    change, and gives the same ``Documents`` as ``assemble`` over every file
+    (tests pin this). That holds when only rollout files changed and no
+    rule across files involves them: no ``after`` list in their old or new
+    version or naming them, and no file anywhere declaring another's name.
+    Otherwise (a node, the settings, such a rule) it assembles everything.
+    Unchanged parts keep their identity (the same ``Fleet`` object), which
+    the caches keyed on them rely on."""
+
+    def __init__(self) -> None:
+        self.files: dict[str, ParsedFile] = {}
+        self.documents: Documents | None = None
+        self.full_assemblies = 0  # for tests and the benchmark
+        # The rollouts (by name) the last update redid; None after a full assembly.
+        self.changed_names: frozenset[str] | None = None
+        self._problems: dict[str, tuple[Problem, ...]] = {}  # by path
+        self._nodes: dict[str, Node] = {}
+        self._node_files: dict[str, ParsedFile] = {}
+        self._rollout_paths: dict[str, str] = {}  # rollout name -> its file
+        self._after_targets: set[str] = set()
+        self._declaring = 0  # files whose metadata.name differs from their stem
+
+    def rebuild(self, files: Iterable[ParsedFile]) -> Documents:
+        """Everything from these files."""
+        self.files = {f.path: f for f in files}
+        return self._full()
+
+    def update(self, changes: Mapping[str, ParsedFile | None]) -> Documents:
+        """The documents after ``changes`` (path -> the file now, None when
+        it is gone), relative to the files of the last call."""
+        if self.documents is None:
+            raise ValueError("update() before rebuild()")
+        new_names = [new.name for new in changes.values() if new is not None]
+        incremental = len(set(new_names)) == len(new_names) and all(
+            self._local(path, new) for path, new in changes.items()
+        )
+        old_items = {path: self.files.get(path) for path in changes}
+        for path, new in changes.items():
+            if new is None:
+                self.files.pop(path, None)
+            else:
+                self.files[path] = new
+        if not incremental:
+            return self._full()
+        self.changed_names = frozenset(
+            item.name for item in (*old_items.values(), *changes.values()) if item is not None
+        )
+        docs = self.documents
+        settings = docs.settings
+        rollouts = dict(docs.rollouts)
+        invalid = dict(docs.invalid_rollouts)
+        for path, old in old_items.items():
+            self._problems.pop(path, None)
+            if old is not None:
+                del self._rollout_paths[old.name]
+                rollouts.pop(old.name, None)
+                invalid.pop(old.name, None)
+        for path, new in changes.items():
+            if new is None:
+                continue
+            self._rollout_paths[new.name] = path
+            spec, own = _rollout_result(new, settings.defaults, self._nodes, self._node_files, ())
+            if own:
+                self._problems[path] = tuple(own)
+            if own or spec is None:
+                if NAME_RE.fullmatch(new.name):
+                    invalid[new.name] = tuple(sorted(own, key=_problem_order))
+            else:
+                rollouts[new.name] = spec
+        self.documents = Documents(
+            settings=settings,
+            fleet=docs.fleet,
+            rollouts=MappingProxyType(dict(sorted(rollouts.items()))),
+            invalid_rollouts=MappingProxyType(dict(sorted(invalid.items()))),
+            problems=tuple(
+                sorted((p for found in self._problems.values() for p in found), key=_problem_order)
+            ),
+        )
+        return self.documents
+
+    def _local(self, path: str, new: ParsedFile | None) -> bool:
+        """Can a change of this file be assembled on its own?"""
+        old = self.files.get(path)
+        for item in (old, new):
+            if item is None:
+                continue
+            if item.kind != "Rollout" or item.declared_name or not item.name:
+                return False
+            if item.rollout is not None and item.rollout.after:
+                return False
+            if item.name in self._after_targets:
+                return False
+            owner = self._rollout_paths.get(item.name)
+            if owner is not None and owner != path:
+                return False  # two files, one name: the full rules decide
+        return self._declaring == 0 and (old is not None or new is not None)
+
+    def _full(self) -> Documents:
+        self.full_assemblies += 1
+        self.changed_names = None
+        files = list(self.files.values())
+        self.documents = docs = assemble(files)
+        self._problems = {}
+        for problem in docs.problems:
+            self._problems.setdefault(problem.path, ())
+            self._problems[problem.path] += (problem,)
+        self._nodes = {n.name: n for n in docs.fleet.nodes}
+        self._node_files = {f.name: f for f in files if f.kind == "Node"}
+        self._rollout_paths = {f.name: f.path for f in files if f.kind == "Rollout"}
+        self._after_targets = {
+            name for f in files if f.rollout is not None for name in f.rollout.after or ()
+        }
+        self._declaring = sum(1 for f in files if f.declared_name)
+        return docs
 
 
 def _after_problems(

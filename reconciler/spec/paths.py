@@ -27,6 +27,15 @@ SPEC_FILES = (SETTINGS_PATH,)
 SPEC_PATHS = (*SPEC_FOLDERS, *SPEC_FILES)
 
 
+def is_spec_path(path: str) -> bool:
+    """Is ``path`` a file the daemon reads as the spec: directly in one of
+    ``SPEC_FOLDERS`` (not deeper), or one of ``SPEC_FILES``?"""
+    if path in SPEC_FILES:
+        return True
+    folder, sep, rest = path.partition("/")
+    return bool(sep) and folder in SPEC_FOLDERS and bool(rest) and "/" not in rest
+
+
 def node_path(name: str) -> str:
     """``nodes/NAME.yaml``."""
     return f"{NODES_DIR}/{name}.yaml"

@@ -19,6 +19,7 @@ file only when a status changed. Must not read Git, files or the clock.
 from __future__ import annotations
 
 import re
+from bisect import bisect_left
 from collections.abc import Mapping
 from urllib.parse import quote
 
@@ -28,6 +29,7 @@ from reconciler.spec.rollout_status import RolloutStatus
 from reconciler.views import markdown
 from reconciler.views.health_text import failing_summary
 from reconciler.views.status_text import (
+    PHASE_ORDER,
     batch_groups,
     batch_text,
     ordered,
@@ -97,9 +99,12 @@ def waits_for_approval(status: RolloutStatus) -> bool:
     )
 
 
-def render_dashboard(statuses: Mapping[str, RolloutStatus]) -> str:
-    """The Markdown text of ``status/README.md`` for these statuses."""
-    rollouts = ordered(statuses)
+def render_dashboard(
+    statuses: Mapping[str, RolloutStatus], order: DashboardOrder | None = None
+) -> str:
+    """The Markdown text of ``status/README.md`` for these statuses.
+    ``order``: the rollouts' rows kept in order from the last call by the
+    same caller (the daemon keeps one), which only speeds the call up."""
     out = [
         "# Rollouts",
         "",
@@ -107,18 +112,36 @@ def render_dashboard(statuses: Mapping[str, RolloutStatus]) -> str:
         "Edits are overwritten. -->",
         "",
     ]
-    if not rollouts:
+    if not statuses:
         out += ["No rollouts yet: add a file under `rollouts/` to start one.", ""]
         return "\n".join(out)
-    out += [_counts(rollouts), ""]
-    out += _table(rollouts)
-    attention = _attention(rollouts)
+    if order is not None and order.update(statuses):
+        out += [order.counts_line(), ""]
+        out += [*_TABLE_HEAD, *order.rows]
+        attention = order.attention()
+        active = order.active(statuses)
+    else:
+        rollouts = ordered(statuses)
+        out += [_counts(rollouts), ""]
+        out += _table(rollouts)
+        attention = _attention(rollouts)
+        active = [s for s in rollouts if _is_drawn(s)]
     if attention:
         out += ["", "## Needs attention", "", *attention]
-    active = [s for s in rollouts if s.phase in ("running", "paused") and s.batches]
     if active:
         out += ["", "## Active rollouts", "", *_diagram(active)]
     return "\n".join(out) + "\n"
+
+
+def _is_drawn(status: RolloutStatus) -> bool:
+    """Is the rollout in the diagram of active rollouts?"""
+    return status.phase in ("running", "paused") and bool(status.batches)
+
+
+_TABLE_HEAD = (
+    "| Rollout | Phase | Progress | Batch | Hold / reason | Since |",
+    "|---|---|---|---|---|---|",
+)
 
 
 def _counts(rollouts: list[RolloutStatus]) -> str:
@@ -131,10 +154,7 @@ def _counts(rollouts: list[RolloutStatus]) -> str:
 
 
 def _table(rollouts: list[RolloutStatus]) -> list[str]:
-    lines = [
-        "| Rollout | Phase | Progress | Batch | Hold / reason | Since |",
-        "|---|---|---|---|---|---|",
-    ]
+    lines = list(_TABLE_HEAD)
     global _rows
     seen: dict[int, tuple[RolloutStatus, str]] = {}
     for status in rollouts:
@@ -181,34 +201,154 @@ def _icon(status: RolloutStatus) -> str:
 
 
 def _attention(rollouts: list[RolloutStatus]) -> list[str]:
+    global _notes
     lines: list[str] = []
+    seen: dict[int, tuple[RolloutStatus, tuple[str, ...]]] = {}
     for status in rollouts:
-        name = markdown.text(status.name)
-        if status.hold is not None:
-            # The message names the held nodes and ends with what to do; the
-            # engine has already clipped the agent's error inside it.
-            hold = status.hold
-            failing = failing_summary(status)
-            lines.append(
-                f"- {_icon(status)} **{name}** `{hold.reason}`: {_sentence(hold.message)}"
-                + (f" {_sentence(failing[0].upper() + failing[1:])}" if failing else "")
-            )
-        elif (
-            status.phase == "pending"
-            and status.reason not in _PENDING_BY_ITSELF
-            and status.condition(status.reason) is None  # a condition below says it
-        ):
-            why = status.message or status.reason or "waiting"
-            lines.append(
-                f"- {_icon(status)} **{name}** pending `{status.reason}`: {_sentence(why)}"
-            )
-        for condition in status.conditions:
-            message = markdown.clip(condition.message, _CONDITION_LIMIT)
-            if condition.type == "unverified" and waits_for_approval(status):
-                lines.append(f"- ⏳ **{name}** waiting for approval: {_sentence(message)}")
-                continue
-            lines.append(f"- **{name}** condition `{condition.type}`: {_sentence(message)}")
+        cached = _notes.get(id(status))
+        found = cached[1] if cached is not None and cached[0] is status else _notes_of(status)
+        if found:
+            seen[id(status)] = (status, found)
+            lines.extend(found)
+    _notes.update(seen)
+    if len(_notes) > 2 * len(seen) + 20_000:
+        _notes = seen
     return lines
+
+
+# A rollout's lines under "Needs attention", by the identity of its status,
+# as ``_rows`` (most statuses have none, and are not kept).
+_notes: dict[int, tuple[RolloutStatus, tuple[str, ...]]] = {}
+
+
+def _notes_of(status: RolloutStatus) -> tuple[str, ...]:
+    if status.hold is None and not status.conditions and status.phase != "pending":
+        return ()
+    lines: list[str] = []
+    name = markdown.text(status.name)
+    if status.hold is not None:
+        # The message names the held nodes and ends with what to do; the
+        # engine has already clipped the agent's error inside it.
+        hold = status.hold
+        failing = failing_summary(status)
+        lines.append(
+            f"- {_icon(status)} **{name}** `{hold.reason}`: {_sentence(hold.message)}"
+            + (f" {_sentence(failing[0].upper() + failing[1:])}" if failing else "")
+        )
+    elif (
+        status.phase == "pending"
+        and status.reason not in _PENDING_BY_ITSELF
+        and status.condition(status.reason) is None  # a condition below says it
+    ):
+        why = status.message or status.reason or "waiting"
+        lines.append(f"- {_icon(status)} **{name}** pending `{status.reason}`: {_sentence(why)}")
+    for condition in status.conditions:
+        message = markdown.clip(condition.message, _CONDITION_LIMIT)
+        if condition.type == "unverified" and waits_for_approval(status):
+            lines.append(f"- ⏳ **{name}** waiting for approval: {_sentence(message)}")
+            continue
+        lines.append(f"- **{name}** condition `{condition.type}`: {_sentence(message)}")
+    return tuple(lines)
+
+
+class DashboardOrder:
+    """The dashboard's rows kept in order from call to call: the daemon
+    renders after each status commit, with the same status objects for
+    every rollout but the few that changed, which alone are drawn and
+    placed again (with their "Needs attention" lines, phase counts and
+    diagram membership). The order is total (phase rank, then the unique
+    name), so the text is the same as drawing every row (tests pin it)."""
+
+    def __init__(self) -> None:
+        self._clear()
+
+    def _clear(self) -> None:
+        self._last: dict[str, RolloutStatus] = {}
+        self._keys: list[tuple[int, str]] = []
+        self.rows: list[str] = []  # table rows, in the order of _keys
+        self._notes: dict[tuple[int, str], tuple[str, ...]] = {}  # only those with lines
+        self._drawn: set[tuple[int, str]] = set()  # in the diagram
+        self._counts: dict[str, int] = {}
+
+    def update(self, statuses: Mapping[str, RolloutStatus]) -> bool:
+        """Bring the rows up to ``statuses``; False when this cannot be
+        done (a phase outside the known order), and then nothing is kept."""
+        last = self._last
+        changed = [name for name, status in statuses.items() if last.get(name) is not status]
+        added = sum(1 for name in changed if name not in last)
+        if any(statuses[name].phase not in _RANK for name in changed):
+            self._clear()
+            return False
+        if len(last) + added != len(statuses) or len(changed) > 64:
+            self._rebuild(statuses)
+            return True
+        for name in changed:
+            old = last.get(name)
+            if old is not None:
+                self._remove(_order_key(old))
+            self._insert(statuses[name])
+            last[name] = statuses[name]
+        return True
+
+    def place(self, statuses: Mapping[str, RolloutStatus]) -> list[RolloutStatus]:
+        """The statuses in the dashboard's order (``status_text.ordered``)."""
+        if not self.update(statuses):
+            return ordered(statuses)
+        return [statuses[name] for _, name in self._keys]
+
+    def counts_line(self) -> str:
+        parts = [
+            f"{self._counts[phase]} {phase}" for phase in PHASE_ORDER if self._counts.get(phase)
+        ]
+        total = len(self._keys)
+        noun = "rollout" if total == 1 else "rollouts"
+        return f"{total} {noun}: " + ", ".join(parts) + "."
+
+    def attention(self) -> list[str]:
+        return [line for key in sorted(self._notes) for line in self._notes[key]]
+
+    def active(self, statuses: Mapping[str, RolloutStatus]) -> list[RolloutStatus]:
+        return [statuses[name] for _, name in sorted(self._drawn)]
+
+    def _rebuild(self, statuses: Mapping[str, RolloutStatus]) -> None:
+        self._clear()
+        result = ordered(statuses)
+        self._last = dict(statuses)
+        self._keys = [_order_key(s) for s in result]
+        self.rows = _table(result)[len(_TABLE_HEAD) :]
+        for key, status in zip(self._keys, result, strict=True):
+            self._note(key, status)
+
+    def _note(self, key: tuple[int, str], status: RolloutStatus) -> None:
+        self._counts[status.phase] = self._counts.get(status.phase, 0) + 1
+        notes = _notes_of(status)
+        if notes:
+            self._notes[key] = notes
+        if _is_drawn(status):
+            self._drawn.add(key)
+
+    def _remove(self, key: tuple[int, str]) -> None:
+        at = bisect_left(self._keys, key)
+        del self._keys[at]
+        del self.rows[at]
+        phase = PHASE_ORDER[key[0]]
+        self._counts[phase] -= 1
+        self._notes.pop(key, None)
+        self._drawn.discard(key)
+
+    def _insert(self, status: RolloutStatus) -> None:
+        key = _order_key(status)
+        at = bisect_left(self._keys, key)
+        self._keys.insert(at, key)
+        self.rows.insert(at, _row(status))
+        self._note(key, status)
+
+
+_RANK = {phase: i for i, phase in enumerate(PHASE_ORDER)}
+
+
+def _order_key(status: RolloutStatus) -> tuple[int, str]:
+    return (_RANK.get(status.phase, len(_RANK)), status.name)
 
 
 def _diagram(active: list[RolloutStatus]) -> list[str]:

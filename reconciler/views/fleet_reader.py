@@ -14,9 +14,9 @@ from reconciler.git.branch import Branch
 from reconciler.spec import schemas
 from reconciler.spec.errors import StoreError
 from reconciler.spec.fleet_status import FLEET_KIND, FleetStatus, fleet_from_record
-from reconciler.spec.paths import FLEET_PAGES_DIR, FLEET_STATUS_PATH, fleet_page_path
+from reconciler.spec.paths import FLEET_PAGES_DIR, FLEET_STATUS_PATH, STATUS_DIR, fleet_page_path
 from reconciler.spec.safe_yaml import YamlProblem, load_yaml
-from reconciler.views.status_reader import StatusSource, status_branch
+from reconciler.views.status_reader import ChangeSource, StatusSource, status_branch
 
 FLEET_SCHEMA = "fleet-status"
 
@@ -33,7 +33,12 @@ class FleetReader:
         naming the file and the problem when it is not a fleet status."""
         if commit is None:
             return None
-        main = source.files(commit, FLEET_STATUS_PATH.rsplit("/", 1)[0]).get(FLEET_STATUS_PATH)
+        # A Git source looks the one file up instead of listing status/
+        # (thousands of rollouts' files); any other lists the folder.
+        if isinstance(source, ChangeSource):
+            main = source.file_blob(commit, FLEET_STATUS_PATH)
+        else:
+            main = source.files(commit, STATUS_DIR).get(FLEET_STATUS_PATH)
         if main is None:
             return None
         pages = sorted(source.files(commit, FLEET_PAGES_DIR).items())

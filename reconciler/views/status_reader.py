@@ -4,9 +4,9 @@ below read a branch's committed status for the commands."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from jsonschema.exceptions import best_match  # type: ignore[import-untyped]
 
@@ -60,6 +60,13 @@ class StatusSource(Protocol):
     def blob(self, blob_id: str) -> bytes: ...
 
 
+@runtime_checkable
+class ChangeSource(StatusSource, Protocol):
+    """A Git source that can name a file's blob directly (the daemon's store)."""
+
+    def file_blob(self, commit: str, path: str) -> str | None: ...
+
+
 class StatusReader:
     """The one reader of status files (``status/NAME.yaml`` and its node
     pages), for the daemon, ``status``, ``plan``, the intent verbs and the
@@ -77,56 +84,124 @@ class StatusReader:
         self.check_schema = check_schema
         self.data: dict[str, Any] = {}  # blob id -> checked plain data
         self.values: dict[tuple[str, ...], RolloutStatus] = {}  # blob ids -> value
+        # What the last read found, for ``read_changed``: the commit, each
+        # name's blob ids (or its reason when unreadable) and the results.
+        self.at: str | None = None
+        self._keys: dict[str, tuple[str, ...]] = {}
+        self._statuses: dict[str, RolloutStatus] = {}
+        self._broken: dict[str, str] = {}
+        # The rollouts ``read_changed`` read again (None after a full read).
+        self.changed_names: frozenset[str] | None = None
 
     def read(
         self, source: StatusSource, commit: str | None
     ) -> tuple[dict[str, RolloutStatus], dict[str, str]]:
         """Statuses by rollout name at ``commit``, and the names whose files
         cannot be read, with why (``path: reason``)."""
+        self.changed_names = None
         if commit is None:
+            self.at = None
             return {}, {}
         statuses: dict[str, RolloutStatus] = {}
         broken: dict[str, str] = {}
-        live_blobs: set[str] = set()
-        live_keys: set[tuple[str, ...]] = set()
+        keys: dict[str, tuple[str, ...]] = {}
         for path, blob_id in source.files(commit, STATUS_DIR).items():
             if not path.endswith(".yaml") or path == FLEET_STATUS_PATH:
                 continue  # the fleet watch's record is not a rollout's
-            name = name_in(STATUS_DIR, path)
-            try:
-                main = self._load(source, path, blob_id)
-                pages: dict[str, Any] = {}
-                page_blobs: list[str] = []
-                if main.get("nodePages"):
-                    for page_path, page_blob in sorted(
-                        source.files(commit, status_pages_dir(name)).items()
-                    ):
-                        pages[page_path] = self._load(source, page_path, page_blob)
-                        page_blobs.append(page_blob)
-                key = (blob_id, *page_blobs)
-                live_blobs.update(key)
-                live_keys.add(key)
-                value = self.values.get(key)
-                if value is None:
-                    value = status_from_files(main, pages)
-                    if value.name != name:
-                        raise ValueError(f"metadata.name is {value.name!r}, not {name!r}")
-                    self.values[key] = value
-                statuses[name] = value
-            except (YamlProblem, ValueError, KeyError, TypeError, AttributeError) as exc:
-                reason = str(exc.problem) if isinstance(exc, YamlProblem) else f"{path}: {exc}"
-                broken[name] = reason
+            self._read_one(source, commit, path, blob_id, statuses, broken, keys)
         # Forget what the branch no longer holds: a long-running daemon must
         # not keep every version of every status file it ever read.
+        live_blobs = {b for key in keys.values() for b in key}
+        live_keys = set(keys.values())
         for blob_id in [b for b in self.data if b not in live_blobs]:
             del self.data[blob_id]
         for key in [k for k in self.values if k not in live_keys]:
             del self.values[key]
+        self._remember_read(commit, statuses, broken, keys)
         return statuses, broken
+
+    def read_changed(
+        self, source: ChangeSource, commit: str | None, changed: Iterable[str]
+    ) -> tuple[dict[str, RolloutStatus], dict[str, str]]:
+        """The same answer as ``read(source, commit)``, given ``changed``:
+        every path under ``status/`` that differs between ``self.at`` (the
+        commit the last read was at) and ``commit``. Only the rollouts
+        those paths belong to are read again; the rest are the values the
+        last read returned, the same objects."""
+        if commit is None or self.at is None:
+            return self.read(source, commit)
+        self.changed_names = frozenset(_names_of(changed))
+        statuses = dict(self._statuses)
+        broken = dict(self._broken)
+        keys = dict(self._keys)
+        for name in sorted(self.changed_names):
+            old = keys.pop(name, None)
+            statuses.pop(name, None)
+            broken.pop(name, None)
+            path = status_path(name)
+            blob_id = source.file_blob(commit, path)
+            if blob_id is not None:
+                self._read_one(source, commit, path, blob_id, statuses, broken, keys)
+            new = keys.get(name)
+            if old is not None and old != new:
+                # What only this rollout's old files used is forgotten, as a full read would.
+                for blob in set(old) - set(new or ()):
+                    self.data.pop(blob, None)
+                self.values.pop(old, None)
+        self._remember_read(commit, statuses, broken, keys)
+        return statuses, broken
+
+    def _read_one(
+        self,
+        source: StatusSource,
+        commit: str,
+        path: str,
+        blob_id: str,
+        statuses: dict[str, RolloutStatus],
+        broken: dict[str, str],
+        keys: dict[str, tuple[str, ...]],
+    ) -> None:
+        """Read ``status/NAME.yaml`` (and its pages) into ``statuses`` or ``broken``."""
+        name = name_in(STATUS_DIR, path)
+        try:
+            main = self._load(source, path, blob_id)
+            pages: dict[str, Any] = {}
+            page_blobs: list[str] = []
+            if main.get("nodePages"):
+                for page_path, page_blob in sorted(
+                    source.files(commit, status_pages_dir(name)).items()
+                ):
+                    pages[page_path] = self._load(source, page_path, page_blob)
+                    page_blobs.append(page_blob)
+            key = (blob_id, *page_blobs)
+            keys[name] = key
+            value = self.values.get(key)
+            if value is None:
+                value = status_from_files(main, pages)
+                if value.name != name:
+                    raise ValueError(f"metadata.name is {value.name!r}, not {name!r}")
+                self.values[key] = value
+            statuses[name] = value
+        except (YamlProblem, ValueError, KeyError, TypeError, AttributeError) as exc:
+            reason = str(exc.problem) if isinstance(exc, YamlProblem) else f"{path}: {exc}"
+            broken[name] = reason
+            keys.setdefault(name, (blob_id,))
+
+    def _remember_read(
+        self,
+        commit: str,
+        statuses: dict[str, RolloutStatus],
+        broken: dict[str, str],
+        keys: dict[str, tuple[str, ...]],
+    ) -> None:
+        self.at = commit
+        self._statuses = dict(statuses)
+        self._broken = dict(broken)
+        self._keys = keys
 
     def remember(
         self,
-        source: StatusSource,
+        source: ChangeSource,
         commit: str,
         written: Mapping[str, Any],
         statuses: Mapping[str, RolloutStatus],
@@ -134,10 +209,9 @@ class StatusReader:
         """Seed the cache with status files just written at ``commit``
         (``written``: path -> plain data), so the next read does not parse,
         check and rebuild them (values round-trip losslessly through files)."""
-        top = source.files(commit, STATUS_DIR)
         for name, value in statuses.items():
             path = status_path(name)
-            blob_id = top.get(path)
+            blob_id = source.file_blob(commit, path) if path in written else None
             if blob_id is None or path not in written:
                 continue
             pages = (
@@ -166,6 +240,25 @@ class StatusReader:
                 raise ValueError(f"not a valid status: {_schema_error(data)}")
             self.data[blob_id] = data
         return data
+
+
+def _names_of(changed: Iterable[str]) -> set[str]:
+    """The rollouts whose status files are among ``changed`` paths:
+    ``status/NAME.yaml`` and anything under ``status/NAME/`` (its pages);
+    the fleet watch's files and the dashboard are no rollout's."""
+    names: set[str] = set()
+    prefix = STATUS_DIR + "/"
+    for path in changed:
+        if not path.startswith(prefix) or path == FLEET_STATUS_PATH:
+            continue
+        rest = path[len(prefix) :]
+        head, sep, _ = rest.partition("/")
+        if sep:
+            names.add(head)
+        elif rest.endswith(".yaml"):
+            names.add(rest[: -len(".yaml")])
+    names.discard(FLEET_STATUS_PATH[len(prefix) : -len(".yaml")])
+    return names
 
 
 def StatusCache() -> StatusReader:

@@ -1,0 +1,63 @@
+"""Statuses that ask nothing of a pass, remembered by identity so that a
+pass over thousands of finished rollouts looks only at the others.
+
+A status is inert when it has no job in flight, wants no heartbeat,
+backup list or metric check, has no deadline or start time to wake for,
+and needs no more passes: what ``observe`` and the loop's wake-up compute
+from it is empty. Status values are immutable and the status reader keeps
+an unchanged file's value (the same object) from pass to pass, so each is
+judged once. A cache of pure functions of the status: forgetting it
+changes nothing but the cost (tests pin the shortcut against the plain
+computation)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from reconciler.engine import step as engine
+from reconciler.spec.rollout_status import RolloutStatus
+
+
+def needs_passes(status: RolloutStatus) -> bool:
+    """Active, and not only waiting for a person (section 6, step 7: the
+    interval applies while a rollout can move on by itself)."""
+    return engine.is_active(status) and not engine.waits_for_a_person(status)
+
+
+def is_inert(status: RolloutStatus) -> bool:
+    one = (status,)
+    return not (
+        needs_passes(status)
+        or engine.in_flight(one)
+        or engine.wanted_heartbeats(one)
+        or engine.wanted_backups(one)
+        or engine.wanted_metric_checks(one)
+        or engine.next_wakeup(one) is not None
+    )
+
+
+class InertStatuses:
+    """The inert statuses seen, by rollout name (DaemonMemory keeps one)."""
+
+    def __init__(self) -> None:
+        self._known: dict[str, RolloutStatus] = {}
+
+    def lively(
+        self, statuses: Mapping[str, RolloutStatus], *, every: bool = True
+    ) -> list[RolloutStatus]:
+        """The statuses that are not inert, in the mapping's order.
+        ``every``: ``statuses`` holds every rollout's (then what is kept
+        for rollouts no longer there is forgotten)."""
+        known = self._known
+        found: list[RolloutStatus] = []
+        for name, status in statuses.items():
+            if known.get(name) is status:
+                continue
+            if is_inert(status):
+                known[name] = status
+            else:
+                known.pop(name, None)
+                found.append(status)
+        if every and len(known) > 2 * len(statuses) + 1000:
+            self._known = {n: s for n, s in known.items() if statuses.get(n) is s}
+        return found

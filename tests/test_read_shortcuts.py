@@ -1,0 +1,237 @@
+"""The shortcuts that make a pass cost what changed, pinned against the
+plain behaviour: a daemon that keeps its memory from read to read
+(changed paths from History, statuses and documents read again only where
+files changed, engine inputs kept, rollouts at rest not stepped, inert
+statuses not observed, the dashboard's order kept) must read and decide
+exactly what a daemon reading everything afresh does.
+
+Real repository, real `git` pushes by a person, real daemon status commits
+with the simulated fleet, across random sequences of adds, edits, deletes,
+renames, invalid files, names declared twice, ``after`` lists, node and
+settings edits, status files a person broke or removed, and force-pushed
+rewinds."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from reconciler.daemon.inert import needs_passes
+from reconciler.daemon.loop import Daemon, _Pass
+from reconciler.engine import step as engine
+from reconciler.protocol.observations import Observations
+from reconciler.views import dashboard
+from reconciler.views.status_text import ordered
+from tests.fleetkit import FleetKit, node_yaml, rollout_yaml
+from tests.gitutil import git, write_files
+
+NODES = {f"n{i}": {"role": "web" if i % 2 else "db", "zone": f"z{i % 3}"} for i in range(1, 7)}
+NAMES = [f"r{i}" for i in range(8)]
+NOW = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
+
+
+@pytest.fixture
+def kit(tmp_path: Path) -> Iterator[FleetKit]:
+    kit = FleetKit.create(tmp_path, NODES)
+    yield kit
+    kit.close()
+
+
+def push(kit: FleetKit, files: dict[str, str | None], message: str) -> None:
+    """As a person does, on top of the daemon's status commits (an edit
+    that changes nothing is still a commit)."""
+    git("pull", "--quiet", "--rebase", "origin", "main", cwd=kit.work)
+    write_files(kit.work, files)
+    git("add", "-A", cwd=kit.work)
+    git("commit", "--quiet", "--allow-empty", "-m", message, cwd=kit.work)
+    git("push", "--quiet", "origin", "HEAD:main", cwd=kit.work)
+
+
+def read_step(daemon: Daemon) -> _Pass:
+    """The pass's read: the tip, then the verify step (documents, statuses,
+    inputs). Called directly, so a rewind is read rather than refused."""
+    p = _Pass()
+    tip = daemon.store.refresh()
+    assert tip is not None
+    p.tip = tip
+    assert daemon._verify(p) is None
+    return p
+
+
+def a_rollout(rng: random.Random, name: str) -> str:
+    spec: dict[str, object] = {"batchSize": rng.randint(1, 3)}
+    if rng.random() < 0.5:
+        spec["selector"] = {"role": rng.choice(["web", "db"])}
+    else:
+        spec["nodeIds"] = sorted(rng.sample([*sorted(NODES), "ghost"], rng.randint(1, 3)))
+    if rng.random() < 0.2:
+        spec["paused"] = True
+    if rng.random() < 0.15:
+        spec["abort"] = True
+    if rng.random() < 0.1:
+        spec["after"] = [rng.choice(NAMES)]
+    if rng.random() < 0.1:
+        spec["resumeRequest"] = f'"{rng.randrange(1000)}"'
+    if rng.random() < 0.1:
+        spec["allowOverlap"] = True
+    return rollout_yaml(name, **spec)
+
+
+def person_edit(rng: random.Random, kit: FleetKit) -> dict[str, str | None]:
+    work = kit.work
+    present = sorted(p.stem for p in (work / "rollouts").glob("*.yaml"))
+    move = rng.choice(
+        [
+            "add",
+            "add",
+            "add",
+            "edit",
+            "edit",
+            "delete",
+            "rename",
+            "invalid",
+            "declared",
+            "node",
+            "settings",
+            "status",
+        ]
+    )
+    name = rng.choice(NAMES)
+    if move in ("edit", "delete", "rename") and present:
+        name = rng.choice(present)
+    if move in ("add", "edit"):
+        return {f"rollouts/{name}.yaml": a_rollout(rng, name)}
+    if move == "delete":
+        return {f"rollouts/{name}.yaml": None}
+    if move == "rename":
+        other = rng.choice(NAMES)
+        return {f"rollouts/{name}.yaml": None, f"rollouts/{other}.yaml": a_rollout(rng, other)}
+    if move == "invalid":
+        return {
+            f"rollouts/{name}.yaml": f"apiVersion: reconciler/v1\nkind: Rollout\n"
+            f"metadata: {{name: {name}}}\nspec: {{batchSize: -1}}\n"
+        }
+    if move == "declared":
+        return {f"rollouts/{name}.yaml": a_rollout(rng, rng.choice(NAMES))}
+    if move == "node":
+        node = f"n{rng.randint(1, 8)}"
+        used = [
+            line.split("name:")[1].strip()
+            for path in sorted((work / "status").glob("*.yaml"))
+            for line in path.read_text(errors="replace").splitlines()
+            if line.startswith("  - name: ")
+        ]
+        if used and rng.random() < 0.6:
+            node = rng.choice(used)  # a node a started rollout uses: its specCommit moves
+        if rng.random() < 0.25 and node not in ("n1", "n2"):
+            return {f"nodes/{node}.yaml": None}
+        labels = {"role": rng.choice(["web", "db"]), "zone": f"z{rng.randrange(100)}"}
+        return {f"nodes/{node}.yaml": node_yaml(node, kit.fleet.url, labels)}
+    if move == "settings":
+        return {
+            "reconciler.yaml": "apiVersion: reconciler/v1\nkind: Settings\n"
+            f"spec:\n  defaults: {{batchSize: {rng.randint(1, 3)}}}\n"
+        }
+    statuses = sorted(p.stem for p in (work / "status").glob("*.yaml") if p.stem != "fleet")
+    if not statuses:
+        return {f"rollouts/{name}.yaml": a_rollout(rng, name)}
+    target = rng.choice(statuses)
+    if rng.random() < 0.5:
+        return {f"status/{target}.yaml": None}
+    return {f"status/{target}.yaml": "phase: [not, a, status\n"}
+
+
+def test_a_daemon_reading_what_changed_reads_and_decides_what_reading_everything_does(
+    kit: FleetKit,
+) -> None:
+    rng = random.Random(2020)
+    kept = kit.daemon()  # keeps its memory from read to read
+    writer = kit.daemon()  # commits statuses, as the running daemon would
+    tips = [git("rev-parse", "main", cwd=kit.bare)]
+    rewinds = incremental_reads = 0
+    for step in range(70):
+        roll = rng.random()
+        if roll < 0.08 and len(tips) > 4:
+            git("fetch", "-q", "origin", cwd=kit.work)
+            git("reset", "--hard", "-q", rng.choice(tips[:-2]), cwd=kit.work)
+            git("push", "-q", "-f", "origin", "HEAD:main", cwd=kit.work)
+            writer = kit.daemon()  # the old one refuses the rewritten history
+            rewinds += 1
+        elif roll < 0.4:
+            for _ in range(rng.randint(1, 3)):
+                writer.run_pass()
+        else:
+            push(kit, person_edit(rng, kit), f"step {step}")
+        tips.append(git("rev-parse", "main", cwd=kit.bare))
+        if kept.memory.status_reader.at is not None:
+            incremental_reads += 1
+
+        fresh = kit.daemon()  # reads everything
+        got, want = read_step(kept), read_step(fresh)
+        assert got.documents == want.documents, step
+        assert got.statuses == want.statuses and got.broken == want.broken, step
+        by_name = lambda inputs: sorted(inputs, key=lambda i: i.name)  # noqa: E731
+        assert by_name(got.inputs) == by_name(want.inputs), step
+
+        # The engine with rollouts at rest left alone decides the same.
+        docs = want.documents
+        with_memo = engine.step_fleet(
+            got.inputs, docs.fleet, docs.settings, Observations(), NOW, memo=kept.memory.memo
+        )
+        plain = engine.step_fleet(want.inputs, docs.fleet, docs.settings, Observations(), NOW)
+        assert with_memo == plain, step
+
+        # Inert statuses ask nothing: observing only the lively ones is the same.
+        every = list(want.statuses.values())
+        lively = kept.memory.inert.lively(got.statuses)
+        for ask in (
+            engine.in_flight,
+            engine.wanted_heartbeats,
+            engine.wanted_backups,
+            engine.wanted_metric_checks,
+            engine.next_wakeup,
+        ):
+            assert ask(lively) == ask(every), (step, ask)
+        assert any(map(needs_passes, lively)) == any(map(needs_passes, every))
+
+        # The dashboard's kept order is the order.
+        assert kept.memory.dashboard_order.place(got.statuses) == ordered(want.statuses), step
+        assert dashboard.render_dashboard(
+            got.statuses, kept.memory.dashboard_order
+        ) == _fresh_dashboard(want.statuses)
+    assert rewinds >= 3 and incremental_reads > 50
+    # It did take the shortcuts: most reads assembled only what changed.
+    assert kept.memory.assembly.full_assemblies < 40
+
+
+def _fresh_dashboard(statuses: dict[str, object]) -> str:
+    """The dashboard with its kept rows and notes forgotten."""
+    saved = dashboard._rows, dashboard._notes
+    dashboard._rows, dashboard._notes = {}, {}
+    try:
+        return dashboard.render_dashboard(statuses)  # type: ignore[arg-type]
+    finally:
+        dashboard._rows, dashboard._notes = saved
+
+
+def test_a_position_whose_objects_are_gone_means_reading_everything_again(kit: FleetKit) -> None:
+    # A mirror fetched after a force-push may no longer hold the commit read
+    # last; the pass then reads every file, as on start, instead of failing.
+    kept = kit.daemon()
+    push(kit, {"rollouts/r1.yaml": rollout_yaml("r1", selector={"role": "web"})}, "add r1")
+    read_step(kept)
+    gone = "0" * 40
+    kept.memory.status_reader.at = gone
+    kept.memory.documents_commit = gone
+    push(kit, {"rollouts/r2.yaml": rollout_yaml("r2", selector={"role": "db"})}, "add r2")
+    kit.daemon().run_pass()  # statuses too
+
+    got, want = read_step(kept), read_step(kit.daemon())
+
+    assert got.documents == want.documents and set(got.documents.rollouts) == {"r1", "r2"}
+    assert got.statuses == want.statuses and set(got.statuses) == {"r1", "r2"}
+    assert kept.memory.status_changed is None and kept.memory.spec_changed is None
