@@ -10,7 +10,9 @@ transition is one event followed by one reconcile pass through the real
     observations  a job in flight succeeded, failed, or its answer is unknown
                   (the agent's answer could not be read); a node's heartbeat
                   shows the target (matching), the old model (drifting), or
-                  none (missing); an agent goes unreachable or comes back
+                  none (missing), a new heartbeat replacing an older one even
+                  if it shows the same model; an agent goes unreachable or
+                  comes back
     intents       pause, unpause, resume (a new token), skip a node, abort,
                   rollback request for every node
     clock         1 s (before any deadline) or 121 s (past every deadline
@@ -29,10 +31,62 @@ Checked at every transition (DESIGN.md section 6 items 2 to 4, section 5):
                   rebuilds for that id, before and after the pass
     policy        every hold is the one the section 5 table gives
 
-States are deduplicated by a canonical hash (BLAKE2b of the repr of the
-state's frozen values: clock, intents, status, observations). The search is
-breadth first, so the first violation found comes with a shortest sequence
-of events that leads to it.
+States are deduplicated by a canonical hash. Unreduced (``reduced=False``):
+BLAKE2b of the repr of the state's frozen values (clock, intents, status,
+observations). Reduced (the default, ``abstract_key``): BLAKE2b of the
+state's abstraction, which merges only states the engine cannot tell apart
+now or later; see "Reductions" below. The search is breadth first, so the
+first violation found comes with a shortest sequence of events that leads
+to it.
+
+Reductions (each loses no behaviour; ``tests/test_engine_model_check.py``
+holds them to it: at a small depth the reduced and the unreduced search
+reach the same set of abstract states and find the same violations, and
+every counterexample the reduced search prints replays, event by event, in
+the unreduced world). ``abstract_key`` keeps everything the engine reads
+and every invariant reads, and drops or condenses only this:
+
+    history      the status's ``transitions`` and ``conditions``, and the
+                 times it only records (when the rollout started or
+                 finished, a hold began, a verdict or a rollback request was
+                 recorded): the engine writes them and never decides by them
+                 (it reads a condition only to keep its own ``since``), and
+                 no invariant reads them. Kept as "set" or "unset".
+    commits      a commit is named by the intents it carries (the engine
+                 only asks whether the next commit is the one it last
+                 handled); a job's source commit is only copied into its
+                 payload (the payload invariant compares a job's payloads
+                 with each other), kept as "set".
+    time         the clock and every time the engine compares are replaced
+                 by the facts it can see about them. In this world it
+                 compares times three ways: ``now >= deadline`` (deadline =
+                 dispatch + 120 s, asserted), ``now - max(unreachable
+                 since, dispatch) >= 60 s``, and a heartbeat's time after a
+                 job's finish. Clock steps are 1 s and 121 s, so two events
+                 are under 60 s apart (the 1 s steps of a sequence add up to
+                 under 60 s, asserted) or at least 120 s: both tests ask "has
+                 a 121 s step come since". So a dispatch or an outage keeps
+                 that one fact; a heartbeat keeps whether it is ahead of the
+                 clock (sent at this instant: the agent's clock is a second
+                 ahead, so it is after any answer at this instant) and
+                 whether it is after the node's answer in hand. Every later
+                 comparison follows from these facts: a step of either size
+                 leaves no heartbeat ahead; a 121 s step passes every
+                 deadline; a new event is stamped with the clock.
+    heartbeats   one that is neither ahead of the clock nor after a
+                 succeeded answer in hand can never count (answers come at
+                 the clock or later), so it is as if the node sent none;
+                 and an outage's length counts only for a dispatched node
+                 (a later dispatch measures from itself).
+
+Not reduced: symmetry. With batch size 2, n1 and n2 share a batch, but the
+engine does not treat them alike: when both are held for different reasons
+in one pass, the rollout's hold takes the first node's reason in frozen
+order (``settle_hold``), and messages list nodes in that order. Merging a
+state with its n1/n2 mirror image therefore loses states (the comparison
+test found 22 at depth 3: "n1 unknown, n2 timed out" holds as
+``health_unknown``, its mirror as ``retry_exhausted``), so the search keeps
+node names as they are.
 
 Must not: change the engine. A broken rule is tested by handing the engine a
 different policy table for the duration of a check (``injected_rules``).
@@ -43,7 +97,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
@@ -105,15 +159,28 @@ class Violation:
     events: tuple[str, ...]  # a shortest sequence of events from the start
 
 
+@dataclass(frozen=True)
+class Level:
+    """The search after all sequences of ``depth`` events: distinct states
+    and transitions so far, and the seconds spent."""
+
+    depth: int
+    states: int
+    transitions: int
+    seconds: float
+
+
 @dataclass
 class Report:
     policy: str
     batch_size: int
     depth: int
+    reduced: bool = True
     states: int = 0
     transitions: int = 0
     seconds: float = 0.0
     violations: list[Violation] = field(default_factory=list)
+    levels: list[Level] = field(default_factory=list)
 
 
 class _Broken(Exception):
@@ -156,7 +223,14 @@ def _spec(policy: str, batch_size: int, intents: Intents) -> RolloutSpec:
 
 def _commit(intents: Intents) -> str:
     # The commit that last changed the file: the same intents, the same commit.
-    return hashlib.sha1(repr(intents).encode()).hexdigest()
+    commit = hashlib.sha1(repr(intents).encode()).hexdigest()
+    _COMMITTED[commit] = intents
+    return commit
+
+
+# The intents each commit above stands for: the abstraction names a commit
+# by what it says, so that swapping two nodes renames it too.
+_COMMITTED: dict[str, Intents] = {}
 
 
 def _at(seconds: int) -> datetime:
@@ -245,11 +319,12 @@ def _events(state: State) -> Iterator[tuple[str, State]]:
         # reachability matters only while the daemon waits on it.
         if states.get(node) == "dispatched":
             for model, label in ((TARGET.model, "matching"), (OLD_MODEL, "drifting")):
-                if beats.get(node, (None, None))[1] != model:
+                # The agent's clock is a second ahead: the heartbeat is
+                # after any job it finished at this instant. A new one
+                # replaces an older one, even showing the same model.
+                beat = (node, model, now + 1)
+                if beats.get(node) != beat:
                     others = tuple(b for b in state.heartbeats if b[0] != node)
-                    # The agent's clock is a second ahead: the heartbeat is
-                    # after any job it finished at this instant.
-                    beat = (node, model, now + 1)
                     yield (
                         f"{node}: heartbeat {label}",
                         replace(state, heartbeats=tuple(sorted((*others, beat)))),
@@ -409,6 +484,123 @@ def _check(
             )
 
 
+# -- the abstraction (reduced search) ------------------------------------------------
+
+# Times the engine only writes: kept as "set" (T0) or None, never compared.
+_RECORDED = T0
+# A job's source commit: copied into its payload, never compared (the payload
+# invariant compares a job id's payloads with each other, not with a commit).
+_COPIED = "copied"
+
+
+def _seconds(at: datetime) -> int:
+    return int((at - T0).total_seconds())
+
+
+def _fields(value: object, **changes: object) -> tuple[object, ...]:
+    """A frozen value's fields in order, some changed: what ``replace``
+    would give, as a plain tuple (cheaper, and only hashed)."""
+    fields = vars(value)
+    assert changes.keys() <= fields.keys()
+    return (type(value).__name__, *(changes.get(k, v) for k, v in fields.items()))
+
+
+def abstract_key(state: State) -> bytes:
+    """The canonical hash of what the engine can tell about ``state`` now
+    and in every future (module docstring, "Reductions")."""
+    status = state.status
+    if status is None:
+        return state.key()
+    now = state.clock
+
+    def passed(at: datetime) -> bool:
+        """Whether a 121 s step came since ``at`` (every deadline and
+        offlineAfter measured from it has passed)."""
+        gap = now - _seconds(at)
+        # The time facts are exact only while 1 s steps add up to under 60 s.
+        assert gap < OFFLINE_AFTER or gap >= HEALTH_TIMEOUT, f"gap of {gap} s"
+        return gap >= HEALTH_TIMEOUT
+
+    hold = status.hold
+    assert hold is None or hold.until is None, "timed holds are outside this world"
+    assert status.waiting is None and status.scheduled_for is None
+    assert status.frozen is not None and status.frozen.node_ids == NODES
+    intents = state.intents
+    # Field by field (``vars``), not ``replace``: this runs once per transition.
+    rollout = _fields(
+        status,
+        nodes=(),
+        conditions=(),
+        transitions=(),
+        frozen=None,  # the same in every state
+        # The engine only compares the commit it last handled with the next
+        # one: what that commit says is what counts, not its hash.
+        spec_commit=_COMMITTED[status.spec_commit],
+        started_at=_RECORDED if status.started_at is not None else None,
+        finished_at=_RECORDED if status.finished_at is not None else None,
+        hold=None if hold is None else _fields(hold, since=_RECORDED),
+        rollbacks=tuple(_fields(r, time=_RECORDED) for r in status.rollbacks),
+    )
+    owner = {job.job_id: job.node for job in in_flight([status])}
+    beats = {b[0]: b for b in state.heartbeats}
+    down = dict(state.unreachable)
+    texts: list[str] = []
+    for node in status.nodes:
+        name = node.name
+        facts: list[object] = []
+        if node.dispatched_at is not None:
+            assert node.deadline is not None
+            assert node.deadline - node.dispatched_at == timedelta(seconds=HEALTH_TIMEOUT)
+            facts.append(passed(node.dispatched_at))
+        restore = node.restore
+        if restore is not None:
+            assert restore.deadline - restore.dispatched_at == timedelta(seconds=HEALTH_TIMEOUT)
+            facts.append(passed(restore.dispatched_at))
+            restore = _fields(
+                restore,
+                source_commit=_COPIED,
+                dispatched_at=_RECORDED,
+                deadline=_RECORDED,
+                finished_at=_RECORDED if restore.finished_at is not None else None,
+            )
+        record = _fields(
+            node,
+            source_commit=_COPIED if node.source_commit is not None else None,
+            dispatched_at=_RECORDED if node.dispatched_at is not None else None,
+            deadline=_RECORDED if node.deadline is not None else None,
+            finished_at=_RECORDED if node.finished_at is not None else None,
+            restore=restore,
+        )
+        answers = [(job, answer, at) for job, answer, at in state.jobs if owner.get(job) == name]
+        beat = beats.get(name)
+        # A heartbeat counts only after the node's succeeded answer; answers
+        # come at the clock or later, so one not ahead of the clock and not
+        # after a succeeded answer in hand never counts again: as if none.
+        if beat is not None and not (
+            beat[2] > now or any(a == "succeeded" and beat[2] > at for _, a, at in answers)
+        ):
+            beat = None
+        since = down.get(name)
+        text = repr(
+            (
+                record,
+                tuple(facts),
+                tuple(
+                    (job, answer, answer == "succeeded" and beat is not None and beat[2] > at)
+                    for job, answer, at in answers
+                ),
+                None if beat is None else (beat[1], beat[2] > now),
+                # An outage's length counts only for a dispatched node: a
+                # later dispatch measures it from that dispatch.
+                None if since is None else node.state == "dispatched" and passed(_at(since)),
+            )
+        )
+        texts.append(text)
+    assert len(owner) == len(set(owner)) and all(j[0] in owner for j in state.jobs)
+    text = repr((rollout, intents)) + "".join(texts)
+    return hashlib.blake2b(text.encode(), digest_size=16).digest()
+
+
 # -- the search --------------------------------------------------------------------
 
 
@@ -416,17 +608,32 @@ def initial_state() -> State:
     return State(0, Intents(), None, (), (), ())
 
 
-def check(policy: str, batch_size: int, depth: int, stop_at_first: bool = True) -> Report:
-    """Every event sequence up to ``depth`` from a fresh rollout, breadth first."""
-    report = Report(policy, batch_size, depth)
+def check(
+    policy: str,
+    batch_size: int,
+    depth: int,
+    stop_at_first: bool = True,
+    reduced: bool = True,
+    reached: set[bytes] | None = None,
+    on_level: Callable[[Level], None] | None = None,
+) -> Report:
+    """Every event sequence up to ``depth`` from a fresh rollout, breadth
+    first. ``reduced``: states deduplicated by ``abstract_key`` (else by the
+    concrete state). ``reached``, if given, collects the abstract key of
+    every state visited, to compare the two searches; ``on_level`` is told
+    each depth's figures as soon as that depth is done."""
+    report = Report(policy, batch_size, depth, reduced)
+    key_of = abstract_key if reduced else State.key
     started = time.monotonic()
     first, _, _ = _pass(policy, batch_size, initial_state())
-    parents: dict[bytes, tuple[bytes | None, str]] = {first.key(): (None, "start")}
-    level = [first]
-    for _ in range(depth):
-        following: list[State] = []
-        for state in level:
-            key = state.key()
+    parents: dict[bytes, tuple[bytes | None, str]] = {key_of(first): (None, "start")}
+    if reached is not None:
+        reached.add(abstract_key(first))
+    labels: dict[str, str] = {}  # one string per event label: millions of parents share them
+    level = [(key_of(first), first)]
+    for number in range(1, depth + 1):
+        following: list[tuple[bytes, State]] = []
+        for key, state in level:
             for event, changed in _events(state):
                 report.transitions += 1
                 after, sent, moves = _pass(policy, batch_size, changed)
@@ -440,14 +647,68 @@ def check(policy: str, batch_size: int, depth: int, stop_at_first: bool = True) 
                         report.seconds = time.monotonic() - started
                         return report
                     continue
-                new_key = after.key()
+                new_key = key_of(after)
                 if new_key not in parents:
-                    parents[new_key] = (key, event)
-                    following.append(after)
+                    parents[new_key] = (key, labels.setdefault(event, event))
+                    if number < depth:  # the last level is counted, not expanded
+                        following.append((new_key, after))
+                    if reached is not None:
+                        reached.add(new_key if reduced else abstract_key(after))
         level = following
+        seconds = time.monotonic() - started
+        report.levels.append(Level(number, len(parents), report.transitions, seconds))
+        if on_level is not None:
+            on_level(report.levels[-1])
     report.states = len(parents)
     report.seconds = time.monotonic() - started
     return report
+
+
+def concrete_states(policy: str, batch_size: int, depth: int) -> list[State]:
+    """Every concrete state within ``depth`` events (the unreduced search's)."""
+    first, _, _ = _pass(policy, batch_size, initial_state())
+    seen = {first.key(): first}
+    level = [first]
+    for _ in range(depth):
+        following = []
+        for state in level:
+            for _, changed in _events(state):
+                after, _, _ = _pass(policy, batch_size, changed)
+                if seen.setdefault(after.key(), after) is after:
+                    following.append(after)
+        level = following
+    return list(seen.values())
+
+
+def futures(policy: str, batch_size: int, state: State) -> dict[str, tuple[bytes, str | None]]:
+    """Per event from ``state``: the abstract key after the pass, and the
+    rule the transition breaks (None: none)."""
+    found: dict[str, tuple[bytes, str | None]] = {}
+    for event, changed in _events(state):
+        after, sent, moves = _pass(policy, batch_size, changed)
+        try:
+            _check(policy, event, state, after, sent, moves)
+            broken = None
+        except _Broken as caught:
+            broken = caught.rule
+        found[event] = (abstract_key(after), broken)
+    return found
+
+
+def replay(policy: str, batch_size: int, events: Sequence[str]) -> str | None:
+    """Run ``events`` (labels as a counterexample prints them) in the
+    unreduced world from the start; the rule the last one breaks, or None.
+    Raises KeyError if an event is not possible where the sequence has it."""
+    state, _, _ = _pass(policy, batch_size, initial_state())
+    for number, event in enumerate(events, 1):
+        changed = dict(_events(state))[event]
+        after, sent, moves = _pass(policy, batch_size, changed)
+        try:
+            _check(policy, event, state, after, sent, moves)
+        except _Broken as broken:
+            return broken.rule if number == len(events) else f"early: {broken.rule}"
+        state = after
+    return None
 
 
 def _path(parents: dict[bytes, tuple[bytes | None, str]], key: bytes) -> tuple[str, ...]:
@@ -461,5 +722,5 @@ def _path(parents: dict[bytes, tuple[bytes | None, str]], key: bytes) -> tuple[s
     return tuple(reversed(events))
 
 
-def check_all(depth: int) -> list[Report]:
-    return [check(p, b, depth) for p in POLICIES for b in BATCH_SIZES]
+def check_all(depth: int, reduced: bool = True) -> list[Report]:
+    return [check(p, b, depth, reduced=reduced) for p in POLICIES for b in BATCH_SIZES]

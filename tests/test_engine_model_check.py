@@ -1,37 +1,41 @@
 """The exhaustive bounded check of the engine (``modelcheck``) at a small
-depth: every policy and batch size, no violation; and a broken rule handed
-to the engine is caught with a shortest counterexample."""
+depth: every policy and batch size, no violation; a broken rule handed to
+the engine is caught with a shortest counterexample; and the reduced search
+(``abstract_key``) loses nothing the unreduced one finds."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
 import pytest
-from modelcheck import BATCH_SIZES, POLICIES, check, injected_rules
+from modelcheck import (
+    BATCH_SIZES,
+    POLICIES,
+    State,
+    abstract_key,
+    check,
+    concrete_states,
+    futures,
+    injected_rules,
+    replay,
+)
 
-from reconciler.engine.policy import RULES, Decision
+from reconciler.engine.policy import RULES, Decision, Rule
 
 DEPTH = 3
 
 
-@pytest.mark.parametrize("batch_size", BATCH_SIZES)
-@pytest.mark.parametrize("policy", POLICIES)
-def test_every_sequence_of_events_keeps_the_invariants(policy: str, batch_size: int) -> None:
-    report = check(policy, batch_size, DEPTH)
-
-    assert report.violations == []
-    assert report.states > 100  # the search went somewhere: batches, holds, intents
-    assert report.transitions >= report.states - 1
-
-
-def test_retrying_unknown_is_caught_with_a_shortest_counterexample() -> None:
-    broken = tuple(
+def _retrying_unknown() -> tuple[Rule, ...]:
+    return tuple(
         replace(rule, decision=Decision("retry"))
         if (rule.verdict, rule.policy) == ("unknown", "retry_once")
         else rule
         for rule in RULES
     )
-    with injected_rules(broken):
+
+
+def test_retrying_unknown_is_caught_with_a_shortest_counterexample() -> None:
+    with injected_rules(_retrying_unknown()):
         report = check("retry_once", 1, 4)
 
     assert [v.rule for v in report.violations] == ["unknown"]
@@ -46,3 +50,65 @@ def test_the_real_table_is_back_after_an_injection() -> None:
     with injected_rules(()):
         pass
     assert check("retry_once", 1, 2).violations == []
+
+
+@pytest.mark.parametrize("batch_size", BATCH_SIZES)
+@pytest.mark.parametrize("policy", POLICIES)
+def test_every_sequence_of_events_keeps_the_invariants_reduced_or_not(
+    policy: str, batch_size: int
+) -> None:
+    # No violation either way. The reductions merge only states the engine cannot tell apart, so the
+    # unreduced search, mapped through the abstraction, reaches exactly the
+    # same set at every depth; with fewer states to visit.
+    full: set[bytes] = set()
+    reduced: set[bytes] = set()
+    unreduced_report = check(policy, batch_size, DEPTH, reduced=False, reached=full)
+    reduced_report = check(policy, batch_size, DEPTH, reduced=True, reached=reduced)
+
+    assert reduced_report.violations == unreduced_report.violations == []
+    assert reduced_report.states > 100  # the search went somewhere: batches, holds, intents
+    assert reduced_report.transitions >= reduced_report.states - 1
+    assert reduced == full
+    assert reduced_report.states == len(reduced) < unreduced_report.states
+
+
+@pytest.mark.parametrize("batch_size", BATCH_SIZES)
+def test_the_reduced_search_finds_every_violation_the_full_one_does(batch_size: int) -> None:
+    # All violations of the broken rule within DEPTH events, not just the
+    # first: the same rules broken, the same shortest length, and each
+    # counterexample the reduced search prints replays in the unreduced world.
+    with injected_rules(_retrying_unknown()):
+        full = check("retry_once", batch_size, DEPTH, stop_at_first=False, reduced=False)
+        reduced = check("retry_once", batch_size, DEPTH, stop_at_first=False, reduced=True)
+        replayed = {replay("retry_once", batch_size, v.events) for v in reduced.violations}
+
+    assert reduced.violations and full.violations
+    assert {v.rule for v in reduced.violations} == {v.rule for v in full.violations} == {"unknown"}
+    assert min(len(v.events) for v in reduced.violations) == min(
+        len(v.events) for v in full.violations
+    )
+    assert {v.message for v in reduced.violations} <= {v.message for v in full.violations}
+    assert replayed == {"unknown"}
+
+
+@pytest.mark.parametrize(("policy", "batch_size"), [("retry_once", 1), ("rollback", 2)])
+def test_states_the_abstraction_merges_have_the_same_futures(policy: str, batch_size: int) -> None:
+    # The soundness of the reductions, one step at a time: concrete states
+    # with one abstract key (different clocks, stale heartbeats, recorded
+    # times, commits) answer every event alike, breaking the same rule or
+    # none and landing on one abstract key. An event only one of them has (a
+    # stale heartbeat going missing) changes nothing the engine can see.
+    classes: dict[bytes, list[State]] = {}
+    for state in concrete_states(policy, batch_size, 2):
+        classes.setdefault(abstract_key(state), []).append(state)
+    merged = [(key, states) for key, states in classes.items() if len(states) > 1]
+    assert len(merged) > 20  # the abstraction does merge: clocks, heartbeats, history
+
+    for key, states in merged:
+        answers = [futures(policy, batch_size, state) for state in states]
+        shared = set.intersection(*(set(a) for a in answers))
+        for event in shared:
+            assert len({a[event] for a in answers}) == 1, (event, states[0], states[1])
+        for a in answers:
+            for event in set(a) - shared:
+                assert a[event] == (key, None), event

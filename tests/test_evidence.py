@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import ssl
 import subprocess
 import sys
@@ -22,8 +23,10 @@ from reconciler.protocol.evidence import (
     evidence_problem,
     parse_agent_key,
     sign_answer,
+    signed_answer_bytes,
     split_answer,
 )
+from reconciler.protocol.observations import JobObservation
 from reconciler.protocol.signing import SigningKey, generate_key, load_private_key
 from reconciler.protocol.tls import parse_pin
 from reconciler.spec.documents import parse_file
@@ -50,6 +53,31 @@ def test_a_signed_answer_verifies_and_any_changed_field_does_not(tmp_path: Path)
     added = split_answer({**answer, "extra": 1})
     assert "bad signature" in evidence_problem(added, key.trusted())
     assert "no evidence" in evidence_problem(split_answer({"state": "x"}), key.trusted())
+
+
+def test_answer_bytes_encoded_once_read_back_as_the_signed_answer(tmp_path: Path) -> None:
+    key, _ = new_key(tmp_path / "k")
+    answer = {"jobId": "j1", "state": "succeeded", "detail": "über", "error": None}
+    data = signed_answer_bytes(answer, key)
+    assert json.loads(data) == sign_answer(answer, key)
+    assert evidence_problem(split_answer(json.loads(data)), key.trusted()) == ""
+    assert json.loads(signed_answer_bytes({}, key))["evidence"]["keyId"] == key.key_id
+    assert json.loads(signed_answer_bytes(answer, None)) == answer
+
+
+def test_a_remembered_verification_never_covers_a_changed_answer(tmp_path: Path) -> None:
+    key, _ = new_key(tmp_path / "k")
+    node = Node("node-a", "http://127.0.0.1:1", agent_key=key.public_openssh)
+    check = AnswerCheck()
+    seen = JobObservation(
+        "j1", "running", signed=split_answer(sign_answer({"jobId": "j1", "state": "running"}, key))
+    )
+    assert check.job(node, seen) == (seen, "")
+    assert check.job(node, seen) == (seen, "")  # remembered: same key, signature and bytes
+    assert seen.signed is not None
+    forged = replace(seen.signed, body={"jobId": "j1", "state": "succeeded"})
+    believed, problem = check.job(node, replace(seen, state="succeeded", signed=forged))
+    assert believed.state == "unreachable" and problem == f"bad signature for key {key.key_id}"
 
 
 def test_an_answer_signed_by_another_key_names_both_keys(tmp_path: Path) -> None:
@@ -205,3 +233,35 @@ def test_recorded_evidence_is_checked_per_node(tmp_path: Path) -> None:
     # Decided without evidence, though the node has a key: fails; without a key: unsigned.
     assert not _check_node(passed, key.trusted()).ok
     assert _check_node(passed, None).message == "unsigned evidence: the node has no agentKey"
+
+
+def test_an_agent_key_line_must_carry_exactly_an_ed25519_key(tmp_path: Path) -> None:
+    key, _ = new_key(tmp_path / "k")
+    blob = base64.b64decode(key.public_openssh.split()[1])
+    assert parse_agent_key(key.public_openssh).key_id == key.key_id
+    ecdsa = tmp_path / "ecdsa"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ecdsa", "-N", "", "-f", str(ecdsa)], check=True)
+    other = ecdsa.with_suffix(".pub").read_text().split()[1]
+    for data in (blob[:-1], blob + b"\0", base64.b64decode(other), b"x" * 51):
+        line = "ssh-ed25519 " + base64.b64encode(data).decode()
+        with pytest.raises(ValueError, match="not a valid public key"):
+            parse_agent_key(line)
+
+
+def test_an_answer_checked_early_is_believed_only_as_the_pass_would(tmp_path: Path) -> None:
+    key, _ = new_key(tmp_path / "k")
+    other, _ = new_key(tmp_path / "other")
+    node = Node("node-a", "http://127.0.0.1:1", agent_key=key.public_openssh)
+    check = AnswerCheck()
+    check.nodes = {"node-a": node}
+    good = split_answer(sign_answer({"jobId": "j1", "state": "succeeded"}, key))
+    forged = split_answer(sign_answer({"jobId": "j1", "state": "succeeded"}, other))
+    assert good is not None and forged is not None
+    for signed in (good, forged, replace(good, body={"jobId": "j1", "state": "failed"})):
+        check.prepare("node-a", signed)  # from the client's thread; never raises
+    check.prepare("node-z", good)  # not in the fleet: nothing to check against
+    check.prepare("node-a", replace(good, body={"x": object()}))  # not JSON
+    seen = JobObservation("j1", "succeeded", signed=good)
+    assert check.job(node, seen) == (seen, "")
+    lied, problem = check.job(node, replace(seen, signed=forged))
+    assert lied.state == "unreachable" and other.key_id in problem

@@ -9,6 +9,8 @@ check them offline against the node file at the rollout's specCommit."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,9 +18,9 @@ from typing import Any
 import pytest
 
 from reconciler.cli.main import main as cli
-from tests.agentkit import AgentFleet, node_map
+from tests.agentkit import AgentFleet, free_port, node_map
 from tests.fleetkit import rollout_yaml
-from tests.gitutil import git
+from tests.gitutil import git, git_env
 
 OLD = b"provider: ollama\nmodel: llama3-8b\nprofile: default\n"
 FAST_OFFLINE = "apiVersion: reconciler/v1\nkind: Settings\nspec: {offlineAfter: 5s}\n"
@@ -180,3 +182,85 @@ def test_the_fleet_watch_checks_heartbeats_against_the_agent_key(tmp_path: Path)
         assert verified == {"gpu-a1": True, "gpu-a2": False, "gpu-a3": None}
     finally:
         made.close()
+
+
+@pytest.mark.parametrize("fleet", [{"gpu-a1": "own", "gpu-a2": "own"}], indirect=True)
+def test_a_rollback_on_signed_evidence_keeps_the_restore_record_and_verifies(
+    fleet: AgentFleet, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fleet.push({"rollouts/r.yaml": rollout_yaml("r", nodeIds=["gpu-a1", "gpu-a2"], live=True)})
+    daemon = fleet.daemon()
+    fleet.run_until(daemon, lambda s: s.get("r", {}).get("phase") == "completed")
+    fleet.pull()
+    done = subprocess.run(
+        [sys.executable, "-m", "reconciler", "rollback", "r", "--nodes", "gpu-a1",
+         "--repo", str(fleet.work), "--commit"],
+        env=git_env("Rita Rollback", "rita@example.com"), capture_output=True, text=True,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    fleet.git_push()
+
+    def rolled_back(statuses: dict[str, Any]) -> bool:
+        return node_map(statuses.get("r", {})).get("gpu-a1", {}).get("state") == "rolled_back"
+
+    statuses = fleet.run_until(daemon, rolled_back)
+    restore = node_map(statuses["r"])["gpu-a1"]["restore"]
+    assert fleet.agents["gpu-a1"].config_bytes() == OLD  # the restore ran
+    kept = restore["evidence"]
+    assert kept["jobRecord"]["jobId"] == restore["jobId"]
+    assert kept["jobRecord"]["state"] == "succeeded"
+    assert kept["heartbeat"] is None and kept["keyId"].startswith("SHA256:")
+    code, out = verify_evidence(fleet, "r", capsys)
+    assert code == 0, out
+    assert "gpu-a1  ok: job record and heartbeat signed by SHA256:" in out
+    assert "; restore job record signed by SHA256:" in out and "(rolled_back)" in out
+
+    # One byte of the kept restore record changes in a commit: the node fails.
+    fleet.pull()
+    path = fleet.work / "status" / "r.yaml"
+    text = path.read_text()
+    at = text.index("backupId:", text.index("restore:", text.index("name: gpu-a1")))
+    at = text.index("backupId:", text.index("evidence:", at)) + len("backupId: ") + 2
+    changed = text[:at] + ("x" if text[at] != "x" else "y") + text[at + 1 :]
+    assert changed != text
+    path.write_text(changed)
+    git("commit", "-qam", "Touch up the restore", cwd=fleet.work)
+    fleet.git_push()
+    code, out = verify_evidence(fleet, "r", capsys)
+    assert code == 1
+    assert "gpu-a1  FAILED: restore job record: bad signature" in out
+    assert "gpu-a2  ok:" in out
+
+
+@pytest.mark.parametrize("fleet", [{"gpu-a1": "own"}], indirect=True)
+def test_a_restore_the_policy_decided_keeps_its_signed_record(
+    fleet: AgentFleet, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The apply succeeds, its health check fails (nothing listens on the
+    # port), so the rollback policy restores the node on its own.
+    closed = free_port()
+    health = (
+        "{interval: 1s, failureThreshold: 1, "
+        f"checks: [{{name: ready, tcp: {{host: 127.0.0.1, port: {closed}}}}}]}}"
+    )
+    fleet.push(
+        {
+            "rollouts/r.yaml": rollout_yaml(
+                "r", nodeIds=["gpu-a1"], live=True, onFailure="rollback", health=health
+            )
+        }
+    )
+    daemon = fleet.daemon()
+
+    def restored(statuses: dict[str, Any]) -> bool:
+        fleet.clock.advance(1)
+        node = node_map(statuses.get("r", {})).get("gpu-a1", {})
+        return (node.get("restore") or {}).get("finishedAt") is not None
+
+    statuses = fleet.run_until(daemon, restored)
+    node = node_map(statuses["r"])["gpu-a1"]
+    assert node["restore"]["request"] == "policy"
+    assert node["restore"]["evidence"]["jobRecord"]["jobId"] == node["restore"]["jobId"]
+    code, out = verify_evidence(fleet, "r", capsys)
+    assert code == 0, out
+    assert "restore job record signed by" in out

@@ -355,6 +355,8 @@ def test_rollback_of_a_completed_rollout_keeps_it_completed_and_status_lists_the
     assert rollback_outcomes(record) == {"gpu-c1": "rolled_back", "gpu-c3": "rollback_failed"}
     states = {n: r["state"] for n, r in node_map(status).items()}
     assert states == {"gpu-c1": "rolled_back", "gpu-c2": "succeeded", "gpu-c3": "rollback_failed"}
+    # Without agentKey nothing is kept as evidence: the record is as in version 1.
+    assert "evidence" not in node_map(status)["gpu-c1"]["restore"]
     assert status["hold"] is None
 
     capsys.readouterr()

@@ -564,6 +564,10 @@ class AgentClient:
         # that answer heartbeats at once whatever the query.
         self._beat_watches: dict[str, asyncio.Task[None]] = {}
         self._no_beat_wait: set[_Origin] = set()
+        # Called on the loop thread with (node, signed answer) for each signed
+        # job record read, so its signature is checked while other answers
+        # are still on the wire (the daemon's AnswerCheck.prepare).
+        self.on_signed: Callable[[str, SignedAnswer], object] | None = None
 
     # The public calls: each runs one batch of requests on the loop thread.
 
@@ -646,7 +650,10 @@ class AgentClient:
                     url, "GET", f"/v1/nodes/{job.node}/jobs/{job.job_id}"
                 )
                 if status == 200:
-                    return job.job_id, _job_observation(job.job_id, answer)
+                    seen = _job_observation(job.job_id, answer)
+                    if seen.signed is not None and self.on_signed is not None:
+                        self.on_signed(job.node, seen.signed)
+                    return job.job_id, seen
                 if status == 404:
                     return job.job_id, None
                 raise _Unreachable(_error_text(status, answer))

@@ -12,23 +12,51 @@ Must not decide anything about rollouts; the engine judges what is left.
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Mapping
 from dataclasses import replace
 
-from reconciler.protocol.evidence import evidence_problem, parse_agent_key
+from reconciler.protocol.evidence import evidence_problem, parse_agent_key, signed_bytes_problem
 from reconciler.protocol.observations import NO_EVIDENCE, Heartbeat, JobObservation, SignedAnswer
-from reconciler.protocol.signing import TrustedKey
+from reconciler.protocol.signing import TrustedKey, canonical_json
 from reconciler.spec.model import Node
 
 # Answers that carry a verdict: a 404 (unknown job: resend it) decides nothing.
 CHECKED_STATES = frozenset({"accepted", "running", "succeeded", "failed", "refused"})
+# Answers remembered as verified: a running job is read pass after pass with
+# the same signed record. Past this many the memory starts afresh.
+MAX_VERIFIED = 50_000
 
 
 class AnswerCheck:
     """Checks answers against the nodes' agentKeys; parsed keys are cached
-    by their line, so a pass over 10,000 nodes parses each key once."""
+    by their line, so a pass over 10,000 nodes parses each key once, and an
+    answer already verified (same key, same signature, same signed bytes) is
+    not verified again."""
 
     def __init__(self) -> None:
         self._keys: dict[str, TrustedKey | None] = {}
+        # (key id, signature) -> SHA-256 of the canonical JSON it verified over
+        self._verified: dict[tuple[str, str], bytes] = {}
+        # The fleet's nodes by name, for ``prepare`` (the daemon sets it per fleet).
+        self.nodes: Mapping[str, Node] = {}
+        # Answers ``prepare`` verified, by identity, until the pass checks them:
+        # the same object needs no second encoding (it holds its key id).
+        self._prepared: dict[int, SignedAnswer] = {}
+
+    def prepare(self, node: str, signed: SignedAnswer) -> None:
+        """Check ``signed`` ahead of ``job`` or ``heartbeat``, from the agent
+        client's thread as the answer arrives, so the pass finds it already
+        verified (or not: then ``job`` checks it again and says why). Never
+        raises: this is only an early start."""
+        try:
+            spec = self.nodes.get(node)
+            if spec is not None and spec.agent_key is not None and not self._problem(spec, signed):
+                if len(self._prepared) >= MAX_VERIFIED:
+                    self._prepared.clear()
+                self._prepared[id(signed)] = signed
+        except Exception:  # the pass's own check says what is wrong
+            return
 
     def key(self, node: Node | None) -> TrustedKey | None:
         if node is None or node.agent_key is None:
@@ -66,4 +94,21 @@ class AnswerCheck:
         key = self.key(node)
         if key is None:
             return "its agentKey is not a valid Ed25519 public key"
-        return evidence_problem(signed, key)
+        if signed is None or signed.key_id != key.key_id:
+            return evidence_problem(signed, key)
+        if self._prepared.pop(id(signed), None) is signed:
+            return ""  # verified as it arrived, against a key with this very id
+        try:
+            data = canonical_json(signed.body)
+        except (TypeError, ValueError):
+            return evidence_problem(signed, key)  # says what is wrong with it
+        digest = hashlib.sha256(data).digest()
+        remembered = (key.key_id, signed.signature)
+        if self._verified.get(remembered) == digest:
+            return ""
+        problem = signed_bytes_problem(data, signed.key_id, signed.signature, key)
+        if not problem:
+            if len(self._verified) >= MAX_VERIFIED:
+                self._verified.clear()
+            self._verified[remembered] = digest
+        return problem

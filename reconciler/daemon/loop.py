@@ -97,6 +97,7 @@ from reconciler.spec.safe_yaml import dump_yaml
 from reconciler.spec.times import parse_time
 from reconciler.views import notification_events
 from reconciler.views.dashboard import DashboardOrder, render_dashboard
+from reconciler.views.evidence_marks import evidence_dashboard_section
 from reconciler.views.fleet_reader import FleetReader
 from reconciler.views.fleet_text import fleet_dashboard_section
 from reconciler.views.status_reader import StatusReader
@@ -289,6 +290,7 @@ class Daemon:
         self.sign = sign
         self.clock = clock
         self.memory = DaemonMemory()
+        client.on_signed = self.memory.answers.prepare  # signatures checked as answers arrive
         # Off in the tests that pin the kept inputs against building them all.
         self.reuse_inputs = True
         self.fleet_watch = FleetWatch(client, clock=clock, evidence=self._believed_heartbeat)
@@ -486,7 +488,14 @@ class Daemon:
         p.commit = None
         written: dict[str, Any] = {}  # status path -> the plain data written there
         changes = self._status_changes(
-            p.statuses, p.step, p.merged, p.broken, p.status_tip, written, p.fleet
+            p.statuses,
+            p.step,
+            p.merged,
+            p.broken,
+            p.status_tip,
+            written,
+            p.fleet,
+            p.documents.fleet.nodes,
         )
         fleet_changes: tuple[fleet_rules.FleetChange, ...] = ()
         if p.fleet is not None and p.fleet != p.fleet_before:
@@ -1241,6 +1250,7 @@ class Daemon:
         parent: str | None,
         written: dict[str, Any],
         fleet: FleetStatus | None = None,
+        nodes: Sequence[Node] = (),
     ) -> dict[str, bytes | None]:
         """The files of every changed status, and the dashboard if its text
         changed; empty when nothing changed, so an idle pass commits nothing.
@@ -1253,7 +1263,7 @@ class Daemon:
                 written[path] = data
             for path in gone:
                 changes[path] = None
-        dashboard = _dashboard(merged, broken, fleet, self.memory.dashboard_order).encode()
+        dashboard = _dashboard(merged, broken, fleet, self.memory.dashboard_order, nodes).encode()
         current = self.store.file_blob(parent, DASHBOARD_PATH) if parent else None
         if current is None or self._dashboard_text(current) != dashboard:
             changes[DASHBOARD_PATH] = dashboard
@@ -1325,6 +1335,7 @@ class Daemon:
             self.client.set_pins(
                 {n.agent: n.agent_cert_sha256 for n in fleet.nodes if n.agent_cert_sha256}
             )
+            self.memory.answers.nodes = self.memory.by_name[1]
         return self.memory.by_name[1]
 
     # -- reporting -----------------------------------------------------------
@@ -1484,13 +1495,18 @@ def _dashboard(
     broken: Mapping[str, str],
     fleet: FleetStatus | None = None,
     order: DashboardOrder | None = None,
+    nodes: Sequence[Node] = (),
 ) -> str:
     """The dashboard, with the fleet watch's section when there is a fleet
-    status, and the status files that cannot be read listed last, since
-    those rollouts are held until a person repairs them."""
+    status, the evidence marks of the nodes (DESIGN.md 12) when any applies,
+    and the status files that cannot be read listed last, since those
+    rollouts are held until a person repairs them."""
     text = render_dashboard(statuses, order)
     if fleet is not None:
         text = text.rstrip("\n") + "\n\n" + fleet_dashboard_section(fleet)
+    marks = evidence_dashboard_section(nodes)
+    if marks:
+        text = text.rstrip("\n") + "\n\n" + marks
     if broken:
         lines = ["", "## Status files that cannot be read or are not verified", ""]
         lines += [

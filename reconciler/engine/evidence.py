@@ -158,8 +158,21 @@ def judge_restore(
     if job is not None and job.state == "succeeded":
         return "rolled_back", ""
     if now >= restore.deadline:
-        return "rollback_failed", "no evidence of the restore by its deadline"
+        return "rollback_failed", NO_RESTORE_EVIDENCE
     return None
+
+
+# A restore's error when its deadline, not an answer, decided it.
+NO_RESTORE_EVIDENCE = "no evidence of the restore by its deadline"
+
+
+def recorded_restore(job: JobObservation | None) -> NodeEvidence | None:
+    """What a restore keeps of the signed answer its outcome used: the job
+    record, when an answer (succeeded, failed or refused) decided it and it
+    verified against the node's agentKey; a restore reads no heartbeat."""
+    if job is None or job.state not in ("succeeded", "failed", "refused"):
+        return None
+    return recorded("decided", job, None)
 
 
 def recorded(

@@ -1001,7 +1001,8 @@ class RolloutStep:
         return evidence.judge_node_health(node, seen).outcomes
 
     def record_restore(self, i: int, node: NodeRecord, restore: RestoreRecord) -> None:
-        judged = evidence.judge_restore(restore, self.ctx.obs.jobs.get(restore.job_id), self.now)
+        job = self.ctx.obs.jobs.get(restore.job_id)
+        judged = evidence.judge_restore(restore, job, self.now)
         if judged is None:
             return
         outcome, error = judged
@@ -1012,7 +1013,9 @@ class RolloutStep:
             node,
             state=outcome,
             held=held,
-            restore=replace(restore, finished_at=self.now, error=error),
+            restore=replace(
+                restore, finished_at=self.now, error=error, evidence=evidence.recorded_restore(job)
+            ),
         )
         self.set_node(i, new, error or "restore succeeded")
         if restore.request != "policy":

@@ -93,6 +93,19 @@ def error_response(status: int, code: str, message: str) -> Response:
     return json_response(status, {"error": code, "message": message})
 
 
+_END = h11.EndOfMessage()
+
+
+@functools.lru_cache(maxsize=1024)
+def _head(status: int, length: int, close: bool) -> h11.Response:
+    """A response head; h11 events are values, so each distinct head is
+    built (and its headers validated) once, not once per answer."""
+    headers = [(b"Content-Type", b"application/json"), (b"Content-Length", b"%d" % length)]
+    if close:
+        headers.append((b"Connection", b"close"))
+    return h11.Response(status_code=status, headers=headers, reason=_REASONS.get(status, b""))
+
+
 class _Connection(asyncio.Protocol):
     """One client connection: h11 parses, this class enforces the limits."""
 
@@ -202,6 +215,8 @@ class _Connection(asyncio.Protocol):
                 self.body.append(event.data)
             elif isinstance(event, h11.EndOfMessage):
                 self._handle()
+                if not self.started:
+                    return  # answered, and nothing of a next request has come yet
             elif isinstance(event, h11.ConnectionClosed):
                 self._close()
                 return
@@ -273,22 +288,10 @@ class _Connection(asyncio.Protocol):
         if response.drop:
             transport.abort()
             return
-        headers = [
-            (b"Content-Type", b"application/json"),
-            (b"Content-Length", b"%d" % len(response.body)),
-        ]
-        if response.close:
-            headers.append((b"Connection", b"close"))
         try:
-            data = self.conn.send(
-                h11.Response(
-                    status_code=response.status,
-                    headers=headers,
-                    reason=_REASONS.get(response.status, b""),
-                )
-            )
+            data = self.conn.send(_head(response.status, len(response.body), response.close))
             data += self.conn.send(h11.Data(data=response.body))
-            data += self.conn.send(h11.EndOfMessage())
+            data += self.conn.send(_END)
         except h11.LocalProtocolError:
             self._close()
             return

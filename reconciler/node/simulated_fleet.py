@@ -65,7 +65,7 @@ import hashlib
 import json
 import math
 import sys
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
@@ -75,7 +75,7 @@ from typing import Any
 from reconciler import __version__
 from reconciler.node.http_server import HttpServer, Request, Response, error_response, json_response
 from reconciler.protocol.admission import admit_job
-from reconciler.protocol.evidence import derived_agent_key, sign_answer
+from reconciler.protocol.evidence import derived_agent_key, signed_answer_bytes
 from reconciler.protocol.job_payload import SEND_TIME_FIELDS
 from reconciler.protocol.long_poll import FINISHED_JOB_STATES, newer_than, wait_seconds
 from reconciler.protocol.signing import JobRefused, SigningKey, TrustedKey, canonical_json
@@ -328,10 +328,20 @@ def load_script(path: Path) -> Script:
 
 
 class SimJob:
-    __slots__ = ("backup_id", "detail", "error", "finished_at", "payload", "state", "waiters")
+    __slots__ = (
+        "answer",
+        "backup_id",
+        "detail",
+        "error",
+        "finished_at",
+        "payload",
+        "state",
+        "waiters",
+    )
 
     def __init__(self, payload: dict[str, Any]) -> None:
         self.payload = payload
+        self.answer: bytes | None = None  # the signed record; None when it changed since
         self.state = "accepted"
         self.error: str | None = None
         self.backup_id: str | None = None
@@ -411,7 +421,11 @@ class SimFleet:
         self.add_nodes(names)
         self.received: Counter[str] = Counter()
         self.executed: Counter[str] = Counter()
-        self.variants: defaultdict[str, set[tuple[Any, ...]]] = defaultdict(set)
+        # Distinct payloads (send times aside) per job id, for the stats: the
+        # first payload is only kept, and compared once a second one comes,
+        # since nearly every job is received once.
+        self._first_payload: dict[str, Mapping[str, Any]] = {}
+        self.variants: dict[str, set[tuple[Any, ...]]] = {}
         self.refusals: Counter[str] = Counter()
         self.requests = 0
         self.ignore_wait = False  # answer ``?wait=`` at once, as an agent older than it does
@@ -472,19 +486,21 @@ class SimFleet:
                 node.jobs[job.payload["jobId"]] = job
                 self.executed[job.payload["jobId"]] += 1
                 self.received[job.payload["jobId"]] += 1
-                self.variants[job.payload["jobId"]].add(_variant(job.payload))
+                self._count_variant(job.payload["jobId"], job.payload)
             elif event["e"] == "finish":
                 self._apply_finish(node, event)
         now = format_time(self.clock())
         for node in self.nodes.values():
             for job in node.jobs.values():
                 if job.state in ("accepted", "running"):
+                    job.answer = None
                     job.state = "failed"
                     job.error = "simulated agent restarted before the job finished"
                     job.finished_at = now
 
     def _apply_finish(self, node: SimNode, event: dict[str, Any]) -> None:
         job = node.jobs[event["jobId"]]
+        job.answer = None
         job.state = event["state"]
         job.error = event["error"]
         job.backup_id = event["backupId"]
@@ -517,7 +533,14 @@ class SimFleet:
         return key
 
     def _json(self, node: SimNode, status: int, answer: dict[str, Any]) -> Response:
-        return json_response(status, sign_answer(answer, self.key(node.name)))
+        return Response(status, signed_answer_bytes(answer, self.key(node.name)))
+
+    def _job_answer(self, node: SimNode, status: int, job: SimJob) -> Response:
+        """The job's record, signed once per state: a job read again and
+        again while it runs, or after it finished, costs no new signature."""
+        if job.answer is None:
+            job.answer = signed_answer_bytes(job.record(), self.key(node.name))
+        return Response(status, job.answer)
 
     def _error(self, node: SimNode, status: int, code: str, message: str) -> Response:
         return self._json(node, status, {"error": code, "message": message})
@@ -550,7 +573,7 @@ class SimFleet:
                 return self._error(node, 400, "bad_request", str(exc))
             if wait and job.state not in FINISHED_JOB_STATES and not self.ignore_wait:
                 return asyncio.ensure_future(self._held_job(node, job, wait))
-            return self._json(node, 200, job.record())
+            return self._job_answer(node, 200, job)
         if len(parts) == 5 and request.method == "GET" and what in ("heartbeat", "backups"):
             behaviour = script.behaviour
             answer = self._transport(behaviour)
@@ -586,7 +609,7 @@ class SimFleet:
         finally:
             if woken in job.waiters:
                 job.waiters.remove(woken)
-        return self._json(node, 200, job.record())
+        return self._job_answer(node, 200, job)
 
     async def _held_heartbeat(self, node: SimNode, behaviour: Behaviour, wait: float) -> Response:
         """The heartbeat once a job of the node finished, or when ``wait`` ends."""
@@ -668,14 +691,14 @@ class SimFleet:
                 assert isinstance(envelope, dict)
                 job_id = envelope["payload"]["jobId"]
                 self.received[job_id] += 1
-                self.variants[job_id].add(_variant(envelope["payload"]))
+                self._count_variant(job_id, envelope["payload"])
             return self._error(node, refusal.status, refusal.code, refusal.message)
         job_id = payload["jobId"]
         self.received[job_id] += 1
-        self.variants[job_id].add(_variant(payload))
+        self._count_variant(job_id, payload)
         known = node.jobs.get(job_id)
         if known is not None:
-            return self._json(node, 200, known.record())
+            return self._job_answer(node, 200, known)
         if behaviour.action == "refuse":
             self.refusals[behaviour.code] += 1
             return self._error(node, behaviour.status, behaviour.code, behaviour.message)
@@ -684,8 +707,8 @@ class SimFleet:
         node.probing.pop(payload["target"]["runtime"], None)  # the next job ends the checks
         self.executed[job_id] += 1
         self._log({"e": "accept", "node": node.name, "payload": payload}, flush=True)
-        response = self._json(node, 202, job.record())
-        job.state = "running"
+        response = self._job_answer(node, 202, job)
+        job.state, job.answer = "running", None
         if behaviour.action != "hang":
             loop = asyncio.get_running_loop()
             if behaviour.delay:
@@ -754,8 +777,20 @@ class SimFleet:
         self._log(event, flush=False)
         self._apply_finish(node, event)
 
+    def _count_variant(self, job_id: str, payload: Mapping[str, Any]) -> None:
+        first = self._first_payload.setdefault(job_id, payload)
+        if first is payload:
+            return
+        seen = self.variants.get(job_id)
+        if seen is None:
+            seen = self.variants[job_id] = {_variant(first)}
+        seen.add(_variant(payload))
+
     def stats(self) -> dict[str, Any]:
-        variants = {job_id: len(v) for job_id, v in self.variants.items()}
+        variants = {
+            job_id: len(self.variants[job_id]) if job_id in self.variants else 1
+            for job_id in self._first_payload
+        }
         return {
             "nodes": len(self.nodes),
             "requests": self.requests,

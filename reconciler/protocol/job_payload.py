@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from datetime import datetime, timedelta
-from functools import cache
+from functools import cache, lru_cache
 from typing import Any
 
 from jsonschema import Draft202012Validator  # type: ignore[import-untyped]
@@ -48,14 +48,20 @@ def build_payload(job: SendJob, issued_at: datetime) -> dict[str, Any]:
             "profile": job.target.profile,
         },
         "sourceCommit": job.source_commit,
-        "issuedAt": format_time(issued_at),
-        "expiresAt": format_time(issued_at + JOB_TTL),
     }
+    payload["issuedAt"], payload["expiresAt"] = _send_times(issued_at)
     if job.kind == "restore":
         payload["backupId"] = job.backup_id
     if job.health is not None and job.health.agent_checks:
         payload["checks"] = health.to_payload(job.health, job.node)
     return payload
+
+
+@lru_cache(maxsize=8)
+def _send_times(issued_at: datetime) -> tuple[str, str]:
+    """issuedAt and expiresAt as text: formatted once per send time, since
+    a pass signs every job of a batch with the same one."""
+    return format_time(issued_at), format_time(issued_at + JOB_TTL)
 
 
 def same_job(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:

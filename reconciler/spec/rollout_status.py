@@ -152,6 +152,8 @@ class RestoreRecord:
     deadline: datetime
     finished_at: datetime | None = None
     error: str = ""
+    # the signed restore job record its outcome rests on (DESIGN.md 12)
+    evidence: NodeEvidence | None = None
 
 
 @dataclass(frozen=True)
@@ -413,7 +415,7 @@ def _frozen_from(record: Mapping[str, Any]) -> FrozenSpec:
 
 
 def _restore_record(r: RestoreRecord) -> dict[str, Any]:
-    return {
+    record = {
         "request": r.request,
         "jobId": r.job_id,
         "backupId": r.backup_id,
@@ -424,6 +426,9 @@ def _restore_record(r: RestoreRecord) -> dict[str, Any]:
         "finishedAt": _t(r.finished_at),
         "error": r.error,
     }
+    if r.evidence is not None:  # absent, not null, as a node's own evidence
+        record["evidence"] = _evidence_record(r.evidence)
+    return record
 
 
 def _restore_from(d: Mapping[str, Any]) -> RestoreRecord:
@@ -437,6 +442,7 @@ def _restore_from(d: Mapping[str, Any]) -> RestoreRecord:
         deadline=parse_time(d["deadline"]),
         finished_at=_pt(d.get("finishedAt")),
         error=d.get("error", ""),
+        evidence=None if d.get("evidence") is None else evidence_from(d["evidence"]),
     )
 
 

@@ -6,7 +6,10 @@ Each node record that keeps ``evidence`` is checked against the
 answer's signature over its canonical JSON, and that the job record is about
 the node's recorded job. A node decided (passed or failed) without recorded
 evidence while its node file has an ``agentKey`` fails too: the daemon
-records evidence for every verdict it believed from such a node.
+records evidence for every verdict it believed from such a node. A node's
+restore (a rollback) is checked the same way: its kept job record must be
+signed by the key and be about the restore job, and a restore decided by an
+answer without kept evidence fails when the node has an ``agentKey``.
 
 Reads Git through ``Branch``; decides nothing about rollouts.
 """
@@ -15,12 +18,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from reconciler.engine.evidence import NO_RESTORE_EVIDENCE
 from reconciler.git.branch import Branch
 from reconciler.protocol.evidence import parse_agent_key, signature_problem
 from reconciler.protocol.signing import TrustedKey
 from reconciler.spec.documents import parse_file
 from reconciler.spec.paths import node_path
-from reconciler.spec.rollout_status import NodeRecord, RolloutStatus
+from reconciler.spec.rollout_status import NodeEvidence, NodeRecord, RolloutStatus
 
 DECIDED = frozenset({"passed", "failed"})
 
@@ -62,6 +66,18 @@ def _agent_key(source: Branch, commit: str, node: str) -> TrustedKey | str | Non
 
 
 def _check_node(record: NodeRecord, key: TrustedKey | str | None) -> NodeVerdict:
+    apply = _check_apply(record, key)
+    restore = _check_restore(record, key)
+    if restore is None:
+        return apply
+    if not apply.ok:
+        return apply
+    if not restore.ok:
+        return restore
+    return NodeVerdict(record.name, True, f"{apply.message}; {restore.message}")
+
+
+def _check_apply(record: NodeRecord, key: TrustedKey | str | None) -> NodeVerdict:
     name, evidence = record.name, record.evidence
     if evidence is None:
         if record.verdict not in DECIDED:
@@ -77,17 +93,10 @@ def _check_node(record: NodeRecord, key: TrustedKey | str | None) -> NodeVerdict
         return NodeVerdict(name, False, key)
     if key is None:
         return NodeVerdict(name, False, "evidence recorded, but the node file has no agentKey")
-    problem = signature_problem(evidence.job_record, evidence.key_id, evidence.job_signature, key)
+    problem = _job_record_problem(evidence, record.job_id, key)
     if problem:
         return NodeVerdict(name, False, f"job record: {problem}")
-    refusal = "jobId" not in evidence.job_record and "error" in evidence.job_record
-    if not refusal and evidence.job_record.get("jobId") != record.job_id:
-        return NodeVerdict(
-            name,
-            False,
-            f"job record is about job {evidence.job_record.get('jobId')!r}, "
-            f"not the recorded {record.job_id}",
-        )
+    refusal = _is_refusal(evidence)
     if evidence.heartbeat is not None:
         problem = signature_problem(
             evidence.heartbeat, evidence.key_id, evidence.heartbeat_signature or "", key
@@ -99,3 +108,46 @@ def _check_node(record: NodeRecord, key: TrustedKey | str | None) -> NodeVerdict
     what = "refusal" if refusal else "job record"
     what += " and heartbeat" if evidence.heartbeat is not None else ""
     return NodeVerdict(name, True, f"{what} signed by {key.key_id} ({record.verdict})")
+
+
+def _check_restore(record: NodeRecord, key: TrustedKey | str | None) -> NodeVerdict | None:
+    """The node's restore (rollback) against the same key: None when it has
+    none yet decided by an answer, so there is nothing to say."""
+    name, restore = record.name, record.restore
+    if restore is None or restore.finished_at is None:
+        return None
+    evidence = restore.evidence
+    if evidence is None:
+        if restore.error == NO_RESTORE_EVIDENCE or key is None:
+            return None  # decided by its deadline, or unsigned evidence as said above
+        return NodeVerdict(
+            name,
+            False,
+            f"restore {record.state} without recorded evidence, but the node has an agentKey",
+        )
+    if isinstance(key, str):
+        return NodeVerdict(name, False, key)
+    if key is None:
+        return NodeVerdict(
+            name, False, "restore evidence recorded, but the node file has no agentKey"
+        )
+    problem = _job_record_problem(evidence, restore.job_id, key)
+    if problem:
+        return NodeVerdict(name, False, f"restore job record: {problem}")
+    what = "restore refusal" if _is_refusal(evidence) else "restore job record"
+    outcome = "rollback_failed" if restore.error else "rolled_back"
+    return NodeVerdict(name, True, f"{what} signed by {key.key_id} ({outcome})")
+
+
+def _is_refusal(evidence: NodeEvidence) -> bool:
+    """A signed refusal of the POST (an error answer) names no job."""
+    return "jobId" not in evidence.job_record and "error" in evidence.job_record
+
+
+def _job_record_problem(evidence: NodeEvidence, job_id: str | None, key: TrustedKey) -> str:
+    problem = signature_problem(evidence.job_record, evidence.key_id, evidence.job_signature, key)
+    if problem:
+        return problem
+    if not _is_refusal(evidence) and evidence.job_record.get("jobId") != job_id:
+        return f"it is about job {evidence.job_record.get('jobId')!r}, not the recorded {job_id}"
+    return ""
