@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # Events per sequence in the engine's exhaustive check (bench/model_check.py).
-MODEL_CHECK_DEPTH ?= 7
+MODEL_CHECK_DEPTH ?= 8
 
 .PHONY: test lint typecheck pytest demo bench reliability clean
 
