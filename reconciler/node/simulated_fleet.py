@@ -600,28 +600,12 @@ class SimFleet:
 
     async def _held_job(self, node: SimNode, job: SimJob, wait: float) -> Response:
         """The job's record once it finished, or as it is when ``wait`` ends."""
-        woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        job.waiters.append(woken)
-        try:
-            await asyncio.wait_for(woken, wait)
-        except TimeoutError:
-            pass
-        finally:
-            if woken in job.waiters:
-                job.waiters.remove(woken)
+        await _woken_or_timeout(job.waiters, wait)
         return self._job_answer(node, 200, job)
 
     async def _held_heartbeat(self, node: SimNode, behaviour: Behaviour, wait: float) -> Response:
         """The heartbeat once a job of the node finished, or when ``wait`` ends."""
-        woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        node.beat_waiters.append(woken)
-        try:
-            await asyncio.wait_for(woken, wait)
-        except TimeoutError:
-            pass
-        finally:
-            if woken in node.beat_waiters:
-                node.beat_waiters.remove(woken)
+        await _woken_or_timeout(node.beat_waiters, wait)
         return self._json(node, 200, self._heartbeat(node, behaviour))
 
     def _transport(self, behaviour: Behaviour) -> Response | asyncio.Future[Response] | None:
@@ -917,3 +901,16 @@ def _check_reports(job: SimJob, behaviour: Behaviour, now: datetime) -> list[dic
             }
         )
     return reports
+
+
+async def _woken_or_timeout(waiters: list[asyncio.Future[None]], wait: float) -> None:
+    """Until a future this adds to ``waiters`` is set, or ``wait`` seconds."""
+    woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    waiters.append(woken)
+    try:
+        await asyncio.wait_for(woken, wait)
+    except TimeoutError:
+        pass
+    finally:
+        if woken in waiters:
+            waiters.remove(woken)
