@@ -233,6 +233,11 @@ def test_recorded_evidence_is_checked_per_node(tmp_path: Path) -> None:
     # Decided without evidence, though the node has a key: fails; without a key: unsigned.
     assert not _check_node(passed, key.trusted()).ok
     assert _check_node(passed, None).message == "unsigned evidence: the node has no agentKey"
+    # Evidence kept, but the node file's key is gone or unreadable: fails, saying which.
+    gone = _check_node(replace(passed, evidence=good), None)
+    assert not gone.ok and gone.message == "evidence recorded, but the node file has no agentKey"
+    unreadable = _check_node(replace(passed, evidence=good), "nodes/n1.yaml: spec.agentKey bad")
+    assert not unreadable.ok and unreadable.message == "nodes/n1.yaml: spec.agentKey bad"
 
 
 def test_an_agent_key_line_must_carry_exactly_an_ed25519_key(tmp_path: Path) -> None:

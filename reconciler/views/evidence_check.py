@@ -89,10 +89,8 @@ def _check_apply(record: NodeRecord, key: TrustedKey | str | None) -> NodeVerdic
             False,
             f"verdict {record.verdict} without recorded evidence, but the node has an agentKey",
         )
-    if isinstance(key, str):
-        return NodeVerdict(name, False, key)
-    if key is None:
-        return NodeVerdict(name, False, "evidence recorded, but the node file has no agentKey")
+    if not isinstance(key, TrustedKey):
+        return _unusable_key(name, key, "evidence")
     problem = _job_record_problem(evidence, record.job_id, key)
     if problem:
         return NodeVerdict(name, False, f"job record: {problem}")
@@ -125,18 +123,22 @@ def _check_restore(record: NodeRecord, key: TrustedKey | str | None) -> NodeVerd
             False,
             f"restore {record.state} without recorded evidence, but the node has an agentKey",
         )
-    if isinstance(key, str):
-        return NodeVerdict(name, False, key)
-    if key is None:
-        return NodeVerdict(
-            name, False, "restore evidence recorded, but the node file has no agentKey"
-        )
+    if not isinstance(key, TrustedKey):
+        return _unusable_key(name, key, "restore evidence")
     problem = _job_record_problem(evidence, restore.job_id, key)
     if problem:
         return NodeVerdict(name, False, f"restore job record: {problem}")
     what = "restore refusal" if _is_refusal(evidence) else "restore job record"
     outcome = "rollback_failed" if restore.error else "rolled_back"
     return NodeVerdict(name, True, f"{what} signed by {key.key_id} ({outcome})")
+
+
+def _unusable_key(name: str, key: str | None, what: str) -> NodeVerdict:
+    """Evidence is recorded but cannot be checked: the node file's agentKey
+    is unreadable (``key`` says why) or absent."""
+    if key is None:
+        key = f"{what} recorded, but the node file has no agentKey"
+    return NodeVerdict(name, False, key)
 
 
 def _is_refusal(evidence: NodeEvidence) -> bool:
