@@ -104,6 +104,11 @@ from reconciler.views.status_reader import StatusReader
 
 _phase_of = attrgetter("phase")
 MAX_RACES = 20  # passes lost in a row to other writers before giving up
+# A job whose held read is in flight is not asked again by the passes while
+# its last believed answer (accepted or running) is younger than this: the
+# held read answers when it finishes. An agent that stops answering is still
+# seen within this plus the agent timeout, as a plain read would see it.
+HELD_ANSWER_SECONDS = 5.0
 SOAK_MARGIN = 0.2  # seconds past a soak's end a held heartbeat read answers
 MESSAGE_LINES = 60  # transitions listed in one commit message
 REQUEST_WALK = 1000  # spec commits searched for the one that asked for a rollback
@@ -181,6 +186,10 @@ class DaemonMemory:
     # job id -> its record once succeeded: an agent never changes a finished
     # record, and a node soaking its checks would otherwise be asked every pass
     finished_jobs: dict[str, JobObservation] = field(default_factory=dict)
+    # job id -> its last believed answer while unfinished, and when it was
+    # read: used instead of a read while its held read is in flight (see
+    # HELD_ANSWER_SECONDS)
+    held_answers: dict[str, tuple[JobObservation, datetime]] = field(default_factory=dict)
     seen_tip: str | None = None  # the tip the last pass read (or its own commit on it)
     reported: set[str] = field(default_factory=set)  # problems already logged, to log each once
     watching: bool = False  # the last pass had jobs, heartbeats or backups to read
@@ -1121,17 +1130,34 @@ class Daemon:
             return seen
 
         # Finished records the held reads brought are the answers a read
-        # would get now (an agent never changes a finished record): only
-        # the other jobs are asked.
-        held = self.client.take_finished(job.job_id for _, job in jobs)
-        asked = [(url, job) for url, job in jobs if job.job_id not in held]
+        # would get now (an agent never changes a finished record). A job
+        # whose held read is still in flight has not finished: its last
+        # believed answer, if recent, is what a read would get. Only the
+        # other jobs are asked.
+        held, in_wait = self.client.take_held(job.job_id for _, job in jobs)
+        kept = self.memory.held_answers
+        for job_id in [j for j in kept if j not in in_wait]:
+            del kept[job_id]
+        recent = {
+            job_id: seen
+            for job_id, (seen, read_at) in kept.items()
+            if (now - read_at).total_seconds() < HELD_ANSWER_SECONDS
+        }
+        asked = [
+            (url, job) for url, job in jobs if job.job_id not in held and job.job_id not in recent
+        ]
         answers: dict[str, JobObservation | None] = {**held, **self.client.read_jobs(asked)}
         for (url, job), (job_id, seen) in zip(jobs, _ordered(answers, jobs), strict=True):
-            if seen is None:
+            if job_id in recent:
+                seen = recent[job_id]  # believed when it was read
+            elif seen is None:
                 unknown.append((url, job))
                 reachable[job.node] = True
                 continue
-            seen = believed(job.node, seen)
+            else:
+                seen = believed(job.node, seen)
+                if seen.state in ("accepted", "running"):
+                    kept[job_id] = (seen, now)
             observed[job_id] = seen
             reachable[job.node] = reachable.get(job.node, False) or seen.state != "unreachable"
             if seen.state == "succeeded" and job.kind == "apply":
@@ -1293,7 +1319,9 @@ class Daemon:
     def _execute(self, effects: Iterable[SendJob], fleet: Fleet, now: datetime) -> int:
         """Send the jobs the committed status records, all at once. Their
         answers are not needed: the next pass reads every unfinished job
-        anyway. Crash point ``mid_send``: half of the answers are in."""
+        anyway, but one believed (accepted or running) spares that read
+        while the job's held read is in flight (``memory.held_answers``).
+        Crash point ``mid_send``: half of the answers are in."""
         nodes = self._nodes_by_name(fleet)
         jobs = [(nodes[job.node].agent, job) for job in effects if job.node in nodes]
         if not jobs:
@@ -1301,8 +1329,14 @@ class Daemon:
         answers = self.client.send_jobs(
             jobs, now, halfway=lambda: crashpoints.reach("mid_send"), on_finished=self._wake
         )
+        kept = self.memory.held_answers
         for url, job in jobs:
             answer = answers.get(job.job_id)
+            if answer is not None and answer.state in ("accepted", "running"):
+                # Believed, it is what the next pass would read (held reads aside).
+                believed, problem = self.memory.answers.job(nodes.get(job.node), answer)
+                if not problem:
+                    kept[job.job_id] = (believed, now)
             self.log.info(
                 "sent",
                 f"{job.kind} attempt {job.attempt}: {answer.state if answer else 'unreachable'}",

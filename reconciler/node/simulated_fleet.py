@@ -73,11 +73,23 @@ from pathlib import Path
 from typing import Any
 
 from reconciler import __version__
-from reconciler.node.http_server import HttpServer, Request, Response, error_response, json_response
+from reconciler.node.http_server import (
+    MAX_CONNECTIONS,
+    HttpServer,
+    Request,
+    Response,
+    error_response,
+    json_response,
+)
 from reconciler.protocol.admission import admit_job
 from reconciler.protocol.evidence import derived_agent_key, signed_answer_bytes
 from reconciler.protocol.job_payload import SEND_TIME_FIELDS
-from reconciler.protocol.long_poll import FINISHED_JOB_STATES, newer_than, wait_seconds
+from reconciler.protocol.long_poll import (
+    FINISHED_JOB_STATES,
+    newer_than,
+    raise_open_files_limit,
+    wait_seconds,
+)
 from reconciler.protocol.signing import JobRefused, SigningKey, TrustedKey, canonical_json
 from reconciler.spec.safe_yaml import YamlProblem, load_yaml
 from reconciler.spec.times import format_time, parse_time
@@ -851,7 +863,12 @@ async def serve(
     stop: asyncio.Event | None = None,
 ) -> None:
     """Serve ``fleet`` until ``stop`` is set (or forever)."""
-    server = HttpServer(fleet.handle, host, port, on_error=_print_error)
+    # One process serves every node: a held read per job of a batch of
+    # thousands needs as many connections, within the open files limit.
+    connections = max(MAX_CONNECTIONS, min(raise_open_files_limit() - 256, 16_384))
+    server = HttpServer(
+        fleet.handle, host, port, on_error=_print_error, max_connections=connections
+    )
     await server.start()
     watcher = (
         asyncio.ensure_future(_watch_behaviour(fleet, behaviour_path)) if behaviour_path else None
