@@ -577,6 +577,9 @@ class AgentClient:
         # apply succeed: the evidence that pass will ask for, read meanwhile.
         self._heartbeats: dict[str, Heartbeat] = {}
         self._posting = 0  # POSTs in flight (loop thread): their held reads are still to come
+        # Set (loop thread) when a held job read ends, finished or not; reset
+        # by ``take_held``: a pass has something new to look at.
+        self._news = False
         # On the loop thread only: node -> its held heartbeat read; origins
         # that answer heartbeats at once whatever the query.
         self._beat_watches: dict[str, asyncio.Task[None]] = {}
@@ -645,10 +648,7 @@ class AgentClient:
                     url, "POST", f"/v1/nodes/{job.node}/jobs", body(job)
                 )
                 if status in (200, 202):
-                    seen = _job_observation(job.job_id, answer)
-                    if seen.signed is not None and self.on_signed is not None:
-                        self.on_signed(job.node, seen.signed)
-                    return job.job_id, seen
+                    return job.job_id, _job_observation(job.job_id, answer)
                 if 400 <= status < 500 and not _transient(status):
                     return job.job_id, JobObservation(
                         job.job_id,
@@ -716,9 +716,16 @@ class AgentClient:
             return self.take_finished(wanted), set()
 
         async def take() -> tuple[dict[str, JobObservation], set[str]]:
+            self._news = False
             return self.take_finished(wanted), {j for j in wanted if j in self._watches}
 
         return self._call(take())
+
+    def has_news(self) -> bool:
+        """Whether a held job read ended (finished, failed, or lost) since
+        the last ``take_held``: the jobs ``take_held`` named as held are no
+        longer all so."""
+        return self._news
 
     def take_finished(self, job_ids: Iterable[str]) -> dict[str, JobObservation]:
         """The finished records of ``job_ids`` that held reads brought since
@@ -852,6 +859,9 @@ class AgentClient:
                     return
                 seen = _job_observation(job.job_id, answer)
                 if seen.state in FINISHED_JOB_STATES:
+                    if seen.signed is not None and self.on_signed is not None:
+                        # Checked now, while the batch's other answers come in.
+                        self.on_signed(job.node, seen.signed)
                     beat = None
                     if seen.state == "succeeded" and job.kind == "apply" and job.mode == "live":
                         # The pass deciding this node asks for a heartbeat newer than
@@ -873,6 +883,7 @@ class AgentClient:
         except _Unreachable:
             return
         finally:
+            self._news = True
             if self._watches.get(job.job_id) is asyncio.current_task():
                 del self._watches[job.job_id]
 

@@ -105,10 +105,24 @@ from reconciler.views.status_reader import StatusReader
 _phase_of = attrgetter("phase")
 MAX_RACES = 20  # passes lost in a row to other writers before giving up
 # A job whose held read is in flight is not asked again by the passes while
-# its last believed answer (accepted or running) is younger than this: the
+# its last answer (accepted or running, believed) is younger than this: the
 # held read answers when it finishes. An agent that stops answering is still
 # seen within this plus the agent timeout, as a plain read would see it.
 HELD_ANSWER_SECONDS = 5.0
+
+
+@dataclass(frozen=True)
+class _HeldAnswer:
+    """A job's last unfinished answer, kept while its held read is in
+    flight. The POST's answer is kept unchecked: its signature is checked
+    only if a pass needs it (most jobs finish first), and a pass uses it
+    only once it is believed."""
+
+    seen: JobObservation
+    read_at: datetime
+    believed: bool
+
+
 SOAK_MARGIN = 0.2  # seconds past a soak's end a held heartbeat read answers
 MESSAGE_LINES = 60  # transitions listed in one commit message
 REQUEST_WALK = 1000  # spec commits searched for the one that asked for a rollback
@@ -186,10 +200,12 @@ class DaemonMemory:
     # job id -> its record once succeeded: an agent never changes a finished
     # record, and a node soaking its checks would otherwise be asked every pass
     finished_jobs: dict[str, JobObservation] = field(default_factory=dict)
-    # job id -> its last believed answer while unfinished, and when it was
-    # read: used instead of a read while its held read is in flight (see
-    # HELD_ANSWER_SECONDS)
-    held_answers: dict[str, tuple[JobObservation, datetime]] = field(default_factory=dict)
+    # job id -> its last answer while unfinished: used instead of a read
+    # while its held read is in flight (see HELD_ANSWER_SECONDS)
+    held_answers: dict[str, _HeldAnswer] = field(default_factory=dict)
+    # When the oldest held answer a pass used stops standing in for a read:
+    # a pass quiet otherwise is quiet until then (``_Quiet``).
+    held_until: datetime | None = None
     seen_tip: str | None = None  # the tip the last pass read (or its own commit on it)
     reported: set[str] = field(default_factory=set)  # problems already logged, to log each once
     watching: bool = False  # the last pass had jobs, heartbeats or backups to read
@@ -390,6 +406,7 @@ class Daemon:
             and self._approvals_tip() == quiet.approvals_tip
             and (quiet.wakeup is None or self.clock() < quiet.wakeup)
             and not self.fleet_watch.wants_pass()
+            and not self.client.has_news()
         ):
             self.memory.quiet = quiet
             return quiet.outcome
@@ -657,8 +674,13 @@ class Daemon:
             wakeup=engine.next_wakeup(lively),
         )
         if p.commit is None and not p.sent and not step.transitions and not self.memory.watching:
+            # Jobs answered by held answers only: quiet until one of those
+            # is too old to stand in for a read, or a held read ends.
+            wakeup, held_until = outcome.wakeup, self.memory.held_until
+            if held_until is not None and (wakeup is None or held_until < wakeup):
+                wakeup = held_until
             self.memory.quiet = _Quiet(
-                p.tip, p.status_branch, p.status_tip, outcome.wakeup, outcome, self._approvals_tip()
+                p.tip, p.status_branch, p.status_tip, wakeup, outcome, self._approvals_tip()
             )
         return outcome
 
@@ -1107,7 +1129,6 @@ class Daemon:
         in_flight = engine.in_flight(statuses)
         wanted_heartbeats = engine.wanted_heartbeats(statuses)
         wanted_backups = engine.wanted_backups(statuses)
-        self.memory.watching = bool(in_flight or wanted_heartbeats or wanted_backups)
         finished = self.memory.finished_jobs
         wanted_ids = {job.job_id for job in in_flight}
         for job_id in [j for j in finished if j not in wanted_ids]:
@@ -1135,21 +1156,16 @@ class Daemon:
         # believed answer, if recent, is what a read would get. Only the
         # other jobs are asked.
         held, in_wait = self.client.take_held(job.job_id for _, job in jobs)
-        kept = self.memory.held_answers
-        for job_id in [j for j in kept if j not in in_wait]:
-            del kept[job_id]
-        recent = {
-            job_id: seen
-            for job_id, (seen, read_at) in kept.items()
-            if (now - read_at).total_seconds() < HELD_ANSWER_SECONDS
-        }
+        recent = self._recent_held_answers(jobs, in_wait, nodes, now)
         asked = [
             (url, job) for url, job in jobs if job.job_id not in held and job.job_id not in recent
         ]
+        self.memory.watching = bool(asked or wanted_heartbeats or wanted_backups)
+        kept = self.memory.held_answers
         answers: dict[str, JobObservation | None] = {**held, **self.client.read_jobs(asked)}
         for (url, job), (job_id, seen) in zip(jobs, _ordered(answers, jobs), strict=True):
             if job_id in recent:
-                seen = recent[job_id]  # believed when it was read
+                seen = recent[job_id]
             elif seen is None:
                 unknown.append((url, job))
                 reachable[job.node] = True
@@ -1157,7 +1173,7 @@ class Daemon:
             else:
                 seen = believed(job.node, seen)
                 if seen.state in ("accepted", "running"):
-                    kept[job_id] = (seen, now)
+                    kept[job_id] = _HeldAnswer(seen, now, believed=True)
             observed[job_id] = seen
             reachable[job.node] = reachable.get(job.node, False) or seen.state != "unreachable"
             if seen.state == "succeeded" and job.kind == "apply":
@@ -1210,6 +1226,38 @@ class Daemon:
             unverified=unverified,
         )
         return observations, unfinished
+
+    def _recent_held_answers(
+        self,
+        jobs: Sequence[tuple[str, SendJob]],
+        in_wait: set[str],
+        nodes: Mapping[str, Node],
+        now: datetime,
+    ) -> dict[str, JobObservation]:
+        """The answers that stand in for reads this pass: of jobs whose held
+        read is in flight, read less than HELD_ANSWER_SECONDS ago, and
+        believed (checked now if not yet: one that is not is dropped, and the
+        job is read as usual). Sets ``memory.held_until``."""
+        kept = self.memory.held_answers
+        for job_id in [j for j in kept if j not in in_wait]:
+            del kept[job_id]
+        recent: dict[str, JobObservation] = {}
+        until: datetime | None = None
+        for _, job in jobs:
+            answer = kept.get(job.job_id)
+            if answer is None or (now - answer.read_at).total_seconds() >= HELD_ANSWER_SECONDS:
+                continue
+            if not answer.believed:
+                seen, problem = self.memory.answers.job(nodes.get(job.node), answer.seen)
+                if problem:
+                    del kept[job.job_id]  # a read says what is wrong, as without held reads
+                    continue
+                answer = kept[job.job_id] = replace(answer, seen=seen, believed=True)
+            recent[job.job_id] = answer.seen
+            expires = answer.read_at + timedelta(seconds=HELD_ANSWER_SECONDS)
+            until = expires if until is None or expires < until else until
+        self.memory.held_until = until
+        return recent
 
     def _unverified(self, node: str, kind: str, problem: str, found: dict[str, str]) -> None:
         """An answer not believed: counted, logged once per problem, and
@@ -1319,8 +1367,8 @@ class Daemon:
     def _execute(self, effects: Iterable[SendJob], fleet: Fleet, now: datetime) -> int:
         """Send the jobs the committed status records, all at once. Their
         answers are not needed: the next pass reads every unfinished job
-        anyway, but one believed (accepted or running) spares that read
-        while the job's held read is in flight (``memory.held_answers``).
+        anyway, but one accepted or running spares that read while the
+        job's held read is in flight (``memory.held_answers``).
         Crash point ``mid_send``: half of the answers are in."""
         nodes = self._nodes_by_name(fleet)
         jobs = [(nodes[job.node].agent, job) for job in effects if job.node in nodes]
@@ -1333,10 +1381,8 @@ class Daemon:
         for url, job in jobs:
             answer = answers.get(job.job_id)
             if answer is not None and answer.state in ("accepted", "running"):
-                # Believed, it is what the next pass would read (held reads aside).
-                believed, problem = self.memory.answers.job(nodes.get(job.node), answer)
-                if not problem:
-                    kept[job.job_id] = (believed, now)
+                # What the next pass would read, once believed (held reads aside).
+                kept[job.job_id] = _HeldAnswer(answer, now, believed=False)
             self.log.info(
                 "sent",
                 f"{job.kind} attempt {job.attempt}: {answer.state if answer else 'unreachable'}",
