@@ -1353,16 +1353,16 @@ class Daemon:
 
     def _committed(self, step: FleetStep, commit: str) -> None:
         self.metrics.commits.inc()
-        for t in step.transitions:
-            self.log.info(
+        self.log.info_many(
+            (
                 "transition",
                 f"{t.from_state} -> {t.to_state}" + (f" ({t.reason})" if t.reason else ""),
-                rollout=t.rollout,
-                node=t.node,
-                commit=commit[:12],
+                {"rollout": t.rollout, "node": t.node, "commit": commit[:12]},
             )
-            if t.node:
-                self.metrics.verdicts.labels(state=t.to_state).inc()
+            for t in step.transitions
+        )
+        for state, count in Counter(t.to_state for t in step.transitions if t.node).items():
+            self.metrics.verdicts.labels(state=state).inc(count)
 
     def _execute(self, effects: Iterable[SendJob], fleet: Fleet, now: datetime) -> int:
         """Send the jobs the committed status records, all at once. Their
@@ -1378,21 +1378,29 @@ class Daemon:
             jobs, now, halfway=lambda: crashpoints.reach("mid_send"), on_finished=self._wake
         )
         kept = self.memory.held_answers
+        lines: list[tuple[str, str, dict[str, str]]] = []
         for url, job in jobs:
             answer = answers.get(job.job_id)
             if answer is not None and answer.state in ("accepted", "running"):
                 # What the next pass would read, once believed (held reads aside).
                 kept[job.job_id] = _HeldAnswer(answer, now, believed=False)
-            self.log.info(
-                "sent",
-                f"{job.kind} attempt {job.attempt}: {answer.state if answer else 'unreachable'}",
-                rollout=job.rollout,
-                node=job.node,
-                job=job.job_id,
-                commit=job.source_commit[:12],
-                agent=url,
+            lines.append(
+                (
+                    "sent",
+                    f"{job.kind} attempt {job.attempt}: "
+                    f"{answer.state if answer else 'unreachable'}",
+                    {
+                        "rollout": job.rollout,
+                        "node": job.node,
+                        "job": job.job_id,
+                        "commit": job.source_commit[:12],
+                        "agent": url,
+                    },
+                )
             )
-            self.metrics.jobs_sent.labels(kind=job.kind).inc()
+        self.log.info_many(lines)
+        for kind, count in Counter(job.kind for _, job in jobs).items():
+            self.metrics.jobs_sent.labels(kind=kind).inc(count)
         return len(jobs)
 
     def _believed_heartbeat(self, node: str, beat: Heartbeat) -> bool | None:
