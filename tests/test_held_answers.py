@@ -154,10 +154,14 @@ def test_a_lost_held_read_ends_the_quiet_and_the_job_is_read(tmp_path: Path) -> 
         kit.close()
 
 
-def test_a_post_answer_not_believed_is_read_again_as_without_held_reads(tmp_path: Path) -> None:
-    """The fleet signs with other keys than the node files name: the POST's
-    answer is never used; the job is read and reported unverified, the same
-    with held reads as without."""
+def test_an_answer_not_believed_is_found_when_read_as_without_held_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fleet signs with other keys than the node files name. Nothing of
+    a job waiting on its held read is believed or reported until it is read:
+    once it is HELD_ANSWER_SECONDS old, the pass reads it and reports it
+    unverified, as passes reading every job do at once."""
+    monkeypatch.setattr(loop, "HELD_ANSWER_SECONDS", 1.0)
     found = {}
     for mode, ignore in (("held", False), ("plain", True)):
         kit = make_kit(tmp_path / mode, "default: hang\n", ignore_wait=ignore,
@@ -167,10 +171,14 @@ def test_a_post_answer_not_believed_is_read_again_as_without_held_reads(tmp_path
             dispatched(kit, daemon)
             if not ignore:
                 wait_held(daemon, 3)
+                before = requests(kit)
+                daemon.run_pass()
+                assert requests(kit) - before == 1  # nothing read, nothing believed
+                assert "unverified_evidence" not in str(kit.statuses()["r"].get("conditions"))
+                time.sleep(1.1)
             before = requests(kit)
             daemon.run_pass()
             assert requests(kit) - before == 1 + 3  # each job read
-            assert not daemon.memory.held_answers  # nothing believed to stand in
             found[mode] = comparable(kit.statuses()["r"])
         finally:
             kit.close()
@@ -178,6 +186,43 @@ def test_a_post_answer_not_believed_is_read_again_as_without_held_reads(tmp_path
     assert ("unverified_evidence", "answers not signed by the node's agentKey are no evidence") in (
         found["held"]["conditions"]
     )
+
+
+@pytest.mark.parametrize("change", ["deadline", "node removed"])
+def test_a_held_job_is_read_when_its_deadline_passes_or_its_node_goes(
+    tmp_path: Path, change: str
+) -> None:
+    """Where an unobserved job would be judged otherwise than one seen
+    running (past its deadline, its node gone from nodes/), it is read, and
+    the verdict is the one passes reading every job reach."""
+    found = {}
+    for mode, ignore in (("held", False), ("plain", True)):
+        kit = make_kit(tmp_path / mode, "default: hang\n", ignore_wait=ignore)
+        try:
+            daemon, _ = held_daemon(kit)
+            timeout = "2s" if change == "deadline" else "10m"
+            rollout = rollout_yaml(
+                "r", selector={"role": "web"}, batchSize=3, healthTimeout=timeout
+            )
+            kit.push({"rollouts/r.yaml": rollout})
+            kit.run_until(daemon, lambda s: len(s.get("r", {}).get("nodes", [])) == 3)
+            if not ignore:
+                wait_held(daemon, 3)
+            if change == "node removed":
+                kit.push({"nodes/web-2.yaml": None})
+            done = kit.run_until(
+                daemon,
+                lambda s: any(n["state"] != "dispatched" for n in s["r"]["nodes"]),
+                timeout=30,
+            )
+            found[mode] = {n["name"]: (n["state"], n.get("error", "")) for n in done["r"]["nodes"]}
+        finally:
+            kit.close()
+    assert found["held"] == found["plain"]
+    if change == "deadline":
+        assert found["held"]["web-1"] == ("timed_out", "deadline passed: job still running")
+    else:
+        assert found["held"]["web-2"][0] == "unknown"
 
 
 def test_signed_answers_held_reach_the_same_verdicts_as_plain_reads(tmp_path: Path) -> None:

@@ -104,23 +104,11 @@ from reconciler.views.status_reader import StatusReader
 
 _phase_of = attrgetter("phase")
 MAX_RACES = 20  # passes lost in a row to other writers before giving up
-# A job whose held read is in flight is not asked again by the passes while
-# its last answer (accepted or running, believed) is younger than this: the
-# held read answers when it finishes. An agent that stops answering is still
-# seen within this plus the agent timeout, as a plain read would see it.
+# A job whose held read is in flight, and whose agent answered it accepted
+# or running less than this ago, is not asked by the passes: its held read
+# answers when it finishes. An agent that stops answering is still seen
+# within this plus the agent timeout, as a plain read would see it.
 HELD_ANSWER_SECONDS = 5.0
-
-
-@dataclass(frozen=True)
-class _HeldAnswer:
-    """A job's last unfinished answer, kept while its held read is in
-    flight. The POST's answer is kept unchecked: its signature is checked
-    only if a pass needs it (most jobs finish first), and a pass uses it
-    only once it is believed."""
-
-    seen: JobObservation
-    read_at: datetime
-    believed: bool
 
 
 SOAK_MARGIN = 0.2  # seconds past a soak's end a held heartbeat read answers
@@ -200,10 +188,10 @@ class DaemonMemory:
     # job id -> its record once succeeded: an agent never changes a finished
     # record, and a node soaking its checks would otherwise be asked every pass
     finished_jobs: dict[str, JobObservation] = field(default_factory=dict)
-    # job id -> its last answer while unfinished: used instead of a read
-    # while its held read is in flight (see HELD_ANSWER_SECONDS)
-    held_answers: dict[str, _HeldAnswer] = field(default_factory=dict)
-    # When the oldest held answer a pass used stops standing in for a read:
+    # job id -> when its agent last answered it accepted or running: not
+    # asked while its held read is in flight (see HELD_ANSWER_SECONDS)
+    held_jobs: dict[str, datetime] = field(default_factory=dict)
+    # When the first job left waiting on its held read is to be asked again:
     # a pass quiet otherwise is quiet until then (``_Quiet``).
     held_until: datetime | None = None
     seen_tip: str | None = None  # the tip the last pass read (or its own commit on it)
@@ -1151,29 +1139,27 @@ class Daemon:
             return seen
 
         # Finished records the held reads brought are the answers a read
-        # would get now (an agent never changes a finished record). A job
-        # whose held read is still in flight has not finished: its last
-        # believed answer, if recent, is what a read would get. Only the
-        # other jobs are asked.
+        # would get now (an agent never changes a finished record). Jobs
+        # waiting on their held reads are not asked (``_waiting_on_held``).
+        # Only the other jobs are asked.
         held, in_wait = self.client.take_held(job.job_id for _, job in jobs)
-        recent = self._recent_held_answers(jobs, in_wait, nodes, now)
+        waiting = self._waiting_on_held(statuses, jobs, in_wait, now)
         asked = [
-            (url, job) for url, job in jobs if job.job_id not in held and job.job_id not in recent
+            (url, job) for url, job in jobs if job.job_id not in held and job.job_id not in waiting
         ]
         self.memory.watching = bool(asked or wanted_heartbeats or wanted_backups)
-        kept = self.memory.held_answers
+        kept = self.memory.held_jobs
         answers: dict[str, JobObservation | None] = {**held, **self.client.read_jobs(asked)}
         for (url, job), (job_id, seen) in zip(jobs, _ordered(answers, jobs), strict=True):
-            if job_id in recent:
-                seen = recent[job_id]
-            elif seen is None:
+            if job_id in waiting:
+                continue  # not observed this pass
+            if seen is None:
                 unknown.append((url, job))
                 reachable[job.node] = True
                 continue
-            else:
-                seen = believed(job.node, seen)
-                if seen.state in ("accepted", "running"):
-                    kept[job_id] = _HeldAnswer(seen, now, believed=True)
+            seen = believed(job.node, seen)
+            if seen.state in ("accepted", "running"):
+                kept[job_id] = now
             observed[job_id] = seen
             reachable[job.node] = reachable.get(job.node, False) or seen.state != "unreachable"
             if seen.state == "succeeded" and job.kind == "apply":
@@ -1215,8 +1201,11 @@ class Daemon:
         unfinished = [
             (url, job)
             for url, job in jobs
-            if (seen := observed.get(job.job_id)) is not None
-            and seen.state in ("accepted", "running")
+            if job.job_id in waiting
+            or (
+                (seen := observed.get(job.job_id)) is not None
+                and seen.state in ("accepted", "running")
+            )
         ]
         observations = Observations(
             jobs=observed,
@@ -1227,37 +1216,52 @@ class Daemon:
         )
         return observations, unfinished
 
-    def _recent_held_answers(
+    def _waiting_on_held(
         self,
+        statuses: Sequence[RolloutStatus],
         jobs: Sequence[tuple[str, SendJob]],
         in_wait: set[str],
-        nodes: Mapping[str, Node],
         now: datetime,
-    ) -> dict[str, JobObservation]:
-        """The answers that stand in for reads this pass: of jobs whose held
-        read is in flight, read less than HELD_ANSWER_SECONDS ago, and
-        believed (checked now if not yet: one that is not is dropped, and the
-        job is read as usual). Sets ``memory.held_until``."""
-        kept = self.memory.held_answers
+    ) -> set[str]:
+        """The jobs left unobserved this pass: applies whose held read is in
+        flight and whose agent answered them accepted or running less than
+        HELD_ANSWER_SECONDS ago. The engine judges an unobserved apply as one
+        accepted or running (it waits for it) as long as its deadline has not
+        passed and its node is not counted unreachable (a node gone from the
+        fleet is not asked either way); any other job is asked. Nothing is believed without a read: an answer
+        that is not evidence is found when it is read, at its finish or once
+        it is this old. Sets ``memory.held_until``."""
+        kept = self.memory.held_jobs
         for job_id in [j for j in kept if j not in in_wait]:
             del kept[job_id]
-        recent: dict[str, JobObservation] = {}
+        self.memory.held_until = None
+        if not kept:
+            return set()
+        deadlines = {
+            record.job_id: record.deadline
+            for status in statuses
+            for record in status.nodes
+            if record.state == "dispatched" and record.job_id in kept
+        }
+        waiting: set[str] = set()
         until: datetime | None = None
         for _, job in jobs:
-            answer = kept.get(job.job_id)
-            if answer is None or (now - answer.read_at).total_seconds() >= HELD_ANSWER_SECONDS:
+            since = kept.get(job.job_id)
+            deadline = deadlines.get(job.job_id)
+            if (
+                since is None
+                or (now - since).total_seconds() >= HELD_ANSWER_SECONDS
+                or job.kind != "apply"
+                or deadline is None
+                or now >= deadline
+                or job.node in self.memory.unreachable
+            ):
                 continue
-            if not answer.believed:
-                seen, problem = self.memory.answers.job(nodes.get(job.node), answer.seen)
-                if problem:
-                    del kept[job.job_id]  # a read says what is wrong, as without held reads
-                    continue
-                answer = kept[job.job_id] = replace(answer, seen=seen, believed=True)
-            recent[job.job_id] = answer.seen
-            expires = answer.read_at + timedelta(seconds=HELD_ANSWER_SECONDS)
+            waiting.add(job.job_id)
+            expires = since + timedelta(seconds=HELD_ANSWER_SECONDS)
             until = expires if until is None or expires < until else until
         self.memory.held_until = until
-        return recent
+        return waiting
 
     def _unverified(self, node: str, kind: str, problem: str, found: dict[str, str]) -> None:
         """An answer not believed: counted, logged once per problem, and
@@ -1368,7 +1372,7 @@ class Daemon:
         """Send the jobs the committed status records, all at once. Their
         answers are not needed: the next pass reads every unfinished job
         anyway, but one accepted or running spares that read while the
-        job's held read is in flight (``memory.held_answers``).
+        job's held read is in flight (``memory.held_jobs``).
         Crash point ``mid_send``: half of the answers are in."""
         nodes = self._nodes_by_name(fleet)
         jobs = [(nodes[job.node].agent, job) for job in effects if job.node in nodes]
@@ -1377,13 +1381,13 @@ class Daemon:
         answers = self.client.send_jobs(
             jobs, now, halfway=lambda: crashpoints.reach("mid_send"), on_finished=self._wake
         )
-        kept = self.memory.held_answers
+        kept = self.memory.held_jobs
         lines: list[tuple[str, str, dict[str, str]]] = []
         for url, job in jobs:
             answer = answers.get(job.job_id)
             if answer is not None and answer.state in ("accepted", "running"):
-                # What the next pass would read, once believed (held reads aside).
-                kept[job.job_id] = _HeldAnswer(answer, now, believed=False)
+                # Taken: it need not be asked while its held read is in flight.
+                kept[job.job_id] = now
             lines.append(
                 (
                     "sent",
