@@ -7,6 +7,8 @@ is a real process on 127.0.0.1; signatures are real."""
 from __future__ import annotations
 
 import asyncio
+import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -337,5 +339,23 @@ def test_the_simulated_fleet_holds_more_reads_than_an_agent_serves_connections(
         assert answers.count(b"HTTP/1.1 200 \r\n") + answers.count(b"HTTP/1.1 200 OK\r\n") == 600, {
             repr(a)[:80] for a in answers
         }
+    finally:
+        kit.close()
+
+
+def test_the_simulated_fleet_listens_with_room_for_a_batch_of_connects(tmp_path: Path) -> None:
+    """A batch's held reads open hundreds of connections within moments; a
+    backlog of 256 overflowed (the kernel dropped SYNs, and each dropped
+    connect waited out a 1 s retry). ``ss`` shows a listening socket's
+    backlog as its Send-Q."""
+    if shutil.which("ss") is None and os.environ.get("CI") != "true":
+        pytest.skip("ss (iproute2) is not installed")
+    kit = make_kit(tmp_path, "default: succeed\n", ignore_wait=False)
+    try:
+        port = kit.fleet.url.rsplit(":", 1)[1]
+        listing = subprocess.run(
+            ["ss", "-ltnH", f"sport = :{port}"], capture_output=True, text=True, check=True
+        ).stdout.split()
+        assert listing[0] == "LISTEN" and int(listing[2]) >= 1000, listing
     finally:
         kit.close()

@@ -74,6 +74,7 @@ from typing import Any
 
 from reconciler import __version__
 from reconciler.node.http_server import (
+    BACKLOG,
     MAX_CONNECTIONS,
     HttpServer,
     Request,
@@ -866,8 +867,14 @@ async def serve(
     # One process serves every node: a held read per job of a batch of
     # thousands needs as many connections, within the open files limit.
     connections = max(MAX_CONNECTIONS, min(raise_open_files_limit() - 256, 16_384))
+    # A batch's held reads connect at once: none waits out a SYN retry.
     server = HttpServer(
-        fleet.handle, host, port, on_error=_print_error, max_connections=connections
+        fleet.handle,
+        host,
+        port,
+        on_error=_print_error,
+        max_connections=connections,
+        backlog=max(BACKLOG, min(connections, 4096)),
     )
     await server.start()
     watcher = (
