@@ -156,6 +156,29 @@ def test_a_lost_held_read_ends_the_quiet_and_the_job_is_read(tmp_path: Path) -> 
         kit.close()
 
 
+def test_a_simulated_node_going_down_answers_its_held_reads_as_down(tmp_path: Path) -> None:
+    """A real agent that goes down drops the reads it holds; the simulated
+    fleet answers them as its new behaviour says (503), at once, so the
+    next pass reads the jobs and counts the nodes unreachable."""
+    kit = make_kit(tmp_path, "default: hang\n", ignore_wait=False)
+    try:
+        daemon, _ = held_daemon(kit)
+        dispatched(kit, daemon)
+        wait_held(daemon, 3)
+        daemon.run_pass()
+        assert daemon.memory.quiet is not None
+        names = ", ".join(NODES)
+        kit.fleet.set_behaviour(f"names: [{names}]\ndefault: unreachable\n")
+        deadline = time.monotonic() + 10
+        while daemon.client.watching():
+            assert time.monotonic() < deadline, "held reads still in flight"
+            time.sleep(0.05)
+        daemon.run_pass()
+        assert set(daemon.memory.unreachable) == set(NODES)
+    finally:
+        kit.close()
+
+
 def test_an_answer_not_believed_is_found_when_read_as_without_held_reads(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
