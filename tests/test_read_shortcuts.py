@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.daemon.inert import needs_passes
+from reconciler.daemon.inert import InertStatuses, needs_passes
 from reconciler.daemon.loop import Daemon, _Pass
 from reconciler.engine import step as engine
 from reconciler.protocol.observations import Observations
@@ -152,7 +152,7 @@ def test_a_daemon_reading_what_changed_reads_and_decides_what_reading_everything
     kept = kit.daemon()  # keeps its memory from read to read
     writer = kit.daemon()  # commits statuses, as the running daemon would
     tips = [git("rev-parse", "main", cwd=kit.bare)]
-    rewinds = incremental_reads = 0
+    rewinds = incremental_reads = lively_kept = 0
     for step in range(70):
         roll = rng.random()
         if roll < 0.08 and len(tips) > 4:
@@ -179,15 +179,34 @@ def test_a_daemon_reading_what_changed_reads_and_decides_what_reading_everything
 
         # The engine with rollouts at rest left alone decides the same.
         docs = want.documents
+        # Told what changed since its last step, it builds on that step's seed.
         with_memo = engine.step_fleet(
-            got.inputs, docs.fleet, docs.settings, Observations(), NOW, memo=kept.memory.memo
+            got.inputs,
+            docs.fleet,
+            docs.settings,
+            Observations(),
+            NOW,
+            memo=kept.memory.memo,
+            changed=kept.memory.step_changes,
         )
+        kept.memory.step_changes = {}
         plain = engine.step_fleet(want.inputs, docs.fleet, docs.settings, Observations(), NOW)
         assert with_memo == plain, step
 
         # Inert statuses ask nothing: observing only the lively ones is the same.
         every = list(want.statuses.values())
-        lively = kept.memory.inert.lively(got.statuses)
+        # Judged again only where statuses were read again, as observe does.
+        changes = kept.memory.observe_changes
+        inert = kept.memory.inert
+        if changes is None:
+            lively = inert.lively(got.statuses)
+        else:
+            lively = inert.lively_changed(got.statuses, changes)
+            assert sorted(lively, key=lambda s: s.name) == sorted(
+                InertStatuses().lively(want.statuses), key=lambda s: s.name
+            ), step
+            lively_kept += 1
+        kept.memory.observe_changes = set()
         for ask in (
             engine.in_flight,
             engine.wanted_heartbeats,
@@ -206,6 +225,8 @@ def test_a_daemon_reading_what_changed_reads_and_decides_what_reading_everything
     assert rewinds >= 3 and incremental_reads > 50
     # It did take the shortcuts: most reads assembled only what changed.
     assert kept.memory.assembly.full_assemblies < 40
+    assert kept.memory.memo.seeds_kept > 30  # and most steps built on the last seed
+    assert lively_kept > 30, lively_kept
 
 
 def _fresh_dashboard(statuses: dict[str, object]) -> str:

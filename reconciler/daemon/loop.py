@@ -26,10 +26,9 @@ import contextlib
 import signal
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
-from operator import attrgetter
 from types import FrameType
 from typing import Any
 
@@ -102,7 +101,6 @@ from reconciler.views.fleet_reader import FleetReader
 from reconciler.views.fleet_text import fleet_dashboard_section
 from reconciler.views.status_reader import StatusReader
 
-_phase_of = attrgetter("phase")
 MAX_RACES = 20  # passes lost in a row to other writers before giving up
 SOAK_MARGIN = 0.2  # seconds past a soak's end a held heartbeat read answers
 MESSAGE_LINES = 60  # transitions listed in one commit message
@@ -163,11 +161,21 @@ class DaemonMemory:
     inputs_fleet: Fleet | None = None
     inputs_tip_bound: set[str] = field(default_factory=set)  # built with the tip read
     inputs_unstarted: set[str] = field(default_factory=set)  # built from the fleet
+    # The inputs built or dropped since the engine last stepped (name ->
+    # input, None: dropped), for its memo; None: look at every input.
+    step_changes: dict[str, RolloutInput | None] | None = None
     # Rollouts whose spec or status files the read step found changed in
     # this pass (None: it read every file, so look at every rollout).
     spec_changed: frozenset[str] | None = None
     status_changed: frozenset[str] | None = None
     quiet: _Quiet | None = None  # the last pass, if it changed and watched nothing
+    # Rollouts whose recorded status may have changed since ``observe`` and
+    # the phase gauges last looked (None: look at every one).
+    observe_changes: set[str] | None = None
+    gauge_changes: set[str] | None = None
+    phases: dict[str, str] = field(default_factory=dict)  # the gauges' rollouts and phases
+    phase_counts: Counter[str] = field(default_factory=Counter)  # how many in each phase
+    gauged_step: frozenset[str] = frozenset()  # the rollouts the step behind the gauges changed
     inert: InertStatuses = field(default_factory=InertStatuses)  # statuses that ask nothing
     dashboard: tuple[str, bytes] | None = None  # the dashboard blob read last: (id, content)
     dashboard_order: DashboardOrder = field(default_factory=DashboardOrder)  # its rows' order
@@ -201,6 +209,29 @@ class _BuiltInput:
     unstarted: bool  # its nodes come from the fleet, not from its status
     uses_tip: bool  # a commit id in it fell back to the tip read, or is off the line
     tip: str
+
+
+class _InputsView(Collection[RolloutInput]):
+    """The engine inputs of ``DaemonMemory.inputs``, without a list of
+    thousands built every pass (the engine, told what changed, only counts
+    them)."""
+
+    __slots__ = ("_built",)
+
+    def __init__(self, built: Mapping[str, _BuiltInput]) -> None:
+        self._built = built
+
+    def __len__(self) -> int:
+        return len(self._built)
+
+    def __iter__(self) -> Iterator[RolloutInput]:
+        return (built.input for built in self._built.values())
+
+    def __contains__(self, item: object) -> bool:
+        if not isinstance(item, RolloutInput):
+            return False
+        built = self._built.get(item.name)
+        return built is not None and built.input == item
 
 
 class _Pass:
@@ -241,7 +272,7 @@ class _Pass:
     status_tip: str | None
     statuses: dict[str, RolloutStatus]
     broken: dict[str, str]
-    inputs: list[RolloutInput]
+    inputs: Collection[RolloutInput]
     observations: Observations
     lively: list[RolloutStatus]  # the statuses observed: those not inert
     unfinished: list[tuple[str, SendJob]]  # jobs the agents said are not finished yet
@@ -414,6 +445,7 @@ class Daemon:
             for name, reason in tampered.items():
                 p.broken[name] = reason
                 self._report("status_tampered", reason, rollout=name)
+            self._statuses_changed(None)  # held statuses leave the mapping
         p.inputs = self._inputs(p.tip, history, p.approval, documents, p.statuses, p.broken)
         return None
 
@@ -421,8 +453,15 @@ class Daemon:
         """Ask the agents: unfinished jobs (resending those they do not
         know), heartbeats, backup lists. Touches: the agents over HTTP;
         ``memory.unreachable`` and ``memory.watching``."""
-        # Finished rollouts at rest ask nothing: only the others are looked at.
-        p.lively = lively = self.memory.inert.lively(p.statuses)
+        # Finished rollouts at rest ask nothing: only the others are looked
+        # at, and only the statuses read again are judged again.
+        memory = self.memory
+        changes = memory.observe_changes
+        if changes is None:
+            p.lively = lively = memory.inert.lively(p.statuses)
+        else:
+            p.lively = lively = memory.inert.lively_changed(p.statuses, changes)
+        memory.observe_changes = set()
         p.observations, p.unfinished = self._ask_agents(lively, p.documents.fleet)
         metric_checks = self._ask_prometheus(lively, p.observations, p.documents)
         if metric_checks:
@@ -442,7 +481,9 @@ class Daemon:
             p.now,
             unreadable=held,
             memo=self.memory.memo,
+            changed=self.memory.step_changes,
         )
+        self.memory.step_changes = {}
         crashpoints.reach("after_step")
         p.merged = {**p.statuses, **p.step.statuses}
         return None
@@ -632,7 +673,7 @@ class Daemon:
         self.memory.seen_tip = (
             p.commit if p.commit and p.status_branch == self.store.branch else p.tip
         )
-        self._update_gauges(merged.values())
+        self._update_gauges(merged, step)
         # The statuses observed as lively, as the step left them, and those it changed.
         lively = [s for s in p.lively if s.name not in step.statuses]
         lively += self.memory.inert.lively(step.statuses, every=False)
@@ -788,6 +829,7 @@ class Daemon:
         else:
             statuses, broken = reader.read(self.store, commit)
             self.memory.status_changed = None
+        self._statuses_changed(self.memory.status_changed)
         for name, reason in broken.items():
             self._report(
                 "status_unreadable",
@@ -797,6 +839,17 @@ class Daemon:
                 rollout=name,
             )
         return statuses, broken
+
+    def _statuses_changed(self, names: Iterable[str] | None) -> None:
+        """Tell ``observe`` and the gauges which rollouts' recorded statuses
+        may differ from what they looked at last (None: any)."""
+        memory = self.memory
+        if names is None:
+            memory.observe_changes = memory.gauge_changes = None
+            return
+        for changes in (memory.observe_changes, memory.gauge_changes):
+            if changes is not None:
+                changes.update(names)
 
     def _held_by_unreadable(
         self,
@@ -826,7 +879,7 @@ class Daemon:
         documents: Documents,
         statuses: Mapping[str, RolloutStatus],
         broken: Mapping[str, str],
-    ) -> list[RolloutInput]:
+    ) -> Collection[RolloutInput]:
         """Each rollout's engine input. Built again only for the rollouts
         whose input may differ from the last pass's: its spec, problems or
         status value changed (the readers keep unchanged values' identity
@@ -856,6 +909,7 @@ class Daemon:
             or not self.reuse_inputs
         ):
             cache.clear()
+            memory.step_changes = None
             memory.inputs_by_node.clear()
             memory.inputs_tip_bound.clear()
             memory.inputs_unstarted.clear()
@@ -925,6 +979,8 @@ class Daemon:
                 name in unverified_names,
             )
             self._drop_input(name)
+            if memory.step_changes is not None:
+                memory.step_changes[name] = built.input
             for path in built.node_paths:
                 memory.inputs_by_node.setdefault(path, set()).add(name)
             if built.uses_tip:
@@ -941,13 +997,15 @@ class Daemon:
         memory.inputs_generation = history.generation
         memory.inputs_context = (refusal, approved_by)
         memory.inputs_fleet = documents.fleet
-        return [built.input for built in memory.inputs.values()]
+        return _InputsView(memory.inputs)
 
     def _drop_input(self, name: str) -> None:
         memory = self.memory
         cached = memory.inputs.pop(name, None)
         if cached is None:
             return
+        if memory.step_changes is not None:
+            memory.step_changes[name] = None
         for path in cached.node_paths:
             users = memory.inputs_by_node.get(path)
             if users is not None:
@@ -1389,10 +1447,30 @@ class Daemon:
             log = self.log.warning if change.to_state in fleet_rules.FLEET_EVENTS else self.log.info
             log(event, text, node=change.node, commit=commit[:12])
 
-    def _update_gauges(self, statuses: Iterable[RolloutStatus]) -> None:
-        counts = dict.fromkeys(status_values.PHASES, 0)
-        counts.update(Counter(map(_phase_of, statuses)))
-        for phase, count in counts.items():
+    def _update_gauges(self, merged: Mapping[str, RolloutStatus], step: FleetStep) -> None:
+        """Rollouts by phase, counted again only for the rollouts whose
+        status changed since the last count: read again, or changed by
+        this step or the one before (whose statuses that count included)."""
+        memory = self.memory
+        changes = memory.gauge_changes
+        if changes is None:
+            memory.phases = {name: status.phase for name, status in merged.items()}
+            memory.phase_counts = Counter(memory.phases.values())
+        else:
+            phases, counts = memory.phases, memory.phase_counts
+            for name in changes.union(memory.gauged_step, step.statuses):
+                old = phases.pop(name, None)
+                if old is not None:
+                    counts[old] -= 1
+                status = merged.get(name)
+                if status is not None:
+                    phases[name] = status.phase
+                    counts[status.phase] += 1
+        memory.gauge_changes = set()
+        memory.gauged_step = frozenset(step.statuses)
+        shown = dict.fromkeys(status_values.PHASES, 0)
+        shown.update((phase, n) for phase, n in memory.phase_counts.items() if n)
+        for phase, count in shown.items():
             self.metrics.rollouts.labels(phase=phase).set(count)
 
     # -- the loop ------------------------------------------------------------
