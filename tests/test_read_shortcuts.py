@@ -13,17 +13,25 @@ rewinds."""
 
 from __future__ import annotations
 
+import io
 import random
+import shutil
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from prometheus_client import generate_latest
 
+from reconciler.daemon.agent_client import AgentClient
 from reconciler.daemon.inert import InertStatuses, needs_passes
+from reconciler.daemon.logs import EventLog
 from reconciler.daemon.loop import Daemon, _Pass
 from reconciler.engine import step as engine
+from reconciler.git.store import GitStore
 from reconciler.protocol.observations import Observations
+from reconciler.protocol.signing import load_private_key
 from reconciler.views import dashboard
 from reconciler.views.status_text import ordered
 from tests.fleetkit import FleetKit, node_yaml, rollout_yaml
@@ -256,3 +264,62 @@ def test_a_position_whose_objects_are_gone_means_reading_everything_again(kit: F
     assert got.documents == want.documents and set(got.documents.rollouts) == {"r1", "r2"}
     assert got.statuses == want.statuses and set(got.statuses) == {"r1", "r2"}
     assert kept.memory.status_changed is None and kept.memory.spec_changed is None
+
+
+def test_a_daemon_that_keeps_its_memory_commits_what_a_fresh_one_commits(
+    kit: FleetKit, tmp_path: Path
+) -> None:
+    # Whole passes, with every shortcut at once (changed paths, kept
+    # documents, statuses and inputs, the engine's kept seed and rest set,
+    # inert statuses, the dashboard's kept order, phase counts kept): at
+    # every step a fresh daemon passes over a copy of the repository as it
+    # stands, and the kept one over the repository itself; both make the
+    # same commit (tree and message), the same outcome and the same gauges.
+    rng = random.Random(2021)
+    now = [datetime.now(UTC).replace(microsecond=0)]  # the agents check signatures' times
+    kept = kit.daemon(clock=lambda: now[0])
+    compared = commits = 0
+    for step in range(60):
+        if rng.random() < 0.6:
+            push(kit, person_edit(rng, kit), f"step {step}")
+        now[0] = datetime.now(UTC).replace(microsecond=0)  # one clock for both daemons
+        copy = tmp_path / f"copy-{step}.git"
+        shutil.copytree(kit.bare, copy)
+        fresh = Daemon(
+            GitStore.open(str(copy), "main"),
+            AgentClient(load_private_key(kit.key_path), timeout=kit.agent_timeout),
+            log=EventLog(stream=io.StringIO()),
+            clock=lambda: now[0],
+        )
+        try:
+            want = fresh.run_pass()
+        finally:
+            fresh.client.close()
+        got = kept.run_pass()
+        time.sleep(0.05)  # the jobs both sent finish before the next reads
+
+        assert (got.commit is None) == (want.commit is None), step
+        assert (got.transitions, got.jobs_sent, got.active, got.wakeup, got.refused) == (
+            want.transitions,
+            want.jobs_sent,
+            want.active,
+            want.wakeup,
+            want.refused,
+        ), step
+        if got.commit is not None and want.commit is not None:
+            mine, theirs = kept.store.repository(), fresh.store.repository()
+            assert mine[got.commit].tree_id == theirs[want.commit].tree_id, step
+            assert mine[got.commit].message == theirs[want.commit].message, step
+            commits += 1
+        assert _gauges(kept) == _gauges(fresh), step
+        compared += 1
+        shutil.rmtree(copy)
+    assert compared == 60 and commits > 15, commits
+    assert kept.memory.memo.seeds_kept > 15
+    assert kept.memory.assembly.full_assemblies < 30
+
+
+def _gauges(daemon: Daemon) -> list[str]:
+    """The rollouts-by-phase lines of the metrics text."""
+    text = generate_latest(daemon.metrics.registry).decode()
+    return [line for line in text.splitlines() if line.startswith("reconciler_rollouts{")]
