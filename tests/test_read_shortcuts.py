@@ -181,6 +181,9 @@ def test_a_daemon_reading_what_changed_reads_and_decides_what_reading_everything
         fresh = kit.daemon()  # reads everything
         got, want = read_step(kept), read_step(fresh)
         assert got.documents == want.documents, step
+        # In the same order too (a mapping's equality does not look at it).
+        assert list(got.documents.rollouts) == list(want.documents.rollouts), step
+        assert list(got.documents.invalid_rollouts) == list(want.documents.invalid_rollouts)
         assert got.statuses == want.statuses and got.broken == want.broken, step
         by_name = lambda inputs: sorted(inputs, key=lambda i: i.name)  # noqa: E731
         assert by_name(got.inputs) == by_name(want.inputs), step
