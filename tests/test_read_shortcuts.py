@@ -16,6 +16,7 @@ from __future__ import annotations
 import io
 import random
 import shutil
+import subprocess
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -148,9 +149,34 @@ def person_edit(rng: random.Random, kit: FleetKit) -> dict[str, str | None]:
     if not statuses:
         return {f"rollouts/{name}.yaml": a_rollout(rng, name)}
     target = rng.choice(statuses)
-    if rng.random() < 0.5:
-        return {f"status/{target}.yaml": None}
-    return {f"status/{target}.yaml": "phase: [not, a, status\n"}
+    path = f"status/{target}.yaml"
+    roll = rng.random()
+    if roll < 0.35:
+        return {path: None}
+    if roll < 0.7:
+        return {path: "phase: [not, a, status\n"}
+    return older_status(rng, kit, target)
+
+
+def older_status(rng: random.Random, kit: FleetKit, target: str = "") -> dict[str, str | None]:
+    """An older version of a status file put back (as ``git revert`` does):
+    a valid status with another value than the daemon wrote last."""
+    work = kit.work
+    if not target:
+        names = sorted(p.stem for p in (work / "status").glob("*.yaml") if p.stem != "fleet")
+        if not names:
+            return {}
+        target = rng.choice(names)
+    path = f"status/{target}.yaml"
+    git("fetch", "--quiet", "origin", cwd=work)
+    versions = git("log", "--format=%H", "origin/main", "--", path, cwd=work).split()
+    if len(versions) < 2:
+        return {path: None}
+    older = rng.choice(versions[1:])
+    shown = subprocess.run(
+        ["git", "show", f"{older}:{path}"], cwd=work, capture_output=True, text=True
+    )
+    return {path: shown.stdout if shown.returncode == 0 else None}
 
 
 def test_a_daemon_reading_what_changed_reads_and_decides_what_reading_everything_does(
@@ -283,8 +309,11 @@ def test_a_daemon_that_keeps_its_memory_commits_what_a_fresh_one_commits(
     kept = kit.daemon(clock=lambda: now[0])
     compared = commits = 0
     for step in range(60):
-        if rng.random() < 0.6:
+        roll = rng.random()
+        if roll < 0.45:
             push(kit, person_edit(rng, kit), f"step {step}")
+        elif roll < 0.6:
+            push(kit, older_status(rng, kit), f"step {step}: an older status put back")
         now[0] = datetime.now(UTC).replace(microsecond=0)  # one clock for both daemons
         copy = tmp_path / f"copy-{step}.git"
         shutil.copytree(kit.bare, copy)

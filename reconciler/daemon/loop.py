@@ -173,6 +173,8 @@ class DaemonMemory:
     # the phase gauges last looked (None: look at every one).
     observe_changes: set[str] | None = None
     gauge_changes: set[str] | None = None
+    dashboard_changes: set[str] | None = None
+    drawn_step: frozenset[str] = frozenset()  # the rollouts the step behind the dashboard changed
     phases: dict[str, str] = field(default_factory=dict)  # the gauges' rollouts and phases
     phase_counts: Counter[str] = field(default_factory=Counter)  # how many in each phase
     gauged_step: frozenset[str] = frozenset()  # the rollouts the step behind the gauges changed
@@ -845,9 +847,9 @@ class Daemon:
         may differ from what they looked at last (None: any)."""
         memory = self.memory
         if names is None:
-            memory.observe_changes = memory.gauge_changes = None
+            memory.observe_changes = memory.gauge_changes = memory.dashboard_changes = None
             return
-        for changes in (memory.observe_changes, memory.gauge_changes):
+        for changes in (memory.observe_changes, memory.gauge_changes, memory.dashboard_changes):
             if changes is not None:
                 changes.update(names)
 
@@ -1321,10 +1323,18 @@ class Daemon:
                 written[path] = data
             for path in gone:
                 changes[path] = None
-        dashboard = _dashboard(merged, broken, fleet, self.memory.dashboard_order, nodes).encode()
+        # Only the rollouts whose status may differ from the last drawing
+        # are looked at: read again, or changed by this step or that one.
+        memory = self.memory
+        drawn = memory.dashboard_changes
+        names = drawn.union(memory.drawn_step, step.statuses) if drawn is not None else None
+        dashboard = _dashboard(merged, broken, fleet, memory.dashboard_order, nodes, names)
+        memory.dashboard_changes = set()
+        memory.drawn_step = frozenset(step.statuses)
+        text = dashboard.encode()
         current = self.store.file_blob(parent, DASHBOARD_PATH) if parent else None
-        if current is None or self._dashboard_text(current) != dashboard:
-            changes[DASHBOARD_PATH] = dashboard
+        if current is None or self._dashboard_text(current) != text:
+            changes[DASHBOARD_PATH] = text
         return changes
 
     def _dashboard_text(self, blob_id: str) -> bytes:
@@ -1574,12 +1584,13 @@ def _dashboard(
     fleet: FleetStatus | None = None,
     order: DashboardOrder | None = None,
     nodes: Sequence[Node] = (),
+    changed: Iterable[str] | None = None,
 ) -> str:
     """The dashboard, with the fleet watch's section when there is a fleet
     status, the evidence marks of the nodes (DESIGN.md 12) when any applies,
     and the status files that cannot be read listed last, since those
     rollouts are held until a person repairs them."""
-    text = render_dashboard(statuses, order)
+    text = render_dashboard(statuses, order, changed)
     if fleet is not None:
         text = text.rstrip("\n") + "\n\n" + fleet_dashboard_section(fleet)
     marks = evidence_dashboard_section(nodes)
