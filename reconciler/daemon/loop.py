@@ -171,6 +171,9 @@ class DaemonMemory:
     status_changed: frozenset[str] | None = None
     quiet: _Quiet | None = None  # the last pass, if it changed and watched nothing
     read_everything: bool = False  # this pass read every spec or status file (see run_pass)
+    # The daemon's last status commit on the statuses it read: (the status
+    # tip read, the commit made on it, the status paths it wrote).
+    own_status_write: tuple[str, str, frozenset[str]] | None = None
     # Rollouts whose recorded status may have changed since ``observe`` and
     # the phase gauges last looked (None: look at every one).
     observe_changes: set[str] | None = None
@@ -558,6 +561,12 @@ class Daemon:
             p.commit = self.store.commit(
                 p.status_branch, p.status_tip, changes, message, sign=self.sign
             )
+            if p.status_tip is not None and p.status_tip == self.memory.status_reader.at:
+                self.memory.own_status_write = (
+                    p.status_tip,
+                    p.commit,
+                    frozenset(path for path in changes if path.startswith(STATUS_DIR + "/")),
+                )
             if p.status_branch == self.store.branch and self._watcher_of_serve is not None:
                 # Before the ref's file event reaches the watcher: not a hint.
                 self._watcher_of_serve.acted_on(p.status_branch, p.commit)
@@ -825,11 +834,20 @@ class Daemon:
         """Recorded statuses by rollout name, and the names whose status
         files cannot be read (with why): those are held, never overwritten."""
         reader = self.memory.status_reader
+        # After its own commit on the statuses read last, the daemon knows
+        # what changed up to that commit: only what came after is compared
+        # (one tree id, unless someone else wrote status files since).
+        base, written = reader.at, frozenset[str]()
+        own, self.memory.own_status_write = self.memory.own_status_write, None
+        if own is not None and own[0] == reader.at:
+            _, base, written = own
         changed = (
-            self._changed_paths(reader.at, commit, (STATUS_DIR,))
-            if commit is not None and reader.at is not None
+            self._changed_paths(base, commit, (STATUS_DIR,))
+            if commit is not None and base is not None
             else None
         )
+        if changed is not None:
+            changed |= written
         if changed is not None:
             # Only the rollouts whose status files changed since the last
             # read are read again (a rewind is a change like any other).
