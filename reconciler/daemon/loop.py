@@ -179,6 +179,7 @@ class DaemonMemory:
     observe_changes: set[str] | None = None
     gauge_changes: set[str] | None = None
     dashboard_changes: set[str] | None = None
+    readable_changes: set[str] | None = None  # for ``last_readable``
     drawn_step: frozenset[str] = frozenset()  # the rollouts the step behind the dashboard changed
     phases: dict[str, str] = field(default_factory=dict)  # the gauges' rollouts and phases
     phase_counts: Counter[str] = field(default_factory=Counter)  # how many in each phase
@@ -873,9 +874,15 @@ class Daemon:
         may differ from what they looked at last (None: any)."""
         memory = self.memory
         if names is None:
-            memory.observe_changes = memory.gauge_changes = memory.dashboard_changes = None
+            memory.observe_changes = memory.gauge_changes = None
+            memory.dashboard_changes = memory.readable_changes = None
             return
-        for changes in (memory.observe_changes, memory.gauge_changes, memory.dashboard_changes):
+        for changes in (
+            memory.observe_changes,
+            memory.gauge_changes,
+            memory.dashboard_changes,
+            memory.readable_changes,
+        ):
             if changes is not None:
                 changes.update(names)
 
@@ -888,7 +895,16 @@ class Daemon:
         """The nodes each rollout with an unreadable status may hold: those
         of its last readable status (remembered since start-up) and those
         its spec selects. Nobody else starts on them until it is repaired."""
-        self.memory.last_readable.update(statuses)
+        memory = self.memory
+        changed = memory.readable_changes
+        if changed is None:
+            memory.last_readable.update(statuses)
+        else:  # only the statuses read again can be new
+            for name in changed:
+                status = statuses.get(name)
+                if status is not None:
+                    memory.last_readable[name] = status
+        memory.readable_changes = set()
         held: dict[str, tuple[str, ...]] = {}
         for name in broken:
             last = self.memory.last_readable.get(name)

@@ -1140,8 +1140,8 @@ class Assembly:
         self.documents = Documents(
             settings=settings,
             fleet=docs.fleet,
-            rollouts=MappingProxyType(_patched(docs.rollouts, gone, rollouts)),
-            invalid_rollouts=MappingProxyType(_patched(docs.invalid_rollouts, gone, invalid)),
+            rollouts=_patched(docs.rollouts, gone, rollouts),
+            invalid_rollouts=_patched(docs.invalid_rollouts, gone, invalid),
             problems=tuple(
                 sorted((p for found in self._problems.values() for p in found), key=_problem_order)
             ),
@@ -1187,11 +1187,16 @@ class Assembly:
 _V = TypeVar("_V")
 
 
-def _patched(before: Mapping[str, _V], gone: Iterable[str], now: Mapping[str, _V]) -> dict[str, _V]:
+def _patched(
+    before: Mapping[str, _V], gone: Sequence[str], now: Mapping[str, _V]
+) -> Mapping[str, _V]:
     """``before`` (in name order) without the names in ``gone``, with the
     entries of ``now``, in name order as ``assemble`` gives it: names kept
     keep their place, so only names new to it are sorted in (and usually
-    go last), not thousands sorted again."""
+    go last), not thousands sorted again; ``before`` itself when that
+    changes nothing in it."""
+    if not now and not any(name in before for name in gone):
+        return before
     result = dict(before)
     for name in gone:
         if name not in now:
@@ -1203,14 +1208,14 @@ def _patched(before: Mapping[str, _V], gone: Iterable[str], now: Mapping[str, _V
         else:
             added.append(name)
     if not added:
-        return result
+        return MappingProxyType(result)
     added.sort()
     last = next(reversed(result), None)
     for name in added:
         result[name] = now[name]
     if last is None or added[0] > last:
-        return result
-    return dict(sorted(result.items()))
+        return MappingProxyType(result)
+    return MappingProxyType(dict(sorted(result.items())))
 
 
 def _after_problems(
