@@ -28,7 +28,7 @@ from gitutil import (
     show,
 )
 
-from reconciler.git.store import LARGE_TREE, GitStore, is_remote_location
+from reconciler.git.store import LARGE_BLOB, LARGE_TREE, GitStore, is_remote_location
 from reconciler.spec.errors import RefMoved, StoreError
 
 FLEET = {
@@ -176,12 +176,16 @@ def test_a_large_folder_patched_from_its_kept_entries_is_the_tree_treebuilder_wr
                 changes[f"status/{name}/nodes-2.yaml"] = None
             else:
                 changes[f"status/{name}"] = b"a file where a folder may be\n"
+        if rng.random() < 0.3:  # a dashboard large enough to be written by the store itself
+            changes["status/README.md"] = f"# Rollouts {round_}\n{'| a row |' * 9000}".encode()
         parent = tip
         tip = store.commit("main", parent, changes, f"round {round_}")
         if tip == parent:
             continue
         assert _built_by_treebuilder(repo, parent, changes) == repo[tip].tree_id, round_
     git("fsck", "--strict", "--no-progress", cwd=bare)
+    dashboard = git("show", "main:status/README.md", cwd=bare)
+    assert dashboard.startswith("# Rollouts") and len(dashboard) > LARGE_BLOB
 
 
 def _built_by_treebuilder(
