@@ -167,7 +167,9 @@ class StepMemo:
             elif name in seed:
                 seed[name] = inp.status
         for inp in appended:
-            seed[inp.name] = inp.status  # type: ignore[assignment]  # appended have one
+            status = inp.status
+            assert status is not None  # only inputs with a status are appended
+            seed[inp.name] = status
             self._position[inp.name] = self._next_position
             self._next_position += 1
         self._last_key = last
@@ -182,11 +184,6 @@ class StepMemo:
         for inp in at_rest:
             self._at_rest[inp.name] = inp
             self._unrested.discard(inp.name)
-
-    def forget_seed(self) -> None:
-        """The next call seeds from every input (a caller that cannot say
-        what changed)."""
-        self._inputs = None
 
 
 _queue_order = attrgetter("queue_key", "name")
