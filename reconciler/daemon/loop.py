@@ -646,7 +646,11 @@ class Daemon:
             return
         nodes = self._nodes_by_name(p.documents.fleet)
         watches: list[HeartbeatWatch] = []
-        for status in p.merged.values():
+        # A status with a dispatched node is lively (it has a job in flight)
+        # or was just changed: the thousands of inert ones are not looked at.
+        candidates = {status.name: status for status in p.lively}
+        candidates.update(p.step.statuses)
+        for status in candidates.values():
             frozen = status.frozen
             if frozen is None or not frozen.live or status.phase not in ("running", "paused"):
                 continue
