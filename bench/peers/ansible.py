@@ -197,11 +197,13 @@ class OurSide:
                 (home / "state" / "runtimes" / "hermes.yaml").write_text(BASE)
                 # Read back: an apply's file holds the target (and the node is
                 # not broken); a restore's no longer holds the target it undoes.
+                # Shell builtins only: the probe is one process, not a shell and a grep.
                 probe = (
-                    'if [ "$RECONCILER_KIND" = restore ]; then'
-                    ' ! grep -qx "model: $RECONCILER_MODEL" "$RECONCILER_CONFIG";'
-                    ' else grep -qx "model: $RECONCILER_MODEL" "$RECONCILER_CONFIG"'
-                    f' && test ! -e "{self.root}/agents/$RECONCILER_NODE/BROKEN"; fi'
+                    "found=; while IFS= read -r line; do"
+                    ' [ "$line" = "model: $RECONCILER_MODEL" ] && found=1;'
+                    ' done < "$RECONCILER_CONFIG";'
+                    ' if [ "$RECONCILER_KIND" = restore ]; then [ -z "$found" ];'
+                    f' else [ -n "$found" ] && [ ! -e "{self.root}/agents/$RECONCILER_NODE/BROKEN" ]; fi'
                 )
                 self.agents.append(
                     subprocess.Popen(
