@@ -460,6 +460,44 @@ def test_the_agent_prunes_backups_past_its_retention(state: Path, key: SigningKe
     assert [b["model"] for b in backups] == ["model-4", "model-3", "llama3-old"]
 
 
+def test_the_backup_list_kept_in_memory_is_what_the_folder_holds(
+    state: Path, key: SigningKey
+) -> None:
+    # The agent reads its backups folder once; after applies, restores and
+    # prunes its list must equal a fresh read of the folder, in order.
+    agent = AgentThread(state, [key], backup_retention=2)
+    try:
+        for n in range(1, 8):
+            target = Target("hermes", "vllm", f"model-{n}")
+            rollout = f"rollout-{n % 3}"
+            agent.post(envelope(job(f"apply-{n:04d}", rollout=rollout, target=target), key))
+            backup_id = agent.wait_finished(f"apply-{n:04d}")["backupId"]
+            kept = agent.get("backups")[1]
+            assert kept == [b.public() for b in StateDir(state).list_backups()]
+        agent.post(envelope(job("restore-0001", kind="restore", backup_id=backup_id), key))
+        assert agent.wait_finished("restore-0001")["state"] == "succeeded"
+        kept = agent.get("backups")[1]
+    finally:
+        agent.close()
+
+    assert kept == [b.public() for b in StateDir(state).list_backups()]
+    assert kept[0]["jobId"] == "restore-0001"
+
+
+def test_a_backup_removed_by_hand_while_the_agent_runs_is_not_restored(
+    agent: AgentThread, key: SigningKey, state: Path
+) -> None:
+    agent.post(envelope(job(), key))
+    backup_id = agent.wait_finished("apply-0001")["backupId"]
+    (state / "backups" / f"{backup_id}.data").unlink()
+
+    agent.post(envelope(job("restore-0001", kind="restore", backup_id=backup_id), key))
+    record = agent.wait_finished("restore-0001")
+
+    assert record["state"] == "failed"
+    assert f"backup {backup_id} of runtime hermes is not on this node" in record["error"]
+
+
 # -- protocol details -------------------------------------------------------------------
 
 

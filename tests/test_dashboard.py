@@ -3,6 +3,7 @@ active ones, the same bytes for the same statuses."""
 
 from __future__ import annotations
 
+import random
 import re
 from dataclasses import replace
 
@@ -10,8 +11,8 @@ from fleet_helpers import make_status
 from markdown_render import plain_text
 
 from reconciler.engine.holds import hold_message
-from reconciler.spec.rollout_status import Condition
-from reconciler.views.dashboard import render_dashboard
+from reconciler.spec.rollout_status import Condition, RolloutStatus
+from reconciler.views.dashboard import DashboardOrder, render_dashboard
 
 CANARY = make_status(
     "llama-canary",
@@ -205,3 +206,23 @@ def test_mermaid_keeps_the_table_order_neutral_boxes_and_marks_failures() -> Non
     assert "  style r1 fill:#ffffff,stroke:#d0d7de,color:#24292f\n" in diagram
     assert "  style r2 fill:#ffffff,stroke:#d0d7de,color:#24292f\n" in diagram
     assert "✗1 failed" in diagram and ":::failed" in diagram
+
+
+def test_kept_rows_told_which_rollouts_changed_draw_what_drawing_every_row_does() -> None:
+    # The daemon hands its DashboardOrder the rollouts whose status may have
+    # changed since the last drawing; the others are not looked at. Over
+    # random changes (rollouts added, removed, changed to another phase,
+    # hold or note), the text is the text drawn from every status.
+    rng = random.Random(20)
+    shapes = [DONE, WIDE, WAITING, CANARY, replace(DONE, phase="aborted")]
+    names = [f"r{i:02d}" for i in range(30)]
+    order = DashboardOrder()
+    current: dict[str, RolloutStatus] = {}
+    for step in range(200):
+        touched = set(rng.sample(names, rng.randint(0, 4)))
+        for name in touched:
+            if name in current and rng.random() < 0.3:
+                del current[name]
+            else:
+                current[name] = replace(rng.choice(shapes), name=name)
+        assert render_dashboard(current, order, touched) == render_dashboard(current), step

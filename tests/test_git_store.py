@@ -6,6 +6,7 @@ refusals, the status branch and signed commits. Commits are made with the
 
 from __future__ import annotations
 
+import random
 import subprocess
 import sys
 import threading
@@ -27,7 +28,7 @@ from gitutil import (
     show,
 )
 
-from reconciler.git.store import GitStore, is_remote_location
+from reconciler.git.store import LARGE_BLOB, LARGE_TREE, GitStore, is_remote_location
 from reconciler.spec.errors import RefMoved, StoreError
 
 FLEET = {
@@ -141,6 +142,86 @@ def test_one_commit_writes_several_files_and_deletes_one(bare: Path, store: GitS
     entries = git("ls-tree", "-r", "-t", "--name-only", "main", cwd=bare).splitlines()
     assert "status/llama" not in entries and "status/llama.yaml" in entries
     git("fsck", "--strict", "--no-progress", cwd=bare)
+
+
+def test_a_large_folder_patched_from_its_kept_entries_is_the_tree_treebuilder_writes(
+    bare: Path, store: GitStore
+) -> None:
+    # A folder of LARGE_TREE entries or more is patched, not rebuilt: over
+    # random commits (files added, changed, removed; folders of pages added
+    # and emptied; a file replacing a folder of the same name), each tree
+    # is the one libgit2's TreeBuilder writes from the parent's, and git
+    # reads every commit as valid.
+    rng = random.Random(20)
+    repo = pygit2.Repository(str(bare))
+    names = [f"r{i:04d}" for i in range(LARGE_TREE + 40)]
+    tip = store.refresh()
+    assert tip is not None
+    tip = store.commit("main", tip, {f"status/{n}.yaml": f"{n}\n".encode() for n in names}, "many")
+    for round_ in range(40):
+        changes: dict[str, bytes | None] = {}
+        for _ in range(rng.randint(1, 6)):
+            move = rng.random()
+            # Folders of pages come and go on a few names, to meet each other.
+            few = ["r0001", "r0001-x", "r0001.a", "r0002", "zz", "a"]
+            name = rng.choice(few if move >= 0.6 or rng.random() < 0.3 else names)
+            if move < 0.4:
+                changes[f"status/{name}.yaml"] = f"{round_} {rng.random()}\n".encode()
+            elif move < 0.6:
+                changes[f"status/{name}.yaml"] = None
+            elif move < 0.8:
+                changes[f"status/{name}/nodes-{rng.randint(1, 2)}.yaml"] = b"- n1\n"
+            elif move < 0.9:
+                changes[f"status/{name}/nodes-1.yaml"] = None
+                changes[f"status/{name}/nodes-2.yaml"] = None
+            else:
+                changes[f"status/{name}"] = b"a file where a folder may be\n"
+        if rng.random() < 0.3:  # a dashboard large enough to be written by the store itself
+            changes["status/README.md"] = f"# Rollouts {round_}\n{'| a row |' * 9000}".encode()
+        parent = tip
+        tip = store.commit("main", parent, changes, f"round {round_}")
+        if tip == parent:
+            continue
+        assert _built_by_treebuilder(repo, parent, changes) == repo[tip].tree_id, round_
+    git("fsck", "--strict", "--no-progress", cwd=bare)
+    dashboard = git("show", "main:status/README.md", cwd=bare)
+    assert dashboard.startswith("# Rollouts") and len(dashboard) > LARGE_BLOB
+
+
+def _built_by_treebuilder(
+    repo: pygit2.Repository, parent: str, changes: dict[str, bytes | None]
+) -> pygit2.Oid:
+    """The tree TreeBuilder makes from the parent's with ``changes``."""
+
+    def apply(tree: pygit2.Tree | None, changes: dict[str, bytes | None]) -> pygit2.Oid | None:
+        builder = repo.TreeBuilder(tree) if tree is not None else repo.TreeBuilder()
+        nested: dict[str, dict[str, bytes | None]] = {}
+        for path, data in changes.items():
+            head, sep, rest = path.partition("/")
+            if sep:
+                nested.setdefault(head, {})[rest] = data
+            elif data is None:
+                if tree is not None and head in tree:
+                    builder.remove(head)
+            else:
+                builder.insert(head, repo.create_blob(data), pygit2.enums.FileMode.BLOB)
+        for head, sub in nested.items():
+            found = tree[head] if tree is not None and head in tree else None
+            subtree = repo[found.id] if found is not None and found.type_str == "tree" else None
+            assert subtree is None or isinstance(subtree, pygit2.Tree)
+            oid = apply(subtree, sub)
+            if oid is None:
+                if found is not None:
+                    builder.remove(head)
+            else:
+                builder.insert(head, oid, pygit2.enums.FileMode.TREE)
+        return builder.write() if len(builder) else None
+
+    commit = repo[parent]
+    assert isinstance(commit, pygit2.Commit)
+    built = apply(commit.tree, changes)
+    assert built is not None
+    return built
 
 
 def test_a_commit_that_changes_nothing_is_not_made(bare: Path, store: GitStore) -> None:

@@ -13,17 +13,26 @@ rewinds."""
 
 from __future__ import annotations
 
+import io
 import random
+import shutil
+import subprocess
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from prometheus_client import generate_latest
 
-from reconciler.daemon.inert import needs_passes
+from reconciler.daemon.agent_client import AgentClient
+from reconciler.daemon.inert import InertStatuses, needs_passes
+from reconciler.daemon.logs import EventLog
 from reconciler.daemon.loop import Daemon, _Pass
 from reconciler.engine import step as engine
+from reconciler.git.store import GitStore
 from reconciler.protocol.observations import Observations
+from reconciler.protocol.signing import load_private_key
 from reconciler.views import dashboard
 from reconciler.views.status_text import ordered
 from tests.fleetkit import FleetKit, node_yaml, rollout_yaml
@@ -140,9 +149,34 @@ def person_edit(rng: random.Random, kit: FleetKit) -> dict[str, str | None]:
     if not statuses:
         return {f"rollouts/{name}.yaml": a_rollout(rng, name)}
     target = rng.choice(statuses)
-    if rng.random() < 0.5:
-        return {f"status/{target}.yaml": None}
-    return {f"status/{target}.yaml": "phase: [not, a, status\n"}
+    path = f"status/{target}.yaml"
+    roll = rng.random()
+    if roll < 0.35:
+        return {path: None}
+    if roll < 0.7:
+        return {path: "phase: [not, a, status\n"}
+    return older_status(rng, kit, target)
+
+
+def older_status(rng: random.Random, kit: FleetKit, target: str = "") -> dict[str, str | None]:
+    """An older version of a status file put back (as ``git revert`` does):
+    a valid status with another value than the daemon wrote last."""
+    work = kit.work
+    if not target:
+        names = sorted(p.stem for p in (work / "status").glob("*.yaml") if p.stem != "fleet")
+        if not names:
+            return {}
+        target = rng.choice(names)
+    path = f"status/{target}.yaml"
+    git("fetch", "--quiet", "origin", cwd=work)
+    versions = git("log", "--format=%H", "origin/main", "--", path, cwd=work).split()
+    if len(versions) < 2:
+        return {path: None}
+    older = rng.choice(versions[1:])
+    shown = subprocess.run(
+        ["git", "show", f"{older}:{path}"], cwd=work, capture_output=True, text=True
+    )
+    return {path: shown.stdout if shown.returncode == 0 else None}
 
 
 def test_a_daemon_reading_what_changed_reads_and_decides_what_reading_everything_does(
@@ -152,7 +186,7 @@ def test_a_daemon_reading_what_changed_reads_and_decides_what_reading_everything
     kept = kit.daemon()  # keeps its memory from read to read
     writer = kit.daemon()  # commits statuses, as the running daemon would
     tips = [git("rev-parse", "main", cwd=kit.bare)]
-    rewinds = incremental_reads = 0
+    rewinds = incremental_reads = lively_kept = 0
     for step in range(70):
         roll = rng.random()
         if roll < 0.08 and len(tips) > 4:
@@ -173,21 +207,43 @@ def test_a_daemon_reading_what_changed_reads_and_decides_what_reading_everything
         fresh = kit.daemon()  # reads everything
         got, want = read_step(kept), read_step(fresh)
         assert got.documents == want.documents, step
+        # In the same order too (a mapping's equality does not look at it).
+        assert list(got.documents.rollouts) == list(want.documents.rollouts), step
+        assert list(got.documents.invalid_rollouts) == list(want.documents.invalid_rollouts)
         assert got.statuses == want.statuses and got.broken == want.broken, step
         by_name = lambda inputs: sorted(inputs, key=lambda i: i.name)  # noqa: E731
         assert by_name(got.inputs) == by_name(want.inputs), step
 
         # The engine with rollouts at rest left alone decides the same.
         docs = want.documents
+        # Told what changed since its last step, it builds on that step's seed.
         with_memo = engine.step_fleet(
-            got.inputs, docs.fleet, docs.settings, Observations(), NOW, memo=kept.memory.memo
+            got.inputs,
+            docs.fleet,
+            docs.settings,
+            Observations(),
+            NOW,
+            memo=kept.memory.memo,
+            changed=kept.memory.step_changes,
         )
+        kept.memory.step_changes = {}
         plain = engine.step_fleet(want.inputs, docs.fleet, docs.settings, Observations(), NOW)
         assert with_memo == plain, step
 
         # Inert statuses ask nothing: observing only the lively ones is the same.
         every = list(want.statuses.values())
-        lively = kept.memory.inert.lively(got.statuses)
+        # Judged again only where statuses were read again, as observe does.
+        changes = kept.memory.observe_changes
+        inert = kept.memory.inert
+        if changes is None:
+            lively = inert.lively(got.statuses)
+        else:
+            lively = inert.lively_changed(got.statuses, changes)
+            assert sorted(lively, key=lambda s: s.name) == sorted(
+                InertStatuses().lively(want.statuses), key=lambda s: s.name
+            ), step
+            lively_kept += 1
+        kept.memory.observe_changes = set()
         for ask in (
             engine.in_flight,
             engine.wanted_heartbeats,
@@ -206,6 +262,8 @@ def test_a_daemon_reading_what_changed_reads_and_decides_what_reading_everything
     assert rewinds >= 3 and incremental_reads > 50
     # It did take the shortcuts: most reads assembled only what changed.
     assert kept.memory.assembly.full_assemblies < 40
+    assert kept.memory.memo.seeds_kept > 30  # and most steps built on the last seed
+    assert lively_kept > 30, lively_kept
 
 
 def _fresh_dashboard(statuses: dict[str, object]) -> str:
@@ -235,3 +293,65 @@ def test_a_position_whose_objects_are_gone_means_reading_everything_again(kit: F
     assert got.documents == want.documents and set(got.documents.rollouts) == {"r1", "r2"}
     assert got.statuses == want.statuses and set(got.statuses) == {"r1", "r2"}
     assert kept.memory.status_changed is None and kept.memory.spec_changed is None
+
+
+def test_a_daemon_that_keeps_its_memory_commits_what_a_fresh_one_commits(
+    kit: FleetKit, tmp_path: Path
+) -> None:
+    # Whole passes, with every shortcut at once (changed paths, kept
+    # documents, statuses and inputs, the engine's kept seed and rest set,
+    # inert statuses, the dashboard's kept order, phase counts kept): at
+    # every step a fresh daemon passes over a copy of the repository as it
+    # stands, and the kept one over the repository itself; both make the
+    # same commit (tree and message), the same outcome and the same gauges.
+    rng = random.Random(2021)
+    now = [datetime.now(UTC).replace(microsecond=0)]  # the agents check signatures' times
+    kept = kit.daemon(clock=lambda: now[0])
+    compared = commits = 0
+    for step in range(60):
+        roll = rng.random()
+        if roll < 0.45:
+            push(kit, person_edit(rng, kit), f"step {step}")
+        elif roll < 0.6:
+            push(kit, older_status(rng, kit), f"step {step}: an older status put back")
+        now[0] = datetime.now(UTC).replace(microsecond=0)  # one clock for both daemons
+        copy = tmp_path / f"copy-{step}.git"
+        shutil.copytree(kit.bare, copy)
+        fresh = Daemon(
+            GitStore.open(str(copy), "main"),
+            AgentClient(load_private_key(kit.key_path), timeout=kit.agent_timeout),
+            log=EventLog(stream=io.StringIO()),
+            clock=lambda: now[0],
+        )
+        try:
+            want = fresh.run_pass()
+        finally:
+            fresh.client.close()
+        got = kept.run_pass()
+        time.sleep(0.05)  # the jobs both sent finish before the next reads
+
+        assert (got.commit is None) == (want.commit is None), step
+        assert (got.transitions, got.jobs_sent, got.active, got.wakeup, got.refused) == (
+            want.transitions,
+            want.jobs_sent,
+            want.active,
+            want.wakeup,
+            want.refused,
+        ), step
+        if got.commit is not None and want.commit is not None:
+            mine, theirs = kept.store.repository(), fresh.store.repository()
+            assert mine[got.commit].tree_id == theirs[want.commit].tree_id, step
+            assert mine[got.commit].message == theirs[want.commit].message, step
+            commits += 1
+        assert _gauges(kept) == _gauges(fresh), step
+        compared += 1
+        shutil.rmtree(copy)
+    assert compared == 60 and commits > 15, commits
+    assert kept.memory.memo.seeds_kept > 15
+    assert kept.memory.assembly.full_assemblies < 30
+
+
+def _gauges(daemon: Daemon) -> list[str]:
+    """The rollouts-by-phase lines of the metrics text."""
+    text = generate_latest(daemon.metrics.registry).decode()
+    return [line for line in text.splitlines() if line.startswith("reconciler_rollouts{")]

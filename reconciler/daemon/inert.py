@@ -12,7 +12,8 @@ computation)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from operator import attrgetter
 
 from reconciler.engine import step as engine
 from reconciler.spec.rollout_status import RolloutStatus
@@ -41,6 +42,8 @@ class InertStatuses:
 
     def __init__(self) -> None:
         self._known: dict[str, RolloutStatus] = {}
+        # The lively statuses the last call with every rollout's found, by name.
+        self._lively: dict[str, RolloutStatus] | None = None
 
     def lively(
         self, statuses: Mapping[str, RolloutStatus], *, every: bool = True
@@ -58,6 +61,35 @@ class InertStatuses:
             else:
                 known.pop(name, None)
                 found.append(status)
-        if every and len(known) > 2 * len(statuses) + 1000:
-            self._known = {n: s for n, s in known.items() if statuses.get(n) is s}
+        if every:
+            self._lively = {status.name: status for status in found}
+            if len(known) > 2 * len(statuses) + 1000:
+                self._known = {n: s for n, s in known.items() if statuses.get(n) is s}
         return found
+
+    def lively_changed(
+        self, statuses: Mapping[str, RolloutStatus], changed: Iterable[str]
+    ) -> list[RolloutStatus]:
+        """What ``lively(statuses)`` finds (by name order), when only the
+        rollouts named in ``changed`` may have a status other than the one
+        they had at the last call with every rollout's (the same object):
+        only those are looked at."""
+        lively = self._lively
+        if lively is None:
+            return sorted(self.lively(statuses), key=_name_of)
+        known = self._known
+        for name in changed:
+            status = statuses.get(name)
+            if status is None:
+                known.pop(name, None)
+                lively.pop(name, None)
+            elif known.get(name) is status or is_inert(status):
+                known[name] = status
+                lively.pop(name, None)
+            else:
+                known.pop(name, None)
+                lively[name] = status
+        return sorted(lively.values(), key=_name_of)
+
+
+_name_of = attrgetter("name")

@@ -23,13 +23,13 @@ been unreachable).
 from __future__ import annotations
 
 import contextlib
+import gc
 import signal
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
-from operator import attrgetter
 from types import FrameType
 from typing import Any
 
@@ -102,7 +102,6 @@ from reconciler.views.fleet_reader import FleetReader
 from reconciler.views.fleet_text import fleet_dashboard_section
 from reconciler.views.status_reader import StatusReader
 
-_phase_of = attrgetter("phase")
 MAX_RACES = 20  # passes lost in a row to other writers before giving up
 # A job whose held read is in flight, and whose agent answered it accepted
 # or running less than this ago, is not asked by the passes: its held read
@@ -170,11 +169,28 @@ class DaemonMemory:
     inputs_fleet: Fleet | None = None
     inputs_tip_bound: set[str] = field(default_factory=set)  # built with the tip read
     inputs_unstarted: set[str] = field(default_factory=set)  # built from the fleet
+    # The inputs built or dropped since the engine last stepped (name ->
+    # input, None: dropped), for its memo; None: look at every input.
+    step_changes: dict[str, RolloutInput | None] | None = None
     # Rollouts whose spec or status files the read step found changed in
     # this pass (None: it read every file, so look at every rollout).
     spec_changed: frozenset[str] | None = None
     status_changed: frozenset[str] | None = None
     quiet: _Quiet | None = None  # the last pass, if it changed and watched nothing
+    read_everything: bool = False  # this pass read every spec or status file (see run_pass)
+    # The daemon's last status commit on the statuses it read: (the status
+    # tip read, the commit made on it, the status paths it wrote).
+    own_status_write: tuple[str, str, frozenset[str]] | None = None
+    # Rollouts whose recorded status may have changed since ``observe`` and
+    # the phase gauges last looked (None: look at every one).
+    observe_changes: set[str] | None = None
+    gauge_changes: set[str] | None = None
+    dashboard_changes: set[str] | None = None
+    readable_changes: set[str] | None = None  # for ``last_readable``
+    drawn_step: frozenset[str] = frozenset()  # the rollouts the step behind the dashboard changed
+    phases: dict[str, str] = field(default_factory=dict)  # the gauges' rollouts and phases
+    phase_counts: Counter[str] = field(default_factory=Counter)  # how many in each phase
+    gauged_step: frozenset[str] = frozenset()  # the rollouts the step behind the gauges changed
     inert: InertStatuses = field(default_factory=InertStatuses)  # statuses that ask nothing
     dashboard: tuple[str, bytes] | None = None  # the dashboard blob read last: (id, content)
     dashboard_order: DashboardOrder = field(default_factory=DashboardOrder)  # its rows' order
@@ -216,6 +232,29 @@ class _BuiltInput:
     tip: str
 
 
+class _InputsView(Collection[RolloutInput]):
+    """The engine inputs of ``DaemonMemory.inputs``, without a list of
+    thousands built every pass (the engine, told what changed, only counts
+    them)."""
+
+    __slots__ = ("_built",)
+
+    def __init__(self, built: Mapping[str, _BuiltInput]) -> None:
+        self._built = built
+
+    def __len__(self) -> int:
+        return len(self._built)
+
+    def __iter__(self) -> Iterator[RolloutInput]:
+        return (built.input for built in self._built.values())
+
+    def __contains__(self, item: object) -> bool:
+        if not isinstance(item, RolloutInput):
+            return False
+        built = self._built.get(item.name)
+        return built is not None and built.input == item
+
+
 class _Pass:
     """What one pass has learnt so far: each step of ``PASS_STEPS`` sets its
     part before the next step reads it. Lives for one attempt only; made
@@ -254,7 +293,7 @@ class _Pass:
     status_tip: str | None
     statuses: dict[str, RolloutStatus]
     broken: dict[str, str]
-    inputs: list[RolloutInput]
+    inputs: Collection[RolloutInput]
     observations: Observations
     lively: list[RolloutStatus]  # the statuses observed: those not inert
     unfinished: list[tuple[str, SendJob]]  # jobs the agents said are not finished yet
@@ -340,7 +379,11 @@ class Daemon:
                 try:
                     # Sweeps start no new chunk while a pass runs.
                     with self.fleet_watch.pass_running():
-                        return self._attempt()
+                        outcome = self._attempt()
+                    if self.memory.read_everything:
+                        self.memory.read_everything = False
+                        _freeze_long_lived()
+                    return outcome
                 except RefMoved:
                     self.metrics.conflicts.inc()
                     self.log.info("conflict", "the branch moved under the pass; reading again")
@@ -428,6 +471,7 @@ class Daemon:
             for name, reason in tampered.items():
                 p.broken[name] = reason
                 self._report("status_tampered", reason, rollout=name)
+            self._statuses_changed(None)  # held statuses leave the mapping
         p.inputs = self._inputs(p.tip, history, p.approval, documents, p.statuses, p.broken)
         return None
 
@@ -435,8 +479,15 @@ class Daemon:
         """Ask the agents: unfinished jobs (resending those they do not
         know), heartbeats, backup lists. Touches: the agents over HTTP;
         ``memory.unreachable`` and ``memory.watching``."""
-        # Finished rollouts at rest ask nothing: only the others are looked at.
-        p.lively = lively = self.memory.inert.lively(p.statuses)
+        # Finished rollouts at rest ask nothing: only the others are looked
+        # at, and only the statuses read again are judged again.
+        memory = self.memory
+        changes = memory.observe_changes
+        if changes is None:
+            p.lively = lively = memory.inert.lively(p.statuses)
+        else:
+            p.lively = lively = memory.inert.lively_changed(p.statuses, changes)
+        memory.observe_changes = set()
         p.observations, p.unfinished = self._ask_agents(lively, p.documents.fleet)
         metric_checks = self._ask_prometheus(lively, p.observations, p.documents)
         if metric_checks:
@@ -456,7 +507,9 @@ class Daemon:
             p.now,
             unreadable=held,
             memo=self.memory.memo,
+            changed=self.memory.step_changes,
         )
+        self.memory.step_changes = {}
         crashpoints.reach("after_step")
         p.merged = {**p.statuses, **p.step.statuses}
         return None
@@ -523,6 +576,12 @@ class Daemon:
             p.commit = self.store.commit(
                 p.status_branch, p.status_tip, changes, message, sign=self.sign
             )
+            if p.status_tip is not None and p.status_tip == self.memory.status_reader.at:
+                self.memory.own_status_write = (
+                    p.status_tip,
+                    p.commit,
+                    frozenset(path for path in changes if path.startswith(STATUS_DIR + "/")),
+                )
             if p.status_branch == self.store.branch and self._watcher_of_serve is not None:
                 # Before the ref's file event reaches the watcher: not a hint.
                 self._watcher_of_serve.acted_on(p.status_branch, p.commit)
@@ -601,7 +660,11 @@ class Daemon:
             return
         nodes = self._nodes_by_name(p.documents.fleet)
         watches: list[HeartbeatWatch] = []
-        for status in p.merged.values():
+        # A status with a dispatched node is lively (it has a job in flight)
+        # or was just changed: the thousands of inert ones are not looked at.
+        candidates = {status.name: status for status in p.lively}
+        candidates.update(p.step.statuses)
+        for status in candidates.values():
             frozen = status.frozen
             if frozen is None or not frozen.live or status.phase not in ("running", "paused"):
                 continue
@@ -646,7 +709,7 @@ class Daemon:
         self.memory.seen_tip = (
             p.commit if p.commit and p.status_branch == self.store.branch else p.tip
         )
-        self._update_gauges(merged.values())
+        self._update_gauges(merged, step)
         # The statuses observed as lively, as the step left them, and those it changed.
         lively = [s for s in p.lively if s.name not in step.statuses]
         lively += self.memory.inert.lively(step.statuses, every=False)
@@ -759,6 +822,7 @@ class Daemon:
             memory.spec_changed = memory.assembly.changed_names
         else:
             memory.spec_changed = None
+            memory.read_everything = True
             blobs = store.spec_files(commit) if commit is not None else {}  # path -> blob id
             documents = memory.assembly.rebuild(
                 self._parse(blob_id, path) for path, blob_id in blobs.items()
@@ -794,11 +858,20 @@ class Daemon:
         """Recorded statuses by rollout name, and the names whose status
         files cannot be read (with why): those are held, never overwritten."""
         reader = self.memory.status_reader
+        # After its own commit on the statuses read last, the daemon knows
+        # what changed up to that commit: only what came after is compared
+        # (one tree id, unless someone else wrote status files since).
+        base, written = reader.at, frozenset[str]()
+        own, self.memory.own_status_write = self.memory.own_status_write, None
+        if own is not None and own[0] == reader.at:
+            _, base, written = own
         changed = (
-            self._changed_paths(reader.at, commit, (STATUS_DIR,))
-            if commit is not None and reader.at is not None
+            self._changed_paths(base, commit, (STATUS_DIR,))
+            if commit is not None and base is not None
             else None
         )
+        if changed is not None:
+            changed |= written
         if changed is not None:
             # Only the rollouts whose status files changed since the last
             # read are read again (a rewind is a change like any other).
@@ -807,6 +880,8 @@ class Daemon:
         else:
             statuses, broken = reader.read(self.store, commit)
             self.memory.status_changed = None
+            self.memory.read_everything = True
+        self._statuses_changed(self.memory.status_changed)
         for name, reason in broken.items():
             self._report(
                 "status_unreadable",
@@ -817,6 +892,23 @@ class Daemon:
             )
         return statuses, broken
 
+    def _statuses_changed(self, names: Iterable[str] | None) -> None:
+        """Tell ``observe`` and the gauges which rollouts' recorded statuses
+        may differ from what they looked at last (None: any)."""
+        memory = self.memory
+        if names is None:
+            memory.observe_changes = memory.gauge_changes = None
+            memory.dashboard_changes = memory.readable_changes = None
+            return
+        for changes in (
+            memory.observe_changes,
+            memory.gauge_changes,
+            memory.dashboard_changes,
+            memory.readable_changes,
+        ):
+            if changes is not None:
+                changes.update(names)
+
     def _held_by_unreadable(
         self,
         broken: Mapping[str, str],
@@ -826,7 +918,16 @@ class Daemon:
         """The nodes each rollout with an unreadable status may hold: those
         of its last readable status (remembered since start-up) and those
         its spec selects. Nobody else starts on them until it is repaired."""
-        self.memory.last_readable.update(statuses)
+        memory = self.memory
+        changed = memory.readable_changes
+        if changed is None:
+            memory.last_readable.update(statuses)
+        else:  # only the statuses read again can be new
+            for name in changed:
+                status = statuses.get(name)
+                if status is not None:
+                    memory.last_readable[name] = status
+        memory.readable_changes = set()
         held: dict[str, tuple[str, ...]] = {}
         for name in broken:
             last = self.memory.last_readable.get(name)
@@ -845,7 +946,7 @@ class Daemon:
         documents: Documents,
         statuses: Mapping[str, RolloutStatus],
         broken: Mapping[str, str],
-    ) -> list[RolloutInput]:
+    ) -> Collection[RolloutInput]:
         """Each rollout's engine input. Built again only for the rollouts
         whose input may differ from the last pass's: its spec, problems or
         status value changed (the readers keep unchanged values' identity
@@ -875,6 +976,7 @@ class Daemon:
             or not self.reuse_inputs
         ):
             cache.clear()
+            memory.step_changes = None
             memory.inputs_by_node.clear()
             memory.inputs_tip_bound.clear()
             memory.inputs_unstarted.clear()
@@ -944,6 +1046,8 @@ class Daemon:
                 name in unverified_names,
             )
             self._drop_input(name)
+            if memory.step_changes is not None:
+                memory.step_changes[name] = built.input
             for path in built.node_paths:
                 memory.inputs_by_node.setdefault(path, set()).add(name)
             if built.uses_tip:
@@ -960,13 +1064,15 @@ class Daemon:
         memory.inputs_generation = history.generation
         memory.inputs_context = (refusal, approved_by)
         memory.inputs_fleet = documents.fleet
-        return [built.input for built in memory.inputs.values()]
+        return _InputsView(memory.inputs)
 
     def _drop_input(self, name: str) -> None:
         memory = self.memory
         cached = memory.inputs.pop(name, None)
         if cached is None:
             return
+        if memory.step_changes is not None:
+            memory.step_changes[name] = None
         for path in cached.node_paths:
             users = memory.inputs_by_node.get(path)
             if users is not None:
@@ -1341,10 +1447,18 @@ class Daemon:
                 written[path] = data
             for path in gone:
                 changes[path] = None
-        dashboard = _dashboard(merged, broken, fleet, self.memory.dashboard_order, nodes).encode()
+        # Only the rollouts whose status may differ from the last drawing
+        # are looked at: read again, or changed by this step or that one.
+        memory = self.memory
+        drawn = memory.dashboard_changes
+        names = drawn.union(memory.drawn_step, step.statuses) if drawn is not None else None
+        dashboard = _dashboard(merged, broken, fleet, memory.dashboard_order, nodes, names)
+        memory.dashboard_changes = set()
+        memory.drawn_step = frozenset(step.statuses)
+        text = dashboard.encode()
         current = self.store.file_blob(parent, DASHBOARD_PATH) if parent else None
-        if current is None or self._dashboard_text(current) != dashboard:
-            changes[DASHBOARD_PATH] = dashboard
+        if current is None or self._dashboard_text(current) != text:
+            changes[DASHBOARD_PATH] = text
         return changes
 
     def _dashboard_text(self, blob_id: str) -> bytes:
@@ -1481,10 +1595,30 @@ class Daemon:
             log = self.log.warning if change.to_state in fleet_rules.FLEET_EVENTS else self.log.info
             log(event, text, node=change.node, commit=commit[:12])
 
-    def _update_gauges(self, statuses: Iterable[RolloutStatus]) -> None:
-        counts = dict.fromkeys(status_values.PHASES, 0)
-        counts.update(Counter(map(_phase_of, statuses)))
-        for phase, count in counts.items():
+    def _update_gauges(self, merged: Mapping[str, RolloutStatus], step: FleetStep) -> None:
+        """Rollouts by phase, counted again only for the rollouts whose
+        status changed since the last count: read again, or changed by
+        this step or the one before (whose statuses that count included)."""
+        memory = self.memory
+        changes = memory.gauge_changes
+        if changes is None:
+            memory.phases = {name: status.phase for name, status in merged.items()}
+            memory.phase_counts = Counter(memory.phases.values())
+        else:
+            phases, counts = memory.phases, memory.phase_counts
+            for name in changes.union(memory.gauged_step, step.statuses):
+                old = phases.pop(name, None)
+                if old is not None:
+                    counts[old] -= 1
+                status = merged.get(name)
+                if status is not None:
+                    phases[name] = status.phase
+                    counts[status.phase] += 1
+        memory.gauge_changes = set()
+        memory.gauged_step = frozenset(step.statuses)
+        shown = dict.fromkeys(status_values.PHASES, 0)
+        shown.update((phase, n) for phase, n in memory.phase_counts.items() if n)
+        for phase, count in shown.items():
             self.metrics.rollouts.labels(phase=phase).set(count)
 
     # -- the loop ------------------------------------------------------------
@@ -1538,6 +1672,18 @@ class Daemon:
         self.fleet_watch.stop(timeout=0)
 
 
+def _freeze_long_lived() -> None:
+    """After a pass that read every file: what it parsed (documents,
+    statuses, their caches) lives as long as the daemon, so it is moved out
+    of the garbage collector's generations (``gc.freeze``), whose full
+    collections would otherwise walk it again and again (about 150 ms at
+    5,000 rollouts, every few passes). Unfrozen and collected first, so
+    what an earlier full read kept and has let go since is freed."""
+    gc.unfreeze()
+    gc.collect()
+    gc.freeze()
+
+
 def _fleet_states(fleet: FleetStatus | None) -> dict[str, notification_events.NodeState]:
     """Each node's (state, since) in ``status/fleet.yaml``: what fleet
     events are keyed by (DESIGN.md section 13)."""
@@ -1588,12 +1734,13 @@ def _dashboard(
     fleet: FleetStatus | None = None,
     order: DashboardOrder | None = None,
     nodes: Sequence[Node] = (),
+    changed: Iterable[str] | None = None,
 ) -> str:
     """The dashboard, with the fleet watch's section when there is a fleet
     status, the evidence marks of the nodes (DESIGN.md 12) when any applies,
     and the status files that cannot be read listed last, since those
     rollouts are held until a person repairs them."""
-    text = render_dashboard(statuses, order)
+    text = render_dashboard(statuses, order, changed)
     if fleet is not None:
         text = text.rstrip("\n") + "\n\n" + fleet_dashboard_section(fleet)
     marks = evidence_dashboard_section(nodes)

@@ -28,7 +28,7 @@ Must not: read the clock, touch Git, HTTP, files or randomness, or log.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from operator import attrgetter
@@ -183,10 +183,13 @@ class _Pass:
         # Who claims which node, kept up to date once first asked for, so
         # that each of 1,000 starts in one pass does not walk every status.
         self._position: dict[str, int] = {}  # rollout -> order in ``current``
+        self._next_position = 0  # after every position given
         self._holders: dict[str, set[str]] | None = None  # node -> rollouts claiming it
         self._claimed: dict[str, tuple[str, ...]] = {}  # rollout -> nodes it claims
         self.unreadable: dict[str, Sequence[str]] = {}  # rollout -> nodes it may hold
-        self._resting: set[str] = set()  # at rest since an earlier pass: claim nothing
+        # The rollouts that may claim nodes (None: every one in ``current``);
+        # those at rest since an earlier pass claim none.
+        self._claimants: Iterable[str] | None = None
 
     @property
     def current(self) -> dict[str, RolloutStatus]:
@@ -206,12 +209,30 @@ class _Pass:
         prefers holders in); ``resting`` rollouts claim no node."""
         self._current = {inp.name: inp.status for inp in order if inp.status is not None}
         self._position = {name: i for i, name in enumerate(self._current)}
-        self._resting = resting
+        self._next_position = len(self._position)
+        if resting:
+            self._claimants = [name for name in self._current if name not in resting]
+
+    def seed_kept(
+        self,
+        current: dict[str, RolloutStatus],
+        position: dict[str, int],
+        next_position: int,
+        claimants: Iterable[str],
+    ) -> None:
+        """The seed kept by a ``StepMemo``: the same statuses in the same
+        order as ``seed`` gives (positions may leave gaps: only their order
+        counts); ``claimants``: the rollouts not at rest."""
+        self._current = current
+        self._position = position
+        self._next_position = next_position
+        self._claimants = claimants
 
     def set_current(self, name: str, status: RolloutStatus) -> None:
         old = self._current.get(name)
         if name not in self._position:
-            self._position[name] = len(self._position)
+            self._position[name] = self._next_position
+            self._next_position += 1
         self._current[name] = status
         if status is not old:
             self.version += 1
@@ -226,12 +247,15 @@ class _Pass:
         self.reads += 1
         if self._holders is None:
             self._holders = {}
-            resting = self._resting
-            for rollout, status in self._current.items():
-                if rollout not in resting:
+            current = self._current
+            for rollout in current if self._claimants is None else self._claimants:
+                status = current.get(rollout)
+                if status is not None:
                     self._index_claims(rollout, status)
             for rollout, nodes in self.unreadable.items():
-                self._position.setdefault(rollout, len(self._position))
+                if rollout not in self._position:
+                    self._position[rollout] = self._next_position
+                    self._next_position += 1
                 for node in nodes:
                     self._holders.setdefault(node, set()).add(rollout)
         claimed: dict[str, str] = {}
@@ -286,7 +310,7 @@ def _may_rest(inp: RolloutInput) -> bool:
 
 
 def step_fleet(
-    rollouts: Sequence[RolloutInput],
+    rollouts: Collection[RolloutInput],
     fleet: Fleet,
     settings: Settings,
     observations: Observations,
@@ -294,12 +318,19 @@ def step_fleet(
     *,
     unreadable: Mapping[str, Sequence[str]] | None = None,
     memo: StepMemo | None = None,
+    changed: Mapping[str, RolloutInput | None] | None = None,
 ) -> FleetStep:
     """Step every rollout to a fixed point with one ``now``.
 
     ``unreadable``: rollouts whose status cannot be read (not stepped), with
     the nodes each may hold; no other rollout starts on those nodes unless
     it allows overlap, since what they hold is unknown.
+
+    ``changed`` (with ``memo``): the inputs that differ from those of the
+    last call with this memo, by name (None: no longer there); every other
+    input is the same object as then. The memo's seed is then brought up to
+    date instead of built from every input (tests pin the result against
+    the plain step).
 
     Started and terminal rollouts go first (intents and terminations), then
     the rest in queue order (``queue_key``, then name), so a rollout freed by
@@ -310,13 +341,24 @@ def step_fleet(
     """
     ctx = _Pass(fleet, settings, observations, now)
     ctx.unreadable = dict(unreadable or {})
-    order = sorted(rollouts, key=_queue_order)
-    # At rest since an earlier pass: not stepped, and claiming no node.
-    resting = memo.resting(order, fleet, settings) if memo is not None else set()
-    ctx.seed(order, resting)
-    # Only these are stepped: most rollouts of a large repository are
-    # finished and at rest, and a pass must not cost what exists.
-    stepped = [inp for inp in order if inp.name not in resting] if resting else order
+    seeded = (
+        memo.seed_changed(changed, fleet, settings)
+        if memo is not None and changed is not None
+        else None
+    )
+    if seeded is not None:
+        # Only these are stepped: most rollouts of a large repository are
+        # finished and at rest, and a pass must not cost what exists.
+        current, position, next_position, stepped = seeded
+        ctx.seed_kept(current, position, next_position, [inp.name for inp in stepped])
+    else:
+        order = sorted(rollouts, key=_queue_order)
+        # At rest since an earlier pass: not stepped, and claiming no node.
+        resting = memo.resting(order, fleet, settings) if memo is not None else set()
+        ctx.seed(order, resting)
+        if memo is not None:
+            memo.keep_seed(order, ctx._current, resting)
+        stepped = [inp for inp in order if inp.name not in resting] if resting else order
     effects: list[SendJob] = []
     transitions: list[Transition] = []
     # Rollouts whose last step changed nothing and sent nothing. A step reads
@@ -346,7 +388,7 @@ def step_fleet(
         return before is None or new is not before
 
     # Each round can only move rollouts forward; a bound keeps a bug from looping.
-    for _ in range(len(order) + 2):
+    for _ in range(len(rollouts) + 2):
         progressed = False
         current = ctx._current
         ahead = {
@@ -363,7 +405,7 @@ def step_fleet(
         if not progressed:
             break
     # Rollouts at rest kept their status (the same object): none changed.
-    changed = {
+    new_statuses = {
         inp.name: ctx._current[inp.name]
         for inp in stepped
         if inp.status is None
@@ -381,7 +423,7 @@ def step_fleet(
                 and _may_rest(inp)
             ),
         )
-    return FleetStep(statuses=changed, effects=tuple(effects), transitions=tuple(transitions))
+    return FleetStep(statuses=new_statuses, effects=tuple(effects), transitions=tuple(transitions))
 
 
 # --- one rollout's step ------------------------------------------------------------

@@ -301,13 +301,37 @@ def _diff(
     if new is None:
         return [(p, False) for p in _walk(repo, old, folder)]
     out: list[tuple[str, bool]] = []
-    for delta in old.diff_to_tree(new).deltas:
-        added = delta.status == pygit2.enums.DeltaStatus.ADDED
-        path = delta.new_file.path if added else delta.old_file.path
+    for status, old_path, new_path in tree_deltas(old, new):
+        added = status == pygit2.enums.DeltaStatus.ADDED
+        path = new_path if added else old_path
         out.append((f"{folder}/{path}", added))
-        if delta.status == pygit2.enums.DeltaStatus.TYPECHANGE:
-            out.append((f"{folder}/{delta.new_file.path}", True))
+        if status == pygit2.enums.DeltaStatus.TYPECHANGE:
+            out.append((f"{folder}/{new_path}", True))
     return out
+
+
+# The last few diffs between two trees: after a push, History and the
+# daemon's read of the documents diff the same two versions of rollouts/
+# (a millisecond each at 5,000 files). A cache of a pure function of two
+# immutable objects, named by their ids: forgetting it changes nothing.
+_deltas: dict[tuple[pygit2.Oid, pygit2.Oid], tuple[tuple[int, str, str], ...]] = {}
+_DELTAS_KEPT = 8
+
+
+def tree_deltas(old: pygit2.Tree, new: pygit2.Tree) -> tuple[tuple[int, str, str], ...]:
+    """(libgit2 delta status, old path, new path) of every file that
+    differs between two trees."""
+    key = (old.id, new.id)
+    found = _deltas.get(key)
+    if found is None:
+        found = tuple(
+            (int(delta.status), delta.old_file.path, delta.new_file.path)
+            for delta in old.diff_to_tree(new).deltas
+        )
+        if len(_deltas) >= _DELTAS_KEPT:
+            _deltas.pop(next(iter(_deltas)))
+        _deltas[key] = found
+    return found
 
 
 def _walk(repo: pygit2.Repository, tree: pygit2.Tree, prefix: str) -> Iterator[str]:
@@ -344,9 +368,9 @@ def changed_paths(
         if before is not None and after is not None:
             if before.id == after.id:
                 continue
-            for delta in before.diff_to_tree(after).deltas:
-                found.add(f"{folder}/{delta.old_file.path}")
-                found.add(f"{folder}/{delta.new_file.path}")
+            for _, old_path, new_path in tree_deltas(before, after):
+                found.add(f"{folder}/{old_path}")
+                found.add(f"{folder}/{new_path}")
             continue
         for side in (before, after):
             if side is not None:

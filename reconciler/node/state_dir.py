@@ -18,6 +18,10 @@ the link, not the file it points to. A backup exists only while both its
 ``.json`` and its ``.data`` are there, so the two renames need no order
 between them and share one directory fsync.
 
+The backups folder is read once per agent run; from then on the agent's own
+saves and prunes keep that list, so a job does not reread every backup's
+description (twice) to number and prune its own.
+
 Removals (pruned backups, compacted journal records) are not fsynced: one
 lost to a crash brings back a file that is deleted again by the next prune
 or compaction, and nothing depends on it being gone.
@@ -36,7 +40,7 @@ import os
 import secrets
 import stat
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -116,6 +120,12 @@ def _write_temp(path: Path, data: bytes, mode: int) -> Path:
         raise
     os.close(fd)
     return temp
+
+
+def _fields(record: Any) -> dict[str, Any]:
+    """A dataclass's fields as a dict, like ``asdict`` without its deep copy
+    (of a job's payload): only serialised, never changed."""
+    return {f.name: getattr(record, f.name) for f in fields(record)}
 
 
 def _remove(path: Path) -> None:
@@ -202,6 +212,9 @@ class StateDir:
         self.jobs = root / "jobs"
         self.backups = root / "backups"
         self._lock: BinaryIO | None = None
+        # Backup id -> what it is: read from the folder once, then kept by this
+        # object's own writes and removals (one agent owns the folder: agent.lock).
+        self._backup_index: dict[str, BackupInfo] | None = None
 
     @classmethod
     def open(cls, root: Path) -> StateDir:
@@ -270,7 +283,7 @@ class StateDir:
 
     def save_job(self, record: JobRecord) -> None:
         """Durably: on return the record survives a crash (fsync)."""
-        data = json.dumps(asdict(record), ensure_ascii=False, indent=1).encode("utf-8")
+        data = json.dumps(_fields(record), ensure_ascii=False, indent=1).encode("utf-8")
         write_atomic(self._job_path(record.job_id), data, 0o600)
 
     def delete_job(self, job_id: str) -> None:
@@ -301,6 +314,14 @@ class StateDir:
 
     def list_backups(self) -> list[BackupInfo]:
         """Every complete backup, newest first."""
+        return sorted(self._backups().values(), key=lambda b: b.seq, reverse=True)
+
+    def _backups(self) -> dict[str, BackupInfo]:
+        if self._backup_index is None:
+            self._backup_index = {b.backup_id: b for b in self._scan_backups()}
+        return self._backup_index
+
+    def _scan_backups(self) -> list[BackupInfo]:
         found = []
         for path in self.backups.glob("*.json"):
             if path.name.startswith(".") or not path.with_suffix(".data").exists():
@@ -309,27 +330,32 @@ class StateDir:
                 found.append(BackupInfo(**json.loads(path.read_bytes())))
             except (ValueError, TypeError):
                 continue  # not ours; never served, never deleted
-        found.sort(key=lambda b: b.seq, reverse=True)
         return found
 
     def find_backup(self, backup_id: str) -> BackupInfo | None:
-        return next((b for b in self.list_backups() if b.backup_id == backup_id), None)
+        info = self._backups().get(backup_id)
+        if info is not None and not all(p.exists() for p in self._backup_paths(backup_id)):
+            # Removed by hand while the agent ran: it is gone for good.
+            del self._backups()[backup_id]
+            return None
+        return info
 
     def read_backup(self, info: BackupInfo) -> bytes:
         return self._backup_paths(info.backup_id)[0].read_bytes()
 
     def next_seq(self) -> int:
-        return max((b.seq for b in self.list_backups()), default=0) + 1
+        return max((b.seq for b in self._backups().values()), default=0) + 1
 
     def save_backup(self, info: BackupInfo, data: bytes) -> None:
         """Durably: on return both files survive a crash, so the config may be replaced."""
         data_path, info_path = self._backup_paths(info.backup_id)
-        description = json.dumps(asdict(info), indent=1).encode("utf-8")
+        description = json.dumps(_fields(info), indent=1).encode("utf-8")
         # One directory fsync for both: a crash that keeps one rename and loses
         # the other leaves no backup, since one needs both files to be listed.
         write_atomic_together(
             self.backups, [(data_path.name, data, 0o600), (info_path.name, description, 0o600)]
         )
+        self._backups()[info.backup_id] = info
 
     def delete_backup(self, backup_id: str) -> None:
         data_path, info_path = self._backup_paths(backup_id)
@@ -337,6 +363,7 @@ class StateDir:
         # by the next one. Either file alone is no backup.
         _remove(info_path)
         _remove(data_path)
+        self._backups().pop(backup_id, None)
 
 
 def backups_to_prune(

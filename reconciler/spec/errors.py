@@ -27,6 +27,8 @@ _HTTP_USER = re.compile(r"(?i)\b(https?://)[^/@\s]+@")
 def redact_url(text: str) -> str:
     """``text`` with the credentials of every URL in it replaced by ``***``
     (``https://user:TOKEN@host`` -> ``https://***@host``)."""
+    if "@" not in text:  # both patterns need one; most log lines have none
+        return text
     return _HTTP_USER.sub(r"\1***@", _URL_SECRET.sub(r"\1:***@", text))
 
 

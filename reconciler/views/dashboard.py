@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 from bisect import bisect_left
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from urllib.parse import quote
 
 from reconciler.spec.batch_shapes import describe_sizes
@@ -100,11 +100,15 @@ def waits_for_approval(status: RolloutStatus) -> bool:
 
 
 def render_dashboard(
-    statuses: Mapping[str, RolloutStatus], order: DashboardOrder | None = None
+    statuses: Mapping[str, RolloutStatus],
+    order: DashboardOrder | None = None,
+    changed: Iterable[str] | None = None,
 ) -> str:
     """The Markdown text of ``status/README.md`` for these statuses.
     ``order``: the rollouts' rows kept in order from the last call by the
-    same caller (the daemon keeps one), which only speeds the call up."""
+    same caller (the daemon keeps one), which only speeds the call up;
+    ``changed``: with it, the only rollouts whose status may differ from
+    that call's (see ``DashboardOrder.update``)."""
     out = [
         "# Rollouts",
         "",
@@ -115,7 +119,7 @@ def render_dashboard(
     if not statuses:
         out += ["No rollouts yet: add a file under `rollouts/` to start one.", ""]
         return "\n".join(out)
-    if order is not None and order.update(statuses):
+    if order is not None and order.update(statuses, changed):
         out += [order.counts_line(), ""]
         out += [*_TABLE_HEAD, *order.rows]
         attention = order.attention()
@@ -270,11 +274,21 @@ class DashboardOrder:
         self._drawn: set[tuple[int, str]] = set()  # in the diagram
         self._counts: dict[str, int] = {}
 
-    def update(self, statuses: Mapping[str, RolloutStatus]) -> bool:
+    def update(
+        self, statuses: Mapping[str, RolloutStatus], names: Iterable[str] | None = None
+    ) -> bool:
         """Bring the rows up to ``statuses``; False when this cannot be
-        done (a phase outside the known order), and then nothing is kept."""
+        done (a phase outside the known order), and then nothing is kept.
+        ``names``: the only rollouts whose status may differ from the last
+        call's (the same object otherwise), so the others are not looked at."""
         last = self._last
-        changed = [name for name, status in statuses.items() if last.get(name) is not status]
+        if names is not None and last:
+            names = set(names)
+            for name in [n for n in names if n in last and n not in statuses]:
+                self._remove(_order_key(last.pop(name)))
+            changed = [n for n in names if n in statuses and last.get(n) is not statuses[n]]
+        else:
+            changed = [name for name, status in statuses.items() if last.get(name) is not status]
         added = sum(1 for name in changed if name not in last)
         if any(statuses[name].phase not in _RANK for name in changed):
             self._clear()
