@@ -65,8 +65,7 @@ class EventLog:
             line = f"{now} {level:<7} {event:<16} {message}" + (f"  {pairs}" if pairs else "")
         # Last line of defence for a token in a --repo URL: whatever a message
         # or field repeats (a library's exception text), no log line shows it.
-        # Credentials in a URL come before an "@": a line without one has none.
-        return redact_url(line) if "@" in line else line
+        return redact_url(line)
 
     def _write(self, text: str) -> None:
         print(text, file=self.stream, flush=True)
