@@ -47,6 +47,7 @@ from reconciler.protocol.long_poll import (
     FINISHED_JOB_STATES,
     heartbeat_content,
     heartbeat_query,
+    raise_open_files_limit,
     wait_query,
 )
 from reconciler.protocol.observations import (
@@ -70,12 +71,20 @@ MAX_HEAD_BYTES = 64 * 1024
 MAX_IDLE_CONNECTIONS = 512  # across all origins; a fleet of 10,000 agents must not pin 10,000 fds
 # Held ``?wait=`` reads in flight at once, each on its own connection: jobs
 # beyond it are read by the passes' polling, as from agents without ``wait``.
-MAX_WATCHES = 256
+# Enough for every job of a batch of thousands, when the open files limit
+# allows (``watch_limit``).
+MAX_WATCHES = 4096
+# File descriptors kept for everything but held reads and idle connections:
+# the repository's pack files, the log, the concurrent requests, the watcher.
+FD_RESERVE = 256
 # After a held read answers succeeded, the pass waits this long for the other
 # held reads to answer too, so that a batch's finishes make one pass and one
-# status commit rather than one each. It starts at once when none is left
+# status commit rather than one each. Each further finish within it waits
+# this long again (a batch sent over a second finishes over a second), up to
+# GATHER_LIMIT gathers since the first. It starts at once when none is left
 # held, or when an answer is a failure (a hold is not delayed).
 GATHER_SECONDS = 0.1
+GATHER_LIMIT = 10
 USER_AGENT = "reconciler-daemon"
 _T = TypeVar("_T")
 _R = TypeVar("_R")
@@ -530,6 +539,13 @@ class HeartbeatWatch:
     wait: float = DAEMON_WAIT_SECONDS
 
 
+def watch_limit(open_files: int) -> int:
+    """Held reads of each kind (jobs, heartbeats) allowed at once with
+    ``open_files`` descriptors: what is left after the idle connections and
+    FD_RESERVE, shared by the two kinds, up to MAX_WATCHES."""
+    return max(16, min(MAX_WATCHES, (open_files - MAX_IDLE_CONNECTIONS - FD_RESERVE) // 2))
+
+
 class AgentClient:
     """Talks to node agents for the daemon. Thread-safe; one call at a time
     runs on the client's own event loop thread."""
@@ -552,6 +568,7 @@ class AgentClient:
         self._watches: dict[str, asyncio.Task[None]] = {}
         self._no_wait: set[_Origin] = set()
         self._gathering: asyncio.TimerHandle | None = None
+        self._gathering_since = 0.0  # loop time of the first finish it gathers
         # Finished records that held reads brought, until a pass takes them
         # (``take_finished``): the pass need not ask for them again.
         self._finished_lock = threading.Lock()
@@ -560,10 +577,15 @@ class AgentClient:
         # apply succeed: the evidence that pass will ask for, read meanwhile.
         self._heartbeats: dict[str, Heartbeat] = {}
         self._posting = 0  # POSTs in flight (loop thread): their held reads are still to come
+        # Set (loop thread) when a held job read ends, finished or not; reset
+        # by ``take_held``: a pass has something new to look at.
+        self._news = False
         # On the loop thread only: node -> its held heartbeat read; origins
         # that answer heartbeats at once whatever the query.
         self._beat_watches: dict[str, asyncio.Task[None]] = {}
         self._no_beat_wait: set[_Origin] = set()
+        # Held reads of each kind at once, within the open files limit.
+        self.max_watches = watch_limit(raise_open_files_limit())
         # Called on the loop thread with (node, signed answer) for each signed
         # job record read, so its signature is checked while other answers
         # are still on the wire (the daemon's AnswerCheck.prepare).
@@ -685,6 +707,26 @@ class AgentClient:
         wanted = list(jobs)
         self._loop.call_soon_threadsafe(self._watch, wanted, on_finished)
 
+    def take_held(self, job_ids: Iterable[str]) -> tuple[dict[str, JobObservation], set[str]]:
+        """``take_finished``, and which of the other ``job_ids`` still have a
+        held read in flight, both at one instant: a job in that set has not
+        finished yet, or its held read brings it, and a pass, in both cases."""
+        wanted = list(job_ids)
+        if self._closed:
+            return self.take_finished(wanted), set()
+
+        async def take() -> tuple[dict[str, JobObservation], set[str]]:
+            self._news = False
+            return self.take_finished(wanted), {j for j in wanted if j in self._watches}
+
+        return self._call(take())
+
+    def has_news(self) -> bool:
+        """Whether a held job read ended (finished, failed, or lost) since
+        the last ``take_held``: the jobs ``take_held`` named as held are no
+        longer all so."""
+        return self._news
+
     def take_finished(self, job_ids: Iterable[str]) -> dict[str, JobObservation]:
         """The finished records of ``job_ids`` that held reads brought since
         the last call; the others it kept are dropped (no longer wanted)."""
@@ -709,7 +751,7 @@ class AgentClient:
         for node in [n for n in self._beat_watches if n not in wanted]:
             self._beat_watches.pop(node).cancel()
         for node, watch in wanted.items():
-            if node in self._beat_watches or len(self._beat_watches) >= MAX_WATCHES:
+            if node in self._beat_watches or len(self._beat_watches) >= self.max_watches:
                 continue
             try:
                 origin = self._http.origin(watch.url)
@@ -790,7 +832,7 @@ class AgentClient:
             self._watch_one(url, job, on_finished)
 
     def _watch_one(self, url: str, job: SendJob, on_finished: Callable[[], None]) -> None:
-        if job.job_id in self._watches or len(self._watches) >= MAX_WATCHES:
+        if job.job_id in self._watches or len(self._watches) >= self.max_watches:
             return
         try:
             origin = self._http.origin(url)
@@ -817,6 +859,9 @@ class AgentClient:
                     return
                 seen = _job_observation(job.job_id, answer)
                 if seen.state in FINISHED_JOB_STATES:
+                    if seen.signed is not None and self.on_signed is not None:
+                        # Checked now, while the batch's other answers come in.
+                        self.on_signed(job.node, seen.signed)
                     beat = None
                     if seen.state == "succeeded" and job.kind == "apply" and job.mode == "live":
                         # The pass deciding this node asks for a heartbeat newer than
@@ -838,12 +883,14 @@ class AgentClient:
         except _Unreachable:
             return
         finally:
+            self._news = True
             if self._watches.get(job.job_id) is asyncio.current_task():
                 del self._watches[job.job_id]
 
     def _wake_gathered(self, at_once: bool, on_finished: Callable[[], None]) -> None:
         """Start a pass now when asked to or when no held read is left, else
-        once GATHER_SECONDS have passed since the first finish waiting."""
+        once GATHER_SECONDS have passed without another finish, and at the
+        latest GATHER_LIMIT times that since the first finish waiting."""
 
         def fire() -> None:
             self._gathering = None
@@ -853,8 +900,15 @@ class AgentClient:
             if self._gathering is not None:
                 self._gathering.cancel()
             fire()
-        elif self._gathering is None:
-            self._gathering = asyncio.get_running_loop().call_later(GATHER_SECONDS, fire)
+            return
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        if self._gathering is None:
+            self._gathering_since = now
+        else:
+            self._gathering.cancel()
+        latest = self._gathering_since + GATHER_SECONDS * GATHER_LIMIT
+        self._gathering = loop.call_at(min(now + GATHER_SECONDS, latest), fire)
 
     def close(self) -> None:
         if self._closed:

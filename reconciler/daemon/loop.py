@@ -103,6 +103,13 @@ from reconciler.views.fleet_text import fleet_dashboard_section
 from reconciler.views.status_reader import StatusReader
 
 MAX_RACES = 20  # passes lost in a row to other writers before giving up
+# A job whose held read is in flight, and whose agent answered it accepted
+# or running less than this ago, is not asked by the passes: its held read
+# answers when it finishes. An agent that stops answering is still seen
+# within this plus the agent timeout, as a plain read would see it.
+HELD_ANSWER_SECONDS = 5.0
+
+
 SOAK_MARGIN = 0.2  # seconds past a soak's end a held heartbeat read answers
 MESSAGE_LINES = 60  # transitions listed in one commit message
 REQUEST_WALK = 1000  # spec commits searched for the one that asked for a rollback
@@ -197,6 +204,12 @@ class DaemonMemory:
     # job id -> its record once succeeded: an agent never changes a finished
     # record, and a node soaking its checks would otherwise be asked every pass
     finished_jobs: dict[str, JobObservation] = field(default_factory=dict)
+    # job id -> when its agent last answered it accepted or running: not
+    # asked while its held read is in flight (see HELD_ANSWER_SECONDS)
+    held_jobs: dict[str, datetime] = field(default_factory=dict)
+    # When the first job left waiting on its held read is to be asked again:
+    # a pass quiet otherwise is quiet until then (``_Quiet``).
+    held_until: datetime | None = None
     seen_tip: str | None = None  # the tip the last pass read (or its own commit on it)
     reported: set[str] = field(default_factory=set)  # problems already logged, to log each once
     watching: bool = False  # the last pass had jobs, heartbeats or backups to read
@@ -424,6 +437,7 @@ class Daemon:
             and self._approvals_tip() == quiet.approvals_tip
             and (quiet.wakeup is None or self.clock() < quiet.wakeup)
             and not self.fleet_watch.wants_pass()
+            and not self.client.has_news()
         ):
             self.memory.quiet = quiet
             return quiet.outcome
@@ -711,8 +725,13 @@ class Daemon:
             wakeup=engine.next_wakeup(lively),
         )
         if p.commit is None and not p.sent and not step.transitions and not self.memory.watching:
+            # Jobs answered by held answers only: quiet until one of those
+            # is too old to stand in for a read, or a held read ends.
+            wakeup, held_until = outcome.wakeup, self.memory.held_until
+            if held_until is not None and (wakeup is None or held_until < wakeup):
+                wakeup = held_until
             self.memory.quiet = _Quiet(
-                p.tip, p.status_branch, p.status_tip, outcome.wakeup, outcome, self._approvals_tip()
+                p.tip, p.status_branch, p.status_tip, wakeup, outcome, self._approvals_tip()
             )
         return outcome
 
@@ -1204,7 +1223,6 @@ class Daemon:
         in_flight = engine.in_flight(statuses)
         wanted_heartbeats = engine.wanted_heartbeats(statuses)
         wanted_backups = engine.wanted_backups(statuses)
-        self.memory.watching = bool(in_flight or wanted_heartbeats or wanted_backups)
         finished = self.memory.finished_jobs
         wanted_ids = {job.job_id for job in in_flight}
         for job_id in [j for j in finished if j not in wanted_ids]:
@@ -1227,17 +1245,27 @@ class Daemon:
             return seen
 
         # Finished records the held reads brought are the answers a read
-        # would get now (an agent never changes a finished record): only
-        # the other jobs are asked.
-        held = self.client.take_finished(job.job_id for _, job in jobs)
-        asked = [(url, job) for url, job in jobs if job.job_id not in held]
+        # would get now (an agent never changes a finished record). Jobs
+        # waiting on their held reads are not asked (``_waiting_on_held``).
+        # Only the other jobs are asked.
+        held, in_wait = self.client.take_held(job.job_id for _, job in jobs)
+        waiting = self._waiting_on_held(statuses, jobs, in_wait, now)
+        asked = [
+            (url, job) for url, job in jobs if job.job_id not in held and job.job_id not in waiting
+        ]
+        self.memory.watching = bool(asked or wanted_heartbeats or wanted_backups)
+        kept = self.memory.held_jobs
         answers: dict[str, JobObservation | None] = {**held, **self.client.read_jobs(asked)}
         for (url, job), (job_id, seen) in zip(jobs, _ordered(answers, jobs), strict=True):
+            if job_id in waiting:
+                continue  # not observed this pass
             if seen is None:
                 unknown.append((url, job))
                 reachable[job.node] = True
                 continue
             seen = believed(job.node, seen)
+            if seen.state in ("accepted", "running"):
+                kept[job_id] = now
             observed[job_id] = seen
             reachable[job.node] = reachable.get(job.node, False) or seen.state != "unreachable"
             if seen.state == "succeeded" and job.kind == "apply":
@@ -1279,8 +1307,11 @@ class Daemon:
         unfinished = [
             (url, job)
             for url, job in jobs
-            if (seen := observed.get(job.job_id)) is not None
-            and seen.state in ("accepted", "running")
+            if job.job_id in waiting
+            or (
+                (seen := observed.get(job.job_id)) is not None
+                and seen.state in ("accepted", "running")
+            )
         ]
         observations = Observations(
             jobs=observed,
@@ -1290,6 +1321,53 @@ class Daemon:
             unverified=unverified,
         )
         return observations, unfinished
+
+    def _waiting_on_held(
+        self,
+        statuses: Sequence[RolloutStatus],
+        jobs: Sequence[tuple[str, SendJob]],
+        in_wait: set[str],
+        now: datetime,
+    ) -> set[str]:
+        """The jobs left unobserved this pass: applies whose held read is in
+        flight and whose agent answered them accepted or running less than
+        HELD_ANSWER_SECONDS ago. The engine judges an unobserved apply as one
+        accepted or running (it waits for it) as long as its deadline has not
+        passed and its node is not counted unreachable (a node gone from the
+        fleet is not asked either way); any other job is asked. Nothing is believed without a read: an answer
+        that is not evidence is found when it is read, at its finish or once
+        it is this old. Sets ``memory.held_until``."""
+        kept = self.memory.held_jobs
+        for job_id in [j for j in kept if j not in in_wait]:
+            del kept[job_id]
+        self.memory.held_until = None
+        if not kept:
+            return set()
+        deadlines = {
+            record.job_id: record.deadline
+            for status in statuses
+            for record in status.nodes
+            if record.state == "dispatched" and record.job_id in kept
+        }
+        waiting: set[str] = set()
+        until: datetime | None = None
+        for _, job in jobs:
+            since = kept.get(job.job_id)
+            deadline = deadlines.get(job.job_id)
+            if (
+                since is None
+                or (now - since).total_seconds() >= HELD_ANSWER_SECONDS
+                or job.kind != "apply"
+                or deadline is None
+                or now >= deadline
+                or job.node in self.memory.unreachable
+            ):
+                continue
+            waiting.add(job.job_id)
+            expires = since + timedelta(seconds=HELD_ANSWER_SECONDS)
+            until = expires if until is None or expires < until else until
+        self.memory.held_until = until
+        return waiting
 
     def _unverified(self, node: str, kind: str, problem: str, found: dict[str, str]) -> None:
         """An answer not believed: counted, logged once per problem, and
@@ -1393,21 +1471,23 @@ class Daemon:
 
     def _committed(self, step: FleetStep, commit: str) -> None:
         self.metrics.commits.inc()
-        for t in step.transitions:
-            self.log.info(
+        self.log.info_many(
+            (
                 "transition",
                 f"{t.from_state} -> {t.to_state}" + (f" ({t.reason})" if t.reason else ""),
-                rollout=t.rollout,
-                node=t.node,
-                commit=commit[:12],
+                {"rollout": t.rollout, "node": t.node, "commit": commit[:12]},
             )
-            if t.node:
-                self.metrics.verdicts.labels(state=t.to_state).inc()
+            for t in step.transitions
+        )
+        for state, count in Counter(t.to_state for t in step.transitions if t.node).items():
+            self.metrics.verdicts.labels(state=state).inc(count)
 
     def _execute(self, effects: Iterable[SendJob], fleet: Fleet, now: datetime) -> int:
         """Send the jobs the committed status records, all at once. Their
         answers are not needed: the next pass reads every unfinished job
-        anyway. Crash point ``mid_send``: half of the answers are in."""
+        anyway, but one accepted or running spares that read while the
+        job's held read is in flight (``memory.held_jobs``).
+        Crash point ``mid_send``: half of the answers are in."""
         nodes = self._nodes_by_name(fleet)
         jobs = [(nodes[job.node].agent, job) for job in effects if job.node in nodes]
         if not jobs:
@@ -1415,18 +1495,30 @@ class Daemon:
         answers = self.client.send_jobs(
             jobs, now, halfway=lambda: crashpoints.reach("mid_send"), on_finished=self._wake
         )
+        kept = self.memory.held_jobs
+        lines: list[tuple[str, str, dict[str, str]]] = []
         for url, job in jobs:
             answer = answers.get(job.job_id)
-            self.log.info(
-                "sent",
-                f"{job.kind} attempt {job.attempt}: {answer.state if answer else 'unreachable'}",
-                rollout=job.rollout,
-                node=job.node,
-                job=job.job_id,
-                commit=job.source_commit[:12],
-                agent=url,
+            if answer is not None and answer.state in ("accepted", "running"):
+                # Taken: it need not be asked while its held read is in flight.
+                kept[job.job_id] = now
+            lines.append(
+                (
+                    "sent",
+                    f"{job.kind} attempt {job.attempt}: "
+                    f"{answer.state if answer else 'unreachable'}",
+                    {
+                        "rollout": job.rollout,
+                        "node": job.node,
+                        "job": job.job_id,
+                        "commit": job.source_commit[:12],
+                        "agent": url,
+                    },
+                )
             )
-            self.metrics.jobs_sent.labels(kind=job.kind).inc()
+        self.log.info_many(lines)
+        for kind, count in Counter(job.kind for _, job in jobs).items():
+            self.metrics.jobs_sent.labels(kind=kind).inc(count)
         return len(jobs)
 
     def _believed_heartbeat(self, node: str, beat: Heartbeat) -> bool | None:

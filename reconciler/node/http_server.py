@@ -374,12 +374,14 @@ class HttpServer:
         max_connections: int = MAX_CONNECTIONS,
         request_timeout: float = REQUEST_TIMEOUT,
         idle_timeout: float = IDLE_TIMEOUT,
+        backlog: int = BACKLOG,
     ) -> None:
         self.handler = handler
         self.host = host
         self.port = port
         self.tls = tls  # HTTPS when set
         self.max_connections = max_connections
+        self.backlog = backlog
         self.request_timeout = request_timeout
         self.idle_timeout = idle_timeout
         self.connections: set[_Connection] = set()
@@ -415,7 +417,7 @@ class HttpServer:
             functools.partial(_Connection, self),
             self.host,
             self.port,
-            backlog=BACKLOG,
+            backlog=self.backlog,
             reuse_address=True,
             ssl=self.tls,
         )

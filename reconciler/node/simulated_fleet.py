@@ -29,6 +29,10 @@ Actions (``action``, or the whole value as a string):
     impostor     answer as node ``as``: its heartbeat names that node, jobs are
                  refused with wrong_node
 
+A node whose behaviour changes to unreachable, disconnect, error500,
+garbage or stall (they fail every request) answers the reads it holds
+(``?wait=``) so at once, as an agent that goes down drops them.
+
 ``attempts: {"N": behaviour}`` (keys quoted: YAML keys are text here)
 overrides the behaviour for a job's attempt N, inheriting the node's settings;
 the node's own behaviour is used for everything else (heartbeats, backups,
@@ -73,11 +77,24 @@ from pathlib import Path
 from typing import Any
 
 from reconciler import __version__
-from reconciler.node.http_server import HttpServer, Request, Response, error_response, json_response
+from reconciler.node.http_server import (
+    BACKLOG,
+    MAX_CONNECTIONS,
+    HttpServer,
+    Request,
+    Response,
+    error_response,
+    json_response,
+)
 from reconciler.protocol.admission import admit_job
 from reconciler.protocol.evidence import derived_agent_key, signed_answer_bytes
 from reconciler.protocol.job_payload import SEND_TIME_FIELDS
-from reconciler.protocol.long_poll import FINISHED_JOB_STATES, newer_than, wait_seconds
+from reconciler.protocol.long_poll import (
+    FINISHED_JOB_STATES,
+    newer_than,
+    raise_open_files_limit,
+    wait_seconds,
+)
 from reconciler.protocol.signing import JobRefused, SigningKey, TrustedKey, canonical_json
 from reconciler.spec.safe_yaml import YamlProblem, load_yaml
 from reconciler.spec.times import format_time, parse_time
@@ -446,6 +463,16 @@ class SimFleet:
         self.script = script
         if script.names:
             self.add_nodes(list(script.names))
+        # An agent that goes down drops the reads it holds: the held reads of
+        # nodes now failing every request are answered so, at once.
+        for node in self.nodes.values():
+            node_script = script.for_node(node.name)
+            for job in node.jobs.values():
+                attempt = job.payload["attempt"]
+                if job.waiters and node_script.for_attempt(attempt).action in TRANSPORT_ACTIONS:
+                    _wake(job.waiters)
+            if node.beat_waiters and node_script.behaviour.action in TRANSPORT_ACTIONS:
+                _wake(node.beat_waiters)
 
     def close(self) -> None:
         self._journal.close()  # flushes
@@ -599,13 +626,22 @@ class SimFleet:
         )
 
     async def _held_job(self, node: SimNode, job: SimJob, wait: float) -> Response:
-        """The job's record once it finished, or as it is when ``wait`` ends."""
+        """The job's record once it finished, or as it is when ``wait`` ends;
+        what the node's behaviour then says when it fails every request."""
         await _woken_or_timeout(job.waiters, wait)
+        behaviour = self.script.for_node(node.name).for_attempt(job.payload["attempt"])
+        failed = self._transport(behaviour)
+        if failed is not None:
+            return await failed if isinstance(failed, asyncio.Future) else failed
         return self._job_answer(node, 200, job)
 
     async def _held_heartbeat(self, node: SimNode, behaviour: Behaviour, wait: float) -> Response:
-        """The heartbeat once a job of the node finished, or when ``wait`` ends."""
+        """The heartbeat once a job of the node finished, or when ``wait`` ends;
+        what the node's behaviour then says when it fails every request."""
         await _woken_or_timeout(node.beat_waiters, wait)
+        failed = self._transport(self.script.for_node(node.name).behaviour)
+        if failed is not None:
+            return await failed if isinstance(failed, asyncio.Future) else failed
         return self._json(node, 200, self._heartbeat(node, behaviour))
 
     def _transport(self, behaviour: Behaviour) -> Response | asyncio.Future[Response] | None:
@@ -851,7 +887,18 @@ async def serve(
     stop: asyncio.Event | None = None,
 ) -> None:
     """Serve ``fleet`` until ``stop`` is set (or forever)."""
-    server = HttpServer(fleet.handle, host, port, on_error=_print_error)
+    # One process serves every node: a held read per job of a batch of
+    # thousands needs as many connections, within the open files limit.
+    connections = max(MAX_CONNECTIONS, min(raise_open_files_limit() - 256, 16_384))
+    # A batch's held reads connect at once: none waits out a SYN retry.
+    server = HttpServer(
+        fleet.handle,
+        host,
+        port,
+        on_error=_print_error,
+        max_connections=connections,
+        backlog=max(BACKLOG, min(connections, 4096)),
+    )
     await server.start()
     watcher = (
         asyncio.ensure_future(_watch_behaviour(fleet, behaviour_path)) if behaviour_path else None
@@ -901,6 +948,12 @@ def _check_reports(job: SimJob, behaviour: Behaviour, now: datetime) -> list[dic
             }
         )
     return reports
+
+
+def _wake(waiters: list[asyncio.Future[None]]) -> None:
+    for woken in waiters:
+        if not woken.done():
+            woken.set_result(None)
 
 
 async def _woken_or_timeout(waiters: list[asyncio.Future[None]], wait: float) -> None:

@@ -9,6 +9,7 @@ Both sides read the parameter here, so they agree on its spelling and bounds.
 
 from __future__ import annotations
 
+import resource
 from dataclasses import replace
 from urllib.parse import parse_qs, urlencode
 
@@ -40,6 +41,25 @@ def wait_seconds(query: str) -> float | None:
 
 def wait_query(seconds: float) -> str:
     return f"wait={seconds:g}s"
+
+
+def raise_open_files_limit() -> int:
+    """Raise this process's soft limit of open files to its hard limit and
+    return the soft limit now in force: each held answer keeps a connection
+    (a file descriptor) open on both sides, a batch of 1,000 jobs as many,
+    and the usual soft limit of 1,024 would not leave room for the rest."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    unlimited = resource.RLIM_INFINITY
+    if soft == unlimited:
+        return 1 << 20
+    wanted = 1 << 20 if hard == unlimited else hard
+    if soft < wanted:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+            soft = wanted
+        except (ValueError, OSError):
+            pass  # kept as it is: the caller holds fewer answers
+    return soft
 
 
 # -- heartbeats ------------------------------------------------------------------
