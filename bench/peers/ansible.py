@@ -100,6 +100,13 @@ def config_text(model: str) -> str:
     return f"provider: ollama\nmodel: {model}\nprofile: default\n"
 
 
+def settle_disk() -> None:
+    """Before either side is timed: write out what the other left unwritten.
+    Ansible's files are not fsynced, and on ext4 (data=ordered) our first
+    fsync would otherwise write them out too, inside our timing."""
+    os.sync()
+
+
 def _children_cpu() -> float:
     times = os.times()
     return times.children_user + times.children_system
@@ -168,6 +175,7 @@ class AnsibleSide:
             "-e", json.dumps({"config_text": config_text(model)}),
             str(self.root / "rollout.yml"),
         ]  # fmt: skip
+        settle_disk()
         cpu = _children_cpu()
         start = time.perf_counter()
         done = subprocess.run(command, env=self.env, capture_output=True, text=True, check=False)
@@ -327,6 +335,7 @@ class OurSide:
     ) -> tuple[float, float]:
         """Push ``text`` as the rollout's file; (wall seconds, CPU seconds)
         from the push until ``done``."""
+        settle_disk()
         time.sleep(0.2)  # the daemon is idle, waiting on its watcher
         cpu = self._cpu()
         start = self._push({f"rollouts/{name}.yaml": text}, message)
