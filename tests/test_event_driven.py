@@ -7,8 +7,10 @@ HTTP on 127.0.0.1."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -43,11 +45,17 @@ def test_wait_reads_durations_and_refuses_what_is_not_one() -> None:
             wait_seconds(bad)
 
 
-def serve_in_thread(kit: RepoKit, daemon: Daemon, **kwargs: Any) -> threading.Thread:
+@contextlib.contextmanager
+def serving(kit: RepoKit, daemon: Daemon, **kwargs: Any) -> Iterator[threading.Thread]:
+    """``daemon.serve`` on a thread of its own while the block runs; stopped after."""
     watcher = BranchWatcher.for_store(GitStore.open(str(kit.bare), "main"))
     thread = threading.Thread(target=daemon.serve, args=(watcher,), kwargs=kwargs, daemon=True)
     thread.start()
-    return thread
+    try:
+        yield thread
+    finally:
+        daemon.stop()
+        thread.join(15)
 
 
 def wait_for(kit: RepoKit, done: Any, timeout: float) -> dict[str, Any]:
@@ -98,13 +106,9 @@ def test_batches_follow_finished_jobs_not_the_interval_with_real_agents(tmp_path
         # An interval far longer than the test: a pass after a dispatch can
         # only come from a held read answering that the job finished.
         started = time.monotonic()
-        thread = serve_in_thread(fleet, daemon, interval=120.0, reread=120.0)
-        try:
+        with serving(fleet, daemon, interval=120.0, reread=120.0) as thread:
             done = wait_for(fleet, completed, 60)
             took = time.monotonic() - started
-        finally:
-            daemon.stop()
-            thread.join(15)
         assert not thread.is_alive()
         assert [n["batch"] for n in done["r"]["nodes"]] == [1, 2, 3]
         assert all(n["state"] == "succeeded" for n in done["r"]["nodes"])
@@ -121,13 +125,9 @@ def test_simulated_fleet_batches_follow_each_other_with_default_interval(tmp_pat
         kit.push({"rollouts/r.yaml": rollout_yaml("r", selector={"role": "web"})})
         daemon = kit.daemon()
         started = time.monotonic()
-        thread = serve_in_thread(kit, daemon, interval=5.0)  # the default
-        try:
+        with serving(kit, daemon, interval=5.0):  # the default
             wait_for(kit, completed, 60)
             took = time.monotonic() - started
-        finally:
-            daemon.stop()
-            thread.join(15)
         # Four batches, three gaps between them: at the interval that is 15 s at least.
         assert took < 12
     finally:
@@ -148,14 +148,10 @@ def test_fleet_that_ignores_wait_is_polled_at_the_interval(tmp_path: Path) -> No
         kit.push({"rollouts/r.yaml": rollout_yaml("r", selector={"role": "web"})})
         daemon = kit.daemon()
         started = time.monotonic()
-        thread = serve_in_thread(kit, daemon, interval=1.5)
-        try:
+        with serving(kit, daemon, interval=1.5):
             done = wait_for(kit, completed, 60)
             took = time.monotonic() - started
             held = daemon.client.watching()
-        finally:
-            daemon.stop()
-            thread.join(15)
         assert all(n["state"] == "succeeded" for n in done["r"]["nodes"])
         assert held == set()  # nothing held at an agent that answers at once
         assert took >= 2 * 1.5  # two gaps between three batches, each the interval
@@ -207,13 +203,9 @@ def test_a_batch_finishing_together_is_one_pass_and_one_status_commit(
         fleet.push({"rollouts/r.yaml": rollout})
         daemon = fleet.daemon()
         started = time.monotonic()
-        thread = serve_in_thread(fleet, daemon, interval=120.0, reread=120.0)
-        try:
+        with serving(fleet, daemon, interval=120.0, reread=120.0):
             done = wait_for(fleet, completed, 60)
             took = time.monotonic() - started
-        finally:
-            daemon.stop()
-            thread.join(15)
         assert all(n["state"] == "succeeded" for n in done["r"]["nodes"])
         assert took < 60  # neither the gather's 120 s nor the interval's
         finished = [m for m in status_commit_messages(fleet) if "-> succeeded" in m]
@@ -238,16 +230,12 @@ def test_a_slow_node_does_not_hold_back_the_others_verdicts_past_the_gather(
         rollout = rollout_yaml("r", nodeIds=["a1", "a2"], live=True, batchSize=2)
         fleet.push({"rollouts/r.yaml": rollout})
         daemon = fleet.daemon()
-        thread = serve_in_thread(fleet, daemon, interval=120.0, reread=120.0)
-        try:
+        with serving(fleet, daemon, interval=120.0, reread=120.0):
             seen = wait_for(
                 fleet,
                 lambda s: any(n["state"] == "succeeded" for n in s.get("r", {}).get("nodes", [])),
                 15,
             )
-        finally:
-            daemon.stop()
-            thread.join(15)
         states = {n["name"]: n["state"] for n in seen["r"]["nodes"]}
         assert states == {"a1": "succeeded", "a2": "dispatched"}  # a2 still sleeps
     finally:
@@ -267,12 +255,8 @@ def test_a_failure_starts_a_pass_at_once_while_the_batch_still_runs(
         rollout = rollout_yaml("r", nodeIds=["a1", "a2"], live=True, batchSize=2)
         fleet.push({"rollouts/r.yaml": rollout})
         daemon = fleet.daemon()
-        thread = serve_in_thread(fleet, daemon, interval=120.0, reread=120.0)
-        try:
+        with serving(fleet, daemon, interval=120.0, reread=120.0):
             held = wait_for(fleet, lambda s: s.get("r", {}).get("phase") == "paused", 15)
-        finally:
-            daemon.stop()
-            thread.join(15)
         states = {n["name"]: n["state"] for n in held["r"]["nodes"]}
         assert held["r"]["hold"]["reason"] == "health_failed"
         assert states == {"a1": "failed", "a2": "dispatched"}  # a2's apply still sleeps
@@ -362,13 +346,9 @@ def test_a_soak_ends_with_a_held_heartbeat_read_not_at_the_interval(tmp_path: Pa
         started = time.monotonic()
         # An interval far longer than the test: after the apply, only held
         # heartbeat reads can bring the check's first success and the soak's end.
-        thread = serve_in_thread(fleet, daemon, interval=120.0, reread=120.0)
-        try:
+        with serving(fleet, daemon, interval=120.0, reread=120.0):
             done = wait_for(fleet, completed, 60)
             took = time.monotonic() - started
-        finally:
-            daemon.stop()
-            thread.join(15)
         assert took < 60
         assert done["r"]["nodes"][0]["checks"][0]["ok"] is True
         assert daemon.client.watching_heartbeats() == set()  # none outlives the loop
@@ -383,17 +363,13 @@ def test_a_check_failing_mid_soak_is_seen_when_the_heartbeat_changes(tmp_path: P
     try:
         fleet.push({"rollouts/r.yaml": soak_rollout(endpoint, "10m")})
         daemon = fleet.daemon()
-        thread = serve_in_thread(fleet, daemon, interval=120.0, reread=120.0)
-        try:
+        with serving(fleet, daemon, interval=120.0, reread=120.0):
             deadline = time.monotonic() + 30
             while daemon.client.watching_heartbeats() != {"a1"}:
                 assert time.monotonic() < deadline, "no held heartbeat read for the soaking node"
                 time.sleep(0.1)
             endpoint.set(503, b"down")
             failed = wait_for(fleet, lambda s: s.get("r", {}).get("phase") == "paused", 40)
-        finally:
-            daemon.stop()
-            thread.join(15)
         assert failed["r"]["hold"]["reason"] == "health_failed"
         assert "health check ready failed" in failed["r"]["nodes"][0]["error"]
     finally:
@@ -414,13 +390,9 @@ def test_a_fleet_answering_heartbeats_at_once_is_polled_as_before(tmp_path: Path
         rollout = rollout_yaml("r", selector={"role": "web"}, live=True, health=health)
         kit.push({"rollouts/r.yaml": rollout})
         daemon = kit.daemon()
-        thread = serve_in_thread(kit, daemon, interval=1.5)
-        try:
+        with serving(kit, daemon, interval=1.5):
             done = wait_for(kit, completed, 60)
             held = daemon.client.watching_heartbeats()
-        finally:
-            daemon.stop()
-            thread.join(15)
         assert done["r"]["nodes"][0]["state"] == "succeeded"
         assert held == set()
     finally:

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from fleetkit import FleetKit, node_states, node_yaml, rollout_yaml
-from test_event_driven import serve_in_thread, status_commit_messages, wait_for
+from test_event_driven import serving, status_commit_messages, wait_for
 
 from reconciler.daemon import agent_client, loop
 from reconciler.daemon.agent_client import MAX_IDLE_CONNECTIONS, watch_limit
@@ -299,12 +299,8 @@ def gathered_commits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, limit: flo
     try:
         kit.push({"rollouts/r.yaml": rollout_yaml("r", selector={"role": "web"}, batchSize=3)})
         daemon = kit.daemon()
-        thread = serve_in_thread(kit, daemon, interval=120.0, reread=120.0)
-        try:
+        with serving(kit, daemon, interval=120.0, reread=120.0):
             done = wait_for(kit, lambda s: s.get("r", {}).get("phase") == "completed", 60)
-        finally:
-            daemon.stop()
-            thread.join(15)
         assert set(node_states(done["r"]).values()) == {"succeeded"}
         return [m for m in status_commit_messages(kit) if "-> succeeded" in m]
     finally:
