@@ -371,9 +371,7 @@ class Agent:
     async def _held_job(self, job_id: str, woken: asyncio.Future[None], wait: float) -> Response:
         """The job's record once it finished, or as it is when ``wait`` ends."""
         try:
-            await asyncio.wait_for(asyncio.shield(woken), wait)
-        except TimeoutError:
-            pass
+            await _woken_or_timeout(woken, wait)
         finally:
             with self._lock:
                 held = self._waiters.get(job_id, [])
@@ -388,19 +386,22 @@ class Agent:
     async def _held_heartbeat(self, woken: asyncio.Future[None], wait: float) -> Response:
         """The heartbeat once it changed, or as it is when ``wait`` ends."""
         try:
-            await asyncio.wait_for(asyncio.shield(woken), wait)
-        except TimeoutError:
-            pass
+            await _woken_or_timeout(woken, wait)
         finally:
             with self._lock:
                 self._beat_waiters[:] = [w for w in self._beat_waiters if w[1] is not woken]
         return self._json(200, self.heartbeat())
 
     def _heartbeat_changed(self) -> None:
-        """A job finished or a check's outcome moved: held heartbeat reads answer."""
+        """A check's outcome moved: held heartbeat reads answer."""
         with self._lock:
-            self._beat_changed_at = self.clock()
-            waiters, self._beat_waiters = self._beat_waiters, []
+            self._beat_changed()
+
+    def _beat_changed(self) -> None:
+        """Called with ``_lock`` held: the heartbeat changed by the agent's
+        doing now, and the held heartbeat reads answer."""
+        self._beat_changed_at = self.clock()
+        waiters, self._beat_waiters = self._beat_waiters, []
         for loop, woken in waiters:
             loop.call_soon_threadsafe(_wake, woken)
 
@@ -482,11 +483,7 @@ class Agent:
         if record.state in FINISHED_JOB_STATES:
             for loop, woken in self._waiters.pop(record.job_id, ()):
                 loop.call_soon_threadsafe(_wake, woken)
-            # The config (and the checks' job) may have changed: the lock is held here.
-            self._beat_changed_at = self.clock()
-            beat_waiters, self._beat_waiters = self._beat_waiters, []
-            for loop, woken in beat_waiters:
-                loop.call_soon_threadsafe(_wake, woken)
+            self._beat_changed()  # the config (and the checks' job) may have changed
 
     def _update(self, record: JobRecord, **changes: Any) -> JobRecord:
         record = record.with_changes(**changes)
@@ -710,6 +707,11 @@ class Agent:
             )
             return f"after-apply command failed ({how})", tail
         return None
+
+
+async def _woken_or_timeout(woken: asyncio.Future[None], wait: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(asyncio.shield(woken), wait)
 
 
 def _wake(woken: asyncio.Future[None]) -> None:
