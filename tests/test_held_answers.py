@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -52,9 +53,23 @@ def make_kit(root: Path, behaviour: str, *, ignore_wait: bool, key_seed: str | N
     return kit
 
 
-def held_daemon(kit: FleetKit) -> tuple[Daemon, threading.Event]:
+class Clock:
+    """The daemon's clock, moved on by the test: how old an answer is does
+    not depend on how slow the machine is."""
+
+    def __init__(self) -> None:
+        self.now = datetime.now(UTC).replace(microsecond=0)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
+def held_daemon(kit: FleetKit, clock: Clock | None = None) -> tuple[Daemon, threading.Event]:
     """A daemon whose passes start held reads, as under ``serve``."""
-    daemon = kit.daemon()
+    daemon = kit.daemon(clock=clock) if clock is not None else kit.daemon()
     woken = threading.Event()
     daemon._wake = woken.set
     return daemon, woken
@@ -115,19 +130,17 @@ def test_passes_do_not_read_jobs_whose_held_reads_are_in_flight(tmp_path: Path) 
         plain_kit.close()
 
 
-def test_a_held_answer_older_than_its_limit_is_read_again(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(loop, "HELD_ANSWER_SECONDS", 1.0)
+def test_a_held_answer_older_than_its_limit_is_read_again(tmp_path: Path) -> None:
+    clock = Clock()
     kit = make_kit(tmp_path, "default: hang\n", ignore_wait=False)
     try:
-        daemon, _ = held_daemon(kit)
+        daemon, _ = held_daemon(kit, clock)
         dispatched(kit, daemon)
         wait_held(daemon, 3)
         before = requests(kit)
         daemon.run_pass()
         assert requests(kit) - before == 1  # the POSTs' answers stand in
-        time.sleep(1.1)
+        clock.advance(loop.HELD_ANSWER_SECONDS)
         before = requests(kit)
         daemon.run_pass()  # not quiet: the answers it used are too old now
         assert requests(kit) - before == 1 + 3  # each job read, as without held reads
@@ -179,20 +192,19 @@ def test_a_simulated_node_going_down_answers_its_held_reads_as_down(tmp_path: Pa
         kit.close()
 
 
-def test_an_answer_not_believed_is_found_when_read_as_without_held_reads(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_an_answer_not_believed_is_found_when_read_as_without_held_reads(tmp_path: Path) -> None:
     """The fleet signs with other keys than the node files name. Nothing of
     a job waiting on its held read is believed or reported until it is read:
-    once it is HELD_ANSWER_SECONDS old, the pass reads it and reports it
-    unverified, as passes reading every job do at once."""
-    monkeypatch.setattr(loop, "HELD_ANSWER_SECONDS", 1.0)
+    once it is HELD_ANSWER_SECONDS old (the daemon's clock moved on), the
+    pass reads it and reports it unverified, as passes reading every job do
+    at once."""
     found = {}
     for mode, ignore in (("held", False), ("plain", True)):
         kit = make_kit(tmp_path / mode, "default: hang\n", ignore_wait=ignore,
                        key_seed="the-fleet", agent_seed="someone-else")  # fmt: skip
         try:
-            daemon, _ = held_daemon(kit)
+            clock = Clock()
+            daemon, _ = held_daemon(kit, clock)
             dispatched(kit, daemon)
             if not ignore:
                 wait_held(daemon, 3)
@@ -200,7 +212,7 @@ def test_an_answer_not_believed_is_found_when_read_as_without_held_reads(
                 daemon.run_pass()
                 assert requests(kit) - before == 1  # nothing read, nothing believed
                 assert "unverified_evidence" not in str(kit.statuses()["r"].get("conditions"))
-                time.sleep(1.1)
+                clock.advance(loop.HELD_ANSWER_SECONDS)
             before = requests(kit)
             daemon.run_pass()
             assert requests(kit) - before == 1 + 3  # each job read
