@@ -32,6 +32,7 @@ growth under 5 MB.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import signal
 import subprocess
@@ -51,6 +52,7 @@ from _common import (
     emit,
     first_parent_count,
     git,
+    machine_busy_seconds,
     make_bare,
     median,
     node_text,
@@ -130,6 +132,7 @@ def one_run(
             time.sleep(1.0)
         sim_cpu0 = cpu_seconds(sim.process.pid)
         before = dir_bytes(bare / "objects")
+        busy0 = machine_busy_seconds()
         cpu0 = cpu_seconds(daemon.pid)
         started = time.perf_counter()
         rollout = commit_files(
@@ -145,6 +148,8 @@ def one_run(
         finished = wait_for(done, timeout)
         cpu = cpu_seconds(daemon.pid) - cpu0
         sim_cpu = cpu_seconds(sim.process.pid) - sim_cpu0
+        # What other work took of the machine meanwhile (this script's polling included).
+        other = machine_busy_seconds() - busy0 - cpu - sim_cpu
         peak = peak_rss_mb(daemon.pid)
         data = status_data(bare, "big") or b""
         phase = COMPLETED.search(data)
@@ -174,6 +179,7 @@ def one_run(
             "overhead": (wall - batches * delay) / nodes,
             "jobs": stats["executed"],
             "sim_cpu": sim_cpu,
+            "other": other / (wall * (os.cpu_count() or 1)),
         }
     finally:
         if daemon is not None and daemon.poll() is None:
@@ -210,7 +216,8 @@ def measure(
             f"run {k + 1}: {r['wall']:.2f} s wall, {r['cpu']:.2f} s daemon CPU, "
             f"{r['peak']:.0f} MB peak, {r['commits']:.0f} commits, "
             f"+{r['loose'] / 1e6:.2f} MB loose / +{r['packed'] / 1e6:.2f} MB after gc, "
-            f"{r['overhead'] * 1e3:.3f} ms/node overhead, {r['jobs']} jobs executed, sim fleet CPU {r['sim_cpu']:.2f} s",
+            f"{r['overhead'] * 1e3:.3f} ms/node overhead, {r['jobs']} jobs executed, sim fleet CPU {r['sim_cpu']:.2f} s, "
+            f"other work {r['other'] * 100:.0f}% of the CPUs",
             flush=True,
         )
         results.append(r)
