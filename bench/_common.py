@@ -116,6 +116,15 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def machine_busy_seconds() -> float:
+    """CPU seconds all CPUs of the machine have been busy since boot (Linux
+    /proc/stat): the difference over a run, less the CPU of the processes
+    measured, is what other work took from it."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:8]]
+    idle = fields[3] + fields[4]  # idle, iowait
+    return (sum(fields) - idle) / os.sysconf("SC_CLK_TCK")
+
+
 def start_daemon(root: Path, bare: Path, key: Path, interval: str) -> subprocess.Popen[bytes]:
     """``reconciler run`` on ``bare`` as a subprocess, logging to root/daemon.log."""
     with open(root / "daemon.log", "wb") as log:  # the child keeps its own copy

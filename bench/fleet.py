@@ -14,7 +14,8 @@ status says ``completed``.
 Figures (median over ``--runs`` runs):
 
 - wall time from the rollout commit to the committed ``completed``;
-- daemon CPU seconds over that time (/proc/PID/stat, user + system);
+- daemon CPU seconds over that time (/proc/PID/stat, user + system), and
+  the simulated fleet's (one process serving every node);
 - daemon peak memory (VmHWM from /proc/PID/status, read before it exits:
   includes start-up and parsing all node files);
 - status commits the daemon made for the rollout;
@@ -31,9 +32,11 @@ growth under 5 MB.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -49,6 +52,7 @@ from _common import (
     emit,
     first_parent_count,
     git,
+    machine_busy_seconds,
     make_bare,
     median,
     node_text,
@@ -75,6 +79,7 @@ def one_run(
     interval: str,
     timeout: float,
     profile: Path | None = None,
+    wall_clock: bool = False,
 ) -> dict[str, float]:
     private, public = generate_key(root / "keys")
     names = [f"n{i:05d}" for i in range(1, nodes + 1)]
@@ -82,6 +87,7 @@ def one_run(
     # the daemon checks every answer, as in production (DESIGN.md 12).
     sim = SimFleetProcess(root / "sim", names, public, delay, key_seed=KEY_SEED)
     daemon: subprocess.Popen[bytes] | None = None
+    spies: list[subprocess.Popen[bytes]] = []
     try:
         bare = root / "fleet.git"
         files = {
@@ -105,18 +111,28 @@ def one_run(
 
         wait_for(dashboard, 120, 0.1)
         time.sleep(0.3)
-        spy = None
         if profile is not None:
-            # Wall-clock samples (--idle) of every thread, as collapsed stacks.
-            spy = subprocess.Popen(
-                ["py-spy", "record", "--pid", str(daemon.pid), "--idle", "--threads",
-                 "--format", "raw", "--rate", "200", "--output", str(profile)],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )  # fmt: skip
+            # Both processes, every thread: the daemon into FILE.N.txt, the
+            # simulated fleet into FILE.sim.N.txt. On-CPU samples as collapsed
+            # stacks; with --profile-wall, wall-clock samples (idle included)
+            # in speedscope's format, whose samples keep their order: a timeline.
+            spy_exe = Path(sys.executable).with_name("py-spy")
+            form = ["--idle", "--format", "speedscope"] if wall_clock else ["--format", "raw"]
+            for pid, out in (
+                (daemon.pid, profile),
+                (sim.process.pid, profile.with_suffix(".sim" + profile.suffix)),
+            ):
+                spies.append(subprocess.Popen(
+                    [str(spy_exe) if spy_exe.exists() else "py-spy", "record",
+                     "--pid", str(pid), "--threads", *form, "--rate", "200",
+                     "--output", str(out)],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                ))  # fmt: skip
             time.sleep(1.0)
         sim_cpu0 = cpu_seconds(sim.process.pid)
         before = dir_bytes(bare / "objects")
+        busy0 = machine_busy_seconds()
         cpu0 = cpu_seconds(daemon.pid)
         started = time.perf_counter()
         rollout = commit_files(
@@ -132,6 +148,8 @@ def one_run(
         finished = wait_for(done, timeout)
         cpu = cpu_seconds(daemon.pid) - cpu0
         sim_cpu = cpu_seconds(sim.process.pid) - sim_cpu0
+        # What other work took of the machine meanwhile (this script's polling included).
+        other = machine_busy_seconds() - busy0 - cpu - sim_cpu
         peak = peak_rss_mb(daemon.pid)
         data = status_data(bare, "big") or b""
         phase = COMPLETED.search(data)
@@ -141,8 +159,8 @@ def one_run(
             )
         daemon.send_signal(signal.SIGTERM)
         daemon.wait(30)
-        if spy is not None:
-            spy.wait(30)
+        if spies:
+            spies[0].wait(30)
         tip = git("rev-parse", "main", cwd=bare)
         commits = first_parent_count(bare, tip, rollout)
         loose = dir_bytes(bare / "objects") - before
@@ -161,12 +179,15 @@ def one_run(
             "overhead": (wall - batches * delay) / nodes,
             "jobs": stats["executed"],
             "sim_cpu": sim_cpu,
+            "other": other / (wall * (os.cpu_count() or 1)),
         }
     finally:
         if daemon is not None and daemon.poll() is None:
             daemon.kill()
             daemon.wait()
         sim.stop()
+        for spy in spies:
+            spy.wait(30)
 
 
 def measure(
@@ -176,6 +197,7 @@ def measure(
     runs: int,
     interval: str = "0.2s",
     profile: Path | None = None,
+    wall_clock: bool = False,
 ) -> list[Row]:
     results = []
     for k in range(runs):
@@ -188,12 +210,14 @@ def measure(
                 interval,
                 timeout=60 + nodes * 0.05,
                 profile=profile.with_suffix(f".{k + 1}.txt") if profile else None,
+                wall_clock=wall_clock,
             )
         print(
             f"run {k + 1}: {r['wall']:.2f} s wall, {r['cpu']:.2f} s daemon CPU, "
             f"{r['peak']:.0f} MB peak, {r['commits']:.0f} commits, "
             f"+{r['loose'] / 1e6:.2f} MB loose / +{r['packed'] / 1e6:.2f} MB after gc, "
-            f"{r['overhead'] * 1e3:.3f} ms/node overhead, {r['jobs']} jobs executed, sim fleet CPU {r['sim_cpu']:.2f} s",
+            f"{r['overhead'] * 1e3:.3f} ms/node overhead, {r['jobs']} jobs executed, sim fleet CPU {r['sim_cpu']:.2f} s, "
+            f"other work {r['other'] * 100:.0f}% of the CPUs",
             flush=True,
         )
         results.append(r)
@@ -208,6 +232,7 @@ def measure(
         row(f"fleet {tag}: wall to completed", m("wall"), "s", floor, "health waits"),
         row(f"fleet {tag}: daemon CPU", m("cpu"), "s"),
         row(f"fleet {tag}: daemon CPU per node", m("cpu") / nodes * 1e3, "ms"),
+        row(f"fleet {tag}: simulated fleet CPU", m("sim_cpu"), "s"),
         row(f"fleet {tag}: daemon overhead per node", m("overhead") * 1e3, "ms", 1.0, "target <"),
         row(f"fleet {tag}: daemon peak memory (VmHWM)", m("peak"), "MB", 300.0, "target <"),
         row(f"fleet {tag}: status commits", m("commits"), "commits"),
@@ -224,13 +249,30 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="1,000 nodes, batches of 250, 1 run")
     parser.add_argument(
-        "--profile", type=Path, help="record the daemon with py-spy (wall clock) into FILE.N.txt"
+        "--profile",
+        type=Path,
+        help="record the daemon and the simulated fleet with py-spy (on CPU) into "
+        "FILE.N.txt and FILE.N.sim.txt",
+    )
+    parser.add_argument(
+        "--profile-wall",
+        action="store_true",
+        help="with --profile: wall-clock samples in speedscope's format (a timeline)",
     )
     args = parser.parse_args()
     if args.quick:
         args.nodes, args.batch, args.runs = 1_000, 250, 1
     announce(f"fleet: {args.nodes:,} nodes, batchSize {args.batch:,}, delay {args.delay} s")
-    emit(measure(args.nodes, args.batch, args.delay, args.runs, profile=args.profile))
+    emit(
+        measure(
+            args.nodes,
+            args.batch,
+            args.delay,
+            args.runs,
+            profile=args.profile,
+            wall_clock=args.profile_wall,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import time
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -338,3 +339,51 @@ def test_the_fast_writer_writes_what_the_emitter_writes(doc: object) -> None:
     assert safe_yaml.dump_yaml(doc) == safe_yaml._dump_with_emitter(doc)
     if doc is not None:
         assert safe_yaml.load_yaml("x.yaml", safe_yaml.dump_yaml(doc)) == doc
+
+
+# Values every node record has its own of (signatures, key ids, answer times):
+# written without the emitter, byte for byte as it writes them.
+_token_text = st.text(
+    alphabet="ABCXYZabcxyz0123456789_.@+/=:- ", min_size=1, max_size=40
+) | st.sampled_from(
+    [
+        "TKuDPBtqIHJaeenu1zO8hmeRBKMiohB+F/hsX6IQem7XCRCKqD/DObFkS/48fHOg/4Dk74FkhWPSgvYRiQ1QDA==",
+        "+KuDPBtqIHJaeenu1zO8hmeRBKMiohB+F/hsX6IQem7XCRCKqD/DObFkS/48fHOg/4Dk74FkhWPSgvYRiQ1QD==",
+        "SHA256:Pyqr/Ykx7o1wJC4SOPVg3Na75PRqXrjotvNn3jdp+2Y",
+        "a:",
+        "a:b",
+        "a: b",
+        ":a",
+        "1:20",
+        "1:20:30",
+        "=",
+        "a=",
+        "0x1F",
+        "1e5",
+        "1_000",
+        "2026-12-01",
+        "2026-12-01T21:26",
+        "2026-12-01T21:26:52Z",
+        "2026-12-01 21:26:52Z",
+        "2026-12-01T21:26:52.5Z",
+        "2026-12-01T21:26:52.562027Z",
+        "2026-12-01T21:26:52.562027",
+        "2026-12-01T21:26:52.562027+00:00",
+        "yes",
+        "null",
+        "~",
+        "true",
+        "on",
+    ]
+)
+_times = st.datetimes(min_value=datetime(1970, 1, 1), max_value=datetime(9999, 1, 1)).map(
+    lambda t: t.isoformat(timespec="microseconds" if t.microsecond else "seconds") + "Z"
+)
+
+
+@given(st.one_of(_token_text, _times))
+@settings(max_examples=600, deadline=None)
+def test_per_node_values_are_written_as_the_emitter_writes_them(text: str) -> None:
+    doc = {"nodes": [{"evidence": {"keyId": text, "signatures": {"jobRecord": text}}}]}
+    assert safe_yaml.dump_yaml(doc) == safe_yaml._dump_with_emitter(doc)
+    assert safe_yaml.load_yaml("x.yaml", safe_yaml.dump_yaml(doc)) == doc

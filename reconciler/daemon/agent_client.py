@@ -848,6 +848,7 @@ class AgentClient:
         """Held reads of one job until it is finished; ends quietly on any
         trouble, which the next pass's read reports."""
         loop = asyncio.get_running_loop()
+        me = asyncio.current_task()  # asked once: in Python 3.11 it is not free
         path = f"/v1/nodes/{job.node}/jobs/{job.job_id}?{wait_query(DAEMON_WAIT_SECONDS)}"
         try:
             while True:
@@ -867,7 +868,7 @@ class AgentClient:
                         # The pass deciding this node asks for a heartbeat newer than
                         # the job (DESIGN.md 4): read it now, while the batch finishes.
                         beat = await self._one_heartbeat(url, job.node)
-                    if self._watches.get(job.job_id) is asyncio.current_task():
+                    if self._watches.get(job.job_id) is me:
                         del self._watches[job.job_id]
                     with self._finished_lock:
                         self._finished[job.job_id] = seen
@@ -884,7 +885,7 @@ class AgentClient:
             return
         finally:
             self._news = True
-            if self._watches.get(job.job_id) is asyncio.current_task():
+            if self._watches.get(job.job_id) is me:
                 del self._watches[job.job_id]
 
     def _wake_gathered(self, at_once: bool, on_finished: Callable[[], None]) -> None:

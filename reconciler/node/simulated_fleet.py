@@ -599,7 +599,7 @@ class SimFleet:
             except ValueError as exc:
                 return self._error(node, 400, "bad_request", str(exc))
             if wait and job.state not in FINISHED_JOB_STATES and not self.ignore_wait:
-                return asyncio.ensure_future(self._held_job(node, job, wait))
+                return _hold(job.waiters, wait, lambda: self._held_job(node, job))
             return self._job_answer(node, 200, job)
         if len(parts) == 5 and request.method == "GET" and what in ("heartbeat", "backups"):
             behaviour = script.behaviour
@@ -617,7 +617,9 @@ class SimFleet:
                     and (parse_time(node.changed_at) > parse_time(newer))
                 )
                 if wait and newer is not None and not changed and not self.ignore_wait:
-                    return asyncio.ensure_future(self._held_heartbeat(node, behaviour, wait))
+                    return _hold(
+                        node.beat_waiters, wait, lambda: self._held_heartbeat(node, behaviour)
+                    )
                 return self._json(node, 200, self._heartbeat(node, behaviour))
             backups = [] if behaviour.action == "impostor" else node.backups[::-1]
             return json_response(200, backups)
@@ -625,23 +627,25 @@ class SimFleet:
             404, "not_found", f"no such endpoint: {request.method} {request.path}"
         )
 
-    async def _held_job(self, node: SimNode, job: SimJob, wait: float) -> Response:
-        """The job's record once it finished, or as it is when ``wait`` ends;
-        what the node's behaviour then says when it fails every request."""
-        await _woken_or_timeout(job.waiters, wait)
+    def _held_job(self, node: SimNode, job: SimJob) -> Response | asyncio.Future[Response]:
+        """A held job read's answer, once the job finished or the wait ended:
+        its record, or what the node's behaviour then says when it fails
+        every request."""
         behaviour = self.script.for_node(node.name).for_attempt(job.payload["attempt"])
         failed = self._transport(behaviour)
         if failed is not None:
-            return await failed if isinstance(failed, asyncio.Future) else failed
+            return failed
         return self._job_answer(node, 200, job)
 
-    async def _held_heartbeat(self, node: SimNode, behaviour: Behaviour, wait: float) -> Response:
-        """The heartbeat once a job of the node finished, or when ``wait`` ends;
-        what the node's behaviour then says when it fails every request."""
-        await _woken_or_timeout(node.beat_waiters, wait)
+    def _held_heartbeat(
+        self, node: SimNode, behaviour: Behaviour
+    ) -> Response | asyncio.Future[Response]:
+        """A held heartbeat read's answer, once a job of the node finished or
+        the wait ended; what the node's behaviour then says when it fails
+        every request."""
         failed = self._transport(self.script.for_node(node.name).behaviour)
         if failed is not None:
-            return await failed if isinstance(failed, asyncio.Future) else failed
+            return failed
         return self._json(node, 200, self._heartbeat(node, behaviour))
 
     def _transport(self, behaviour: Behaviour) -> Response | asyncio.Future[Response] | None:
@@ -956,14 +960,53 @@ def _wake(waiters: list[asyncio.Future[None]]) -> None:
             woken.set_result(None)
 
 
-async def _woken_or_timeout(waiters: list[asyncio.Future[None]], wait: float) -> None:
-    """Until a future this adds to ``waiters`` is set, or ``wait`` seconds."""
-    woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+def _hold(
+    waiters: list[asyncio.Future[None]],
+    wait: float,
+    answer: Callable[[], Response | asyncio.Future[Response]],
+) -> asyncio.Future[Response]:
+    """``answer()``, once a future this adds to ``waiters`` is set or ``wait``
+    seconds have passed. On callbacks, not a task with ``wait_for``: a batch
+    of thousands of jobs holds a read per job. Cancelling the result (the
+    client went away) withdraws the wait."""
+    loop = asyncio.get_running_loop()
+    woken: asyncio.Future[None] = loop.create_future()
     waiters.append(woken)
-    try:
-        await asyncio.wait_for(woken, wait)
-    except TimeoutError:
-        pass
-    finally:
+    result: asyncio.Future[Response] = loop.create_future()
+    timer = loop.call_later(wait, _set_none, woken)
+
+    def ready(_: asyncio.Future[None]) -> None:
+        timer.cancel()
         if woken in waiters:
             waiters.remove(woken)
+        if result.done():
+            return
+        response = answer()
+        if isinstance(response, Response):
+            result.set_result(response)
+        else:  # an answer that comes later, or never (stall)
+            response.add_done_callback(lambda done: _pass_on(done, result))
+
+    def withdrawn(_: asyncio.Future[Response]) -> None:
+        if result.cancelled() and not woken.done():
+            woken.cancel()  # ``ready`` cleans up
+
+    woken.add_done_callback(ready)
+    result.add_done_callback(withdrawn)
+    return result
+
+
+def _set_none(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+def _pass_on(source: asyncio.Future[Response], target: asyncio.Future[Response]) -> None:
+    if target.done():
+        return
+    if source.cancelled():
+        target.cancel()
+    elif (exc := source.exception()) is not None:
+        target.set_exception(exc)
+    else:
+        target.set_result(source.result())

@@ -124,7 +124,7 @@ def parse_agent_key(line: str, source: str = "") -> TrustedKey:
         key = Ed25519PublicKey.from_public_bytes(blob[len(ED25519_BLOB_PREFIX) :])
     except (ValueError, UnsupportedAlgorithm):
         raise ValueError("the ssh-ed25519 key data is not a valid public key") from None
-    return TrustedKey(blob_fingerprint(blob), key, source)
+    return TrustedKey(blob_fingerprint(blob), key, source, raw=blob[len(ED25519_BLOB_PREFIX) :])
 
 
 def derived_agent_key(seed: str, node: str) -> SigningKey:

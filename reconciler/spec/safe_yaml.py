@@ -750,6 +750,14 @@ def dump_yaml(data: Any) -> bytes:
 # long text, floats, odd keys) goes to the emitter whole.
 
 _SURELY_PLAIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@+/-]*")
+# Values that differ in every node record and would each cost an emitter run:
+# signatures (base64, ``=`` padded), key ids (``SHA256:...``), and answer
+# times with fractions of a second, which the emitter quotes as it quotes
+# every time. tests/test_safe_yaml.py pins both against the emitter.
+_PLAIN_VALUE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@+/=-]*(?::[A-Za-z0-9_.@+/=-]+)*")
+_QUOTED_TIME = re.compile(
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{1,9})?Z"
+)
 _MAX_SCALAR = 512  # longer text is left to the emitter (line width, simple keys)
 _LINE_BREAK = re.compile("[\n\r\x85\u2028\u2029]")  # YAML's line breaks: indented by context
 
@@ -770,7 +778,9 @@ def _emitted_line(key: Any, value: Any) -> str:
 def _value_text(text: str) -> str:
     if len(text) > _MAX_SCALAR or _LINE_BREAK.search(text):
         raise _Unusual
-    if _SURELY_PLAIN.fullmatch(text) and _plain_is_safe(text):
+    if _QUOTED_TIME.fullmatch(text):
+        return f"'{text}'"
+    if _PLAIN_VALUE.fullmatch(text) and _plain_is_safe(text):
         return text
     line = _emitted_line("k", text)
     if not line.startswith("k: "):
