@@ -145,6 +145,9 @@ class Agent:
         self._lock = threading.Lock()
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agent-job")
         self._worker.submit(int)  # its thread starts now, not in the first job's POST
+        # The after-apply command's environment, to which each job adds its own:
+        # read once (``os.environ`` decodes every entry each time it is copied).
+        self._environment = dict(os.environ)
         self.jobs = state.load_jobs()
         # job id -> held ``?wait=`` answers, woken from the job's thread when it finishes
         self._waiters: dict[str, list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]]] = {}
@@ -662,7 +665,7 @@ class Agent:
         command = self.config.after_apply
         assert command is not None
         target = payload["target"]
-        env = dict(os.environ)
+        env = dict(self._environment)
         env.update(
             {
                 "RECONCILER_JOB_ID": payload["jobId"],
