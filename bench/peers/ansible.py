@@ -20,7 +20,9 @@ Ours: N real ``reconciler agent`` processes (live applies, unsigned answers)
 whose ``--after-apply`` probe reads the config back and checks the model,
 and the daemon as a real process with default flags (``reconciler run
 --repo BARE --key KEY``). A rollout is a ``git push`` of its file into the
-bare repository; timed from the push to its status committed ``completed``
+bare repository, once the daemon has made its first fleet sweep (a
+minute after its start, as in any daemon that has been running); timed
+from the push to its status committed ``completed``
 (or ``paused`` at the failure). CPU: the daemon's and the agents' own, with
 their probes' (children's) CPU, over the row.
 
@@ -105,6 +107,21 @@ def settle_disk() -> None:
     Ansible's files are not fsynced, and on ext4 (data=ordered) our first
     fsync would otherwise write them out too, inside our timing."""
     os.sync()
+
+
+def wait_for_first_sweep(bare: Path) -> None:
+    """Until the daemon's first fleet sweep is committed (``status/fleet.yaml``,
+    one ``fleetCheck.interval`` after its start: a minute by default). The
+    rows time a daemon in the state it runs in: its sweeps have read every
+    agent's heartbeat over the keep-alive connections its jobs then use.
+    Timed before that, the first run alone also paid for a new connection
+    to each agent and for each agent's first request."""
+    print("waiting for the daemon's first fleet sweep (a minute after its start)", flush=True)
+    deadline = time.monotonic() + 180
+    while status_data(bare, "fleet") is None:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no fleet sweep committed in {bare} within 3 minutes")
+        time.sleep(0.1)
 
 
 def _children_cpu() -> float:
@@ -252,6 +269,7 @@ class OurSide:
                     stderr=log,
                 )  # fmt: skip
             self._wait(lambda: git("ls-tree", "main", "status/", cwd=self.bare) != "", 120)
+            wait_for_first_sweep(self.bare)
         except BaseException:
             self.close()
             raise
@@ -572,6 +590,7 @@ def measure_simulated(nodes: int, runs: int, ansible_per_node: float | None) -> 
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"the daemon did not start; see {root}/daemon.log")
                 time.sleep(0.05)
+            wait_for_first_sweep(bare)
             for run in range(1, runs + 1):
                 name = f"sim-{run}"
                 text = OurSide.rollout_text(name, f"sim-model-{run}")

@@ -47,6 +47,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from functools import lru_cache
 from typing import Any
 
 from reconciler import __version__
@@ -143,6 +144,10 @@ class Agent:
         self.clock = clock
         self._lock = threading.Lock()
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agent-job")
+        self._worker.submit(int)  # its thread starts now, not in the first job's POST
+        # The after-apply command's environment, to which each job adds its own:
+        # read once (``os.environ`` decodes every entry each time it is copied).
+        self._environment = dict(os.environ)
         self.jobs = state.load_jobs()
         # job id -> held ``?wait=`` answers, woken from the job's thread when it finishes
         self._waiters: dict[str, list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]]] = {}
@@ -297,14 +302,14 @@ class Agent:
         newest: dict[str, datetime] = {}
         busy: set[str] = set()
         for backup in backups:
-            moment = parse_time(backup.created_at)
+            moment = _stored_time(backup.created_at)
             newest[backup.rollout] = max(moment, newest.get(backup.rollout, moment))
         with self._lock:
             for record in self.jobs.values():
                 rollout = str(record.payload.get("rollout", ""))
                 if record.state in ("accepted", "running"):
                     busy.add(rollout)
-                moment = parse_time(record.accepted_at)
+                moment = _stored_time(record.accepted_at)
                 newest[rollout] = max(moment, newest.get(rollout, moment))
         return {r for r, moment in newest.items() if moment < horizon and r not in busy}
 
@@ -660,7 +665,7 @@ class Agent:
         command = self.config.after_apply
         assert command is not None
         target = payload["target"]
-        env = dict(os.environ)
+        env = dict(self._environment)
         env.update(
             {
                 "RECONCILER_JOB_ID": payload["jobId"],
@@ -717,6 +722,14 @@ async def _woken_or_timeout(woken: asyncio.Future[None], wait: float) -> None:
 def _wake(woken: asyncio.Future[None]) -> None:
     if not woken.done():
         woken.set_result(None)
+
+
+@lru_cache(maxsize=8192)
+def _stored_time(text: str) -> datetime:
+    """``parse_time`` of a time the agent stored itself (a backup's creation,
+    a job's acceptance). Every prune reads them all again, and a busy
+    agent's journal holds a day of jobs: each text is parsed once."""
+    return parse_time(text)
 
 
 def _expired_before(record: JobRecord, now: datetime) -> bool:
