@@ -255,6 +255,9 @@ class _Connection(asyncio.Protocol):
             self.pending = self.pending + data if self.pending else data
             self._process_simple()
             return
+        self._feed_h11(data)
+
+    def _feed_h11(self, data: bytes) -> None:
         try:
             self.conn.receive_data(data)
         except h11.RemoteProtocolError as exc:
@@ -291,12 +294,7 @@ class _Connection(asyncio.Protocol):
         h11 has read nothing yet, so it starts as on a new connection."""
         self.simple = False
         data, self.pending = self.pending, b""
-        try:
-            self.conn.receive_data(data)
-        except h11.RemoteProtocolError as exc:
-            self._fail(exc)
-            return
-        self._process()
+        self._feed_h11(data)
 
     def _process(self) -> None:
         while self.transport is not None and not self.busy:
