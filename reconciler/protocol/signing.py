@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
+from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from nacl.bindings import crypto_sign, crypto_sign_open, crypto_sign_seed_keypair
@@ -100,15 +100,6 @@ def blob_fingerprint(blob: bytes) -> str:
 # read and written with cryptography. tests/test_signing_sodium.py pins both
 # against cryptography's own answers.
 SIGNATURE_BYTES = 64
-
-
-def verify_with(public_key: Ed25519PublicKey, data: bytes, signature: bytes) -> bool:
-    """cryptography's own check, for tests that pin ``TrustedKey.verify``."""
-    try:
-        public_key.verify(signature, data)
-    except InvalidSignature:
-        return False
-    return True
 
 
 @dataclass(frozen=True)
