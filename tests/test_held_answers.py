@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -148,9 +149,25 @@ def test_a_held_answer_older_than_its_limit_is_read_again(tmp_path: Path) -> Non
         kit.close()
 
 
-def test_a_lost_held_read_ends_the_quiet_and_the_job_is_read(tmp_path: Path) -> None:
-    """The fleet goes away while its jobs are held: the next pass reads them
-    and finds the nodes unreachable, as passes reading every job do."""
+def _fleet_stops(kit: FleetKit) -> None:
+    kit.fleet.stop()
+
+
+def _nodes_go_down(kit: FleetKit) -> None:
+    # A real agent that goes down drops the reads it holds; the simulated
+    # fleet answers them as the new behaviour says (503), at once.
+    kit.fleet.set_behaviour(f"names: [{', '.join(NODES)}]\ndefault: unreachable\n")
+
+
+@pytest.mark.parametrize(
+    "go_away", [_fleet_stops, _nodes_go_down], ids=["fleet stops", "nodes go down"]
+)
+def test_held_reads_ended_by_the_fleet_end_the_quiet_and_the_jobs_are_read(
+    tmp_path: Path, go_away: Callable[[FleetKit], None]
+) -> None:
+    """The fleet goes away, or its nodes go down, while their jobs are held:
+    the held reads end, and the next pass reads the jobs and finds the nodes
+    unreachable, as passes reading every job do."""
     kit = make_kit(tmp_path, "default: hang\n", ignore_wait=False)
     try:
         daemon, _ = held_daemon(kit)
@@ -158,31 +175,8 @@ def test_a_lost_held_read_ends_the_quiet_and_the_job_is_read(tmp_path: Path) -> 
         wait_held(daemon, 3)
         daemon.run_pass()
         assert daemon.memory.quiet is not None and not daemon.memory.unreachable
-        kit.fleet.stop()
+        go_away(kit)
         deadline = time.monotonic() + 15
-        while daemon.client.watching():
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-        daemon.run_pass()
-        assert set(daemon.memory.unreachable) == set(NODES)
-    finally:
-        kit.close()
-
-
-def test_a_simulated_node_going_down_answers_its_held_reads_as_down(tmp_path: Path) -> None:
-    """A real agent that goes down drops the reads it holds; the simulated
-    fleet answers them as its new behaviour says (503), at once, so the
-    next pass reads the jobs and counts the nodes unreachable."""
-    kit = make_kit(tmp_path, "default: hang\n", ignore_wait=False)
-    try:
-        daemon, _ = held_daemon(kit)
-        dispatched(kit, daemon)
-        wait_held(daemon, 3)
-        daemon.run_pass()
-        assert daemon.memory.quiet is not None
-        names = ", ".join(NODES)
-        kit.fleet.set_behaviour(f"names: [{names}]\ndefault: unreachable\n")
-        deadline = time.monotonic() + 10
         while daemon.client.watching():
             assert time.monotonic() < deadline, "held reads still in flight"
             time.sleep(0.05)
