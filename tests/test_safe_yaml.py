@@ -341,6 +341,25 @@ def test_the_fast_writer_writes_what_the_emitter_writes(doc: object) -> None:
         assert safe_yaml.load_yaml("x.yaml", safe_yaml.dump_yaml(doc)) == doc
 
 
+@given(
+    st.dictionaries(st.text(min_size=1, max_size=12), _documents, max_size=4),
+    st.lists(_documents, min_size=1, max_size=5),
+    st.integers(min_value=0, max_value=4),
+)
+@settings(max_examples=300, deadline=None)
+def test_a_sequence_written_from_its_entries_texts_is_what_dump_yaml_writes(
+    around: dict[str, Any], items: list[Any], at: int
+) -> None:
+    # Status files are written with their node records' texts kept from the
+    # last write: the same bytes as writing the whole document, wherever the
+    # key sits, whatever the items (those left to the emitter included).
+    keys = [k for k in around if k != "nodes"]
+    at = min(at, len(keys))
+    doc = {k: around[k] for k in keys[:at]} | {"nodes": items} | {k: around[k] for k in keys[at:]}
+    entries = [safe_yaml.entry_text(item) for item in items]
+    assert safe_yaml.dump_yaml_entries(doc, "nodes", entries) == safe_yaml.dump_yaml(doc)
+
+
 # Values every node record has its own of (signatures, key ids, answer times):
 # written without the emitter, byte for byte as it writes them.
 _token_text = st.text(

@@ -93,7 +93,7 @@ from reconciler.spec.paths import (
     status_path,
 )
 from reconciler.spec.rollout_status import ApprovalRecord, RolloutStatus
-from reconciler.spec.safe_yaml import dump_yaml
+from reconciler.spec.status_texts import StatusTexts
 from reconciler.spec.times import parse_time
 from reconciler.views import notification_events
 from reconciler.views.dashboard import DashboardOrder, render_dashboard
@@ -193,6 +193,7 @@ class DaemonMemory:
     gauged_step: frozenset[str] = frozenset()  # the rollouts the step behind the gauges changed
     inert: InertStatuses = field(default_factory=InertStatuses)  # statuses that ask nothing
     dashboard: tuple[str, bytes] | None = None  # the dashboard blob read last: (id, content)
+    status_texts: StatusTexts = field(default_factory=StatusTexts)  # node texts written last
     dashboard_order: DashboardOrder = field(default_factory=DashboardOrder)  # its rows' order
     # (verified commit, last acted commit) -> descends from it by first parent
     descends: dict[tuple[str, str], bool] = field(default_factory=dict)
@@ -1443,7 +1444,7 @@ class Daemon:
         for name, new in step.statuses.items():
             write, gone = status_values.changed_files(old.get(name), new)
             for path, data in write.items():
-                changes[path] = dump_yaml(data)
+                changes[path] = self.memory.status_texts.write(new, path, data)
                 written[path] = data
             for path in gone:
                 changes[path] = None

@@ -854,6 +854,47 @@ def _write_sequence(items: Sequence[Any], indent: int, lead: str, out: list[str]
             out.append(f"{head}{_scalar_text(item)}\n")
 
 
+def entry_text(item: Any) -> str | None:
+    """The text ``dump_yaml`` writes for ``item`` as one entry of the
+    sequence under a top-level key (``- name: a\n  batch: 1\n``); None for
+    a shape it leaves to the emitter (the whole document then goes there)."""
+    lines: list[str] = []
+    try:
+        _write_sequence((item,), 0, "", lines)
+    except _Unusual:
+        return None
+    return "".join(lines)
+
+
+def dump_yaml_entries(data: Any, key: str, entries: Sequence[str | None]) -> bytes:
+    """``dump_yaml(data)``, byte for byte, with the sequence under the
+    top-level ``key`` written from ``entries``: each entry's ``entry_text``,
+    kept from an earlier write (a status file's node records, mostly the
+    same from one write to the next). The caller vouches that they are the
+    texts of ``data[key]``'s items; any entry None, or anything else the
+    direct writer leaves to the emitter, and the whole is ``dump_yaml``'s."""
+    value = data.get(key) if type(data) is dict else None
+    texts = [text for text in entries if text is not None]
+    if (
+        (type(value) is list or type(value) is tuple)
+        and value
+        and len(texts) == len(entries) == len(value)
+    ):
+        lines: list[str] = []
+        try:
+            for name, item in data.items():
+                if name == key:
+                    lines.append(f"{_key_text(key)}:\n")
+                    lines.extend(texts)
+                else:
+                    _write_mapping({name: item}, 0, "", lines)
+        except _Unusual:
+            pass
+        else:
+            return "".join(lines).encode("utf-8")
+    return dump_yaml(data)
+
+
 def _dump_with_emitter(data: Any) -> bytes:
     stream = io.StringIO()
     emitter: Any
