@@ -326,3 +326,40 @@ def test_a_large_fleet_is_paged_and_reads_back_equal_with_each_file_under_the_ya
     del files["status/fleet/nodes-0002.yaml"]
     with pytest.raises(ValueError, match=r"nodes-0002\.yaml is missing"):
         FleetReader().read(Files(files), "tip")
+
+
+class Blobs(Files):
+    """Files that name a file's blob directly, as the daemon's store does."""
+
+    def file_blob(self, commit: str, path: str) -> str | None:
+        return path if path in self.data else None
+
+
+@pytest.mark.parametrize("count", [3, FLEET_PAGE_SIZE + 7])
+def test_the_fleet_status_a_pass_wrote_is_kept_as_reading_it_back_gives(count: int) -> None:
+    # After a pass commits status/fleet.yaml, the reader keeps the value it
+    # wrote instead of parsing the file at the next pass: it must be the
+    # value the files read back as (desired states, runtimes no longer
+    # reported, times with and without fractions of a second).
+    names = [f"n{i:05d}" for i in range(count)]
+    first = next_fleet(
+        None,
+        [NodeSighting(n, beat(n)) for n in names],
+        desired_state([rollout("llama", "llama3.1-8b", {names[0]: "succeeded"})]),
+        OFFLINE_AFTER,
+        T0,
+    )
+    fleet = next_fleet(
+        first,
+        [NodeSighting(n, beat(n, "other")) for n in names[1:]],
+        desired_state([rollout("llama", "llama3.1-8b", {names[1]: "succeeded"})]),
+        OFFLINE_AFTER,
+        T0 + timedelta(seconds=OFFLINE_AFTER + 1, microseconds=250_000),
+    )
+    for value in (first, fleet):
+        files = {path: dump_yaml(record) for path, record in fleet_to_files(value).items()}
+        source = Blobs(files)
+        reader = FleetReader()
+        reader.remember(source, "tip", value)
+        assert reader.read(source, "tip") is value
+        assert FleetReader().read(source, "tip") == value

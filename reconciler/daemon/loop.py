@@ -566,7 +566,8 @@ class Daemon:
             p.documents.fleet.nodes,
         )
         fleet_changes: tuple[fleet_rules.FleetChange, ...] = ()
-        if p.fleet is not None and p.fleet != p.fleet_before:
+        fleet_written = p.fleet is not None and p.fleet != p.fleet_before
+        if p.fleet is not None and fleet_written:
             files = p.fleet_files
             changes.update(
                 files if files is not None else fleet_file_changes(p.fleet_before, p.fleet)
@@ -594,6 +595,9 @@ class Daemon:
                     self.memory.dashboard = (written_id, dashboard)
             self._committed(p.step, p.commit)
             self._fleet_committed(fleet_changes, p.commit)
+            if p.fleet is not None and fleet_written:
+                # What was just written is what the next pass reads.
+                self.memory.fleet_reader.remember(self.store, p.commit, p.fleet)
             self.memory.status_reader.remember(self.store, p.commit, written, p.step.statuses)
             crashpoints.reach("after_push")
         if p.fleet_sweep is not None:

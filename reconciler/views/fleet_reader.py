@@ -58,6 +58,18 @@ class FleetReader:
         self._key, self._value = key, value
         return value
 
+    def remember(self, source: ChangeSource, commit: str, value: FleetStatus) -> None:
+        """Seed the cache with the fleet status just written at ``commit``
+        (its files are ``fleet_to_files(value)``), so the next read does not
+        parse what was just written: the first pass after a sweep's commit,
+        often a new rollout's first, parsed every node's record (values
+        round-trip losslessly through the files; tests pin this)."""
+        main = source.file_blob(commit, FLEET_STATUS_PATH)
+        if main is None:
+            return
+        pages = sorted(source.files(commit, FLEET_PAGES_DIR).items())
+        self._key, self._value = (main, *(blob for _, blob in pages)), value
+
 
 def _load(path: str, data: bytes) -> dict[str, Any]:
     try:
