@@ -675,16 +675,12 @@ class Daemon:
                 continue
             soak = frozen.health.soak if frozen.health is not None else 0
             for record in status.nodes:
+                if record.state != "dispatched":
+                    continue  # most records: looked up no further
                 seen = p.observations.jobs.get(record.job_id or "")
                 beat = p.observations.heartbeats.get(record.name)
                 spec = nodes.get(record.name)
-                if (
-                    record.state != "dispatched"
-                    or seen is None
-                    or seen.state != "succeeded"
-                    or beat is None
-                    or spec is None
-                ):
+                if seen is None or seen.state != "succeeded" or beat is None or spec is None:
                     continue
                 watches.append(
                     HeartbeatWatch(
