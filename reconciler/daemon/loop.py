@@ -190,6 +190,7 @@ class DaemonMemory:
     drawn_step: frozenset[str] = frozenset()  # the rollouts the step behind the dashboard changed
     phases: dict[str, str] = field(default_factory=dict)  # the gauges' rollouts and phases
     phase_counts: Counter[str] = field(default_factory=Counter)  # how many in each phase
+    phases_shown: dict[str, int] = field(default_factory=dict)  # what the gauges were set to
     gauged_step: frozenset[str] = frozenset()  # the rollouts the step behind the gauges changed
     inert: InertStatuses = field(default_factory=InertStatuses)  # statuses that ask nothing
     dashboard: tuple[str, bytes] | None = None  # the dashboard blob read last: (id, content)
@@ -1620,7 +1621,9 @@ class Daemon:
         shown = dict.fromkeys(status_values.PHASES, 0)
         shown.update((phase, n) for phase, n in memory.phase_counts.items() if n)
         for phase, count in shown.items():
-            self.metrics.rollouts.labels(phase=phase).set(count)
+            if memory.phases_shown.get(phase) != count:  # the gauge holds it already
+                self.metrics.rollouts.labels(phase=phase).set(count)
+        memory.phases_shown = shown
 
     # -- the loop ------------------------------------------------------------
 
