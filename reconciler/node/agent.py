@@ -61,7 +61,6 @@ from reconciler.node.state_dir import (
     UnsafePath,
     backups_to_prune,
     digest,
-    refuse_symlink,
 )
 from reconciler.protocol.admission import admit_job
 from reconciler.protocol.evidence import sign_answer
@@ -539,7 +538,7 @@ class Agent:
         target = payload["target"]
         runtime = target["runtime"]
         try:
-            refuse_symlink(self.state.config_path(runtime))
+            self.state.refuse_config_symlink(runtime)
         except UnsafePath as exc:
             raise _JobFailed(f"{exc.message}; nothing was changed: {exc.hint}") from None
         current = self.state.read_config(runtime)
@@ -680,7 +679,7 @@ class Agent:
                 "RECONCILER_PROFILE": target["profile"],
                 "RECONCILER_BACKUP_ID": payload.get("backupId") or "",
                 "RECONCILER_SOURCE_COMMIT": payload["sourceCommit"],
-                "RECONCILER_CONFIG": str(self.state.config_path(target["runtime"])),
+                "RECONCILER_CONFIG": self.state.config_location(target["runtime"]),
             }
         )
         timeout = self.config.after_apply_timeout
