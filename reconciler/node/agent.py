@@ -48,6 +48,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
+from types import MappingProxyType
 from typing import Any
 
 from reconciler import __version__
@@ -148,6 +149,11 @@ class Agent:
         # read once (``os.environ`` decodes every entry each time it is copied).
         self._environment = dict(os.environ)
         self.jobs = state.load_jobs()
+        # runtime -> the config bytes last parsed and what they hold (read
+        # only): the heartbeat and the next job read the config the last job
+        # wrote, so it is parsed once, not at every read. Replaced whole, from
+        # either thread.
+        self._parsed: dict[str, tuple[bytes, Mapping[str, Any]]] = {}
         # Kept beside ``jobs`` by ``_keep`` (and compaction), so that a prune
         # does not scan the whole journal (a day of jobs on a busy node): the
         # records not finished yet, and each rollout's newest acceptance here
@@ -246,6 +252,15 @@ class Agent:
             backup_id=backup,
             error=f"agent restarted during apply; config left as {left}",
         )
+
+    def _config_values(self, runtime: str, data: bytes) -> Mapping[str, Any]:
+        """``_parse_config`` of the runtime's current config bytes."""
+        known = self._parsed.get(runtime)
+        if known is not None and known[0] == data:
+            return known[1]
+        values = MappingProxyType(_parse_config(runtime, data))
+        self._parsed[runtime] = (data, values)
+        return values
 
     def _resume_probes(self) -> None:
         """After a restart, probe again the checks of each runtime's newest
@@ -462,8 +477,9 @@ class Agent:
             if current is None:
                 continue
             entry: dict[str, Any] = {"type": runtime}
+            values: Mapping[str, Any]
             try:
-                values = _parse_config(runtime, current[0])
+                values = self._config_values(runtime, current[0])
             except _JobFailed as exc:
                 values = {}
                 entry["error"] = exc.message
@@ -558,7 +574,7 @@ class Agent:
         except UnsafePath as exc:
             raise _JobFailed(f"{exc.message}; nothing was changed: {exc.hint}") from None
         current = self.state.read_config(runtime)
-        before_values = _parse_config(runtime, current[0]) if current is not None else None
+        before_values = self._config_values(runtime, current[0]) if current is not None else None
 
         if payload["kind"] == "restore":
             backup = self.state.find_backup(payload["backupId"])
