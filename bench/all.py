@@ -62,6 +62,7 @@ SCRIPTS = (
     # Ansible side by side (installs ansible-core into a temporary venv when missing).
     Script("peers/ansible", (), ("--quick",), timeout=1800.0),
     Script("agent_soak", (), ("--quick",), timeout=1200.0),
+    Script("agent_cpu", (), ("--quick",)),
     Script("notify", (), ("--quick",)),
 )
 

@@ -240,6 +240,19 @@ def test_the_heartbeat_reads_the_config_file_each_time(agent: AgentThread, state
     assert beat["runtimes"][0]["model"] == "b"
 
 
+def test_the_heartbeat_follows_each_change_of_the_config_bytes(
+    agent: AgentThread, state: Path
+) -> None:
+    # What a config holds is kept between reads only while its bytes stay the same.
+    config = state / "runtimes" / "hermes.yaml"
+    seen = []
+    for text in ["model: b\n", "model: [b\n", "model: b\n", "model: c\n", "model: c\n"]:
+        config.write_text(text)
+        (runtime,) = agent.get("heartbeat")[1]["runtimes"]
+        seen.append((runtime["model"], "error" in runtime))
+    assert seen == [("b", False), ("", True), ("b", False), ("c", False), ("c", False)]
+
+
 def test_a_node_without_a_config_gets_one_and_has_no_backup(
     tmp_path: Path, key: SigningKey
 ) -> None:

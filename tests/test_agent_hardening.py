@@ -5,6 +5,7 @@ state directory, and a bounded journal and first backups."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -16,7 +17,7 @@ import pytest
 from agent_helpers import AgentThread, envelope, job, new_key
 
 from reconciler.node.agent import Agent, AgentConfig
-from reconciler.node.state_dir import StateDir, UnsafePath, write_atomic
+from reconciler.node.state_dir import BackupInfo, JobRecord, StateDir, UnsafePath, write_atomic
 from reconciler.protocol.effects import SendJob
 from reconciler.protocol.signing import SigningKey
 from reconciler.spec.model import Target
@@ -146,6 +147,157 @@ def test_a_symlinked_journal_record_is_refused(tmp_path: Path, state: Path) -> N
     assert victim.read_bytes() == b"precious\n"
 
 
+def test_a_symlink_planted_where_a_journal_record_goes_is_refused_by_name(
+    tmp_path: Path, state: Path
+) -> None:
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious\n")
+    directory = StateDir.open(state)
+    try:
+        (directory.jobs / "j1.json").symlink_to(victim)
+        record = JobRecord(job_id="j1", payload={}, state="accepted", accepted_at="now")
+        with pytest.raises(UnsafePath) as refused:
+            directory.save_job(record)
+        with pytest.raises(UnsafePath):
+            directory.delete_job("j1")
+    finally:
+        directory.close()
+    assert refused.value.message == (
+        f"{state.absolute() / 'jobs' / 'j1.json'} is a symbolic link (to {victim}); the agent "
+        "replaces its files by rename and does not write through links"
+    )
+    assert refused.value.hint.startswith("make j1.json a regular file")
+    assert victim.read_bytes() == b"precious\n"
+    assert (state / "jobs" / "j1.json").is_symlink()
+
+
+@pytest.mark.parametrize("suffix", [".data", ".json"])
+def test_a_symlink_planted_where_a_backup_goes_is_refused(
+    tmp_path: Path, state: Path, suffix: str
+) -> None:
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious\n")
+    directory = StateDir.open(state)
+    info = _backup_info("hermes-1")
+    try:
+        (directory.backups / f"hermes-1{suffix}").symlink_to(victim)
+        with pytest.raises(UnsafePath, match=rf"hermes-1\{suffix} is a symbolic link"):
+            directory.save_backup(info, b"old bytes\n")
+        with pytest.raises(UnsafePath, match=rf"hermes-1\{suffix} is a symbolic link"):
+            directory.delete_backup("hermes-1")
+        assert directory.list_backups() == []
+    finally:
+        directory.close()
+    assert victim.read_bytes() == b"precious\n"
+    # Nothing was left behind: neither the other file nor a temporary one.
+    assert [p.name for p in (state / "backups").iterdir()] == [f"hermes-1{suffix}"]
+
+
+def _backup_info(backup_id: str, seq: int = 1) -> BackupInfo:
+    return BackupInfo(
+        backup_id=backup_id,
+        runtime="hermes",
+        created_at="2026-12-01T09:00:00Z",
+        seq=seq,
+        job_id="apply-0001",
+        rollout="llama",
+        provider="ollama",
+        model="llama3-old",
+        profile="default",
+        mode=0o640,
+        digest="sha256:" + "0" * 64,
+    )
+
+
+def test_a_state_directory_written_with_plain_paths_reads_the_same(state: Path) -> None:
+    # The files as an agent that named them by absolute path left them.
+    record = JobRecord(job_id="j1", payload={"rollout": "llama"}, state="failed", accepted_at="t")
+    (state / "jobs").mkdir()
+    (state / "jobs" / "j1.json").write_text(json.dumps(dataclasses.asdict(record)))
+    (state / "backups").mkdir()
+    info = _backup_info("hermes-1")
+    (state / "backups" / "hermes-1.json").write_text(json.dumps(dataclasses.asdict(info)))
+    (state / "backups" / "hermes-1.data").write_bytes(b"old bytes\n")
+    (state / "runtimes" / "hermes.yaml").chmod(0o640)
+
+    directory = StateDir.open(state)
+    try:
+        assert directory.load_jobs() == {"j1": record}
+        assert directory.list_backups() == [info]
+        assert directory.find_backup("hermes-1") == info
+        assert directory.read_backup(info) == b"old bytes\n"
+        assert directory.read_config("hermes") == (OLD_CONFIG, 0o640)
+        assert directory.read_config("other") is None
+        assert directory.config_location("hermes") == str(directory.config_path("hermes"))
+
+        # And what it writes is what a plain-path writer wrote: same names, bytes, modes.
+        directory.save_job(record.with_changes(state="succeeded"))
+        directory.write_config("hermes", b"model: new\n", 0o600)
+        directory.save_backup(_backup_info("hermes-2", seq=2), b"older\n")
+    finally:
+        directory.close()
+    written = json.loads((state / "jobs" / "j1.json").read_bytes())
+    assert written == {**dataclasses.asdict(record), "state": "succeeded"}
+    assert (state / "jobs" / "j1.json").stat().st_mode & 0o777 == 0o600
+    config = state / "runtimes" / "hermes.yaml"
+    assert config.read_bytes() == b"model: new\n" and config.stat().st_mode & 0o777 == 0o600
+    assert (state / "backups" / "hermes-2.data").read_bytes() == b"older\n"
+    described = json.loads((state / "backups" / "hermes-2.json").read_bytes())
+    assert described == dataclasses.asdict(_backup_info("hermes-2", seq=2))
+    assert sorted(p.name for p in (state / "backups").iterdir()) == [
+        "hermes-1.data",
+        "hermes-1.json",
+        "hermes-2.data",
+        "hermes-2.json",
+    ]
+
+
+def test_errors_in_a_state_folder_name_the_full_path(state: Path) -> None:
+    directory = StateDir.open(state)
+    try:
+        with pytest.raises(FileNotFoundError) as missing:
+            directory.read_backup(_backup_info("hermes-9"))
+        assert missing.value.filename == str(state.absolute() / "backups" / "hermes-9.data")
+        (state / "runtimes" / "hermes.yaml").unlink()
+        (state / "runtimes" / "hermes.yaml").mkdir()
+        with pytest.raises(IsADirectoryError) as folder:
+            directory.read_config("hermes")
+        assert folder.value.filename == str(state.absolute() / "runtimes" / "hermes.yaml")
+    finally:
+        directory.close()
+
+
+def test_a_state_folder_removed_under_the_agent_fails_its_writes(state: Path) -> None:
+    # The folders are opened once: a removed one is not silently recreated
+    # and a write to it fails, naming where it went.
+    directory = StateDir.open(state)
+    try:
+        (state / "jobs").rmdir()
+        record = JobRecord(job_id="j1", payload={}, state="accepted", accepted_at="t")
+        with pytest.raises(FileNotFoundError) as gone:
+            directory.save_job(record)
+        jobs = str(state.absolute() / "jobs")
+        assert str(gone.value.filename).startswith(jobs + "/.j1.json.tmp-")
+    finally:
+        directory.close()
+    assert not (state / "jobs").exists()
+
+
+def test_a_state_folder_renamed_under_the_agent_keeps_its_files(state: Path) -> None:
+    # What the agent read its journal from is where it goes on writing it:
+    # nothing is split between the folder it knows and a new one.
+    directory = StateDir.open(state)
+    try:
+        (state / "jobs").rename(state / "jobs-moved")
+        (state / "jobs").mkdir()
+        record = JobRecord(job_id="j1", payload={}, state="accepted", accepted_at="t")
+        directory.save_job(record)
+    finally:
+        directory.close()
+    assert [p.name for p in (state / "jobs-moved").iterdir()] == ["j1.json"]
+    assert list((state / "jobs").iterdir()) == []
+
+
 # -- bounded state ----------------------------------------------------------------
 
 
@@ -225,6 +377,42 @@ def test_first_backups_of_long_finished_rollouts_fall_under_retention(
         rollouts = [b.rollout for b in agent.state.list_backups()]
         assert "old" not in rollouts
         assert rollouts.count("new") == 2  # the newest and "new"'s own first backup
+    finally:
+        agent.close()
+        agent.state.close()
+
+
+def test_a_rollout_whose_newest_record_was_compacted_is_judged_by_what_is_left(
+    state: Path, key: SigningKey
+) -> None:
+    # A rollout's newest acceptance is kept in memory between prunes; when
+    # compaction drops that record, the rollout counts from what remains.
+    clock = Clock()
+    agent = _agent(state, key, clock, backup_retention=1, keep_first_backups=36 * 3600)
+    models = iter(f"model-{i}" for i in range(10))
+
+    def run(job_id: str, rollout: str, mode: str = "live") -> None:
+        target = Target("hermes", "vllm", next(models), "default")
+        sent = job(job_id, rollout=rollout, target=target, mode=mode)
+        assert _run_job(agent, key, clock, sent) == 202
+
+    try:
+        run("old-1", "old")  # rollout "old"'s first backup
+        clock.now += timedelta(days=1)
+        run("new-1", "new")
+        clock.now += timedelta(days=1)
+        run("old-2", "old", mode="dry_run")  # "old" active again: no backup, a record
+        clock.now += timedelta(minutes=1)
+        run("new-2", "new")
+        assert "old" in {b.rollout for b in agent.state.list_backups()}
+
+        clock.now += timedelta(days=1, hours=1)
+        run("new-3", "new")  # pruned while old-2 is journalled; then compaction drops it
+        assert "old" in {b.rollout for b in agent.state.list_backups()}
+        assert "old-2" not in agent.jobs
+
+        run("new-4", "new")  # "old" last did anything here 3 days ago
+        assert "old" not in {b.rollout for b in agent.state.list_backups()}
     finally:
         agent.close()
         agent.state.close()

@@ -23,8 +23,10 @@ and the daemon as a real process with default flags (``reconciler run
 bare repository, once the daemon has made its first fleet sweep (a
 minute after its start, as in any daemon that has been running); timed
 from the push to its status committed ``completed``
-(or ``paused`` at the failure). CPU: the daemon's and the agents' own, with
-their probes' (children's) CPU, over the row.
+(or ``paused`` at the failure), the observer asleep until the branch moves
+(inotify: it takes no CPU from the two cores while it waits). CPU: the
+daemon's and the agents' own, with their probes' (children's) CPU, over the
+row.
 
 Rows: a rollout at N; a failure at node 15 (time until each side stops: the
 playbook fails, the rollout is held). The fault rollout is aborted after
@@ -37,6 +39,7 @@ the median.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -54,6 +57,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _common import (
+    BranchMoves,
     Row,
     SimFleetProcess,
     announce,
@@ -214,6 +218,7 @@ class OurSide:
         self.key, public = generate_key(self.root / "keys")
         self.agents: list[subprocess.Popen[bytes]] = []
         self.daemon: subprocess.Popen[bytes] | None = None
+        self.moves: BranchMoves | None = None
         urls: dict[str, str] = {}
         try:
             for name in names:
@@ -257,6 +262,7 @@ class OurSide:
                 self.bare,
                 {f"nodes/{n}.yaml": node_text(n, urls[n], {"role": "gpu"}) for n in names},
             )
+            self.moves = BranchMoves(self.bare)
             self.work = self.root / "work"
             git("clone", "-q", str(self.bare), str(self.work), cwd=self.root)
             with open(self.root / "daemon.log", "wb") as log:
@@ -274,34 +280,10 @@ class OurSide:
             self.close()
             raise
 
-    def _wait(self, check: object, timeout: float, pause: float = 0.001) -> None:
-        """Until ``check()``, asked again only when the branch moved: the
-        observer must not take the two cores from what it times (reading
-        the status each time cost 0.34 ms; a stat costs microseconds)."""
-        deadline = time.monotonic() + timeout
-        seen: object = None
-        while True:
-            stamp = self._tip_stamp()
-            if stamp != seen:
-                seen = stamp
-                if check():  # type: ignore[operator]
-                    return
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"not reached in {timeout:.0f}s; see {self.root}/daemon.log")
-            time.sleep(pause)
-
-    def _tip_stamp(self) -> tuple[tuple[int, int, int] | None, ...]:
-        """Changes whenever ``main`` moves: each update renames a new ref file
-        into place (or rewrites packed-refs)."""
-        stamps = []
-        for path in (self.bare / "refs" / "heads" / "main", self.bare / "packed-refs"):
-            try:
-                found = path.stat()
-            except FileNotFoundError:
-                stamps.append(None)
-                continue
-            stamps.append((found.st_ino, found.st_mtime_ns, found.st_size))
-        return tuple(stamps)
+    def _wait(self, check: Callable[[], bool], timeout: float) -> None:
+        """Until ``check()``, asked again only when the branch moved."""
+        assert self.moves is not None
+        self.moves.until(check, timeout, f"see {self.root}/daemon.log")
 
     def _phase(self, name: str) -> str:
         found = PHASE.search(status_data(self.bare, name) or b"")
@@ -436,6 +418,8 @@ class OurSide:
         return str(rollbacks[-1].get("state", ""))
 
     def close(self) -> None:
+        if self.moves is not None:
+            self.moves.close()
         processes = ([self.daemon] if self.daemon else []) + self.agents
         for process in processes:
             if process.poll() is None:
@@ -558,6 +542,15 @@ def measure(nodes: int, runs: int) -> tuple[list[Row], float]:
     return rows, median([x[0] for x, _ in results["rollout"]])
 
 
+def sim_phase(bare: Path, name: str) -> bytes:
+    found = PHASE.search(status_data(bare, name) or b"")
+    return found.group(1) if found else b""
+
+
+def sim_stopped(bare: Path, name: str) -> bool:
+    return sim_phase(bare, name) in (b"completed", b"failed", b"paused")
+
+
 def measure_simulated(nodes: int, runs: int, ansible_per_node: float | None) -> list[Row]:
     """Ours at ``nodes`` simulated agents (``reconciler sim-fleet``, one
     process, each live apply taking SIM_APPLY seconds), the daemon with
@@ -600,16 +593,20 @@ def measure_simulated(nodes: int, runs: int, ansible_per_node: float | None) -> 
                 git("add", "-A", cwd=work)
                 git("commit", "-q", "-m", f"Roll out {name}", cwd=work)
                 time.sleep(0.2)
-                start = time.perf_counter()
-                git("push", "-q", "origin", "main", cwd=work)
-                phase = b""
-                while time.perf_counter() - start < 600:
-                    found = PHASE.search(status_data(bare, name) or b"")
-                    phase = found.group(1) if found else b""
-                    if phase in (b"completed", b"failed", b"paused"):
-                        break
-                    time.sleep(0.01)
-                wall = time.perf_counter() - start
+
+                moves = BranchMoves(bare)
+                try:
+                    start = time.perf_counter()
+                    git("push", "-q", "origin", "main", cwd=work)
+                    moves.until(
+                        functools.partial(sim_stopped, bare, name),
+                        600,
+                        f"see {root}/daemon.log",
+                    )
+                    wall = time.perf_counter() - start
+                finally:
+                    moves.close()
+                phase = sim_phase(bare, name)
                 if phase != b"completed":
                     raise RuntimeError(f"{name} ended {phase!r}; see {root}/daemon.log")
                 walls.append(wall)

@@ -48,6 +48,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
+from types import MappingProxyType
 from typing import Any
 
 from reconciler import __version__
@@ -61,7 +62,6 @@ from reconciler.node.state_dir import (
     UnsafePath,
     backups_to_prune,
     digest,
-    refuse_symlink,
 )
 from reconciler.protocol.admission import admit_job
 from reconciler.protocol.evidence import sign_answer
@@ -149,6 +149,17 @@ class Agent:
         # read once (``os.environ`` decodes every entry each time it is copied).
         self._environment = dict(os.environ)
         self.jobs = state.load_jobs()
+        # runtime -> the config bytes last parsed and what they hold (read
+        # only): the heartbeat and the next job read the config the last job
+        # wrote, so it is parsed once, not at every read. Replaced whole, from
+        # either thread.
+        self._parsed: dict[str, tuple[bytes, Mapping[str, Any]]] = {}
+        # Kept beside ``jobs`` by ``_keep`` (and compaction), so that a prune
+        # does not scan the whole journal (a day of jobs on a busy node): the
+        # records not finished yet, and each rollout's newest acceptance here
+        # (None: to be counted again, after compaction dropped records).
+        self._in_flight = {j: r for j, r in self.jobs.items() if r.state in _IN_FLIGHT}
+        self._rollout_accepted: dict[str, datetime] | None = None
         # job id -> held ``?wait=`` answers, woken from the job's thread when it finishes
         self._waiters: dict[str, list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]]] = {}
         self._compacted_at: datetime | None = None
@@ -242,6 +253,15 @@ class Agent:
             error=f"agent restarted during apply; config left as {left}",
         )
 
+    def _config_values(self, runtime: str, data: bytes) -> Mapping[str, Any]:
+        """``_parse_config`` of the runtime's current config bytes."""
+        known = self._parsed.get(runtime)
+        if known is not None and known[0] == data:
+            return known[1]
+        values = MappingProxyType(_parse_config(runtime, data))
+        self._parsed[runtime] = (data, values)
+        return values
+
     def _resume_probes(self) -> None:
         """After a restart, probe again the checks of each runtime's newest
         job when it was a successful live apply carrying checks (from
@@ -292,6 +312,7 @@ class Agent:
             for job_id in doomed:
                 self.state.delete_job(job_id)
                 del self.jobs[job_id]
+                self._rollout_accepted = None  # the dropped one may have been the newest
         return len(doomed)
 
     def _finished_rollouts(self, backups: Sequence[BackupInfo]) -> set[str]:
@@ -299,18 +320,16 @@ class Agent:
         accepted, no backup taken) for ``keep_first_backups``: their first
         backups are no longer kept beyond ``backup_retention``."""
         horizon = self.clock() - timedelta(seconds=self.config.keep_first_backups)
-        newest: dict[str, datetime] = {}
-        busy: set[str] = set()
+        with self._lock:
+            if self._rollout_accepted is None:
+                self._rollout_accepted = {}
+                for record in self.jobs.values():
+                    _note_accepted(self._rollout_accepted, record)
+            newest = dict(self._rollout_accepted)
+            busy = {_rollout_of(r) for r in self._in_flight.values()}
         for backup in backups:
             moment = _stored_time(backup.created_at)
             newest[backup.rollout] = max(moment, newest.get(backup.rollout, moment))
-        with self._lock:
-            for record in self.jobs.values():
-                rollout = str(record.payload.get("rollout", ""))
-                if record.state in ("accepted", "running"):
-                    busy.add(rollout)
-                moment = _stored_time(record.accepted_at)
-                newest[rollout] = max(moment, newest.get(rollout, moment))
         return {r for r, moment in newest.items() if moment < horizon and r not in busy}
 
     # -- the protocol ----------------------------------------------------------------
@@ -458,8 +477,9 @@ class Agent:
             if current is None:
                 continue
             entry: dict[str, Any] = {"type": runtime}
+            values: Mapping[str, Any]
             try:
-                values = _parse_config(runtime, current[0])
+                values = self._config_values(runtime, current[0])
             except _JobFailed as exc:
                 values = {}
                 entry["error"] = exc.message
@@ -481,10 +501,21 @@ class Agent:
 
     # -- running jobs ----------------------------------------------------------------
 
+    def _keep(self, record: JobRecord) -> None:
+        """Called with ``_lock`` held (or before serving starts): ``record``
+        is what the agent knows of its job from now on."""
+        self.jobs[record.job_id] = record
+        if record.state in _IN_FLIGHT:
+            self._in_flight[record.job_id] = record
+        else:
+            self._in_flight.pop(record.job_id, None)
+        if self._rollout_accepted is not None:  # a record's accepted_at never changes
+            _note_accepted(self._rollout_accepted, record)
+
     def _save(self, record: JobRecord) -> None:
         """Called with ``_lock`` held (or before serving starts)."""
         self.state.save_job(record)
-        self.jobs[record.job_id] = record
+        self._keep(record)
         if record.state in FINISHED_JOB_STATES:
             for loop, woken in self._waiters.pop(record.job_id, ()):
                 loop.call_soon_threadsafe(_wake, woken)
@@ -539,11 +570,11 @@ class Agent:
         target = payload["target"]
         runtime = target["runtime"]
         try:
-            refuse_symlink(self.state.config_path(runtime))
+            self.state.refuse_config_symlink(runtime)
         except UnsafePath as exc:
             raise _JobFailed(f"{exc.message}; nothing was changed: {exc.hint}") from None
         current = self.state.read_config(runtime)
-        before_values = _parse_config(runtime, current[0]) if current is not None else None
+        before_values = self._config_values(runtime, current[0]) if current is not None else None
 
         if payload["kind"] == "restore":
             backup = self.state.find_backup(payload["backupId"])
@@ -589,7 +620,7 @@ class Agent:
             planned_backup=backup_id,
         )
         with self._lock:
-            self.jobs[record.job_id] = record
+            self._keep(record)
         if current is not None and backup_id is not None:
             self._take_backup(backup_id, runtime, payload, current[0], current[1], before_values)
         self.state.write_config(runtime, new_data, new_mode)
@@ -645,11 +676,7 @@ class Agent:
 
     def _prune(self, runtime: str) -> None:
         with self._lock:
-            busy = {
-                r.payload.get("backupId")
-                for r in self.jobs.values()
-                if r.state in ("accepted", "running") and r.payload.get("backupId")
-            }
+            busy = {r.payload.get("backupId") for r in self._in_flight.values()}
         every = self.state.list_backups()
         backups = [b for b in every if b.runtime == runtime]
         for backup_id in backups_to_prune(
@@ -680,7 +707,7 @@ class Agent:
                 "RECONCILER_PROFILE": target["profile"],
                 "RECONCILER_BACKUP_ID": payload.get("backupId") or "",
                 "RECONCILER_SOURCE_COMMIT": payload["sourceCommit"],
-                "RECONCILER_CONFIG": str(self.state.config_path(target["runtime"])),
+                "RECONCILER_CONFIG": self.state.config_location(target["runtime"]),
             }
         )
         timeout = self.config.after_apply_timeout
@@ -730,6 +757,19 @@ def _stored_time(text: str) -> datetime:
     a job's acceptance). Every prune reads them all again, and a busy
     agent's journal holds a day of jobs: each text is parsed once."""
     return parse_time(text)
+
+
+_IN_FLIGHT = ("accepted", "running")
+
+
+def _rollout_of(record: JobRecord) -> str:
+    return str(record.payload.get("rollout", ""))
+
+
+def _note_accepted(newest: dict[str, datetime], record: JobRecord) -> None:
+    """Count ``record``'s acceptance in ``newest`` (rollout -> newest acceptance)."""
+    rollout, moment = _rollout_of(record), _stored_time(record.accepted_at)
+    newest[rollout] = max(moment, newest.get(rollout, moment))
 
 
 def _expired_before(record: JobRecord, now: datetime) -> bool:

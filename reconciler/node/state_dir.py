@@ -22,6 +22,16 @@ The backups folder is read once per agent run; from then on the agent's own
 saves and prunes keep that list, so a job does not reread every backup's
 description (twice) to number and prune its own.
 
+Each of the three folders is opened once, when the agent opens the state
+directory, and its files are named relative to that descriptor (``dir_fd``),
+which is also what its renames are fsynced through: a live apply walks no
+long absolute path and opens no directory. The folder the agent writes is
+therefore the one it opened, the one its journal and backup list were read
+from: a folder renamed away while it runs keeps receiving its files (nothing
+is split between two folders), and one removed makes every write fail with
+"No such file or directory", as a path lookup would. Errors name the full
+path, as they did when files were named by path.
+
 Removals (pruned backups, compacted journal records) are not fsynced: one
 lost to a crash brings back a file that is deleted again by the next prune
 or compaction, and nothing depends on it being gone.
@@ -33,12 +43,14 @@ Must not: speak HTTP, verify signatures, or decide which job runs (that is
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
 import os
 import secrets
 import stat
+import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -58,24 +70,34 @@ def digest(data: bytes | None) -> str | None:
     return None if data is None else "sha256:" + hashlib.sha256(data).hexdigest()
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 class UnsafePath(ReconcilerError):
     """A state file the agent would write is a symbolic link."""
 
 
+# What ``Path.is_symlink`` and ``Path.exists`` take for "no such file" (pathlib's
+# ``_IGNORED_ERRNOS``): these answer False, any other error is raised.
+_ABSENT = (errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ELOOP)
+
+
 def refuse_symlink(path: Path) -> None:
-    if path.is_symlink():
+    _refuse_symlink(str(path), path.name, None)
+
+
+def _refuse_symlink(shown: str, name: str, dir_fd: int | None) -> None:
+    """``UnsafePath`` when the file ``shown`` (its full path; ``name`` in the
+    folder ``dir_fd`` when that is given) is a symbolic link."""
+    where = shown if dir_fd is None else name
+    try:
+        mode = os.lstat(where, dir_fd=dir_fd).st_mode
+    except OSError as exc:
+        if exc.errno in _ABSENT:
+            return
+        raise
+    if stat.S_ISLNK(mode):
         raise UnsafePath(
-            f"{path} is a symbolic link (to {os.readlink(path)}); the agent replaces "
-            "its files by rename and does not write through links",
-            f"make {path.name} a regular file (copy the linked file there), "
+            f"{shown} is a symbolic link (to {os.readlink(where, dir_fd=dir_fd)}); the agent "
+            "replaces its files by rename and does not write through links",
+            f"make {name} a regular file (copy the linked file there), "
             "or point --state-dir at the real directory",
         )
 
@@ -89,41 +111,14 @@ def write_atomic_together(directory: Path, files: Sequence[tuple[str, bytes, int
     """Replace each named file of ``directory`` as ``write_atomic`` does, with
     one directory fsync for all the renames: for callers to whom the files'
     order after a crash does not matter (each file is old or new on its own)."""
-    temps = []
+    folder = _Folder(directory)
     try:
-        for name, data, mode in files:
-            path = directory / name
-            refuse_symlink(path)
-            temps.append((_write_temp(path, data, mode), path))
-    except BaseException:
-        for temp, _ in temps:
-            with contextlib.suppress(OSError):
-                os.unlink(temp)
-        raise
-    for temp, path in temps:
-        os.replace(temp, path)
-    _fsync_dir(directory)
+        folder.write_together(files)
+    finally:
+        folder.close()
 
 
-def _write_temp(path: Path, data: bytes, mode: int) -> Path:
-    """A fsynced temporary file beside ``path`` holding ``data``."""
-    temp = path.with_name(f".{path.name}{_TEMP_MARK}{os.getpid()}-{secrets.token_hex(6)}")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(temp, flags, 0o600)
-    try:
-        view = memoryview(data)
-        while view:
-            written = os.write(fd, view)
-            view = view[written:]
-        os.fchmod(fd, stat.S_IMODE(mode))  # exact mode, whatever the umask
-        os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        with contextlib.suppress(OSError):
-            os.unlink(temp)
-        raise
-    os.close(fd)
-    return temp
+_TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def _fields(record: Any) -> dict[str, Any]:
@@ -132,17 +127,145 @@ def _fields(record: Any) -> dict[str, Any]:
     return {f.name: getattr(record, f.name) for f in fields(record)}
 
 
-def _remove(path: Path) -> None:
-    refuse_symlink(path)
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
-
-
 def remove_durably(path: Path) -> None:
-    refuse_symlink(path)
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
-    _fsync_dir(path.parent)
+    folder = _Folder(path.parent)
+    try:
+        folder.remove(path.name, durably=True)
+    finally:
+        folder.close()
+
+
+class _Folder:
+    """One directory of the state, opened once (module docstring): its files
+    are named relative to its descriptor, and renames in it are fsynced
+    through that descriptor. Opened on first use; closed by ``close``, or
+    when the object is collected."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._prefix = os.path.join(path, "")  # str(path / name) is prefix + name
+        self._fd: int | None = None
+        self._closer: weakref.finalize | None = None
+
+    def fd(self) -> int:
+        if self._fd is None:
+            fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            self._fd = fd
+            self._closer = weakref.finalize(self, os.close, fd)
+        return self._fd
+
+    def close(self) -> None:
+        if self._closer is not None:
+            self._closer()
+        self._fd = self._closer = None
+
+    def shown(self, name: str) -> str:
+        return self._prefix + name
+
+    def _named(self, exc: OSError) -> None:
+        """Make ``exc`` name the full path, as when files were named by path."""
+        if isinstance(exc.filename, str) and not os.path.isabs(exc.filename):
+            exc.filename = self._prefix + exc.filename
+        if isinstance(exc.filename2, str) and not os.path.isabs(exc.filename2):
+            exc.filename2 = self._prefix + exc.filename2
+
+    def refuse_symlink(self, name: str) -> None:
+        try:
+            _refuse_symlink(self._prefix + name, name, self.fd())
+        except OSError as exc:
+            self._named(exc)
+            raise
+
+    def exists(self, name: str) -> bool:
+        """``Path.exists``: follows links; False for a name that cannot be there."""
+        try:
+            os.stat(name, dir_fd=self.fd())
+        except OSError as exc:
+            if exc.errno in _ABSENT:
+                return False
+            raise
+        return True
+
+    def read(self, name: str) -> tuple[bytes, int] | None:
+        """The file's bytes and mode (following links, as ``open`` does), or
+        None when there is no such file."""
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC, dir_fd=self.fd())
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            self._named(exc)
+            raise
+        try:
+            status = os.fstat(fd)
+            if stat.S_ISDIR(status.st_mode):  # what ``open`` says of a folder
+                raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), name)
+            chunks = []
+            while chunk := os.read(fd, max(status.st_size, 0) + 1):
+                chunks.append(chunk)
+        except OSError as exc:
+            self._named(exc)
+            raise
+        finally:
+            os.close(fd)
+        return b"".join(chunks), stat.S_IMODE(status.st_mode)
+
+    def write(self, name: str, data: bytes, mode: int) -> None:
+        self.write_together([(name, data, mode)])
+
+    def write_together(self, files: Sequence[tuple[str, bytes, int]]) -> None:
+        """``write_atomic_together`` in this folder."""
+        fd = self.fd()
+        temps = []
+        try:
+            for name, data, mode in files:
+                _refuse_symlink(self._prefix + name, name, fd)
+                temps.append((self._write_temp(name, data, mode), name))
+        except BaseException as exc:
+            for temp, _ in temps:
+                with contextlib.suppress(OSError):
+                    os.unlink(temp, dir_fd=fd)
+            if isinstance(exc, OSError):
+                self._named(exc)
+            raise
+        try:
+            for temp, name in temps:
+                os.replace(temp, name, src_dir_fd=fd, dst_dir_fd=fd)
+            os.fsync(fd)
+        except OSError as exc:
+            self._named(exc)
+            raise
+
+    def _write_temp(self, name: str, data: bytes, mode: int) -> str:
+        """A fsynced temporary file beside ``name`` holding ``data``."""
+        temp = f".{name}{_TEMP_MARK}{os.getpid()}-{secrets.token_hex(6)}"
+        fd = os.open(temp, _TEMP_FLAGS, 0o600, dir_fd=self.fd())
+        try:
+            view = memoryview(data)
+            while view:
+                written = os.write(fd, view)
+                view = view[written:]
+            os.fchmod(fd, stat.S_IMODE(mode))  # exact mode, whatever the umask
+            os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(temp, dir_fd=self.fd())
+            raise
+        os.close(fd)
+        return temp
+
+    def remove(self, name: str, *, durably: bool = False) -> None:
+        fd = self.fd()
+        try:
+            _refuse_symlink(self._prefix + name, name, fd)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(name, dir_fd=fd)
+            if durably:
+                os.fsync(fd)
+        except OSError as exc:
+            self._named(exc)
+            raise
 
 
 @dataclass(frozen=True)
@@ -215,6 +338,11 @@ class StateDir:
         self.runtimes = root / "runtimes"
         self.jobs = root / "jobs"
         self.backups = root / "backups"
+        self._runtimes, self._jobs, self._backups_folder = (
+            _Folder(self.runtimes),
+            _Folder(self.jobs),
+            _Folder(self.backups),
+        )
         self._lock: BinaryIO | None = None
         # Backup id -> what it is: read from the folder once, then kept by this
         # object's own writes and removals (one agent owns the folder: agent.lock).
@@ -242,12 +370,26 @@ class StateDir:
             ) from None
         state._lock = lock
         state._remove_temporaries()
+        try:
+            for folder in state._folders():
+                folder.fd()  # from now on, the folders the agent works in (module docstring)
+        except OSError as exc:
+            state.close()
+            raise ReconcilerError(
+                f"cannot use state directory {root}: {exc.strerror}",
+                "pass a writable --state-dir",
+            ) from None
         return state
+
+    def _folders(self) -> tuple[_Folder, ...]:
+        return self._runtimes, self._jobs, self._backups_folder
 
     def close(self) -> None:
         if self._lock is not None:
             self._lock.close()  # releases the flock
             self._lock = None
+        for folder in self._folders():
+            folder.close()
 
     def _remove_temporaries(self) -> None:
         # Left by a crash between creating a temporary file and renaming it.
@@ -261,40 +403,40 @@ class StateDir:
     def config_path(self, runtime: str) -> Path:
         return self.runtimes / f"{runtime}.yaml"
 
+    def config_location(self, runtime: str) -> str:
+        """``str(config_path(runtime))``, without building a ``Path``."""
+        return self._runtimes.shown(f"{runtime}.yaml")
+
+    def refuse_config_symlink(self, runtime: str) -> None:
+        """``UnsafePath`` when the runtime's config is a symbolic link."""
+        self._runtimes.refuse_symlink(f"{runtime}.yaml")
+
     def read_config(self, runtime: str) -> tuple[bytes, int] | None:
         """The config's bytes and mode, or None when the runtime has no config."""
-        path = self.config_path(runtime)
-        try:
-            with open(path, "rb") as handle:
-                return handle.read(), stat.S_IMODE(os.fstat(handle.fileno()).st_mode)
-        except FileNotFoundError:
-            return None
+        return self._runtimes.read(f"{runtime}.yaml")
 
     def write_config(self, runtime: str, data: bytes | None, mode: int = CONFIG_MODE) -> None:
         """Put ``data`` in place atomically; None removes the config."""
         if data is None:
-            remove_durably(self.config_path(runtime))
+            self._runtimes.remove(f"{runtime}.yaml", durably=True)
         else:
-            write_atomic(self.config_path(runtime), data, mode)
+            self._runtimes.write(f"{runtime}.yaml", data, mode)
 
     def runtime_names(self) -> list[str]:
         return sorted(p.stem for p in self.runtimes.glob("*.yaml") if not p.name.startswith("."))
 
     # -- the journal -------------------------------------------------------------
 
-    def _job_path(self, job_id: str) -> Path:
-        return self.jobs / f"{job_id}.json"
-
     def save_job(self, record: JobRecord) -> None:
         """Durably: on return the record survives a crash (fsync)."""
         data = _JOURNAL_JSON.encode(_fields(record)).encode("utf-8")
-        write_atomic(self._job_path(record.job_id), data, 0o600)
+        self._jobs.write(f"{record.job_id}.json", data, 0o600)
 
     def delete_job(self, job_id: str) -> None:
         # No fsync: only compaction deletes, and only finished records past their
         # payload's expiry; one a crash brings back is compacted again, and
         # admission refuses its payload as expired meanwhile.
-        _remove(self._job_path(job_id))
+        self._jobs.remove(f"{job_id}.json")
 
     def load_jobs(self) -> dict[str, JobRecord]:
         records: dict[str, JobRecord] = {}
@@ -313,8 +455,9 @@ class StateDir:
 
     # -- backups -----------------------------------------------------------------
 
-    def _backup_paths(self, backup_id: str) -> tuple[Path, Path]:
-        return self.backups / f"{backup_id}.data", self.backups / f"{backup_id}.json"
+    @staticmethod
+    def _backup_names(backup_id: str) -> tuple[str, str]:
+        return f"{backup_id}.data", f"{backup_id}.json"
 
     def list_backups(self) -> list[BackupInfo]:
         """Every complete backup, newest first."""
@@ -338,35 +481,42 @@ class StateDir:
 
     def find_backup(self, backup_id: str) -> BackupInfo | None:
         info = self._backups().get(backup_id)
-        if info is not None and not all(p.exists() for p in self._backup_paths(backup_id)):
+        folder = self._backups_folder
+        if info is not None and not all(map(folder.exists, self._backup_names(backup_id))):
             # Removed by hand while the agent ran: it is gone for good.
             del self._backups()[backup_id]
             return None
         return info
 
     def read_backup(self, info: BackupInfo) -> bytes:
-        return self._backup_paths(info.backup_id)[0].read_bytes()
+        name = self._backup_names(info.backup_id)[0]
+        found = self._backups_folder.read(name)
+        if found is None:  # as ``Path.read_bytes`` says it
+            raise FileNotFoundError(
+                errno.ENOENT, os.strerror(errno.ENOENT), self._backups_folder.shown(name)
+            )
+        return found[0]
 
     def next_seq(self) -> int:
         return max((b.seq for b in self._backups().values()), default=0) + 1
 
     def save_backup(self, info: BackupInfo, data: bytes) -> None:
         """Durably: on return both files survive a crash, so the config may be replaced."""
-        data_path, info_path = self._backup_paths(info.backup_id)
+        data_name, info_name = self._backup_names(info.backup_id)
         description = _BACKUP_JSON.encode(_fields(info)).encode("utf-8")
         # One directory fsync for both: a crash that keeps one rename and loses
         # the other leaves no backup, since one needs both files to be listed.
-        write_atomic_together(
-            self.backups, [(data_path.name, data, 0o600), (info_path.name, description, 0o600)]
+        self._backups_folder.write_together(
+            [(data_name, data, 0o600), (info_name, description, 0o600)]
         )
         self._backups()[info.backup_id] = info
 
     def delete_backup(self, backup_id: str) -> None:
-        data_path, info_path = self._backup_paths(backup_id)
+        data_name, info_name = self._backup_names(backup_id)
         # Not fsynced (module docstring): a prune lost to a crash is done again
         # by the next one. Either file alone is no backup.
-        _remove(info_path)
-        _remove(data_path)
+        self._backups_folder.remove(info_name)
+        self._backups_folder.remove(data_name)
         self._backups().pop(backup_id, None)
 
 
