@@ -79,23 +79,18 @@ class UnsafePath(ReconcilerError):
 _ABSENT = (errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ELOOP)
 
 
-def refuse_symlink(path: Path) -> None:
-    _refuse_symlink(str(path), path.name, None)
-
-
-def _refuse_symlink(shown: str, name: str, dir_fd: int | None) -> None:
-    """``UnsafePath`` when the file ``shown`` (its full path; ``name`` in the
-    folder ``dir_fd`` when that is given) is a symbolic link."""
-    where = shown if dir_fd is None else name
+def _refuse_symlink(shown: str, name: str, dir_fd: int) -> None:
+    """``UnsafePath`` when ``name`` in the folder ``dir_fd`` (the file
+    ``shown``, by its full path) is a symbolic link."""
     try:
-        mode = os.lstat(where, dir_fd=dir_fd).st_mode
+        mode = os.lstat(name, dir_fd=dir_fd).st_mode
     except OSError as exc:
         if exc.errno in _ABSENT:
             return
         raise
     if stat.S_ISLNK(mode):
         raise UnsafePath(
-            f"{shown} is a symbolic link (to {os.readlink(where, dir_fd=dir_fd)}); the agent "
+            f"{shown} is a symbolic link (to {os.readlink(name, dir_fd=dir_fd)}); the agent "
             "replaces its files by rename and does not write through links",
             f"make {name} a regular file (copy the linked file there), "
             "or point --state-dir at the real directory",
@@ -104,16 +99,9 @@ def _refuse_symlink(shown: str, name: str, dir_fd: int | None) -> None:
 
 def write_atomic(path: Path, data: bytes, mode: int = CONFIG_MODE) -> None:
     """Replace ``path`` with ``data`` (and ``mode``) so a crash leaves the old or the new file."""
-    write_atomic_together(path.parent, [(path.name, data, mode)])
-
-
-def write_atomic_together(directory: Path, files: Sequence[tuple[str, bytes, int]]) -> None:
-    """Replace each named file of ``directory`` as ``write_atomic`` does, with
-    one directory fsync for all the renames: for callers to whom the files'
-    order after a crash does not matter (each file is old or new on its own)."""
-    folder = _Folder(directory)
+    folder = _Folder(path.parent)
     try:
-        folder.write_together(files)
+        folder.write(path.name, data, mode)
     finally:
         folder.close()
 
@@ -125,14 +113,6 @@ def _fields(record: Any) -> dict[str, Any]:
     """A dataclass's fields as a dict, like ``asdict`` without its deep copy
     (of a job's payload): only serialised, never changed."""
     return {f.name: getattr(record, f.name) for f in fields(record)}
-
-
-def remove_durably(path: Path) -> None:
-    folder = _Folder(path.parent)
-    try:
-        folder.remove(path.name, durably=True)
-    finally:
-        folder.close()
 
 
 class _Folder:
@@ -214,7 +194,9 @@ class _Folder:
         self.write_together([(name, data, mode)])
 
     def write_together(self, files: Sequence[tuple[str, bytes, int]]) -> None:
-        """``write_atomic_together`` in this folder."""
+        """Replace each named file as ``write_atomic`` does, with one folder
+        fsync for all the renames: for callers to whom the files' order after
+        a crash does not matter (each file is old or new on its own)."""
         fd = self.fd()
         temps = []
         try:
