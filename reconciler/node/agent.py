@@ -312,7 +312,8 @@ class Agent:
             for job_id in doomed:
                 self.state.delete_job(job_id)
                 del self.jobs[job_id]
-                self._rollout_accepted = None  # the dropped one may have been the newest
+            if doomed:
+                self._rollout_accepted = None  # a dropped one may have been the newest
         return len(doomed)
 
     def _finished_rollouts(self, backups: Sequence[BackupInfo]) -> set[str]:
