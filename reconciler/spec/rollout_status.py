@@ -716,6 +716,11 @@ def page_count(node_count: int) -> int:
     return 0 if node_count <= PAGE_SIZE else -(-node_count // PAGE_SIZE)
 
 
+def page_nodes(nodes: tuple[NodeRecord, ...], page: int) -> tuple[NodeRecord, ...]:
+    """The node records on node page ``page`` (counted from 1)."""
+    return nodes[(page - 1) * PAGE_SIZE : page * PAGE_SIZE]
+
+
 def _page_record(name: str, page: int, nodes: Iterable[NodeRecord]) -> dict[str, Any]:
     return {
         "apiVersion": API_VERSION,
@@ -734,7 +739,7 @@ def status_files(status: RolloutStatus) -> dict[str, dict[str, Any]]:
         return {main_path(status.name): to_record(status)}
     files = {main_path(status.name): to_record(status, inline_nodes=False)}
     for page in range(1, pages + 1):
-        chunk = status.nodes[(page - 1) * PAGE_SIZE : page * PAGE_SIZE]
+        chunk = page_nodes(status.nodes, page)
         files[page_path(status.name, page)] = _page_record(status.name, page, chunk)
     return files
 
@@ -784,9 +789,8 @@ def changed_files(
         return {main_path(new.name): to_record(new)}, gone
     write: dict[str, dict[str, Any]] = {main_path(new.name): to_record(new, inline_nodes=False)}
     for page in range(1, new_pages + 1):
-        lo, hi = (page - 1) * PAGE_SIZE, page * PAGE_SIZE
-        new_chunk = new.nodes[lo:hi]
-        if page <= old_pages and old.nodes[lo:hi] == new_chunk:
+        new_chunk = page_nodes(new.nodes, page)
+        if page <= old_pages and page_nodes(old.nodes, page) == new_chunk:
             continue
         write[page_path(new.name, page)] = _page_record(new.name, page, new_chunk)
     gone = tuple(page_path(new.name, p) for p in range(new_pages + 1, old_pages + 1))
@@ -814,6 +818,7 @@ __all__ = [
     "changed_files",
     "count_progress",
     "from_record",
+    "page_nodes",
     "status_files",
     "status_from_files",
     "to_record",

@@ -12,10 +12,10 @@ pin the bytes against ``dump_yaml`` of the whole file.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
-from reconciler.spec.rollout_status import PAGE_SIZE, NodeRecord, RolloutStatus
+from reconciler.spec.rollout_status import NodeRecord, RolloutStatus, page_nodes
 from reconciler.spec.safe_yaml import dump_yaml, dump_yaml_entries, entry_text
 
 # Node texts kept, over the files written last (least recently written
@@ -39,11 +39,7 @@ class StatusTexts:
         if not records:
             return dump_yaml(data)
         page = data.get("page")
-        nodes: Sequence[NodeRecord] = (
-            status.nodes
-            if page is None
-            else status.nodes[(page - 1) * PAGE_SIZE : page * PAGE_SIZE]
-        )
+        nodes = status.nodes if page is None else page_nodes(status.nodes, page)
         if len(nodes) != len(records):
             return dump_yaml(data)
         kept = self._files.pop(path, None) or {}
