@@ -33,22 +33,15 @@ class FleetReader:
         naming the file and the problem when it is not a fleet status."""
         if commit is None:
             return None
-        # A Git source looks the one file up instead of listing status/
-        # (thousands of rollouts' files); any other lists the folder.
-        if isinstance(source, ChangeSource):
-            main = source.file_blob(commit, FLEET_STATUS_PATH)
-        else:
-            main = source.files(commit, STATUS_DIR).get(FLEET_STATUS_PATH)
-        if main is None:
+        blobs = _blobs(source, commit)
+        if blobs is None:
             return None
-        pages = sorted(source.files(commit, FLEET_PAGES_DIR).items())
-        key = (main, *(blob for _, blob in pages))
+        key, found = blobs
         if key == self._key:
             return self._value
-        record = _load(FLEET_STATUS_PATH, source.blob(main))
+        record = _load(FLEET_STATUS_PATH, source.blob(key[0]))
         wanted = record.get("nodePages") or 0
         paths = [fleet_page_path(n) for n in range(1, wanted + 1)]
-        found = dict(pages)
         missing = [p for p in paths if p not in found]
         if missing:
             raise ValueError(
@@ -64,11 +57,25 @@ class FleetReader:
         parse what was just written: the first pass after a sweep's commit,
         often a new rollout's first, parsed every node's record (values
         round-trip losslessly through the files; tests pin this)."""
+        blobs = _blobs(source, commit)
+        if blobs is not None:
+            self._key, self._value = blobs[0], value
+
+
+def _blobs(source: StatusSource, commit: str) -> tuple[tuple[str, ...], dict[str, str]] | None:
+    """At ``commit``, the fleet status's blobs (the main file's, then its
+    pages' by path: what identifies its value) and its pages' by path; None
+    when there is no fleet status. A Git source
+    looks the one file up instead of listing status/ (thousands of
+    rollouts' files); any other lists the folder."""
+    if isinstance(source, ChangeSource):
         main = source.file_blob(commit, FLEET_STATUS_PATH)
-        if main is None:
-            return
-        pages = sorted(source.files(commit, FLEET_PAGES_DIR).items())
-        self._key, self._value = (main, *(blob for _, blob in pages)), value
+    else:
+        main = source.files(commit, STATUS_DIR).get(FLEET_STATUS_PATH)
+    if main is None:
+        return None
+    pages = source.files(commit, FLEET_PAGES_DIR)
+    return (main, *(pages[path] for path in sorted(pages))), pages
 
 
 def _load(path: str, data: bytes) -> dict[str, Any]:
