@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -353,17 +354,24 @@ def test_finished_records_are_dropped_a_day_after_their_payload_expired(
         agent.state.close()
 
 
+def _jobs_to_new_models(agent: Agent, key: SigningKey, clock: Clock) -> Callable[..., None]:
+    """Runs a job (id, rollout, mode) to its end, each to a model not seen before."""
+    models = iter(f"model-{i}" for i in range(100))
+
+    def run(job_id: str, rollout: str, mode: str = "live") -> None:
+        target = Target("hermes", "vllm", next(models), "default")
+        sent = job(job_id, rollout=rollout, target=target, mode=mode)
+        assert _run_job(agent, key, clock, sent) == 202
+
+    return run
+
+
 def test_first_backups_of_long_finished_rollouts_fall_under_retention(
     state: Path, key: SigningKey
 ) -> None:
     clock = Clock()
     agent = _agent(state, key, clock, backup_retention=1, keep_first_backups=30 * 86400)
-    models = iter(f"model-{i}" for i in range(10))
-
-    def apply(job_id: str, rollout: str) -> None:
-        target = Target("hermes", "vllm", next(models), "default")
-        assert _run_job(agent, key, clock, job(job_id, rollout=rollout, target=target)) == 202
-
+    apply = _jobs_to_new_models(agent, key, clock)
     try:
         apply("old-1", "old")  # the first backup of rollout "old": pinned
         clock.now += timedelta(days=1)
@@ -389,13 +397,7 @@ def test_a_rollout_whose_newest_record_was_compacted_is_judged_by_what_is_left(
     # compaction drops that record, the rollout counts from what remains.
     clock = Clock()
     agent = _agent(state, key, clock, backup_retention=1, keep_first_backups=36 * 3600)
-    models = iter(f"model-{i}" for i in range(10))
-
-    def run(job_id: str, rollout: str, mode: str = "live") -> None:
-        target = Target("hermes", "vllm", next(models), "default")
-        sent = job(job_id, rollout=rollout, target=target, mode=mode)
-        assert _run_job(agent, key, clock, sent) == 202
-
+    run = _jobs_to_new_models(agent, key, clock)
     try:
         run("old-1", "old")  # rollout "old"'s first backup
         clock.now += timedelta(days=1)
