@@ -8,11 +8,18 @@ import re
 from dataclasses import replace
 
 from fleet_helpers import make_status
+from hypothesis import given
+from hypothesis import strategies as st
 from markdown_render import plain_text
 
 from reconciler.engine.holds import hold_message
 from reconciler.spec.rollout_status import Condition, RolloutStatus
-from reconciler.views.dashboard import DashboardOrder, render_dashboard
+from reconciler.views.dashboard import (
+    DashboardOrder,
+    DashboardParts,
+    dashboard_parts,
+    render_dashboard,
+)
 
 CANARY = make_status(
     "llama-canary",
@@ -226,3 +233,52 @@ def test_kept_rows_told_which_rollouts_changed_draw_what_drawing_every_row_does(
             else:
                 current[name] = replace(rng.choice(shapes), name=name)
         assert render_dashboard(current, order, touched) == render_dashboard(current), step
+
+
+def test_the_kept_rows_in_blocks_are_the_text_and_only_changed_blocks_are_new() -> None:
+    # The daemon writes the dashboard from its parts: the table's rows
+    # encoded in blocks kept from call to call. Over random changes among
+    # 2,000 rollouts, the parts joined are the bytes of the text drawn from
+    # every status, and a changed rollout makes at most three blocks new
+    # (its old block, and its new one split at its row), the others being
+    # the very objects of the call before.
+    rng = random.Random(21)
+    shapes = [DONE, WIDE, WAITING, CANARY, replace(DONE, phase="aborted")]
+    current = {f"r{i:04d}": replace(DONE, name=f"r{i:04d}") for i in range(2000)}
+    order = DashboardOrder()
+    before = dashboard_parts(current, order, None)
+    assert len(before.blocks) > 10
+    for step in range(40):
+        touched = set(rng.sample(sorted(current), rng.randint(1, 3)))
+        for name in touched:
+            if rng.random() < 0.2:
+                del current[name]
+            else:
+                current[name] = replace(rng.choice(shapes), name=name)
+        if rng.random() < 0.2:
+            new = f"r{2000 + step:04d}"
+            current[new] = replace(rng.choice(shapes), name=new)
+            touched.add(new)
+        parts = dashboard_parts(current, order, touched)
+        assert b"".join(parts.pieces()) == render_dashboard(current).encode(), step
+        assert all(block and not block.endswith(b"\n") for block in parts.blocks)
+        kept = {id(block) for block in before.blocks}
+        assert sum(id(block) not in kept for block in parts.blocks) <= 3 * len(touched), step
+        before = parts
+
+
+@given(
+    st.text(alphabet="ab\n", max_size=6),
+    st.lists(st.text(alphabet="|x\n", min_size=1, max_size=4).map(lambda t: t + "|"), max_size=3),
+    st.text(alphabet="ab\n", max_size=6),
+    st.text(alphabet="c\n", max_size=4),
+)
+def test_parts_extended_are_the_text_stripped_and_extended(
+    head: str, rows: list[str], tail: str, more: str
+) -> None:
+    # A section appended after the text with its trailing newlines
+    # stripped, as the daemon appends the fleet's, changes only the tail
+    # (a block ends in a row, never in a newline).
+    parts = DashboardParts(head, tuple(row.encode() for row in rows), tail)
+    assert parts.extended(more).text() == parts.text().rstrip("\n") + more
+    assert parts.extended(more).blocks == parts.blocks or not parts.blocks

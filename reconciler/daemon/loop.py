@@ -96,7 +96,7 @@ from reconciler.spec.rollout_status import ApprovalRecord, RolloutStatus
 from reconciler.spec.status_texts import StatusTexts
 from reconciler.spec.times import parse_time
 from reconciler.views import notification_events
-from reconciler.views.dashboard import DashboardOrder, render_dashboard
+from reconciler.views.dashboard import DashboardOrder, DashboardParts, dashboard_parts
 from reconciler.views.evidence_marks import evidence_dashboard_section
 from reconciler.views.fleet_reader import FleetReader
 from reconciler.views.fleet_text import fleet_dashboard_section
@@ -556,6 +556,7 @@ class Daemon:
         ``RefMoved``); the status caches of ``memory``; logs and metrics."""
         p.commit = None
         written: dict[str, Any] = {}  # status path -> the plain data written there
+        pieces: dict[str, tuple[bytes, ...]] = {}  # the dashboard's, for the store
         changes = self._status_changes(
             p.statuses,
             p.step,
@@ -565,6 +566,7 @@ class Daemon:
             written,
             p.fleet,
             p.documents.fleet.nodes,
+            pieces,
         )
         fleet_changes: tuple[fleet_rules.FleetChange, ...] = ()
         fleet_written = p.fleet is not None and p.fleet != p.fleet_before
@@ -577,7 +579,7 @@ class Daemon:
         if changes:
             message = _commit_message(p.step, p.spec_commit, p.broken, fleet_changes)
             p.commit = self.store.commit(
-                p.status_branch, p.status_tip, changes, message, sign=self.sign
+                p.status_branch, p.status_tip, changes, message, sign=self.sign, pieces=pieces
             )
             if p.status_tip is not None and p.status_tip == self.memory.status_reader.at:
                 self.memory.own_status_write = (
@@ -1437,10 +1439,12 @@ class Daemon:
         written: dict[str, Any],
         fleet: FleetStatus | None = None,
         nodes: Sequence[Node] = (),
+        pieces: dict[str, tuple[bytes, ...]] | None = None,
     ) -> dict[str, bytes | None]:
         """The files of every changed status, and the dashboard if its text
         changed; empty when nothing changed, so an idle pass commits nothing.
-        The plain data of each status file written goes into ``written``."""
+        The plain data of each status file written goes into ``written``;
+        the dashboard's text in pieces, when written, into ``pieces``."""
         changes: dict[str, bytes | None] = {}
         for name, new in step.statuses.items():
             write, gone = status_values.changed_files(old.get(name), new)
@@ -1457,10 +1461,14 @@ class Daemon:
         dashboard = _dashboard(merged, broken, fleet, memory.dashboard_order, nodes, names)
         memory.dashboard_changes = set()
         memory.drawn_step = frozenset(step.statuses)
-        text = dashboard.encode()
+        # Encoded in pieces: the table's unchanged blocks are kept encoded.
+        parts = dashboard.pieces()
+        text = b"".join(parts)
         current = self.store.file_blob(parent, DASHBOARD_PATH) if parent else None
         if current is None or self._dashboard_text(current) != text:
             changes[DASHBOARD_PATH] = text
+            if pieces is not None:
+                pieces[DASHBOARD_PATH] = parts
         return changes
 
     def _dashboard_text(self, blob_id: str) -> bytes:
@@ -1739,23 +1747,23 @@ def _dashboard(
     order: DashboardOrder | None = None,
     nodes: Sequence[Node] = (),
     changed: Iterable[str] | None = None,
-) -> str:
+) -> DashboardParts:
     """The dashboard, with the fleet watch's section when there is a fleet
     status, the evidence marks of the nodes (DESIGN.md 12) when any applies,
     and the status files that cannot be read listed last, since those
     rollouts are held until a person repairs them."""
-    text = render_dashboard(statuses, order, changed)
+    text = dashboard_parts(statuses, order, changed)
     if fleet is not None:
-        text = text.rstrip("\n") + "\n\n" + fleet_dashboard_section(fleet)
+        text = text.extended("\n\n" + fleet_dashboard_section(fleet))
     marks = evidence_dashboard_section(nodes)
     if marks:
-        text = text.rstrip("\n") + "\n\n" + marks
+        text = text.extended("\n\n" + marks)
     if broken:
         lines = ["", "## Status files that cannot be read or are not verified", ""]
         lines += [
             f"- `{name}`: {reason} (held until repaired)" for name, reason in sorted(broken.items())
         ]
-        text = text.rstrip("\n") + "\n" + "\n".join(lines) + "\n"
+        text = text.extended("\n" + "\n".join(lines) + "\n")
     return text
 
 

@@ -19,8 +19,10 @@ file only when a status changed. Must not read Git, files or the clock.
 from __future__ import annotations
 
 import re
-from bisect import bisect_left
+import zlib
+from bisect import bisect_left, bisect_right, insort
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from urllib.parse import quote
 
 from reconciler.spec.batch_shapes import describe_sizes
@@ -99,6 +101,34 @@ def waits_for_approval(status: RolloutStatus) -> bool:
     )
 
 
+@dataclass(frozen=True)
+class DashboardParts:
+    """The dashboard's text as ``head``, the table's rows in ``blocks``
+    (UTF-8, each row led by its newline) and ``tail``. The blocks of a
+    ``DashboardOrder`` recur from call to call (the same objects) while
+    their rows do not change, so the daemon writes the text without
+    encoding it whole, and the store compresses only the blocks that are
+    new (``GitStore.commit(pieces=)``). A block never ends in a newline."""
+
+    head: str
+    blocks: tuple[bytes, ...]
+    tail: str
+
+    def text(self) -> str:
+        return self.head + b"".join(self.blocks).decode() + self.tail
+
+    def pieces(self) -> tuple[bytes, ...]:
+        """The UTF-8 text in pieces, the blocks among them."""
+        return (self.head.encode(), *self.blocks, self.tail.encode())
+
+    def extended(self, more: str) -> DashboardParts:
+        """The parts of ``self.text().rstrip("\n") + more``: with blocks,
+        the stripping ends in the tail (a block ends in a row)."""
+        if not self.blocks:
+            return DashboardParts("", (), (self.head + self.tail).rstrip("\n") + more)
+        return DashboardParts(self.head, self.blocks, self.tail.rstrip("\n") + more)
+
+
 def render_dashboard(
     statuses: Mapping[str, RolloutStatus],
     order: DashboardOrder | None = None,
@@ -109,6 +139,16 @@ def render_dashboard(
     same caller (the daemon keeps one), which only speeds the call up;
     ``changed``: with it, the only rollouts whose status may differ from
     that call's (see ``DashboardOrder.update``)."""
+    return dashboard_parts(statuses, order, changed).text()
+
+
+def dashboard_parts(
+    statuses: Mapping[str, RolloutStatus],
+    order: DashboardOrder | None = None,
+    changed: Iterable[str] | None = None,
+) -> DashboardParts:
+    """``render_dashboard``'s text in parts (see ``DashboardParts``): with
+    ``order``, the rows in its blocks; without, all of it in the tail."""
     out = [
         "# Rollouts",
         "",
@@ -118,23 +158,29 @@ def render_dashboard(
     ]
     if not statuses:
         out += ["No rollouts yet: add a file under `rollouts/` to start one.", ""]
-        return "\n".join(out)
+        return DashboardParts("", (), "\n".join(out))
+    after: list[str] = []
     if order is not None and order.update(statuses, changed):
-        out += [order.counts_line(), ""]
-        out += [*_TABLE_HEAD, *order.rows]
+        out += [order.counts_line(), "", *_TABLE_HEAD]
+        blocks = order.blocks()
         attention = order.attention()
         active = order.active(statuses)
     else:
         rollouts = ordered(statuses)
         out += [_counts(rollouts), ""]
         out += _table(rollouts)
+        blocks = ()
         attention = _attention(rollouts)
         active = [s for s in rollouts if _is_drawn(s)]
     if attention:
-        out += ["", "## Needs attention", "", *attention]
+        after += ["", "## Needs attention", "", *attention]
     if active:
-        out += ["", "## Active rollouts", "", *_diagram(active)]
-    return "\n".join(out) + "\n"
+        after += ["", "## Active rollouts", "", *_diagram(active)]
+    if not blocks:
+        return DashboardParts("", (), "\n".join([*out, *after]) + "\n")
+    # "\n".join(head, rows, after) + "\n", with each row's newline in its block
+    tail = "".join(f"\n{line}" for line in after) + "\n"
+    return DashboardParts("\n".join(out), blocks, tail)
 
 
 def _is_drawn(status: RolloutStatus) -> bool:
@@ -273,6 +319,9 @@ class DashboardOrder:
         self._notes: dict[tuple[int, str], tuple[str, ...]] = {}  # only those with lines
         self._drawn: set[tuple[int, str]] = set()  # in the diagram
         self._counts: dict[str, int] = {}
+        self._encoded: list[bytes] = []  # "\n" + row, UTF-8, in the order of _keys
+        self._cuts: list[tuple[int, str]] = []  # the keys of the rows that end a block
+        self._blocks: dict[tuple[bytes, ...], bytes] = {}  # the last call's blocks
 
     def update(
         self, statuses: Mapping[str, RolloutStatus], names: Iterable[str] | None = None
@@ -318,6 +367,26 @@ class DashboardOrder:
         noun = "rollout" if total == 1 else "rollouts"
         return f"{total} {noun}: " + ", ".join(parts) + "."
 
+    def blocks(self) -> tuple[bytes, ...]:
+        """The encoded rows in blocks: a block ends after a row whose name
+        is a cut (about one in ``_BLOCK_ROWS``, by a checksum of the name),
+        so a row added, changed or removed changes its own block only, and
+        the others are the objects the last call returned."""
+        kept, self._blocks = self._blocks, {}
+        found: list[bytes] = []
+        start = 0
+        ends = [bisect_right(self._keys, cut) for cut in self._cuts]
+        for end in (*ends, len(self._encoded)):
+            if end > start:
+                rows = tuple(self._encoded[start:end])
+                block = kept.get(rows)
+                if block is None:
+                    block = b"".join(rows)
+                self._blocks[rows] = block
+                found.append(block)
+            start = end
+        return tuple(found)
+
     def attention(self) -> list[str]:
         return [line for key in sorted(self._notes) for line in self._notes[key]]
 
@@ -330,6 +399,8 @@ class DashboardOrder:
         self._last = dict(statuses)
         self._keys = [_order_key(s) for s in result]
         self.rows = _table(result)[len(_TABLE_HEAD) :]
+        self._encoded = [f"\n{row}".encode() for row in self.rows]
+        self._cuts = [key for key in self._keys if _is_cut(key)]
         for key, status in zip(self._keys, result, strict=True):
             self._note(key, status)
 
@@ -345,6 +416,9 @@ class DashboardOrder:
         at = bisect_left(self._keys, key)
         del self._keys[at]
         del self.rows[at]
+        del self._encoded[at]
+        if _is_cut(key):
+            self._cuts.remove(key)
         phase = PHASE_ORDER[key[0]]
         self._counts[phase] -= 1
         self._notes.pop(key, None)
@@ -354,7 +428,11 @@ class DashboardOrder:
         key = _order_key(status)
         at = bisect_left(self._keys, key)
         self._keys.insert(at, key)
-        self.rows.insert(at, _row(status))
+        row = _row(status)
+        self.rows.insert(at, row)
+        self._encoded.insert(at, f"\n{row}".encode())
+        if _is_cut(key):
+            insort(self._cuts, key)
         self._note(key, status)
 
 
@@ -363,6 +441,14 @@ _RANK = {phase: i for i, phase in enumerate(PHASE_ORDER)}
 
 def _order_key(status: RolloutStatus) -> tuple[int, str]:
     return (_RANK.get(status.phase, len(_RANK)), status.name)
+
+
+_BLOCK_ROWS = 64  # rows in a block of the table, on average (DashboardOrder.blocks)
+
+
+def _is_cut(key: tuple[int, str]) -> bool:
+    """Does this row end a block? By its name only, the same in every process."""
+    return zlib.crc32(key[1].encode()) % _BLOCK_ROWS == 0
 
 
 def _diagram(active: list[RolloutStatus]) -> list[str]:
