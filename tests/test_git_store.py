@@ -28,7 +28,6 @@ from gitutil import (
     make_bare_repo,
     show,
 )
-
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -261,7 +260,7 @@ def test_pieces_kept_from_the_last_write_are_reused_and_pieces_that_lie_are_refu
     tip = store.refresh()
     assert tip is not None
     data = b"x" * LARGE_BLOB
-    with pytest.raises(StoreError, match="pieces of status/README.md are not its content"):
+    with pytest.raises(StoreError, match=r"pieces of status/README\.md are not its content"):
         store.commit(
             "main", tip, {"status/README.md": data}, "m", pieces={"status/README.md": [data, b"!"]}
         )
