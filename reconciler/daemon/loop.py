@@ -513,7 +513,10 @@ class Daemon:
         )
         self.memory.step_changes = {}
         crashpoints.reach("after_step")
-        p.merged = {**p.statuses, **p.step.statuses}
+        # A copy updated, not {**a, **b}: the same dict, without inserting
+        # thousands of statuses one by one.
+        p.merged = p.statuses.copy()
+        p.merged.update(p.step.statuses)
         return None
 
     def _fleet(self, p: _Pass) -> PassOutcome | None:

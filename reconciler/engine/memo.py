@@ -175,7 +175,9 @@ class StepMemo:
         self._last_key = last
         self.seeds_kept += 1
         stepped = sorted((inputs[name] for name in self._unrested), key=_queue_order)
-        return dict(seed), dict(self._position), self._next_position, stepped
+        # copy(), not dict(): after names were removed and added again,
+        # dict() inserts 5,000 entries one by one, copy() copies them whole.
+        return seed.copy(), self._position.copy(), self._next_position, stepped
 
     def remember(self, fleet: Fleet, settings: Settings, at_rest: Iterable[RolloutInput]) -> None:
         """Also at rest now: ``at_rest`` (found by the step just done)."""
