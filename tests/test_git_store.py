@@ -39,6 +39,7 @@ from reconciler.git.store import (
     adler32_combine,
     is_remote_location,
 )
+from reconciler.git.tree_reader import TreeReader
 from reconciler.spec.errors import RefMoved, StoreError
 
 FLEET = {
@@ -193,6 +194,12 @@ def test_a_large_folder_patched_from_its_kept_entries_is_the_tree_treebuilder_wr
         if tip == parent:
             continue
         assert _built_by_treebuilder(repo, parent, changes) == repo[tip].tree_id, round_
+        # A file's blob in a folder the store keeps is looked up in its kept
+        # entries: the same answer as libgit2's, for files, folders, absent names.
+        fresh = TreeReader(pygit2.Repository(str(bare)), str(bare))
+        looked = [*changes, "status/README.md", "status/r0001", "status/zz", "status/no.yaml"]
+        for path in [*looked, f"status/{rng.choice(names)}.yaml", "status/r0001/nodes-1.yaml"]:
+            assert store.file_blob(tip, path) == fresh.file_blob(tip, path), (round_, path)
     git("fsck", "--strict", "--no-progress", cwd=bare)
     dashboard = git("show", "main:status/README.md", cwd=bare)
     assert dashboard.startswith("# Rollouts") and len(dashboard) > LARGE_BLOB
