@@ -619,10 +619,13 @@ class AgentClient:
         client's thread) once half of the answers, rounded up, are in and
         some are still outstanding: the crash point between "some sent" and
         "all sent". With ``on_finished``, each job accepted gets its held
-        read (``watch_jobs``) as soon as its own answer is in."""
+        read (``watch_jobs``) once every POST is answered: the jobs go out
+        first, so an agent serving many nodes (or the simulated fleet) is
+        not asked to hold reads while jobs still wait for it."""
         key = self.key
         outstanding = len(jobs)
         signal_at = outstanding // 2 if halfway is not None and outstanding > 1 else -1
+        accepted: list[tuple[str, SendJob]] = []  # their held reads start once all are in
 
         def body(job: SendJob) -> bytes:
             return envelope_bytes(build_payload(job, now), key)
@@ -632,8 +635,8 @@ class AgentClient:
             self._posting += 1
             try:
                 job_id, seen = await post(item)
-                if on_finished is not None and seen.state in ("accepted", "running"):
-                    self._watch_one(*item, on_finished)
+                if seen.state in ("accepted", "running"):
+                    accepted.append(item)
                 return job_id, seen
             finally:
                 self._posting -= 1
@@ -660,7 +663,12 @@ class AgentClient:
             except _Unreachable as exc:
                 return job.job_id, JobObservation(job.job_id, "unreachable", error=str(exc))
 
-        return dict(self._run_all(jobs, one, _unreachable_job))
+        def hold_reads() -> None:
+            if on_finished is not None:
+                for url, job in accepted:
+                    self._watch_one(url, job, on_finished)
+
+        return dict(self._run_all(jobs, one, _unreachable_job, then=hold_reads))
 
     def read_jobs(self, jobs: Sequence[tuple[str, SendJob]]) -> dict[str, JobObservation | None]:
         """GET each job's record; None when the agent does not know the job."""
@@ -969,6 +977,7 @@ class AgentClient:
         items: Sequence[_T],
         one: Callable[[_T], Awaitable[_R]],
         on_bug: Callable[[_T, str], _R],
+        then: Callable[[], None] | None = None,
     ) -> list[_R]:
         if self._closed:
             raise RuntimeError("AgentClient is closed")
