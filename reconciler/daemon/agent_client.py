@@ -569,6 +569,8 @@ class AgentClient:
         self._no_wait: set[_Origin] = set()
         self._gathering: asyncio.TimerHandle | None = None
         self._gathering_since = 0.0  # loop time of the first finish it gathers
+        self._last_finish = 0.0  # loop time of the newest finish it gathers
+        self._on_gathered: Callable[[], None] = lambda: None
         # Finished records that held reads brought, until a pass takes them
         # (``take_finished``): the pass need not ask for them again.
         self._finished_lock = threading.Lock()
@@ -900,24 +902,30 @@ class AgentClient:
         """Start a pass now when asked to or when no held read is left, else
         once GATHER_SECONDS have passed without another finish, and at the
         latest GATHER_LIMIT times that since the first finish waiting."""
-
-        def fire() -> None:
-            self._gathering = None
-            on_finished()
-
         if at_once or not (self._watches or self._posting):
             if self._gathering is not None:
                 self._gathering.cancel()
-            fire()
+                self._gathering = None
+            on_finished()
             return
         loop = asyncio.get_running_loop()
-        now = loop.time()
+        self._last_finish = now = loop.time()
+        self._on_gathered = on_finished
         if self._gathering is None:
+            # One timer for the whole gather: a batch's thousand finishes move
+            # ``_last_finish``, and the timer, when it fires early, waits again.
             self._gathering_since = now
-        else:
-            self._gathering.cancel()
+            self._gathering = loop.call_at(now + GATHER_SECONDS, self._gathered)
+
+    def _gathered(self) -> None:
         latest = self._gathering_since + GATHER_SECONDS * GATHER_LIMIT
-        self._gathering = loop.call_at(min(now + GATHER_SECONDS, latest), fire)
+        due = min(self._last_finish + GATHER_SECONDS, latest)
+        loop = asyncio.get_running_loop()
+        if due - loop.time() > 0.001:  # a finish came since it was set: wait again
+            self._gathering = loop.call_at(due, self._gathered)
+            return
+        self._gathering = None
+        self._on_gathered()
 
     def close(self) -> None:
         if self._closed:
@@ -998,6 +1006,8 @@ class AgentClient:
 
             workers = min(self.concurrency, len(items))
             await asyncio.gather(*(worker() for _ in range(workers)))
+            if then is not None:
+                then()  # on the loop, before the caller's thread has the results
             return results
 
         return self._call(run())
