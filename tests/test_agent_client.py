@@ -3,6 +3,7 @@ good or bad, becomes an observation; nothing raises."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -267,3 +268,34 @@ def test_a_closed_client_says_so(key: SigningKey) -> None:
 
     with pytest.raises(RuntimeError, match="closed"):
         client.read_heartbeats([("http://127.0.0.1:1", "a")])
+
+
+def test_held_reads_start_once_every_job_is_out(tmp_path: Path, key: SigningKey) -> None:
+    """An agent serving many nodes gets every job before the first held
+    read: the jobs are the work, the reads only wait for it. Each accepted
+    job still gets its held read, which reports its finish."""
+    names = [f"n{i:02d}" for i in range(12)]
+    fleet = FleetThread(tmp_path / "order", [key], names=names)
+    asked: list[str] = []
+    handle = fleet.fleet.handle
+
+    def recording(request: Request) -> Response | asyncio.Future[Response]:
+        asked.append("held" if "wait=" in request.query else request.method)
+        return handle(request)
+
+    fleet.server.handler = recording
+    client = AgentClient(key, concurrency=2)  # the POSTs go out over several rounds
+    finished = threading.Event()
+    try:
+        jobs = [(fleet.url, job(f"apply-{n}", node=n)) for n in names]
+        sent = client.send_jobs(jobs, datetime.now(UTC), on_finished=finished.set)
+        assert finished.wait(10), "no held read reported a finish"
+        taken = client.take_finished([j.job_id for _, j in jobs])
+    finally:
+        client.close()
+        fleet.close()
+
+    assert {o.state for o in sent.values()} == {"accepted"}
+    assert asked.count("POST") == 12 and asked.count("held") >= 1 and taken
+    last_post = max(i for i, what in enumerate(asked) if what == "POST")
+    assert all(what != "held" for what in asked[:last_post])

@@ -27,7 +27,7 @@ from reconciler.protocol.evidence import (
     split_answer,
 )
 from reconciler.protocol.observations import JobObservation
-from reconciler.protocol.signing import SigningKey, generate_key, load_private_key
+from reconciler.protocol.signing import SigningKey, TrustedKey, generate_key, load_private_key
 from reconciler.protocol.tls import parse_pin
 from reconciler.spec.documents import parse_file
 from reconciler.spec.model import Node
@@ -251,6 +251,40 @@ def test_an_agent_key_line_must_carry_exactly_an_ed25519_key(tmp_path: Path) -> 
         line = "ssh-ed25519 " + base64.b64encode(data).decode()
         with pytest.raises(ValueError, match="not a valid public key"):
             parse_agent_key(line)
+
+
+def test_a_fleets_keys_are_parsed_as_it_is_read_and_judge_as_parsed_later(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``use_fleet`` parses every agentKey once, before any answer comes in;
+    answers then check as they would against keys parsed on first use."""
+    from reconciler.daemon import answer_check
+
+    key, _ = new_key(tmp_path / "k")
+    nodes = {
+        "node-a": Node("node-a", "http://127.0.0.1:1", agent_key=key.public_openssh),
+        "node-b": Node("node-b", "http://127.0.0.1:1", agent_key="ssh-ed25519 AAAA-not-a-key"),
+        "node-c": Node("node-c", "http://127.0.0.1:1"),
+    }
+    parsed: list[str] = []
+    real = answer_check.parse_agent_key
+
+    def counting(line: str, source: str = "") -> TrustedKey:
+        parsed.append(line)
+        return real(line, source)
+
+    monkeypatch.setattr(answer_check, "parse_agent_key", counting)
+    early, late = AnswerCheck(), AnswerCheck()
+    early.use_fleet(nodes)
+    assert sorted(parsed) == sorted(n.agent_key for n in nodes.values() if n.agent_key)
+    parsed.clear()
+    late.nodes = nodes
+    good = split_answer(sign_answer({"jobId": "j1", "state": "succeeded"}, key))
+    assert good is not None
+    seen = JobObservation("j1", "succeeded", signed=good)
+    for name, node in nodes.items():
+        assert early.job(node, seen) == late.job(node, seen), name
+    assert len(parsed) == 2  # only the late check parsed, on first use
 
 
 def test_an_answer_checked_early_is_believed_only_as_the_pass_would(tmp_path: Path) -> None:

@@ -569,6 +569,8 @@ class AgentClient:
         self._no_wait: set[_Origin] = set()
         self._gathering: asyncio.TimerHandle | None = None
         self._gathering_since = 0.0  # loop time of the first finish it gathers
+        self._last_finish = 0.0  # loop time of the newest finish it gathers
+        self._on_gathered: Callable[[], None] = lambda: None
         # Finished records that held reads brought, until a pass takes them
         # (``take_finished``): the pass need not ask for them again.
         self._finished_lock = threading.Lock()
@@ -619,10 +621,13 @@ class AgentClient:
         client's thread) once half of the answers, rounded up, are in and
         some are still outstanding: the crash point between "some sent" and
         "all sent". With ``on_finished``, each job accepted gets its held
-        read (``watch_jobs``) as soon as its own answer is in."""
+        read (``watch_jobs``) once every POST is answered: the jobs go out
+        first, so an agent serving many nodes (or the simulated fleet) is
+        not asked to hold reads while jobs still wait for it."""
         key = self.key
         outstanding = len(jobs)
         signal_at = outstanding // 2 if halfway is not None and outstanding > 1 else -1
+        accepted: list[tuple[str, SendJob]] = []  # their held reads start once all are in
 
         def body(job: SendJob) -> bytes:
             return envelope_bytes(build_payload(job, now), key)
@@ -632,8 +637,8 @@ class AgentClient:
             self._posting += 1
             try:
                 job_id, seen = await post(item)
-                if on_finished is not None and seen.state in ("accepted", "running"):
-                    self._watch_one(*item, on_finished)
+                if seen.state in ("accepted", "running"):
+                    accepted.append(item)
                 return job_id, seen
             finally:
                 self._posting -= 1
@@ -660,7 +665,12 @@ class AgentClient:
             except _Unreachable as exc:
                 return job.job_id, JobObservation(job.job_id, "unreachable", error=str(exc))
 
-        return dict(self._run_all(jobs, one, _unreachable_job))
+        def hold_reads() -> None:
+            if on_finished is not None:
+                for url, job in accepted:
+                    self._watch_one(url, job, on_finished)
+
+        return dict(self._run_all(jobs, one, _unreachable_job, then=hold_reads))
 
     def read_jobs(self, jobs: Sequence[tuple[str, SendJob]]) -> dict[str, JobObservation | None]:
         """GET each job's record; None when the agent does not know the job."""
@@ -892,24 +902,30 @@ class AgentClient:
         """Start a pass now when asked to or when no held read is left, else
         once GATHER_SECONDS have passed without another finish, and at the
         latest GATHER_LIMIT times that since the first finish waiting."""
-
-        def fire() -> None:
-            self._gathering = None
-            on_finished()
-
         if at_once or not (self._watches or self._posting):
             if self._gathering is not None:
                 self._gathering.cancel()
-            fire()
+                self._gathering = None
+            on_finished()
             return
         loop = asyncio.get_running_loop()
-        now = loop.time()
+        self._last_finish = now = loop.time()
+        self._on_gathered = on_finished
         if self._gathering is None:
+            # One timer for the whole gather: a batch's thousand finishes move
+            # ``_last_finish``, and the timer, when it fires early, waits again.
             self._gathering_since = now
-        else:
-            self._gathering.cancel()
+            self._gathering = loop.call_at(now + GATHER_SECONDS, self._gathered)
+
+    def _gathered(self) -> None:
         latest = self._gathering_since + GATHER_SECONDS * GATHER_LIMIT
-        self._gathering = loop.call_at(min(now + GATHER_SECONDS, latest), fire)
+        due = min(self._last_finish + GATHER_SECONDS, latest)
+        loop = asyncio.get_running_loop()
+        if due - loop.time() > 0.001:  # a finish came since it was set: wait again
+            self._gathering = loop.call_at(due, self._gathered)
+            return
+        self._gathering = None
+        self._on_gathered()
 
     def close(self) -> None:
         if self._closed:
@@ -969,6 +985,7 @@ class AgentClient:
         items: Sequence[_T],
         one: Callable[[_T], Awaitable[_R]],
         on_bug: Callable[[_T, str], _R],
+        then: Callable[[], None] | None = None,
     ) -> list[_R]:
         if self._closed:
             raise RuntimeError("AgentClient is closed")
@@ -989,6 +1006,8 @@ class AgentClient:
 
             workers = min(self.concurrency, len(items))
             await asyncio.gather(*(worker() for _ in range(workers)))
+            if then is not None:
+                then()  # on the loop, before the caller's thread has the results
             return results
 
         return self._call(run())

@@ -458,6 +458,7 @@ class Daemon:
         p.approval = self._forward_only(self.approver.approve(p.tip)) if self.approver else None
         p.spec_commit = p.tip if p.approval is None else p.approval.verified_commit
         p.documents = documents = self._read_documents(p.spec_commit)
+        self._nodes_by_name(documents.fleet)  # a new fleet's keys and pins, before any job
         p.status_branch = documents.settings.status_branch or store.branch
         p.status_tip = p.tip if p.status_branch == store.branch else store.tip(p.status_branch)
         p.statuses, p.broken = self._read_statuses(p.status_tip)
@@ -1554,7 +1555,7 @@ class Daemon:
             self.client.set_pins(
                 {n.agent: n.agent_cert_sha256 for n in fleet.nodes if n.agent_cert_sha256}
             )
-            self.memory.answers.nodes = self.memory.by_name[1]
+            self.memory.answers.use_fleet(self.memory.by_name[1])
         return self.memory.by_name[1]
 
     # -- reporting -----------------------------------------------------------
