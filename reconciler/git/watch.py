@@ -118,9 +118,6 @@ class _Flag:
     def __init__(self) -> None:
         self.value = False
 
-    def is_set(self) -> bool:
-        return self.value
-
 
 class _RefFolders:
     """inotify watches on the folders holding `files` (paths under `root`):
