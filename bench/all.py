@@ -64,6 +64,7 @@ SCRIPTS = (
     Script("agent_soak", (), ("--quick",), timeout=1200.0),
     Script("agent_cpu", (), ("--quick",)),
     Script("notify", (), ("--quick",)),
+    Script("branch_watch", ("--samples", "300", "--idle", "60"), ("--quick",)),
 )
 
 

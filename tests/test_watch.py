@@ -4,6 +4,7 @@ wait at once, from another thread or a signal handler."""
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import threading
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 from gitutil import GitHttpServer, clone, commit, commit_and_push, git, make_bare_repo
 
+import reconciler.git.watch as watch
 from reconciler.git.store import GitStore
 from reconciler.git.watch import BranchWatcher
 
@@ -154,21 +156,166 @@ def test_a_remote_over_http_is_polled(tmp_path: Path, bare: Path) -> None:
             assert watcher.wait(5.0) is True
 
 
+class _NoMoreWatches:
+    """inotify whose watch limit is reached (``fs.inotify.max_user_watches``):
+    the edge we do not own, failing as the kernel does."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        self.closed = False
+
+    def add_watch(self, path: object, mask: int) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _no_instances(*args: object, **kwargs: object) -> None:
+    raise OSError(errno.EMFILE, "Too many open files")
+
+
+@pytest.mark.parametrize("failing", [_NoMoreWatches, _no_instances], ids=["watch", "init"])
 def test_when_file_events_cannot_be_had_the_ref_files_are_looked_at(
-    tmp_path: Path, bare: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, bare: Path, monkeypatch: pytest.MonkeyPatch, failing: object
 ) -> None:
-    # watchfiles' setup walks the Git directory and can fail when a push's
-    # temporary folder vanishes mid-walk; the watcher must not die of it.
-    import reconciler.git.watch as watch
-
-    def vanished(*args: object) -> None:
-        raise FileNotFoundError(2, "No such file or directory (os error 2)")
-
-    monkeypatch.setattr(watch, "RustNotify", vanished)
+    """No inotify watch (the limit reached) or no inotify instance at all:
+    the watcher falls back to looking at the ref files' stat, and a push
+    still wakes the waiter; an idle repository still does not."""
+    monkeypatch.setattr(watch, "INotify", failing)
     work = clone(bare, tmp_path / "work")
     with BranchWatcher.for_store(GitStore.open(str(bare))) as watcher:
         assert watcher.wait(0.3) is False
 
         commit_and_push(work, {"rollouts/r.yaml": "x\n"}, "add r")
 
+        assert watcher.wait(5.0) is True
+
+
+def test_pushes_by_the_git_binary_wake_the_waiter_within_milliseconds(
+    tmp_path: Path, bare: Path
+) -> None:
+    """The hint is sent when the ref file is renamed into place, not after a
+    quiet period or at the next look: each of five pushes wakes the waiter
+    well within the stat fallback's period (about a millisecond on an idle
+    machine; the bound is loose for a loaded one)."""
+    work = clone(bare, tmp_path / "work")
+    latencies = []
+    with BranchWatcher.for_store(GitStore.open(str(bare))) as watcher:
+        for k in range(5):
+            commit(work, {"rollouts/r.yaml": f"{k}\n"}, f"edit {k}")
+            git("push", "-q", "origin", "main", cwd=work)
+            pushed_at = time.monotonic()
+            assert watcher.wait(5.0) is True
+            latencies.append(time.monotonic() - pushed_at)
+            drain(watcher)
+    assert sorted(latencies)[2] < watch.STAT_POLL, latencies
+
+
+def _switches(thread: threading.Thread) -> int:
+    """How many times `thread` gave up the CPU by itself (Linux)."""
+    status = Path(f"/proc/self/task/{thread.native_id}/status").read_text()
+    return sum(
+        int(line.split()[1]) for line in status.splitlines() if "voluntary_ctxt_switches" in line
+    )
+
+
+def test_an_idle_watch_never_wakes(bare: Path) -> None:
+    """The watching thread sleeps until an event or stop(): no timer, so an
+    idle daemon costs no CPU (the debounced watch woke every 4 ms: about 125
+    times in this half second)."""
+    with BranchWatcher.for_store(GitStore.open(str(bare))) as watcher:
+        (thread,) = watcher._threads
+        time.sleep(0.1)  # settled into its wait
+        before = _switches(thread)
+        assert watcher.wait(0.5) is False
+        assert _switches(thread) - before <= 1
+
+
+def test_stop_ends_the_watching_thread_at_once(bare: Path) -> None:
+    watcher = BranchWatcher.for_store(GitStore.open(str(bare)))
+    (thread,) = watcher._threads
+    time.sleep(0.1)
+    watcher.stop()
+    thread.join(1.0)
+    assert not thread.is_alive()
+    watcher.close()
+
+
+def test_a_branch_in_a_folder_created_after_the_watch_started(tmp_path: Path, bare: Path) -> None:
+    """``refs/heads/team/`` and ``refs/notes/`` do not exist when the watch
+    starts: their parents are watched, and once a folder appears the watch
+    moves into it, so the first push of the ref and every later one wake
+    the waiter, and a sibling ref in the new folder does not."""
+    work = clone(bare, tmp_path / "work")
+    with BranchWatcher.local(bare, ["team/rollouts", "refs/notes/commits"]) as watcher:
+        git("push", "-q", "origin", "main:team/rollouts", cwd=work)
+        assert watcher.wait(5.0) is True
+        drain(watcher)
+
+        commit(work, {"rollouts/r.yaml": "x\n"}, "add r")
+        git("push", "-q", "origin", "HEAD:team/rollouts", cwd=work)
+        assert watcher.wait(5.0) is True  # watched in its new folder now
+        drain(watcher)
+
+        hints = watcher.hints
+        git("push", "-q", "origin", "HEAD:team/other", cwd=work)
+        assert watcher.wait(0.3) is False
+        assert watcher.hints == hints
+
+        git("notes", "add", "-m", "approved", "HEAD", cwd=work)
+        git("push", "-q", "origin", "refs/notes/commits", cwd=work)
+        assert watcher.wait(5.0) is True
+        drain(watcher)
+        git("notes", "add", "-f", "-m", "approved again", "HEAD", cwd=work)
+        git("push", "-q", "origin", "refs/notes/commits", cwd=work)
+        assert watcher.wait(5.0) is True
+
+
+def test_pack_refs_is_a_hint_and_the_watch_survives_its_pruned_folders(
+    tmp_path: Path, bare: Path
+) -> None:
+    """``git pack-refs --all`` moves the refs into ``packed-refs`` and removes
+    the loose files and the emptied ``refs/heads/team/``: that is a hint,
+    and a later push that recreates the folder is one too."""
+    work = clone(bare, tmp_path / "work")
+    git("push", "-q", "origin", "main:team/rollouts", cwd=work)
+    with BranchWatcher.local(bare, ["main", "team/rollouts"]) as watcher:
+        git("pack-refs", "--all", cwd=bare)
+        assert not (bare / "refs" / "heads" / "team").exists()
+        assert watcher.wait(5.0) is True
+        drain(watcher)
+
+        commit(work, {"rollouts/r.yaml": "x\n"}, "add r")
+        git("push", "-q", "origin", "HEAD:team/rollouts", cwd=work)
+        assert watcher.wait(5.0) is True
+        drain(watcher)
+        git("push", "-q", "origin", "HEAD:main", cwd=work)
+        assert watcher.wait(5.0) is True
+
+
+def test_a_new_folder_beyond_the_watch_limit_falls_back_to_stat(
+    tmp_path: Path, bare: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A watch that cannot be added later (the limit reached when the ref's
+    folder appears) is not the end of hints: the watcher hints once and
+    goes on looking at the ref files."""
+    real = watch.INotify
+    allowed = {"watches": 2}  # the repository folder and refs/heads
+
+    class Limited(real):  # type: ignore[misc, valid-type]
+        def add_watch(self, path: object, mask: int) -> int:
+            if allowed["watches"] <= 0:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            allowed["watches"] -= 1
+            return int(super().add_watch(path, mask))
+
+    monkeypatch.setattr(watch, "INotify", Limited)
+    work = clone(bare, tmp_path / "work")
+    with BranchWatcher.local(bare, ["team/rollouts"]) as watcher:
+        git("push", "-q", "origin", "main:team/rollouts", cwd=work)
+        assert watcher.wait(5.0) is True
+        drain(watcher)
+
+        commit(work, {"rollouts/r.yaml": "x\n"}, "add r")
+        git("push", "-q", "origin", "HEAD:team/rollouts", cwd=work)
         assert watcher.wait(5.0) is True

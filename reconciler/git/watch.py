@@ -1,20 +1,35 @@
 """Wake the daemon when the tracked branch may have changed.
 
-A local repository is watched with watchfiles on its ``refs/`` and
-``packed-refs`` (the default watchfiles filter ignores ``.git``, so a filter
-of our own picks out exactly the watched branches' ref files); a push into a
-bare repository wakes a waiting daemon in about 20 ms. A remote is polled:
-every ``poll`` seconds the remote's branch tip is listed (``git ls-remote``,
-no fetch) and compared with the mirror's copy, so the daemon's own fetches
-stay the only writes to the mirror. A failed poll is an event (``poll_failed``,
-counted in ``reconciler_poll_failures``) and the next one waits longer, up
-to ``POLL_BACKOFF_CAP``; the first poll that works again is a hint, so a
-daemon backing off after a failed pass tries again at once.
+A local repository is watched with inotify (Linux), non-recursively, on just
+the folders that hold the watched ref files: ``refs/heads/`` (or wherever
+each branch's file lives) and the repository folder for ``packed-refs``.
+Git and libgit2 write ``NAME.lock`` and rename it (or, for a new ref,
+libgit2 hard-links it) into place, so the rename or creation (or a close
+after writing, for a file written in place, or its removal) of a wanted
+name is the hint, sent at once: no debounce, no timer. The
+watching thread sleeps in ``poll`` on the inotify descriptor and a stop
+pipe, so an idle daemon costs no CPU. A ref whose folder does not exist yet
+(``refs/notes/`` before the first approval) is watched through its nearest
+existing ancestor; the folder's creation moves the watch down to it and is a
+hint itself, since the ref may have been written before the new folder was
+watched. A watched folder that goes away (``git pack-refs`` prunes empty
+ones) moves the watch back up. The binding is ``inotify_simple`` (one small
+ctypes module). Where inotify cannot be had (not Linux, no more inotify
+instances or watches allowed) the ref files' stat is looked at every
+``STAT_POLL`` seconds instead.
+
+A remote is polled: every ``poll`` seconds the remote's branch tip is listed
+(``git ls-remote``, no fetch) and compared with the mirror's copy, so the
+daemon's own fetches stay the only writes to the mirror. A failed poll is an
+event (``poll_failed``, counted in ``reconciler_poll_failures``) and the
+next one waits longer, up to ``POLL_BACKOFF_CAP``; the first poll that works
+again is a hint, so a daemon backing off after a failed pass tries again at
+once.
 
 Both are hints: events can be missed (FACTS.md), so the caller keeps a
 periodic full re-read. ``wait`` is for a synchronous loop; ``stop`` may be
 called from a signal handler or another thread: it only sets a flag and
-writes a byte to a pipe, never takes a lock.
+writes a byte to two pipes, never takes a lock.
 
 This module must not read documents or decide anything.
 """
@@ -32,10 +47,13 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol
 
-from watchfiles._rust_notify import RustNotify
-
 from reconciler.git.store import GitStore, RemotePoller
 from reconciler.spec.errors import ReconcilerError
+
+try:  # Linux only; elsewhere the ref files' stat is looked at instead
+    from inotify_simple import INotify
+except (ImportError, OSError):  # pragma: no cover - not Linux
+    INotify = None
 
 log = logging.getLogger(__name__)
 
@@ -65,27 +83,124 @@ class _LoggedEvents:
         log.warning("%s: %s", event, message)
 
 
-# How long the watch waits for quiet after a change before it reports it;
-# also how often its loop wakes while idle. FACTS.md: 75-90 ms of latency
-# at watchfiles' default 50. At 4 against 10, push to first job 33 against
-# 45-48 ms median, for an idle daemon's CPU 0.8 against 0.4 % of a core.
-STEP_MS = 4
-DEBOUNCE_MS = 200
 STAT_POLL = 0.1  # seconds between looks at the ref files when events cannot be had
-FOLDER_SETTLE = 0.5  # seconds after a watched folder appears before hinting again
 POLL_BACKOFF_CAP = 30.0  # seconds: the longest wait after failed polls (or the poll, if longer)
 _WAKE = b"c"
 _STOP = b"s"
 
+# inotify event bits (inotify.h), named here so reading them needs no lookup.
+_IN_CLOSE_WRITE = 0x00000008
+_IN_MOVED_FROM = 0x00000040
+_IN_MOVED_TO = 0x00000080
+_IN_CREATE = 0x00000100
+_IN_DELETE = 0x00000200
+_IN_DELETE_SELF = 0x00000400
+_IN_MOVE_SELF = 0x00000800
+_IN_Q_OVERFLOW = 0x00004000
+_IN_IGNORED = 0x00008000
+_IN_ONLYDIR = 0x01000000
+# A ref file is reported when renamed into place (Git's lock files),
+# created (libgit2 hard-links a new ref's lock file into place), closed after
+# writing (written in place) or removed.
+_FILE_EVENTS = _IN_MOVED_TO | _IN_CREATE | _IN_CLOSE_WRITE | _IN_DELETE | _IN_MOVED_FROM
+# A folder on the way to a ref that does not exist yet: created, or removed
+# again, it moves the watch.
+_FOLDER_EVENTS = _IN_CREATE | _IN_MOVED_TO | _IN_DELETE | _IN_MOVED_FROM
+# The watched folder itself gone (removed, renamed) or the queue overflowed:
+# watch again from scratch.
+_GONE_EVENTS = _IN_DELETE_SELF | _IN_MOVE_SELF | _IN_IGNORED | _IN_Q_OVERFLOW
+_MASK = _FILE_EVENTS | _FOLDER_EVENTS | _IN_DELETE_SELF | _IN_MOVE_SELF | _IN_ONLYDIR
+
 
 class _Flag:
-    """A lock-free stop flag with the ``is_set`` watchfiles polls each step."""
+    """A lock-free stop flag: set from a signal handler, read by threads."""
 
     def __init__(self) -> None:
         self.value = False
 
-    def is_set(self) -> bool:
-        return self.value
+
+class _RefFolders:
+    """inotify watches on the folders holding `files` (paths under `root`):
+    each file's own folder, or, while that does not exist, its nearest
+    existing ancestor, watched for the next folder on the way.
+
+    Raises OSError when inotify cannot be set up (no more instances or
+    watches allowed); RuntimeError when inotify does not exist here."""
+
+    def __init__(self, root: Path, files: Sequence[Path]) -> None:
+        if INotify is None:  # pragma: no cover - not Linux
+            raise RuntimeError("inotify is not available on this system")
+        self.root = root
+        self.files = list(files)
+        self.inotify = INotify(nonblocking=True)
+        # watch descriptor -> (folder, the file names wanted in it, the
+        # folder names on the way to a wanted file that does not exist yet)
+        self.watches: dict[int, tuple[Path, frozenset[str], frozenset[str]]] = {}
+        try:
+            self.arm()
+        except BaseException:
+            self.inotify.close()
+            raise
+
+    def fileno(self) -> int:
+        return int(self.inotify.fileno())
+
+    def arm(self) -> None:
+        """Watch, for every file, the deepest folder of its path that exists
+        now; drop watches no longer needed. A folder that vanishes meanwhile
+        is planned again (its parent is then the deepest)."""
+        for attempt in range(5):
+            try:
+                self._arm_once()
+                return
+            except (FileNotFoundError, NotADirectoryError):
+                if attempt == 4:
+                    raise
+
+    def _arm_once(self) -> None:
+        plan: dict[Path, tuple[set[str], set[str]]] = {}
+        for path in self.files:
+            folder, name, is_file = path.parent, path.name, True
+            while folder != self.root and not folder.is_dir():
+                folder, name, is_file = folder.parent, folder.name, False
+            names = plan.setdefault(folder, (set(), set()))
+            names[0 if is_file else 1].add(name)
+        watches: dict[int, tuple[Path, frozenset[str], frozenset[str]]] = {}
+        for folder, (files, folders) in plan.items():
+            wd = int(self.inotify.add_watch(folder, _MASK))
+            watches[wd] = (folder, frozenset(files), frozenset(folders))
+        for wd in self.watches.keys() - watches.keys():
+            with contextlib.suppress(OSError):  # gone with its folder already
+                self.inotify.rm_watch(wd)
+        self.watches = watches
+
+    def changes(self) -> bool:
+        """Read the queued events: True if a wanted file (or a folder on the
+        way to one) changed. Watches moved where needed first."""
+        changed = rearm = False
+        for event in self.inotify.read(timeout=0):
+            if event.mask & _IN_Q_OVERFLOW:
+                rearm = True  # events were lost: anything may have changed
+                continue
+            watched = self.watches.get(event.wd)
+            if watched is None:
+                continue  # a watch dropped by ``arm``
+            _, files, folders = watched
+            if event.mask & _GONE_EVENTS:
+                rearm = True
+            elif event.name in files and event.mask & _FILE_EVENTS:
+                changed = True
+            elif event.name in folders and event.mask & _FOLDER_EVENTS:
+                rearm = True
+        if rearm:
+            # Watch first, then hint: whatever was written before the new
+            # watch is read by the pass the hint starts, anything after it
+            # is an event of its own.
+            self.arm()
+        return changed or rearm
+
+    def close(self) -> None:
+        self.inotify.close()
 
 
 class BranchWatcher:
@@ -99,6 +214,10 @@ class BranchWatcher:
         self._read_fd, self._write_fd = os.pipe()
         os.set_blocking(self._write_fd, False)
         os.set_blocking(self._read_fd, False)
+        # The watching thread's own wake-up on stop (the pipe above is the
+        # caller's: both must see a stop).
+        self._halt_read_fd, self._halt_write_fd = os.pipe()
+        os.set_blocking(self._halt_write_fd, False)
         self._stop = _Flag()
         self._threads: list[threading.Thread] = []
         self.hints = 0  # how many hints were sent (for tests and metrics)
@@ -139,30 +258,27 @@ class BranchWatcher:
         self = cls()
         root = Path(os.path.realpath(gitdir))
         self._ref_files = {_refname(b): root / _refname(b) for b in branches}
-        wanted = {str(root / "packed-refs")}
-        wanted.update(str(root / _refname(b)) for b in branches)
-        # A ref whose folder does not exist yet (``refs/notes/`` before the
-        # first approval): the folder's creation is the hint (twice, see
-        # ``_run_local``), since the ref file may be written inside before
-        # the new folder is watched.
-        folders: set[str] = set()
-        for b in branches:
-            for folder in (root / _refname(b)).parents:
-                if folder == root:
-                    break
-                if not folder.exists():
-                    folders.add(str(folder))
-        wanted |= folders
-        # Registered here, before returning: a push right after start is seen.
-        notify = _notify(root)
-        if notify is None:
+        files = [root / "packed-refs", *self._ref_files.values()]
+        # Watched here, before returning: a push right after start is seen.
+        try:
+            folders = _RefFolders(root, files)
+        except (OSError, RuntimeError, AttributeError) as e:  # no inotify here
+            log.warning(
+                "watching %s with inotify failed (%s): looking at the ref files every %ss",
+                root,
+                e,
+                STAT_POLL,
+            )
             t = threading.Thread(
-                target=self._run_stat_poll, args=(wanted,), name="branch-watch", daemon=True
+                target=self._run_stat_poll,
+                args=(_stat_paths(root, files),),
+                name="branch-watch",
+                daemon=True,
             )
         else:
             t = threading.Thread(
                 target=self._run_local,
-                args=(notify, wanted, folders),
+                args=(folders, _stat_paths(root, files)),
                 name="branch-watch",
                 daemon=True,
             )
@@ -255,6 +371,10 @@ class BranchWatcher:
         Safe from a signal handler and from any thread."""
         self._stop.value = True
         self._send(_STOP)
+        fd = self._halt_write_fd
+        if fd >= 0:
+            with contextlib.suppress(BlockingIOError, OSError):
+                os.write(fd, _STOP)
 
     @property
     def stopped(self) -> bool:
@@ -268,8 +388,8 @@ class BranchWatcher:
                 t.join(timeout)
         # Mark the pipe closed before closing it: a late stop() from a signal
         # handler must not write into a descriptor number reused meanwhile.
-        fds = (self._read_fd, self._write_fd)
-        self._read_fd = self._write_fd = -1
+        fds = (self._read_fd, self._write_fd, self._halt_read_fd, self._halt_write_fd)
+        self._read_fd = self._write_fd = self._halt_read_fd = self._halt_write_fd = -1
         for fd in fds:
             if fd >= 0:
                 with contextlib.suppress(OSError):
@@ -299,27 +419,33 @@ class BranchWatcher:
         self.hints += 1
         self._send(_WAKE)
 
-    def _run_local(
-        self, notify: RustNotify, wanted: set[str], folders: frozenset[str] | set[str] = frozenset()
-    ) -> None:
+    def _run_local(self, folders: _RefFolders, stat_paths: set[str]) -> None:
         try:
+            poller = select.poll()
+            poller.register(folders.fileno(), select.POLLIN)
+            poller.register(self._halt_read_fd, select.POLLIN)
             while not self._stop.value:
-                changes = notify.watch(DEBOUNCE_MS, STEP_MS, 1000, self._stop)
-                if changes == "stop":
+                poller.poll()  # no timeout: an idle watch never wakes
+                if self._stop.value:
                     break
-                if isinstance(changes, set) and any(path in wanted for _, path in changes):
-                    if self._acted_on_all():
-                        continue  # the caller's own commit: nothing it has not seen
-                    self._hint()
-                    if any(path in folders for _, path in changes):
-                        # The ref written into a folder just created may
-                        # have been missed: hint again once it surely is.
-                        self._sleep(FOLDER_SETTLE)
-                        self._hint()
+                if not folders.changes():
+                    continue
+                if self._acted_on_all():
+                    continue  # the caller's own commit: nothing it has not seen
+                self._hint()
+        except OSError as e:
+            # No more watches for a new folder, say: keep watching by stat.
+            if not self._stop.value:
+                log.warning(
+                    "watching refs failed (%s): looking at the ref files every %ss", e, STAT_POLL
+                )
+                folders.close()
+                self._hint()  # what happened meanwhile is unknown
+                self._run_stat_poll(stat_paths)
         except Exception:  # pragma: no cover - the periodic re-read covers us
             log.exception("watching refs failed; falling back to periodic re-reads")
         finally:
-            notify.close()
+            folders.close()
 
     def _run_stat_poll(self, wanted: set[str]) -> None:
         """The fallback when file events cannot be had: look at the ref
@@ -377,19 +503,17 @@ class BranchWatcher:
         return self._stop.value
 
 
-def _notify(root: Path) -> RustNotify | None:
-    """A recursive watch on the Git directory, or None when it cannot be set
-    up. Setting it up walks the tree, and a push's temporary object folder
-    can vanish mid-walk (FileNotFoundError): that is retried; a watch that
-    still cannot be had falls back to looking at the ref files' stat."""
-    for attempt in range(5):
-        try:
-            return RustNotify([str(root)], False, False, 300, True, False)
-        except OSError as e:
-            log.warning("watching %s failed (%s), attempt %d", root, e, attempt + 1)
-            time.sleep(0.02 * (attempt + 1))
-    log.warning("watching %s: falling back to looking at the ref files every %ss", root, STAT_POLL)
-    return None
+def _stat_paths(root: Path, files: Sequence[Path]) -> set[str]:
+    """What the stat fallback looks at: the files, and the folders on their
+    way that do not exist yet (a folder's creation is a change)."""
+    paths = {str(f) for f in files}
+    for f in files:
+        for folder in f.parents:
+            if folder == root:
+                break
+            if not folder.exists():
+                paths.add(str(folder))
+    return paths
 
 
 def _stat(path: str) -> tuple[int, int, int] | None:
