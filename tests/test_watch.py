@@ -231,6 +231,26 @@ def test_an_idle_watch_never_wakes(bare: Path) -> None:
         assert _switches(thread) - before <= 1
 
 
+def test_a_remote_poll_sleeps_between_polls_and_stops_at_once(tmp_path: Path, bare: Path) -> None:
+    """Between two polls the polling thread sleeps on the stop pipe: it does
+    not wake in between (it stepped every 50 ms: about ten times in this
+    half second), and a stop ends the sleep at once."""
+    store = GitStore.open(f"file://{bare}", cache_dir=tmp_path / "cache")
+    watcher = BranchWatcher.for_store(store, poll=30.0)
+    (thread,) = watcher._threads
+    time.sleep(0.5)  # the first poll done, asleep until the next
+    before = _switches(thread)
+    assert watcher.wait(0.5) is False
+    asleep = _switches(thread) - before
+    started = time.monotonic()
+    watcher.stop()
+    thread.join(5.0)
+    stopped_in = time.monotonic() - started
+    watcher.close()
+    assert asleep <= 1
+    assert not thread.is_alive() and stopped_in < 1.0
+
+
 def test_stop_ends_the_watching_thread_at_once(bare: Path) -> None:
     watcher = BranchWatcher.for_store(GitStore.open(str(bare)))
     (thread,) = watcher._threads

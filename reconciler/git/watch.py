@@ -41,7 +41,6 @@ import logging
 import os
 import select
 import threading
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
@@ -496,10 +495,12 @@ class BranchWatcher:
                 break
 
     def _sleep(self, seconds: float) -> bool:
-        """Sleep up to `seconds` in short steps; True if stopped meanwhile."""
-        deadline = time.monotonic() + seconds
-        while not self._stop.value and (left := deadline - time.monotonic()) > 0:
-            time.sleep(min(0.05, left))
+        """Sleep up to `seconds` on the stop pipe, so a stop ends it at once
+        and an idle poll does not wake in between; True if stopped."""
+        fd = self._halt_read_fd
+        if not self._stop.value and fd >= 0:
+            with contextlib.suppress(OSError, ValueError):  # closed under us: stopped
+                select.select([fd], [], [], max(seconds, 0.0))
         return self._stop.value
 
 
