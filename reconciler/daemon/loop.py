@@ -567,9 +567,9 @@ class Daemon:
             p.merged,
             p.broken,
             p.status_tip,
-            written,
             p.fleet,
             p.documents.fleet.nodes,
+            written,
             pieces,
         )
         fleet_changes: tuple[fleet_rules.FleetChange, ...] = ()
@@ -1440,10 +1440,10 @@ class Daemon:
         merged: Mapping[str, RolloutStatus],
         broken: Mapping[str, str],
         parent: str | None,
+        fleet: FleetStatus | None,
+        nodes: Sequence[Node],
         written: dict[str, Any],
-        fleet: FleetStatus | None = None,
-        nodes: Sequence[Node] = (),
-        pieces: dict[str, tuple[bytes, ...]] | None = None,
+        pieces: dict[str, tuple[bytes, ...]],
     ) -> dict[str, bytes | None]:
         """The files of every changed status, and the dashboard if its text
         changed; empty when nothing changed, so an idle pass commits nothing.
@@ -1471,8 +1471,7 @@ class Daemon:
         current = self.store.file_blob(parent, DASHBOARD_PATH) if parent else None
         if current is None or self._dashboard_text(current) != text:
             changes[DASHBOARD_PATH] = text
-            if pieces is not None:
-                pieces[DASHBOARD_PATH] = parts
+            pieces[DASHBOARD_PATH] = parts
         return changes
 
     def _dashboard_text(self, blob_id: str) -> bytes:
