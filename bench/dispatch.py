@@ -7,7 +7,7 @@ end to end (POST + GET per job), the client's CPU time, and the share of
 time spent building and signing payloads.
 
 Both ways in one run (``--evidence both``, the default): unsigned answers as
-in version 1, then signed answers (DESIGN.md 12): the simulated fleet signs
+in version 1, then signed answers (docs/trust.md): the simulated fleet signs
 every answer with a per-node key derived from a seed, and every answer read
 is checked against that node's agentKey (``AnswerCheck``), inside the timing:
 as in the daemon, the agent client's thread verifies each signed answer as it

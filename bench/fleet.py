@@ -84,7 +84,7 @@ def one_run(
     private, public = generate_key(root / "keys")
     names = [f"n{i:05d}" for i in range(1, nodes + 1)]
     # Each simulated node signs its answers and its node file names its key, so
-    # the daemon checks every answer, as in production (DESIGN.md 12).
+    # the daemon checks every answer, as in production (docs/trust.md).
     sim = SimFleetProcess(root / "sim", names, public, delay, key_seed=KEY_SEED)
     daemon: subprocess.Popen[bytes] | None = None
     spies: list[subprocess.Popen[bytes]] = []

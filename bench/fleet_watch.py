@@ -1,4 +1,4 @@
-"""Fleet watch: one sweep of every node's heartbeat (DESIGN.md section 14),
+"""Fleet watch: one sweep of every node's heartbeat (docs/operating.md),
 and what a sweep does to the passes that run meanwhile.
 
 Starts ``reconciler sim-fleet`` with N nodes as a subprocess (every job

@@ -1,4 +1,4 @@
-"""Health checks at scale (DESIGN.md section 11): the same live rollout over
+"""Health checks at scale (docs/health.md): the same live rollout over
 a whole simulated fleet, once without checks and once with two agent
 checks (http and tcp) and a soak, driven by the real daemon process
 against the simulated fleet, whose scripted checks all hold.

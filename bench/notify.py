@@ -1,5 +1,5 @@
 """Notifications off the critical path: pass times with a receiver that
-never answers against pass times with no receiver (DESIGN.md section 13).
+never answers against pass times with no receiver (docs/operating.md).
 
     .venv/bin/python bench/notify.py            # 200 rollouts x 10 nodes, 5 runs
     .venv/bin/python bench/notify.py --quick

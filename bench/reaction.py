@@ -17,7 +17,7 @@ pushes; the push alone (``git push`` returning) is printed too.
 
 The simulated nodes sign their answers (per-node keys from a seed) and the
 node files carry the matching ``agentKey``, so the daemon checks every
-answer as it does in production (DESIGN.md 12); ``--unsigned`` for the
+answer as it does in production (docs/trust.md); ``--unsigned`` for the
 version 1 setup.
 
 Target: median under 300 ms (issue 16 asks for under 50 ms). For reference, Flux polls its sources every

@@ -1,5 +1,5 @@
 """Rollout shapes: what deploy windows, freezes and growing batches cost the
-engine (DESIGN.md section 15).
+engine (docs/rollouts.md).
 
     .venv/bin/python bench/shapes.py [--nodes 10000] [--calls 20000]
 

@@ -1,6 +1,6 @@
 """reconciler: a Git repository as the control plane for staged rollouts.
 
-Layers, from the inside out (see DESIGN.md section 1):
+Layers, from the inside out (see docs/architecture.md):
 
 - pure: ``model`` (spec values), ``durations``, ``timefmt``, ``policy``,
   ``engine``, ``status`` (status values and their records). No Git, HTTP,

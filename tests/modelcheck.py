@@ -18,7 +18,7 @@ transition is one event followed by one reconcile pass through the real
     clock         1 s (before any deadline) or 121 s (past every deadline
                   and past offlineAfter)
 
-Checked at every transition (DESIGN.md section 6 items 2 to 4, section 5):
+Checked at every transition (docs/architecture.md items 2 to 4, section 5):
 
     gate          no apply to a node of batch k+1 while a node of an earlier
                   batch is unsettled, and none while a restore is in flight
@@ -192,7 +192,7 @@ class _Broken(Exception):
 
 @contextlib.contextmanager
 def injected_rules(rules: Sequence[Rule]) -> Iterator[None]:
-    """The engine decides with ``rules`` instead of DESIGN's table while inside."""
+    """The engine decides with ``rules`` instead of the documented table while inside."""
     saved = policy_table.RULES
     policy_table.RULES = tuple(rules)
     try:

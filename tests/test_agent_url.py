@@ -47,7 +47,7 @@ UNUSABLE = [
 
 @pytest.mark.parametrize("url", USABLE)
 def test_the_rule_accepts_usable_addresses_in_documents_and_engine_alike(url: str) -> None:
-    # An https:// agent also needs its certificate pinned (DESIGN.md 12).
+    # An https:// agent also needs its certificate pinned (docs/trust.md).
     pin = "ab" * 32 if url.startswith("https://") else None
     parsed = parse_file("nodes/n.yaml", node_yaml("n", url, {"role": "web"}, cert_pin=pin).encode())
     assert is_usable_agent_url(url)

@@ -1,5 +1,4 @@
-"""Reviewers' approvals in ``refs/notes/reconciler-approvals`` (DESIGN.md
-section 17), with real keys from ``ssh-keygen``, real commits signed by
+"""Reviewers' approvals in ``refs/notes/reconciler-approvals`` (docs/trust.md), with real keys from ``ssh-keygen``, real commits signed by
 ``git commit -S``, and ``ssh-keygen -Y verify`` as the judge of every
 signature we accept or refuse."""
 

@@ -1,4 +1,4 @@
-"""The two-person rule end to end (DESIGN.md section 17): the real daemon
+"""The two-person rule end to end (docs/trust.md): the real daemon
 (``reconciler run --require-approvals 1``, watching a local repository or
 polling a remote), real ``reconciler agent`` processes, commits signed by
 the real ``git commit -S``, approvals by ``reconciler approve --push``, and

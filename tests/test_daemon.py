@@ -1,5 +1,5 @@
 """The reconcile daemon against a real bare repository, real `git` pushes and
-the simulated fleet on 127.0.0.1 (DESIGN.md section 6)."""
+the simulated fleet on 127.0.0.1 (docs/architecture.md)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The daemon's modes: status on its own branch, a remote repository,
-verified spec commits and signed status commits (DESIGN.md sections 2, 6, 8)."""
+verified spec commits and signed status commits (docs/configuration.md and docs/architecture.md and docs/trust.md)."""
 
 from __future__ import annotations
 
@@ -167,7 +167,7 @@ def test_turning_verification_on_with_nothing_signed_aborts_nothing(
         daemon.run_pass()
 
     # It started from a change nobody signed: nothing it carries is
-    # verified, so it is held as it stands (DESIGN.md section 8, version 2).
+    # verified, so it is held as it stands (docs/trust.md, version 2).
     status = status_on(kit, "main", "web")
     assert status["phase"] in ("running", "paused")
     dashboard = git("show", "main:status/README.md", cwd=kit.bare)

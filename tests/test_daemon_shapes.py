@@ -1,4 +1,4 @@
-"""Rollout shapes end to end (DESIGN.md section 15): the daemon, a real bare
+"""Rollout shapes end to end (docs/rollouts.md): the daemon, a real bare
 repository and the simulated fleet as a real process on 127.0.0.1."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Documents: the rollout-shape fields of DESIGN.md section 15 in settings
+"""Documents: the rollout-shape fields of docs/rollouts.md in settings
 and across rollouts (windows, freezes, ``after`` cycles, ``batches``)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``approvedBy`` in status (DESIGN.md section 17): recorded when a rollout
+"""``approvedBy`` in status (docs/trust.md): recorded when a rollout
 starts under approvals, kept while it runs, renewed only by a change of its
 own spec; absent without approvals, as in version 1."""
 

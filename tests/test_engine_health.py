@@ -1,4 +1,4 @@
-"""Scenarios: verdicts (DESIGN.md section 4): failed, unknown, timed out,
+"""Scenarios: verdicts (docs/rollouts.md): failed, unknown, timed out,
 live heartbeats, and late reports from an earlier attempt."""
 
 from __future__ import annotations

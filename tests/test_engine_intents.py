@@ -1,4 +1,4 @@
-"""Scenarios: operator intents (DESIGN.md section 5): paused, resumeRequest,
+"""Scenarios: operator intents (docs/rollouts.md): paused, resumeRequest,
 pauseAfter, abort, frozen fields, healthTimeout, removing the file."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Scenarios: the five failure policies (DESIGN.md section 5) and resume."""
+"""Scenarios: the five failure policies (docs/rollouts.md) and resume."""
 
 from __future__ import annotations
 

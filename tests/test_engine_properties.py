@@ -1,6 +1,6 @@
 """Property test: random sequences of agent answers, heartbeats, outages,
 operator intents, spec and fleet edits and clock jumps, with the engine's
-promises checked after every step (DESIGN.md sections 5 and 6):
+promises checked after every step (docs/rollouts.md and docs/architecture.md):
 
 - no node of batch k+1 gets a job before batch k is settled, and nothing is
   applied while a restore is in flight (invariant 3);

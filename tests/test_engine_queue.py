@@ -1,4 +1,4 @@
-"""Scenarios: pending reasons and the start queue (DESIGN.md section 3)."""
+"""Scenarios: pending reasons and the start queue (docs/rollouts.md)."""
 
 from __future__ import annotations
 

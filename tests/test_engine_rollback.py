@@ -1,4 +1,4 @@
-"""Scenarios: explicit rollback (`rollbackRequest`, DESIGN.md section 5)."""
+"""Scenarios: explicit rollback (`rollbackRequest`, docs/rollouts.md)."""
 
 from __future__ import annotations
 
@@ -253,7 +253,7 @@ def test_restore_decided_before_an_abort_is_still_carried_out() -> None:
 
 
 def test_rollback_all_skips_a_node_whose_only_apply_its_agent_failed() -> None:
-    """The agent put the old bytes back itself (DESIGN.md 7): restoring its
+    """The agent put the old bytes back itself (docs/protocol.md): restoring its
     backup would only rerun the failing after-apply command."""
     w = World(["a", "b"])
     w.rollout(live=True, batch_size=2)

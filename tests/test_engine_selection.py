@@ -1,5 +1,5 @@
 """The engine's indexed node selection picks exactly what the plain rules
-of DESIGN.md section 2 pick (``selection.resolve_nodes``), on random fleets."""
+of docs/configuration.md pick (``selection.resolve_nodes``), on random fleets."""
 
 from __future__ import annotations
 

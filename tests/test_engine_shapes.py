@@ -1,4 +1,4 @@
-"""Scenarios and properties of rollout shapes (DESIGN.md section 15):
+"""Scenarios and properties of rollout shapes (docs/rollouts.md):
 growing batches, timed pauses, deploy windows and freezes, and ``after``."""
 
 from __future__ import annotations

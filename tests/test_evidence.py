@@ -1,4 +1,4 @@
-"""Signed answers (DESIGN.md section 12): what the agent and the simulated
+"""Signed answers (docs/trust.md): what the agent and the simulated
 fleet sign, what the daemon's check believes, and how ``spec.agentKey`` is
 validated. Real keys, real agents on 127.0.0.1."""
 

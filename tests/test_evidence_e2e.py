@@ -1,4 +1,4 @@
-"""Signed answers end to end (DESIGN.md section 12): real ``reconciler
+"""Signed answers end to end (docs/trust.md): real ``reconciler
 agent`` processes started with ``--key``, node files carrying
 ``spec.agentKey``, the in-process daemon with the real agent client, and
 ``reconciler verify --evidence`` reading the committed status.

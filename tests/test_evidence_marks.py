@@ -1,4 +1,4 @@
-"""The dashboard's evidence marks (DESIGN.md section 12): nodes without
+"""The dashboard's evidence marks (docs/trust.md): nodes without
 ``agentKey`` are marked "unsigned evidence" and plain ``http://`` agents
 are marked, each once the fleet has started to use keys or TLS, so a
 repository written for version 1 keeps its dashboard. Real repositories,

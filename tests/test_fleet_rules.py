@@ -1,4 +1,4 @@
-"""The fleet watch's rules (DESIGN.md section 14), pure: the state table,
+"""The fleet watch's rules (docs/operating.md), pure: the state table,
 the desired state from rollout statuses, one sweep to the next fleet
 status, and the events a notifier reads from it."""
 

@@ -1,5 +1,5 @@
 """``spec.fleetCheck.interval`` in reconciler.yaml and the reserved rollout
-name ``fleet`` (DESIGN.md section 14)."""
+name ``fleet`` (docs/operating.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The fleet watch end to end (DESIGN.md section 14, issue 18): real
+"""The fleet watch end to end (docs/operating.md, issue 18): real
 ``reconciler agent`` processes on 127.0.0.1, a bare repository pushed to
 with `git`, and the real daemon loop (``Daemon.serve`` with its branch
 watch) sweeping every second with ``offlineAfter: 3s``.

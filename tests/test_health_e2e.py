@@ -1,4 +1,4 @@
-"""Health checks and soak end to end (DESIGN.md section 11): real agents
+"""Health checks and soak end to end (docs/health.md): real agents
 probing a real loopback endpoint whose answers the test changes, a real
 Prometheus (Debian's) scraping an exporter the test changes, and the real
 daemon stepping a bare repository. Soaks run on real clocks: seconds."""

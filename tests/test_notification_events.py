@@ -1,4 +1,4 @@
-"""Notification events read from status changes (DESIGN.md section 13):
+"""Notification events read from status changes (docs/operating.md):
 which changes are events, their keys and delivery ids, what is still true
 on start, and the bodies."""
 

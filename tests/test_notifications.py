@@ -1,4 +1,4 @@
-"""Delivery of notification events (DESIGN.md section 13) to a real HTTP
+"""Delivery of notification events (docs/operating.md) to a real HTTP
 receiver on 127.0.0.1 (tests/hookkit.py): retries with the same delivery
 id, 4xx dropped, HMAC, giving up, bounded queues, and the checks at start."""
 

@@ -1,4 +1,4 @@
-"""Notifications end to end (DESIGN.md section 13): the daemon, the simulated
+"""Notifications end to end (docs/operating.md): the daemon, the simulated
 fleet as a real process on 127.0.0.1, a real bare repository, and a real
 HTTP receiver (tests/hookkit.py)."""
 

@@ -1,5 +1,4 @@
-"""Forge merges signed with OpenPGP (``--allowed-pgp-keys``, DESIGN.md
-section 17): keys made by ``gpg`` in the test, commits signed by the real
+"""Forge merges signed with OpenPGP (``--allowed-pgp-keys``, docs/trust.md): keys made by ``gpg`` in the test, commits signed by the real
 ``git -c gpg.format=openpgp commit -S``, and ``git verify-commit`` as the
 judge of every verdict."""
 

@@ -1,4 +1,4 @@
-"""The failure-policy table against DESIGN.md section 5, cell by cell."""
+"""The failure-policy table against docs/rollouts.md, cell by cell."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from reconciler.engine.policy import POLICIES, VERDICTS, Decision, decide, matching_rules
 
-# DESIGN.md section 5, written out as (verdict, policy, auto_retried, backup) -> decision.
+# docs/rollouts.md, written out as (verdict, policy, auto_retried, backup) -> decision.
 # None in a key column means "either".
 EXPECTED: list[tuple[str, str, bool | None, bool | None, Decision]] = [
     ("passed", "observe", None, None, Decision("next")),

@@ -1,4 +1,4 @@
-"""Explicit rollback and backups, end to end (DESIGN.md sections 5, 7, 9).
+"""Explicit rollback and backups, end to end (docs/rollouts.md and docs/protocol.md and docs/cli.md).
 
 Real parts only: three-or-fewer ``reconciler agent`` processes on 127.0.0.1,
 each with its own state directory, ``--allow-live-apply`` and a runtime

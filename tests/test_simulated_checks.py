@@ -1,4 +1,4 @@
-"""The simulated fleet's scripted health checks (DESIGN.md 11): per node and
+"""The simulated fleet's scripted health checks (docs/health.md): per node and
 per attempt, ok, failing, ok for a while, failing for a while; reported in
 the heartbeat as the real agent reports them, from a clock the test moves."""
 

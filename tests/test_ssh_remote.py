@@ -1,4 +1,4 @@
-"""SSH remotes fail closed (DESIGN.md section 9, "SSH remotes"): the
+"""SSH remotes fail closed (docs/cli.md, "SSH remotes"): the
 server's host key must match an entry in ``--known-hosts`` for its host and
 port, or nothing is read from it or pushed to it. Against a real OpenSSH
 server on 127.0.0.1 (``tests/sshkit.py``), and an HTTPS server with a

@@ -1,5 +1,5 @@
 """Batch sizes, timed pauses and windows as people read them: ``plan``, the
-dashboard's Mermaid diagram and ``status NAME`` (DESIGN.md section 15)."""
+dashboard's Mermaid diagram and ``status NAME`` (docs/rollouts.md)."""
 
 from __future__ import annotations
 

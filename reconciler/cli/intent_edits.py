@@ -2,7 +2,7 @@
 
 ``pause``, ``resume``, ``abort`` and ``rollback`` are changes to
 ``rollouts/NAME.yaml`` that a person commits and a reviewer approves
-(DESIGN.md section 5). This module decides whether an intent makes sense,
+(docs/rollouts.md). This module decides whether an intent makes sense,
 given the status committed next to the rollout, and edits the file so that
 only the lines carrying the intent change: comments, key order, quoting and
 indentation of everything else stay exactly as written.
@@ -227,7 +227,7 @@ def facts_from_status(status: RolloutStatus) -> StatusFacts:
 
 
 def facts_from_record(record: Mapping[str, Any], pages: Mapping[str, Any]) -> StatusFacts:
-    """Read the plain fields of a status record (DESIGN.md section 2)."""
+    """Read the plain fields of a status record (docs/configuration.md)."""
     hold = _mapping(record.get("hold"))
     frozen = _mapping(record.get("frozen"))
     node_records = [n for n in _list(record.get("nodes")) if isinstance(n, dict)]

@@ -1,4 +1,4 @@
-"""The flags that every verb reaching a remote shares (DESIGN.md section 9,
+"""The flags that every verb reaching a remote shares (docs/cli.md,
 "SSH remotes"), kept apart from the verbs so that no verb imports another."""
 
 from __future__ import annotations

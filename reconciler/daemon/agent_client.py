@@ -1,4 +1,4 @@
-"""The daemon's side of the agent protocol (DESIGN.md section 7): send signed
+"""The daemon's side of the agent protocol (docs/protocol.md): send signed
 jobs, read job records, heartbeats and backups, for many nodes at once.
 
 Every answer becomes an observation value; nothing an agent does (refuse,
@@ -597,7 +597,7 @@ class AgentClient:
 
     def set_pins(self, pins: Mapping[str, str]) -> None:
         """The certificate pins of https agents: base URL -> ``agentCertSha256``
-        (DESIGN.md 12). An https agent without a pin gets nothing; one whose
+        (docs/trust.md). An https agent without a pin gets nothing; one whose
         certificate differs gets nothing and its answers are unreachable."""
         parsed: dict[tuple[str, int], bytes] = {}
         for url, text in pins.items():
@@ -876,7 +876,7 @@ class AgentClient:
                     beat = None
                     if seen.state == "succeeded" and job.kind == "apply" and job.mode == "live":
                         # The pass deciding this node asks for a heartbeat newer than
-                        # the job (DESIGN.md 4): read it now, while the batch finishes.
+                        # the job (docs/rollouts.md): read it now, while the batch finishes.
                         beat = await self._one_heartbeat(url, job.node)
                     if self._watches.get(job.job_id) is me:
                         del self._watches[job.job_id]

@@ -1,4 +1,4 @@
-"""Which agent answers the daemon believes (DESIGN.md section 12).
+"""Which agent answers the daemon believes (docs/trust.md).
 
 For a node whose file carries ``spec.agentKey``, an answer counts only when
 its ``evidence`` verifies against that key; any other answer (none, a bad

@@ -1,5 +1,5 @@
 """Named points where a test can kill the daemon with SIGKILL, to prove the
-invariants of DESIGN.md section 6 hold through a crash.
+invariants of docs/architecture.md hold through a crash.
 
 The only switch is the environment variable ``RECONCILER_CRASH_AT``, read
 once here: ``NAME`` kills the process the first time it reaches point NAME,

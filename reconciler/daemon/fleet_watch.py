@@ -1,4 +1,4 @@
-"""The fleet sweep (DESIGN.md section 14): every ``spec.fleetCheck.interval``
+"""The fleet sweep (docs/operating.md): every ``spec.fleetCheck.interval``
 read every node's heartbeat, off the pass's path, and hand the result to
 the next pass, which decides (``engine.fleet``) and commits.
 
@@ -18,7 +18,7 @@ How it stays out of the way of passes:
   the next attempt.
 
 Also keeps, in memory only, since when each node has given no answer
-(DESIGN.md allows that to be forgotten on restart: a restart can delay
+(docs/rollouts.md allows that to be forgotten on restart: a restart can delay
 ``offline``, never bring it forward).
 
 Must not decide anything (that is ``engine.fleet``) or touch Git.

@@ -1,4 +1,4 @@
-"""The reconcile pass and the loop around it (DESIGN.md section 6).
+"""The reconcile pass and the loop around it (docs/architecture.md).
 
 One pass is the named list ``PASS_STEPS``, each a method whose docstring
 says what it touches: ``read`` the branch tip; ``verify``: with
@@ -6,7 +6,7 @@ verification on, keep to the verified tree, and read its documents (parsed
 only when their blobs changed) and the recorded statuses; ``observe`` the
 agents; ``step`` every rollout through the engine with one ``now``;
 ``fleet``: start a fleet sweep when due and decide what the last one
-showed (DESIGN.md section 14, ``fleet_watch.py``); ``commit`` all
+showed (docs/operating.md, ``fleet_watch.py``); ``commit`` all
 changed status files and the dashboard in one commit whose parent is the
 tip read, moving the branch only if it still points there; ``notify``:
 hand the events that commit made true to the receivers' queues (never
@@ -16,7 +16,7 @@ that loses the compare-and-swap starts over and sends nothing.
 Must not: decide anything (that is the engine's), or keep rollout state
 anywhere but the status files. What it keeps between passes is in one
 object, ``DaemonMemory``: caches of something in Git (parsed blobs), or
-what DESIGN.md allows to be forgotten on restart (how long an agent has
+what docs/architecture.md allows to be forgotten on restart (how long an agent has
 been unreachable).
 """
 
@@ -114,7 +114,7 @@ SOAK_MARGIN = 0.2  # seconds past a soak's end a held heartbeat read answers
 MESSAGE_LINES = 60  # transitions listed in one commit message
 REQUEST_WALK = 1000  # spec commits searched for the one that asked for a rollback
 
-# One pass (DESIGN.md section 6), as the steps ``Daemon._attempt`` runs in
+# One pass (docs/architecture.md), as the steps ``Daemon._attempt`` runs in
 # this order; each step's docstring says what it touches.
 PASS_STEPS = ("read", "verify", "observe", "step", "fleet", "commit", "notify", "send")
 
@@ -150,7 +150,7 @@ class _Quiet:
 class DaemonMemory:
     """Everything the daemon keeps between passes, in one place. Each entry
     is a cache of something in Git (rebuilt by reading when dropped) or
-    memory DESIGN.md allows to lose on restart; none is rollout state."""
+    memory docs/architecture.md allows to lose on restart; none is rollout state."""
 
     # Caches of Git, by blob or tree ids.
     parsed: dict[str, ParsedFile] = field(default_factory=dict)  # blob id -> parsed document
@@ -447,7 +447,7 @@ class Daemon:
 
     def _verify(self, p: _Pass) -> PassOutcome | None:
         """Pick the tree to act on (the verified one, with verification on,
-        and never one behind the last acted on; DESIGN.md section 8) and read
+        and never one behind the last acted on; docs/trust.md) and read
         it: its documents, the recorded statuses (holding those the verified
         spec does not back), and each rollout's engine input. Touches: the
         branch's first-parent history, the approver and the last-acted ref,
@@ -613,7 +613,7 @@ class Daemon:
 
     def _notify(self, p: _Pass) -> PassOutcome | None:
         """Hand the notifier the events the committed statuses made true
-        (DESIGN.md section 13), and on the first pass the events still true;
+        (docs/operating.md), and on the first pass the events still true;
         it queues them and returns at once. Touches: the notifier's queues
         and, when the settings changed, its receivers."""
         notifier = self.notifier
@@ -646,7 +646,7 @@ class Daemon:
         new: Mapping[str, notification_events.NodeState],
         commit: str,
     ) -> None:
-        """The fleet watch's hook (DESIGN.md sections 13 and 14): after it
+        """The fleet watch's hook (docs/operating.md): after it
         commits ``status/fleet.yaml``, the nodes whose (state, since) became
         offline or drift are events. ``old`` empty on the daemon's first
         sweep: what is still true is delivered again."""
@@ -664,7 +664,7 @@ class Daemon:
     def _watch_heartbeats(self, p: _Pass) -> None:
         """While ``serve`` runs, keep a held heartbeat read in flight for every
         live node whose apply is seen succeeded and still waits for its
-        verdict (checks and their soak, DESIGN.md 11), so that a pass starts
+        verdict (checks and their soak, docs/health.md), so that a pass starts
         when its heartbeat changes, or when its soak should end, rather than
         at the interval. The passes still read those heartbeats as before."""
         wake = self._wake
@@ -745,7 +745,7 @@ class Daemon:
 
     def _approvals_tip(self) -> str | None:
         """A new approval moves no branch, only the notes ref: a quiet pass
-        is quiet only while that stays too (DESIGN.md section 17)."""
+        is quiet only while that stays too (docs/trust.md)."""
         if self.approver is None or not self.approver.required_approvals:
             return None
         return notes_tip(self.store.repository())
@@ -971,7 +971,7 @@ class Daemon:
         unverified_names: set[str] = set()
         if approval is not None and approval.refusals:
             # Rollouts seen only in the unverified tree still get a status
-            # that says why nothing happens (DESIGN.md section 8).
+            # that says why nothing happens (docs/trust.md).
             for path in store.files(tip, ROLLOUTS_DIR):
                 unverified_names.add(name_in(ROLLOUTS_DIR, path))
         cache = memory.inputs
@@ -1535,7 +1535,7 @@ class Daemon:
         return len(jobs)
 
     def _believed_heartbeat(self, node: str, beat: Heartbeat) -> bool | None:
-        """The fleet watch's agentKey check (DESIGN.md 12 and 14), from the
+        """The fleet watch's agentKey check (docs/trust.md and docs/operating.md), from the
         sweep's thread: None for a node without agentKey, else whether the
         heartbeat's evidence verifies against it."""
         known = self.memory.by_name
@@ -1550,7 +1550,7 @@ class Daemon:
         while the spec trees stay the same, and with them the fleet)."""
         if self.memory.by_name is None or self.memory.by_name[0] is not fleet:
             self.memory.by_name = (fleet, fleet.by_name())
-            # The certificate pins go with the fleet they were read from (DESIGN.md 12).
+            # The certificate pins go with the fleet they were read from (docs/trust.md).
             self.client.set_pins(
                 {n.agent: n.agent_cert_sha256 for n in fleet.nodes if n.agent_cert_sha256}
             )
@@ -1701,7 +1701,7 @@ def _freeze_long_lived() -> None:
 
 def _fleet_states(fleet: FleetStatus | None) -> dict[str, notification_events.NodeState]:
     """Each node's (state, since) in ``status/fleet.yaml``: what fleet
-    events are keyed by (DESIGN.md section 13)."""
+    events are keyed by (docs/operating.md)."""
     return {n.name: (n.state, n.since) for n in fleet.nodes} if fleet is not None else {}
 
 
@@ -1752,7 +1752,7 @@ def _dashboard(
     changed: Iterable[str] | None = None,
 ) -> DashboardParts:
     """The dashboard, with the fleet watch's section when there is a fleet
-    status, the evidence marks of the nodes (DESIGN.md 12) when any applies,
+    status, the evidence marks of the nodes (docs/trust.md) when any applies,
     and the status files that cannot be read listed last, since those
     rollouts are held until a person repairs them."""
     text = dashboard_parts(statuses, order, changed)

@@ -1,4 +1,4 @@
-"""Delivery of notification events to receivers (DESIGN.md section 13).
+"""Delivery of notification events to receivers (docs/operating.md).
 
 The pass hands events (``views.notification_events``) to ``Notifier.publish``,
 which only puts them on each receiver's bounded queue: a slow or dead

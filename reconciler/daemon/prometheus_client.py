@@ -1,5 +1,4 @@
-"""Asks Prometheus the rollouts' ``prometheus`` checks (DESIGN.md section
-11): instant queries, ``GET URL/api/v1/query?query=...``, many at once with
+"""Asks Prometheus the rollouts' ``prometheus`` checks (docs/health.md): instant queries, ``GET URL/api/v1/query?query=...``, many at once with
 bounded concurrency and a timeout, each answered as a ``MetricAnswer``.
 
 Every failure is an answer, never an exception: a connection error, a

@@ -1,5 +1,4 @@
-"""Whether a recorded status may be acted on under verification (DESIGN.md
-section 8): nothing a job carries may come from unverified data.
+"""Whether a recorded status may be acted on under verification (docs/trust.md): nothing a job carries may come from unverified data.
 
 Status files are written by the daemon, but anyone with push access can
 commit to ``status/`` without a signature, and jobs are built from status

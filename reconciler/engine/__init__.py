@@ -1,2 +1,2 @@
-"""The pure step (DESIGN.md sections 3 to 5): rule tables and the code that applies
+"""The pure step (docs/rollouts.md): rule tables and the code that applies
 them. No Git, HTTP, clock, file system or randomness; imports ``spec`` and ``protocol``."""

@@ -1,4 +1,4 @@
-"""When a batch may start (DESIGN.md section 15): inside some deploy window
+"""When a batch may start (docs/rollouts.md): inside some deploy window
 (when settings declare any) and outside every freeze. Pure: ``now`` is
 passed in, and the windows carry zones already resolved by ``documents``,
 so nothing here reads the zone database or the clock.

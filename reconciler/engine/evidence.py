@@ -18,7 +18,7 @@ from reconciler.spec.times import parse_time
 
 # How a node's error starts when its agent itself failed or refused the apply
 # job (not a health verdict): the agent then leaves or puts the previous
-# config back byte for byte (DESIGN.md 7), so that attempt changed nothing.
+# config back byte for byte (docs/protocol.md), so that attempt changed nothing.
 JOB_FAILED = "job failed"
 JOB_REFUSED = "refused by the agent"
 
@@ -179,7 +179,7 @@ def recorded(
     verdict: str, job: JobObservation | None, beat: Heartbeat | None
 ) -> NodeEvidence | None:
     """What a node's status keeps of the signed answers its verdict used
-    (DESIGN.md 12): the job record, and for a live rollout the heartbeat.
+    (docs/trust.md): the job record, and for a live rollout the heartbeat.
     The daemon leaves ``signed`` on an observation only when it verified
     against the node's agentKey, so unsigned evidence records nothing;
     ``unknown`` rests on no evidence at all."""

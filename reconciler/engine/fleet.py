@@ -1,4 +1,4 @@
-"""The fleet watch's rules (DESIGN.md section 14): what state a node is in
+"""The fleet watch's rules (docs/operating.md): what state a node is in
 after a sweep of heartbeats, and what each runtime should be running.
 
 Theory of operation. A sweep sees, per node, a heartbeat or no answer (and
@@ -52,7 +52,7 @@ class FleetRule:
     state: str  # one of FLEET_STATES, or KEEP
 
 
-# The state table of DESIGN.md section 14. Rows are disjoint: exactly one
+# The state table of docs/operating.md. Rows are disjoint: exactly one
 # applies to every combination of facts (tests/test_fleet_rules.py).
 RULES: tuple[FleetRule, ...] = (
     FleetRule(

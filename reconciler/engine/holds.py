@@ -1,6 +1,6 @@
 """Holds as one table: every reason a rollout can be held for, the message
 that tells the operator what to do about it, and what a resume does with
-each held node (DESIGN.md sections 4 and 5). The engine applies these; the
+each held node (docs/rollouts.md). The engine applies these; the
 reasons themselves are the status format's (``rollout_status.HOLD_REASONS``),
 and a test keeps both lists the same."""
 
@@ -17,8 +17,7 @@ from reconciler.spec.times import format_time
 VERDICT_STATES = frozenset({"failed", "timed_out", "unknown"})
 RESTORE_STATES = frozenset({"rollback_pending", "restoring"})
 
-# What a resumeRequest does with a held node, by the node's state (DESIGN.md
-# 5). Question nodes (a verdict: failed, timed_out, unknown, whether held by
+# What a resumeRequest does with a held node, by the node's state (docs/rollouts.md). Question nodes (a verdict: failed, timed_out, unknown, whether held by
 # health, retry_exhausted or rollback_unavailable; and a `pending` node held
 # by dispatch_refused) are asked again as a new attempt. Statement nodes
 # become `skipped`. A node removed or in maintenance is skipped whatever its
@@ -105,7 +104,7 @@ AGREEING: Mapping[str, tuple[str, str]] = {
 # instruction after it is never cut, the error is.
 DETAIL_LIMIT = 120
 
-# A pauseAfter entry with ``for`` (DESIGN.md section 15): the hold lifts itself.
+# A pauseAfter entry with ``for`` (docs/rollouts.md): the hold lifts itself.
 TIMED_PAUSE_MESSAGE = (
     "batch {batch} finished and pauseAfter holds here until {until}, then batch {next} "
     "starts by itself; set a new resumeRequest to start it now, or abort"

@@ -1,4 +1,4 @@
-"""Operator intents on a started rollout (DESIGN.md section 5): ``skipNodes``
+"""Operator intents on a started rollout (docs/rollouts.md): ``skipNodes``
 and ``resumeRequest``, applied to one rollout's step. What a resume does
 with each held node is the table ``holds.RESUME_OF_HELD``."""
 
@@ -43,7 +43,9 @@ def handle_resume(step: RolloutStep, spec: RolloutSpec) -> bool:
     if not token or token == step.last_handled_resume:
         return False
     if step.pause_after_waiting(spec) is not None and not step.any_held() and not step.gate_open():
-        return False  # it would start a batch: it waits, unhandled, for the window (DESIGN.md 15)
+        return (
+            False  # it would start a batch: it waits, unhandled, for the window (docs/rollouts.md)
+        )
     step.last_handled_resume = token
     open_nodes = list(step.open_indexes())
     restoring = [

@@ -1,4 +1,4 @@
-"""Which phase and node-state changes exist, as tables (DESIGN.md section 3).
+"""Which phase and node-state changes exist, as tables (docs/rollouts.md).
 
 The engine checks every change it makes against these tables and raises on
 one that is not listed (a bug, never an input problem), so the tables are the

@@ -1,5 +1,4 @@
-"""The failure policy: one verdict on one node -> one decision (DESIGN.md
-section 5), as a table a reader can check line by line.
+"""The failure policy: one verdict on one node -> one decision (docs/rollouts.md), as a table a reader can check line by line.
 
 ``decide`` is pure and total: every (policy, verdict) pair has exactly one
 row whose condition holds. The engine records the decision in status before
@@ -42,10 +41,10 @@ class Rule:
     policy: str  # a policy name, or ANY
     when: str  # one of the conditions above
     decision: Decision
-    says: str  # the table cell, as DESIGN.md section 5 words it
+    says: str  # the table cell, as docs/rollouts.md words it
 
 
-# DESIGN.md section 5, row by row. The first rule whose verdict, policy and
+# docs/rollouts.md, row by row. The first rule whose verdict, policy and
 # condition match is the decision; `test_policy` checks that exactly one does.
 RULES: tuple[Rule, ...] = (
     Rule("passed", ANY, ALWAYS, Decision("next"), "next"),
@@ -138,7 +137,7 @@ def decide(policy: str, verdict: str, *, auto_retried: bool, backup_available: b
 
 def render_policy_table() -> str:
     """The policy table in Markdown, built from ``RULES`` (verdict rows,
-    policy columns, as in DESIGN.md section 5)."""
+    policy columns, as in docs/rollouts.md)."""
     header = "| verdict | " + " | ".join(f"{p} (default)" if p == "pause" else p for p in POLICIES)
     lines = [header + " |", "|---" * (len(POLICIES) + 1) + "|"]
     for verdict in VERDICTS:

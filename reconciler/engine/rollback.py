@@ -1,4 +1,4 @@
-"""Explicit rollback (DESIGN.md section 5, ``rollbackRequest``): which nodes
+"""Explicit rollback (docs/rollouts.md, ``rollbackRequest``): which nodes
 a request restores, refuses or skips, and why, applied to one rollout's step.
 The restore jobs themselves are sent by the step (``send_restore``)."""
 
@@ -80,7 +80,7 @@ def handle_request(step: RolloutStep) -> None:
 
 
 def request_refusal(live: bool, phase: str, *, accepted: bool) -> str:
-    """Why a rollbackRequest is refused as a whole, or "" (DESIGN.md 5)."""
+    """Why a rollbackRequest is refused as a whole, or "" (docs/rollouts.md)."""
     if not live:
         return "a dry-run rollout changed nothing, so there is nothing to roll back"
     if phase == "running" and not accepted:
@@ -120,7 +120,7 @@ def backup_outcome(node: NodeRecord) -> tuple[str, str]:
         return "restoring", ""
     if node.first_apply_attempt is not None or node.state == "succeeded":
         # A later attempt's backup holds bytes from within this
-        # rollout: putting them back is no rollback (DESIGN.md 5).
+        # rollout: putting them back is no rollback (docs/rollouts.md).
         which = f" (attempt {node.first_apply_attempt})" if node.first_apply_attempt else ""
         return (
             "unavailable",

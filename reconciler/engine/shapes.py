@@ -1,4 +1,4 @@
-"""Rollout shapes the engine applies (DESIGN.md section 15), besides the
+"""Rollout shapes the engine applies (docs/rollouts.md), besides the
 batch sizes (``spec.batch_shapes``) and the windows (``calendar``): when a
 timed ``pauseAfter`` hold lifts by itself, and when ``after`` lets a rollout
 start. Pure: the step hands in ``now`` and the other rollouts' statuses.

@@ -1,10 +1,10 @@
-"""The rollout engine: a pure stepper (DESIGN.md sections 3 to 5).
+"""The rollout engine: a pure stepper (docs/rollouts.md).
 
 Theory of operation. ``step_fleet`` takes every rollout's spec and recorded
 status, the fleet, what the daemon observed, and one ``now``; it returns the
 statuses that changed, the jobs to send once those are committed, and the
 transitions for the commit message. Nothing else: the daemon commits the
-statuses and only then sends the jobs (DESIGN.md section 6).
+statuses and only then sends the jobs (docs/architecture.md).
 
 One rollout's step runs in a fixed order, and repeats its last part until
 nothing more changes, so one pass takes a rollout as far as its inputs allow:
@@ -103,7 +103,7 @@ class RolloutInput:
     first_seen_commit: str  # first-parent commit that added the file
     queue_key: int  # order of first_seen_commit in first-parent history, oldest smallest
     author: str = ""  # author of spec_commit ("Name <email>"), recorded with rollback requests
-    refusal: str | None = None  # the newest spec change was not verified (DESIGN.md section 8)
+    refusal: str | None = None  # the newest spec change was not verified (docs/trust.md)
     # approvals of the verified commit acted on, under --require-approvals (section 17)
     approved_by: tuple[ApprovalRecord, ...] = ()
 
@@ -570,7 +570,7 @@ class RolloutStep:
         return self.now + timedelta(seconds=self.health_timeout)
 
     def soak(self) -> int:
-        """Seconds an apply's deadline gains for the soak (DESIGN.md 11)."""
+        """Seconds an apply's deadline gains for the soak (docs/health.md)."""
         f = self.frozen
         return f.health.soak if f is not None and f.live and f.health is not None else 0
 
@@ -626,7 +626,7 @@ class RolloutStep:
         """Record who approved the spec commit acted on: before start, as it
         is now; after start, only when the rollout's spec commit changes, so
         a newer approval of another change rewrites no running status
-        (DESIGN.md section 17)."""
+        (docs/trust.md)."""
         inp = self.inp
         if (
             inp.approved_by
@@ -946,7 +946,7 @@ class RolloutStep:
 
     def health_conditions(self) -> None:
         """Conditions for prometheus checks nothing can answer: no server in
-        settings, or a query the server refuses (DESIGN.md 11)."""
+        settings, or a query the server refuses (docs/health.md)."""
         f = self.frozen
         checks = f.health.prometheus_checks if f is not None and f.health is not None else ()
         if not checks or f is None or not f.live:
@@ -1006,12 +1006,12 @@ class RolloutStep:
         if known and first_attempt is None and first_backup_id is None:
             if job is None or job.state not in ("succeeded", "failed", "refused"):
                 # The apply may have run without our seeing it: only the
-                # agent's backup list can tell (DESIGN.md 5).
+                # agent's backup list can tell (docs/rollouts.md).
                 known, first_attempt = False, node.attempt
             elif job.state == "succeeded" or job.backup_id is not None:
                 # The first apply the agent ran: its backup, or none (no
                 # config before, or already the target), is what a restore
-                # puts back, never a later attempt's (DESIGN.md 5).
+                # puts back, never a later attempt's (docs/rollouts.md).
                 first_backup_id, first_attempt = job.backup_id, node.attempt
             # Else the agent failed or refused it without a backup and left
             # the config as it was: the next apply counts as the first.
@@ -1036,7 +1036,7 @@ class RolloutStep:
         self, node: NodeRecord, job: JobObservation | None
     ) -> tuple[CheckOutcome, ...]:
         """Each health check's last outcome, for a node whose apply succeeded
-        in a live rollout with checks (DESIGN.md 11)."""
+        in a live rollout with checks (docs/health.md)."""
         seen = self.seen()
         if not seen.checks_apply or job is None or job.state != "succeeded":
             return ()
@@ -1172,7 +1172,7 @@ class RolloutStep:
 
     def restores_in_flight(self) -> bool:
         """Restores sent, or an accepted rollback request waiting to send them:
-        either way nothing else is dispatched (DESIGN.md 5)."""
+        either way nothing else is dispatched (docs/rollouts.md)."""
         return bool(
             self.progress("rollback_pending")
             or self.progress("restoring")
@@ -1462,7 +1462,7 @@ def wanted_metric_checks(
 ) -> tuple[tuple[str, str, HealthCheck], ...]:
     """(node, job id, check) of every prometheus check the next step judges:
     dispatched nodes of live rollouts with such checks. The daemon asks only
-    for those whose job it has seen finished (DESIGN.md 11)."""
+    for those whose job it has seen finished (docs/health.md)."""
     wanted: list[tuple[str, str, HealthCheck]] = []
     for status in statuses:
         f = status.frozen
@@ -1476,7 +1476,7 @@ def wanted_metric_checks(
 
 def wanted_backups(statuses: Iterable[RolloutStatus]) -> tuple[str, ...]:
     """Nodes whose backup list the next step needs: a restore is decided or
-    requested, and the first apply's result was never seen (DESIGN.md 5)."""
+    requested, and the first apply's result was never seen (docs/rollouts.md)."""
     names: dict[str, None] = {}
     for status in statuses:
         if status.frozen is None or not status.frozen.live:

@@ -1,4 +1,4 @@
-"""Which tree the daemon may act on, when commits must be signed (DESIGN.md section 8).
+"""Which tree the daemon may act on, when commits must be signed (docs/trust.md).
 
 A *spec commit* has ``rollouts/``, ``nodes/`` or ``reconciler.yaml``
 different from any of its parents' (a root commit: holds any of them). Only
@@ -15,7 +15,7 @@ Results are memoised per commit id: a first-parent chain's approval is a
 function of the chain, so a new tip costs a walk back to the last commit seen,
 and an unchanged tip costs a dict lookup.
 
-With ``required_approvals`` N (DESIGN.md section 17) a signed spec commit
+With ``required_approvals`` N (docs/trust.md) a signed spec commit
 verifies only when its note under ``refs/notes/reconciler-approvals`` holds
 N approvals by principals other than its signer
 (``reconciler.git.approval_notes``). Approvals change without the branch
@@ -268,7 +268,7 @@ def is_spec_commit(repo: pygit2.Repository, commit: pygit2.Commit) -> bool:
     """Do this commit's spec paths differ from those of ANY of its parents
     (a root commit: does it hold any)? Judging a merge by its first parent
     alone let an unsigned merge choose its parent order and so put an older
-    or unmerged signed tree into effect (DESIGN.md section 8)."""
+    or unmerged signed tree into effect (docs/trust.md)."""
     tree = commit.tree
     if not commit.parent_ids:
         return any(entry_of(tree, name) is not None for name in SPEC_PATHS)

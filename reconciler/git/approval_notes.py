@@ -1,4 +1,4 @@
-"""Reviewers' signed approvals, kept as git notes (DESIGN.md section 17).
+"""Reviewers' signed approvals, kept as git notes (docs/trust.md).
 
 An approval is an SSH signature (``SSHSIG``, namespace
 ``reconciler-approval``) over the text ``reconciler-approval v1\\ncommit

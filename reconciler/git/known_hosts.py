@@ -1,5 +1,5 @@
 """Checking an SSH server's host key against an OpenSSH ``known_hosts`` file
-(DESIGN.md section 9, "SSH remotes"): the key must match an entry for that
+(docs/cli.md, "SSH remotes"): the key must match an entry for that
 host and port, or the connection is refused before any data is read.
 
 The file is read the way ``ssh`` reads it: a port other than 22 is looked

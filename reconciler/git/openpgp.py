@@ -1,5 +1,5 @@
 """OpenPGP commit signatures, for forges that sign web merges with OpenPGP
-(DESIGN.md section 17), checked by the ``gpg`` binary git itself uses.
+(docs/trust.md), checked by the ``gpg`` binary git itself uses.
 
 ``PgpKeyring.load(FILE)`` imports the armored public keys of FILE into a
 keyring of its own (a temporary ``GNUPGHOME``, never the user's), so only

@@ -11,7 +11,7 @@ What this module is for:
   commit's committer time), and say in words why a signature is refused.
 - ``sign_commit_payload``: make such a signature with an Ed25519 key, for the
   gpgsig header of the daemon's status commits; ``sign_sshsig`` in any
-  namespace (a reviewer's approval, DESIGN.md section 17).
+  namespace (a reviewer's approval, docs/trust.md).
 
 Pure: bytes and values in, values out. No Git, no files, no subprocesses;
 the only clock reading is ``verify_sshsig``'s default when ``at`` is omitted.

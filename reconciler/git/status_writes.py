@@ -1,6 +1,6 @@
 """Which blob the daemon itself last wrote to each status file: with signed
 status commits, a status file counts only while it still holds what the
-newest commit signed by a daemon key wrote there (DESIGN.md section 8).
+newest commit signed by a daemon key wrote there (docs/trust.md).
 Read from the branch's first-parent history."""
 
 from __future__ import annotations

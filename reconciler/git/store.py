@@ -388,7 +388,7 @@ class GitStore(TreeReader):
         for attempt in range(FETCH_LOCK_TRIES):
             try:
                 self._remote().fetch(
-                    # Reviewers' approvals travel with the branch (DESIGN.md section 17).
+                    # Reviewers' approvals travel with the branch (docs/trust.md).
                     ["+refs/heads/*:refs/heads/*", "+refs/notes/*:refs/notes/*"],
                     callbacks=self._callbacks(),
                     prune=FetchPrune.PRUNE,

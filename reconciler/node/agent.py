@@ -1,6 +1,6 @@
 """The node agent: verifies signed jobs, applies them to a runtime's config
 (dry-run or live), keeps backups, restores them, and reports heartbeats
-(DESIGN.md section 7).
+(docs/protocol.md).
 
 Life of a posted job::
 
@@ -93,7 +93,7 @@ class AgentConfig:
     after_apply: str | None = None
     after_apply_timeout: float = DEFAULT_AFTER_APPLY_TIMEOUT
     backup_retention: int = DEFAULT_RETENTION
-    key: SigningKey | None = None  # signs every answer (DESIGN.md 12); None: unsigned
+    key: SigningKey | None = None  # signs every answer (docs/trust.md); None: unsigned
     keep_first_backups: int = DEFAULT_KEEP_FIRST_BACKUPS  # seconds
 
 

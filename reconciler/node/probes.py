@@ -1,4 +1,4 @@
-"""The agent's health probes (DESIGN.md section 11): the ``http`` and
+"""The agent's health probes (docs/health.md): the ``http`` and
 ``tcp`` checks a signed live apply carried, probed on the node itself every
 ``intervalSeconds`` from the end of the successful apply until the next job
 for that runtime, and reported in the heartbeat as

@@ -1,5 +1,5 @@
 """Many simulated node agents behind one port, for tests, benchmarks and the
-demo. They speak the agent protocol (DESIGN.md section 7) with the real
+demo. They speak the agent protocol (docs/protocol.md) with the real
 agent's admission checks (``admission.admit_job``: same signature checks,
 same refusal codes) and apply jobs in memory.
 
@@ -38,7 +38,7 @@ overrides the behaviour for a job's attempt N, inheriting the node's settings;
 the node's own behaviour is used for everything else (heartbeats, backups,
 other attempts). ``names: [...]`` at the top replaces the generated names.
 
-Health checks (DESIGN.md 11): after a successful live apply that carried
+Health checks (docs/health.md): after a successful live apply that carried
 checks, a node reports them in its heartbeat as the real agent would, probed
 every ``intervalSeconds`` from the apply's end, with outcomes scripted per
 check name (any check not named holds)::

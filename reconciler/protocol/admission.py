@@ -1,5 +1,4 @@
-"""The checks every agent runs on a posted job, in the order DESIGN.md
-section 7 fixes, shared by the real agent and the simulated fleet so both
+"""The checks every agent runs on a posted job, in the order docs/protocol.md fixes, shared by the real agent and the simulated fleet so both
 refuse the same envelopes with the same codes.
 
     invalid_job, untrusted_key, bad_signature   (signing.verify_envelope)

@@ -15,7 +15,7 @@ JOB_KINDS = ("apply", "restore")
 class SendJob:
     """One job for one node. Everything in the signed payload except the
     issue and expiry times, which the sender stamps when it sends; so the
-    same job id always carries the same payload (DESIGN.md section 6)."""
+    same job id always carries the same payload (docs/architecture.md)."""
 
     job_id: str
     kind: str  # apply | restore

@@ -1,4 +1,4 @@
-"""Signed answers (DESIGN.md section 12): the agent signs what it says, the
+"""Signed answers (docs/trust.md): the agent signs what it says, the
 daemon believes it only when the signature verifies against the node's
 ``agentKey``.
 

@@ -1,7 +1,7 @@
 """Job ids: derived, never drawn, so re-sending after a crash is harmless.
 
 A job id is a digest of (rollout, start commit, node, attempt, kind, and for
-restores the rollback request id or ``policy``) (DESIGN.md section 6,
+restores the rollback request id or ``policy``) (docs/architecture.md,
 invariant 2). Any daemon, after any restart, derives the same id for the
 same decision. Pure.
 """

@@ -3,7 +3,7 @@
 
 The daemon builds a payload from status alone plus the time it signs it, so
 the same job id always carries the same payload apart from ``issuedAt`` and
-``expiresAt`` (DESIGN.md section 6). Agents compare payloads with
+``expiresAt`` (docs/architecture.md). Agents compare payloads with
 ``same_job`` to tell a resend from a conflicting job.
 
 Must not sign, verify, do HTTP or read the clock: time comes in as arguments.

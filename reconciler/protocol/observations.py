@@ -15,7 +15,7 @@ from typing import Any
 @dataclass(frozen=True)
 class SignedAnswer:
     """An agent's answer as it came, split from its ``evidence``
-    (DESIGN.md 12): ``body`` is the answer without ``evidence``, whose
+    (docs/trust.md): ``body`` is the answer without ``evidence``, whose
     canonical JSON ``signature`` (standard base64) signs with the key
     ``key_id``. Whether it verifies is the daemon's business, not this value's."""
 
@@ -24,7 +24,7 @@ class SignedAnswer:
     signature: str
 
 
-# How the daemon marks an answer it did not believe (DESIGN.md 12): an
+# How the daemon marks an answer it did not believe (docs/trust.md): an
 # ``unreachable`` job observation whose error starts with this.
 NO_EVIDENCE = "no evidence:"
 
@@ -58,7 +58,7 @@ class RuntimeReport:
 
 @dataclass(frozen=True)
 class CheckReport:
-    """One agent check as a heartbeat reports it (DESIGN.md 11): ``ok_since``
+    """One agent check as a heartbeat reports it (docs/health.md): ``ok_since``
     starts the current unbroken run of successes (None while failing),
     ``failures`` counts consecutive failures. Times are the agent's clock."""
 
@@ -134,7 +134,7 @@ class MetricAnswer:
 @dataclass(frozen=True)
 class MetricCheck:
     """What the daemon's own asking of Prometheus has shown so far for one
-    node's check during one job (DESIGN.md 11), daemon clock, kept in memory
+    node's check during one job (docs/health.md), daemon clock, kept in memory
     only: a restart starts it again, so a soak restarts, never shortens.
 
     ``ok_since``: the first holding answer after the job finished with no

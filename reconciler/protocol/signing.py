@@ -5,7 +5,7 @@ simulated fleet) verify them against the public keys they trust. A key is
 named by its fingerprint exactly as ``ssh-keygen -l`` prints it
 (``SHA256:`` + unpadded base64 of the SHA-256 of the public key blob).
 
-Envelope (DESIGN.md section 7)::
+Envelope (docs/protocol.md)::
 
     {"payload": {...}, "keyId": "SHA256:...", "signature": "<standard base64>"}
 

@@ -1,4 +1,4 @@
-"""Pinned TLS between the daemon and agents (DESIGN.md section 12).
+"""Pinned TLS between the daemon and agents (docs/trust.md).
 
 An agent serves HTTPS with a certificate of its own (``reconciler keys tls``
 makes a self-signed one); its node file pins it with ``agentCertSha256``,

@@ -1,4 +1,4 @@
-"""Batch sizes of a rollout (DESIGN.md section 15): ``batchSize`` cuts the
+"""Batch sizes of a rollout (docs/rollouts.md): ``batchSize`` cuts the
 frozen node list into equal chunks; ``batches: [1, "10%", "50%"]`` gives the
 size of each successive batch, an integer or a percentage of the frozen node
 count (rounded up, at least 1), the last size repeating until every node is

@@ -506,7 +506,7 @@ class _Checker:
                 )
 
     def _rollout_shapes(self, spec: dict[str, Any]) -> _Shapes:
-        """``batches``, timed ``pauseAfter`` and ``after`` (DESIGN.md section 15)."""
+        """``batches``, timed ``pauseAfter`` and ``after`` (docs/rollouts.md)."""
         batches: list[int | str] = []
         written = spec.get("batches")
         if isinstance(written, list) and self._ok("spec.batches"):
@@ -670,7 +670,7 @@ class _Checker:
         )
 
     def _receivers(self, entries: Any) -> tuple[Receiver, ...]:
-        """``spec.notifications`` (DESIGN.md section 13), after the schema:
+        """``spec.notifications`` (docs/operating.md), after the schema:
         unique names and known event names, each problem naming the receiver."""
         if not isinstance(entries, list) or not self._ok("spec.notifications"):
             return ()
@@ -1223,7 +1223,7 @@ def _patched(
 def _after_problems(
     item: ParsedFile, spec: RolloutSpec, rollout_files: Sequence[ParsedFile]
 ) -> list[Problem]:
-    """``after`` naming no rollout file, or closing a cycle (DESIGN.md 15)."""
+    """``after`` naming no rollout file, or closing a cycle (docs/rollouts.md)."""
     if not spec.after:
         return []
     files = {f.name: f for f in rollout_files}

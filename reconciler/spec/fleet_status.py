@@ -1,4 +1,4 @@
-"""``status/fleet.yaml`` (kind ``FleetStatus``, DESIGN.md section 14): what
+"""``status/fleet.yaml`` (kind ``FleetStatus``, docs/operating.md): what
 the fleet watch last decided about every node, as values, and their plain
 data (``views.fleet_reader`` is the one reader of the file).
 
@@ -23,7 +23,7 @@ FLEET_PAGE_KIND = "FleetStatusNodes"
 # (status/fleet/nodes-NNNN.yaml), as a large rollout's do: every file stays
 # far under the 1 MiB a YAML file may have, and a change rewrites one page.
 FLEET_PAGE_SIZE = 500
-# Node states, in the order views show them (DESIGN.md section 14).
+# Node states, in the order views show them (docs/operating.md).
 FLEET_STATES = ("ok", "offline", "drift", "unverified")
 
 

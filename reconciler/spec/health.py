@@ -1,4 +1,4 @@
-"""A rollout's health checks and soak (DESIGN.md section 11), as values, and
+"""A rollout's health checks and soak (docs/health.md), as values, and
 their plain-data forms: the record kept in status (``frozen.health``) and
 the agent checks a signed job carries (``checks`` in the payload).
 

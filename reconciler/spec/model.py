@@ -2,7 +2,7 @@
 and the problems found while reading them. Frozen dataclasses; built by
 ``documents``, consumed by the engine and everything else. Pure: no IO.
 
-Field names follow the documents (DESIGN.md section 2) in snake_case.
+Field names follow the documents (docs/configuration.md) in snake_case.
 Defaults here are the defaults the schemas declare; a test checks both agree.
 """
 
@@ -59,7 +59,7 @@ class Node:
     agent: str
     labels: tuple[tuple[str, str], ...] = ()  # sorted by key
     maintenance: bool = False
-    agent_key: str | None = None  # OpenSSH Ed25519 public key line (DESIGN.md 12)
+    agent_key: str | None = None  # OpenSSH Ed25519 public key line (docs/trust.md)
     agent_cert_sha256: str | None = None  # pin of an https:// agent's certificate
 
     def label(self, key: str) -> str | None:
@@ -132,7 +132,7 @@ class Defaults:
     on_failure: str = DEFAULT_ON_FAILURE
 
 
-# Notification events (DESIGN.md section 13): rollout events, then the
+# Notification events (docs/operating.md): rollout events, then the
 # fleet events of section 14.
 NOTIFICATION_EVENTS = (
     "hold",

@@ -1,5 +1,5 @@
 """Every path of a fleet repository that reconciler reads or writes,
-defined once (DESIGN.md section 2). Pure."""
+defined once (docs/configuration.md). Pure."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ NODES_DIR = "nodes"
 ROLLOUTS_DIR = "rollouts"
 STATUS_DIR = "status"
 DASHBOARD_PATH = f"{STATUS_DIR}/README.md"
-# The fleet watch's record (DESIGN.md section 14). Its stem is reserved: no
+# The fleet watch's record (docs/operating.md). Its stem is reserved: no
 # rollout may be called ``fleet``, or its status would be this file.
 FLEET_STATUS_NAME = "fleet"
 FLEET_STATUS_PATH = f"{STATUS_DIR}/{FLEET_STATUS_NAME}.yaml"

@@ -1,7 +1,7 @@
 """Rollout status as values, and their plain-data records.
 
 ``RolloutStatus`` is what the engine returns and what ``status/NAME.yaml``
-holds (DESIGN.md section 2). This module fixes the names (phases, node
+holds (docs/configuration.md). This module fixes the names (phases, node
 states, hold reasons) and converts between the frozen values and the plain
 data (dicts, lists, strings, ints, bools, None) that the YAML layer writes:
 ``to_record``/``from_record`` for one whole status, ``status_files`` /
@@ -80,7 +80,7 @@ ROLLBACK_OUTCOMES = (
 # running and not held, never started); restoring: restores in flight; done.
 ROLLBACK_STATES = ("waiting", "refused", "restoring", "done")
 
-# How many node names a hold lists; the rest are counted (DESIGN.md section 2).
+# How many node names a hold lists; the rest are counted (docs/configuration.md).
 HOLD_NODES_SHOWN = 20
 # How many rollout transitions a status keeps.
 TRANSITIONS_KEPT = 50
@@ -88,7 +88,7 @@ TRANSITIONS_KEPT = 50
 PAGE_SIZE = 200
 
 
-# Why a batch that is due does not start yet (DESIGN.md section 15): not a hold.
+# Why a batch that is due does not start yet (docs/rollouts.md): not a hold.
 WAITING_REASONS = ("outside_window", "freeze")
 
 
@@ -152,13 +152,13 @@ class RestoreRecord:
     deadline: datetime
     finished_at: datetime | None = None
     error: str = ""
-    # the signed restore job record its outcome rests on (DESIGN.md 12)
+    # the signed restore job record its outcome rests on (docs/trust.md)
     evidence: NodeEvidence | None = None
 
 
 @dataclass(frozen=True)
 class CheckOutcome:
-    """A health check's last outcome when its node was decided (DESIGN.md 11)."""
+    """A health check's last outcome when its node was decided (docs/health.md)."""
 
     name: str
     ok: bool
@@ -174,8 +174,7 @@ class NodeRecord:
     (None: not held).
 
     ``first_backup_id`` is what a restore puts back: the backup taken by the
-    node's first apply of this rollout, never a later attempt's (DESIGN.md
-    5). ``first_apply_attempt`` is the attempt that counts as that first
+    node's first apply of this rollout, never a later attempt's (docs/rollouts.md). ``first_apply_attempt`` is the attempt that counts as that first
     apply: the first the agent ran (it reported success, or a backup), or
     the first whose result was never seen. None while none counts: nothing
     sent yet, or every apply so far was failed or refused by its agent
@@ -213,7 +212,7 @@ class NodeRecord:
 
 @dataclass(frozen=True)
 class NodeEvidence:
-    """The signed answers a node's verdict rests on (DESIGN.md 12), kept so
+    """The signed answers a node's verdict rests on (docs/trust.md), kept so
     ``reconciler verify --evidence`` can check them offline: the job record
     and, for a live rollout, the heartbeat, each exactly as the agent
     signed it (the signature covers the whole answer, so nothing is
@@ -286,8 +285,7 @@ class FrozenSpec:
 
 @dataclass(frozen=True)
 class ApprovalRecord:
-    """A reviewer's signed approval of the spec commit acted on (DESIGN.md
-    section 17): the allowed-signers principal and the key's fingerprint."""
+    """A reviewer's signed approval of the spec commit acted on (docs/trust.md): the allowed-signers principal and the key's fingerprint."""
 
     principal: str
     key_id: str

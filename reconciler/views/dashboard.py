@@ -92,7 +92,7 @@ _APPROVAL_MISSING = re.compile(r"\bneeds \d+ approvals? (?:besides \S.*?'s)?; ha
 
 
 def waits_for_approval(status: RolloutStatus) -> bool:
-    """Is the rollout held back only for reviewers' approvals (DESIGN.md section 17)?"""
+    """Is the rollout held back only for reviewers' approvals (docs/trust.md)?"""
     condition = status.condition("unverified")
     return (
         status.phase == "pending"

@@ -1,4 +1,4 @@
-"""Offline check of a rollout's recorded evidence (DESIGN.md section 12):
+"""Offline check of a rollout's recorded evidence (docs/trust.md):
 for ``reconciler verify --evidence NAME``.
 
 Each node record that keeps ``evidence`` is checked against the

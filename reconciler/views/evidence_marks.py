@@ -1,4 +1,4 @@
-"""The dashboard's marks on evidence (DESIGN.md section 12): nodes without
+"""The dashboard's marks on evidence (docs/trust.md): nodes without
 ``spec.agentKey`` give "unsigned evidence" (their answers are believed as
 in version 1, unchecked), and agents reached over plain ``http://``.
 
@@ -6,8 +6,8 @@ Each mark appears once the fleet has started to use what it marks the
 absence of: "unsigned evidence" once at least one node has an
 ``agentKey``, "plain http" once at least one node's agent is ``https://``.
 A repository written for version 1 (no keys, no TLS) gets no section at
-all, so its dashboard stays as it was (DESIGN.md, "Version 2": such a
-repository behaves exactly as before).
+all, so its dashboard stays as it was (such a repository behaves exactly
+as before).
 
 Deterministic: the text depends only on the nodes given. Must not read
 Git, files or the clock.

@@ -1,4 +1,4 @@
-"""The fleet watch for people (DESIGN.md section 14): the dashboard's fleet
+"""The fleet watch for people (docs/operating.md): the dashboard's fleet
 section, and what ``reconciler fleet`` prints (text or JSON).
 
 Deterministic: the text depends only on the fleet status given (no clock,

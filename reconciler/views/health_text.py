@@ -1,4 +1,4 @@
-"""Health checks for people (DESIGN.md section 11): the frozen checks and
+"""Health checks for people (docs/health.md): the frozen checks and
 soak of a rollout, and the checks that failed on its decided nodes, as
 lines for ``status NAME``, the dashboard and ``plan``. Pure: statuses and
 specs in, text out."""

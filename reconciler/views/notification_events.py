@@ -1,4 +1,4 @@
-"""Notification events as values derived from status (DESIGN.md section 13),
+"""Notification events as values derived from status (docs/operating.md),
 and the bodies that carry them.
 
 An event is a fact that status records, never something the daemon
@@ -57,7 +57,7 @@ NEXT_STEP = {
 @dataclass(frozen=True)
 class Event:
     """One notification event. ``key`` is what makes it this event and no
-    other (DESIGN.md section 13); everything else describes it."""
+    other (docs/operating.md); everything else describes it."""
 
     name: str  # one of NOTIFICATION_EVENTS
     key: tuple[str, ...]
@@ -240,7 +240,7 @@ def standing_fleet_events(nodes: Mapping[str, NodeState], commit: str) -> list[E
 
 def json_body(event: Event) -> dict[str, Any]:
     """``{event, deliveryId, rollout, phase, hold, nodes, message, commit,
-    dashboard}`` (DESIGN.md section 13)."""
+    dashboard}`` (docs/operating.md)."""
     hold = event.hold
     return {
         "event": event.name,

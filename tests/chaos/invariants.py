@@ -1,4 +1,4 @@
-"""DESIGN.md section 6's invariants, checked from the outside: on the
+"""docs/architecture.md's invariants, checked from the outside: on the
 committed history of the fleet repository and on what the agents recorded.
 
 - ``read_statuses``: every status file at one commit, parsed the way the
@@ -162,7 +162,7 @@ def walk(repo: pygit2.Repository, tip: str) -> list[CommitRecord]:
 
 
 def settled(node: Any, on_failure: str) -> bool:
-    """DESIGN.md section 5: a node has passed or a person settled it
+    """docs/rollouts.md: a node has passed or a person settled it
     (observe: it has a verdict)."""
     if node.state in ("succeeded", "skipped"):
         return True

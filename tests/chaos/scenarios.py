@@ -3,7 +3,7 @@
 purpose, lets the daemon carry on, and returns a ``Result``: what was tried
 (crash points, faults, bad inputs), what was lost (commits, jobs executed
 twice) and every violation found, as sentences. No violation: the daemon did
-what DESIGN.md says.
+what docs/rollouts.md says.
 
 Every scenario ends with ``audit``: the history checks of ``invariants``
 (linear, status-only writes that parse, status never backwards, batch
@@ -62,7 +62,7 @@ class Result:
     crash_points: int = 0  # crash points the scenario kills the daemon at
     fault_cases: int = 0  # faults it injects (a fault against a policy counts once)
     crashes: int = 0  # crash points the daemon was killed at (and restarted after)
-    faults: int = 0  # fault cases that ended as DESIGN.md says
+    faults: int = 0  # fault cases that ended as docs/rollouts.md says
     bad_inputs: int = 0  # invalid documents committed into the live repository
     commits_lost: int = 0
     executed_twice: int = 0
@@ -358,7 +358,7 @@ def paged_crash_scenario(root: Path, points: Sequence[str], nodes: int = 250) ->
 def unreadable_status_overlap_scenario(root: Path) -> Result:
     """While a running rollout's status file is unreadable, the nodes it
     holds stay its own: a second rollout on the same nodes (allowOverlap
-    false) waits in pending (DESIGN.md section 3: pending while it overlaps
+    false) waits in pending (docs/rollouts.md: pending while it overlaps
     a running or paused rollout), and no node gets jobs of two rollouts."""
     result = Result("unreadable status keeps its nodes claimed", "repository", fault_cases=1)
 
@@ -481,7 +481,7 @@ class Fault:
 
     name: str
     behaviour: Mapping[str, Any] | None  # sim behaviour; None: nothing listens at its address
-    verdict: str  # what DESIGN.md section 4 makes of it: failed | unknown
+    verdict: str  # what docs/rollouts.md makes of it: failed | unknown
     live: bool = False
     rollback_hold: str = "rollback_unavailable"  # rollback policy's hold on a failed verdict
     error_has: str = ""  # words the faulty node's recorded error must contain
@@ -525,7 +525,7 @@ class Expect:
 
 
 def expected(policy: str, fault: Fault) -> Expect:
-    """DESIGN.md sections 4 and 5, for a faulty node in batch 1."""
+    """docs/rollouts.md, for a faulty node in batch 1."""
     if fault.verdict == "unknown":
         if policy == "observe":
             return Expect("failed", None, frozenset({"unknown"}), "succeeded", 1)
@@ -1078,7 +1078,7 @@ def stale_lock_scenario(root: Path) -> Result:
 def node_removed_scenario(root: Path) -> Result:
     """A person removes a node's file while its job is in flight: no
     evidence, so the verdict is unknown and the rollout holds
-    health_unknown (DESIGN.md section 4); the next batch gets nothing."""
+    health_unknown (docs/rollouts.md); the next batch gets nothing."""
     result = Result("node file removed mid-batch", "repository", fault_cases=1)
 
     def run(result: Result) -> None:

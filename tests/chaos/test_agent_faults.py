@@ -1,5 +1,5 @@
 """Agents that misbehave, each against every failure policy, on the
-simulated fleet: every rollout ends as DESIGN.md sections 4 and 5 say
+simulated fleet: every rollout ends as docs/rollouts.md say
 (failed verdict -> the policy; no evidence past offlineAfter -> hold
 health_unknown, observe carries on), with the daemon still running and
 committing nothing while idle."""

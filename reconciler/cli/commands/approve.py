@@ -1,5 +1,5 @@
 """``reconciler approve [REV] --key FILE [--repo DIR] [--push]``: sign a
-reviewer's yes to a commit into the repository (DESIGN.md section 17).
+reviewer's yes to a commit into the repository (docs/trust.md).
 
 Signs ``reconciler-approval v1\\ncommit <full id>\\n`` with the reviewer's
 OpenSSH Ed25519 key (SSHSIG, namespace ``reconciler-approval``, as

@@ -1,6 +1,5 @@
 """``reconciler fleet [--repo PATH_OR_URL] [--branch main] [--format text|json]``:
-every node's fleet state from the committed ``status/fleet.yaml`` (DESIGN.md
-section 14): what each runtime runs, what it should run, and since when a
+every node's fleet state from the committed ``status/fleet.yaml`` (docs/operating.md): what each runtime runs, what it should run, and since when a
 node is offline or drifted.
 
 Read like ``status``: the committed tree of the status branch, from a bare

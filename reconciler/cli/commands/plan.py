@@ -88,8 +88,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _approvals(repo: Any, commit: str, args: argparse.Namespace) -> dict[str, Any] | None:
-    """The head commit's approvals, present and missing (DESIGN.md section
-    17); None when none is required and its note holds none."""
+    """The head commit's approvals, present and missing (docs/trust.md); None when none is required and its note holds none."""
     from reconciler.git.approval import Approver, load_allowed_signers
     from reconciler.git.approval_notes import read_note, signature_blocks
 

@@ -250,7 +250,7 @@ def _notifier(
     store: GitStore, approver: Approver | None, log: EventLog, metrics: Metrics
 ) -> Notifier:
     """The receivers of the settings acted on, checked whole before the
-    daemon starts: one that cannot be used stops the start (DESIGN.md 13)."""
+    daemon starts: one that cannot be used stops the start (docs/operating.md)."""
     from reconciler.daemon.notifications import Notifier, receivers_at, resolve
 
     tip = store.refresh()
@@ -264,7 +264,7 @@ def _notifier(
 
 
 def _approver(store: GitStore, args: argparse.Namespace) -> Approver | None:
-    """Verification (DESIGN.md sections 8 and 17), or None when off."""
+    """Verification (docs/trust.md), or None when off."""
     from reconciler.git.approval import Approver, load_allowed_signers
     from reconciler.git.openpgp import PgpKeyring
 
@@ -316,7 +316,7 @@ def _serve(
         return 0
     from reconciler.git.approval_notes import NOTES_REF
 
-    # A new approval wakes the daemon like a push (DESIGN.md section 17).
+    # A new approval wakes the daemon like a push (docs/trust.md).
     watched = [args.branch, NOTES_REF] if args.require_approvals else [args.branch]
     with (
         BranchWatcher.for_store(

@@ -9,7 +9,7 @@ so that 1 always means "refused".
 
 With ``--evidence NAME`` it checks instead, offline, the signed agent
 answers recorded in rollout NAME's status against each node's ``agentKey``
-at the rollout's ``specCommit`` (DESIGN.md section 12), printing ``ok`` or
+at the rollout's ``specCommit`` (docs/trust.md), printing ``ok`` or
 why not per node; exit 1 when any fails.
 
 Reads a local repository (``git.revisions``); decides nothing itself (``approval``).
@@ -272,7 +272,7 @@ def describe(repo: Any, approver: Approver, approval: Approval, label: str, tip:
 
 def _approval_lines(repo: Any, approver: Approver, commit: str, indent: str) -> list[str]:
     """Each approval in the commit's note, counted or ignored with why
-    (DESIGN.md section 17); nothing when none is required and none is there."""
+    (docs/trust.md); nothing when none is required and none is there."""
     if not approver.required_approvals and read_note(repo, commit) is None:
         return []
     approvals = approver.approvals(commit)
