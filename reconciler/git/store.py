@@ -395,7 +395,7 @@ class GitStore(TreeReader):
                 )
                 return
             except (pygit2.GitError, OSError) as e:
-                if ".lock" in str(e) and attempt + 1 < FETCH_LOCK_TRIES:
+                if _transient_fetch_error(e) and attempt + 1 < FETCH_LOCK_TRIES:
                     time.sleep(0.02 * (attempt + 1))
                     continue
                 raise _remote_error(f"cannot fetch {self.url}", e, self._ssh_key) from e
@@ -1207,3 +1207,11 @@ def _offered_certificate() -> tuple[int | None, HostKey | None]:
     if cert.type & _SSH_SHA256 and hashlib.sha256(key.blob).digest() != bytes(cert.hash_sha256):
         return kind, None
     return kind, key
+
+
+def _transient_fetch_error(error: BaseException) -> bool:
+    """A fetch that met another writer mid-push in a shared mirror or a local
+    remote: its ref lock, or the short-lived ref its push lands on, listed and
+    then deleted before it was read. Fetching again sees the settled state."""
+    text = str(error)
+    return ".lock" in text or (INCOMING_REF_PREFIX in text and "not found" in text)
