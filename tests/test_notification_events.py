@@ -152,6 +152,19 @@ def test_the_slack_text_says_rollout_what_nodes_and_what_next_in_two_lines() -> 
     assert slack_text(ended).splitlines()[0] == "*web* completed: all 2 nodes succeeded"
 
 
+def test_agent_text_reaches_slack_as_text_never_as_a_mention_or_a_link() -> None:
+    """An agent's error ends up in a hold message; Slack would read ``<!channel>``
+    as a mention and ``<url|text>`` as a link unless ``&``, ``<`` and ``>`` are
+    escaped as its formatting rules ask."""
+    hostile = "apply failed: <!channel> see <https://evil.example|Click here> & retry"
+    held = replace(HELD, hold=replace(HELD.hold, message=hostile))
+    (event,) = rollout_events(RUNNING, held, "c1")
+    text = slack_text(event)
+    assert "<" not in text and ">" not in text
+    assert "&lt;!channel&gt; see &lt;https://evil.example|Click here&gt; &amp; retry" in text
+    assert text.startswith("*web* is on hold (health_failed) on web-1\n")
+
+
 def test_the_commented_receiver_of_the_example_settings_is_valid() -> None:
     """example-repo/reconciler.yaml shows a chat receiver as comments (the
     demo and ``init`` copy it); without the comment marks it is valid."""

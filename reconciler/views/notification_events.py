@@ -282,7 +282,14 @@ def slack_text(event: Event) -> str:
     else:
         first = f"{subject} {event.name.removeprefix('node_')}: {event.message}"
         second = _next(event)
-    return f"{first}\n{second[:1].upper()}{second[1:]}. Dashboard: {DASHBOARD_PATH}"
+    text = f"{first}\n{second[:1].upper()}{second[1:]}. Dashboard: {DASHBOARD_PATH}"
+    return _slack_escaped(text)
+
+
+def _slack_escaped(text: str) -> str:
+    """Slack reads ``<...>`` as links and mentions (``<!channel>``) and ``&``
+    as an entity's start: text from agents and files must arrive as text."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def _next(event: Event) -> str:
