@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,8 @@ from reconciler.cli import main as cli
 from reconciler.cli.examples import example_dir
 
 __all__ = ["identity"]
+
+LIVE = re.compile(r"^\s*live:\s*true\b", re.MULTILINE)
 
 
 def seeded_files(directory: Path) -> set[str]:
@@ -37,12 +40,11 @@ def test_init_makes_a_bare_origin_and_a_clone_with_the_first_commit_pushed(
     assert git(clone, "rev-parse", "--abbrev-ref", "HEAD").strip() == "main"
     assert git(clone, "rev-parse", "--abbrev-ref", "main@{upstream}").strip() == "origin/main"
     assert git(clone, "status", "--porcelain") == ""
-    # every example file, and nothing the daemon writes
-    committed = set(git(clone, "ls-files").split())
-    assert committed == seeded_files(example_dir())
-    assert any(f.startswith("rollouts/") for f in committed)
-    assert "deploy/reconciler.service" in committed
-    assert not any(f.startswith("status/") for f in committed)
+    # settings and one node to copy: nothing that starts a rollout
+    assert set(git(clone, "ls-files").split()) == {"reconciler.yaml", "nodes/node-1.yaml"}
+    assert (clone / "reconciler.yaml").read_bytes() == (
+        example_dir() / "reconciler.yaml"
+    ).read_bytes()
     assert git(clone, "log", "-1", "--format=%an").strip() == "Alice Operator"
     out = capsys.readouterr().out
     assert f"created {origin}" in out
@@ -56,8 +58,55 @@ def test_init_bare_makes_one_bare_repository(tmp_path: Path, identity: dict[str,
 
     assert git(target, "rev-parse", "--is-bare-repository").strip() == "true"
     files = set(git(target, "ls-tree", "-r", "--name-only", "main").split())
-    assert files == seeded_files(example_dir())
+    assert files == {"reconciler.yaml", "nodes/node-1.yaml"}
     assert not (tmp_path / "fleet").exists()
+
+
+def test_init_examples_seeds_every_example_with_each_rollout_a_dry_run(
+    tmp_path: Path, identity: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["init", str(tmp_path / "lab"), "--examples"]) == 0
+
+    clone = tmp_path / "lab/fleet"
+    committed = set(git(clone, "ls-files").split())
+    assert committed == seeded_files(example_dir())
+    assert "deploy/reconciler.service" in committed
+    assert not any(f.startswith("status/") for f in committed)
+    rollouts = sorted((clone / "rollouts").glob("*.yaml"))
+    live_examples = [
+        p.name for p in (example_dir() / "rollouts").glob("*.yaml") if LIVE.search(p.read_text())
+    ]
+    assert live_examples, "the shipped examples include live rollouts"
+    assert rollouts and not [p.name for p in rollouts if LIVE.search(p.read_text())]
+    capsys.readouterr()
+    assert cli.main(["validate", str(clone)]) == 0
+
+
+def test_the_daemon_on_a_fresh_init_starts_nothing(
+    tmp_path: Path, identity: dict[str, str]
+) -> None:
+    """Following init's own next steps (``run ... --once``) sends no job."""
+    import os
+    import subprocess
+    import sys
+
+    assert cli.main(["init", str(tmp_path / "lab")]) == 0
+    assert cli.main(["keys", "generate", "--out", str(tmp_path / "keys")]) == 0
+    origin = tmp_path / "lab/fleet.git"
+    daemon = subprocess.run(
+        [sys.executable, "-m", "reconciler", "run", "--repo", str(origin),
+         "--key", str(tmp_path / "keys/reconciler"), "--once"],
+        env=os.environ.copy(), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert daemon.returncode == 0, daemon.stdout + daemon.stderr
+    files = set(git(origin, "ls-tree", "-r", "--name-only", "main").split())
+    rollout_statuses = {
+        f
+        for f in files
+        if f.startswith("status/") and f not in {"status/README.md", "status/fleet.yaml"}
+    }
+    assert rollout_statuses == set()
+    assert "0 transitions, 0 jobs sent" in daemon.stderr
 
 
 def test_init_never_overwrites(
