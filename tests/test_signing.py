@@ -97,6 +97,26 @@ def test_a_private_key_readable_by_others_is_refused_with_the_fix(
     assert refused.value.hint == f"make it private: chmod 600 {private}"
 
 
+def test_a_world_readable_file_that_is_no_key_is_named_as_no_key_not_given_chmod_advice(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``keys id /etc/passwd`` used to advise ``chmod 600 /etc/passwd``."""
+    from reconciler.cli import main as cli
+
+    passwd = tmp_path / "passwd"
+    passwd.write_text("root:x:0:0:root:/root:/bin/bash\n")
+    passwd.chmod(0o644)
+
+    with pytest.raises(KeyFileError) as refused:
+        load_private_key(passwd)
+    assert "is not an unencrypted OpenSSH private key" in str(refused.value)
+    assert "chmod" not in (refused.value.hint or "")
+
+    assert cli.main(["keys", "id", str(passwd)]) == 1
+    err = capsys.readouterr().err
+    assert "not an unencrypted OpenSSH private key" in err and "chmod" not in err
+
+
 def test_generate_never_overwrites_a_key(tmp_path: Path) -> None:
     private, _ = generate_key(tmp_path / "keys")
     before = private.read_bytes()

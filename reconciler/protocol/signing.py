@@ -200,16 +200,12 @@ def generate_key(out_dir: Path, name: str = PRIVATE_KEY_NAME) -> tuple[Path, Pat
 
 def load_private_key(path: Path) -> SigningKey:
     """The OpenSSH Ed25519 private key at ``path``; refuses a file that group or
-    others can read, as ssh does."""
+    others can read, as ssh does. The format is checked first: advice to make
+    a file private is for files that are keys."""
     path = Path(path)
     try:
-        mode = path.stat().st_mode
-        if mode & (stat.S_IRWXG | stat.S_IRWXO):
-            raise KeyFileError(
-                f"private key {path} is accessible by others (mode {stat.S_IMODE(mode):04o})",
-                f"make it private: chmod 600 {path}",
-            )
         data = path.read_bytes()
+        mode = path.stat().st_mode
     except FileNotFoundError as exc:
         raise KeyFileError(
             f"private key {path} does not exist",
@@ -228,6 +224,11 @@ def load_private_key(path: Path) -> SigningKey:
         raise KeyFileError(
             f"{path} is a {type(key).__name__}, not an Ed25519 key",
             "generate one with: reconciler keys generate --out DIR",
+        )
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise KeyFileError(
+            f"private key {path} is accessible by others (mode {stat.S_IMODE(mode):04o})",
+            f"make it private: chmod 600 {path}",
         )
     return SigningKey(key, str(path))
 
