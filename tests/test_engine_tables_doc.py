@@ -8,13 +8,15 @@ from pathlib import Path
 from reconciler.engine.lifecycle import render_engine_tables, render_state_diagram
 from reconciler.engine.policy import render_policy_table
 
-ROLLOUTS_PAGE = Path(__file__).parent.parent / "docs" / "rollouts.md"
+ROLLOUTS_PAGE = Path(__file__).parent.parent / "docs/rollouts.md"
 BEGIN, END = "<!-- engine-tables:begin -->", "<!-- engine-tables:end -->"
 
 
 def test_rollouts_page_block_matches_the_engine_tables() -> None:
     text = ROLLOUTS_PAGE.read_text(encoding="utf-8")
-    assert BEGIN in text and END in text, f"docs/rollouts.md needs a block between {BEGIN} and {END}"
+    assert BEGIN in text and END in text, (
+        f"docs/rollouts.md needs a block between {BEGIN} and {END}"
+    )
     block = text.split(BEGIN, 1)[1].split(END, 1)[0]
 
     assert block.strip() == render_engine_tables().strip(), (
