@@ -97,7 +97,7 @@ def make_jobs(url: str, count: int, mode: str, run: str) -> list[tuple[str, Send
 
 
 def compare_httpx(url: str, count: int) -> None:
-    """Plain GET heartbeats through httpx, for the README's comparison."""
+    """Plain GET heartbeats through httpx, for the comparison in docs/performance.md."""
     import asyncio
 
     import httpx

@@ -1,13 +1,21 @@
 """reconciler: a Git repository as the control plane for staged rollouts.
 
-Layers, from the inside out (see docs/architecture.md):
+The packages, from the bottom up (docs/architecture.md says what each may
+import; ``lint-imports`` checks it):
 
-- pure: ``model`` (spec values), ``durations``, ``timefmt``, ``policy``,
-  ``engine``, ``status`` (status values and their records). No Git, HTTP,
-  clock, filesystem or randomness.
-- edges: ``documents`` (YAML and schemas), ``gitstore`` (pygit2),
-  ``agent_client`` (httpx), ``signing`` and ``sshsig`` (cryptography).
-- programs: ``daemon``, ``agent``, ``simfleet``, ``cli`` and ``commands``.
+- ``spec``: what the repository says: safe YAML, schemas, documents, paths,
+  status records. Pure values and parsing.
+- ``protocol``: what the daemon and agents say: job payloads and ids,
+  signing, admission checks, observations, signed answers.
+- ``engine``: the pure step and its rule tables. No Git, HTTP, clock,
+  filesystem or randomness.
+- ``git``: the only pygit2 user: store, history, branch watch, signatures.
+- ``node``: the node side: the agent, its state directory, the simulated
+  fleet and their HTTP server.
+- ``views``: for people: status text, dashboard, plan.
+- ``daemon``: the reconcile pass and the loop around it, the agent client,
+  the fleet watch, notifications, metrics.
+- ``cli``: ``reconciler VERB``, one module per verb under ``cli.commands``.
 """
 
 __version__ = "0.1.0"

@@ -18,7 +18,7 @@ transition is one event followed by one reconcile pass through the real
     clock         1 s (before any deadline) or 121 s (past every deadline
                   and past offlineAfter)
 
-Checked at every transition (docs/architecture.md items 2 to 4, section 5):
+Checked at every transition (the invariants of docs/architecture.md):
 
     gate          no apply to a node of batch k+1 while a node of an earlier
                   batch is unsettled, and none while a restore is in flight
@@ -29,7 +29,7 @@ Checked at every transition (docs/architecture.md items 2 to 4, section 5):
     attempts      never decrease; a recorded verdict is never rewritten
     payload       one payload per job id: what is sent equals what status
                   rebuilds for that id, before and after the pass
-    policy        every hold is the one the section 5 table gives
+    policy        every hold is the one the policy table gives
 
 States are deduplicated by a canonical hash. Unreduced (``reduced=False``):
 BLAKE2b of the repr of the state's frozen values (clock, intents, status,
@@ -457,7 +457,7 @@ def _check(
         earlier = recorded_before.get(job_id)
         if earlier is not None and earlier != job:
             raise _Broken("payload", f"job {job_id} is rebuilt with another payload")
-    # section 5: every hold is the table's
+    # every hold is the policy table's
     if new.phase in TERMINAL_PHASES:
         return
     for node in new.nodes:

@@ -1,5 +1,5 @@
-"""The agent against what anyone who reaches its port can send (issue list
-of section 12's "well-kept HTTP layer"): each case on a real port, raw
+"""The agent against what anyone who reaches its port can send (the limits
+of docs/protocol.md's HTTP layer): each case on a real port, raw
 bytes from a plain socket. The agent answers with the right 4xx or closes
 the connection, within bounded time and memory, keeps serving, and writes
 nothing into its state directory."""

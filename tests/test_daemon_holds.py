@@ -1,5 +1,5 @@
 """How often the loop passes: a hold that only a person can lift needs no
-faster passes than an idle fleet (docs/architecture.md, step 7), and a
+faster passes than an idle fleet (docs/architecture.md, the loop's wait), and a
 wake-up ends a failed pass's backoff."""
 
 from __future__ import annotations

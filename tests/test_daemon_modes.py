@@ -167,7 +167,7 @@ def test_turning_verification_on_with_nothing_signed_aborts_nothing(
         daemon.run_pass()
 
     # It started from a change nobody signed: nothing it carries is
-    # verified, so it is held as it stands (docs/trust.md, version 2).
+    # verified, so it is held as it stands (docs/trust.md).
     status = status_on(kit, "main", "web")
     assert status["phase"] in ("running", "paused")
     dashboard = git("show", "main:status/README.md", cwd=kit.bare)

@@ -1,4 +1,4 @@
-"""Event-driven observation (README "Event-driven observation"): held
+"""Event-driven observation (docs/protocol.md, held reads): held
 ``?wait=`` reads of jobs on the real agent and the simulated fleet, and the
 daemon's loop starting a pass as soon as one answers finished. The plain
 behaviour (polling at the interval) is pinned with a fleet that ignores

@@ -1,4 +1,4 @@
-"""The shortcuts of held reads at scale (README "Event-driven observation"),
+"""The shortcuts of held reads at scale (docs/protocol.md, held reads),
 each pinned against the plain behaviour: a fleet that ignores ``wait`` and
 is read by every pass. Passes run one by one in the test's thread; the held
 reads start as under ``serve`` (``Daemon._wake`` set). The simulated fleet

@@ -10,7 +10,7 @@ crash, hang, answer garbage, name another node) raises out of this module.
                                    and backups), reason in ``error`` / the log
     404 reading a job           -> None: the agent does not know it (resend it)
 
-Design, from measurements (README, ``bench/dispatch.py``): httpx's
+Design, from measurements (docs/performance.md, ``bench/dispatch.py``): httpx's
 AsyncClient costs ~2 ms of CPU per request and a sync httpx.Client ~0.5 ms,
 too much for 2,000 jobs/s on a 2-core machine where each job is a POST and a
 GET. So this is a small HTTP/1.1 client on asyncio protocols (streams and
@@ -707,7 +707,7 @@ class AgentClient:
     def watch_jobs(
         self, jobs: Sequence[tuple[str, SendJob]], on_finished: Callable[[], None]
     ) -> None:
-        """Keep a held read (``?wait=``, README "Event-driven observation") in
+        """Keep a held read (``?wait=``, docs/protocol.md) in
         flight for each of ``jobs``, and for no other job; call ``on_finished``
         (from the client's thread) when one answers finished. Returns at once.
         Agents that ignore ``wait`` (they answer at once, unfinished) are

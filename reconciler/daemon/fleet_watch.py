@@ -46,7 +46,7 @@ from reconciler.spec.fleet_status import FleetStatus, fleet_to_files
 from reconciler.spec.rollout_status import RolloutStatus
 from reconciler.spec.safe_yaml import dump_yaml
 
-# The agentKey check of a heartbeat (section 12), once agents have keys:
+# The agentKey check of a heartbeat (docs/trust.md), once agents have keys:
 # (node, heartbeat) -> True believed, False refused, None not checked.
 EvidenceCheck = Callable[[str, Heartbeat], bool | None]
 

@@ -20,8 +20,8 @@ from reconciler.spec.rollout_status import RolloutStatus
 
 
 def needs_passes(status: RolloutStatus) -> bool:
-    """Active, and not only waiting for a person (section 6, step 7: the
-    interval applies while a rollout can move on by itself)."""
+    """Active, and not only waiting for a person (docs/architecture.md, the
+    loop's wait: the interval applies while a rollout can move on by itself)."""
     return engine.is_active(status) and not engine.waits_for_a_person(status)
 
 

@@ -201,7 +201,7 @@ class DaemonMemory:
     # Memory that may be forgotten on restart.
     last_readable: dict[str, RolloutStatus] = field(default_factory=dict)  # per rollout
     unreachable: dict[str, datetime] = field(default_factory=dict)  # node -> first failed contact
-    # (node, check) -> what Prometheus has shown for the node's current job (section 11)
+    # (node, check) -> what Prometheus has shown for the node's current job (docs/health.md)
     metric_checks: dict[tuple[str, str], MetricCheck] = field(default_factory=dict)
     # job id -> its record once succeeded: an agent never changes a finished
     # record, and a node soaking its checks would otherwise be asked every pass
@@ -703,7 +703,7 @@ class Daemon:
     def _watch_jobs(self, p: _Pass) -> None:
         """While ``serve`` runs, keep a held read in flight for every job
         sent and not finished, so that a pass starts as soon as one finishes
-        rather than at the interval (README "Event-driven observation")."""
+        rather than at the interval (docs/protocol.md, held reads)."""
         wake = self._wake
         if wake is None:
             return
@@ -1158,7 +1158,7 @@ class Daemon:
         )
 
     def _approved_by(self, approval: Approval | None) -> tuple[ApprovalRecord, ...]:
-        """Who approved the verified commit acted on (section 17), when
+        """Who approved the verified commit acted on (docs/trust.md), when
         approvals are required; () otherwise."""
         approver = self.approver
         if approver is None or not approver.required_approvals or approval is None:
@@ -1395,7 +1395,7 @@ class Daemon:
         documents: Documents,
     ) -> dict[tuple[str, str], MetricCheck]:
         """Ask Prometheus each prometheus check of every node whose job has
-        finished successfully (section 11) and fold the answers into memory;
+        finished successfully (docs/health.md) and fold the answers into memory;
         memory of checks no longer wanted is dropped."""
         wanted = [
             (node, job_id, check)
@@ -1594,7 +1594,7 @@ class Daemon:
     def _fleet_committed(self, changes: Sequence[fleet_rules.FleetChange], commit: str) -> None:
         """One log line per node state change (nodes listed ``ok`` for the
         first time are counted in one line); ``node_offline`` and
-        ``node_drift`` are the notification events' names (section 13)."""
+        ``node_drift`` are the notification events' names (docs/operating.md)."""
         first_ok = [c for c in changes if c.from_state is None and c.to_state == "ok"]
         if first_ok:
             self.log.info("fleet_listed", f"{len(first_ok)} node(s) listed ok", commit=commit[:12])

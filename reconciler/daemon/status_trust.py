@@ -79,7 +79,7 @@ _FROZEN_FIELDS: tuple[tuple[str, Callable[[FrozenSpec], object]], ...] = (
     ("allowOverlap", lambda f: f.allow_overlap),
     ("batches", lambda f: f.batches),
     ("ignoreWindows", lambda f: f.ignore_windows),
-    # The agent checks a job carries come from here (section 11).
+    # The agent checks a job carries come from here (docs/health.md).
     ("health", lambda f: f.health),
 )
 

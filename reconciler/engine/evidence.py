@@ -38,7 +38,7 @@ class Seen:
     offline_after: timedelta
     offline_after_seconds: int  # as written in settings, for the message
     now: datetime
-    # section 11: the frozen checks and soak (None: version 1's rule only),
+    # docs/health.md: the frozen checks and soak (None: version 1's rule only),
     # and whether settings name a Prometheus server for prometheus checks
     health: Health | None = None
     prometheus_configured: bool = True

@@ -41,7 +41,7 @@ class NodeFacts:
 
     answered: bool  # a usable heartbeat came back
     unreachable_long: bool  # no answer, for offlineAfter or longer
-    verified: bool | None  # the agentKey check (section 12); None: not checked
+    verified: bool | None  # the agentKey check (docs/trust.md); None: not checked
     drifted: bool  # some runtime differs from its desired state
 
 
@@ -82,7 +82,7 @@ RULES: tuple[FleetRule, ...] = (
     ),
 )
 
-# Events for notifications (section 13), by the state that raises them.
+# Events for notifications (docs/operating.md), by the state that raises them.
 FLEET_EVENTS: Mapping[str, str] = {"offline": "node_offline", "drift": "node_drift"}
 
 
@@ -297,7 +297,7 @@ def drift_text(node: FleetNode) -> str:
 
 @dataclass(frozen=True)
 class FleetEvent:
-    """A fleet event that is true now (section 13), keyed by (node, state,
+    """A fleet event that is true now (docs/operating.md), keyed by (node, state,
     since): the same key on every read of the same status."""
 
     event: str  # node_offline | node_drift

@@ -2,8 +2,8 @@
 
 The engine checks every change it makes against these tables and raises on
 one that is not listed (a bug, never an input problem), so the tables are the
-whole truth about what can happen. The README's state diagram is rendered
-from them. Pure: no IO.
+whole truth about what can happen. The state diagrams of docs/rollouts.md
+are rendered from them. Pure: no IO.
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def render_state_diagram() -> str:
 
 
 def render_engine_tables() -> str:
-    """The README block between ``<!-- engine-tables:begin -->`` and
+    """The block of docs/rollouts.md between ``<!-- engine-tables:begin -->`` and
     ``<!-- engine-tables:end -->``: diagrams and the policy table."""
     return (
         "Rollout phases (top) and node states (bottom), generated from "

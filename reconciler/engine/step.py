@@ -104,7 +104,7 @@ class RolloutInput:
     queue_key: int  # order of first_seen_commit in first-parent history, oldest smallest
     author: str = ""  # author of spec_commit ("Name <email>"), recorded with rollback requests
     refusal: str | None = None  # the newest spec change was not verified (docs/trust.md)
-    # approvals of the verified commit acted on, under --require-approvals (section 17)
+    # approvals of the verified commit acted on, under --require-approvals (docs/trust.md)
     approved_by: tuple[ApprovalRecord, ...] = ()
 
 

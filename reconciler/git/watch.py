@@ -26,8 +26,8 @@ next one waits longer, up to ``POLL_BACKOFF_CAP``; the first poll that works
 again is a hint, so a daemon backing off after a failed pass tries again at
 once.
 
-Both are hints: events can be missed (FACTS.md), so the caller keeps a
-periodic full re-read. ``wait`` is for a synchronous loop; ``stop`` may be
+Both are hints: file events can be missed (a polling watch misses changes
+less than a second apart), so the caller keeps a periodic full re-read. ``wait`` is for a synchronous loop; ``stop`` may be
 called from a signal handler or another thread: it only sets a flag and
 writes a byte to two pipes, never takes a lock.
 

@@ -35,7 +35,7 @@ Plain requests skip h11 (``simple_head``): a request line ``GET`` or
 its answer is written as the bytes h11 writes. Anything else hands the
 connection, from that request on, to h11, which parses, refuses and answers
 it as before. h11 costs a fifth of a simulated fleet's CPU at 10,000 nodes
-(README, performance); tests/test_http_simple.py pins both against h11.
+(docs/performance.md); tests/test_http_simple.py pins both against h11.
 
 Must not know anything about jobs or nodes: routing is the handler's.
 """

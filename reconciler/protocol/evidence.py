@@ -3,7 +3,7 @@ daemon believes it only when the signature verifies against the node's
 ``agentKey``.
 
 An answer object carries ``evidence: {keyId, signature}``: an Ed25519
-signature, standard base64, over the canonical JSON (section 7's rules) of
+signature, standard base64, over the canonical JSON (the job envelope's rules, docs/protocol.md) of
 the answer without ``evidence``. The signature covers the whole answer, so
 fields added to an answer later are covered without a change here.
 

@@ -190,7 +190,7 @@ def _live_with_checks(document: dict[str, Any]) -> bool:
 
 
 def _plain_checks(checks: Any) -> bool:
-    """The agent checks of a live apply (section 11), as the schema says."""
+    """The agent checks of a live apply (docs/health.md), as the schema says."""
     if type(checks) is not list or not 1 <= len(checks) <= 32:
         return False
     names = set()

@@ -1,4 +1,4 @@
-"""Held answers (README "Event-driven observation"): ``GET .../jobs/{id}?wait=20s``
+"""Held answers (docs/protocol.md, held reads): ``GET .../jobs/{id}?wait=20s``
 is answered once the job is finished (``succeeded`` or ``failed``) or when
 the wait ends, whichever comes first; ``GET .../heartbeat?newerThan=T&wait=20s``
 once the heartbeat changed after T or when the wait ends. Optional for agents: one that ignores

@@ -95,8 +95,8 @@ class RolloutSpec:
     resume_request: str = ""
     skip_nodes: tuple[str, ...] = ()
     rollback_request: RollbackRequest | None = None
-    health: Health | None = None  # spec.health (section 11); None: version 1's rule only
-    # version 2, section 15
+    health: Health | None = None  # spec.health (docs/health.md); None: version 1's rule only
+    # rollout shapes (docs/rollouts.md)
     batches: tuple[int | str, ...] = ()  # as written: 3 or "10%"; () means batchSize
     after: tuple[str, ...] = ()  # rollouts that must complete first
     ignore_windows: bool = False
@@ -133,7 +133,7 @@ class Defaults:
 
 
 # Notification events (docs/operating.md): rollout events, then the
-# fleet events of section 14.
+# fleet watch's events.
 NOTIFICATION_EVENTS = (
     "hold",
     "completed",
@@ -165,7 +165,7 @@ class Settings:
     offline_after: int = DEFAULT_OFFLINE_AFTER  # seconds
     defaults: Defaults = field(default_factory=Defaults)
     fleet_check_interval: int = DEFAULT_FLEET_CHECK_INTERVAL  # seconds; 0: off
-    prometheus_url: str | None = None  # spec.prometheus.url (section 11)
+    prometheus_url: str | None = None  # spec.prometheus.url (docs/health.md)
     windows: tuple[Window, ...] = ()  # empty: any time is inside a window
     freezes: tuple[Freeze, ...] = ()
     notifications: tuple[Receiver, ...] = ()

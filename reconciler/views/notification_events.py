@@ -5,7 +5,7 @@ An event is a fact that status records, never something the daemon
 remembers: ``hold`` is "this rollout has an open hold", keyed by (rollout,
 ``hold.since``, reason); a terminal event by (rollout, phase);
 ``rolled_back`` by (rollout, request id) or (rollout, ``policy``); the fleet
-events of section 14 by (node, state, since). The delivery id is the
+watch's events by (node, state, since). The delivery id is the
 SHA-256 of the key, so the same event has the same id after a restart, on
 another daemon, and in any pass, and a receiver can drop duplicates.
 
@@ -34,10 +34,10 @@ from reconciler.spec.paths import DASHBOARD_PATH
 from reconciler.spec.rollout_status import TERMINAL_PHASES, Hold, RolloutStatus
 from reconciler.spec.times import format_time
 
-# Terminal events this recent are delivered again on start (section 13).
+# Terminal events this recent are delivered again on start (docs/operating.md).
 REDELIVER_TERMINAL_WITHIN = timedelta(hours=1)
 
-# Fleet states (section 14) that are events, by state.
+# Fleet states (docs/operating.md) that are events, by state.
 FLEET_EVENT_OF_STATE = {"offline": "node_offline", "drift": "node_drift"}
 
 # What a person can do next after each ending; a hold's own message says it
@@ -198,8 +198,8 @@ def standing_rollout_events(status: RolloutStatus, now: datetime, commit: str) -
     return events
 
 
-# --- fleet events (section 14) ------------------------------------------------------
-# The fleet watch (section 14) reports each node as (state, since); these
+# --- fleet events (docs/operating.md) ------------------------------------------------
+# The fleet watch (docs/operating.md) reports each node as (state, since); these
 # turn that into events, keyed by (node, state, since).
 
 NodeState = tuple[str, datetime]  # (state, since)

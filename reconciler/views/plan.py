@@ -83,8 +83,8 @@ class AddedRollout:
     reattached: bool = False  # the name of a finished rollout: it attaches to that status
     fleet_size: int = 0  # nodes in the fleet after the merge
     left_out: tuple[str, ...] = ()  # nodeIds in maintenance, left out
-    health: tuple[str, ...] = ()  # soak and checks, one line each (section 11)
-    # version 2, section 15
+    health: tuple[str, ...] = ()  # soak and checks, one line each (docs/health.md)
+    # rollout shapes (docs/rollouts.md)
     batches_written: tuple[int | str, ...] = ()  # spec.batches as written; () for batchSize
     pause_for: tuple[tuple[int, int], ...] = ()  # (batch, seconds) of timed pauses
     after: tuple[str, ...] = ()

@@ -280,7 +280,7 @@ def _status_signers(
 ) -> tuple[AllowedSigner, ...]:
     """Under verification with signed status commits, a status file counts
     only as a daemon key last wrote it: this daemon's, or another's listed in
-    the allowed-signers file (README, "Approval you can prove")."""
+    the allowed-signers file (docs/trust.md)."""
     from reconciler.git.sshsig import parse_allowed_signers
 
     if sign_commits:

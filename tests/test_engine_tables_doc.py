@@ -1,5 +1,5 @@
-"""The README's state diagrams and policy table are generated from the
-engine's own tables; this keeps the copy in README.md current."""
+"""The state diagrams and policy table of docs/rollouts.md are generated
+from the engine's own tables; this keeps the copy on that page current."""
 
 from __future__ import annotations
 
@@ -8,17 +8,19 @@ from pathlib import Path
 from reconciler.engine.lifecycle import render_engine_tables, render_state_diagram
 from reconciler.engine.policy import render_policy_table
 
-README = Path(__file__).parent.parent / "README.md"
+ROLLOUTS_PAGE = Path(__file__).parent.parent / "docs/rollouts.md"
 BEGIN, END = "<!-- engine-tables:begin -->", "<!-- engine-tables:end -->"
 
 
-def test_readme_block_matches_the_engine_tables() -> None:
-    text = README.read_text(encoding="utf-8")
-    assert BEGIN in text and END in text, f"README.md needs a block between {BEGIN} and {END}"
+def test_rollouts_page_block_matches_the_engine_tables() -> None:
+    text = ROLLOUTS_PAGE.read_text(encoding="utf-8")
+    assert BEGIN in text and END in text, (
+        f"docs/rollouts.md needs a block between {BEGIN} and {END}"
+    )
     block = text.split(BEGIN, 1)[1].split(END, 1)[0]
 
     assert block.strip() == render_engine_tables().strip(), (
-        "README.md is out of date: replace the engine-tables block with "
+        "docs/rollouts.md is out of date: replace the engine-tables block with "
         "`python -c 'from reconciler.engine.lifecycle import render_engine_tables as r; print(r())'`"
     )
 
