@@ -172,7 +172,7 @@ def test_push_refuses_to_carry_unpushed_commits_along(tmp_path: Path) -> None:
     assert "your branch has 1 commit(s) not on origin/main" in result.stderr
 
 
-@pytest.mark.parametrize("verb", ["pause", "resume", "abort", "rollback"])
+@pytest.mark.parametrize("verb", ["pause", "resume", "abort", "rollback", "skip"])
 def test_every_intent_verb_offers_push(verb: str) -> None:
     result = subprocess.run(
         [*COMMAND, verb, "--help"], capture_output=True, text=True, check=True, env=dict(os.environ)

@@ -258,6 +258,59 @@ def test_resume_of_a_finished_rollout_is_refused(fleet: Path) -> None:
     assert read(fleet) == ROLLOUT
 
 
+# -- skip ------------------------------------------------------------------
+
+
+def test_skip_adds_the_nodes_to_skip_nodes_and_changes_only_that_line(fleet: Path) -> None:
+    assert reconcile("skip", "llama-canary", "gpu-a2", "--repo", str(fleet)) == 0
+
+    removed, added = changed_lines(ROLLOUT, read(fleet))
+    assert removed == ["  skipNodes: []"]
+    assert added == ["  skipNodes: [gpu-a2]"]
+    assert reconcile("validate", str(fleet)) == 0
+
+
+def test_skip_keeps_the_names_already_there_and_adds_the_key_when_absent(
+    fleet: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert reconcile("skip", "mistral-wide", "gpu-a1", "--repo", str(fleet)) == 0
+    assert reconcile("skip", "mistral-wide", "gpu-a2", "gpu-a1", "--repo", str(fleet)) == 0
+
+    removed, added = changed_lines(BARE_ROLLOUT, read(fleet, "mistral-wide"))
+    assert removed == [] and added == ["  skipNodes: [gpu-a1, gpu-a2]"]
+    assert "already in spec.skipNodes: gpu-a1" in capsys.readouterr().out
+    assert reconcile("skip", "mistral-wide", "gpu-a1", "--repo", str(fleet)) == 0
+    assert "nothing to change" in capsys.readouterr().out
+
+
+def test_skip_refuses_a_node_that_is_not_the_rollouts_naming_its_nodes(
+    fleet: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    commit_files(fleet, status_files("llama-canary", "paused", hold="health_failed"), "status")
+
+    assert reconcile("skip", "llama-canary", "gpu-a3", "--repo", str(fleet)) == 1
+
+    assert read(fleet) == ROLLOUT
+    err = capsys.readouterr().err
+    assert "not nodes of llama-canary: gpu-a3" in err and "gpu-a1, gpu-a2" in err
+
+
+def test_skip_notes_a_node_that_already_succeeded_and_commits_who_and_why(
+    fleet: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    commit_files(fleet, status_files("llama-canary", "paused", hold="health_failed"), "status")
+
+    code = reconcile(
+        "skip", "llama-canary", "gpu-a1", "gpu-a2", "--repo", str(fleet), "-m", "disk is gone",
+        "--commit",
+    )  # fmt: skip
+
+    assert code == 0
+    assert "already succeeded, so never skipped: gpu-a1" in capsys.readouterr().out
+    assert git(fleet, "log", "-1", "--format=%s").strip() == "skip llama-canary: disk is gone"
+    assert "spec.skipNodes: [] -> [gpu-a1, gpu-a2]" in git(fleet, "log", "-1", "--format=%b")
+
+
 # -- --commit --------------------------------------------------------------
 
 

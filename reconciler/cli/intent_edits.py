@@ -378,6 +378,39 @@ def rollback(root: Path, name: str, nodes: Sequence[str] | None, *, now: datetim
     return _edit(rollout, "rollback", {"rollbackRequest": request}, notes)
 
 
+def skip(root: Path, name: str, nodes: Sequence[str]) -> Edit:
+    """Add ``nodes`` to ``spec.skipNodes``, keeping the names already there:
+    each becomes ``skipped`` once it has not succeeded and has no job in
+    flight. Refuses names that are not the rollout's nodes."""
+    rollout = load_rollout(root, name)
+    status = read_status(root, name)
+    _refuse_terminal(rollout, status, "skip nodes")
+    wanted = list(dict.fromkeys(nodes))
+    known = (
+        set(status.nodes)
+        if status is not None and status.nodes
+        else {p.stem for p in (root / NODES_DIR).glob("*.yaml")}
+    )
+    unknown = [n for n in wanted if n not in known]
+    if unknown:
+        where = f"nodes of {name}" if status is not None and status.nodes else "nodes in nodes/"
+        raise ReconcilerError(
+            f"not {where}: {', '.join(unknown)}", hint=f"its nodes: {_short_list(sorted(known))}"
+        )
+    current = [str(n) for n in rollout.spec.get("skipNodes") or ()]
+    notes = [f"already in spec.skipNodes: {n}" for n in wanted if n in current]
+    if status is not None:
+        done = [n for n in wanted if status.node_states.get(n) == "succeeded"]
+        if done:
+            notes.append(f"already succeeded, so never skipped: {', '.join(done)}")
+    added = [n for n in wanted if n not in current]
+    if not added:
+        return Edit(
+            rollout=rollout, verb="skip", after=rollout.text, changes=(), notes=tuple(notes)
+        )
+    return _edit(rollout, "skip", {"skipNodes": [*current, *added]}, notes)
+
+
 def fresh_rollback_id(rollout: Rollout, status: StatusFacts | None, now: datetime) -> str:
     """``r1``, then ``r2`` after ``r1``; ``r-YYYYMMDDHHMMSS`` when earlier ids
     do not count up."""

@@ -32,6 +32,7 @@ COMMANDS: dict[str, str] = {
     "resume": "intents",
     "abort": "intents",
     "rollback": "rollback",
+    "skip": "skip",
     "backups": "backups",
     "verify": "verify",
     "approve": "approve",
