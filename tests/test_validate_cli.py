@@ -189,3 +189,38 @@ def test_a_node_id_in_maintenance_is_a_warning_and_exits_0(
     assert capsys.readouterr().out.startswith(
         f"::warning file={root}/rollouts/llama.yaml,title=spec.nodeIds::spec.nodeIds: warning: gpu-a5"
     )
+
+
+def test_a_selector_that_matches_no_node_is_a_warning_naming_the_values_in_use(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / "fleet"
+    (root / "nodes").mkdir(parents=True)
+    (root / "rollouts").mkdir()
+    for name, role in (("gpu-a1", "canary"), ("gpu-b1", "serving")):
+        (root / "nodes" / f"{name}.yaml").write_text(
+            f"apiVersion: reconciler/v1\nkind: Node\nmetadata: {{name: {name}}}\n"
+            f"spec:\n  agent: http://127.0.0.1:8710\n  labels: {{role: {role}}}\n"
+        )
+    rollout = (
+        "apiVersion: reconciler/v1\nkind: Rollout\nmetadata: {{name: {name}}}\nspec:\n"
+        "  target: {{runtime: hermes, provider: ollama, model: llama3.1-8b}}\n"
+        "  selector: {selector}\n"
+    )
+    (root / "rollouts" / "typo.yaml").write_text(
+        rollout.format(name="typo", selector="{role: servng}")
+    )
+    (root / "rollouts" / "fine.yaml").write_text(
+        rollout.format(name="fine", selector="{role: serving}")
+    )
+
+    assert cli.main(["validate", str(root)]) == 0
+
+    err = capsys.readouterr().err
+    assert (
+        f"{root}/rollouts/typo.yaml: spec.selector: warning: the selector {{role: servng}} "
+        "matches no node, so the rollout stays pending until one does "
+        "(in nodes/: role is canary, serving)"
+    ) in err
+    assert "fine.yaml" not in err
+    assert "ok: 2 nodes, 2 rollouts" in err

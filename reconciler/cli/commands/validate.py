@@ -6,7 +6,8 @@ annotations with ``--format github``. Exit 0 when clean, 1 on any problem,
 2 on usage errors. ``status/`` is the daemon's and is not checked.
 
 Warnings (exit 0 all the same): a ``nodeIds`` entry in maintenance, which
-the rollout leaves out.
+the rollout leaves out; a selector that matches no node (a typo such as
+``role: servng`` leaves the rollout pending for good).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from reconciler.engine.selection import maintenance_node_ids
+from reconciler.engine.selection import maintenance_node_ids, resolve_nodes
 from reconciler.spec import safe_yaml
 from reconciler.spec.documents import Documents, load_directory
 from reconciler.spec.errors import UsageError
@@ -66,9 +67,19 @@ def github_annotation(problem: Problem, prefix: str = "", level: str = "error") 
 
 def warnings(documents: Documents) -> list[Problem]:
     """What is valid but likely not meant: nodeIds entries left out because
-    the node is in maintenance."""
+    the node is in maintenance, and selectors that match no node."""
     found = []
     for name, spec in sorted(documents.rollouts.items()):
+        if spec.selector is not None and not resolve_nodes(spec, documents.fleet):
+            found.append(
+                Problem(
+                    rollout_path(name),
+                    0,
+                    0,
+                    "spec.selector",
+                    _matches_none(spec.selector, documents),
+                )
+            )
         for node in maintenance_node_ids(spec, documents.fleet):
             found.append(
                 Problem(
@@ -81,6 +92,20 @@ def warnings(documents: Documents) -> list[Problem]:
                 )
             )
     return found
+
+
+def _matches_none(selector: tuple[tuple[str, str], ...], documents: Documents) -> str:
+    """The warning for a selector no node meets, with the values each of its
+    labels has in the fleet, so that a typo shows next to the right spelling."""
+    wanted = ", ".join(f"{k}: {v}" for k, v in selector)
+    hints = []
+    for key, _ in selector:
+        values = sorted({dict(n.labels).get(key) for n in documents.fleet.nodes} - {None})
+        hints.append(f"{key} is {', '.join(map(str, values))}" if values else f"no node has {key}")
+    return (
+        f"warning: the selector {{{wanted}}} matches no node, so the rollout stays pending "
+        f"until one does (in nodes/: {'; '.join(hints)})"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
