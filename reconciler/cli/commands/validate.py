@@ -100,7 +100,7 @@ def _matches_none(selector: tuple[tuple[str, str], ...], documents: Documents) -
     wanted = ", ".join(f"{k}: {v}" for k, v in selector)
     hints = []
     for key, _ in selector:
-        values = sorted({dict(n.labels).get(key) for n in documents.fleet.nodes} - {None})
+        values = sorted({v for n in documents.fleet.nodes if (v := n.label(key)) is not None})
         hints.append(f"{key} is {', '.join(map(str, values))}" if values else f"no node has {key}")
     return (
         f"warning: the selector {{{wanted}}} matches no node, so the rollout stays pending "
