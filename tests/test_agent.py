@@ -407,6 +407,26 @@ def test_a_restore_puts_the_named_backup_back(
     assert [b["jobId"] for b in agent.get("backups")[1]] == ["restore-0001", "apply-0001"]
 
 
+def test_a_restores_after_apply_sees_the_restored_model_not_the_one_rolled_back_from(
+    tmp_path: Path, state: Path, key: SigningKey
+) -> None:
+    out = tmp_path / "env.txt"
+    hook = f'echo "$RECONCILER_KIND $RECONCILER_PROVIDER $RECONCILER_MODEL $RECONCILER_PROFILE" >> {out}'
+    agent = AgentThread(state, [key], after_apply=hook)
+    try:
+        agent.post(envelope(job(), key))
+        backup_id = agent.wait_finished("apply-0001")["backupId"]
+        agent.post(envelope(job("restore-0001", kind="restore", backup_id=backup_id), key))
+        assert agent.wait_finished("restore-0001")["state"] == "succeeded"
+    finally:
+        agent.close()
+
+    assert out.read_text().splitlines() == [
+        "apply vllm llama3.1-8b default",
+        "restore ollama llama3-old default",
+    ]
+
+
 def test_a_restore_of_an_unknown_backup_fails(agent: AgentThread, key: SigningKey) -> None:
     agent.post(envelope(job("restore-0001", kind="restore", backup_id="hermes-nope"), key))
 

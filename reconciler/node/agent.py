@@ -624,9 +624,10 @@ class Agent:
             self._keep(record)
         if current is not None and backup_id is not None:
             self._take_backup(backup_id, runtime, payload, current[0], current[1], before_values)
+        written = self._config_values(runtime, new_data) if self.config.after_apply else {}
         self.state.write_config(runtime, new_data, new_mode)
         if self.config.after_apply:
-            outcome = self._after_apply(payload)
+            outcome = self._after_apply(payload, written)
             if outcome is not None:
                 # Put the previous bytes (and mode) back exactly, or no file if none.
                 self.state.write_config(runtime, old_data, current[1] if current else CONFIG_MODE)
@@ -688,8 +689,12 @@ class Agent:
         ):
             self.state.delete_backup(backup_id)
 
-    def _after_apply(self, payload: Mapping[str, Any]) -> tuple[str, str] | None:
-        """None when the command succeeded, else (what happened, output tail)."""
+    def _after_apply(
+        self, payload: Mapping[str, Any], written: Mapping[str, Any]
+    ) -> tuple[str, str] | None:
+        """None when the command succeeded, else (what happened, output tail).
+        Provider, model and profile are those of the config just written: for
+        a restore, the restored ones, not the target rolled back from."""
         command = self.config.after_apply
         assert command is not None
         target = payload["target"]
@@ -703,9 +708,9 @@ class Agent:
                 "RECONCILER_ATTEMPT": str(payload["attempt"]),
                 "RECONCILER_MODE": payload["mode"],
                 "RECONCILER_RUNTIME": target["runtime"],
-                "RECONCILER_PROVIDER": target["provider"],
-                "RECONCILER_MODEL": target["model"],
-                "RECONCILER_PROFILE": target["profile"],
+                "RECONCILER_PROVIDER": str(written.get("provider", "")),
+                "RECONCILER_MODEL": str(written.get("model", "")),
+                "RECONCILER_PROFILE": str(written.get("profile", "")),
                 "RECONCILER_BACKUP_ID": payload.get("backupId") or "",
                 "RECONCILER_SOURCE_COMMIT": payload["sourceCommit"],
                 "RECONCILER_CONFIG": self.state.config_location(target["runtime"]),
