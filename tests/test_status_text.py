@@ -186,6 +186,31 @@ def test_status_of_one_rollout_and_json(origin: Path, capsys: pytest.CaptureFixt
     assert [r["metadata"]["name"] for r in records] == ["llama-canary", "mistral-wide", "qwen-next"]
 
 
+def test_status_active_leaves_out_finished_rollouts_newest_first(
+    origin: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["status", "--repo", str(origin), "--active"]) == 0
+    rows = capsys.readouterr().out.splitlines()[1:]
+    # llama-canary's latest transition is newer than qwen-next's (it has none)
+    assert [line.split()[0] for line in rows] == ["llama-canary", "qwen-next"]
+
+    assert cli.main(["status", "--repo", str(origin), "--active", "--format", "json"]) == 0
+    records = json.loads(capsys.readouterr().out)
+    assert [r["metadata"]["name"] for r in records] == ["llama-canary", "qwen-next"]
+
+
+def test_status_active_says_so_when_every_rollout_has_finished(
+    tmp_path: Path, identity: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    work = make_fleet(tmp_path / "seed", {"rollouts/.keep": "", **status_text(finished())})
+
+    assert cli.main(["status", "--repo", str(work), "--active"]) == 0
+
+    assert capsys.readouterr().out == (
+        "no active rollouts (every rollout with a status has finished)\n"
+    )
+
+
 def test_status_of_an_unknown_rollout_fails_and_names_the_known_ones(
     origin: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

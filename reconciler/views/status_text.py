@@ -15,7 +15,7 @@ import json
 import textwrap
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
 from reconciler.spec.batch_shapes import describe_sizes
 from reconciler.spec.durations import format_duration
@@ -145,6 +145,13 @@ def ordered(statuses: Mapping[str, RolloutStatus]) -> list[RolloutStatus]:
     return sorted(statuses.values(), key=lambda s: (rank.get(s.phase, len(rank)), s.name))
 
 
+def newest(statuses: Mapping[str, RolloutStatus]) -> list[RolloutStatus]:
+    """Rollouts by their latest transition, newest first, then by name."""
+    never = datetime.min.replace(tzinfo=UTC)
+    by_name = sorted(statuses.values(), key=lambda s: s.name)
+    return sorted(by_name, key=lambda s: last_change(s) or never, reverse=True)
+
+
 def progress_bar(done: int, total: int, width: int = BAR_WIDTH) -> str:
     """``████░░░░░░``: full cells only for finished work (never rounds up to
     a full bar before the last node)."""
@@ -254,13 +261,15 @@ def render_table(
     *,
     colour: bool = False,
     width: int = WIDTH,
+    newest_first: bool = False,
 ) -> str:
     """One line per rollout: name, phase, progress, batch, age, hold; each
     line at most ``width`` columns. The hold reason is what a person acts
-    on, so a long name is clipped before it is."""
+    on, so a long name is clipped before it is. Rows come in attention
+    order, or with ``newest_first`` by their latest transition."""
     if not statuses:
         return "no rollouts have a status yet\n"
-    rows = [summarize(s) for s in ordered(statuses)]
+    rows = [summarize(s) for s in (newest(statuses) if newest_first else ordered(statuses))]
     prog_w = max(len("PROGRESS"), *(len(progress_text(r)) for r in rows))
     batch_w = max(len("BATCH"), *(len(batch_text(r)) for r in rows))
     phase_w = 9

@@ -23,6 +23,7 @@ from reconciler.cli.remote_options import add_branch_source_arguments
 from reconciler.daemon.logs import EventLog
 from reconciler.git.branch import REMOTE_POLL, Branch, open_branch
 from reconciler.spec.errors import StoreError
+from reconciler.spec.rollout_status import TERMINAL_PHASES
 from reconciler.views import status_text
 from reconciler.views.status_reader import Snapshot, StatusCache, read_snapshot, status_branch
 
@@ -36,6 +37,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", metavar="NAME", nargs="?", help="one rollout in full")
     add_branch_source_arguments(parser)
     parser.add_argument("--watch", action="store_true", help="redraw as status commits arrive")
+    parser.add_argument(
+        "--active",
+        action="store_true",
+        help="leave out finished rollouts (completed, failed, aborted); newest first",
+    )
     parser.add_argument(
         "--format",
         choices=("text", "json"),
@@ -76,9 +82,15 @@ def terminal_width(stream: object) -> int:
 
 
 def render(
-    snapshot: Snapshot, name: str | None, fmt: str, colour: bool, width: int = status_text.WIDTH
+    snapshot: Snapshot,
+    name: str | None,
+    fmt: str,
+    colour: bool,
+    width: int = status_text.WIDTH,
+    active: bool = False,
 ) -> tuple[str, bool]:
-    """The text to show, and whether NAME was found."""
+    """The text to show, and whether NAME was found. ``active`` leaves out
+    finished rollouts and shows the newest first."""
     now = datetime.now(UTC)
     if name is not None:
         status = snapshot.statuses.get(name)
@@ -88,18 +100,30 @@ def render(
         if fmt == "json":
             return status_text.render_json([status], one=True), True
         return status_text.render_detail(status, now, colour=colour), True
+    statuses = snapshot.statuses
+    if active:
+        statuses = {n: s for n, s in statuses.items() if s.phase not in TERMINAL_PHASES}
+        if not statuses and fmt != "json":
+            return "no active rollouts (every rollout with a status has finished)\n", True
     if fmt == "json":
-        return status_text.render_json(snapshot.statuses.values()), True
-    return status_text.render_table(snapshot.statuses, now, colour=colour, width=width), True
+        shown = status_text.newest(statuses) if active else statuses.values()
+        return status_text.render_json(shown), True
+    table = status_text.render_table(statuses, now, colour=colour, width=width, newest_first=active)
+    return table, True
 
 
 def run(args: argparse.Namespace) -> int:
     source = open_branch(args.repo, args.branch, ssh_key=args.ssh_key, known_hosts=args.known_hosts)
     if args.watch:
-        return watch(source, args.name, args.format)
+        return watch(source, args.name, args.format, args.active)
     snapshot = read_snapshot(source)
     text, found = render(
-        snapshot, args.name, args.format, use_colour(sys.stdout), terminal_width(sys.stdout)
+        snapshot,
+        args.name,
+        args.format,
+        use_colour(sys.stdout),
+        terminal_width(sys.stdout),
+        args.active,
     )
     sys.stdout.write(text)
     for problem in snapshot.problems:
@@ -107,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
     return 0 if found else 1
 
 
-def watch(source: Branch, name: str | None, fmt: str) -> int:
+def watch(source: Branch, name: str | None, fmt: str, active: bool = False) -> int:
     """Redraw whenever a new status commit arrives; on a terminal also when
     the text changes as ages grow. Ends with Ctrl-C."""
     tty = sys.stdout.isatty()
@@ -133,7 +157,8 @@ def watch(source: Branch, name: str | None, fmt: str) -> int:
                         print(f"warning: {exc}", file=sys.stderr)
                     last_read = now
                 if snapshot is not None:
-                    text, _ = render(snapshot, name, fmt, colour, terminal_width(sys.stdout))
+                    width = terminal_width(sys.stdout)
+                    text, _ = render(snapshot, name, fmt, colour, width, active)
                     if shown is None or snapshot.commit != shown[0] or (tty and text != shown[1]):
                         _draw(text, source, snapshot, tty)
                         shown = (snapshot.commit, text)
