@@ -14,6 +14,7 @@ from typing import Any
 import jsonschema  # type: ignore[import-untyped]
 import pytest
 
+from reconciler.spec import schemas
 from reconciler.spec.model import Target
 from reconciler.spec.rollout_status import (
     ApprovalRecord,
@@ -24,7 +25,7 @@ from reconciler.spec.rollout_status import (
     RestoreRecord,
     RolloutStatus,
 )
-from reconciler.views.attestation import statement_of, subjects_of
+from reconciler.views.attestation import predicate_problem, statement_of, subjects_of
 
 REPO = Path(__file__).resolve().parent.parent
 SCHEMA = json.loads((REPO / "schemas" / "deployment-attestation.schema.json").read_text())
@@ -32,6 +33,7 @@ STATUS_SCHEMA = json.loads((REPO / "schemas" / "rollout-status.schema.json").rea
 AT = datetime(2026, 12, 2, 9, 0, tzinfo=UTC)
 SPEC = "9d2bee0e738d46b8890c16d90cc3cbc8b8c505fa"
 STATUS = "e1cc3b75a3b9500078362ff40b94e6f332ac36d0"
+JOB = f"apply-{'0' * 32}"
 DIGEST = "662e95a2820fc1a559b823754592bc8f1fe3f986064b62fdab55406cc055a53f"
 
 
@@ -42,7 +44,7 @@ def evidence(node: str, digest: str | None = DIGEST) -> NodeEvidence:
         beat = {"node": node, "runtimes": [{**runtime, "configDigest": f"sha256:{digest}"}]}
     return NodeEvidence(
         key_id="SHA256:agent",
-        job_record={"jobId": f"apply-{node}", "state": "succeeded"},
+        job_record={"jobId": JOB, "state": "succeeded"},
         job_signature="c2ln",
         heartbeat=beat,
         heartbeat_signature=None if beat is None else "c2ln",
@@ -57,7 +59,7 @@ def node(name: str, state: str = "succeeded", **fields: Any) -> NodeRecord:
         batch=1,
         state=state,
         attempt=1,
-        job_id=f"apply-{'0' * 32}",
+        job_id=JOB,
         source_commit=SPEC,
         dispatched_at=AT,
         deadline=AT,
@@ -149,6 +151,11 @@ def test_the_predicate_schema_refuses_what_is_not_a_finished_rollout() -> None:
             target = target[part]
         target[path[-1]] = value
         assert not validator.is_valid(broken), path
+        # The compiled check that spares jsonschema agrees, and puts it in words.
+        assert not schemas.fast_check("deployment-attestation")(broken), path
+        assert predicate_problem(broken), path
+    assert schemas.fast_check("deployment-attestation")(predicate)
+    assert predicate_problem(predicate) == ""
 
 
 @pytest.mark.parametrize("name", ["name", "time", "jobId", "frozen", "node", "restore", "evidence"])
