@@ -356,6 +356,13 @@ def test_a_payload_that_is_not_our_statement_fails(
     assert code == 1
     assert "the node records are not the frozen node list, in its order" in out
 
+    statement = copy.deepcopy(attested.statement)
+    statement["predicate"]["nodes"][0]["dispatchedAt"] = "2026-13-01T00:00:00Z"
+    month = resigned(attested, statement, tmp_path / "month.json")
+    code, out = verify(attested, month, capsys)
+    assert code == 1
+    assert "statement FAILED: a node record is unreadable: month must be in 1..12" in out
+
     garbage = tmp_path / "garbage.json"
     garbage.write_text('{"payload": "%%%", "payloadType": 1}')
     code, out = verify(attested, garbage, capsys)

@@ -299,7 +299,11 @@ def _repository_findings(statement: Mapping[str, Any], source: Branch) -> list[F
             for n in predicate["nodes"]
         }
     else:
-        for verdict in check_evidence(source, _status_of(predicate)):
+        try:
+            attested = _status_of(predicate)
+        except (KeyError, TypeError, ValueError) as exc:  # the schema cannot tell 13 months
+            return [*findings, Finding("statement", False, f"a node record is unreadable: {exc}")]
+        for verdict in check_evidence(source, attested):
             if verdict.ok:
                 verdicts[verdict.node] = verdict.message
             else:
