@@ -364,10 +364,14 @@ def test_a_payload_that_is_not_our_statement_fails(
     assert "statement FAILED: a node record is unreadable: month must be in 1..12" in out
 
     garbage = tmp_path / "garbage.json"
-    garbage.write_text('{"payload": "%%%", "payloadType": 1}')
+    garbage.write_text('{"payload": "", "payloadType": "x"}')
     code, out = verify(attested, garbage, capsys)
     assert code == 1
-    assert "envelope FAILED: not a DSSE envelope:" in out
+    assert "envelope FAILED: not a DSSE envelope: field 'signatures' is missing" in out
+    garbage.write_text("{not json")
+    code, out = verify(attested, garbage, capsys)
+    assert code == 1
+    assert "envelope FAILED: not a DSSE envelope: not JSON: Expecting property name" in out
 
 
 # -- what attest refuses -------------------------------------------------------

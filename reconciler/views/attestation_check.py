@@ -21,7 +21,6 @@ Reads Git through ``Branch``; decides nothing about rollouts.
 
 from __future__ import annotations
 
-import copy
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -76,10 +75,10 @@ class AttestationReport:
         return tuple(f for f in self.findings if not f.ok)
 
 
-def check_attestation(envelope: Any, key: TrustedKey, source: Branch | None) -> AttestationReport:
-    """Every check above of the envelope ``envelope`` (JSON data) against the
+def check_attestation(data: bytes, key: TrustedKey, source: Branch | None) -> AttestationReport:
+    """Every check above of the envelope file's bytes ``data`` against the
     daemon's public ``key``; the repository ones when ``source`` is given."""
-    statement, opened = open_envelope(envelope, key)
+    statement, opened = open_envelope(data, key)
     if statement is None:
         return AttestationReport("", (opened,))
     problem = statement_problem(statement)
@@ -106,13 +105,17 @@ def check_attestation(envelope: Any, key: TrustedKey, source: Branch | None) -> 
     return AttestationReport(rollout, tuple(findings + _repository_findings(statement, source)))
 
 
-def open_envelope(data: Any, key: TrustedKey) -> tuple[dict[str, Any] | None, Finding]:
-    """The statement inside a DSSE envelope signed by ``key`` (None when it
-    is not), and the finding that says so."""
-    if not isinstance(data, dict):
+def open_envelope(data: bytes, key: TrustedKey) -> tuple[dict[str, Any] | None, Finding]:
+    """The statement inside the DSSE envelope ``data`` (JSON) if ``key``
+    signed it (None when not), and the finding that says so."""
+    try:
+        parsed = json.loads(data)
+    except (UnicodeDecodeError, ValueError) as exc:
+        return None, Finding("envelope", False, f"not a DSSE envelope: not JSON: {exc}")
+    if not isinstance(parsed, dict):
         return None, Finding("envelope", False, "not a DSSE envelope (a JSON object)")
     try:
-        envelope = Envelope.from_dict(copy.deepcopy(data))
+        envelope = Envelope.from_dict(parsed)
     except (KeyError, TypeError, ValueError, AttributeError, SslibError) as exc:
         return None, Finding("envelope", False, f"not a DSSE envelope: {_describe(exc)}")
     if envelope.payload_type != PAYLOAD_TYPE:
