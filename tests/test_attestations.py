@@ -27,11 +27,16 @@ import jsonschema  # type: ignore[import-untyped]
 import pytest
 
 from reconciler.cli.main import main as cli
+from reconciler.daemon.agent_client import AgentClient
+from reconciler.daemon.logs import EventLog
+from reconciler.daemon.loop import Daemon
+from reconciler.git.approval import Approver, load_allowed_signers
+from reconciler.git.store import GitStore
 from reconciler.protocol.signing import generate_key, load_private_key
 from reconciler.views.attestation import PREDICATE_TYPE, sign
 from tests.agentkit import AgentFleet, node_map
 from tests.fleetkit import rollout_yaml
-from tests.gitutil import git
+from tests.gitutil import git, git_env
 
 REPO = Path(__file__).resolve().parent.parent
 SCHEMA = REPO / "schemas" / "deployment-attestation.schema.json"
@@ -449,3 +454,80 @@ def test_verify_attestation_usage_errors_exit_2(
     assert f"cannot read {missing}" in capsys.readouterr().err
     assert cli(["verify", "--evidence", "r", "--key", str(attested.public)]) == 2
     assert "--key goes with --attestation" in capsys.readouterr().err
+
+
+# -- the whole chain -----------------------------------------------------------
+
+
+def person(root: Path, name: str) -> tuple[Path, str]:
+    """An SSH key made by ssh-keygen, and its fingerprint as ssh-keygen shows it."""
+    key = root / name
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", name, "-f", str(key)], check=True
+    )
+    listed = subprocess.run(
+        ["ssh-keygen", "-l", "-f", f"{key}.pub"], check=True, capture_output=True, text=True
+    )
+    return key, listed.stdout.split()[1]
+
+
+def test_an_attestation_records_the_signed_commit_and_the_approval_that_counted(
+    fleet: AgentFleet, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "people").mkdir()
+    alice, _ = person(tmp_path / "people", "alice")
+    bob, bob_id = person(tmp_path / "people", "bob")
+    signers = tmp_path / "allowed_signers"
+    people = {"alice@example.com": alice, "bob@example.com": bob}
+    signers.write_text(
+        "".join(f"{who} {Path(f'{key}.pub').read_text()}" for who, key in people.items())
+    )
+    # alice writes and signs the rollout, bob approves it
+    env = git_env("Alice", "alice@example.com")
+    fleet.pull()
+    (fleet.work / "rollouts").mkdir()
+    (fleet.work / "rollouts" / "r.yaml").write_text(
+        rollout_yaml("r", nodeIds=list(NODES), live=True)
+    )
+    git("add", "-A", cwd=fleet.work, env=env)
+    git(
+        "-c", "gpg.format=ssh", "-c", f"user.signingKey={alice}",
+        "commit", "-q", "-S", "-m", "Roll out r", cwd=fleet.work, env=env,
+    )  # fmt: skip
+    git("push", "-q", "origin", "HEAD:main", cwd=fleet.work)
+    change = git("rev-parse", "HEAD", cwd=fleet.work).strip()
+    assert cli(["approve", change, "--key", str(bob), "--repo", str(fleet.work), "--push"]) == 0
+    store = GitStore.open(str(fleet.bare), "main")
+    approver = Approver(store.repository(), load_allowed_signers(signers), required_approvals=1)
+    daemon = Daemon(
+        store,
+        AgentClient(load_private_key(fleet.key_path), timeout=fleet.agent_timeout),
+        approver=approver,
+        log=EventLog(stream=sys.stderr),
+        clock=fleet.clock,
+    )
+    fleet.daemons.append(daemon)
+    fleet.run_until(daemon, lambda s: s.get("r", {}).get("phase") == "completed")
+    out = tmp_path / "r.json"
+
+    code, err = attest(fleet, "r", out, capsys)
+
+    assert code == 0, err
+    predicate = json.loads(base64.b64decode(json.loads(out.read_text())["payload"]))["predicate"]
+    assert predicate["startCommit"] == predicate["specCommit"] == change
+    assert predicate["approvals"] == [
+        {"principal": "bob@example.com", "keyId": bob_id, "rules": []}
+    ]
+    # The first link, checked by git itself: the commit the rollout started at is alice's.
+    verified = subprocess.run(
+        ["git", "-c", f"gpg.ssh.allowedSignersFile={signers}", "verify-commit", change],
+        cwd=fleet.bare,
+        capture_output=True,
+        text=True,
+    )
+    assert verified.returncode == 0, verified.stderr
+    assert 'Good "git" signature for alice@example.com' in verified.stderr
+    capsys.readouterr()
+    public = fleet.key_path.with_name("reconciler.pub")
+    args = ["verify", "--attestation", str(out), "--key", str(public), "--repo", str(fleet.bare)]
+    assert cli(args) == 0, capsys.readouterr().out
