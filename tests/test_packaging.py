@@ -32,7 +32,14 @@ def test_the_wheel_carries_schemas_examples_and_the_console_script(tmp_path: Pat
     (wheel,) = tmp_path.glob("fleet_rollout_reconciler-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
 
-    for schema in ("node", "rollout", "settings", "rollout-status", "job"):
+    for schema in (
+        "node",
+        "rollout",
+        "settings",
+        "rollout-status",
+        "job",
+        "deployment-attestation",
+    ):
         assert f"reconciler/schemas/{schema}.schema.json" in names
     assert "reconciler/example-repo/rollouts/llama-canary.yaml" in names
     assert "reconciler/example-repo/nodes/gpu-a1.yaml" in names

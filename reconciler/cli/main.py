@@ -36,6 +36,7 @@ COMMANDS: dict[str, str] = {
     "backups": "backups",
     "verify": "verify",
     "approve": "approve",
+    "attest": "attest",
     "keys": "keys",
     "init": "init",
     "demo": "demo",

@@ -12,6 +12,14 @@ answers recorded in rollout NAME's status against each node's ``agentKey``
 at the rollout's ``specCommit`` (docs/trust.md), printing ``ok`` or
 why not per node; exit 1 when any fails.
 
+With ``--attestation FILE --key PUB`` it checks a deployment attestation
+(``reconciler attest``, docs/attestations.md): the envelope's signature by
+the daemon's key, the statement, and with ``--repo`` the commits, the
+committed status and every node's evidence against its ``agentKey`` at
+``specCommit``. Without ``--repo`` only what the file itself can show is
+checked, and the report says so. Exit 1, with one reason per failing
+part or node, when any check fails.
+
 Reads a local repository (``git.revisions``); decides nothing itself (``approval``).
 """
 
@@ -38,11 +46,16 @@ from reconciler.git.revisions import describe_commit, open_local_repository, res
 from reconciler.git.sshsig import AllowedSigner, parse_allowed_signers
 from reconciler.git.status_writes import DaemonWrites
 from reconciler.git.store import GitStore
+from reconciler.protocol.signing import TrustedKey, load_public_key
 from reconciler.spec.errors import ReconcilerError, StoreError, UsageError
+from reconciler.views.attestation_check import check_attestation
 from reconciler.views.evidence_check import check_evidence
 from reconciler.views.status_reader import StatusReader, read_snapshot
 
-HELP = "tell whether a commit would be acted on under --allowed-signers, and why"
+HELP = (
+    "tell whether a commit would be acted on under --allowed-signers, and why;"
+    " or check a rollout's recorded evidence (--evidence) or an attestation (--attestation)"
+)
 
 _SHORT = 12
 
@@ -52,7 +65,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "rev", nargs="?", metavar="REV", help="commit to check (default: the branch tip)"
     )
     parser.add_argument(
-        "--repo", default=".", metavar="PATH", help="fleet repository (default: current directory)"
+        "--repo",
+        metavar="PATH",
+        help="fleet repository (default: current directory; "
+        "with --attestation, none: the repository checks are then left out)",
     )
     parser.add_argument(
         "--branch", default="main", help="branch whose tip is checked when REV is omitted"
@@ -63,6 +79,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="check the signed agent answers recorded in rollout NAME's status "
         "against the nodes' agentKey at its specCommit",
+    )
+    what.add_argument(
+        "--attestation",
+        type=Path,
+        metavar="FILE",
+        help="check a deployment attestation (reconciler attest) signed by --key",
     )
     what.add_argument(
         "--allowed-signers",
@@ -83,6 +105,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="armored OpenPGP public keys whose commit signatures count too (a forge's key)",
     )
     parser.add_argument(
+        "--key",
+        type=Path,
+        metavar="PUB",
+        help="with --attestation: the daemon's public key (reconciler.pub)",
+    )
+    parser.add_argument(
         "--daemon-key",
         type=Path,
         metavar="PUB",
@@ -92,10 +120,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.attestation is not None:
+        return verify_attestation(args.attestation, args.key, args.repo, args.branch)
+    if args.key is not None:
+        raise UsageError("--key goes with --attestation", "for status commits use --daemon-key")
     if args.evidence is not None:
-        return verify_evidence(args.repo, args.branch, args.evidence)
+        return verify_evidence(args.repo or ".", args.branch, args.evidence)
     allowed = _allowed_signers(Path(args.allowed_signers))
-    repo = open_local_repository(args.repo)
+    repo = open_local_repository(args.repo or ".")
     label, tip = resolve_or_branch_tip(repo, args.rev, args.branch)
     if args.require_approvals < 0:
         raise UsageError("--require-approvals must be 0 or more")
@@ -133,6 +165,37 @@ def verify_evidence(repo: str, branch: str, name: str) -> int:
         print(f"evidence does not verify for: {', '.join(failed)}")
         return 1
     return 0
+
+
+def verify_attestation(path: Path, key_path: Path | None, repo: str | None, branch: str) -> int:
+    """Print each check of the attestation at ``path``; 1 if any fails."""
+    if key_path is None:
+        raise UsageError(
+            "--attestation needs --key",
+            "pass the daemon's public key file (reconciler.pub) the attestation is signed by",
+        )
+    key = _public_key(key_path)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror}") from None
+    source = None if repo is None else open_branch(repo, branch)
+    report = check_attestation(data, key, source)
+    print(f"attestation {path}" + (f" of rollout {report.rollout}" if report.rollout else ""))
+    width = max((len(f.about) for f in report.findings), default=0)
+    for f in report.findings:
+        print(f"  {f.about:<{width}}  {f.verdict}: {f.message}")
+    if report.failed:
+        print(f"attestation does not verify: {', '.join(f.about for f in report.failed)}")
+        return 1
+    return 0
+
+
+def _public_key(path: Path) -> TrustedKey:
+    try:
+        return load_public_key(path)
+    except ReconcilerError as exc:
+        raise UsageError(exc.message, exc.hint) from None
 
 
 def _status_signers(
