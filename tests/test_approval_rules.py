@@ -5,6 +5,7 @@ made by ``reconciler approve``, keys made by ``ssh-keygen``; and
 
 from __future__ import annotations
 
+import json
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -303,3 +304,39 @@ def test_validate_names_each_bad_rule(
         "'settings-owners': nobody@example.com is not in the allowed-signers file" in out
     )
     assert main(["validate", str(tmp_path)]) == 0  # without the file, nothing to check against
+
+
+def test_plan_lists_the_rules_that_apply_with_approvals_present_and_missing(
+    fleet: Fleet, capsys: pytest.CaptureFixture[str]
+) -> None:
+    change = fleet.commit({"rollouts/srv.yaml": serving()})
+    fleet.approve(change, "res-1")
+    plan = ["plan", "--repo", str(fleet.work), "--head", change, "--base", f"{change}~1"]
+    capsys.readouterr()
+    main([*plan, "--allowed-signers", str(fleet.signers)])
+    out = capsys.readouterr().out
+    assert (
+        "rule serving-owners: needs 1 of sre-1@example.com, sre-2@example.com; has 0, 1 missing"
+        in out
+    )
+    assert "approved by res-1@example.com" in out
+
+    fleet.approve(change, "sre-1")
+    capsys.readouterr()
+    main([*plan, "--allowed-signers", str(fleet.signers), "--format", "json"])
+    record = json.loads(capsys.readouterr().out)["approvals"]
+    assert record["verified"] is True
+    assert record["rules"] == [
+        {
+            "name": "serving-owners",
+            "require": 1,
+            "principals": ["sre-1@example.com", "sre-2@example.com"],
+            "approvedBy": ["sre-1@example.com"],
+            "missing": 0,
+            "summary": "serving-owners: approved by sre-1@example.com",
+        }
+    ]
+    assert [(a["principal"], a["rules"]) for a in record["approvedBy"]] == [
+        ("res-1@example.com", []),
+        ("sre-1@example.com", ["serving-owners"]),
+    ]
