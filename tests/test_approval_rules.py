@@ -340,3 +340,16 @@ def test_plan_lists_the_rules_that_apply_with_approvals_present_and_missing(
         ("res-1@example.com", []),
         ("sre-1@example.com", ["serving-owners"]),
     ]
+
+
+def test_one_approver_sees_an_older_commits_new_approval_through_the_chain(fleet: Fleet) -> None:
+    older = fleet.commit({"rollouts/srv.yaml": serving()})  # refused: no serving owner
+    later = fleet.commit({"rollouts/res.yaml": research()})
+    fleet.approve(later, "bob")
+    approver = fleet.approver(required=1)
+    assert approver.approve(later).verified_commit not in (older, later)
+    fleet.approve(later, "res-1")  # a note on the tip alone changes nothing below it
+    assert approver.approve(later).verified_commit not in (older, later)
+    fleet.approve(older, "sre-1")
+    assert approver.approve(later).verified_commit == later  # judged on its own change now
+    assert approver.approve(older).verified_commit == older

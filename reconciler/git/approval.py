@@ -36,6 +36,7 @@ signature checks are ``reconciler.git.sshsig`` (SSH) and
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -49,10 +50,12 @@ from reconciler.git.approval_notes import (
     Approvals,
     ApprovedBy,
     RuleCount,
+    changed_notes,
     count_approvals,
+    note_ids,
+    note_text,
     notes_tip,
     people,
-    read_note,
 )
 from reconciler.git.approval_rules import Change, rules_at
 from reconciler.git.openpgp import PGP_ARMOR, PgpKeyring
@@ -71,6 +74,9 @@ from reconciler.spec.paths import SPEC_PATHS
 # change; only the recent chain matters for the next tip.
 _MAX_APPROVALS = 20_000
 _MAX_CHECKS = 20_000
+# More notes changed at once than this: forget everything, which is cheaper
+# than finding each one's place in history.
+_MANY_NOTES = 64
 
 _K = TypeVar("_K")
 _V = TypeVar("_V")
@@ -192,12 +198,17 @@ class Approver:
         self.pgp = pgp
         self.clock = clock
         self._approvals: dict[str, Approval] = {}
+        # first-parent distance from the root of each commit in _approvals
+        self._depth: dict[str, int] = {}
         self._checks: dict[str, SignatureCheck] = {}  # signature verdicts, forever
         # (commit, base) -> verdict with approvals, per notes tip
         self._verdicts: dict[tuple[str, str | None], Judgement] = {}
         # (commit, base) -> the rules its change touches, forever
         self._matches: dict[tuple[str, str | None], tuple[ApprovalRule, ...]] = {}
         self._spec: dict[str, bool] = {}  # is it a spec commit, forever
+        # (commit, note blob, signature ok, open windows) -> approvals counted
+        self._counted: dict[tuple[str, str, bool, int], Approvals] = {}
+        self._notes_index: tuple[str | None, dict[str, str]] | None = None
         self.persons = people(self.allowed)
         self._notes: str | None = None
         self._judged_at: datetime | None = None
@@ -223,17 +234,20 @@ class Approver:
         # verified commit before it, so the answer depends on the chain.
         pending: list[tuple[str, bool]] = []  # (commit id, is spec commit), newest first
         base = _NOTHING
+        depth = -1  # of the commit base answers for
         commit_id: str | None = tip
         while commit_id is not None:
             known = self._approvals.get(commit_id)
             if known is not None:
                 base = known
+                depth = self._depth[commit_id]
                 break
             commit = self._commit(commit_id)
             pending.append((commit_id, self._is_spec(commit)))
             commit_id = str(commit.parent_ids[0]) if commit.parent_ids else None
         approval = base
         for commit_id, spec in reversed(pending):
+            depth += 1
             if spec:
                 judgement = self.judge(commit_id, approval.verified_commit)
                 if judgement.ok:
@@ -243,7 +257,7 @@ class Approver:
                     approval = Approval(
                         approval.verified_commit, commit_id, (refusal, *approval.refusals)
                     )
-            self._remember(commit_id, approval)
+            self._remember(commit_id, approval, depth)
         return approval
 
     def base_of(self, commit: str) -> str | None:
@@ -337,28 +351,55 @@ class Approver:
         minimum, and those ignored with why; checked at the clock's now (an
         approval carries no time)."""
         signature = signature or self.check_signature(commit)
-        return count_approvals(
-            read_note(self.repo, commit),
-            commit,
-            self.allowed,
-            required=self.required_approvals,
-            signer=(signature.principal or "") if signature.ok else "",
-            signer_key=signature.key_id if signature.ok else None,
-            at=self.clock(),
-            persons=self.persons,
-        )
+        now = self.clock()
+        blob = self._note_ids().get(commit)
+        # An answer is a function of the note, the signer and which validity
+        # windows are open: kept by those, so forgetting it changes only the cost.
+        key = (commit, blob or "", signature.ok, bisect_right(self._boundaries, now))
+        found = self._counted.get(key)
+        if found is None:
+            found = count_approvals(
+                None if blob is None else note_text(self.repo, blob),
+                commit,
+                self.allowed,
+                required=self.required_approvals,
+                signer=(signature.principal or "") if signature.ok else "",
+                signer_key=signature.key_id if signature.ok else None,
+                at=now,
+                persons=self.persons,
+            )
+            if len(self._counted) >= _MAX_CHECKS:
+                _drop_oldest(self._counted)
+            self._counted[key] = found
+        return found
+
+    def _note_ids(self) -> dict[str, str]:
+        tip = notes_tip(self.repo)
+        if self._notes_index is None or self._notes_index[0] != tip:
+            self._notes_index = (tip, note_ids(self.repo, tip))
+        return self._notes_index[1]
 
     def _forget_if_approvals_moved(self) -> None:
-        """Drop every answer that counted approvals when the notes ref moved
-        or a signer's validity window opened or closed since."""
+        """Drop the answers that counted approvals of commits whose note
+        changed since (all of them when a signer's validity window opened or
+        closed since, or the change cannot be told)."""
         tip = notes_tip(self.repo)
         now = self.clock()
         last = self._judged_at
         crossed = last is not None and any(last < t <= now for t in self._boundaries)
-        if tip != self._notes or crossed:
+        if crossed:
             self._approvals.clear()
+            self._depth.clear()
             self._verdicts.clear()
-            self._notes = tip
+        elif tip != self._notes:
+            changed = changed_notes(self.repo, self._notes, tip)
+            if changed is None:
+                self._approvals.clear()
+                self._depth.clear()
+                self._verdicts.clear()
+            else:
+                self._forget_notes_of(changed)
+        self._notes = tip
         self._judged_at = now
 
     def _commit(self, commit_id: str) -> pygit2.Commit:
@@ -372,10 +413,50 @@ class Approver:
         commit = obj.peel(pygit2.Commit)
         return commit
 
-    def _remember(self, commit_id: str, approval: Approval) -> None:
+    def _remember(self, commit_id: str, approval: Approval, depth: int) -> None:
         if len(self._approvals) >= _MAX_APPROVALS:
             _drop_oldest(self._approvals)
+            self._depth = {c: self._depth[c] for c in self._approvals}
         self._approvals[commit_id] = approval
+        self._depth[commit_id] = depth
+
+    def _depth_of(self, commit_id: str) -> int | None:
+        """First-parent distance of ``commit_id`` from the root (None: not
+        in the repository), walking back only to a commit already known."""
+        steps = 0
+        current: str | None = commit_id
+        while current is not None:
+            known = self._depth.get(current)
+            if known is not None:
+                return known + steps
+            try:
+                parents = self._commit(current).parent_ids
+            except StoreError:
+                return None
+            current = str(parents[0]) if parents else None
+            steps += 1
+        return steps - 1
+
+    def _forget_notes_of(self, changed: frozenset[str]) -> None:
+        """Drop the answers a change to the notes of ``changed`` commits can
+        alter: their own verdicts, and every chain answer from the oldest of
+        them on (a commit's answer depends only on the notes of its chain)."""
+        if not self._approvals and not self._verdicts:
+            return
+        if len(changed) > _MANY_NOTES:
+            self._approvals.clear()
+            self._depth.clear()
+            self._verdicts.clear()
+            return
+        for key in [k for k in self._verdicts if k[0] in changed]:
+            del self._verdicts[key]
+        depths = [d for d in map(self._depth_of, changed) if d is not None]
+        if not depths:
+            return
+        oldest = min(depths)
+        for commit_id in [c for c, d in self._depth.items() if d >= oldest]:
+            del self._depth[commit_id]
+            self._approvals.pop(commit_id, None)
 
 
 def load_allowed_signers(path: Path) -> tuple[AllowedSigner, ...]:

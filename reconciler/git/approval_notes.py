@@ -177,6 +177,40 @@ def read_note(repo: pygit2.Repository, commit: str) -> str | None:
     return data.decode("utf-8", "replace")
 
 
+def note_ids(repo: pygit2.Repository, tip: str | None) -> dict[str, str]:
+    """Annotated commit id -> note blob id, in the notes tree at ``tip``
+    (flat or with git's fan-out folders): one walk instead of a lookup per
+    commit."""
+    found: dict[str, str] = {}
+    if tip is None:
+        return found
+    try:
+        tree = repo[tip].peel(pygit2.Commit).tree
+    except (KeyError, ValueError, pygit2.GitError):
+        return found
+    stack = [(tree, "")]
+    while stack:
+        folder, prefix = stack.pop()
+        for entry in folder:
+            name = prefix + (entry.name or "")
+            if entry.type_str == "tree":
+                sub = repo[entry.id]
+                if isinstance(sub, pygit2.Tree):
+                    stack.append((sub, name))
+            elif entry.type_str == "blob":
+                found[name] = str(entry.id)
+    return found
+
+
+def note_text(repo: pygit2.Repository, blob_id: str) -> str:
+    """A note's text by its blob id (as ``read_note`` reads it)."""
+    blob = repo[blob_id]
+    data = blob.data if isinstance(blob, pygit2.Blob) else b""
+    if len(data) > MAX_NOTE_BYTES:
+        return f"(a note of {len(data)} bytes, larger than {MAX_NOTE_BYTES}, is not read)"
+    return data.decode("utf-8", "replace")
+
+
 def notes_tip(repo: pygit2.Repository) -> str | None:
     """Where the notes ref points (None: no approvals anywhere yet)."""
     try:
@@ -184,6 +218,31 @@ def notes_tip(repo: pygit2.Repository) -> str | None:
     except (pygit2.GitError, ValueError):
         return None
     return None if ref is None else str(ref.target)
+
+
+def changed_notes(
+    repo: pygit2.Repository, old: str | None, new: str | None
+) -> frozenset[str] | None:
+    """The commits whose approvals note differs between two tips of the
+    notes ref (None: cannot tell, as when an object is missing)."""
+    try:
+        trees = [None if tip is None else repo[tip].peel(pygit2.Commit).tree for tip in (old, new)]
+    except (KeyError, ValueError, pygit2.GitError):
+        return None
+    before, after = trees
+    if before is None and after is None:
+        return frozenset()
+    if before is None:
+        assert after is not None
+        diff = after.diff_to_tree(swap=True)
+    else:
+        diff = before.diff_to_tree(after) if after is not None else before.diff_to_tree()
+    found: set[str] = set()
+    for delta in diff.deltas:
+        for path in (delta.old_file.path, delta.new_file.path):
+            if path:
+                found.add(path.replace("/", ""))  # git's fan-out folders
+    return frozenset(found)
 
 
 def signature_blocks(text: str) -> tuple[list[str], list[str]]:

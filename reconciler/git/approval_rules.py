@@ -36,10 +36,37 @@ from reconciler.spec.safe_yaml import YamlProblem, load_yaml
 # Only these fields, set to true, may differ in a change that only stops.
 _STOP_FIELDS = ("paused", "abort")
 
-# Parsed files by blob id: a pure function of immutable bytes (the path
-# only names a file's place, which is the same for one blob here).
+# Parsed files by (path, blob id): a pure function of immutable bytes.
+# Forgetting these tables changes nothing but the cost.
 _parsed: dict[tuple[str, str], ParsedFile] = {}
 _PARSED_KEPT = 20_000
+# The valid nodes of a ``nodes/`` tree, by its id: most commits share one.
+_fleets: dict[str, Fleet] = {}
+_FLEETS_KEPT = 16
+# What a rule covers, and what a rollout file selects, in one fleet.
+_covered: dict[tuple[ApprovalRule, str], frozenset[str]] = {}
+_selections: dict[tuple[str, str, str], frozenset[str]] = {}
+_SELECTIONS_KEPT = 20_000
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """The valid nodes of a ``nodes/`` tree, named by that tree's id."""
+
+    key: str
+    nodes: Mapping[str, Node]
+
+    def covered(self, rule: ApprovalRule) -> frozenset[str]:
+        found = _covered.get((rule, self.key))
+        if found is None:
+            found = frozenset(n for n, node in self.nodes.items() if rule.covers_node(node))
+            if len(_covered) >= _SELECTIONS_KEPT:
+                _covered.clear()
+            _covered[(rule, self.key)] = found
+        return found
+
+
+_NO_FLEET = Fleet("", {})
 
 
 @dataclass(frozen=True)
@@ -50,40 +77,54 @@ class Side:
     tree: pygit2.Tree | None
 
     def blob(self, path: str) -> pygit2.Blob | None:
-        if self.tree is None:
-            return None
-        try:
-            obj = self.tree[path]
-        except KeyError:
-            return None
-        found = self.repo[obj.id]
+        entry = self.entry(path)
+        found = None if entry is None else self.repo[entry.id]
         return found if isinstance(found, pygit2.Blob) else None
 
     def parsed(self, path: str) -> ParsedFile | None:
-        blob = self.blob(path)
-        if blob is None:
+        entry = self.entry(path)
+        if entry is None:
             return None
-        key = (path, str(blob.id))
+        key = (path, str(entry.id))
         found = _parsed.get(key)
         if found is None:
+            blob = self.repo[entry.id]
+            if not isinstance(blob, pygit2.Blob):
+                return None
             found = parse_file(path, blob.data)
             if len(_parsed) >= _PARSED_KEPT:
                 _parsed.clear()
             _parsed[key] = found
         return found
 
-    def nodes(self) -> Mapping[str, Node]:
-        """Every valid node of this tree, by name."""
+    def nodes(self) -> Fleet:
+        """Every valid node of this tree, by name (kept per ``nodes/`` tree id)."""
         folder = None if self.tree is None else _subtree(self.repo, self.tree, NODES_DIR)
         if folder is None:
-            return {}
+            return _NO_FLEET
+        key = str(folder.id)
+        cached = _fleets.get(key)
+        if cached is not None:
+            return cached
         found: dict[str, Node] = {}
         for entry in folder:
             name = entry.name or ""
             parsed = self.parsed(f"{NODES_DIR}/{name}")
             if parsed is not None and parsed.node is not None:
                 found[parsed.node.name] = parsed.node
-        return found
+        fleet = Fleet(key, found)
+        if len(_fleets) >= _FLEETS_KEPT:
+            _fleets.pop(next(iter(_fleets)))
+        _fleets[key] = fleet
+        return fleet
+
+    def entry(self, path: str) -> pygit2.Object | None:
+        if self.tree is None:
+            return None
+        try:
+            return self.tree[path]
+        except KeyError:
+            return None
 
 
 @dataclass(frozen=True)
@@ -108,7 +149,7 @@ class Change:
         node_files = [p for p in self.paths if p.startswith(NODES_DIR + "/")]
         rollout_files = [p for p in self.paths if p.startswith(ROLLOUTS_DIR + "/")]
         needs_fleets = any(r.selector is not None or r.node_ids is not None for r in rules)
-        fleets = (self.base.nodes(), self.new.nodes()) if needs_fleets else ({}, {})
+        fleets = (self.base.nodes(), self.new.nodes()) if needs_fleets else (_NO_FLEET,) * 2
         touched: list[ApprovalRule] = []
         for rule in rules:
             if rule.settings and SETTINGS_PATH in self.paths:
@@ -116,7 +157,7 @@ class Change:
                 continue
             if rule.selector is None and rule.node_ids is None:
                 continue
-            covered = {n for fleet in fleets for n, node in fleet.items() if rule.covers_node(node)}
+            covered = fleets[0].covered(rule) | fleets[1].covered(rule)
             if self._touches_nodes(rule, node_files) or any(
                 covered & self._rollout_nodes(path, fleets) for path in rollout_files
             ):
@@ -131,19 +172,25 @@ class Change:
                     return True
         return False
 
-    def _rollout_nodes(
-        self, path: str, fleets: tuple[Mapping[str, Node], Mapping[str, Node]]
-    ) -> set[str]:
+    def _rollout_nodes(self, path: str, fleets: tuple[Fleet, Fleet]) -> set[str]:
         """The nodes rollout file ``path`` names or selects, in either tree
         (every matching node, in maintenance or not: a superset is safe)."""
         found: set[str] = set()
         for side in (self.base, self.new):
+            entry = side.entry(path)
             parsed = side.parsed(path)
             spec = None if parsed is None else parsed.rollout
-            if spec is None:
+            if spec is None or entry is None:
                 continue
             for fleet in fleets:
-                found.update(_selected(spec, fleet))
+                key = (path, str(entry.id), fleet.key)
+                selected = _selections.get(key)
+                if selected is None:
+                    selected = frozenset(_selected(spec, fleet.nodes))
+                    if len(_selections) >= _SELECTIONS_KEPT:
+                        _selections.clear()
+                    _selections[key] = selected
+                found |= selected
         return found
 
     def only_stops(self) -> bool:
