@@ -353,3 +353,16 @@ def test_one_approver_sees_an_older_commits_new_approval_through_the_chain(fleet
     fleet.approve(older, "sre-1")
     assert approver.approve(later).verified_commit == later  # judged on its own change now
     assert approver.approve(older).verified_commit == older
+
+
+def test_after_settings_that_cannot_be_read_a_commit_is_judged_by_its_own_rules(
+    fleet: Fleet,
+) -> None:
+    broken = fleet.commit({"reconciler.yaml": RULES + "  bogus: [\n"})
+    assert [r.rule for r in fleet.approver().judgement(broken).rules] == ["settings-owners"]
+    fleet.approve(broken, "carol")  # breaking the settings took their owner
+    assert fleet.approver().judgement(broken).ok
+    mended = fleet.commit({"reconciler.yaml": RULES, "rollouts/srv.yaml": serving()})
+    judgement = fleet.approver().judgement(mended)
+    assert judgement.base == broken
+    assert [r.rule for r in judgement.rules] == ["serving-owners", "settings-owners"]
