@@ -271,8 +271,19 @@ def test_a_signed_pause_by_one_person_holds_at_the_next_pass(
         lambda: (team.status("p").get("hold") or {}).get("reason") == "pause_after_batch",
         lambda: team.status("p"),
     )
-    # one on-call person, nobody else awake
-    team.push({"rollouts/p.yaml": slow(paused=True)}, "alice")
+    # one on-call person, nobody else awake, with the CLI and git's own signing
+    work = team.fleet.work
+    git("fetch", "-q", "origin", cwd=work)
+    git("reset", "-q", "--hard", "origin/main", cwd=work)
+    for key, value in (
+        ("user.name", "alice"),
+        ("user.email", "alice@example.com"),
+        ("gpg.format", "ssh"),
+        ("user.signingKey", str(team.keys["alice"])),
+        ("commit.gpgsign", "true"),
+    ):
+        git("config", key, value, cwd=work)
+    assert main(["pause", "p", "--repo", str(work), "-m", "emergency: stop p now", "--push"]) == 0
     wait_for(
         "the pause taken",
         lambda: team.status("p").get("operatorPaused") is True,
