@@ -55,6 +55,7 @@ SCRIPTS = (
     Script("validate", ("--runs", "3"), ("--nodes", "1000", "--rollouts", "100", "--runs", "1")),
     Script("sshsig", (), ("--commits", "20", "--git-sample", "3", "--status", "200")),
     Script("approvals", (), ("--commits", "5", "--runs", "1")),
+    Script("approval_walk", (), ("--specs", "20", "--status", "5", "--nodes", "50", "--runs", "1")),
     Script("operator_views", (), ("--nodes", "500", "--rollouts", "5")),
     Script("yaml_nesting", (), ("--runs", "1")),
     Script("health", (), ("--quick",)),

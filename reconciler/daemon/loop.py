@@ -48,7 +48,7 @@ from reconciler.daemon.logs import EventLog
 from reconciler.daemon.metrics import Metrics
 from reconciler.daemon.notifications import Notifier
 from reconciler.daemon.prometheus_client import PrometheusClient
-from reconciler.daemon.status_trust import StatusTrust
+from reconciler.daemon.status_trust import StatusTrust, approved_by_records
 from reconciler.engine import fleet as fleet_rules
 from reconciler.engine import step as engine
 from reconciler.engine.health_evidence import fold_metric_answer
@@ -746,7 +746,7 @@ class Daemon:
     def _approvals_tip(self) -> str | None:
         """A new approval moves no branch, only the notes ref: a quiet pass
         is quiet only while that stays too (docs/trust.md)."""
-        if self.approver is None or not self.approver.required_approvals:
+        if self.approver is None or not self.approver.counts_approvals:
             return None
         return notes_tip(self.store.repository())
 
@@ -1158,17 +1158,13 @@ class Daemon:
         )
 
     def _approved_by(self, approval: Approval | None) -> tuple[ApprovalRecord, ...]:
-        """Who approved the verified commit acted on (docs/trust.md), when
-        approvals are required; () otherwise."""
+        """Who approved the verified commit acted on, and the approval rules
+        each counted for (docs/approval-rules.md), when approvals are asked
+        for; () otherwise."""
         approver = self.approver
-        if approver is None or not approver.required_approvals or approval is None:
+        if approver is None or approval is None or approval.verified_commit is None:
             return ()
-        verified = approval.verified_commit
-        if verified is None:
-            return ()
-        return tuple(
-            ApprovalRecord(a.principal, a.key_id) for a in approver.approvals(verified).counted
-        )
+        return approved_by_records(approver, approval.verified_commit)
 
     def _author(
         self,

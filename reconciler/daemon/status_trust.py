@@ -31,7 +31,7 @@ from reconciler.protocol.job_ids import job_id
 from reconciler.spec.batch_shapes import batch_numbers
 from reconciler.spec.documents import Documents, ParsedFile, assemble, parse_file
 from reconciler.spec.model import Fleet, RolloutSpec
-from reconciler.spec.rollout_status import FrozenSpec, RolloutStatus, main_path
+from reconciler.spec.rollout_status import ApprovalRecord, FrozenSpec, RolloutStatus, main_path
 
 
 @dataclass(frozen=True)
@@ -268,4 +268,14 @@ def held_reason(name: str, why: str) -> str:
         f"status_tampered: {path} is not verified: {why}; nothing is sent for it and "
         f"the file is left as it is: restore the daemon's last version (`git log -p -- "
         f"{path}`) or delete it to start the rollout anew from the verified spec"
+    )
+
+
+def approved_by_records(approver: Approver, verified: str) -> tuple[ApprovalRecord, ...]:
+    """The ``approvedBy`` records of a status acted on at ``verified``: each
+    approval counted, one per person, with the approval rules it counted
+    for (docs/approval-rules.md); () when no approval was asked for."""
+    return tuple(
+        ApprovalRecord(a.principal, a.key_id, a.rules)
+        for a in approver.judgement(verified).approved_by()
     )

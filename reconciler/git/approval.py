@@ -3,24 +3,30 @@
 A *spec commit* has ``rollouts/``, ``nodes/`` or ``reconciler.yaml``
 different from any of its parents' (a root commit: holds any of them). Only
 spec commits need a signature; a commit touching only a README or
-``status/`` never blocks anything. Walking first-parent history from a tip,
-the newest spec commit whose SSH signature verifies is the *verified
-commit*: its spec paths are what the daemon acts on. Every newer spec commit
-is a refusal, kept with its reason, and ignored entirely (an ``abort``
-included). The daemon also never moves backwards: a verified commit that
-does not descend by first parent from the one it last acted on (kept in the
-ref ``ACTED_REF + branch``) is refused too (``refuse_backwards``).
+``status/`` never blocks anything. Walking first-parent history from the
+root to a tip, each spec commit is judged on its change from the *verified
+commit* before it (none yet: from nothing, with its own rules); the newest
+one that passes is the verified commit, whose spec paths are what the
+daemon acts on. Every newer spec commit is a refusal, kept with its reason,
+and ignored entirely (an ``abort`` included). The daemon also never moves
+backwards: a verified commit that does not descend by first parent from the
+one it last acted on (kept in the ref ``ACTED_REF + branch``) is refused too
+(``refuse_backwards``).
 
-Results are memoised per commit id: a first-parent chain's approval is a
-function of the chain, so a new tip costs a walk back to the last commit seen,
-and an unchanged tip costs a dict lookup.
+A commit passes with a valid signature by an allowed signer and, when asked
+for, approvals in its note under ``refs/notes/reconciler-approvals``
+(``reconciler.git.approval_notes``): ``required_approvals`` N people other
+than its signer, and for every approval rule of the verified tree before it
+that its change touches (``reconciler.git.approval_rules``), that rule's
+``require`` people among its principals. A change that only sets ``paused:
+true`` or ``abort: true`` needs its signature alone: stopping never waits.
 
-With ``required_approvals`` N (docs/trust.md) a signed spec commit
-verifies only when its note under ``refs/notes/reconciler-approvals`` holds
-N approvals by principals other than its signer
-(``reconciler.git.approval_notes``). Approvals change without the branch
-moving, so the per-commit memo is dropped whenever the notes ref moves or a
-validity window of an allowed signer opens or closes.
+Results are memoised per commit id: a first-parent chain's verdict is a
+function of the chain, so a new tip costs a walk back to the last commit
+seen, and an unchanged tip costs a dict lookup. Approvals change without the
+branch moving, so the per-commit memo is dropped whenever the notes ref
+moves or a validity window of an allowed signer opens or closes; what a
+change touches is kept per (commit, verified commit before it), forever.
 
 Reads the repository with pygit2 and decides nothing about rollouts; the
 signature checks are ``reconciler.git.sshsig`` (SSH) and
@@ -30,15 +36,28 @@ signature checks are ``reconciler.git.sshsig`` (SSH) and
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import cached_property
 from pathlib import Path
 from typing import TypeVar
 
 import pygit2
 
-from reconciler.git.approval_notes import Approvals, count_approvals, notes_tip, read_note
+from reconciler.git.approval_notes import (
+    Approvals,
+    ApprovedBy,
+    RuleCount,
+    changed_notes,
+    count_approvals,
+    note_ids,
+    note_text,
+    notes_tip,
+    people,
+)
+from reconciler.git.approval_rules import Change, rules_at
 from reconciler.git.openpgp import PGP_ARMOR, PgpKeyring
 from reconciler.git.sshsig import (
     AllowedSigner,
@@ -48,13 +67,18 @@ from reconciler.git.sshsig import (
 )
 from reconciler.git.tree_reader import entry_of
 from reconciler.spec.errors import ReconcilerError, StoreError
+from reconciler.spec.model import ApprovalRule
 from reconciler.spec.paths import SPEC_PATHS
 
 # Bounds on the memo tables: a long-running daemon adds a status commit per
 # change; only the recent chain matters for the next tip.
 _MAX_APPROVALS = 20_000
 _MAX_CHECKS = 20_000
+# More notes changed at once than this: forget everything, which is cheaper
+# than finding each one's place in history.
+_MANY_NOTES = 64
 
+_K = TypeVar("_K")
 _V = TypeVar("_V")
 
 
@@ -86,6 +110,76 @@ class Approval:
 _NOTHING = Approval(None, None, ())
 
 
+@dataclass(frozen=True)
+class Judgement:
+    """A spec commit's verdict, judged on its change from ``base`` (the
+    verified commit before it; None: none yet) with ``base``'s rules."""
+
+    commit: str
+    base: str | None
+    signature: SignatureCheck
+    # None when no approval is asked for (a bad signature, or neither a
+    # global minimum nor a rule applies)
+    approvals: Approvals | None = None
+    rules: tuple[RuleCount, ...] = ()  # each rule that applies, in its order
+    stops_only: bool = False  # only paused: true / abort: true edits
+
+    @property
+    def approved(self) -> bool:
+        """Are the approvals enough (the global minimum and every rule)?"""
+        if self.approvals is None:
+            return True
+        return self.approvals.ok and all(r.ok for r in self.rules)
+
+    @property
+    def ok(self) -> bool:
+        return self.signature.ok and (self.approved or self.stops_only)
+
+    @property
+    def reason(self) -> str:
+        signature, approvals = self.signature, self.approvals
+        if not signature.ok or approvals is None:
+            return signature.reason
+        if not self.approved:
+            if self.stops_only:
+                return f"{signature.reason}; it only sets paused or abort, which needs no approval"
+            short = [approvals.summary()] if not approvals.ok else []
+            rules = [r.summary() for r in self.rules if not r.ok]
+            if rules:
+                short.append(
+                    "; ".join(rules) + approvals.ignored_text() + approvals.how_to_approve()
+                )
+            return "; ".join(short)
+        parts = [signature.reason]
+        if approvals.required or not self.rules:
+            parts.append(approvals.summary())
+        parts += [r.summary() for r in self.rules]
+        return "; ".join(parts)
+
+    def approved_by(self) -> tuple[ApprovedBy, ...]:
+        """The approvals counted, one per person, each with the rules it
+        counted for."""
+        if self.approvals is None:
+            return ()
+        approvals = self.approvals
+        return tuple(
+            ApprovedBy(
+                a.principal,
+                a.key_id,
+                tuple(r.rule for r in self.rules if approvals.person_of(a) in r.persons),
+            )
+            for a in approvals.counted
+        )
+
+    @cached_property
+    def check(self) -> SignatureCheck:
+        """The verdict as a signature check (the signature's own when no
+        approval was asked for)."""
+        if self.approvals is None:
+            return self.signature
+        return SignatureCheck(self.ok, self.reason, self.signature.principal, self.signature.key_id)
+
+
 class Approver:
     """Finds the verified commit for a tip; caches per commit id."""
 
@@ -104,8 +198,18 @@ class Approver:
         self.pgp = pgp
         self.clock = clock
         self._approvals: dict[str, Approval] = {}
+        # first-parent distance from the root of each commit in _approvals
+        self._depth: dict[str, int] = {}
         self._checks: dict[str, SignatureCheck] = {}  # signature verdicts, forever
-        self._verdicts: dict[str, SignatureCheck] = {}  # with approvals, per notes tip
+        # (commit, base) -> verdict with approvals, per notes tip
+        self._verdicts: dict[tuple[str, str | None], Judgement] = {}
+        # (commit, base) -> the rules its change touches, forever
+        self._matches: dict[tuple[str, str | None], tuple[ApprovalRule, ...]] = {}
+        self._spec: dict[str, bool] = {}  # is it a spec commit, forever
+        # (commit, note blob, signature ok, open windows) -> approvals counted
+        self._counted: dict[tuple[str, str, bool, int], Approvals] = {}
+        self._notes_index: tuple[str | None, dict[str, str]] | None = None
+        self.persons = people(self.allowed)
         self._notes: str | None = None
         self._judged_at: datetime | None = None
         # When an allowed signer's window opens or closes, approvals change.
@@ -113,62 +217,123 @@ class Approver:
             {t for s in self.allowed for t in (s.valid_after, s.valid_before) if t is not None}
         )
 
+    @property
+    def counts_approvals(self) -> bool:
+        """Can approvals change a verdict here? With a global minimum, or
+        with allowed signers whose approvals a tree's rules may ask for."""
+        return bool(self.required_approvals or self.allowed)
+
     def approve(self, tip: str) -> Approval:
-        if self.required_approvals:
+        if self.counts_approvals:
             self._forget_if_approvals_moved()
         cached = self._approvals.get(tip)
         if cached is not None:
             return cached
-        # Walk back until a commit whose answer is known or which settles it
-        # (a verified spec commit or a root); then fold forward.
+        # Walk back to a commit whose answer is known (or the root), then
+        # fold forward: each spec commit is judged on its change from the
+        # verified commit before it, so the answer depends on the chain.
         pending: list[tuple[str, bool]] = []  # (commit id, is spec commit), newest first
         base = _NOTHING
+        depth = -1  # of the commit base answers for
         commit_id: str | None = tip
         while commit_id is not None:
             known = self._approvals.get(commit_id)
             if known is not None:
                 base = known
+                depth = self._depth[commit_id]
                 break
             commit = self._commit(commit_id)
-            spec = is_spec_commit(self.repo, commit)
-            if spec and self.check_commit(commit_id).ok:
-                base = Approval(commit_id, commit_id, ())
-                self._remember(commit_id, base)
-                break
-            pending.append((commit_id, spec))
+            pending.append((commit_id, self._is_spec(commit)))
             commit_id = str(commit.parent_ids[0]) if commit.parent_ids else None
         approval = base
         for commit_id, spec in reversed(pending):
+            depth += 1
             if spec:
-                refusal = Refusal(
-                    commit_id, self.check_commit(commit_id).reason, _author(self._commit(commit_id))
-                )
-                approval = Approval(
-                    approval.verified_commit, commit_id, (refusal, *approval.refusals)
-                )
-            self._remember(commit_id, approval)
+                judgement = self.judge(commit_id, approval.verified_commit)
+                if judgement.ok:
+                    approval = Approval(commit_id, commit_id, ())
+                else:
+                    refusal = Refusal(commit_id, judgement.reason, _author(self._commit(commit_id)))
+                    approval = Approval(
+                        approval.verified_commit, commit_id, (refusal, *approval.refusals)
+                    )
+            self._remember(commit_id, approval, depth)
         return approval
 
+    def base_of(self, commit: str) -> str | None:
+        """The verified commit before ``commit`` on its first-parent chain:
+        the tree ``commit`` is judged against (None: none yet)."""
+        parents = self._commit(commit).parent_ids
+        return self.approve(str(parents[0])).verified_commit if parents else None
+
     def check_commit(self, commit: str) -> SignatureCheck:
-        """The commit's signature verdict and, with required approvals, its
-        approvals': not ok when either is missing, with the reason."""
+        """The commit's signature verdict and, when approvals are asked
+        for, its approvals': not ok when either is missing, with the reason."""
+        return self.judgement(commit).check
+
+    def judgement(self, commit: str) -> Judgement:
+        """``commit``'s verdict as the walk gives it, rule by rule."""
+        return self.judge(commit, self.base_of(commit))
+
+    def judge(self, commit: str, base: str | None) -> Judgement:
+        """``commit``'s verdict on its change from ``base``: its signature;
+        then, with a global minimum or a rule of ``base`` (of ``commit``
+        itself when nothing is verified yet) that the change touches, the
+        approvals in its note; a change that only stops needs none."""
         signature = self.check_signature(commit)
-        if not signature.ok or not self.required_approvals:
-            return signature
-        cached = self._verdicts.get(commit)
+        if not signature.ok:
+            return Judgement(commit, base, signature)
+        key = (commit, base)
+        cached = self._verdicts.get(key)
         if cached is not None:
             return cached
-        approvals = self.approvals(commit, signature)
-        verdict = SignatureCheck(
-            approvals.ok,
-            f"{signature.reason}; {approvals.summary()}" if approvals.ok else approvals.summary(),
-            signature.principal,
-            signature.key_id,
-        )
+        rules = self._rules(commit, base)
+        judgement = Judgement(commit, base, signature)
+        if self.required_approvals or rules:
+            approvals = self.approvals(commit, signature)
+            counts = tuple(approvals.for_rule(rule) for rule in rules)
+            judgement = Judgement(commit, base, signature, approvals, counts)
+            if not judgement.approved and self._only_stops(commit, base):
+                judgement = Judgement(commit, base, signature, approvals, counts, True)
         if len(self._verdicts) >= _MAX_CHECKS:
             _drop_oldest(self._verdicts)
-        self._verdicts[commit] = verdict
-        return verdict
+        self._verdicts[key] = judgement
+        return judgement
+
+    def rules_for(self, commit: str, base: str | None) -> tuple[ApprovalRule, ...]:
+        """The approval rules ``commit``'s change from ``base`` touches."""
+        return self._rules(commit, base)
+
+    def _rules(self, commit: str, base: str | None) -> tuple[ApprovalRule, ...]:
+        key = (commit, base)
+        found = self._matches.get(key)
+        if found is None:
+            new = self._commit(commit).tree
+            old = None if base is None else self._commit(base).tree
+            rules = rules_at(self.repo, old) if old is not None else None
+            if rules is None:  # nothing verified yet, or unreadable settings there
+                rules = rules_at(self.repo, new) or ()
+            found = Change.between(self.repo, old, new).rules(rules) if rules else ()
+            if len(self._matches) >= _MAX_CHECKS:
+                _drop_oldest(self._matches)
+            self._matches[key] = found
+        return found
+
+    def _only_stops(self, commit: str, base: str | None) -> bool:
+        if base is None:
+            return False
+        new, old = self._commit(commit).tree, self._commit(base).tree
+        return Change.between(self.repo, old, new).only_stops()
+
+    def _is_spec(self, commit: pygit2.Commit) -> bool:
+        commit_id = str(commit.id)
+        found = self._spec.get(commit_id)
+        if found is None:
+            found = is_spec_commit(self.repo, commit)
+            if len(self._spec) >= _MAX_APPROVALS:
+                _drop_oldest(self._spec)
+            self._spec[commit_id] = found
+        return found
 
     def check_signature(self, commit: str) -> SignatureCheck:
         """The commit's own signature (SSH, or OpenPGP with ``pgp``)."""
@@ -182,30 +347,59 @@ class Approver:
         return check
 
     def approvals(self, commit: str, signature: SignatureCheck | None = None) -> Approvals:
-        """The approvals in ``commit``'s note that count, and those ignored
-        with why; checked at the clock's now (an approval carries no time)."""
+        """The approvals in ``commit``'s note that count toward the global
+        minimum, and those ignored with why; checked at the clock's now (an
+        approval carries no time)."""
         signature = signature or self.check_signature(commit)
-        return count_approvals(
-            read_note(self.repo, commit),
-            commit,
-            self.allowed,
-            required=self.required_approvals,
-            signer=(signature.principal or "") if signature.ok else "",
-            signer_key=signature.key_id if signature.ok else None,
-            at=self.clock(),
-        )
+        now = self.clock()
+        blob = self._note_ids().get(commit)
+        # An answer is a function of the note, the signer and which validity
+        # windows are open: kept by those, so forgetting it changes only the cost.
+        key = (commit, blob or "", signature.ok, bisect_right(self._boundaries, now))
+        found = self._counted.get(key)
+        if found is None:
+            found = count_approvals(
+                None if blob is None else note_text(self.repo, blob),
+                commit,
+                self.allowed,
+                required=self.required_approvals,
+                signer=(signature.principal or "") if signature.ok else "",
+                signer_key=signature.key_id if signature.ok else None,
+                at=now,
+                persons=self.persons,
+            )
+            if len(self._counted) >= _MAX_CHECKS:
+                _drop_oldest(self._counted)
+            self._counted[key] = found
+        return found
+
+    def _note_ids(self) -> dict[str, str]:
+        tip = notes_tip(self.repo)
+        if self._notes_index is None or self._notes_index[0] != tip:
+            self._notes_index = (tip, note_ids(self.repo, tip))
+        return self._notes_index[1]
 
     def _forget_if_approvals_moved(self) -> None:
-        """Drop every answer that counted approvals when the notes ref moved
-        or a signer's validity window opened or closed since."""
+        """Drop the answers that counted approvals of commits whose note
+        changed since (all of them when a signer's validity window opened or
+        closed since, or the change cannot be told)."""
         tip = notes_tip(self.repo)
         now = self.clock()
         last = self._judged_at
         crossed = last is not None and any(last < t <= now for t in self._boundaries)
-        if tip != self._notes or crossed:
+        if crossed:
             self._approvals.clear()
+            self._depth.clear()
             self._verdicts.clear()
-            self._notes = tip
+        elif tip != self._notes:
+            changed = changed_notes(self.repo, self._notes, tip)
+            if changed is None:
+                self._approvals.clear()
+                self._depth.clear()
+                self._verdicts.clear()
+            else:
+                self._forget_notes_of(changed)
+        self._notes = tip
         self._judged_at = now
 
     def _commit(self, commit_id: str) -> pygit2.Commit:
@@ -219,10 +413,50 @@ class Approver:
         commit = obj.peel(pygit2.Commit)
         return commit
 
-    def _remember(self, commit_id: str, approval: Approval) -> None:
+    def _remember(self, commit_id: str, approval: Approval, depth: int) -> None:
         if len(self._approvals) >= _MAX_APPROVALS:
             _drop_oldest(self._approvals)
+            self._depth = {c: self._depth[c] for c in self._approvals}
         self._approvals[commit_id] = approval
+        self._depth[commit_id] = depth
+
+    def _depth_of(self, commit_id: str) -> int | None:
+        """First-parent distance of ``commit_id`` from the root (None: not
+        in the repository), walking back only to a commit already known."""
+        steps = 0
+        current: str | None = commit_id
+        while current is not None:
+            known = self._depth.get(current)
+            if known is not None:
+                return known + steps
+            try:
+                parents = self._commit(current).parent_ids
+            except StoreError:
+                return None
+            current = str(parents[0]) if parents else None
+            steps += 1
+        return steps - 1
+
+    def _forget_notes_of(self, changed: frozenset[str]) -> None:
+        """Drop the answers a change to the notes of ``changed`` commits can
+        alter: their own verdicts, and every chain answer from the oldest of
+        them on (a commit's answer depends only on the notes of its chain)."""
+        if not self._approvals and not self._verdicts:
+            return
+        if len(changed) > _MANY_NOTES:
+            self._approvals.clear()
+            self._depth.clear()
+            self._verdicts.clear()
+            return
+        for key in [k for k in self._verdicts if k[0] in changed]:
+            del self._verdicts[key]
+        depths = [d for d in map(self._depth_of, changed) if d is not None]
+        if not depths:
+            return
+        oldest = min(depths)
+        for commit_id in [c for c, d in self._depth.items() if d >= oldest]:
+            del self._depth[commit_id]
+            self._approvals.pop(commit_id, None)
 
 
 def load_allowed_signers(path: Path) -> tuple[AllowedSigner, ...]:
@@ -344,7 +578,7 @@ def _author(commit: pygit2.Commit) -> str:
     return f"{commit.author.name} <{commit.author.email}>"
 
 
-def _drop_oldest(table: dict[str, _V]) -> None:
+def _drop_oldest(table: dict[_K, _V]) -> None:
     # dicts keep insertion order: drop the older half in one go.
     for key in list(table)[: len(table) // 2]:
         del table[key]

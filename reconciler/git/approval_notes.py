@@ -27,7 +27,7 @@ signature checks are ``reconciler.git.sshsig``.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -37,6 +37,7 @@ import pygit2
 from reconciler.git.git_binary import run_git
 from reconciler.git.sshsig import ARMOR_BEGIN, ARMOR_END, AllowedSigner, verify_sshsig
 from reconciler.spec.errors import ReconcilerError, StoreError
+from reconciler.spec.model import ApprovalRule
 
 NOTES_REF = "refs/notes/reconciler-approvals"
 NAMESPACE = "reconciler-approval"
@@ -51,10 +52,39 @@ def approval_message(commit: str) -> bytes:
 
 @dataclass(frozen=True)
 class ApprovedBy:
-    """One approval that counts: the allowed-signers principal(s) and key."""
+    """One approval that counts: the allowed-signers principal(s) and key,
+    and the approval rules it counted for (docs/approval-rules.md)."""
 
     principal: str
     key_id: str
+    rules: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class RuleCount:
+    """One approval rule's verdict on a commit: the people of the rule who
+    approved it, one entry per person (their principals, comma-joined)."""
+
+    rule: str
+    require: int
+    principals: tuple[str, ...]
+    counted: tuple[str, ...]
+    persons: tuple[str, ...] = ()  # who each entry of counted is (``people``)
+
+    @property
+    def ok(self) -> bool:
+        return len(self.counted) >= self.require
+
+    def summary(self) -> str:
+        """``needs 1 of serving-owners (alice@..., bob@...); has 0``, or
+        ``serving-owners: approved by bob@...``."""
+        if self.ok:
+            return f"{self.rule}: approved by {', '.join(self.counted)}"
+        text = (
+            f"needs {self.require} of {self.rule} ({', '.join(self.principals)}); "
+            f"has {len(self.counted)}"
+        )
+        return text + (f" ({', '.join(self.counted)})" if self.counted else "")
 
 
 @dataclass(frozen=True)
@@ -64,12 +94,30 @@ class Approvals:
     commit: str
     required: int
     signer: str  # the principal(s) who signed the commit itself ("" if unknown)
-    counted: tuple[ApprovedBy, ...]
+    counted: tuple[ApprovedBy, ...]  # one per person, the first approval of each
     ignored: tuple[str, ...]  # one sentence per signature (or text) not counted
+    # every valid approval not by the signer, with its person (a person may
+    # hold several keys whose lines name different principals)
+    valid: tuple[tuple[ApprovedBy, str], ...] = ()
 
     @property
     def ok(self) -> bool:
         return len(self.counted) >= self.required
+
+    def for_rule(self, rule: ApprovalRule) -> RuleCount:
+        """How many people of ``rule`` approved: an approval counts when its
+        key's line names one of the rule's principals, once per person."""
+        wanted = set(rule.principals)
+        people: dict[str, str] = {}
+        for approval, person in self.valid:
+            if person not in people and wanted & set(approval.principal.split(",")):
+                people[person] = approval.principal
+        return RuleCount(
+            rule.name, rule.require, rule.principals, tuple(people.values()), tuple(people)
+        )
+
+    def person_of(self, approval: ApprovedBy) -> str:
+        return next((p for a, p in self.valid if a == approval), approval.principal)
 
     def summary(self) -> str:
         """``needs 1 approval besides alice's; has 0`` (with what was ignored),
@@ -82,11 +130,38 @@ class Approvals:
         text = f"needs {self.required} {plural}{besides}; has {len(self.counted)}"
         if self.counted:
             text += " (" + ", ".join(a.principal for a in self.counted) + ")"
-        if self.ignored:
-            text += "; ignored: " + "; ".join(self.ignored)
-        return text + (
+        return text + self.ignored_text() + self.how_to_approve()
+
+    def ignored_text(self) -> str:
+        return "; ignored: " + "; ".join(self.ignored) if self.ignored else ""
+
+    def how_to_approve(self) -> str:
+        return (
             f"; a reviewer approves with `reconciler approve {self.commit[:12]} --key FILE --push`"
         )
+
+
+def people(allowed: Sequence[AllowedSigner]) -> dict[str, str]:
+    """Principal -> the person it names: principals listed on one line of
+    the allowed-signers file are one person (whoever holds that key speaks
+    for each), and so, transitively, are lines sharing a principal. A
+    person is named by the smallest of their principals."""
+    parent: dict[str, str] = {}
+
+    def find(p: str) -> str:
+        while parent.setdefault(p, p) != p:
+            parent[p] = parent[parent[p]]
+            p = parent[p]
+        return p
+
+    for signer in allowed:
+        first, *rest = signer.principals or ("",)
+        for other in rest:
+            a, b = find(first), find(other)
+            if a != b:
+                parent[max(a, b)] = min(a, b)
+        find(first)
+    return {p: find(p) for p in parent}
 
 
 def read_note(repo: pygit2.Repository, commit: str) -> str | None:
@@ -102,6 +177,40 @@ def read_note(repo: pygit2.Repository, commit: str) -> str | None:
     return data.decode("utf-8", "replace")
 
 
+def note_ids(repo: pygit2.Repository, tip: str | None) -> dict[str, str]:
+    """Annotated commit id -> note blob id, in the notes tree at ``tip``
+    (flat or with git's fan-out folders): one walk instead of a lookup per
+    commit."""
+    found: dict[str, str] = {}
+    if tip is None:
+        return found
+    try:
+        tree = repo[tip].peel(pygit2.Commit).tree
+    except (KeyError, ValueError, pygit2.GitError):
+        return found
+    stack = [(tree, "")]
+    while stack:
+        folder, prefix = stack.pop()
+        for entry in folder:
+            name = prefix + (entry.name or "")
+            if entry.type_str == "tree":
+                sub = repo[entry.id]
+                if isinstance(sub, pygit2.Tree):
+                    stack.append((sub, name))
+            elif entry.type_str == "blob":
+                found[name] = str(entry.id)
+    return found
+
+
+def note_text(repo: pygit2.Repository, blob_id: str) -> str:
+    """A note's text by its blob id (as ``read_note`` reads it)."""
+    blob = repo[blob_id]
+    data = blob.data if isinstance(blob, pygit2.Blob) else b""
+    if len(data) > MAX_NOTE_BYTES:
+        return f"(a note of {len(data)} bytes, larger than {MAX_NOTE_BYTES}, is not read)"
+    return data.decode("utf-8", "replace")
+
+
 def notes_tip(repo: pygit2.Repository) -> str | None:
     """Where the notes ref points (None: no approvals anywhere yet)."""
     try:
@@ -109,6 +218,31 @@ def notes_tip(repo: pygit2.Repository) -> str | None:
     except (pygit2.GitError, ValueError):
         return None
     return None if ref is None else str(ref.target)
+
+
+def changed_notes(
+    repo: pygit2.Repository, old: str | None, new: str | None
+) -> frozenset[str] | None:
+    """The commits whose approvals note differs between two tips of the
+    notes ref (None: cannot tell, as when an object is missing)."""
+    try:
+        trees = [None if tip is None else repo[tip].peel(pygit2.Commit).tree for tip in (old, new)]
+    except (KeyError, ValueError, pygit2.GitError):
+        return None
+    before, after = trees
+    if before is None and after is None:
+        return frozenset()
+    if before is None:
+        assert after is not None
+        diff = after.diff_to_tree(swap=True)
+    else:
+        diff = before.diff_to_tree(after) if after is not None else before.diff_to_tree()
+    found: set[str] = set()
+    for delta in diff.deltas:
+        for path in (delta.old_file.path, delta.new_file.path):
+            if path:
+                found.add(path.replace("/", ""))  # git's fan-out folders
+    return frozenset(found)
 
 
 def signature_blocks(text: str) -> tuple[list[str], list[str]]:
@@ -129,20 +263,27 @@ def count_approvals(
     signer: str = "",
     signer_key: str | None = None,
     at: datetime | None = None,
+    persons: Mapping[str, str] | None = None,
 ) -> Approvals:
     """Which signatures in ``note`` approve ``commit``: each must verify
     over ``approval_message(commit)`` in namespace ``reconciler-approval``
     by a key allowed for that namespace at ``at`` (default now: an approval
     carries no time, so a revoked or expired key stops counting). Neither
     the commit's own signer (``signer`` principals, or ``signer_key``) nor
-    a principal already counted counts. Never raises on bad input."""
+    a person already counted counts: two approvals count twice only when
+    their principals name different people (``people``; ``persons`` is its
+    answer for ``allowed``, computed once by callers). Never raises on bad
+    input."""
+    persons = people(allowed) if persons is None else persons
     counted: list[ApprovedBy] = []
+    valid: list[tuple[ApprovedBy, str]] = []
     ignored: list[str] = []
     blocks, garbage = signature_blocks(note or "")
     for text in garbage:
         ignored.append(f"text that is not an SSH signature ({text!r})")
-    own = {p for p in signer.split(",") if p}
+    own = {persons.get(p, p) for p in signer.split(",") if p}
     message = approval_message(commit)
+    by_person: dict[str, str] = {}  # person -> principal of their counted approval
     for number, block in enumerate(blocks, start=1):
         check = verify_sshsig(block, message, allowed, namespace=NAMESPACE, at=at)
         where = f"signature {number}"
@@ -154,14 +295,25 @@ def count_approvals(
             continue
         principal = check.principal or ""
         key_id = check.key_id or ""
-        if own & set(principal.split(",")) or (signer_key is not None and key_id == signer_key):
+        mine = {persons.get(p, p) for p in principal.split(",") if p}
+        person = min(mine, default=principal)
+        if own & mine or (signer_key is not None and key_id == signer_key):
             ignored.append(f"{where}: {principal} signed the commit; an author cannot approve it")
             continue
-        if any(a.principal == principal for a in counted):
-            ignored.append(f"{where}: {principal} already approved; counted once")
+        approval = ApprovedBy(principal, key_id)
+        valid.append((approval, person))
+        if person in by_person:
+            first = by_person[person]
+            ignored.append(
+                f"{where}: {principal} already approved; counted once"
+                if first == principal
+                else f"{where}: {principal} shares a principal with {first}, who already "
+                "approved; one person counts once"
+            )
             continue
-        counted.append(ApprovedBy(principal, key_id))
-    return Approvals(commit, required, signer, tuple(counted), tuple(ignored))
+        by_person[person] = principal
+        counted.append(approval)
+    return Approvals(commit, required, signer, tuple(counted), tuple(ignored), tuple(valid))
 
 
 # --- writing --------------------------------------------------------------

@@ -46,6 +46,7 @@ from reconciler.spec.model import (
     API_VERSION,
     DEFAULT_FLEET_CHECK_INTERVAL,
     NOTIFICATION_EVENTS,
+    ApprovalRule,
     Defaults,
     Fleet,
     Freeze,
@@ -317,6 +318,10 @@ class _Checker:
         if self.kind == "Rollout":
             return self._rollout(doc)
         return self._settings(doc)
+
+    def ok_at(self, name: str) -> bool:
+        """``_ok`` for the checks kept outside the class (approval rules)."""
+        return self._ok(name)
 
     def _ok(self, name: str) -> bool:
         """No problem reported yet at ``name`` or around it."""
@@ -649,6 +654,7 @@ class _Checker:
         windows = self._windows(spec)
         freezes = self._freezes(spec)
         receivers = self._receivers(spec.get("notifications"))
+        rules = _approval_rules(self, spec.get("approvalRules"))
         if self.problems:
             return self.result()
         base = Defaults()
@@ -666,6 +672,7 @@ class _Checker:
                 windows=windows,
                 freezes=freezes,
                 notifications=receivers,
+                approval_rules=rules,
             )
         )
 
@@ -708,6 +715,69 @@ class _Checker:
                 )
             )
         return tuple(receivers)
+
+
+def _approval_rules(check: _Checker, entries: Any) -> tuple[ApprovalRule, ...]:
+    """``spec.approvalRules`` (docs/approval-rules.md) of the settings that
+    ``check`` reads, after the schema:
+    unique names, each rule covering nodes or settings, and no rule
+    asking for more approvals than it has people."""
+    if not isinstance(entries, list) or not check.ok_at("spec.approvalRules"):
+        return ()
+    rules: list[ApprovalRule] = []
+    seen: dict[str, int] = {}
+    for index, entry in enumerate(entries):
+        where = f"spec.approvalRules[{index}]"
+        if not isinstance(entry, dict) or any(b.startswith(where) for b in check.bad_fields):
+            continue  # the schema's problem is reported already
+        at: list[str | int] = ["spec", "approvalRules", index]
+        name = entry["name"]
+        if name in seen:
+            check.add(
+                [*at, "name"],
+                f"approval rule {_show(name)} is named twice (also entry {seen[name] + 1}): "
+                "give every rule its own name",
+            )
+            continue
+        seen[name] = index
+        nodes = entry.get("nodes")
+        settings = entry.get("settings", False)
+        if nodes is None and not settings:
+            check.add(
+                at,
+                f"approval rule {_show(name)} covers nothing: give nodes "
+                "({selector: {...}} or {nodeIds: [...]}) or settings: true",
+            )
+            continue
+        if nodes is not None and ("selector" in nodes) == ("nodeIds" in nodes):
+            check.add(
+                [*at, "nodes"],
+                f"approval rule {_show(name)}: give exactly one of selector "
+                "(match nodes by labels) or nodeIds (list nodes by name)",
+            )
+            continue
+        principals = tuple(dict.fromkeys(entry["principals"]))
+        if entry["require"] > len(principals):
+            check.add(
+                [*at, "require"],
+                f"approval rule {_show(name)} requires {entry['require']} approvals but "
+                f"names {len(principals)} principal{'s' if len(principals) != 1 else ''}: "
+                "lower require or add principals",
+            )
+            continue
+        selector = None if nodes is None else nodes.get("selector")
+        node_ids = None if nodes is None else nodes.get("nodeIds")
+        rules.append(
+            ApprovalRule(
+                name=name,
+                principals=principals,
+                require=entry["require"],
+                selector=None if selector is None else tuple(sorted(selector.items())),
+                node_ids=None if node_ids is None else tuple(dict.fromkeys(node_ids)),
+                settings=bool(settings),
+            )
+        )
+    return tuple(rules)
 
 
 @dataclass(frozen=True)

@@ -160,6 +160,30 @@ class Receiver:
 
 
 @dataclass(frozen=True)
+class ApprovalRule:
+    """One entry of ``spec.approvalRules`` (docs/approval-rules.md): the
+    changes it covers (nodes by ``selector`` or ``node_ids``, or
+    ``reconciler.yaml`` with ``settings``) need ``require`` approvals from
+    distinct people among ``principals`` (allowed-signers principals)."""
+
+    name: str
+    principals: tuple[str, ...]
+    require: int
+    selector: tuple[tuple[str, str], ...] | None = None  # sorted by key
+    node_ids: tuple[str, ...] | None = None
+    settings: bool = False
+
+    def covers_node(self, node: Node) -> bool:
+        """Is ``node`` one of the rule's nodes (in the tree it was read from)?"""
+        if self.node_ids is not None:
+            return node.name in self.node_ids
+        if self.selector is None:
+            return False
+        labels = dict(node.labels)
+        return all(labels.get(key) == value for key, value in self.selector)
+
+
+@dataclass(frozen=True)
 class Settings:
     status_branch: str | None = None
     offline_after: int = DEFAULT_OFFLINE_AFTER  # seconds
@@ -169,6 +193,7 @@ class Settings:
     windows: tuple[Window, ...] = ()  # empty: any time is inside a window
     freezes: tuple[Freeze, ...] = ()
     notifications: tuple[Receiver, ...] = ()
+    approval_rules: tuple[ApprovalRule, ...] = ()  # empty: version 2's rule only
 
 
 @dataclass(frozen=True)

@@ -289,6 +289,7 @@ class ApprovalRecord:
 
     principal: str
     key_id: str
+    rules: tuple[str, ...] = ()  # the approval rules it counted for (docs/approval-rules.md)
 
 
 @dataclass(frozen=True)
@@ -592,7 +593,12 @@ def to_record(status: RolloutStatus, *, inline_nodes: bool = True) -> dict[str, 
         **(
             {
                 "approvedBy": [
-                    {"principal": a.principal, "keyId": a.key_id} for a in status.approved_by
+                    {
+                        "principal": a.principal,
+                        "keyId": a.key_id,
+                        **({"rules": list(a.rules)} if a.rules else {}),
+                    }
+                    for a in status.approved_by
                 ]
             }
             if status.approved_by
@@ -673,7 +679,8 @@ def from_record(
         start_commit=record.get("startCommit"),
         first_seen_commit=record.get("firstSeenCommit", ""),
         approved_by=tuple(
-            ApprovalRecord(a["principal"], a["keyId"]) for a in record.get("approvedBy", ())
+            ApprovalRecord(a["principal"], a["keyId"], tuple(a.get("rules", ())))
+            for a in record.get("approvedBy", ())
         ),
         health_timeout=None if ht is None else parse_duration(ht),
         scheduled_for=_pt(record.get("scheduledFor")),

@@ -87,8 +87,12 @@ _SUBGRAPH_STYLE = "fill:#ffffff,stroke:#d0d7de,color:#24292f"
 _NAME_SHOWN = 40  # link text of a rollout's row; the link target is the whole name
 _CONDITION_LIMIT = 300
 _NBSP = "\u00a0"  # keeps a bar with its count, and a date on one line
-# How a refusal for missing approvals reads (``git.approval_notes.Approvals.summary``).
-_APPROVAL_MISSING = re.compile(r"\bneeds \d+ approvals? (?:besides \S.*?'s)?; has \d+")
+# How a refusal for missing approvals reads (``git.approval_notes.Approvals.summary``,
+# and ``RuleCount.summary`` for an approval rule, which it names).
+_APPROVAL_MISSING = re.compile(
+    r"\bneeds \d+ approvals? (?:besides \S.*?'s)?; has \d+|\bneeds \d+ of [a-z0-9-]+ \("
+)
+_RULE_MISSING = re.compile(r"\bneeds \d+ of ([a-z0-9-]+) \(")
 
 
 def waits_for_approval(status: RolloutStatus) -> bool:
@@ -99,6 +103,15 @@ def waits_for_approval(status: RolloutStatus) -> bool:
         and condition is not None
         and bool(_APPROVAL_MISSING.search(condition.message))
     )
+
+
+def approval_wait(status: RolloutStatus) -> str:
+    """``waiting for approval``, naming the approval rules still short
+    (``waiting for approval of serving-owners``)."""
+    condition = status.condition("unverified")
+    rules = _RULE_MISSING.findall(condition.message) if condition is not None else []
+    names = ", ".join(dict.fromkeys(rules))
+    return f"waiting for approval of {names}" if names else "waiting for approval"
 
 
 @dataclass(frozen=True)
@@ -232,7 +245,7 @@ def _row(status: RolloutStatus) -> str:
     since = s.since.strftime("%Y-%m-%d %H:%MZ").replace(" ", _NBSP) if s.since else ""
     why = f"`{s.why}`" if s.why else ""  # a reason code or a date: ours
     if waits_for_approval(status):
-        why = "⏳ waiting for approval"
+        why = f"⏳ {markdown.text(approval_wait(status))}"
     mode = ""
     if status.frozen is not None:
         mode = " · live" if status.frozen.live else " · dry-run"
@@ -295,7 +308,8 @@ def _notes_of(status: RolloutStatus) -> tuple[str, ...]:
     for condition in status.conditions:
         message = markdown.clip(condition.message, _CONDITION_LIMIT)
         if condition.type == "unverified" and waits_for_approval(status):
-            lines.append(f"- ⏳ **{name}** waiting for approval: {_sentence(message)}")
+            wait = markdown.text(approval_wait(status))
+            lines.append(f"- ⏳ **{name}** {wait}: {_sentence(message)}")
             continue
         lines.append(f"- **{name}** condition `{condition.type}`: {_sentence(message)}")
     return tuple(lines)

@@ -88,14 +88,17 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _approvals(repo: Any, commit: str, args: argparse.Namespace) -> dict[str, Any] | None:
-    """The head commit's approvals, present and missing (docs/trust.md); None when none is required and its note holds none."""
+    """The head commit's approvals, present and missing (docs/trust.md), and
+    with ``--allowed-signers`` each approval rule that applies to it, judged
+    as the daemon judges it (docs/approval-rules.md); None when nothing is
+    asked for and its note holds none."""
     from reconciler.git.approval import Approver, load_allowed_signers
     from reconciler.git.approval_notes import read_note, signature_blocks
 
     note = read_note(repo, commit)
-    if note is None and not args.require_approvals:
-        return None
     if args.allowed_signers is None:
+        if note is None and not args.require_approvals:
+            return None
         blocks, _ = signature_blocks(note or "")
         return {
             "commit": commit,
@@ -106,15 +109,34 @@ def _approvals(repo: Any, commit: str, args: argparse.Namespace) -> dict[str, An
     approver = Approver(
         repo, load_allowed_signers(args.allowed_signers), required_approvals=args.require_approvals
     )
+    judgement = approver.judgement(commit)
+    if note is None and not args.require_approvals and not judgement.rules:
+        return None
     found = approver.approvals(commit)
     return {
         "commit": commit,
         "required": args.require_approvals,
         "checked": True,
-        "approvedBy": [{"principal": a.principal, "keyId": a.key_id} for a in found.counted],
+        "approvedBy": [
+            {"principal": a.principal, "keyId": a.key_id, "rules": list(a.rules)}
+            for a in judgement.approved_by() or found.counted
+        ],
         "missing": max(0, args.require_approvals - len(found.counted)),
         "ignored": list(found.ignored),
-        "summary": found.summary(),
+        "rules": [
+            {
+                "name": r.rule,
+                "require": r.require,
+                "principals": list(r.principals),
+                "approvedBy": list(r.counted),
+                "missing": max(0, r.require - len(r.counted)),
+                "summary": r.summary(),
+            }
+            for r in judgement.rules
+        ],
+        "stopsOnly": judgement.stops_only,
+        "verified": judgement.ok,
+        "summary": judgement.reason if judgement.rules else found.summary(),
     }
 
 
@@ -136,6 +158,18 @@ def _with_approvals(text: str, approvals: dict[str, Any], form: str) -> str:
         ]
         lines += [f"  approved by {a['principal']} ({a['keyId']})" for a in approvals["approvedBy"]]
         lines += [f"  ignored: {why}" for why in approvals["ignored"]]
+        lines += [
+            f"  rule {r['name']}: "
+            + (
+                f"needs {r['require']} of {', '.join(r['principals'])}; has "
+                f"{len(r['approvedBy'])}, {r['missing']} missing"
+                if r["missing"]
+                else f"approved by {', '.join(r['approvedBy'])}"
+            )
+            for r in approvals["rules"]
+        ]
+        if approvals["stopsOnly"]:
+            lines.append("  it only sets paused or abort: its signature alone is enough")
     if form == "markdown":
         heading, body = ["", "## Approvals", ""], [f"- {line.strip()}" for line in lines]
     else:

@@ -316,8 +316,9 @@ def _serve(
         return 0
     from reconciler.git.approval_notes import NOTES_REF
 
-    # A new approval wakes the daemon like a push (docs/trust.md).
-    watched = [args.branch, NOTES_REF] if args.require_approvals else [args.branch]
+    # A new approval wakes the daemon like a push (docs/trust.md): approval
+    # rules in the repository may ask for one without --require-approvals.
+    watched = [args.branch, NOTES_REF] if args.allowed_signers else [args.branch]
     with (
         BranchWatcher.for_store(
             store, watched, poll=args.poll, log=log, metrics=metrics

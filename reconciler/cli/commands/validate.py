@@ -22,7 +22,7 @@ from reconciler.spec import safe_yaml
 from reconciler.spec.documents import Documents, load_directory
 from reconciler.spec.errors import UsageError
 from reconciler.spec.model import Problem
-from reconciler.spec.paths import rollout_path
+from reconciler.spec.paths import SETTINGS_PATH, rollout_path
 
 HELP = "check every document in a fleet repository: file:line:col: field: message"
 
@@ -40,6 +40,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=("text", "github"),
         default="text",
         help="text: one line per problem; github: GitHub Actions error annotations",
+    )
+    parser.add_argument(
+        "--allowed-signers",
+        type=Path,
+        metavar="FILE",
+        help="also check that every principal of spec.approvalRules is in this "
+        "allowed-signers file (the one the daemon runs with)",
     )
 
 
@@ -108,6 +115,45 @@ def _matches_none(selector: tuple[tuple[str, str], ...], documents: Documents) -
     )
 
 
+def _principals(path: Path) -> frozenset[str]:
+    from reconciler.git.approval import load_allowed_signers
+    from reconciler.spec.errors import ReconcilerError
+
+    try:
+        signers = load_allowed_signers(path)
+    except ReconcilerError as exc:
+        raise UsageError(exc.message, exc.hint) from None
+    return frozenset(p for signer in signers for p in signer.principals)
+
+
+def unknown_principals(
+    root: Path, documents: Documents, known: frozenset[str]
+) -> tuple[Problem, ...]:
+    """A problem for every principal of an approval rule that the
+    allowed-signers file does not list: nobody could ever approve for it."""
+    found: list[Problem] = []
+    data = b""
+    for index, rule in enumerate(documents.settings.approval_rules):
+        for at, principal in enumerate(rule.principals):
+            if principal in known:
+                continue
+            data = data or (root / SETTINGS_PATH).read_bytes()
+            where: list[str | int] = ["spec", "approvalRules", index, "principals", at]
+            line, column = safe_yaml.locate(SETTINGS_PATH, data, where)
+            found.append(
+                Problem(
+                    SETTINGS_PATH,
+                    line,
+                    column,
+                    safe_yaml.format_field(where),
+                    f"approval rule {rule.name!r}: {principal} is not in the allowed-signers "
+                    "file, so no approval of theirs can count; add their key line there or "
+                    "fix the spelling",
+                )
+            )
+    return tuple(found)
+
+
 def run(args: argparse.Namespace) -> int:
     root = Path(args.dir)
     if not root.exists():
@@ -118,6 +164,9 @@ def run(args: argparse.Namespace) -> int:
     if warning:
         print(warning, file=sys.stderr)
     documents = load_directory(root)
+    if args.allowed_signers is not None:
+        unknown = unknown_principals(root, documents, _principals(args.allowed_signers))
+        documents = replace(documents, problems=(*documents.problems, *unknown))
     # Paths relative to where the command runs, so editors and GitHub find them.
     prefix = "" if root.resolve() == Path.cwd().resolve() else root.as_posix().rstrip("/") + "/"
     for notice in warnings(documents):

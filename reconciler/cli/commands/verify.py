@@ -334,9 +334,12 @@ def describe(repo: Any, approver: Approver, approval: Approval, label: str, tip:
 
 
 def _approval_lines(repo: Any, approver: Approver, commit: str, indent: str) -> list[str]:
-    """Each approval in the commit's note, counted or ignored with why
-    (docs/trust.md); nothing when none is required and none is there."""
-    if not approver.required_approvals and read_note(repo, commit) is None:
+    """Each approval in the commit's note, counted or ignored with why, and
+    each approval rule that applies with its verdict, as the daemon judges
+    it (docs/approval-rules.md); nothing when none is asked for and none is
+    there."""
+    judgement = approver.judgement(commit)
+    if not approver.required_approvals and not judgement.rules and read_note(repo, commit) is None:
         return []
     approvals = approver.approvals(commit)
     lines = [
@@ -345,6 +348,11 @@ def _approval_lines(repo: Any, approver: Approver, commit: str, indent: str) -> 
     ]
     lines += [f"{indent}  counted: {a.principal} ({a.key_id})" for a in approvals.counted]
     lines += [f"{indent}  ignored: {why}" for why in approvals.ignored]
+    for rule in judgement.rules:
+        verdict = rule.summary().removeprefix(f"{rule.rule}: ")
+        lines.append(f"{indent}rule {rule.rule}: {verdict}")
+    if judgement.stops_only:
+        lines.append(f"{indent}it only sets paused or abort: verified with its signature alone")
     return lines
 
 
