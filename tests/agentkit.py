@@ -21,7 +21,6 @@ a bare repository pushed to with the `git` binary, the daemon is the real
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -38,6 +37,7 @@ from reconciler.protocol.signing import generate_key
 from reconciler.protocol.tls import generate_cert
 from tests.fleetkit import RepoKit, node_yaml
 from tests.gitutil import clone, git, make_bare_repo
+from tests.kit.ports import HeldPort, handed_over
 
 RUNTIME = "hermes"
 
@@ -53,6 +53,7 @@ class RealAgent:
     log: Path
     runtime: str = RUNTIME
     args: tuple[str, ...] = ()
+    held: HeldPort | None = None  # the port it comes back on after a restart
 
     @property
     def config_path(self) -> Path:
@@ -97,13 +98,11 @@ class RealAgent:
 
     def restart(self) -> None:
         """Stop and start again on the same state directory and address
-        (start it with a fixed ``port`` to keep the node file valid)."""
+        (start it with ``keep_port`` to keep the node file valid)."""
         self.stop()
-        again = _launch(self.node, self.args, self.log)
-        if again.url != self.url:
-            again.stop()
-            raise AssertionError(f"agent {self.node} came back at {again.url}, not {self.url}")
-        self.process = again.process
+        if self.held is None:
+            raise AssertionError(f"agent {self.node} was started without keep_port")
+        self.process = _launch(self.node, self.args, self.log, self.held).process
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -115,6 +114,14 @@ class RealAgent:
                 self.process.wait()
         if self.process.stdout is not None:
             self.process.stdout.close()
+        if self.held is not None:
+            self.held.refuse()  # down is down: connections refused, not queued
+
+    def close(self) -> None:
+        """Stop, and let the port go."""
+        self.stop()
+        if self.held is not None:
+            self.held.close()
 
 
 def start_agent(
@@ -127,14 +134,16 @@ def start_agent(
     live: bool = True,
     after_apply: str | None = None,
     retention: int | None = None,
-    port: int = 0,
+    keep_port: bool = False,
     extra: Sequence[str] = (),
 ) -> RealAgent:
     """Start ``reconciler agent`` for ``node`` with state under ``root``.
 
     ``config`` is written to ``STATE/runtimes/RUNTIME.yaml`` first: the
-    node's configuration before any rollout. The agent listens on ``port``
-    (0: chosen by the OS) and prints the address it got as its first line."""
+    node's configuration before any rollout. The agent listens on a port
+    the OS chooses and prints the address it got as its first line; with
+    ``keep_port`` the port is held by the test and handed to the agent
+    (socket activation), so ``restart`` brings it back on the same one."""
     state = root / "state"
     (state / "runtimes").mkdir(parents=True, exist_ok=True)
     if config is not None:
@@ -145,7 +154,7 @@ def start_agent(
         "--state-dir", str(state),
         "--trust-key", str(trust_key),
         "--runtime", runtime,
-        "--listen", f"127.0.0.1:{port}",
+        "--listen", "127.0.0.1:0",
     ]  # fmt: skip
     if live:
         args.append("--allow-live-apply")
@@ -154,12 +163,13 @@ def start_agent(
     if retention is not None:
         args += ["--backup-retention", str(retention)]
     args += list(extra)
-    return _launch(node, tuple(args), root / "agent.log")
+    return _launch(node, tuple(args), root / "agent.log", HeldPort() if keep_port else None)
 
 
-def _launch(node: str, args: tuple[str, ...], log: Path) -> RealAgent:
+def _launch(node: str, args: tuple[str, ...], log: Path, held: HeldPort | None) -> RealAgent:
+    command, fds = handed_over(list(args), held) if held is not None else (list(args), ())
     with open(log, "ab") as stderr:
-        process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=stderr)
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, pass_fds=fds)
     assert process.stdout is not None
     line = process.stdout.readline().decode()
     if not line.startswith("listening on "):
@@ -170,15 +180,11 @@ def _launch(node: str, args: tuple[str, ...], log: Path) -> RealAgent:
     runtime = args[args.index("--runtime") + 1]
     scheme = "https" if "--tls-cert" in args else "http"
     url = f"{scheme}://" + line.split()[-1]
-    return RealAgent(node, state, url, process, log, runtime, args)
-
-
-def free_port() -> int:
-    """A port nothing listens on now (for an agent that must come back on it)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
+    if held is not None and url.rsplit(":", 1)[1] != str(held.port):
+        process.kill()
+        process.wait()
+        raise AssertionError(f"agent {node} did not serve on the port handed to it: {line!r}")
+    return RealAgent(node, state, url, process, log, runtime, args, held)
 
 
 class Clock:
@@ -239,7 +245,7 @@ class AgentFleet(RepoKit):
                 )
         except BaseException:
             for agent in agents.values():
-                agent.stop()
+                agent.close()
             raise
         seed.update(files or {})
         bare = make_bare_repo(root, seed, message="Seed the fleet")
@@ -261,7 +267,7 @@ class AgentFleet(RepoKit):
     def close(self) -> None:
         super().close()
         for agent in self.agents.values():
-            agent.stop()
+            agent.close()
 
 
 def _agent_tls(root: Path, node: str, mode: str | None) -> tuple[str | None, tuple[str, ...]]:
@@ -305,7 +311,6 @@ __all__ = [
     "AgentFleet",
     "Clock",
     "RealAgent",
-    "free_port",
     "node_map",
     "rollback_outcomes",
     "start_agent",

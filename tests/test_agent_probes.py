@@ -4,7 +4,6 @@ the heartbeat reports them, and the next job for the runtime stops them."""
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -18,6 +17,7 @@ from reconciler.node.probes import CheckState, probe
 from reconciler.protocol.job_payload import build_payload, payload_problems
 from reconciler.spec.health import Health, HealthCheck, HttpProbe, TcpProbe
 from reconciler.spec.times import parse_time
+from tests.kit.ports import HeldPort
 
 
 @pytest.fixture
@@ -46,17 +46,16 @@ def test_an_http_probe_holds_on_the_expected_status_and_body(endpoint: ServiceEn
     assert "does not contain 'ok'" in probe(http_check(endpoint.url + "/ready", 200, "ok"))
 
 
-def test_a_tcp_probe_holds_while_something_listens() -> None:
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen()
-        port = listener.getsockname()[1]
-        check = {
-            "name": "port",
-            "intervalSeconds": 1,
-            "tcp": {"host": "127.0.0.1", "port": port, "timeoutSeconds": 1},
-        }
-        assert probe(check) == ""
+def test_a_tcp_probe_holds_while_something_listens(held_port: HeldPort) -> None:
+    port = held_port.port
+    check = {
+        "name": "port",
+        "intervalSeconds": 1,
+        "tcp": {"host": "127.0.0.1", "port": port, "timeoutSeconds": 1},
+    }
+    held_port.listen()
+    assert probe(check) == ""
+    held_port.refuse()
     assert probe(check).startswith(f"tcp 127.0.0.1:{port}: ")
 
 

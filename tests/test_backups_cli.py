@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -16,6 +15,7 @@ from fleet_helpers import identity, make_fleet, make_status, node_doc, status_te
 
 from reconciler.cli import main as cli
 from reconciler.spec.model import Target
+from tests.kit.ports import HeldPort
 
 __all__ = ["identity"]
 
@@ -78,11 +78,12 @@ def test_an_unknown_node_names_the_known_ones(
 
 
 def test_an_unreachable_agent_is_a_clear_failure(
-    tmp_path: Path, identity: dict[str, str], capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    identity: dict[str, str],
+    held_port: HeldPort,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    with socket.socket() as probe:  # a port nothing listens on
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = held_port.port  # nothing listens on it
     fleet = make_fleet(
         tmp_path / "fleet",
         {"nodes/node-a.yaml": node_doc("node-a", agent=f"http://127.0.0.1:{port}")},
@@ -94,11 +95,12 @@ def test_an_unreachable_agent_is_a_clear_failure(
 
 
 def test_from_a_laptop_that_cannot_reach_the_agent_the_recorded_backups_are_shown(
-    tmp_path: Path, identity: dict[str, str], capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    identity: dict[str, str],
+    held_port: HeldPort,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    with socket.socket() as probe:  # a port nothing listens on: the agent's network is elsewhere
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = held_port.port  # nothing listens on it: the agent's network is elsewhere
     status = make_status("llama-canary", "completed", [("node-a", 1, "succeeded")])
     status = replace(
         status,

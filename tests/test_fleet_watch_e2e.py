@@ -26,7 +26,7 @@ from reconciler.git.watch import BranchWatcher
 from reconciler.spec.fleet_status import FleetNode, FleetStatus
 from reconciler.views.fleet_reader import read_fleet_status
 from tests.agent_helpers import wait_for
-from tests.agentkit import AgentFleet, free_port
+from tests.agentkit import AgentFleet
 from tests.fleetkit import rollout_yaml
 from tests.gitutil import git
 from tests.markdown_render import plain_text
@@ -82,7 +82,7 @@ class Watched:
 
 @pytest.fixture
 def watched(tmp_path: Path) -> Iterator[Watched]:
-    nodes = {name: {"config": OLD, "port": free_port()} for name in ("gpu-a1", "gpu-a2", "gpu-a3")}
+    nodes = {name: {"config": OLD, "keep_port": True} for name in ("gpu-a1", "gpu-a2", "gpu-a3")}
     fleet = AgentFleet.create(
         tmp_path,
         nodes,

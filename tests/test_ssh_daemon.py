@@ -171,7 +171,7 @@ def test_the_daemon_over_ssh_clones_pushes_and_survives_a_persons_racing_push(
         finally:
             daemon.client.close()
     finally:
-        server.stop()
+        server.close()
 
     assert pushed, "the person's push never ran"
     assert metrics.registry.get_sample_value("reconciler_conflicts_total") == 1
@@ -222,7 +222,7 @@ def gitolite(site: Site) -> Iterator[Gitolite]:
         site.known_hosts.write_text(server.known_hosts_line() + "\n")
         yield Gitolite(home, server, f"ssh://{server.user}@127.0.0.1:{server.port}/fleet")
     finally:
-        server.stop()
+        server.close()
 
 
 def _push_seed(site: Site, gitolite: Gitolite, files: dict[str, str]) -> Path:

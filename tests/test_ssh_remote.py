@@ -67,7 +67,7 @@ class Forge:
         server = SshServer.start(
             self.root / "sshd-impostor",
             client_pub=self.client_pub,
-            port=self.server.port,
+            port=self.server.held,
             serve=fake,
         )
         return server, fake
@@ -84,7 +84,7 @@ def forge(tmp_path: Path) -> Iterator[Forge]:
     try:
         yield made
     finally:
-        made.server.stop()
+        made.server.close()
 
 
 def test_a_pinned_host_key_lets_the_store_fetch_and_push(forge: Forge) -> None:
@@ -272,7 +272,7 @@ def test_a_passphrase_protected_key_needs_the_passphrase(
     forge.server = SshServer.start(
         forge.root / "sshd-locked",
         client_pub=Path(f"{locked}.pub").read_text().strip(),
-        port=forge.server.port,
+        port=forge.server.held,
         host_key=forge.server.host_key,
     )
     monkeypatch.delenv(SSH_PASSPHRASE_ENV, raising=False)
@@ -352,7 +352,7 @@ def test_gitolite_denying_a_push_is_reported_in_its_own_words(tmp_path: Path) ->
         served = home / "repositories" / "fleet.git"
         assert git("show", "status:status/r.yaml", cwd=served) == "phase: running"
     finally:
-        server.stop()
+        server.close()
 
 
 # --- polling ---------------------------------------------------------------------
@@ -413,7 +413,7 @@ def test_failed_polls_are_events_counted_and_recovery_wakes_the_daemon(forge: Fo
         forge.server = SshServer.start(
             forge.root / "sshd-back",
             client_pub=forge.client_pub,
-            port=forge.server.port,
+            port=forge.server.held,
             host_key=forge.server.host_key,
         )
         assert watcher.wait(10.0), "the first poll that works again is a hint"

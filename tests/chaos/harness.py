@@ -26,7 +26,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -45,6 +44,8 @@ if str(TESTS) not in sys.path:  # gitutil lives next to this package
 
 from gitutil import clone, git, git_env, make_bare_repo  # noqa: E402
 
+from tests.kit.ports import HeldPort  # noqa: E402
+
 PYTHON = sys.executable
 DAEMON_NAME = "reconciler"  # the committer name of the daemon's status commits
 START_TIMEOUT = 20.0  # seconds for a process to say it listens
@@ -54,13 +55,6 @@ TARGET = "{runtime: hermes, provider: ollama, model: llama3.1-8b, profile: defau
 class LabError(AssertionError):
     """The scenario could not go on: a process would not start, or the
     expected state was not reached in time. The message says what was seen."""
-
-
-def free_port() -> int:
-    """A loopback port nobody listens on: the OS hands it out, we let it go."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -228,7 +222,6 @@ class AgentProcess(Process):
         *,
         initial: Mapping[str, str] | None = None,
         allow_live: bool = True,
-        port: int = 0,
     ) -> None:
         root.mkdir(parents=True, exist_ok=True)
         self.node = node
@@ -243,7 +236,7 @@ class AgentProcess(Process):
             "--state-dir", str(self.state_dir),
             "--trust-key", str(trust_key),
             "--runtime", "hermes",
-            "--listen", f"127.0.0.1:{port}",
+            "--listen", "127.0.0.1:0",
         ]  # fmt: skip
         if allow_live:
             args.append("--allow-live-apply")
@@ -377,6 +370,7 @@ class Lab:
         self.root.mkdir(parents=True, exist_ok=True)
         self.key, self.public_key = generate_key(self.root / "keys")
         self.processes: list[Process] = []
+        self.held: list[HeldPort] = []
         self.daemons: list[DaemonProcess] = []
         self.bare: Path | None = None
         self.work: Path | None = None
@@ -393,6 +387,15 @@ class Lab:
         for process in reversed(self.processes):
             with contextlib.suppress(Exception):
                 process.kill() if isinstance(process, DaemonProcess) else process.stop(5)
+        for held in self.held:
+            held.close()
+
+    def closed_url(self) -> str:
+        """``http://127.0.0.1:PORT`` of a port held for the lab's life, where
+        nothing listens: connections are refused, and nobody else can take it."""
+        held = HeldPort()
+        self.held.append(held)
+        return held.url
 
     # -- agents ------------------------------------------------------------
 
@@ -401,12 +404,8 @@ class Lab:
         self.processes.append(sim)
         return sim
 
-    def agent(
-        self, node: str, *, initial: Mapping[str, str] | None = None, port: int = 0
-    ) -> AgentProcess:
-        agent = AgentProcess(
-            self.root / "agents" / node, node, self.public_key, initial=initial, port=port
-        )
+    def agent(self, node: str, *, initial: Mapping[str, str] | None = None) -> AgentProcess:
+        agent = AgentProcess(self.root / "agents" / node, node, self.public_key, initial=initial)
         self.processes.append(agent)
         return agent
 

@@ -34,7 +34,6 @@ from .harness import (
     LabError,
     SimProcess,
     describe,
-    free_port,
     node_text,
     rollout_text,
     settings_text,
@@ -565,7 +564,7 @@ def fault_scenario(root: Path, faults: Sequence[Fault], title: str) -> Result:
             dead: dict[str, str] = {}
             for (i, _), (_, _, nodes) in layout.items():
                 if faults[i].behaviour is None:
-                    dead[nodes[1]] = f"http://127.0.0.1:{free_port()}"
+                    dead[nodes[1]] = lab.closed_url()
                 else:
                     behaviour["nodes"][nodes[1]] = faults[i].behaviour
             sim = lab.sim(names, behaviour)
