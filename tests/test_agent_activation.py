@@ -10,15 +10,15 @@ import httpx
 import pytest
 
 from reconciler.node.activation import inherited_socket
-from reconciler.protocol.signing import generate_key
-from tests.agentkit import start_agent
+from tests.kit.agents import start_agent
+from tests.kit.keys import make_key
 from tests.kit.ports import HeldPort
 
 
 def test_an_agent_handed_a_socket_serves_it_and_comes_back_on_it_after_a_restart(
     tmp_path: Path,
 ) -> None:
-    _, trust = generate_key(tmp_path / "keys")
+    trust = make_key(tmp_path / "keys" / "reconciler").public
     agent = start_agent(tmp_path / "a1", "gpu-a1", trust, config=b"model: m\n", keep_port=True)
     try:
         assert agent.held is not None

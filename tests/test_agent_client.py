@@ -11,14 +11,17 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from agent_helpers import FleetThread, Served, job, new_key, wait_for
 
 from reconciler.daemon.agent_client import AgentClient
 from reconciler.node.http_server import Request, Response, error_response, json_response
 from reconciler.protocol.observations import Backup, JobObservation
 from reconciler.protocol.signing import SigningKey
 from reconciler.spec.model import Target
+from tests.kit.agents import FleetThread, Served
+from tests.kit.jobs import job
+from tests.kit.keys import make_key
 from tests.kit.ports import HeldPort
+from tests.kit.waiting import wait_for
 
 SCRIPT = """
 nodes:
@@ -35,7 +38,7 @@ NAMES = ["ok", "busy", "down", "broken", "noise", "gone", "slow", "liar"]
 
 @pytest.fixture
 def key(tmp_path: Path) -> SigningKey:
-    return new_key(tmp_path / "keys")[0]
+    return make_key(tmp_path / "keys" / "reconciler").signing
 
 
 @pytest.fixture
@@ -77,7 +80,7 @@ def test_sent_jobs_are_observed_until_they_finish(fleet: FleetThread, client: Ag
 def test_refusals_and_failures_become_observations(
     tmp_path: Path, fleet: FleetThread, client: AgentClient, held_port: HeldPort
 ) -> None:
-    stranger = AgentClient(new_key(tmp_path / "stranger")[0], timeout=0.5)
+    stranger = AgentClient(make_key(tmp_path / "stranger" / "reconciler").signing, timeout=0.5)
     jobs = [
         (fleet.url, job(f"apply-{name}", node=name))
         for name in ("busy", "down", "broken", "noise", "gone", "slow")

@@ -10,14 +10,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from agent_helpers import AgentThread, envelope, job, new_key, wait_for
-from healthkit import ServiceEndpoint
 
 from reconciler.node.probes import CheckState, probe
 from reconciler.protocol.job_payload import build_payload, payload_problems
 from reconciler.spec.health import Health, HealthCheck, HttpProbe, TcpProbe
 from reconciler.spec.times import parse_time
+from tests.kit.agents import AgentThread
+from tests.kit.endpoint import ServiceEndpoint
+from tests.kit.jobs import envelope, job
+from tests.kit.keys import make_key
 from tests.kit.ports import HeldPort
+from tests.kit.waiting import wait_for
 
 
 @pytest.fixture
@@ -114,7 +117,7 @@ def test_live_apply_payloads_carry_the_agent_checks_with_the_node_name_in_place(
 def test_the_agent_probes_after_a_live_apply_and_stops_at_the_next_job(
     tmp_path: Path, endpoint: ServiceEndpoint
 ) -> None:
-    key, _ = new_key(tmp_path / "keys")
+    key = make_key(tmp_path / "keys" / "reconciler").signing
     state = tmp_path / "state"
     (state / "runtimes").mkdir(parents=True)
     agent = AgentThread(state, [key])
@@ -156,7 +159,7 @@ def test_the_agent_probes_after_a_live_apply_and_stops_at_the_next_job(
 def test_a_restarted_agent_probes_its_last_live_apply_again_from_scratch(
     tmp_path: Path, endpoint: ServiceEndpoint
 ) -> None:
-    key, _ = new_key(tmp_path / "keys")
+    key = make_key(tmp_path / "keys" / "reconciler").signing
     state = tmp_path / "state"
     (state / "runtimes").mkdir(parents=True)
     health = Health(

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 from reconciler.cli.main import main as cli
-from tests.agentkit import AgentFleet, node_map
-from tests.fleetkit import rollout_yaml
-from tests.gitutil import git, git_env
+from tests.kit.documents import node_map, rollout_yaml
+from tests.kit.fleets import AgentFleet
+from tests.kit.git import git, git_env
 from tests.kit.ports import HeldPort
 
 OLD = b"provider: ollama\nmodel: llama3-8b\nprofile: default\n"

@@ -24,14 +24,15 @@ import pytest
 
 from reconciler.cli import main as cli
 from reconciler.spec.times import parse_time
-from tests.agentkit import AgentFleet, RealAgent, node_map, rollback_outcomes
-from tests.fleetkit import rollout_yaml
-from tests.gitutil import git, git_env
+from tests.kit.agents import RealAgent
+from tests.kit.documents import node_map, rollback_outcomes, rollout_yaml
+from tests.kit.fleets import AgentFleet
+from tests.kit.git import git, git_env
 
 RITA = ("Rita Rollback", "rita@example.com")
 BORIS = ("Boris Resume", "boris@example.com")
 ROLLBACKER = f"{RITA[0]} <{RITA[1]}>"
-TARGET_MODEL = "llama3.1-8b"  # tests.fleetkit.TARGET
+TARGET_MODEL = "llama3.1-8b"  # tests.kit.documents.TARGET
 
 
 def old_config(node: str, layers: int = 33) -> bytes:

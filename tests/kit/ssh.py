@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.kit.keys import make_key
 from tests.kit.ports import HeldPort, handed_over
 
 SSHD = Path("/usr/sbin/sshd")
@@ -45,25 +46,6 @@ def require_sshd() -> None:
     if os.geteuid() == 0:
         # sshd refuses to start as root without its privilege separation folder.
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
-
-
-def keygen(path: Path, comment: str = "test") -> tuple[Path, str]:
-    """An unencrypted Ed25519 key pair; returns (private key, public line)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    subprocess.run(
-        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
-        check=True,
-        capture_output=True,
-    )
-    return path, Path(f"{path}.pub").read_text().strip()
-
-
-def fingerprint(pub: Path) -> str:
-    """``SHA256:...`` exactly as ``ssh-keygen -l`` prints it."""
-    out = subprocess.run(
-        ["ssh-keygen", "-l", "-f", str(pub)], check=True, capture_output=True, text=True
-    ).stdout
-    return out.split()[1]
 
 
 @dataclass
@@ -90,7 +72,7 @@ class SshServer:
         require_sshd()
         root.mkdir(parents=True, exist_ok=True)
         if host_key is None:
-            host_key, _ = keygen(root / "host_ed25519", "host")
+            host_key = make_key(root / "host_ed25519", comment="host").private
         (root / "authorized_keys").write_text(authorized_keys or client_pub + "\n")
         lines = [
             "ListenAddress 127.0.0.1",  # not bound: sshd serves the socket handed over
