@@ -27,12 +27,13 @@ import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the tests package
 
 from _common import emit, load_average, row
-from agent_helpers import envelope, job, new_key
 
 from reconciler.spec.model import Target
+from tests.kit.jobs import envelope, job
+from tests.kit.keys import make_key
 
 # The probe of bench/peers/ansible.py: shell builtins only, one process.
 PROBE = (
@@ -81,7 +82,8 @@ def one_run(jobs: int, tree: str | None) -> dict[str, float]:
     """ms per job: user and system of each thread, and the children's CPU."""
     with tempfile.TemporaryDirectory(prefix="agent-cpu-") as tmp:
         root = Path(tmp)
-        key, public = new_key(root / "keys")
+        made = make_key(root / "keys" / "reconciler")
+        key, public = made.signing, made.public
         state = root / "state"
         (state / "runtimes").mkdir(parents=True)
         (state / "runtimes" / "hermes.yaml").write_text(

@@ -23,12 +23,14 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the tests package
 
 from _common import emit, row
-from agent_helpers import AgentThread, envelope, job, new_key
 
 from reconciler.spec.model import Target
+from tests.kit.agents import AgentThread
+from tests.kit.jobs import envelope, job
+from tests.kit.keys import make_key
 
 
 class Clock:
@@ -62,7 +64,7 @@ def main() -> None:
         args.jobs, args.every, args.step = 2_000, 250, 60
     with tempfile.TemporaryDirectory(prefix="agent-soak-") as tmp:
         root = Path(tmp)
-        key, _ = new_key(root / "keys")
+        key = make_key(root / "keys" / "reconciler").signing
         state = root / "state"
         config = state / "runtimes" / "hermes.yaml"
         config.parent.mkdir(parents=True)

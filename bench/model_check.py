@@ -16,9 +16,9 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the tests package
 
-from modelcheck import BATCH_SIZES, POLICIES, Level, Report, check
+from tests.modelcheck import BATCH_SIZES, POLICIES, Level, Report, check
 
 
 def _one(setup: tuple[str, int, int, bool]) -> Report:

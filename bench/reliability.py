@@ -29,10 +29,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the tests package
 
-from chaos import scenarios
-from chaos.scenarios import Result
+from tests.chaos import scenarios
+from tests.chaos.scenarios import Result
 
 Scenario = Callable[[Path], Result]
 POINTS = ("after_step", "after_commit", "after_push", "mid_send")

@@ -15,12 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agent_helpers import AgentThread, envelope, job, new_key, start_process, wait_for
-from agent_helpers import request as http
 
 from reconciler.node.state_dir import BackupInfo, JobRecord, StateDir, backups_to_prune, digest
 from reconciler.protocol.signing import SigningKey, canonical_json
 from reconciler.spec.model import Target
+from tests.kit.agents import AgentThread, start_process
+from tests.kit.http import request as http
+from tests.kit.jobs import envelope, job
+from tests.kit.keys import make_key
+from tests.kit.waiting import wait_for
 
 OLD_CONFIG = b"# hermes, set by hand\nprovider: ollama\nmodel: llama3-old\nprofile: default\n"
 
@@ -36,7 +39,7 @@ def snapshot(state: Path) -> dict[str, Any]:
 
 @pytest.fixture
 def key(tmp_path: Path) -> SigningKey:
-    return new_key(tmp_path / "keys")[0]
+    return make_key(tmp_path / "keys" / "reconciler").signing
 
 
 @pytest.fixture
@@ -61,7 +64,7 @@ def agent(state: Path, key: SigningKey) -> Iterator[AgentThread]:
 def test_refusals_come_in_order_with_their_codes_and_write_nothing(
     tmp_path: Path, state: Path, key: SigningKey
 ) -> None:
-    stranger = new_key(tmp_path / "stranger")[0]
+    stranger = make_key(tmp_path / "stranger" / "reconciler").signing
     dry_only = AgentThread(state, [key], allow_live=False)
     now = datetime.now(UTC)
     good = envelope(job(), key)
@@ -598,7 +601,8 @@ def agent_args(state: Path, public: Path, command: str, port: int = 0) -> list[s
 def test_killed_mid_apply_the_job_is_reported_and_never_run_again(
     tmp_path: Path, state: Path
 ) -> None:
-    key, public = new_key(tmp_path / "daemon-key")
+    made = make_key(tmp_path / "daemon-key" / "reconciler")
+    key, public = made.signing, made.public
     marker = tmp_path / "after-apply.pids"
     # The after-apply command records its pid, then takes its time.
     command = f"echo $$ >> {marker}; exec sleep 30"

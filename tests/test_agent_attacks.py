@@ -18,14 +18,16 @@ import pytest
 
 from reconciler.node.http_server import MAX_BODY_BYTES
 from reconciler.protocol.signing import SigningKey, canonical_json
-from tests.agent_helpers import AgentThread, envelope, job, new_key
+from tests.kit.agents import AgentThread
+from tests.kit.jobs import envelope, job
+from tests.kit.keys import make_key
 
 REQUEST_TIMEOUT = 1.0
 
 
 @pytest.fixture
 def key(tmp_path: Path) -> SigningKey:
-    return new_key(tmp_path / "keys")[0]
+    return make_key(tmp_path / "keys" / "reconciler").signing
 
 
 @pytest.fixture

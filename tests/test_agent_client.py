@@ -11,13 +11,17 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from agent_helpers import FleetThread, Served, job, new_key, wait_for
 
 from reconciler.daemon.agent_client import AgentClient
 from reconciler.node.http_server import Request, Response, error_response, json_response
 from reconciler.protocol.observations import Backup, JobObservation
 from reconciler.protocol.signing import SigningKey
 from reconciler.spec.model import Target
+from tests.kit.agents import FleetThread, Served
+from tests.kit.jobs import job
+from tests.kit.keys import make_key
+from tests.kit.ports import HeldPort
+from tests.kit.waiting import wait_for
 
 SCRIPT = """
 nodes:
@@ -34,7 +38,7 @@ NAMES = ["ok", "busy", "down", "broken", "noise", "gone", "slow", "liar"]
 
 @pytest.fixture
 def key(tmp_path: Path) -> SigningKey:
-    return new_key(tmp_path / "keys")[0]
+    return make_key(tmp_path / "keys" / "reconciler").signing
 
 
 @pytest.fixture
@@ -49,14 +53,6 @@ def client(key: SigningKey) -> Iterator[AgentClient]:
     agent_client = AgentClient(key, concurrency=4, timeout=0.5)
     yield agent_client
     agent_client.close()
-
-
-def closed_port() -> str:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{sock.getsockname()[1]}"
 
 
 def test_sent_jobs_are_observed_until_they_finish(fleet: FleetThread, client: AgentClient) -> None:
@@ -82,14 +78,14 @@ def test_sent_jobs_are_observed_until_they_finish(fleet: FleetThread, client: Ag
 
 
 def test_refusals_and_failures_become_observations(
-    tmp_path: Path, fleet: FleetThread, client: AgentClient
+    tmp_path: Path, fleet: FleetThread, client: AgentClient, held_port: HeldPort
 ) -> None:
-    stranger = AgentClient(new_key(tmp_path / "stranger")[0], timeout=0.5)
+    stranger = AgentClient(make_key(tmp_path / "stranger" / "reconciler").signing, timeout=0.5)
     jobs = [
         (fleet.url, job(f"apply-{name}", node=name))
         for name in ("busy", "down", "broken", "noise", "gone", "slow")
     ]
-    jobs.append((closed_port(), job("apply-closed", node="ok")))
+    jobs.append((held_port.url, job("apply-closed", node="ok")))
     jobs.append(("not a url", job("apply-bad-url", node="ok")))
     try:
         seen = client.send_jobs(jobs, datetime.now(UTC))
@@ -113,13 +109,13 @@ def test_refusals_and_failures_become_observations(
 
 
 def test_reading_an_unknown_job_is_none_and_failures_are_unreachable(
-    fleet: FleetThread, client: AgentClient
+    fleet: FleetThread, client: AgentClient, held_port: HeldPort
 ) -> None:
     seen = client.read_jobs(
         [
             (fleet.url, job("apply-x", node="ok")),
             (fleet.url, job("apply-y", node="down")),
-            (closed_port(), job("apply-z", node="ok")),
+            (held_port.url, job("apply-z", node="ok")),
         ]
     )
 

@@ -15,20 +15,22 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from agent_helpers import AgentThread, envelope, job, new_key
 
 from reconciler.node.agent import Agent, AgentConfig
 from reconciler.node.state_dir import BackupInfo, JobRecord, StateDir, UnsafePath, write_atomic
 from reconciler.protocol.effects import SendJob
 from reconciler.protocol.signing import SigningKey
 from reconciler.spec.model import Target
+from tests.kit.agents import AgentThread
+from tests.kit.jobs import envelope, job
+from tests.kit.keys import make_key
 
 OLD_CONFIG = b"provider: ollama\nmodel: llama3-old\nprofile: default\n"
 
 
 @pytest.fixture
 def key(tmp_path: Path) -> SigningKey:
-    return new_key(tmp_path / "keys")[0]
+    return make_key(tmp_path / "keys" / "reconciler").signing
 
 
 @pytest.fixture

@@ -4,20 +4,23 @@ the heartbeat reports them, and the next job for the runtime stops them."""
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from agent_helpers import AgentThread, envelope, job, new_key, wait_for
-from healthkit import ServiceEndpoint
 
 from reconciler.node.probes import CheckState, probe
 from reconciler.protocol.job_payload import build_payload, payload_problems
 from reconciler.spec.health import Health, HealthCheck, HttpProbe, TcpProbe
 from reconciler.spec.times import parse_time
+from tests.kit.agents import AgentThread
+from tests.kit.endpoint import ServiceEndpoint
+from tests.kit.jobs import envelope, job
+from tests.kit.keys import make_key
+from tests.kit.ports import HeldPort
+from tests.kit.waiting import wait_for
 
 
 @pytest.fixture
@@ -46,17 +49,16 @@ def test_an_http_probe_holds_on_the_expected_status_and_body(endpoint: ServiceEn
     assert "does not contain 'ok'" in probe(http_check(endpoint.url + "/ready", 200, "ok"))
 
 
-def test_a_tcp_probe_holds_while_something_listens() -> None:
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen()
-        port = listener.getsockname()[1]
-        check = {
-            "name": "port",
-            "intervalSeconds": 1,
-            "tcp": {"host": "127.0.0.1", "port": port, "timeoutSeconds": 1},
-        }
-        assert probe(check) == ""
+def test_a_tcp_probe_holds_while_something_listens(held_port: HeldPort) -> None:
+    port = held_port.port
+    check = {
+        "name": "port",
+        "intervalSeconds": 1,
+        "tcp": {"host": "127.0.0.1", "port": port, "timeoutSeconds": 1},
+    }
+    held_port.listen()
+    assert probe(check) == ""
+    held_port.refuse()
     assert probe(check).startswith(f"tcp 127.0.0.1:{port}: ")
 
 
@@ -115,7 +117,7 @@ def test_live_apply_payloads_carry_the_agent_checks_with_the_node_name_in_place(
 def test_the_agent_probes_after_a_live_apply_and_stops_at_the_next_job(
     tmp_path: Path, endpoint: ServiceEndpoint
 ) -> None:
-    key, _ = new_key(tmp_path / "keys")
+    key = make_key(tmp_path / "keys" / "reconciler").signing
     state = tmp_path / "state"
     (state / "runtimes").mkdir(parents=True)
     agent = AgentThread(state, [key])
@@ -157,7 +159,7 @@ def test_the_agent_probes_after_a_live_apply_and_stops_at_the_next_job(
 def test_a_restarted_agent_probes_its_last_live_apply_again_from_scratch(
     tmp_path: Path, endpoint: ServiceEndpoint
 ) -> None:
-    key, _ = new_key(tmp_path / "keys")
+    key = make_key(tmp_path / "keys" / "reconciler").signing
     state = tmp_path / "state"
     (state / "runtimes").mkdir(parents=True)
     health = Health(

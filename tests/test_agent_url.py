@@ -13,12 +13,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from engine_world import World
-from fleetkit import FleetKit, node_yaml, rollout_yaml
 
 from reconciler.cli import main as cli
 from reconciler.spec.agent_url import is_usable_agent_url
 from reconciler.spec.documents import parse_file
+from tests.engine_world import World
+from tests.kit.documents import node_yaml, rollout_yaml
+from tests.kit.fleets import FleetKit
 
 # Accepted by the old document checks and refused by the old engine rule.
 PREFIXED = "http://127.0.0.1:8710/agent"

@@ -16,6 +16,7 @@ import pytest
 from reconciler.git.approval import Approver, is_spec_commit
 from reconciler.git.sshsig import parse_allowed_signers, sign_commit_payload
 from reconciler.protocol.signing import load_private_key
+from tests.kit.keys import Key, make_key
 
 ENV = {
     "GIT_AUTHOR_NAME": "Alice",
@@ -37,35 +38,20 @@ class Keys:
     allowed_signers: Path
 
 
-def keygen(directory: Path, name: str, *kind: str) -> Path:
-    path = directory / name
-    subprocess.run(
-        ["ssh-keygen", "-q", *kind, "-N", "", "-C", name, "-f", str(path)],
-        check=True,
-        capture_output=True,
-    )
-    return path
-
-
-def public(path: Path) -> str:
-    kind, blob, *_ = Path(f"{path}.pub").read_text().split()
-    return f"{kind} {blob}"
-
-
 @pytest.fixture(scope="module")
 def keys(tmp_path_factory: pytest.TempPathFactory) -> Keys:
     d = tmp_path_factory.mktemp("keys")
-    alice = keygen(d, "alice", "-t", "ed25519")
-    mallory = keygen(d, "mallory", "-t", "ed25519")
-    ecdsa = keygen(d, "ecdsa", "-t", "ecdsa", "-b", "256")
-    rsa = keygen(d, "rsa", "-t", "rsa", "-b", "2048")
-    carol = keygen(d, "carol", "-t", "ed25519")
+    alice = make_key(d / "alice").private
+    mallory = make_key(d / "mallory").private
+    ecdsa = make_key(d / "ecdsa", kind="ecdsa", bits=256).private
+    rsa = make_key(d / "rsa", kind="rsa", bits=2048).private
+    carol = make_key(d / "carol").private
     signers = d / "allowed_signers"
     signers.write_text(
-        f"alice@example.com {public(alice)}\n"
-        f"ops@example.com {public(ecdsa)}\n"
-        f"rsa@example.com {public(rsa)}\n"
-        f'carol@example.com valid-after="20240101Z",valid-before="20241231Z" {public(carol)}\n'
+        f"alice@example.com {Key(alice).text}\n"
+        f"ops@example.com {Key(ecdsa).text}\n"
+        f"rsa@example.com {Key(rsa).text}\n"
+        f'carol@example.com valid-after="20240101Z",valid-before="20241231Z" {Key(carol).text}\n'
     )
     return Keys(alice, mallory, ecdsa, rsa, carol, signers)
 
@@ -453,7 +439,7 @@ def test_results_are_cached_per_commit(repo: FleetRepo, keys: Keys, base: str) -
 def test_a_status_commit_signed_by_the_daemon_passes_git_verify_commit(
     tmp_path: Path, repo: FleetRepo, keys: Keys, base: str
 ) -> None:
-    daemon_key = keygen(tmp_path, "reconciler", "-t", "ed25519")
+    daemon_key = make_key(tmp_path / "reconciler").private
     private = load_private_key(daemon_key).private_key  # what `run --key` loads
     git = pygit2.Repository(str(repo.path))
     parent = git[base].peel(pygit2.Commit)
@@ -472,7 +458,7 @@ def test_a_status_commit_signed_by_the_daemon_passes_git_verify_commit(
     )
 
     allowed = tmp_path / "daemon_signers"
-    allowed.write_text(f"reconciler@localhost {public(daemon_key)}\n")
+    allowed.write_text(f"reconciler@localhost {Key(daemon_key).text}\n")
     result = subprocess.run(
         [
             "git",

@@ -9,7 +9,6 @@ from __future__ import annotations
 import io
 import json
 import stat
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,8 +26,11 @@ from reconciler.git.store import GitStore
 from reconciler.protocol.signing import load_private_key
 from reconciler.spec.errors import StoreError
 from reconciler.spec.safe_yaml import load_yaml
-from tests.fleetkit import FleetKit, rollout_yaml
-from tests.gitutil import GitHttpServer, git, git_env
+from tests.kit.documents import rollout_yaml
+from tests.kit.fleets import FleetKit
+from tests.kit.git import git, git_env
+from tests.kit.git_http import GitHttpServer
+from tests.kit.keys import make_key
 
 NODES = {"web-1": {"role": "web"}, "web-2": {"role": "web"}}
 GOOD = "{runtime: hermes, provider: ollama, model: good-model, profile: default}"
@@ -41,10 +43,7 @@ class Attack:
     def __init__(self, kit: FleetKit, tmp_path: Path) -> None:
         self.kit = kit
         self.alice = tmp_path / "alice"
-        subprocess.run(
-            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "alice", "-f", str(self.alice)],
-            check=True,
-        )
+        make_key(self.alice, comment="alice")
         self.signers = tmp_path / "allowed_signers"
         self.signers.write_text(f"ada@example.com {self.alice.with_suffix('.pub').read_text()}")
         self.work = kit.work
@@ -301,7 +300,7 @@ def test_a_token_in_the_repo_url_is_never_shown_or_readable(
     git("init", "-q", "--bare", "-b", "main", str(bare), cwd=tmp_path)
     token = "tok-9f8e7d6c"
     key = tmp_path / "daemon"
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    make_key(key)
     with GitHttpServer(tmp_path, token=token) as server:
         url = server.url_for(bare).replace("http://", f"http://ada:{token}@")
         capsys.readouterr()

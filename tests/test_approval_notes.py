@@ -25,7 +25,8 @@ from reconciler.git.approval_notes import (
     read_note,
 )
 from reconciler.git.sshsig import parse_allowed_signers
-from tests.gitutil import clone, git, git_env, install_hook, make_bare_repo
+from tests.kit.git import clone, git, git_env, install_hook, make_bare_repo
+from tests.kit.keys import Key, make_key
 
 ROLLOUT = """apiVersion: reconciler/v1
 kind: Rollout
@@ -34,20 +35,6 @@ spec:
   target: {runtime: hermes, provider: ollama, model: m, profile: default}
   nodeIds: [a]
 """
-
-
-def keygen(path: Path) -> Path:
-    subprocess.run(
-        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", path.name, "-f", str(path)],
-        check=True,
-        capture_output=True,
-    )
-    return path
-
-
-def public(path: Path) -> str:
-    kind, blob, *_ = Path(f"{path}.pub").read_text().split()
-    return f"{kind} {blob}"
 
 
 def ssh_sign(key: Path, message: bytes, namespace: str) -> str:
@@ -119,15 +106,15 @@ def review(tmp_path: Path) -> Review:
     keys = tmp_path / "keys"
     keys.mkdir()
     alice, bob, bob2, carol, dave, mallory = (
-        keygen(keys / n) for n in ("alice", "bob", "bob2", "carol", "dave", "mallory")
+        make_key(keys / n).private for n in ("alice", "bob", "bob2", "carol", "dave", "mallory")
     )
     signers = tmp_path / "allowed_signers"
     signers.write_text(
-        f"alice@example.com {public(alice)}\n"
-        f"bob@example.com {public(bob)}\n"
-        f"bob@example.com {public(bob2)}\n"
-        f'carol@example.com namespaces="git" {public(carol)}\n'
-        f'dave@example.com valid-before="20250101Z" {public(dave)}\n'
+        f"alice@example.com {Key(alice).text}\n"
+        f"bob@example.com {Key(bob).text}\n"
+        f"bob@example.com {Key(bob2).text}\n"
+        f'carol@example.com namespaces="git" {Key(carol).text}\n'
+        f'dave@example.com valid-before="20250101Z" {Key(dave).text}\n'
     )
     bare = make_bare_repo(tmp_path, {"README.md": "fleet\n"})
     alice_work = clone(bare, tmp_path / "alice-work")
@@ -278,8 +265,8 @@ def test_garbage_notes_never_raise() -> None:
 def test_two_reviewers_pushing_at_once_keep_both_approvals(review: Review) -> None:
     third = clone(review.bare, review.root / "third")
     signers = review.signers
-    erin = keygen(review.root / "keys" / "erin")
-    signers.write_text(signers.read_text() + f"erin@example.com {public(erin)}\n")
+    erin = make_key(review.root / "keys" / "erin").private
+    signers.write_text(signers.read_text() + f"erin@example.com {Key(erin).text}\n")
     outcomes: list[int] = []
     start = threading.Barrier(2)
 
@@ -319,8 +306,8 @@ def test_two_reviewers_pushing_at_once_keep_both_approvals(review: Review) -> No
 def test_a_push_that_lost_the_race_merges_and_keeps_both(
     review: Review, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    erin = keygen(review.root / "keys" / "erin")
-    review.signers.write_text(review.signers.read_text() + f"erin@example.com {public(erin)}\n")
+    erin = make_key(review.root / "keys" / "erin").private
+    review.signers.write_text(review.signers.read_text() + f"erin@example.com {Key(erin).text}\n")
     third = clone(review.bare, review.root / "third")
     assert review.approve(erin, third, review.commit) == 0  # local only, for now
     assert review.approve(review.bob, review.bob_work, review.commit, "--push") == 0
@@ -379,9 +366,9 @@ def test_plan_shows_the_approvals_present_and_missing(
 
 def test_an_approval_stops_counting_when_its_key_is_revoked(review: Review) -> None:
     # erin's key is valid until a moment the test's clock passes
-    erin = keygen(review.root / "keys" / "erin")
+    erin = make_key(review.root / "keys" / "erin").private
     review.signers.write_text(
-        review.signers.read_text() + f'erin@example.com valid-before="20300101Z" {public(erin)}\n'
+        review.signers.read_text() + f'erin@example.com valid-before="20300101Z" {Key(erin).text}\n'
     )
     assert review.approve(erin, review.bob_work, review.commit, "--push") == 0
     now = [datetime(2029, 12, 31, 23, 0, tzinfo=UTC)]

@@ -15,8 +15,8 @@ import pytest
 
 from reconciler.cli.main import main
 from reconciler.git.approval import Approver, load_allowed_signers
-from tests.fleetkit import node_yaml, rollout_yaml
-from tests.gitutil import git, git_env
+from tests.kit.documents import node_yaml, rollout_yaml
+from tests.kit.git import git, git_env
 
 PEOPLE = ("alice", "bob", "sre-1", "sre-2", "res-1", "carol", "dave")
 

@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 
 from reconciler.cli.main import main
-from tests.agentkit import AgentFleet
-from tests.fleetkit import rollout_yaml
-from tests.gitutil import git, git_env, write_files
+from tests.kit.documents import rollout_yaml
+from tests.kit.fleets import AgentFleet
+from tests.kit.git import git, git_env, write_files
 
 pytestmark = pytest.mark.slow
 

@@ -20,30 +20,10 @@ import pytest
 
 from reconciler.cli.main import main
 from reconciler.git.approval_notes import NOTES_REF, approval_message, signature_blocks
-from tests.agentkit import AgentFleet
-from tests.fleetkit import rollout_yaml
-from tests.gitutil import clone, git, git_env
-
-
-def keygen(path: Path) -> Path:
-    subprocess.run(
-        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", path.name, "-f", str(path)],
-        check=True,
-        capture_output=True,
-    )
-    return path
-
-
-def public(path: Path) -> str:
-    kind, blob, *_ = Path(f"{path}.pub").read_text().split()
-    return f"{kind} {blob}"
-
-
-def fingerprint(path: Path) -> str:
-    out = subprocess.run(
-        ["ssh-keygen", "-l", "-f", f"{path}.pub"], check=True, capture_output=True, text=True
-    ).stdout
-    return out.split()[1]
+from tests.kit.documents import rollout_yaml
+from tests.kit.fleets import AgentFleet
+from tests.kit.git import clone, git, git_env
+from tests.kit.keys import Key, make_key
 
 
 @pytest.fixture
@@ -74,9 +54,9 @@ def test_a_rollout_starts_only_once_someone_else_approves_it(
 ) -> None:
     keys = tmp_path / "people"
     keys.mkdir()
-    alice, bob = keygen(keys / "alice"), keygen(keys / "bob")
+    alice, bob = make_key(keys / "alice").private, make_key(keys / "bob").private
     signers = tmp_path / "allowed_signers"
-    signers.write_text(f"alice@example.com {public(alice)}\nbob@example.com {public(bob)}\n")
+    signers.write_text(f"alice@example.com {Key(alice).text}\nbob@example.com {Key(bob).text}\n")
     # alice writes and signs the rollout; bob reviews from a clone of his own
     alice_env = git_env("Alice", "alice@example.com")
     (fleet.work / "rollouts").mkdir()
@@ -143,7 +123,7 @@ def test_a_rollout_starts_only_once_someone_else_approves_it(
         )
         wait_for("the rollout to complete", lambda: status()["phase"] == "completed", 30)
         assert status()["approvedBy"] == [
-            {"principal": "bob@example.com", "keyId": fingerprint(bob)}
+            {"principal": "bob@example.com", "keyId": Key(bob).fingerprint}
         ]
         # one wakeup (watch, or a 0.5 s poll), not the 60 s periodic re-read
         assert took < 15, took
@@ -177,7 +157,7 @@ def test_a_rollout_starts_only_once_someone_else_approves_it(
     verify_args = ["verify", change, "--repo", str(fleet.bare), "--require-approvals", "1"]
     assert main([*verify_args, "--allowed-signers", str(signers)]) == 0
     out = capsys.readouterr().out
-    assert f"counted: bob@example.com ({fingerprint(bob)})" in out
+    assert f"counted: bob@example.com ({Key(bob).fingerprint})" in out
     assert "signature 1: alice@example.com signed the commit" in out
     assert "signature 2: bad signature" in out
 

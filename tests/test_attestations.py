@@ -34,9 +34,9 @@ from reconciler.git.approval import Approver, load_allowed_signers
 from reconciler.git.store import GitStore
 from reconciler.protocol.signing import generate_key, load_private_key
 from reconciler.views.attestation import PREDICATE_TYPE, sign
-from tests.agentkit import AgentFleet, node_map
-from tests.fleetkit import rollout_yaml
-from tests.gitutil import git, git_env
+from tests.kit.documents import node_map, rollout_yaml
+from tests.kit.fleets import AgentFleet
+from tests.kit.git import git, git_env
 
 REPO = Path(__file__).resolve().parent.parent
 SCHEMA = REPO / "schemas" / "deployment-attestation.schema.json"

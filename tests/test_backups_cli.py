@@ -5,25 +5,26 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from agent_helpers import AgentThread, envelope, job, new_key
-from fleet_helpers import identity, make_fleet, make_status, node_doc, status_text
 
 from reconciler.cli import main as cli
 from reconciler.spec.model import Target
-
-__all__ = ["identity"]
+from tests.kit.agents import AgentThread
+from tests.kit.documents import make_status, node_yaml, status_text
+from tests.kit.git import make_repo
+from tests.kit.jobs import envelope, job
+from tests.kit.keys import make_key
+from tests.kit.ports import HeldPort
 
 
 @pytest.fixture
 def agent(tmp_path: Path) -> Iterator[AgentThread]:
     """An agent for node-a that has applied two live jobs, so it keeps two backups."""
-    key, _ = new_key(tmp_path / "keys")
+    key = make_key(tmp_path / "keys" / "reconciler").signing
     config = tmp_path / "state" / "runtimes" / "hermes.yaml"
     config.parent.mkdir(parents=True)
     config.write_text("provider: ollama\nmodel: llama3-old\nprofile: default\n")
@@ -45,8 +46,9 @@ def test_backups_lists_the_agents_backups_newest_first(
     agent: AgentThread,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    fleet = make_fleet(
-        tmp_path / "fleet", {"nodes/node-a.yaml": node_doc("node-a", agent=agent.url)}
+    fleet = make_repo(
+        tmp_path / "fleet",
+        {"nodes/node-a.yaml": node_yaml("node-a", agent=agent.url, maintenance=None)},
     )
 
     assert cli.main(["backups", "node-a", "--repo", str(fleet)]) == 0
@@ -69,7 +71,9 @@ def test_backups_lists_the_agents_backups_newest_first(
 def test_an_unknown_node_names_the_known_ones(
     tmp_path: Path, identity: dict[str, str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    fleet = make_fleet(tmp_path / "fleet", {"nodes/node-a.yaml": node_doc("node-a")})
+    fleet = make_repo(
+        tmp_path / "fleet", {"nodes/node-a.yaml": node_yaml("node-a", maintenance=None)}
+    )
 
     assert cli.main(["backups", "node-z", "--repo", str(fleet)]) == 1
 
@@ -78,14 +82,19 @@ def test_an_unknown_node_names_the_known_ones(
 
 
 def test_an_unreachable_agent_is_a_clear_failure(
-    tmp_path: Path, identity: dict[str, str], capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    identity: dict[str, str],
+    held_port: HeldPort,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    with socket.socket() as probe:  # a port nothing listens on
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    fleet = make_fleet(
+    port = held_port.port  # nothing listens on it
+    fleet = make_repo(
         tmp_path / "fleet",
-        {"nodes/node-a.yaml": node_doc("node-a", agent=f"http://127.0.0.1:{port}")},
+        {
+            "nodes/node-a.yaml": node_yaml(
+                "node-a", agent=f"http://127.0.0.1:{port}", maintenance=None
+            )
+        },
     )
 
     assert cli.main(["backups", "node-a", "--repo", str(fleet)]) == 1
@@ -94,20 +103,23 @@ def test_an_unreachable_agent_is_a_clear_failure(
 
 
 def test_from_a_laptop_that_cannot_reach_the_agent_the_recorded_backups_are_shown(
-    tmp_path: Path, identity: dict[str, str], capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    identity: dict[str, str],
+    held_port: HeldPort,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    with socket.socket() as probe:  # a port nothing listens on: the agent's network is elsewhere
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = held_port.port  # nothing listens on it: the agent's network is elsewhere
     status = make_status("llama-canary", "completed", [("node-a", 1, "succeeded")])
     status = replace(
         status,
         nodes=(replace(status.nodes[0], first_backup_id="bk-first", backup_id="bk-later"),),
     )
-    fleet = make_fleet(
+    fleet = make_repo(
         tmp_path / "fleet",
         {
-            "nodes/node-a.yaml": node_doc("node-a", agent=f"http://127.0.0.1:{port}"),
+            "nodes/node-a.yaml": node_yaml(
+                "node-a", agent=f"http://127.0.0.1:{port}", maintenance=None
+            ),
             **status_text(status),
         },
     )

@@ -10,10 +10,9 @@ import os
 import random
 from pathlib import Path
 
-from gitutil import clone, git, head, make_bare_repo
-
 from reconciler.git.history import changed_paths
 from reconciler.git.store import GitStore
+from tests.kit.git import clone, git, head, make_bare_repo
 
 FOLDERS = ("rollouts", "nodes", "status")
 FILES = ("reconciler.yaml",)

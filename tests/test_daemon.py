@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from reconciler.daemon.loop import PASS_STEPS, Daemon
-from tests.fleetkit import FleetKit, node_states, rollout_yaml
-from tests.gitutil import clone, commit, git
+from tests.kit.documents import node_states, rollout_yaml
+from tests.kit.fleets import FleetKit
+from tests.kit.git import clone, commit, git
 
 WEB = {"web-1": {"role": "web"}, "web-2": {"role": "web"}, "web-3": {"role": "web"}}
 

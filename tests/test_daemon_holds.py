@@ -13,15 +13,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fleetkit import FleetKit, rollout_yaml
-from gitutil import git, make_bare_repo
 
 from reconciler.daemon.agent_client import AgentClient
 from reconciler.daemon.logs import EventLog
 from reconciler.daemon.loop import Daemon
 from reconciler.git.store import GitStore
 from reconciler.git.watch import BranchWatcher
-from reconciler.protocol.signing import generate_key, load_private_key
+from reconciler.protocol.signing import load_private_key
+from tests.kit.documents import rollout_yaml
+from tests.kit.fleets import FleetKit
+from tests.kit.git import git, make_bare_repo
+from tests.kit.keys import make_key
 
 
 @pytest.fixture
@@ -79,7 +81,7 @@ def test_a_hint_during_a_backoff_ends_it(tmp_path: Path) -> None:
     branch moved, or a poll of the remote works again) starts the next pass
     at once, with the backoff back at its start."""
     bare = make_bare_repo(tmp_path, {"nodes/a.yaml": "a\n"})
-    key_path, _ = generate_key(tmp_path / "keys")
+    key_path = make_key(tmp_path / "keys" / "reconciler").private
     store = GitStore.open(str(bare), "main")
     tip = git("rev-parse", "main", cwd=bare)
     git("update-ref", "-d", "refs/heads/main", cwd=bare)  # every pass now fails

@@ -3,7 +3,6 @@ verified spec commits and signed status commits (docs/configuration.md and docs/
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,8 +15,10 @@ from reconciler.git.sshsig import sign_commit_payload
 from reconciler.git.store import GitStore
 from reconciler.protocol.signing import load_private_key
 from reconciler.spec.safe_yaml import load_yaml
-from tests.fleetkit import FleetKit, rollout_yaml
-from tests.gitutil import git, git_env
+from tests.kit.documents import rollout_yaml
+from tests.kit.fleets import FleetKit
+from tests.kit.git import git, git_env
+from tests.kit.keys import make_key
 
 NODES = {"web-1": {"role": "web"}, "web-2": {"role": "web"}}
 
@@ -71,18 +72,10 @@ def test_a_remote_repository_is_mirrored_and_pushed_to(kit: FleetKit, tmp_path: 
     assert git("rev-parse", "main", cwd=kit.bare) == store.tip("main")
 
 
-def _keygen(directory: Path, name: str) -> Path:
-    key = directory / name
-    subprocess.run(
-        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", name, "-f", str(key)], check=True
-    )
-    return key
-
-
 def test_an_unsigned_spec_change_is_not_acted_on_and_says_why(
     kit: FleetKit, tmp_path: Path
 ) -> None:
-    alice = _keygen(tmp_path, "alice")
+    alice = make_key(tmp_path / "alice").private
     signers = tmp_path / "allowed_signers"
     signers.write_text(f"alice@example.com {(alice.with_suffix('.pub')).read_text()}")
     sign = ["-c", "gpg.format=ssh", "-c", f"user.signingKey={alice}"]
@@ -155,7 +148,7 @@ def test_turning_verification_on_with_nothing_signed_aborts_nothing(
     # removed and abort it.
     kit.push({"rollouts/web.yaml": rollout_yaml("web", nodeIds=["web-1"], pauseAfter=[1])})
     run_until_phase(kit, kit.daemon(), "main", "web", "running")
-    alice = _keygen(tmp_path, "alice")
+    alice = make_key(tmp_path / "alice").private
     signers = tmp_path / "allowed_signers"
     signers.write_text(f"alice@example.com {(alice.with_suffix('.pub')).read_text()}")
     store = GitStore.open(str(kit.bare), "main")

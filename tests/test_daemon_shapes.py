@@ -11,11 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fleetkit import FleetKit, node_states, rollout_yaml
 
 from reconciler.git.store import GitStore
 from reconciler.git.watch import BranchWatcher
 from reconciler.spec.times import format_time, parse_time
+from tests.kit.documents import node_states, rollout_yaml
+from tests.kit.fleets import FleetKit
 
 FIVE = {f"web-{i}": {"role": "web"} for i in range(1, 6)}
 

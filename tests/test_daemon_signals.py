@@ -11,14 +11,14 @@ import time
 from pathlib import Path
 
 import pytest
-from gitutil import make_bare_repo
 
-from reconciler.protocol.signing import generate_key
+from tests.kit.git import make_bare_repo
+from tests.kit.keys import make_key
 
 
 @pytest.fixture
 def daemon_args(tmp_path: Path) -> list[str]:
-    key, _ = generate_key(tmp_path / "keys")
+    key = make_key(tmp_path / "keys" / "reconciler").private
     bare = make_bare_repo(tmp_path, {"nodes/.keep": ""}, message="Seed the fleet")
     return [
         sys.executable,

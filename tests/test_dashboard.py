@@ -7,10 +7,8 @@ import random
 import re
 from dataclasses import replace
 
-from fleet_helpers import make_status
 from hypothesis import given
 from hypothesis import strategies as st
-from markdown_render import plain_text
 
 from reconciler.engine.holds import hold_message
 from reconciler.spec.rollout_status import Condition, RolloutStatus
@@ -20,6 +18,8 @@ from reconciler.views.dashboard import (
     dashboard_parts,
     render_dashboard,
 )
+from tests.kit.documents import make_status
+from tests.markdown_render import plain_text
 
 CANARY = make_status(
     "llama-canary",

@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fleet_helpers import make_status
 from test_dashboard import ALL, CANARY
 
 from reconciler.views.dashboard import render_dashboard
+from tests.kit.documents import make_status
 
 HERE = Path(__file__).parent / "mermaid"
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from reconciler.cli.demo_story import run_demo
 from reconciler.spec.safe_yaml import load_yaml
-from tests.gitutil import git
+from tests.kit.git import git
 
 
 def test_the_demo_tells_its_story_and_leaves_the_repository(tmp_path: Path) -> None:

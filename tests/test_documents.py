@@ -7,7 +7,6 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from corpus import Case, bad_cases, base_fleet, cases, write_tree
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -20,6 +19,7 @@ from reconciler.spec.documents import (
     parse_file,
 )
 from reconciler.spec.model import Defaults, Problem, RollbackRequest, Settings, Target
+from tests.corpus import Case, bad_cases, base_fleet, cases, write_tree
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "example-repo"

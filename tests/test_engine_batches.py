@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from engine_world import TARGET, World
-
 from reconciler.engine.step import resolve_nodes
 from reconciler.spec.model import Fleet, Node, RolloutSpec
+from tests.engine_world import TARGET, World
 
 
 def test_three_nodes_batch_size_two_make_batches_ab_then_c() -> None:

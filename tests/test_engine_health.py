@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from engine_world import OLD_MODEL, World
-
 from reconciler.spec.model import Settings
+from tests.engine_world import OLD_MODEL, World
 
 
 def two_batches(**spec: object) -> World:

@@ -9,7 +9,6 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 import pytest
-from engine_world import T0, TARGET, World
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
@@ -27,6 +26,7 @@ from reconciler.spec.health import Health, HealthCheck, HttpProbe, PrometheusQue
 from reconciler.spec.model import Settings
 from reconciler.spec.rollout_status import from_record, to_record
 from reconciler.spec.times import format_time
+from tests.engine_world import T0, TARGET, World
 
 READY = HealthCheck("ready", http=HttpProbe("http://127.0.0.1:8000/ready"))
 ERRORS = HealthCheck("errors", prometheus=PrometheusQuery("rate(errors[1m])", max=0.01))

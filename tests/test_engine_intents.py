@@ -3,11 +3,10 @@ pauseAfter, abort, frozen fields, healthTimeout, removing the file."""
 
 from __future__ import annotations
 
-from engine_world import TARGET, World
-
 from reconciler.engine.holds import ASK_AGAIN, HOLD_MESSAGES, RESUME_OF_HELD, SKIP
 from reconciler.spec.model import Target
 from reconciler.spec.rollout_status import HOLD_REASONS, NODE_STATES
+from tests.engine_world import TARGET, World
 
 
 def started(nodes: list[str], **spec: object) -> World:

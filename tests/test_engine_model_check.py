@@ -8,7 +8,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from modelcheck import (
+
+from reconciler.engine.policy import RULES, Decision, Rule
+from tests.modelcheck import (
     BATCH_SIZES,
     POLICIES,
     State,
@@ -19,8 +21,6 @@ from modelcheck import (
     injected_rules,
     replay,
 )
-
-from reconciler.engine.policy import RULES, Decision, Rule
 
 DEPTH = 3
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from engine_world import World
 
 from reconciler.spec.model import Settings
+from tests.engine_world import World
 
 
 def started(nodes: list[str], **spec: object) -> World:

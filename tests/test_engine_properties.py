@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
-from engine_world import OLD_MODEL, World
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -40,6 +39,7 @@ from reconciler.spec.rollout_status import (
     status_from_files,
     to_record,
 )
+from tests.engine_world import OLD_MODEL, World
 
 SCHEMA = json.loads(
     (Path(__file__).parent.parent / "schemas" / "rollout-status.schema.json").read_text()

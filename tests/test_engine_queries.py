@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 
-from engine_world import World
-
 from reconciler.engine.step import (
     in_flight,
     is_active,
@@ -17,6 +15,7 @@ from reconciler.engine.step import (
 )
 from reconciler.protocol.job_ids import job_id
 from reconciler.spec.rollout_status import from_record, to_record
+from tests.engine_world import World
 
 
 def test_jobs_in_flight_are_rebuilt_from_status_alone_with_the_same_payload() -> None:

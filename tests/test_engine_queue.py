@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine_world import World
+from tests.engine_world import World
 
 
 def test_selector_matching_no_node_is_pending_then_starts_when_a_node_matches() -> None:

@@ -5,14 +5,13 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-from engine_world import World
-
 from reconciler.engine.memo import StepMemo
 from reconciler.engine.rollback import backup_outcome, node_outcome, request_refusal
 from reconciler.engine.step import step_fleet
 from reconciler.spec import schemas
 from reconciler.spec.model import Fleet, Settings
 from reconciler.spec.rollout_status import NodeRecord, from_record, to_record
+from tests.engine_world import World
 
 STATUS_SCHEMA = schemas.validator("rollout-status")
 

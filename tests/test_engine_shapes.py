@@ -6,7 +6,6 @@ from __future__ import annotations
 import zoneinfo
 from datetime import UTC, datetime, timedelta
 
-from engine_world import T0, World
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -15,6 +14,7 @@ from reconciler.engine.step import next_wakeup
 from reconciler.spec.batch_shapes import batch_sizes
 from reconciler.spec.model import Freeze, Settings, Window
 from reconciler.spec.rollout_status import from_record, to_record
+from tests.engine_world import T0, World
 
 BERLIN = zoneinfo.ZoneInfo("Europe/Berlin")
 

@@ -17,10 +17,6 @@ from typing import Any
 
 import httpx
 import pytest
-from agentkit import AgentFleet
-from fleetkit import FleetKit, RepoKit, rollout_yaml
-from gitutil import git
-from healthkit import ServiceEndpoint
 
 from reconciler.daemon import agent_client
 from reconciler.daemon.loop import Daemon
@@ -30,6 +26,10 @@ from reconciler.protocol.effects import SendJob
 from reconciler.protocol.long_poll import wait_seconds
 from reconciler.spec.model import Target
 from reconciler.spec.times import parse_time
+from tests.kit.documents import rollout_yaml
+from tests.kit.endpoint import ServiceEndpoint
+from tests.kit.fleets import AgentFleet, FleetKit, RepoKit
+from tests.kit.git import git
 
 CONFIG = b"provider: vllm\nmodel: old-model\nprofile: default\n"
 

@@ -31,7 +31,10 @@ from reconciler.protocol.signing import SigningKey, TrustedKey, generate_key, lo
 from reconciler.protocol.tls import parse_pin
 from reconciler.spec.documents import parse_file
 from reconciler.spec.model import Node
-from tests.agent_helpers import AgentThread, FleetThread, envelope, job, new_key, request
+from tests.kit.agents import AgentThread, FleetThread
+from tests.kit.http import request
+from tests.kit.jobs import envelope, job
+from tests.kit.keys import make_key
 
 
 def node_file(agent_key: str) -> bytes:
@@ -42,7 +45,7 @@ def node_file(agent_key: str) -> bytes:
 
 
 def test_a_signed_answer_verifies_and_any_changed_field_does_not(tmp_path: Path) -> None:
-    key, _ = new_key(tmp_path / "k")
+    key = make_key(tmp_path / "k" / "reconciler").signing
     answer = sign_answer({"jobId": "j1", "state": "succeeded", "checks": [{"ok": True}]}, key)
     signed = split_answer(answer)
     assert signed is not None and evidence_problem(signed, key.trusted()) == ""
@@ -56,7 +59,7 @@ def test_a_signed_answer_verifies_and_any_changed_field_does_not(tmp_path: Path)
 
 
 def test_answer_bytes_encoded_once_read_back_as_the_signed_answer(tmp_path: Path) -> None:
-    key, _ = new_key(tmp_path / "k")
+    key = make_key(tmp_path / "k" / "reconciler").signing
     answer = {"jobId": "j1", "state": "succeeded", "detail": "über", "error": None}
     data = signed_answer_bytes(answer, key)
     assert json.loads(data) == sign_answer(answer, key)
@@ -66,7 +69,7 @@ def test_answer_bytes_encoded_once_read_back_as_the_signed_answer(tmp_path: Path
 
 
 def test_a_remembered_verification_never_covers_a_changed_answer(tmp_path: Path) -> None:
-    key, _ = new_key(tmp_path / "k")
+    key = make_key(tmp_path / "k" / "reconciler").signing
     node = Node("node-a", "http://127.0.0.1:1", agent_key=key.public_openssh)
     check = AnswerCheck()
     seen = JobObservation(
@@ -81,8 +84,8 @@ def test_a_remembered_verification_never_covers_a_changed_answer(tmp_path: Path)
 
 
 def test_an_answer_signed_by_another_key_names_both_keys(tmp_path: Path) -> None:
-    node_key, _ = new_key(tmp_path / "node")
-    other, _ = new_key(tmp_path / "other")
+    node_key = make_key(tmp_path / "node" / "reconciler").signing
+    other = make_key(tmp_path / "other" / "reconciler").signing
     signed = split_answer(sign_answer({"node": "gpu-a1"}, other))
     problem = evidence_problem(signed, node_key.trusted())
     assert other.key_id in problem and node_key.key_id in problem
@@ -123,8 +126,8 @@ def test_keys_generate_with_a_name_writes_the_agents_pair(tmp_path: Path) -> Non
 
 
 def test_the_agent_signs_job_records_heartbeats_and_refusals(tmp_path: Path) -> None:
-    daemon_key, _ = new_key(tmp_path / "daemon")
-    agent_key, _ = new_key(tmp_path / "agent")
+    daemon_key = make_key(tmp_path / "daemon" / "reconciler").signing
+    agent_key = make_key(tmp_path / "agent" / "reconciler").signing
     agent = AgentThread(tmp_path / "state", [daemon_key], key=agent_key)
     try:
         status, posted = request(agent.url, "POST", "/v1/nodes/node-a/jobs",
@@ -141,7 +144,7 @@ def test_the_agent_signs_job_records_heartbeats_and_refusals(tmp_path: Path) -> 
 
 
 def test_the_daemon_check_believes_only_the_nodes_key(tmp_path: Path) -> None:
-    daemon_key, _ = new_key(tmp_path / "daemon")
+    daemon_key = make_key(tmp_path / "daemon" / "reconciler").signing
     fleet = FleetThread(tmp_path / "sim", [daemon_key], names=["node-a"], key_seed="s1")
     own = derived_agent_key("s1", "node-a").public_openssh
     other = derived_agent_key("s2", "node-a").public_openssh
@@ -211,8 +214,8 @@ def test_recorded_evidence_is_checked_per_node(tmp_path: Path) -> None:
     from reconciler.spec.rollout_status import NodeEvidence, NodeRecord
     from reconciler.views.evidence_check import _check_node
 
-    key, _ = new_key(tmp_path / "agent")
-    other, _ = new_key(tmp_path / "other")
+    key = make_key(tmp_path / "agent" / "reconciler").signing
+    other = make_key(tmp_path / "other" / "reconciler").signing
 
     def kept(answer: dict[str, object], by: SigningKey = key) -> NodeEvidence:
         signed = split_answer(sign_answer(answer, by))
@@ -241,11 +244,11 @@ def test_recorded_evidence_is_checked_per_node(tmp_path: Path) -> None:
 
 
 def test_an_agent_key_line_must_carry_exactly_an_ed25519_key(tmp_path: Path) -> None:
-    key, _ = new_key(tmp_path / "k")
+    key = make_key(tmp_path / "k" / "reconciler").signing
     blob = base64.b64decode(key.public_openssh.split()[1])
     assert parse_agent_key(key.public_openssh).key_id == key.key_id
     ecdsa = tmp_path / "ecdsa"
-    subprocess.run(["ssh-keygen", "-q", "-t", "ecdsa", "-N", "", "-f", str(ecdsa)], check=True)
+    make_key(ecdsa, kind="ecdsa")
     other = ecdsa.with_suffix(".pub").read_text().split()[1]
     for data in (blob[:-1], blob + b"\0", base64.b64decode(other), b"x" * 51):
         line = "ssh-ed25519 " + base64.b64encode(data).decode()
@@ -260,7 +263,7 @@ def test_a_fleets_keys_are_parsed_as_it_is_read_and_judge_as_parsed_later(
     answers then check as they would against keys parsed on first use."""
     from reconciler.daemon import answer_check
 
-    key, _ = new_key(tmp_path / "k")
+    key = make_key(tmp_path / "k" / "reconciler").signing
     nodes = {
         "node-a": Node("node-a", "http://127.0.0.1:1", agent_key=key.public_openssh),
         "node-b": Node("node-b", "http://127.0.0.1:1", agent_key="ssh-ed25519 AAAA-not-a-key"),
@@ -288,8 +291,8 @@ def test_a_fleets_keys_are_parsed_as_it_is_read_and_judge_as_parsed_later(
 
 
 def test_an_answer_checked_early_is_believed_only_as_the_pass_would(tmp_path: Path) -> None:
-    key, _ = new_key(tmp_path / "k")
-    other, _ = new_key(tmp_path / "other")
+    key = make_key(tmp_path / "k" / "reconciler").signing
+    other = make_key(tmp_path / "other" / "reconciler").signing
     node = Node("node-a", "http://127.0.0.1:1", agent_key=key.public_openssh)
     check = AnswerCheck()
     check.nodes = {"node-a": node}

@@ -18,9 +18,10 @@ from typing import Any
 import pytest
 
 from reconciler.cli.main import main as cli
-from tests.agentkit import AgentFleet, free_port, node_map
-from tests.fleetkit import rollout_yaml
-from tests.gitutil import git, git_env
+from tests.kit.documents import node_map, rollout_yaml
+from tests.kit.fleets import AgentFleet
+from tests.kit.git import git, git_env
+from tests.kit.ports import HeldPort
 
 OLD = b"provider: ollama\nmodel: llama3-8b\nprofile: default\n"
 FAST_OFFLINE = "apiVersion: reconciler/v1\nkind: Settings\nspec: {offlineAfter: 5s}\n"
@@ -234,11 +235,11 @@ def test_a_rollback_on_signed_evidence_keeps_the_restore_record_and_verifies(
 
 @pytest.mark.parametrize("fleet", [{"gpu-a1": "own"}], indirect=True)
 def test_a_restore_the_policy_decided_keeps_its_signed_record(
-    fleet: AgentFleet, capsys: pytest.CaptureFixture[str]
+    fleet: AgentFleet, held_port: HeldPort, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # The apply succeeds, its health check fails (nothing listens on the
     # port), so the rollback policy restores the node on its own.
-    closed = free_port()
+    closed = held_port.port
     health = (
         "{interval: 1s, failureThreshold: 1, "
         f"checks: [{{name: ready, tcp: {{host: 127.0.0.1, port: {closed}}}}}]}}"

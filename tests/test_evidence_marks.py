@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from markdown_render import plain_text
-
 from reconciler.protocol.evidence import derived_agent_key
 from reconciler.spec.model import Node
 from reconciler.views.evidence_marks import evidence_dashboard_section, evidence_marks
-from tests.fleetkit import FleetKit, node_yaml
-from tests.gitutil import git
+from tests.kit.documents import node_yaml
+from tests.kit.fleets import FleetKit
+from tests.kit.git import git
+from tests.markdown_render import plain_text
 
 SEED = "marks"
 PIN = "ab" * 32

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from reconciler.spec.documents import parse_file
-from tests.fleetkit import rollout_yaml
+from tests.kit.documents import rollout_yaml
 
 
 def settings(spec: str) -> bytes:

@@ -25,10 +25,10 @@ from reconciler.daemon.loop import Daemon
 from reconciler.git.watch import BranchWatcher
 from reconciler.spec.fleet_status import FleetNode, FleetStatus
 from reconciler.views.fleet_reader import read_fleet_status
-from tests.agent_helpers import wait_for
-from tests.agentkit import AgentFleet, free_port
-from tests.fleetkit import rollout_yaml
-from tests.gitutil import git
+from tests.kit.documents import rollout_yaml
+from tests.kit.fleets import AgentFleet
+from tests.kit.git import git
+from tests.kit.waiting import wait_for
 from tests.markdown_render import plain_text
 
 pytestmark = pytest.mark.slow
@@ -82,7 +82,7 @@ class Watched:
 
 @pytest.fixture
 def watched(tmp_path: Path) -> Iterator[Watched]:
-    nodes = {name: {"config": OLD, "port": free_port()} for name in ("gpu-a1", "gpu-a2", "gpu-a3")}
+    nodes = {name: {"config": OLD, "keep_port": True} for name in ("gpu-a1", "gpu-a2", "gpu-a3")}
     fleet = AgentFleet.create(
         tmp_path,
         nodes,
@@ -186,7 +186,7 @@ def test_a_killed_agent_is_offline_after_offline_after_and_ok_after_a_restart(
 
 
 def test_reconciler_fleet_before_any_sweep_says_so(tmp_path: Path) -> None:
-    from tests.gitutil import make_bare_repo
+    from tests.kit.git import make_bare_repo
 
     bare = make_bare_repo(tmp_path, {"reconciler.yaml": SETTINGS}, message="Seed")
     shown = subprocess.run(

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pygit2
 import pytest
-from gitutil import clone, commit, commit_and_push, git, head, make_bare_repo
 
 from reconciler.git.history import History
 from reconciler.git.store import GitStore
+from tests.kit.git import clone, commit, commit_and_push, git, head, make_bare_repo
 
 
 @pytest.fixture

@@ -16,18 +16,6 @@ from pathlib import Path
 
 import pygit2
 import pytest
-from gitutil import (
-    clone,
-    commit,
-    commit_and_push,
-    git,
-    git_env,
-    head,
-    log,
-    ls_tree,
-    make_bare_repo,
-    show,
-)
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -41,6 +29,18 @@ from reconciler.git.store import (
 )
 from reconciler.git.tree_reader import TreeReader
 from reconciler.spec.errors import RefMoved, StoreError
+from tests.kit.git import (
+    clone,
+    commit,
+    commit_and_push,
+    git,
+    git_env,
+    head,
+    log,
+    ls_tree,
+    make_bare_repo,
+    show,
+)
 
 FLEET = {
     "reconciler.yaml": "kind: Settings\n",

@@ -9,8 +9,11 @@ import threading
 from pathlib import Path
 
 import pytest
-from gitutil import (
-    GitHttpServer,
+from pygit2.enums import CredentialType
+
+from reconciler.git.store import TOKEN_ENV, GitStore, _Callbacks
+from reconciler.spec.errors import RefMoved, StoreError
+from tests.kit.git import (
     clone,
     commit_and_push,
     git,
@@ -21,10 +24,7 @@ from gitutil import (
     make_bare_repo,
     show,
 )
-from pygit2.enums import CredentialType
-
-from reconciler.git.store import TOKEN_ENV, GitStore, _Callbacks
-from reconciler.spec.errors import RefMoved, StoreError
+from tests.kit.git_http import GitHttpServer
 
 
 @pytest.fixture

@@ -17,10 +17,10 @@ import pytest
 
 from reconciler.daemon.loop import Daemon
 from reconciler.spec.times import parse_time
-from tests.agentkit import AgentFleet, node_map
-from tests.fleetkit import rollout_yaml
-from tests.healthkit import ServiceEndpoint
-from tests.promkit import Exporter, PrometheusServer, require_prometheus
+from tests.kit.documents import node_map, rollout_yaml
+from tests.kit.endpoint import ServiceEndpoint
+from tests.kit.fleets import AgentFleet
+from tests.kit.prometheus import Exporter, PrometheusServer, require_prometheus
 
 OLD = b"provider: ollama\nmodel: llama3-8b\nprofile: default\n"
 PAUSE = 0.25  # seconds between passes

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from markdown_render import plain_text
 from test_engine_health_checks import HEALTH, HealthWorld, at
 
 from reconciler.protocol.observations import CheckReport
 from reconciler.views import plan
 from reconciler.views.dashboard import render_dashboard
 from reconciler.views.status_text import render_detail
+from tests.markdown_render import plain_text
 
 NODE = b"""\
 apiVersion: reconciler/v1

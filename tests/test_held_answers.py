@@ -19,13 +19,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fleetkit import FleetKit, node_states, node_yaml, rollout_yaml
 from test_event_driven import serving, status_commit_messages, wait_for
 
 from reconciler.daemon import agent_client, loop
 from reconciler.daemon.agent_client import MAX_IDLE_CONNECTIONS, watch_limit
 from reconciler.daemon.loop import Daemon
 from reconciler.protocol.evidence import derived_agent_key
+from tests.kit.documents import node_states, node_yaml, rollout_yaml
+from tests.kit.fleets import FleetKit
 
 NODES = {f"web-{i}": {"role": "web"} for i in range(1, 4)}
 SEED = "held-answers"

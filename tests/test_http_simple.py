@@ -26,7 +26,7 @@ from reconciler.node.http_server import (
     simple_head,
     simple_response_head,
 )
-from tests.agent_helpers import Served
+from tests.kit.agents import Served
 
 # -- the head reader against h11's ------------------------------------------------
 

@@ -6,12 +6,10 @@ import re
 from pathlib import Path
 
 import pytest
-from fleet_helpers import git, identity
 
 from reconciler.cli import main as cli
 from reconciler.cli.examples import example_dir
-
-__all__ = ["identity"]
+from tests.kit.git import git
 
 LIVE = re.compile(r"^\s*live:\s*true\b", re.MULTILINE)
 
@@ -34,18 +32,18 @@ def test_init_makes_a_bare_origin_and_a_clone_with_the_first_commit_pushed(
 
     assert code == 0
     origin, clone = tmp_path / "lab/fleet.git", tmp_path / "lab/fleet"
-    assert git(origin, "rev-parse", "--is-bare-repository").strip() == "true"
-    tip = git(origin, "rev-parse", "refs/heads/main").strip()
-    assert git(clone, "rev-parse", "HEAD").strip() == tip
-    assert git(clone, "rev-parse", "--abbrev-ref", "HEAD").strip() == "main"
-    assert git(clone, "rev-parse", "--abbrev-ref", "main@{upstream}").strip() == "origin/main"
-    assert git(clone, "status", "--porcelain") == ""
+    assert git("rev-parse", "--is-bare-repository", cwd=origin).strip() == "true"
+    tip = git("rev-parse", "refs/heads/main", cwd=origin).strip()
+    assert git("rev-parse", "HEAD", cwd=clone).strip() == tip
+    assert git("rev-parse", "--abbrev-ref", "HEAD", cwd=clone).strip() == "main"
+    assert git("rev-parse", "--abbrev-ref", "main@{upstream}", cwd=clone).strip() == "origin/main"
+    assert git("status", "--porcelain", cwd=clone) == ""
     # settings and one node to copy: nothing that starts a rollout
-    assert set(git(clone, "ls-files").split()) == {"reconciler.yaml", "nodes/node-1.yaml"}
+    assert set(git("ls-files", cwd=clone).split()) == {"reconciler.yaml", "nodes/node-1.yaml"}
     assert (clone / "reconciler.yaml").read_bytes() == (
         example_dir() / "reconciler.yaml"
     ).read_bytes()
-    assert git(clone, "log", "-1", "--format=%an").strip() == "Alice Operator"
+    assert git("log", "-1", "--format=%an", cwd=clone).strip() == "Alice Operator"
     out = capsys.readouterr().out
     assert f"created {origin}" in out
     assert f"reconciler run --repo {origin}" in out
@@ -56,8 +54,8 @@ def test_init_bare_makes_one_bare_repository(tmp_path: Path, identity: dict[str,
 
     assert cli.main(["init", str(target), "--bare"]) == 0
 
-    assert git(target, "rev-parse", "--is-bare-repository").strip() == "true"
-    files = set(git(target, "ls-tree", "-r", "--name-only", "main").split())
+    assert git("rev-parse", "--is-bare-repository", cwd=target).strip() == "true"
+    files = set(git("ls-tree", "-r", "--name-only", "main", cwd=target).split())
     assert files == {"reconciler.yaml", "nodes/node-1.yaml"}
     assert not (tmp_path / "fleet").exists()
 
@@ -68,7 +66,7 @@ def test_init_examples_seeds_every_example_with_each_rollout_a_dry_run(
     assert cli.main(["init", str(tmp_path / "lab"), "--examples"]) == 0
 
     clone = tmp_path / "lab/fleet"
-    committed = set(git(clone, "ls-files").split())
+    committed = set(git("ls-files", cwd=clone).split())
     assert committed == seeded_files(example_dir())
     assert "deploy/reconciler.service" in committed
     assert not any(f.startswith("status/") for f in committed)
@@ -99,7 +97,7 @@ def test_the_daemon_on_a_fresh_init_starts_nothing(
         env=os.environ.copy(), capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert daemon.returncode == 0, daemon.stdout + daemon.stderr
-    files = set(git(origin, "ls-tree", "-r", "--name-only", "main").split())
+    files = set(git("ls-tree", "-r", "--name-only", "main", cwd=origin).split())
     rollout_statuses = {
         f
         for f in files
@@ -154,7 +152,7 @@ def test_init_piped_into_head_ends_without_a_traceback(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    from fleet_helpers import git_env
+    from tests.kit.git import OPERATOR, git_env
 
     read_end, write_end = os.pipe()
     os.close(read_end)
@@ -164,7 +162,7 @@ def test_init_piped_into_head_ends_without_a_traceback(tmp_path: Path) -> None:
             stdout=write_end,
             stderr=subprocess.PIPE,
             text=True,
-            env=git_env(tmp_path / "home"),
+            env=git_env(*OPERATOR),
             timeout=60,
         )
     finally:

@@ -12,12 +12,11 @@ import threading
 from pathlib import Path
 
 import pytest
-from fleet_helpers import git, git_env, identity, make_fleet, node_doc
 
 from reconciler.git.store import GitStore
 from reconciler.spec.errors import RefMoved
-
-__all__ = ["identity"]
+from tests.kit.documents import node_yaml
+from tests.kit.git import OPERATOR, git, git_env, make_repo
 
 ROLLOUTS = {
     name: (
@@ -34,19 +33,19 @@ COMMAND = [sys.executable, "-m", "reconciler"]
 
 
 def origin_and_clones(tmp_path: Path, *people: str) -> tuple[Path, list[Path]]:
-    seed = make_fleet(
+    seed = make_repo(
         tmp_path / "seed",
         {
-            "nodes/gpu-a1.yaml": node_doc("gpu-a1"),
+            "nodes/gpu-a1.yaml": node_yaml("gpu-a1", maintenance=None),
             **{f"rollouts/{n}.yaml": text for n, text in ROLLOUTS.items()},
         },
     )
     origin = tmp_path / "origin.git"
-    git(tmp_path, "clone", "--quiet", "--bare", str(seed), str(origin))
+    git("clone", "--quiet", "--bare", str(seed), str(origin), cwd=tmp_path)
     clones = []
     for person in people:
         clone = tmp_path / person
-        git(tmp_path, "clone", "--quiet", str(origin), str(clone))
+        git("clone", "--quiet", str(origin), str(clone), cwd=tmp_path)
         clones.append(clone)
     return origin, clones
 
@@ -64,14 +63,14 @@ def daemon_commit(origin: Path, n: int) -> None:
 
 
 def reconcile(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess[str]:
-    env = git_env(tmp_path / "home")
+    env = git_env(*OPERATOR)
     return subprocess.run(
         [*COMMAND, *argv], capture_output=True, text=True, env=env, check=False, timeout=120
     )
 
 
 def remote_file(origin: Path, path: str) -> str:
-    return git(origin, "show", f"main:{path}")
+    return git("show", f"main:{path}", cwd=origin, strip=False)
 
 
 def test_a_push_refused_because_the_daemon_pushed_first_is_replayed(tmp_path: Path) -> None:
@@ -99,9 +98,9 @@ def test_a_push_refused_because_the_daemon_pushed_first_is_replayed(tmp_path: Pa
     assert "pushed" in result.stdout and "(after 1 replay)" in result.stdout
     assert "paused: true" in remote_file(origin, "rollouts/alpha.yaml")
     assert remote_file(origin, "status/README.md") == "# pass 1\n"  # the daemon's commit kept
-    subjects = git(origin, "log", "--format=%s", "main").splitlines()
+    subjects = git("log", "--format=%s", "main", cwd=origin).splitlines()
     assert subjects[:2] == ["pause alpha: why", "status 1"]
-    assert git(alice, "status", "--porcelain") == ""  # nothing left for a hand-run git pull
+    assert git("status", "--porcelain", cwd=alice) == ""  # nothing left for a hand-run git pull
 
 
 def test_two_people_and_the_daemon_pushing_at_once_lose_no_edit(tmp_path: Path) -> None:
@@ -120,7 +119,7 @@ def test_two_people_and_the_daemon_pushing_at_once_lose_no_edit(tmp_path: Path) 
     thread = threading.Thread(target=daemon)
     thread.start()
     try:
-        env = git_env(tmp_path / "home")
+        env = git_env(*OPERATOR)
         people = [
             subprocess.Popen(
                 [*COMMAND, verb, name, "--repo", str(clone), "--push"],
@@ -141,7 +140,7 @@ def test_two_people_and_the_daemon_pushing_at_once_lose_no_edit(tmp_path: Path) 
         assert "pushed" in out
     assert "paused: true" in remote_file(origin, "rollouts/alpha.yaml")
     assert "abort: true" in remote_file(origin, "rollouts/beta.yaml")
-    subjects = git(origin, "log", "--format=%s", "main").splitlines()
+    subjects = git("log", "--format=%s", "main", cwd=origin).splitlines()
     assert "pause alpha" in subjects and "abort beta" in subjects
     # every status commit the daemon made is still on the branch
     assert sorted(s for s in subjects if s.startswith("status ")) == sorted(
@@ -150,7 +149,7 @@ def test_two_people_and_the_daemon_pushing_at_once_lose_no_edit(tmp_path: Path) 
 
 
 def test_push_without_an_upstream_says_how_to_set_one(tmp_path: Path) -> None:
-    seed = make_fleet(tmp_path / "alone", {f"rollouts/{n}.yaml": t for n, t in ROLLOUTS.items()})
+    seed = make_repo(tmp_path / "alone", {f"rollouts/{n}.yaml": t for n, t in ROLLOUTS.items()})
 
     result = reconcile(tmp_path, "pause", "alpha", "--repo", str(seed), "--push")
 
@@ -163,8 +162,8 @@ def test_push_without_an_upstream_says_how_to_set_one(tmp_path: Path) -> None:
 def test_push_refuses_to_carry_unpushed_commits_along(tmp_path: Path) -> None:
     _, [alice] = origin_and_clones(tmp_path, "alice")
     (alice / "notes.txt").write_text("mine\n")
-    git(alice, "add", "notes.txt")
-    git(alice, "commit", "--quiet", "-m", "local work")
+    git("add", "notes.txt", cwd=alice)
+    git("commit", "--quiet", "-m", "local work", cwd=alice)
 
     result = reconcile(tmp_path, "pause", "alpha", "--repo", str(alice), "--push")
 

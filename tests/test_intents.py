@@ -8,20 +8,11 @@ import re
 from pathlib import Path
 
 import pytest
-from fleet_helpers import (
-    commit_files,
-    git,
-    identity,
-    make_fleet,
-    make_status,
-    node_doc,
-    status_text,
-)
 
 from reconciler.cli import main as cli
 from reconciler.cli.intent_edits import set_spec_fields
-
-__all__ = ["identity"]
+from tests.kit.documents import make_status, node_yaml, status_text
+from tests.kit.git import commit, git, make_repo
 
 ROLLOUT = """\
 # Canary of llama 3.1 on the lab GPUs; owner: ml-platform.
@@ -79,11 +70,11 @@ def status_files(
 
 @pytest.fixture
 def fleet(tmp_path: Path, identity: dict[str, str]) -> Path:
-    return make_fleet(
+    return make_repo(
         tmp_path / "fleet",
         {
-            "nodes/gpu-a1.yaml": node_doc("gpu-a1"),
-            "nodes/gpu-a2.yaml": node_doc("gpu-a2"),
+            "nodes/gpu-a1.yaml": node_yaml("gpu-a1", maintenance=None),
+            "nodes/gpu-a2.yaml": node_yaml("gpu-a2", maintenance=None),
             "rollouts/llama-canary.yaml": ROLLOUT,
             "rollouts/mistral-wide.yaml": BARE_ROLLOUT,
         },
@@ -155,7 +146,7 @@ def test_abort_adds_one_line_and_keeps_everything_else(fleet: Path) -> None:
 def test_abort_of_a_finished_rollout_is_refused(
     fleet: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    commit_files(fleet, status_files("llama-canary", "completed"), "status")
+    commit(fleet, status_files("llama-canary", "completed"), "status")
 
     assert reconcile("abort", "llama-canary", "--repo", str(fleet)) == 1
 
@@ -187,7 +178,7 @@ def test_resume_answers_a_policy_hold_and_lifts_the_pause(fleet: Path) -> None:
     (fleet / "rollouts/llama-canary.yaml").write_text(
         ROLLOUT.replace("paused: false", "paused: true")
     )
-    commit_files(
+    commit(
         fleet,
         status_files("llama-canary", "paused", "health_failed", operator_paused=True),
         "pause",
@@ -211,7 +202,7 @@ def test_resume_of_an_operator_pause_only_flips_paused(fleet: Path) -> None:
     (fleet / "rollouts/llama-canary.yaml").write_text(
         ROLLOUT.replace("paused: false", "paused: true")
     )
-    commit_files(
+    commit(
         fleet,
         status_files("llama-canary", "paused", "operator_paused", True),
         "pause",
@@ -226,7 +217,7 @@ def test_resume_of_an_operator_pause_only_flips_paused(fleet: Path) -> None:
 
 
 def test_resume_adds_a_request_when_the_key_is_absent(fleet: Path) -> None:
-    commit_files(
+    commit(
         fleet,
         status_files("mistral-wide", "paused", "pause_after_batch"),
         "status",
@@ -244,7 +235,7 @@ def test_resume_adds_a_request_when_the_key_is_absent(fleet: Path) -> None:
 def test_resume_with_nothing_held_and_not_paused_is_refused(
     fleet: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    commit_files(fleet, status_files("llama-canary", "running"), "status")
+    commit(fleet, status_files("llama-canary", "running"), "status")
 
     assert reconcile("resume", "llama-canary", "--repo", str(fleet)) == 1
 
@@ -253,7 +244,7 @@ def test_resume_with_nothing_held_and_not_paused_is_refused(
 
 
 def test_resume_of_a_finished_rollout_is_refused(fleet: Path) -> None:
-    commit_files(fleet, status_files("llama-canary", "aborted"), "status")
+    commit(fleet, status_files("llama-canary", "aborted"), "status")
     assert reconcile("resume", "llama-canary", "--repo", str(fleet)) == 1
     assert read(fleet) == ROLLOUT
 
@@ -286,7 +277,7 @@ def test_skip_keeps_the_names_already_there_and_adds_the_key_when_absent(
 def test_skip_refuses_a_node_that_is_not_the_rollouts_naming_its_nodes(
     fleet: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    commit_files(fleet, status_files("llama-canary", "paused", hold="health_failed"), "status")
+    commit(fleet, status_files("llama-canary", "paused", hold="health_failed"), "status")
 
     assert reconcile("skip", "llama-canary", "gpu-a3", "--repo", str(fleet)) == 1
 
@@ -298,7 +289,7 @@ def test_skip_refuses_a_node_that_is_not_the_rollouts_naming_its_nodes(
 def test_skip_notes_a_node_that_already_succeeded_and_commits_who_and_why(
     fleet: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    commit_files(fleet, status_files("llama-canary", "paused", hold="health_failed"), "status")
+    commit(fleet, status_files("llama-canary", "paused", hold="health_failed"), "status")
 
     code = reconcile(
         "skip", "llama-canary", "gpu-a1", "gpu-a2", "--repo", str(fleet), "-m", "disk is gone",
@@ -307,31 +298,33 @@ def test_skip_notes_a_node_that_already_succeeded_and_commits_who_and_why(
 
     assert code == 0
     assert "already succeeded, so never skipped: gpu-a1" in capsys.readouterr().out
-    assert git(fleet, "log", "-1", "--format=%s").strip() == "skip llama-canary: disk is gone"
-    assert "spec.skipNodes: [] -> [gpu-a1, gpu-a2]" in git(fleet, "log", "-1", "--format=%b")
+    assert git("log", "-1", "--format=%s", cwd=fleet).strip() == "skip llama-canary: disk is gone"
+    assert "spec.skipNodes: [] -> [gpu-a1, gpu-a2]" in git("log", "-1", "--format=%b", cwd=fleet)
 
 
 # -- --commit --------------------------------------------------------------
 
 
 def test_commit_records_who_asked_what_and_why(fleet: Path) -> None:
-    (fleet / "nodes/gpu-a1.yaml").write_text(node_doc("gpu-a1", "{role: other}"))  # unrelated
+    (fleet / "nodes/gpu-a1.yaml").write_text(
+        node_yaml("gpu-a1", labels="{role: other}", maintenance=None)
+    )  # unrelated
 
     code = reconcile(
         "abort", "llama-canary", "--repo", str(fleet), "--message", "wrong model", "--commit"
     )
 
     assert code == 0
-    subject = git(fleet, "log", "-1", "--format=%s").strip()
-    body = git(fleet, "log", "-1", "--format=%b")
-    author = git(fleet, "log", "-1", "--format=%an <%ae>").strip()
-    files = git(fleet, "show", "--name-only", "--format=", "HEAD").split()
+    subject = git("log", "-1", "--format=%s", cwd=fleet).strip()
+    body = git("log", "-1", "--format=%b", cwd=fleet)
+    author = git("log", "-1", "--format=%an <%ae>", cwd=fleet).strip()
+    files = git("show", "--name-only", "--format=", "HEAD", cwd=fleet).split()
     assert subject == "abort llama-canary: wrong model"
     assert "Requested by Alice Operator <alice@example.com>" in body
     assert "spec.abort: (absent) -> true" in body
     assert author == "Alice Operator <alice@example.com>"
     assert files == ["rollouts/llama-canary.yaml"]  # the unrelated edit stays out
-    assert "nodes/gpu-a1.yaml" in git(fleet, "status", "--porcelain")
+    assert "nodes/gpu-a1.yaml" in git("status", "--porcelain", cwd=fleet)
 
 
 def test_commit_refuses_a_file_with_uncommitted_changes(

@@ -8,14 +8,14 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from sshkit import fingerprint, keygen
 
 from reconciler.git.known_hosts import HostKey, verify_host_key
 from reconciler.spec.errors import HostKeyError
+from tests.kit.keys import fingerprint, make_key
 
 
 def _key(tmp_path: Path, name: str) -> tuple[HostKey, Path]:
-    _, line = keygen(tmp_path / name, name)
+    line = make_key(tmp_path / name, comment=name).line
     return HostKey(base64.b64decode(line.split()[1])), Path(f"{tmp_path / name}.pub")
 
 
@@ -75,9 +75,7 @@ def test_a_different_key_names_both_fingerprints_and_the_line(tmp_path: Path) ->
 
 def test_a_pinned_key_of_another_type_is_no_match_and_says_so(tmp_path: Path) -> None:
     ed25519, _ = _key(tmp_path, "host")
-    subprocess.run(
-        ["ssh-keygen", "-q", "-t", "ecdsa", "-N", "", "-f", str(tmp_path / "ecdsa")], check=True
-    )
+    make_key(tmp_path / "ecdsa", kind="ecdsa")
     ecdsa = HostKey(base64.b64decode((tmp_path / "ecdsa.pub").read_text().split()[1]))
     path = tmp_path / "known_hosts"
     path.write_text(ed25519.line("forge.example", 22) + "\n")

@@ -10,12 +10,12 @@ from dataclasses import replace
 from datetime import UTC, datetime
 
 import pytest
-from fleet_helpers import make_status, node_doc
-from markdown_render import GFM, constructs, plain_text
 
 from reconciler.spec.rollout_status import Condition
 from reconciler.views import markdown, plan
 from reconciler.views.dashboard import render_dashboard
+from tests.kit.documents import make_status, node_yaml
+from tests.markdown_render import GFM, constructs, plain_text
 
 NASTY = [
     "job failed: disk full | see <script>alert(1)</script> and `df -h` **now** "
@@ -111,7 +111,9 @@ def _plan_with(text: str, model: str = "llama3.1-8b", label: str = "canary") -> 
     )
     base = {
         "rollouts/canary.yaml": rollout.encode(),
-        "nodes/gpu-a1.yaml": node_doc("gpu-a1", "{role: canary}").encode(),
+        "nodes/gpu-a1.yaml": node_yaml(
+            "gpu-a1", labels="{role: canary}", maintenance=None
+        ).encode(),
     }
     head = {
         **base,
@@ -119,7 +121,9 @@ def _plan_with(text: str, model: str = "llama3.1-8b", label: str = "canary") -> 
         "rollouts/next.yaml": rollout.replace("canary}", "next}", 1)
         .replace(f"model: '{model}'", f"model: '{model}'")
         .encode(),
-        "nodes/gpu-a1.yaml": node_doc("gpu-a1", f"{{role: canary, team: '{label}'}}").encode(),
+        "nodes/gpu-a1.yaml": node_yaml(
+            "gpu-a1", labels=f"{{role: canary, team: '{label}'}}", maintenance=None
+        ).encode(),
     }
     result = plan.make_plan(
         plan.Tree("a" * 40, base), plan.Tree("b" * 40, head), {}, now=datetime.now(UTC)

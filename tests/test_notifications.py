@@ -1,5 +1,5 @@
 """Delivery of notification events (docs/operating.md) to a real HTTP
-receiver on 127.0.0.1 (tests/hookkit.py): retries with the same delivery
+receiver on 127.0.0.1 (tests/kit/webhook.py): retries with the same delivery
 id, 4xx dropped, HMAC, giving up, bounded queues, and the checks at start."""
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from reconciler.daemon.notifications import (
 from reconciler.spec.model import Receiver
 from reconciler.spec.rollout_status import Hold, RolloutStatus
 from reconciler.views.notification_events import Event, rollout_events
-from tests.fleetkit import FleetKit
-from tests.hookkit import Receiver as Hook
+from tests.kit.fleets import FleetKit
+from tests.kit.webhook import Receiver as Hook
 
 FAST = Backoff(first=0.05, cap=0.2, give_up=30.0)
 SINCE = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)

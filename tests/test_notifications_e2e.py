@@ -1,6 +1,6 @@
 """Notifications end to end (docs/operating.md): the daemon, the simulated
 fleet as a real process on 127.0.0.1, a real bare repository, and a real
-HTTP receiver (tests/hookkit.py)."""
+HTTP receiver (tests/kit/webhook.py)."""
 
 from __future__ import annotations
 
@@ -21,9 +21,10 @@ from reconciler.daemon.loop import Daemon
 from reconciler.daemon.metrics import Metrics
 from reconciler.daemon.notifications import Backoff, Notifier
 from reconciler.git.watch import BranchWatcher
-from tests.fleetkit import FleetKit, rollout_yaml
-from tests.gitutil import git
-from tests.hookkit import Receiver as Hook
+from tests.kit.documents import rollout_yaml
+from tests.kit.fleets import FleetKit
+from tests.kit.git import git
+from tests.kit.webhook import Receiver as Hook
 
 pytestmark = pytest.mark.slow
 

@@ -18,7 +18,8 @@ import pytest
 from reconciler.cli.main import main
 from reconciler.git.approval import Approver, load_allowed_signers
 from reconciler.git.openpgp import PgpKeyring
-from tests.gitutil import clone, git, git_env, make_bare_repo
+from tests.kit.git import clone, git, git_env, make_bare_repo
+from tests.kit.keys import make_key
 
 ROLLOUT = """apiVersion: reconciler/v1
 kind: Rollout
@@ -194,11 +195,7 @@ def _one_signer(tmp_path: Path) -> Path:
     """An allowed-signers file with bob, a reviewer."""
     key = tmp_path / "bob"
     if not key.exists():
-        subprocess.run(
-            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "bob", "-f", str(key)],
-            check=True,
-            capture_output=True,
-        )
+        make_key(key, comment="bob")
     kind, blob, *_ = Path(f"{key}.pub").read_text().split()
     path = tmp_path / "allowed_signers"
     path.write_text(f"bob@example.com {kind} {blob}\n")

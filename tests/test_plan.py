@@ -10,24 +10,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fleet_helpers import (
-    commit_files,
-    git,
-    identity,
-    make_fleet,
-    make_status,
-    node_doc,
-    status_text,
-)
-from markdown_render import plain_text
 
 from reconciler.cli import main as cli
 from reconciler.engine.step import RolloutInput, step_fleet
 from reconciler.protocol.observations import JobObservation, Observations
 from reconciler.spec.rollout_status import RolloutStatus
 from reconciler.views import plan
-
-__all__ = ["identity"]
+from tests.kit.documents import make_status, node_yaml, status_text
+from tests.kit.git import commit, git, make_repo
+from tests.markdown_render import plain_text
 
 
 def earlier() -> datetime:
@@ -52,9 +43,12 @@ def rollout(name: str, selector: str, *, live: bool = True, extra: str = "") -> 
 
 
 NODES = {
-    "nodes/gpu-a1.yaml": node_doc("gpu-a1", "{role: canary}"),
-    "nodes/gpu-a2.yaml": node_doc("gpu-a2", "{role: canary}"),
-    **{f"nodes/gpu-b{i}.yaml": node_doc(f"gpu-b{i}", "{role: wide}") for i in range(1, 6)},
+    "nodes/gpu-a1.yaml": node_yaml("gpu-a1", labels="{role: canary}", maintenance=None),
+    "nodes/gpu-a2.yaml": node_yaml("gpu-a2", labels="{role: canary}", maintenance=None),
+    **{
+        f"nodes/gpu-b{i}.yaml": node_yaml(f"gpu-b{i}", labels="{role: wide}", maintenance=None)
+        for i in range(1, 6)
+    },
 }
 CANARY = rollout("canary", "{role: canary}")
 
@@ -97,9 +91,9 @@ def status_files(statuses: dict[str, RolloutStatus]) -> dict[str, str]:
 def fleet(tmp_path: Path, identity: dict[str, str]) -> Path:
     """main: the canary rollout running, its first node dispatched; HEAD on a
     branch `change` that the tests edit."""
-    root = make_fleet(tmp_path / "fleet", {**NODES, "rollouts/canary.yaml": CANARY})
-    commit_files(root, status_files(engine_statuses(root)), "status: canary running")
-    git(root, "checkout", "--quiet", "-b", "change")
+    root = make_repo(tmp_path / "fleet", {**NODES, "rollouts/canary.yaml": CANARY})
+    commit(root, status_files(engine_statuses(root)), "status: canary running")
+    git("checkout", "--quiet", "-b", "change", cwd=root)
     return root
 
 
@@ -122,7 +116,7 @@ def json_plan(fleet: Path, capsys: pytest.CaptureFixture[str], *extra: str) -> A
 def test_a_new_live_rollout_shows_its_batches_and_jobs_at_merge(
     fleet: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    commit_files(fleet, {"rollouts/wide.yaml": rollout("wide", "{role: wide}")}, "add wide")
+    commit(fleet, {"rollouts/wide.yaml": rollout("wide", "{role: wide}")}, "add wide")
 
     result = json_plan(fleet, capsys)
 
@@ -139,7 +133,7 @@ def test_a_new_live_rollout_shows_its_batches_and_jobs_at_merge(
 def test_a_new_rollout_overlapping_a_running_one_waits(
     fleet: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    commit_files(
+    commit(
         fleet,
         {"rollouts/all-gpus.yaml": rollout("all-gpus", "{}", live=False)},
         "add all-gpus",
@@ -159,7 +153,7 @@ def test_a_scheduled_rollout_says_when_it_starts(
     fleet: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     later = '  startAt: "2099-01-01T09:00:00Z"\n'
-    commit_files(fleet, {"rollouts/wide.yaml": rollout("wide", "{role: wide}", extra=later)}, "add")
+    commit(fleet, {"rollouts/wide.yaml": rollout("wide", "{role: wide}", extra=later)}, "add")
 
     code, out = run_plan(fleet, capsys, "text")
 
@@ -171,7 +165,7 @@ def test_a_scheduled_rollout_says_when_it_starts(
 
 
 def test_abort_of_a_running_rollout(fleet: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    commit_files(fleet, {"rollouts/canary.yaml": CANARY + "  abort: true\n"}, "abort canary")
+    commit(fleet, {"rollouts/canary.yaml": CANARY + "  abort: true\n"}, "abort canary")
 
     result = json_plan(fleet, capsys)
 
@@ -181,7 +175,7 @@ def test_abort_of_a_running_rollout(fleet: Path, capsys: pytest.CaptureFixture[s
 
 
 def test_pause_holds_the_running_rollout(fleet: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    commit_files(fleet, {"rollouts/canary.yaml": CANARY + "  paused: true\n"}, "pause canary")
+    commit(fleet, {"rollouts/canary.yaml": CANARY + "  paused: true\n"}, "pause canary")
 
     result = json_plan(fleet, capsys)
 
@@ -195,17 +189,17 @@ def test_resume_answers_a_health_hold_and_dispatches_again(
     fleet: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # main: gpu-a1 failed its health check, the rollout holds health_failed
-    git(fleet, "checkout", "--quiet", "main")
+    git("checkout", "--quiet", "main", cwd=fleet)
     running = engine_statuses(fleet)
     job = running["canary"].nodes[0].job_id
     assert job is not None
     failed = Observations(jobs={job: JobObservation(job, "failed", error="exit 1")})
     held = engine_statuses(fleet, running, failed)
     assert held["canary"].hold is not None and held["canary"].hold.reason == "health_failed"
-    commit_files(fleet, status_files(held), "status: canary holds")
-    git(fleet, "checkout", "--quiet", "-B", "change")
+    commit(fleet, status_files(held), "status: canary holds")
+    git("checkout", "--quiet", "-B", "change", cwd=fleet)
     resumed = CANARY + '  resumeRequest: "2026-12-01T09:00:00Z alice: fixed gpu-a1"\n'
-    commit_files(fleet, {"rollouts/canary.yaml": resumed}, "resume canary")
+    commit(fleet, {"rollouts/canary.yaml": resumed}, "resume canary")
 
     result = json_plan(fleet, capsys)
 
@@ -221,7 +215,7 @@ def test_resume_answers_a_health_hold_and_dispatches_again(
 
 def test_skip_and_rollback_requests(fleet: Path, capsys: pytest.CaptureFixture[str]) -> None:
     edited = CANARY + "  skipNodes: [gpu-a2]\n  rollbackRequest: {id: r1, nodes: all}\n"
-    commit_files(fleet, {"rollouts/canary.yaml": edited}, "skip and roll back")
+    commit(fleet, {"rollouts/canary.yaml": edited}, "skip and roll back")
 
     result = json_plan(fleet, capsys)
 
@@ -242,7 +236,7 @@ def test_skip_and_rollback_requests(fleet: Path, capsys: pytest.CaptureFixture[s
 def test_a_frozen_field_change_is_reported_as_refused(
     fleet: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    commit_files(
+    commit(
         fleet,
         {"rollouts/canary.yaml": CANARY.replace("batchSize: 1", "batchSize: 2")},
         "bigger batches",
@@ -259,8 +253,8 @@ def test_a_frozen_field_change_is_reported_as_refused(
 def test_removing_a_running_rollout_aborts_it(
     fleet: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    git(fleet, "rm", "--quiet", "rollouts/canary.yaml")
-    git(fleet, "commit", "--quiet", "-m", "remove canary")
+    git("rm", "--quiet", "rollouts/canary.yaml", cwd=fleet)
+    git("commit", "--quiet", "-m", "remove canary", cwd=fleet)
 
     result = json_plan(fleet, capsys)
 
@@ -271,10 +265,15 @@ def test_removing_a_running_rollout_aborts_it(
 
 
 def test_node_edits_are_listed(fleet: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    maintenance = node_doc("gpu-b1", "{role: wide}") + "  maintenance: true\n"
-    commit_files(
+    maintenance = (
+        node_yaml("gpu-b1", labels="{role: wide}", maintenance=None) + "  maintenance: true\n"
+    )
+    commit(
         fleet,
-        {"nodes/gpu-b1.yaml": maintenance, "nodes/gpu-c1.yaml": node_doc("gpu-c1", "{role: c}")},
+        {
+            "nodes/gpu-b1.yaml": maintenance,
+            "nodes/gpu-c1.yaml": node_yaml("gpu-c1", labels="{role: c}", maintenance=None),
+        },
         "nodes",
     )
 
@@ -290,7 +289,7 @@ def test_invalid_documents_fail_the_plan_with_file_and_line(
     fleet: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     broken = rollout("wide", "{role: wide}").replace("batchSize: 1", "batchSize: 0")
-    commit_files(fleet, {"rollouts/wide.yaml": broken}, "broken")
+    commit(fleet, {"rollouts/wide.yaml": broken}, "broken")
 
     code, out = run_plan(fleet, capsys, "text")
 
@@ -305,7 +304,7 @@ def test_invalid_documents_fail_the_plan_with_file_and_line(
 def test_markdown_puts_the_risky_facts_first(
     fleet: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    commit_files(
+    commit(
         fleet,
         {
             "rollouts/wide.yaml": rollout("wide", "{role: wide}"),
@@ -338,12 +337,12 @@ def test_markdown_puts_the_risky_facts_first(
 def test_the_default_base_is_the_merge_base_with_main(
     fleet: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    commit_files(fleet, {"rollouts/wide.yaml": rollout("wide", "{role: wide}")}, "add wide")
-    fork = git(fleet, "merge-base", "HEAD", "main").strip()
+    commit(fleet, {"rollouts/wide.yaml": rollout("wide", "{role: wide}")}, "add wide")
+    fork = git("merge-base", "HEAD", "main", cwd=fleet).strip()
     # main moves on meanwhile: its own changes are not part of this plan
-    git(fleet, "checkout", "--quiet", "main")
-    commit_files(fleet, {"rollouts/other.yaml": rollout("other", "{role: c}")}, "other")
-    git(fleet, "checkout", "--quiet", "change")
+    git("checkout", "--quiet", "main", cwd=fleet)
+    commit(fleet, {"rollouts/other.yaml": rollout("other", "{role: c}")}, "other")
+    git("checkout", "--quiet", "change", cwd=fleet)
 
     result = json_plan(fleet, capsys)
 
@@ -412,7 +411,8 @@ def test_a_resume_on_a_completed_rollout_has_no_effect() -> None:
 def test_nodes_in_maintenance_named_in_node_ids_are_listed_as_left_out() -> None:
     nodes = {
         **NODES,
-        "nodes/gpu-b5.yaml": node_doc("gpu-b5", "{role: wide}") + "  maintenance: true\n",
+        "nodes/gpu-b5.yaml": node_yaml("gpu-b5", labels="{role: wide}", maintenance=None)
+        + "  maintenance: true\n",
     }
     picked = rollout("picked", "null", extra="  nodeIds: [gpu-b1, gpu-b5]\n").replace(
         "  selector: null\n", ""

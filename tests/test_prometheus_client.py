@@ -6,9 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from promkit import Exporter, PrometheusServer
-
 from reconciler.daemon.prometheus_client import PrometheusClient
+from tests.kit.prometheus import Exporter, PrometheusServer
 
 
 def test_answers_rejections_and_a_stopped_server(tmp_path: Path) -> None:

@@ -35,8 +35,9 @@ from reconciler.protocol.observations import Observations
 from reconciler.protocol.signing import load_private_key
 from reconciler.views import dashboard
 from reconciler.views.status_text import ordered
-from tests.fleetkit import FleetKit, node_yaml, rollout_yaml
-from tests.gitutil import git, write_files
+from tests.kit.documents import node_yaml, rollout_yaml
+from tests.kit.fleets import FleetKit
+from tests.kit.git import git, write_files
 
 NODES = {f"n{i}": {"role": "web" if i % 2 else "db", "zone": f"z{i % 3}"} for i in range(1, 7)}
 NAMES = [f"r{i}" for i in range(8)]

@@ -7,21 +7,11 @@ import difflib
 from pathlib import Path
 
 import pytest
-from fleet_helpers import (
-    T0,
-    commit_files,
-    git,
-    identity,
-    make_fleet,
-    make_status,
-    node_doc,
-    status_text,
-)
 
 from reconciler.cli import main as cli
 from reconciler.spec.rollout_status import RollbackNode, RollbackRecord
-
-__all__ = ["identity"]
+from tests.kit.documents import T0, make_status, node_yaml, status_text
+from tests.kit.git import commit, git, make_repo
 
 ROLLOUT = """\
 apiVersion: reconciler/v1
@@ -40,11 +30,11 @@ NODES = [("gpu-a1", 1, "succeeded"), ("gpu-a2", 2, "failed"), ("gpu-a3", 3, "pen
 
 @pytest.fixture
 def fleet(tmp_path: Path, identity: dict[str, str]) -> Path:
-    return make_fleet(
+    return make_repo(
         tmp_path / "fleet",
         {
-            **{f"nodes/{n}.yaml": node_doc(n) for n, _, _ in NODES},
-            "nodes/gpu-b1.yaml": node_doc("gpu-b1", "{role: wide}"),
+            **{f"nodes/{n}.yaml": node_yaml(n, maintenance=None) for n, _, _ in NODES},
+            "nodes/gpu-b1.yaml": node_yaml("gpu-b1", labels="{role: wide}", maintenance=None),
             "rollouts/llama-canary.yaml": ROLLOUT,
             **status_text(
                 make_status(
@@ -96,7 +86,7 @@ def test_a_second_rollback_gets_the_next_id_and_replaces_the_request(fleet: Path
             ),
         ),
     )
-    commit_files(
+    commit(
         fleet,
         {"rollouts/llama-canary.yaml": with_request, **status_text(handled)},
         "first rollback",
@@ -113,7 +103,7 @@ def test_rollback_of_a_dry_run_rollout_is_refused(
     fleet: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     dry = make_status("llama-canary", "paused", NODES, live=False, hold="health_failed")
-    commit_files(fleet, status_text(dry), "dry run status")
+    commit(fleet, status_text(dry), "dry run status")
 
     assert cli.main(["rollback", "llama-canary", "--all", "--repo", str(fleet)]) == 1
 
@@ -138,9 +128,12 @@ def test_rollback_of_nodes_outside_the_rollout_is_refused(
 def test_without_status_the_nodes_must_exist_in_nodes(
     tmp_path: Path, identity: dict[str, str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    fleet = make_fleet(
+    fleet = make_repo(
         tmp_path / "fresh",
-        {"nodes/gpu-a1.yaml": node_doc("gpu-a1"), "rollouts/llama-canary.yaml": ROLLOUT},
+        {
+            "nodes/gpu-a1.yaml": node_yaml("gpu-a1", maintenance=None),
+            "rollouts/llama-canary.yaml": ROLLOUT,
+        },
     )
 
     assert cli.main(["rollback", "llama-canary", "--nodes", "gpu-a9", "--repo", str(fleet)]) == 1
@@ -154,7 +147,7 @@ def test_rollback_of_a_running_rollout_without_a_hold_says_to_pause_first(
     fleet: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     running = [("gpu-a1", 1, "succeeded"), ("gpu-a2", 2, "dispatched"), ("gpu-a3", 3, "pending")]
-    commit_files(fleet, status_text(make_status("llama-canary", "running", running)), "running")
+    commit(fleet, status_text(make_status("llama-canary", "running", running)), "running")
 
     assert cli.main(["rollback", "llama-canary", "--all", "--repo", str(fleet)]) == 1
     assert "reconciler pause llama-canary" in capsys.readouterr().err
@@ -181,10 +174,10 @@ def test_rollback_commit_says_who_and_why(fleet: Path) -> None:
     )
 
     assert code == 0
-    assert git(fleet, "log", "-1", "--format=%s").strip() == (
+    assert git("log", "-1", "--format=%s", cwd=fleet).strip() == (
         "rollback llama-canary: model OOMs on gpu-a2"
     )
-    assert git(fleet, "status", "--porcelain") == ""
+    assert git("status", "--porcelain", cwd=fleet) == ""
 
 
 @pytest.mark.parametrize(

@@ -24,14 +24,15 @@ import pytest
 
 from reconciler.cli import main as cli
 from reconciler.spec.times import parse_time
-from tests.agentkit import AgentFleet, RealAgent, free_port, node_map, rollback_outcomes
-from tests.fleetkit import rollout_yaml
-from tests.gitutil import git, git_env
+from tests.kit.agents import RealAgent
+from tests.kit.documents import node_map, rollback_outcomes, rollout_yaml
+from tests.kit.fleets import AgentFleet
+from tests.kit.git import git, git_env
 
 RITA = ("Rita Rollback", "rita@example.com")
 BORIS = ("Boris Resume", "boris@example.com")
 ROLLBACKER = f"{RITA[0]} <{RITA[1]}>"
-TARGET_MODEL = "llama3.1-8b"  # tests.fleetkit.TARGET
+TARGET_MODEL = "llama3.1-8b"  # tests.kit.documents.TARGET
 
 
 def old_config(node: str, layers: int = 33) -> bytes:
@@ -267,7 +268,7 @@ def test_a_node_whose_apply_was_never_seen_is_found_in_the_agents_backup_list(
     settings = "apiVersion: reconciler/v1\nkind: Settings\nspec:\n  offlineAfter: 30s\n"
     fleet = AgentFleet.create(
         tmp_path,
-        {"gpu-f1": {"config": old_config("gpu-f1"), "port": free_port()}},
+        {"gpu-f1": {"config": old_config("gpu-f1"), "keep_port": True}},
         files={"reconciler.yaml": settings},
     )
     fleets.append(fleet)

@@ -12,12 +12,12 @@ from typing import Any
 
 import jsonschema  # type: ignore[import-untyped]
 import pytest
-from corpus import cases
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reconciler.spec import model, safe_yaml, schemas
 from reconciler.spec.durations import parse_duration
+from tests.corpus import cases
 
 MINE = ("node", "rollout", "settings")
 REPO = Path(__file__).resolve().parent.parent

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agent_helpers import job, new_key
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
@@ -35,6 +34,8 @@ from reconciler.protocol.signing import (
     verify_envelope,
 )
 from reconciler.spec.errors import KeyFileError
+from tests.kit.jobs import job
+from tests.kit.keys import make_key
 
 NOW = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
 
@@ -186,7 +187,7 @@ def test_same_job_ignores_only_the_send_times() -> None:
 
 
 def test_envelope_round_trip_and_its_bytes(tmp_path: Path) -> None:
-    key, _ = new_key(tmp_path)
+    key = make_key(tmp_path / "reconciler").signing
     payload = build_payload(job(), NOW)
 
     env = make_envelope(payload, key)
@@ -204,8 +205,8 @@ def refusal(env: Any, trusted: dict[str, Any]) -> str:
 
 
 def test_verification_refuses_in_the_documented_order(tmp_path: Path) -> None:
-    key, _ = new_key(tmp_path / "a")
-    stranger, _ = new_key(tmp_path / "b")
+    key = make_key(tmp_path / "a" / "reconciler").signing
+    stranger = make_key(tmp_path / "b" / "reconciler").signing
     trusted = {key.key_id: key.trusted()}
     good = make_envelope(build_payload(job(), NOW), key)
 
@@ -223,8 +224,10 @@ def test_verification_refuses_in_the_documented_order(tmp_path: Path) -> None:
 
 
 def test_several_trust_keys_accept_either_signer(tmp_path: Path) -> None:
-    old, old_pub = new_key(tmp_path / "old")
-    new, new_pub = new_key(tmp_path / "new")
+    made = make_key(tmp_path / "old" / "reconciler")
+    old, old_pub = made.signing, made.public
+    made = make_key(tmp_path / "new" / "reconciler")
+    new, new_pub = made.signing, made.public
     trusted = load_trusted_keys([old_pub, new_pub])
     payload = build_payload(job(), NOW)
 
@@ -233,7 +236,7 @@ def test_several_trust_keys_accept_either_signer(tmp_path: Path) -> None:
 
 
 def test_any_change_to_a_signed_payload_is_refused(tmp_path: Path) -> None:
-    key, _ = new_key(tmp_path)
+    key = make_key(tmp_path / "reconciler").signing
     trusted = {key.key_id: key.trusted()}
     env = make_envelope(build_payload(job(kind="restore", backup_id="b-1"), NOW), key)
     changes = {

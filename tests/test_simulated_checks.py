@@ -9,10 +9,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agent_helpers import FleetThread, envelope, job, new_key, request, wait_for
 
 from reconciler.node.simulated_fleet import ScriptError, parse_script
 from reconciler.spec.health import Health, HealthCheck, HttpProbe, TcpProbe
+from tests.kit.agents import FleetThread
+from tests.kit.http import request
+from tests.kit.jobs import envelope, job
+from tests.kit.keys import make_key
+from tests.kit.waiting import wait_for
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 HEALTH = Health(
@@ -57,7 +61,7 @@ def apply(fleet: FleetThread, key: Any, node: str, job_id: str, attempt: int = 1
 
 
 def test_scripted_outcomes_follow_the_clock(tmp_path: Path) -> None:
-    key, _ = new_key(tmp_path / "keys")
+    key = make_key(tmp_path / "keys" / "reconciler").signing
     clock = MovableClock()
     fleet = FleetThread(tmp_path / "sim", [key], script=SCRIPT, clock=clock)
     try:
@@ -88,7 +92,7 @@ def test_scripted_outcomes_follow_the_clock(tmp_path: Path) -> None:
 
 
 def test_a_dry_run_or_a_job_without_checks_reports_none(tmp_path: Path) -> None:
-    key, _ = new_key(tmp_path / "keys")
+    key = make_key(tmp_path / "keys" / "reconciler").signing
     fleet = FleetThread(tmp_path / "sim", [key], script=SCRIPT)
     try:
         status, _ = request(fleet.url, "POST", "/v1/nodes/node-a/jobs", envelope(job("plain"), key))

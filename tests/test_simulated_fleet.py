@@ -12,16 +12,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agent_helpers import FleetThread, envelope, job, new_key, request, start_process, wait_for
 
 from reconciler.node.simulated_fleet import ScriptError, load_script, node_names, parse_script
 from reconciler.protocol.signing import SigningKey
 from reconciler.spec.model import Target
+from tests.kit.agents import FleetThread, start_process
+from tests.kit.http import request
+from tests.kit.jobs import envelope, job
+from tests.kit.keys import make_key
+from tests.kit.waiting import wait_for
 
 
 @pytest.fixture
 def key(tmp_path: Path) -> SigningKey:
-    return new_key(tmp_path / "keys")[0]
+    return make_key(tmp_path / "keys" / "reconciler").signing
 
 
 @pytest.fixture
@@ -97,7 +101,7 @@ def test_dry_run_changes_nothing(fleet: FleetThread, key: SigningKey) -> None:
 
 
 def test_the_real_agents_checks_apply(tmp_path: Path, fleet: FleetThread, key: SigningKey) -> None:
-    stranger = new_key(tmp_path / "stranger")[0]
+    stranger = make_key(tmp_path / "stranger" / "reconciler").signing
     good = envelope(job(), key)
     tampered = {**good, "payload": {**good["payload"], "attempt": 2}}
     old = envelope(job(), key, datetime.now(UTC) - timedelta(minutes=16))
@@ -250,7 +254,8 @@ def test_bad_scripts_are_explained(tmp_path: Path) -> None:
 def test_the_command_serves_reloads_and_keeps_jobs_across_restarts(
     tmp_path: Path,
 ) -> None:
-    key, public = new_key(tmp_path / "keys")
+    made = make_key(tmp_path / "keys" / "reconciler")
+    key, public = made.signing, made.public
     behaviour = tmp_path / "behaviour.yaml"
     behaviour.write_text("default: succeed\n")
     args = [

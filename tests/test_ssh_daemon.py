@@ -1,5 +1,5 @@
 """The daemon against real SSH remotes: Debian's sshd on 127.0.0.1
-(``tests/sshkit.py``), and gitolite3 behind it with the rules a team would
+(``tests/kit/ssh.py``), and gitolite3 behind it with the rules a team would
 write: people push ``main``, the daemon's key may push only
 ``reconciler-status``. Agents are the simulated fleet on 127.0.0.1."""
 
@@ -15,23 +15,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from fleetkit import SimFleet, node_yaml, rollout_yaml, start_sim_fleet
-from gitutil import clone, commit_and_push, git, git_env, make_bare_repo
-from sshkit import (
-    SshServer,
-    gitolite_login,
-    gitolite_setup,
-    keygen,
-    require_gitolite,
-)
 
 from reconciler.daemon.agent_client import AgentClient
 from reconciler.daemon.logs import EventLog
 from reconciler.daemon.loop import Daemon
 from reconciler.daemon.metrics import Metrics
 from reconciler.git.store import GitStore
-from reconciler.protocol.signing import generate_key, load_private_key
+from reconciler.protocol.signing import load_private_key
 from reconciler.spec.safe_yaml import load_yaml
+from tests.kit.agents import SimFleet, start_sim_fleet
+from tests.kit.documents import node_yaml, rollout_yaml
+from tests.kit.git import clone, commit_and_push, git, git_env, make_bare_repo
+from tests.kit.keys import make_key
+from tests.kit.ssh import SshServer, gitolite_login, gitolite_setup, require_gitolite
 
 pytestmark = pytest.mark.sshd
 
@@ -85,9 +81,10 @@ class Site:
 
 @pytest.fixture
 def site(tmp_path: Path) -> Iterator[Site]:
-    job_key, job_pub = generate_key(tmp_path / "keys")
-    ssh_key, _ = keygen(tmp_path / "ssh" / "daemon", "daemon")
-    person_key, _ = keygen(tmp_path / "ssh" / "person", "person")
+    made = make_key(tmp_path / "keys" / "reconciler")
+    job_key, job_pub = made.private, made.public
+    ssh_key = make_key(tmp_path / "ssh" / "daemon", comment="daemon").private
+    person_key = make_key(tmp_path / "ssh" / "person", comment="person").private
     fleet = start_sim_fleet(tmp_path / "sim", list(NODES), job_pub)
     made = Site(tmp_path, job_key, ssh_key, person_key, tmp_path / "known_hosts", fleet)
     try:
@@ -171,7 +168,7 @@ def test_the_daemon_over_ssh_clones_pushes_and_survives_a_persons_racing_push(
         finally:
             daemon.client.close()
     finally:
-        server.stop()
+        server.close()
 
     assert pushed, "the person's push never ran"
     assert metrics.registry.get_sample_value("reconciler_conflicts_total") == 1
@@ -200,7 +197,8 @@ class Gitolite:
 def gitolite(site: Site) -> Iterator[Gitolite]:
     require_gitolite()
     home = site.root / "gitolite-home"
-    admin, admin_pub = keygen(site.root / "ssh" / "admin", "admin")
+    made = make_key(site.root / "ssh" / "admin", comment="admin")
+    admin, admin_pub = made.private, made.line
     gitolite_setup(
         home,
         Path(f"{admin}.pub"),
@@ -222,7 +220,7 @@ def gitolite(site: Site) -> Iterator[Gitolite]:
         site.known_hosts.write_text(server.known_hosts_line() + "\n")
         yield Gitolite(home, server, f"ssh://{server.user}@127.0.0.1:{server.port}/fleet")
     finally:
-        server.stop()
+        server.close()
 
 
 def _push_seed(site: Site, gitolite: Gitolite, files: dict[str, str]) -> Path:

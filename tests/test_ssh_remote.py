@@ -1,7 +1,7 @@
 """SSH remotes fail closed (docs/cli.md, "SSH remotes"): the
 server's host key must match an entry in ``--known-hosts`` for its host and
 port, or nothing is read from it or pushed to it. Against a real OpenSSH
-server on 127.0.0.1 (``tests/sshkit.py``), and an HTTPS server with a
+server on 127.0.0.1 (``tests/kit/ssh.py``), and an HTTPS server with a
 self-signed certificate."""
 
 from __future__ import annotations
@@ -20,14 +20,15 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from sshkit import SshServer, fingerprint, keygen
 
 from reconciler.daemon.logs import EventLog
 from reconciler.daemon.metrics import Metrics
 from reconciler.git.store import SSH_PASSPHRASE_ENV, GitStore
 from reconciler.git.watch import BranchWatcher
 from reconciler.spec.errors import HostKeyError, KeyFileError, StoreError
-from tests.gitutil import clone, commit_and_push, git, git_env, head, make_bare_repo
+from tests.kit.git import clone, commit_and_push, git, git_env, head, make_bare_repo
+from tests.kit.keys import fingerprint, make_key
+from tests.kit.ssh import SshServer
 
 pytestmark = pytest.mark.sshd
 
@@ -67,7 +68,7 @@ class Forge:
         server = SshServer.start(
             self.root / "sshd-impostor",
             client_pub=self.client_pub,
-            port=self.server.port,
+            port=self.server.held,
             serve=fake,
         )
         return server, fake
@@ -75,7 +76,8 @@ class Forge:
 
 @pytest.fixture
 def forge(tmp_path: Path) -> Iterator[Forge]:
-    client_key, client_pub = keygen(tmp_path / "client" / "id_ed25519", "daemon")
+    made = make_key(tmp_path / "client" / "id_ed25519", comment="daemon")
+    client_key, client_pub = made.private, made.line
     bare = make_bare_repo(tmp_path, {"nodes/a.yaml": "a\n", "rollouts/r.yaml": "v1\n"})
     server = SshServer.start(tmp_path / "sshd", client_pub=client_pub)
     known_hosts = tmp_path / "known_hosts"
@@ -84,7 +86,7 @@ def forge(tmp_path: Path) -> Iterator[Forge]:
     try:
         yield made
     finally:
-        made.server.stop()
+        made.server.close()
 
 
 def test_a_pinned_host_key_lets_the_store_fetch_and_push(forge: Forge) -> None:
@@ -98,7 +100,7 @@ def test_a_pinned_host_key_lets_the_store_fetch_and_push(forge: Forge) -> None:
 
 
 def test_an_unknown_host_is_refused_naming_host_fingerprint_and_file(forge: Forge) -> None:
-    other_key, _ = keygen(forge.root / "other_host", "other")
+    other_key = make_key(forge.root / "other_host", comment="other").private
     forge.known_hosts.write_text(
         f"[127.0.0.1]:1 {Path(f'{other_key}.pub').read_text().split(' ', 2)[0]} "
         f"{Path(f'{other_key}.pub').read_text().split()[1]}\n"
@@ -177,13 +179,14 @@ def test_a_revoked_key_is_refused_even_when_pinned(forge: Forge) -> None:
 def test_an_impostor_with_a_new_rollout_gets_no_job_sent(forge: Forge) -> None:
     """The attack from issue 24, end to end: the daemon knew the real server;
     an impostor on its address serves a live rollout for every node."""
-    from fleetkit import node_yaml, rollout_yaml, start_sim_fleet
-
     from reconciler.daemon.agent_client import AgentClient
     from reconciler.daemon.loop import Daemon
-    from reconciler.protocol.signing import generate_key, load_private_key
+    from reconciler.protocol.signing import load_private_key
+    from tests.kit.agents import start_sim_fleet
+    from tests.kit.documents import node_yaml, rollout_yaml
 
-    key_path, pub = generate_key(forge.root / "keys")
+    made = make_key(forge.root / "keys" / "reconciler")
+    key_path, pub = made.private, made.public
     fleet = start_sim_fleet(forge.root / "sim", ["n1", "n2"], pub)
     try:
         work = clone(forge.bare, forge.root / "work")
@@ -272,7 +275,7 @@ def test_a_passphrase_protected_key_needs_the_passphrase(
     forge.server = SshServer.start(
         forge.root / "sshd-locked",
         client_pub=Path(f"{locked}.pub").read_text().strip(),
-        port=forge.server.port,
+        port=forge.server.held,
         host_key=forge.server.host_key,
     )
     monkeypatch.delenv(SSH_PASSPHRASE_ENV, raising=False)
@@ -285,7 +288,7 @@ def test_a_passphrase_protected_key_needs_the_passphrase(
 
 
 def test_a_key_the_server_does_not_know_is_named(forge: Forge) -> None:
-    stranger, _ = keygen(forge.root / "stranger" / "id_ed25519")
+    stranger = make_key(forge.root / "stranger" / "id_ed25519").private
     with pytest.raises(StoreError, match=f"refused the SSH key {stranger}"):
         forge.open(ssh_key=stranger)
 
@@ -306,8 +309,10 @@ def test_gitolite_denying_a_push_is_reported_in_its_own_words(tmp_path: Path) ->
         pytest.skip(reason)
     home = tmp_path / "gitolite-home"
     home.mkdir()
-    admin, admin_pub = keygen(tmp_path / "admin", "admin")
-    daemon, daemon_pub = keygen(tmp_path / "daemon", "daemon")
+    made = make_key(tmp_path / "admin", comment="admin")
+    admin, admin_pub = made.private, made.line
+    made = make_key(tmp_path / "daemon", comment="daemon")
+    daemon, daemon_pub = made.private, made.line
     env = {**os.environ, "HOME": str(home)}
     subprocess.run(
         ["gitolite", "setup", "-pk", f"{admin}.pub"], env=env, check=True, capture_output=True
@@ -352,7 +357,7 @@ def test_gitolite_denying_a_push_is_reported_in_its_own_words(tmp_path: Path) ->
         served = home / "repositories" / "fleet.git"
         assert git("show", "status:status/r.yaml", cwd=served) == "phase: running"
     finally:
-        server.stop()
+        server.close()
 
 
 # --- polling ---------------------------------------------------------------------
@@ -413,7 +418,7 @@ def test_failed_polls_are_events_counted_and_recovery_wakes_the_daemon(forge: Fo
         forge.server = SshServer.start(
             forge.root / "sshd-back",
             client_pub=forge.client_pub,
-            port=forge.server.port,
+            port=forge.server.held,
             host_key=forge.server.host_key,
         )
         assert watcher.wait(10.0), "the first poll that works again is a hint"

@@ -21,6 +21,7 @@ from reconciler.git.sshsig import (
     verify_sshsig,
 )
 from reconciler.spec.errors import ReconcilerError
+from tests.kit.keys import make_key
 
 MESSAGE = b"tree 4b825dc642cb6eb9a060e54bf8d69288fbee4904\n\nhello fleet\n"
 
@@ -55,25 +56,18 @@ class Key:
         return (tmp / (target.name + ".sig")).read_text()
 
 
-def make_key(directory: Path, name: str, *keytype: str) -> Key:
-    path = directory / name
-    subprocess.run(
-        ["ssh-keygen", "-q", *keytype, "-N", "", "-C", name, "-f", str(path)],
-        check=True,
-        capture_output=True,
-    )
-    kind, blob, *_ = (directory / f"{name}.pub").read_text().split()
-    return Key(path, f"{kind} {blob}")
+def signing_key(directory: Path, name: str, kind: str = "ed25519", bits: int | None = None) -> Key:
+    return Key(directory / name, make_key(directory / name, kind=kind, bits=bits).text)
 
 
 @pytest.fixture(scope="module")
 def keys(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Key]:
     directory = tmp_path_factory.mktemp("keys")
     return {
-        "alice": make_key(directory, "alice", "-t", "ed25519"),
-        "mallory": make_key(directory, "mallory", "-t", "ed25519"),
-        "ecdsa": make_key(directory, "ecdsa", "-t", "ecdsa", "-b", "256"),
-        "rsa": make_key(directory, "rsa", "-t", "rsa", "-b", "2048"),
+        "alice": signing_key(directory, "alice"),
+        "mallory": signing_key(directory, "mallory"),
+        "ecdsa": signing_key(directory, "ecdsa", "ecdsa", 256),
+        "rsa": signing_key(directory, "rsa", "rsa", 2048),
     }
 
 

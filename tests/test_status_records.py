@@ -9,7 +9,6 @@ from typing import Any
 
 import jsonschema
 import pytest
-from engine_world import World
 
 from reconciler.spec.rollout_status import (
     PAGE_SIZE,
@@ -20,6 +19,7 @@ from reconciler.spec.rollout_status import (
     status_from_files,
     to_record,
 )
+from tests.engine_world import World
 
 SCHEMA = json.loads(
     (Path(__file__).parent.parent / "schemas" / "rollout-status.schema.json").read_text()

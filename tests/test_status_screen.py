@@ -16,10 +16,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from fleet_helpers import make_fleet, make_status, status_text
 
 from reconciler.cli.commands.status import fit_screen
 from reconciler.views import status_text as view
+from tests.kit.documents import make_status, status_text
+from tests.kit.git import make_repo
 
 NOW = datetime(2026, 12, 1, 14, 0, tzinfo=UTC)
 NAME = "llama-3-1-70b-instruct-wide-rollout-over-the-whole-gpu-fleet-01"  # 63 characters
@@ -115,7 +116,7 @@ def repo(tmp_path: Path) -> Path:
     files: dict[str, str] = {}
     for status in (big(), small()):
         files.update(status_text(status))
-    return make_fleet(tmp_path / "fleet", files)
+    return make_repo(tmp_path / "fleet", files)
 
 
 def screen(tmp_path: Path, columns: int, rows: int, *argv: str) -> list[str]:

@@ -9,14 +9,13 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from fleet_helpers import T0, commit_files, git, identity, make_fleet, make_status, status_text
 
 from reconciler.cli import main as cli
 from reconciler.cli.commands.status import use_colour
 from reconciler.spec.rollout_status import Condition, RollbackNode, RollbackRecord, to_record
 from reconciler.views import status_text as status_view
-
-__all__ = ["identity"]
+from tests.kit.documents import T0, make_status, status_text
+from tests.kit.git import commit, git, make_repo
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 NOW = T0 + timedelta(minutes=7)
@@ -148,7 +147,7 @@ def test_colour_only_on_a_terminal_and_never_with_no_color(
 @pytest.fixture
 def origin(tmp_path: Path, identity: dict[str, str]) -> Path:
     """A bare origin holding the three statuses, as the daemon leaves it."""
-    work = make_fleet(
+    work = make_repo(
         tmp_path / "seed",
         {
             "rollouts/.keep": "",
@@ -156,7 +155,7 @@ def origin(tmp_path: Path, identity: dict[str, str]) -> Path:
         },
     )
     bare = tmp_path / "fleet.git"
-    git(tmp_path, "clone", "--quiet", "--bare", str(work), str(bare))
+    git("clone", "--quiet", "--bare", str(work), str(bare), cwd=tmp_path)
     return bare
 
 
@@ -202,7 +201,7 @@ def test_status_active_leaves_out_finished_rollouts_newest_first(
 def test_status_active_says_so_when_every_rollout_has_finished(
     tmp_path: Path, identity: dict[str, str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    work = make_fleet(tmp_path / "seed", {"rollouts/.keep": "", **status_text(finished())})
+    work = make_repo(tmp_path / "seed", {"rollouts/.keep": "", **status_text(finished())})
 
     assert cli.main(["status", "--repo", str(work), "--active"]) == 0
 
@@ -222,13 +221,13 @@ def test_a_working_clone_reads_its_origin_not_its_stale_branch(
     origin: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     mine = tmp_path / "mine"
-    git(tmp_path, "clone", "--quiet", str(origin), str(mine))
+    git("clone", "--quiet", str(origin), str(mine), cwd=tmp_path)
     # the daemon (here: another clone) pushes a newer status; `mine` is not pulled
     other = tmp_path / "other"
-    git(tmp_path, "clone", "--quiet", str(origin), str(other))
+    git("clone", "--quiet", str(origin), str(other), cwd=tmp_path)
     done = make_status("qwen-next", "aborted", reason="operator_aborted")
-    commit_files(other, status_text(done), "status: qwen-next aborted")
-    git(other, "push", "--quiet", "origin", "main")
+    commit(other, status_text(done), "status: qwen-next aborted")
+    git("push", "--quiet", "origin", "main", cwd=other)
 
     assert cli.main(["status", "qwen-next", "--repo", str(mine)]) == 0
 
@@ -238,7 +237,7 @@ def test_a_working_clone_reads_its_origin_not_its_stale_branch(
 def test_a_repository_without_origin_is_read_at_its_branch(
     tmp_path: Path, identity: dict[str, str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    alone = make_fleet(tmp_path / "alone", status_text(finished()))
+    alone = make_repo(tmp_path / "alone", status_text(finished()))
     (alone / "status/mistral-wide.yaml").write_text("uncommitted edits do not count\n")
 
     assert cli.main(["status", "--repo", str(alone / "status")]) == 0
@@ -249,17 +248,17 @@ def test_a_repository_without_origin_is_read_at_its_branch(
 def test_status_follows_the_status_branch_of_the_settings(
     tmp_path: Path, identity: dict[str, str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    repo = make_fleet(
+    repo = make_repo(
         tmp_path / "repo",
         {
             "reconciler.yaml": "apiVersion: reconciler/v1\nkind: Settings\n"
             "spec: {statusBranch: fleet-status}\n"
         },
     )
-    git(repo, "checkout", "--quiet", "--orphan", "fleet-status")
-    git(repo, "rm", "--quiet", "-rf", ".")
-    commit_files(repo, status_text(canary()), "status")
-    git(repo, "checkout", "--quiet", "main")
+    git("checkout", "--quiet", "--orphan", "fleet-status", cwd=repo)
+    git("rm", "--quiet", "-rf", ".", cwd=repo)
+    commit(repo, status_text(canary()), "status")
+    git("checkout", "--quiet", "main", cwd=repo)
 
     assert cli.main(["status", "--repo", str(repo)]) == 0
 
@@ -273,7 +272,7 @@ def test_status_reads_node_pages_of_a_large_rollout(
     big = make_status("big", "completed", nodes, batch_size=50)
     files = status_text(big)
     assert "status/big/nodes-0002.yaml" in files
-    repo = make_fleet(tmp_path / "repo", files)
+    repo = make_repo(tmp_path / "repo", files)
 
     assert cli.main(["status", "--repo", str(repo), "big"]) == 0
 

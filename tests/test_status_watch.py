@@ -12,7 +12,8 @@ import sys
 import time
 from pathlib import Path
 
-from fleet_helpers import commit_files, git, git_env, make_fleet, make_status, status_text
+from tests.kit.documents import make_status, status_text
+from tests.kit.git import OPERATOR, commit, git, git_env, make_repo
 
 NODES = [("gpu-a1", 1, "succeeded"), ("gpu-a2", 2, "dispatched")]
 
@@ -54,18 +55,18 @@ class Terminal:
 
 
 def test_watch_redraws_when_a_new_status_commit_arrives(tmp_path: Path) -> None:
-    env = git_env(tmp_path / "home")
+    env = git_env(*OPERATOR)
     # The fleet as the daemon left it, in a bare origin; the operator has a clone.
-    seed = make_fleet(
+    seed = make_repo(
         tmp_path / "seed",
         status_text(make_status("llama-canary", "running", NODES)),
     )
     origin = tmp_path / "fleet.git"
-    git(tmp_path, "clone", "--quiet", "--bare", str(seed), str(origin), env=env)
+    git("clone", "--quiet", "--bare", str(seed), str(origin), cwd=tmp_path, env=env)
     mine = tmp_path / "mine"
-    git(tmp_path, "clone", "--quiet", str(origin), str(mine), env=env)
+    git("clone", "--quiet", str(origin), str(mine), cwd=tmp_path, env=env)
     daemon = tmp_path / "daemon"
-    git(tmp_path, "clone", "--quiet", str(origin), str(daemon), env=env)
+    git("clone", "--quiet", str(origin), str(daemon), cwd=tmp_path, env=env)
 
     term_env = {k: v for k, v in env.items() if k != "NO_COLOR"}
     term_env.update(TERM="xterm", COLUMNS="80", LINES="40")
@@ -85,9 +86,9 @@ def test_watch_redraws_when_a_new_status_commit_arrives(tmp_path: Path) -> None:
             hold="health_failed",
             hold_nodes=["gpu-a2"],
         )
-        commit_files(daemon, status_text(held), "status: llama-canary paused")
-        git(daemon, "push", "--quiet", "origin", "main", env=env)
-        tip = git(daemon, "rev-parse", "HEAD", env=env).strip()
+        commit(daemon, status_text(held), "status: llama-canary paused")
+        git("push", "--quiet", "origin", "main", cwd=daemon, env=env)
+        tip = git("rev-parse", "HEAD", cwd=daemon, env=env).strip()
 
         redrawn = term.wait_for(tip[:10])
         assert "\x1b[H\x1b[2J" in redrawn  # the screen was cleared and redrawn

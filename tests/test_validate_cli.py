@@ -9,11 +9,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from corpus import write_tree
 
 from reconciler.cli import main as cli
 from reconciler.cli.commands.validate import github_annotation
 from reconciler.spec.model import Problem
+from tests.corpus import write_tree
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "example-repo"

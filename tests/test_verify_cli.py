@@ -3,7 +3,6 @@ repository signed by the real ``git commit -S``."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,52 +10,35 @@ from pathlib import Path
 import pytest
 
 from reconciler.cli.main import main
+from tests.kit.git import git, git_env
+from tests.kit.keys import make_key
 
-ENV = {
-    "GIT_AUTHOR_NAME": "Alice",
-    "GIT_AUTHOR_EMAIL": "alice@example.com",
-    "GIT_COMMITTER_NAME": "Alice",
-    "GIT_COMMITTER_EMAIL": "alice@example.com",
-    "GIT_CONFIG_NOSYSTEM": "1",
-    "GIT_CONFIG_GLOBAL": os.devnull,
-}
-
-
-def git(repo: Path, *args: str) -> str:
-    return subprocess.run(
-        ["git", "-C", str(repo), *args],
-        env={**os.environ, **ENV},
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
+ENV = git_env("Alice", "alice@example.com")
 
 
 def commit(repo: Path, name: str, text: str, message: str, key: Path | None = None) -> str:
     (repo / name).parent.mkdir(parents=True, exist_ok=True)
     (repo / name).write_text(text)
-    git(repo, "add", name)
+    git("add", name, cwd=repo, env=ENV)
     sign = (
         ["-c", "gpg.format=ssh", "-c", f"user.signingKey={key}", "commit", "-S"]
         if key
         else ["commit"]
     )
-    git(repo, *sign, "-q", "-m", message)
-    return git(repo, "rev-parse", "HEAD")
+    git(*sign, "-q", "-m", message, cwd=repo, env=ENV)
+    return git("rev-parse", "HEAD", cwd=repo, env=ENV)
 
 
 @pytest.fixture
 def setup(tmp_path: Path) -> tuple[Path, Path, Path]:
     """(repository, allowed-signers file, alice's key)"""
-    key = tmp_path / "alice"
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
-    kind, blob, *_ = Path(f"{key}.pub").read_text().split()
+    key = make_key(tmp_path / "alice")
     signers = tmp_path / "allowed_signers"
-    signers.write_text(f"alice@example.com {kind} {blob}\n")
+    signers.write_text(f"alice@example.com {key.text}\n")
     repo = tmp_path / "fleet"
     repo.mkdir()
-    git(repo, "init", "-q", "-b", "main")
-    return repo, signers, key
+    git("init", "-q", "-b", "main", cwd=repo, env=ENV)
+    return repo, signers, key.private
 
 
 def verify(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -218,7 +200,7 @@ def test_a_shallow_clone_without_the_signed_commit_says_so(
     commit(repo, "rollouts/llama.yaml", "abort: false\n", "Start llama", key)
     commit(repo, "rollouts/llama.yaml", "abort: true\n", "Abort llama")
     shallow = tmp_path / "shallow"
-    git(tmp_path, "clone", "-q", "--depth", "1", f"file://{repo}", str(shallow))
+    git("clone", "-q", "--depth", "1", f"file://{repo}", str(shallow), cwd=tmp_path, env=ENV)
 
     code, out, _ = verify(capsys, "--repo", str(shallow), "--allowed-signers", str(signers))
 

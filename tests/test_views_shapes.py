@@ -7,16 +7,20 @@ import zoneinfo
 from pathlib import Path
 
 import pytest
-from engine_world import World
-from fleet_helpers import commit_files, git, make_fleet, node_doc
-from markdown_render import plain_text
 from test_plan import json_plan, run_plan
 
 from reconciler.spec.model import Settings, Window
 from reconciler.views.dashboard import render_dashboard
 from reconciler.views.status_text import render_detail, render_table
+from tests.engine_world import World
+from tests.kit.documents import node_yaml
+from tests.kit.git import commit, git, make_repo
+from tests.markdown_render import plain_text
 
-WIDE = {f"nodes/gpu-b{i}.yaml": node_doc(f"gpu-b{i}", "{role: wide}") for i in range(1, 6)}
+WIDE = {
+    f"nodes/gpu-b{i}.yaml": node_yaml(f"gpu-b{i}", labels="{role: wide}", maintenance=None)
+    for i in range(1, 6)
+}
 
 
 def grow(extra: str = "") -> str:
@@ -30,8 +34,8 @@ def grow(extra: str = "") -> str:
 
 @pytest.fixture
 def fleet(tmp_path: Path) -> Path:
-    root = make_fleet(tmp_path / "fleet", WIDE)
-    git(root, "checkout", "--quiet", "-b", "change")
+    root = make_repo(tmp_path / "fleet", WIDE)
+    git("checkout", "--quiet", "-b", "change", cwd=root)
     return root
 
 
@@ -39,7 +43,7 @@ def test_plan_shows_the_batch_sizes_a_batches_list_yields(
     fleet: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     extra = "  pauseAfter: [{batch: 1, for: 10m}]\n  ignoreWindows: true\n"
-    commit_files(fleet, {"rollouts/grow.yaml": grow(extra)}, "add grow")
+    commit(fleet, {"rollouts/grow.yaml": grow(extra)}, "add grow")
 
     code, out = run_plan(fleet, capsys, "text")
 
@@ -62,7 +66,7 @@ def test_plan_names_new_windows_and_freezes(
         '  freezes:\n    - {from: "2026-12-24T00:00:00Z", to: "2026-12-27T00:00:00Z", '
         "reason: holidays}\n"
     )
-    commit_files(fleet, {"reconciler.yaml": settings}, "windows")
+    commit(fleet, {"reconciler.yaml": settings}, "windows")
 
     code, out = run_plan(fleet, capsys, "text")
 

@@ -12,11 +12,12 @@ import time
 from pathlib import Path
 
 import pytest
-from gitutil import GitHttpServer, clone, commit, commit_and_push, git, make_bare_repo
 
 import reconciler.git.watch as watch
 from reconciler.git.store import GitStore
 from reconciler.git.watch import BranchWatcher
+from tests.kit.git import clone, commit, commit_and_push, git, make_bare_repo
+from tests.kit.git_http import GitHttpServer
 
 
 @pytest.fixture

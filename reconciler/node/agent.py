@@ -38,6 +38,7 @@ import json
 import os
 import selectors
 import signal
+import socket
 import ssl
 import subprocess
 import sys
@@ -846,8 +847,10 @@ async def serve(
     ready: Callable[[str], None] | None = None,
     stop: asyncio.Event | None = None,
     tls: ssl.SSLContext | None = None,
+    sock: socket.socket | None = None,
 ) -> None:
-    server = HttpServer(agent.handle, host, port, on_error=_print_error, tls=tls)
+    """Serve ``agent`` on ``host:port``, or on ``sock`` when one was handed over."""
+    server = HttpServer(agent.handle, host, port, on_error=_print_error, tls=tls, sock=sock)
     await server.start()
     if ready is not None:
         ready(server.address)

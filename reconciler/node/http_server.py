@@ -46,6 +46,7 @@ import asyncio
 import functools
 import json
 import re
+import socket
 import ssl
 import time
 from collections.abc import Awaitable, Callable
@@ -485,7 +486,8 @@ class _Connection(asyncio.Protocol):
 
 
 class HttpServer:
-    """Serve ``handler`` on ``host:port`` (port 0: the OS picks one)."""
+    """Serve ``handler`` on ``host:port`` (port 0: the OS picks one), or on
+    ``sock``, a bound socket handed over (``node.activation``)."""
 
     def __init__(
         self,
@@ -500,8 +502,10 @@ class HttpServer:
         idle_timeout: float = IDLE_TIMEOUT,
         backlog: int = BACKLOG,
         simple_requests: bool = True,
+        sock: socket.socket | None = None,
     ) -> None:
         self.handler = handler
+        self.sock = sock
         # False: h11 reads every request (the plain path the tests pin the other against).
         self.simple_requests = simple_requests
         self.host = host
@@ -540,14 +544,20 @@ class HttpServer:
 
     async def start(self) -> tuple[str, int]:
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            functools.partial(_Connection, self),
-            self.host,
-            self.port,
-            backlog=self.backlog,
-            reuse_address=True,
-            ssl=self.tls,
-        )
+        connection = functools.partial(_Connection, self)
+        if self.sock is not None:
+            self._server = await loop.create_server(
+                connection, sock=self.sock, backlog=self.backlog, ssl=self.tls
+            )
+        else:
+            self._server = await loop.create_server(
+                connection,
+                self.host,
+                self.port,
+                backlog=self.backlog,
+                reuse_address=True,
+                ssl=self.tls,
+            )
         sockname = self._server.sockets[0].getsockname()
         self.host, self.port = sockname[0], sockname[1]
         self._sweeper = asyncio.ensure_future(self._sweep())

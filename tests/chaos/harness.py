@@ -26,7 +26,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -37,30 +36,20 @@ from typing import Any
 import httpx
 import pygit2
 
+from tests.kit.git import clone, commit, git, git_env, make_bare_repo
+from tests.kit.keys import make_key
+from tests.kit.ports import HeldPort
+
 from .invariants import Snapshot, read_statuses
-
-TESTS = Path(__file__).resolve().parent.parent
-if str(TESTS) not in sys.path:  # gitutil lives next to this package
-    sys.path.insert(0, str(TESTS))
-
-from gitutil import clone, git, git_env, make_bare_repo  # noqa: E402
 
 PYTHON = sys.executable
 DAEMON_NAME = "reconciler"  # the committer name of the daemon's status commits
 START_TIMEOUT = 20.0  # seconds for a process to say it listens
-TARGET = "{runtime: hermes, provider: ollama, model: llama3.1-8b, profile: default}"
 
 
 class LabError(AssertionError):
     """The scenario could not go on: a process would not start, or the
     expected state was not reached in time. The message says what was seen."""
-
-
-def free_port() -> int:
-    """A loopback port nobody listens on: the OS hands it out, we let it go."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -228,7 +217,6 @@ class AgentProcess(Process):
         *,
         initial: Mapping[str, str] | None = None,
         allow_live: bool = True,
-        port: int = 0,
     ) -> None:
         root.mkdir(parents=True, exist_ok=True)
         self.node = node
@@ -243,7 +231,7 @@ class AgentProcess(Process):
             "--state-dir", str(self.state_dir),
             "--trust-key", str(trust_key),
             "--runtime", "hermes",
-            "--listen", f"127.0.0.1:{port}",
+            "--listen", "127.0.0.1:0",
         ]  # fmt: skip
         if allow_live:
             args.append("--allow-live-apply")
@@ -326,39 +314,6 @@ class DaemonProcess(Process):
 # -- documents -------------------------------------------------------------
 
 
-def node_text(name: str, agent: str, labels: Mapping[str, str]) -> str:
-    label_text = ", ".join(f"{k}: {v}" for k, v in labels.items())
-    return (
-        "apiVersion: reconciler/v1\nkind: Node\n"
-        f"metadata: {{name: {name}}}\n"
-        f"spec:\n  agent: {agent}\n  labels: {{{label_text}}}\n"
-    )
-
-
-def rollout_text(name: str, **spec: Any) -> str:
-    """A rollout document; keyword arguments are spec fields, written as YAML
-    flow text (dicts, lists, bools, numbers, text)."""
-
-    def flow(value: Any) -> str:
-        if isinstance(value, bool):
-            return "true" if value else "false"
-        if isinstance(value, Mapping):
-            return "{" + ", ".join(f"{k}: {flow(v)}" for k, v in value.items()) + "}"
-        if isinstance(value, (list, tuple)):
-            return "[" + ", ".join(flow(v) for v in value) + "]"
-        return str(value)
-
-    lines = [
-        "apiVersion: reconciler/v1",
-        "kind: Rollout",
-        f"metadata: {{name: {name}}}",
-        "spec:",
-        f"  target: {spec.pop('target', TARGET)}",
-    ]
-    lines += [f"  {key}: {flow(value)}" for key, value in spec.items()]
-    return "\n".join(lines) + "\n"
-
-
 def settings_text(offline_after: str = "2s") -> str:
     return f"apiVersion: reconciler/v1\nkind: Settings\nspec:\n  offlineAfter: {offline_after}\n"
 
@@ -371,12 +326,12 @@ class Lab:
     started is stopped on the way out, whatever happened."""
 
     def __init__(self, root: Path) -> None:
-        from reconciler.protocol.signing import generate_key
-
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
-        self.key, self.public_key = generate_key(self.root / "keys")
+        made = make_key(self.root / "keys" / "reconciler")
+        self.key, self.public_key = made.private, made.public
         self.processes: list[Process] = []
+        self.held: list[HeldPort] = []
         self.daemons: list[DaemonProcess] = []
         self.bare: Path | None = None
         self.work: Path | None = None
@@ -393,6 +348,15 @@ class Lab:
         for process in reversed(self.processes):
             with contextlib.suppress(Exception):
                 process.kill() if isinstance(process, DaemonProcess) else process.stop(5)
+        for held in self.held:
+            held.close()
+
+    def closed_url(self) -> str:
+        """``http://127.0.0.1:PORT`` of a port held for the lab's life, where
+        nothing listens: connections are refused, and nobody else can take it."""
+        held = HeldPort()
+        self.held.append(held)
+        return held.url
 
     # -- agents ------------------------------------------------------------
 
@@ -401,12 +365,8 @@ class Lab:
         self.processes.append(sim)
         return sim
 
-    def agent(
-        self, node: str, *, initial: Mapping[str, str] | None = None, port: int = 0
-    ) -> AgentProcess:
-        agent = AgentProcess(
-            self.root / "agents" / node, node, self.public_key, initial=initial, port=port
-        )
+    def agent(self, node: str, *, initial: Mapping[str, str] | None = None) -> AgentProcess:
+        agent = AgentProcess(self.root / "agents" / node, node, self.public_key, initial=initial)
         self.processes.append(agent)
         return agent
 
@@ -446,11 +406,7 @@ class Lab:
     @staticmethod
     def commit_local(work: Path, files: Mapping[str, str | bytes | None], message: str) -> None:
         """Write ``files`` in the clone ``work`` and commit them, not pushed yet."""
-        from gitutil import write_files
-
-        write_files(work, files)
-        git("add", "-A", cwd=work)
-        git("commit", "--quiet", "-m", message, cwd=work)
+        commit(work, files, message)
 
     @staticmethod
     def push_committed(work: Path) -> str:

@@ -27,6 +27,8 @@ from typing import Any
 
 import pygit2
 
+from tests.kit.documents import node_yaml, rollout_yaml
+
 from .harness import (
     AgentProcess,
     DaemonProcess,
@@ -34,9 +36,6 @@ from .harness import (
     LabError,
     SimProcess,
     describe,
-    free_port,
-    node_text,
-    rollout_text,
     settings_text,
 )
 from .invariants import (
@@ -151,7 +150,9 @@ def fleet_files(
     for group, names in groups.items():
         for name in names:
             address = (agents or {}).get(name, url)
-            files[f"nodes/{name}.yaml"] = node_text(name, address, {"group": group})
+            files[f"nodes/{name}.yaml"] = node_yaml(
+                name, address, {"group": group}, maintenance=None
+            )
     return files
 
 
@@ -182,7 +183,7 @@ def crash_reference(root: Path, *, remote: bool = False) -> tuple[Any, ...]:
         sim = lab.sim(CRASH_NODES, CRASH_BEHAVIOUR)
         lab.init_repo(fleet_files(sim.url, {"crash": CRASH_NODES}))
         lab.push(
-            {f"rollouts/{CRASH_ROLLOUT}.yaml": rollout_text(CRASH_ROLLOUT, **CRASH_SPEC)},
+            {f"rollouts/{CRASH_ROLLOUT}.yaml": rollout_yaml(CRASH_ROLLOUT, **CRASH_SPEC)},
             "Roll out",
         )
         daemon = lab.daemon(remote=remote)
@@ -253,7 +254,7 @@ def crash_scenario(
             sim = lab.sim(CRASH_NODES, CRASH_BEHAVIOUR)
             lab.init_repo(fleet_files(sim.url, {"crash": CRASH_NODES}))
             person = lab.push(
-                {f"rollouts/{CRASH_ROLLOUT}.yaml": rollout_text(CRASH_ROLLOUT, **CRASH_SPEC)},
+                {f"rollouts/{CRASH_ROLLOUT}.yaml": rollout_yaml(CRASH_ROLLOUT, **CRASH_SPEC)},
                 "Roll out",
             )
             for point in points:
@@ -289,7 +290,7 @@ def two_daemons_scenario(
             sim = lab.sim(CRASH_NODES, CRASH_BEHAVIOUR)
             lab.init_repo(fleet_files(sim.url, {"crash": CRASH_NODES}))
             person = lab.push(
-                {f"rollouts/{CRASH_ROLLOUT}.yaml": rollout_text(CRASH_ROLLOUT, **CRASH_SPEC)},
+                {f"rollouts/{CRASH_ROLLOUT}.yaml": rollout_yaml(CRASH_ROLLOUT, **CRASH_SPEC)},
                 "Roll out",
             )
             steady = lab.daemon()
@@ -330,7 +331,7 @@ def paged_crash_scenario(root: Path, points: Sequence[str], nodes: int = 250) ->
     def world(lab: Lab) -> tuple[SimProcess, str]:
         sim = lab.sim(names, behaviour)
         lab.init_repo(fleet_files(sim.url, {"paged": names}))
-        return sim, lab.push({"rollouts/paged.yaml": rollout_text("paged", **spec)}, "Roll out")
+        return sim, lab.push({"rollouts/paged.yaml": rollout_yaml("paged", **spec)}, "Roll out")
 
     def run(result: Result) -> None:
         with Lab(root / "reference") as lab:
@@ -369,7 +370,7 @@ def unreadable_status_overlap_scenario(root: Path) -> Result:
             lab.init_repo(fleet_files(sim.url, {"victim": v}))
             spec = {"selector": {"group": "victim"}, "healthTimeout": "30s"}
             people = [
-                lab.push({"rollouts/victim.yaml": rollout_text("victim", **spec)}, "Roll out")
+                lab.push({"rollouts/victim.yaml": rollout_yaml("victim", **spec)}, "Roll out")
             ]
             daemon = lab.daemon()
             lab.wait(
@@ -380,7 +381,7 @@ def unreadable_status_overlap_scenario(root: Path) -> Result:
             people.append(lab.push({"status/victim.yaml": "phase: [nonsense\n"}, "Break status"))
             people.append(
                 lab.push(
-                    {"rollouts/second.yaml": rollout_text("second", **spec)},
+                    {"rollouts/second.yaml": rollout_yaml("second", **spec)},
                     "A second rollout on the same nodes",
                 )
             )
@@ -431,7 +432,7 @@ def agent_crash_scenario(root: Path, points: Sequence[str]) -> Result:
                 "live": True,
                 "healthTimeout": "30s",
             }
-            person = lab.push({"rollouts/live.yaml": rollout_text("live", **spec)}, "Go live")
+            person = lab.push({"rollouts/live.yaml": rollout_yaml("live", **spec)}, "Go live")
             for point in points:
                 _crash_at(
                     lab,
@@ -565,7 +566,7 @@ def fault_scenario(root: Path, faults: Sequence[Fault], title: str) -> Result:
             dead: dict[str, str] = {}
             for (i, _), (_, _, nodes) in layout.items():
                 if faults[i].behaviour is None:
-                    dead[nodes[1]] = f"http://127.0.0.1:{free_port()}"
+                    dead[nodes[1]] = lab.closed_url()
                 else:
                     behaviour["nodes"][nodes[1]] = faults[i].behaviour
             sim = lab.sim(names, behaviour)
@@ -582,7 +583,7 @@ def fault_scenario(root: Path, faults: Sequence[Fault], title: str) -> Result:
                 }
                 if faults[i].live:
                     spec["target"] = LIVE_TARGET
-                rollouts[f"rollouts/{name}.yaml"] = rollout_text(name, **spec)
+                rollouts[f"rollouts/{name}.yaml"] = rollout_yaml(name, **spec)
             person = lab.push(rollouts, f"Roll out {len(rollouts)} rollouts into faults")
             daemon = lab.daemon()
             wanted = {
@@ -695,7 +696,7 @@ def outage_scenario(root: Path) -> Result:
                 for p, (_, g, _) in layout.items()
             }
             files = {
-                f"rollouts/{n}.yaml": rollout_text(n, **specs[p]) for p, (n, _, _) in layout.items()
+                f"rollouts/{n}.yaml": rollout_yaml(n, **specs[p]) for p, (n, _, _) in layout.items()
             }
             people = [lab.push(files, "Roll out")]
             daemon = lab.daemon()
@@ -728,7 +729,7 @@ def outage_scenario(root: Path) -> Result:
                 "the daemon changed status when the agents came back: unknown must wait for a person",
             )
             resumed = {
-                f"rollouts/{n}.yaml": rollout_text(n, resumeRequest="after-outage", **specs[p])
+                f"rollouts/{n}.yaml": rollout_yaml(n, resumeRequest="after-outage", **specs[p])
                 for p, (n, _, _) in layout.items()
                 if p != "observe"
             }
@@ -779,7 +780,7 @@ def blip_scenario(root: Path) -> Result:
                 "healthTimeout": "15s",
                 "live": True,
             }
-            person = lab.push({"rollouts/blip.yaml": rollout_text("blip", **spec)}, "Roll out")
+            person = lab.push({"rollouts/blip.yaml": rollout_yaml("blip", **spec)}, "Roll out")
             daemon = lab.daemon()
             lab.wait(
                 lambda s: (
@@ -833,7 +834,7 @@ def remote_outage_scenario(root: Path) -> Result:
         with Lab(root) as lab:
             sim = _simple_world(lab, "ro", 4)
             spec = {"selector": {"group": "ro"}, "batchSize": 1, "healthTimeout": "30s"}
-            person = lab.push({"rollouts/ro.yaml": rollout_text("ro", **spec)}, "Roll out")
+            person = lab.push({"rollouts/ro.yaml": rollout_yaml("ro", **spec)}, "Roll out")
             daemon = lab.daemon(remote=True)
             lab.wait(
                 lambda s: (n := _node(s, "ro", "ro-2")) is not None and n.state != "pending",
@@ -873,7 +874,7 @@ def force_push_scenario(root: Path) -> Result:
         with Lab(root) as lab:
             sim = _simple_world(lab, "fp", 4)
             spec = {"selector": {"group": "fp"}, "batchSize": 1, "healthTimeout": "30s"}
-            added = lab.push({"rollouts/fp.yaml": rollout_text("fp", **spec)}, "Roll out")
+            added = lab.push({"rollouts/fp.yaml": rollout_yaml("fp", **spec)}, "Roll out")
             daemon = lab.daemon()
             lab.wait(
                 lambda s: (n := _node(s, "fp", "fp-2")) is not None and n.state == "succeeded",
@@ -926,7 +927,7 @@ def status_nonsense_scenario(root: Path) -> Result:
             people = [
                 lab.push(
                     {
-                        "rollouts/victim.yaml": rollout_text(
+                        "rollouts/victim.yaml": rollout_yaml(
                             "victim", selector={"group": "victim"}, healthTimeout="30s"
                         )
                     },
@@ -952,7 +953,7 @@ def status_nonsense_scenario(root: Path) -> Result:
                 ("not YAML", b"phase: [this is {not yaml\n\t- at all\n"),
                 ("a plausible status with impossible values", plausible),
             ]
-            bystander = rollout_text("bystander", selector={"group": "bystander"}, batchSize=1)
+            bystander = rollout_yaml("bystander", selector={"group": "bystander"}, batchSize=1)
             for index, (what, data) in enumerate(variants):
                 files: dict[str, str | bytes | None] = {"status/victim.yaml": data}
                 if index == 0:
@@ -1005,7 +1006,7 @@ def rollout_removed_scenario(root: Path) -> Result:
             behaviour = {"default": {"action": "succeed", "delay": 0.2}, "nodes": {"rm-2": "hang"}}
             sim = _simple_world(lab, "rm", 4, behaviour)
             spec = {"selector": {"group": "rm"}, "batchSize": 1, "healthTimeout": "2s"}
-            people = [lab.push({"rollouts/rm.yaml": rollout_text("rm", **spec)}, "Roll out")]
+            people = [lab.push({"rollouts/rm.yaml": rollout_yaml("rm", **spec)}, "Roll out")]
             daemon = lab.daemon()
             lab.wait(
                 lambda s: (n := _node(s, "rm", "rm-2")) is not None and n.state == "dispatched",
@@ -1051,7 +1052,7 @@ def stale_lock_scenario(root: Path) -> Result:
         with Lab(root) as lab:
             sim = _simple_world(lab, "lk", 3, {"default": {"action": "succeed", "delay": 1.0}})
             spec = {"selector": {"group": "lk"}, "healthTimeout": "30s"}
-            person = lab.push({"rollouts/lk.yaml": rollout_text("lk", **spec)}, "Roll out")
+            person = lab.push({"rollouts/lk.yaml": rollout_yaml("lk", **spec)}, "Roll out")
             daemon = lab.daemon()
             lab.wait(
                 lambda s: (n := _node(s, "lk", "lk-2")) is not None and n.state == "dispatched",
@@ -1085,7 +1086,7 @@ def node_removed_scenario(root: Path) -> Result:
         with Lab(root) as lab:
             sim = _simple_world(lab, "nr", 3, {"default": {"action": "succeed", "delay": 1.5}})
             spec = {"selector": {"group": "nr"}, "healthTimeout": "3s"}
-            people = [lab.push({"rollouts/nr.yaml": rollout_text("nr", **spec)}, "Roll out")]
+            people = [lab.push({"rollouts/nr.yaml": rollout_yaml("nr", **spec)}, "Roll out")]
             daemon = lab.daemon()
             lab.wait(
                 lambda s: (n := _node(s, "nr", "nr-2")) is not None and n.state == "dispatched",
@@ -1130,7 +1131,7 @@ def concurrent_pushes_scenario(root: Path, people: int = 50, workers: int = 3) -
         with Lab(root) as lab:
             sim = _simple_world(lab, "cp", 10, {"default": {"action": "succeed", "delay": 0.6}})
             spec = {"selector": {"group": "cp"}, "batchSize": 1, "healthTimeout": "30s"}
-            first = lab.push({"rollouts/cp.yaml": rollout_text("cp", **spec)}, "Roll out")
+            first = lab.push({"rollouts/cp.yaml": rollout_yaml("cp", **spec)}, "Roll out")
 
             def prepare(i: int) -> Path:
                 work = lab.person(f"person-{i:02d}")
@@ -1180,7 +1181,7 @@ def bad_input_scenario(root: Path) -> Result:
     states its problem; the daemon never exits."""
     import re
 
-    from corpus import bad_cases, cases  # tests/corpus
+    from tests.corpus import bad_cases, cases  # tests/corpus
 
     result = Result("validation corpus committed into a live repository", "input")
 
@@ -1206,7 +1207,7 @@ def bad_input_scenario(root: Path) -> Result:
                 case.path: case.data.replace(b"http://127.0.0.1:8710", sim.url.encode())
                 for case in every
             }
-            files["rollouts/chaos-good.yaml"] = rollout_text(
+            files["rollouts/chaos-good.yaml"] = rollout_yaml(
                 "chaos-good", nodeIds=ok_nodes, batchSize=1, healthTimeout="30s"
             )
             person = lab.push(files, f"Commit the validation corpus ({len(bad)} broken documents)")

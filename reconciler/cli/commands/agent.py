@@ -1,7 +1,9 @@
 """``reconciler agent``: the node agent (``reconciler.node.agent``) on one port.
 
 Prints ``listening on HOST:PORT`` as its first line on stdout once it
-accepts connections (useful with ``--listen 127.0.0.1:0``).
+accepts connections (useful with ``--listen 127.0.0.1:0``). Started by
+systemd socket activation, it serves on the socket it was handed and
+``--listen`` is not bound.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import signal
 import sys
 from pathlib import Path
 
+from reconciler.node.activation import inherited_socket
 from reconciler.node.agent import (
     DEFAULT_AFTER_APPLY_TIMEOUT,
     DEFAULT_KEEP_FIRST_BACKUPS,
@@ -72,7 +75,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a runtime this agent manages (repeatable; default: those with a config file)",
     )
     parser.add_argument(
-        "--listen", default="127.0.0.1:8710", metavar="HOST:PORT", help="default 127.0.0.1:8710"
+        "--listen",
+        default="127.0.0.1:8710",
+        metavar="HOST:PORT",
+        help="default 127.0.0.1:8710 (not bound when systemd hands over a socket)",
     )
     parser.add_argument(
         "--allow-live-apply",
@@ -113,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
         host, port = parse_listen(args.listen)
         timeout = parse_duration(args.after_apply_timeout)
         keep_first = parse_duration(args.keep_first_backups)
+        sock = inherited_socket()
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     if args.backup_retention < 1:
@@ -155,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
             loop = asyncio.get_running_loop()
             for signum in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(signum, stop.set)
-            await serve(agent, host, port, ready=_ready, stop=stop, tls=tls)
+            await serve(agent, host, port, ready=_ready, stop=stop, tls=tls, sock=sock)
 
         try:
             asyncio.run(main())

@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.agentkit import free_port
+from tests.kit.ports import start_on_free_port, wait_listening
 
 PROMETHEUS = os.environ.get("RECONCILER_PROMETHEUS", "/usr/bin/prometheus")
 
@@ -95,14 +95,14 @@ class Exporter:
 
 
 class PrometheusServer:
-    """One ``prometheus`` process on 127.0.0.1:PORT scraping ``exporter``."""
+    """One ``prometheus`` process on 127.0.0.1:PORT scraping ``exporter``
+    (prometheus cannot bind port 0 and say which it got, so it starts on a
+    port held until then, and on another if it lost that one)."""
 
-    def __init__(self, root: Path, exporter: Exporter, *, port: int | None = None) -> None:
+    def __init__(self, root: Path, exporter: Exporter) -> None:
         self.binary = require_prometheus()
         self.root = root / "prometheus"
         self.root.mkdir(parents=True, exist_ok=True)
-        self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
         self.config = self.root / "prometheus.yml"
         self.config.write_text(
             "global:\n"
@@ -113,10 +113,15 @@ class PrometheusServer:
             f"    static_configs: [{{targets: ['{exporter.address}']}}]\n"
         )
         self.process: subprocess.Popen[bytes] | None = None
-        self.start()
+        self.port = start_on_free_port(self._start)
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._wait_ready()
 
-    def start(self) -> None:
-        log = open(self.root / "prometheus.log", "ab")  # noqa: SIM115 - owned by the child
+    def _start(self, port: int) -> int:
+        self.port = port
+        log_path = self.root / "prometheus.log"
+        log_path.write_bytes(b"")  # a lost race's log is not this attempt's
+        log = open(log_path, "ab")  # noqa: SIM115 - owned by the child
         self.process = subprocess.Popen(
             [
                 self.binary,
@@ -129,6 +134,11 @@ class PrometheusServer:
             stderr=log,
         )
         log.close()
+        wait_listening(self.process, port, log_path, "prometheus")
+        return port
+
+    def _wait_ready(self) -> None:
+        assert self.process is not None
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

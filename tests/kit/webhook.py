@@ -1,7 +1,8 @@
 """A real webhook receiver on 127.0.0.1 for notification tests: an HTTP
 server in a thread that records every request (headers and raw body) and
 can be told to answer 500 for the next N requests, to answer a 4xx, to hang
-until released, or to refuse connections (its port closed) for a while.
+until released, or to refuse connections for a while (it stops listening
+on its port, which it keeps: nobody else can take it meanwhile).
 
     with Receiver() as hook:
         hook.fail_next(3)             # three 500s, then 200
@@ -18,6 +19,8 @@ import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from tests.kit.ports import HeldPort
 
 
 @dataclass(frozen=True)
@@ -50,7 +53,8 @@ class Receiver:
         self.hanging = 0  # requests waiting in a hang now
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
-        self.port = 0
+        self._held = HeldPort()
+        self.port = self._held.port
         self._start()
 
     # -- behaviour -----------------------------------------------------------
@@ -73,7 +77,7 @@ class Receiver:
         self._released.set()
 
     def refuse(self) -> None:
-        """Close the port: connections are refused until ``accept``."""
+        """Stop listening: connections are refused until ``accept``."""
         self._stop()
 
     def accept(self) -> None:
@@ -137,22 +141,24 @@ class Receiver:
             def log_message(self, format: str, *args: Any) -> None:
                 pass
 
-        server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler, bind_and_activate=False)
+        server.socket.close()  # it serves the held socket instead
+        server.socket = self._held.listen()
         server.daemon_threads = True
-        self.port = server.server_address[1]
         self._server = server
         self._thread = threading.Thread(target=server.serve_forever, daemon=True)
         self._thread.start()
 
     def _stop(self) -> None:
         if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+            self._server.shutdown()  # serve_forever returns; the socket stays ours
+            self._held.refuse()
             self._server = None
 
     def close(self) -> None:
         self.release()
         self._stop()
+        self._held.close()
 
     def __enter__(self) -> Receiver:
         return self

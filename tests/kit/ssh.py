@@ -1,14 +1,17 @@
 """A real OpenSSH server on 127.0.0.1 for the tests of SSH remotes.
 
 Each server is Debian's ``/usr/sbin/sshd`` in the foreground (``-D -e``)
-with its own generated host key, config and ``authorized_keys``, listening
-on a free loopback port. The client runs ``git-upload-pack`` and
+with its own generated host key, config and ``authorized_keys``, serving
+a loopback port the test holds and hands over (sshd takes it as systemd
+socket activation), so a server started again with ``port=old.held``
+comes back on the same port and nobody else can take it meanwhile. The client runs ``git-upload-pack`` and
 ``git-receive-pack`` through the login shell, as it would on a forge.
 
     server = SshServer.start(tmp_path / "sshd", client_pub=pub)
     url = server.url(bare)            # ssh://USER@127.0.0.1:PORT/abs/path
     server.known_hosts_line()         # "[127.0.0.1]:PORT ssh-ed25519 AAAA..."
-    server.stop()
+    server.stop()                     # connections refused, the port still held
+    server.close()                    # and let go
 
 ``serve`` points every Git command at one repository whatever path the
 client asks for: an impostor serving its own copy at the real URL.
@@ -26,6 +29,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.kit.keys import make_key
+from tests.kit.ports import HeldPort, handed_over
+
 SSHD = Path("/usr/sbin/sshd")
 
 
@@ -42,31 +48,6 @@ def require_sshd() -> None:
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
 
 
-def keygen(path: Path, comment: str = "test") -> tuple[Path, str]:
-    """An unencrypted Ed25519 key pair; returns (private key, public line)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    subprocess.run(
-        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
-        check=True,
-        capture_output=True,
-    )
-    return path, Path(f"{path}.pub").read_text().strip()
-
-
-def fingerprint(pub: Path) -> str:
-    """``SHA256:...`` exactly as ``ssh-keygen -l`` prints it."""
-    out = subprocess.run(
-        ["ssh-keygen", "-l", "-f", str(pub)], check=True, capture_output=True, text=True
-    ).stdout
-    return out.split()[1]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass
 class SshServer:
     root: Path
@@ -74,6 +55,7 @@ class SshServer:
     host_key: Path
     process: subprocess.Popen[bytes]
     user: str
+    held: HeldPort
 
     @classmethod
     def start(
@@ -81,7 +63,7 @@ class SshServer:
         root: Path,
         *,
         client_pub: str,
-        port: int | None = None,
+        port: HeldPort | None = None,
         authorized_keys: str | None = None,
         host_key: Path | None = None,
         serve: Path | None = None,
@@ -90,11 +72,10 @@ class SshServer:
         require_sshd()
         root.mkdir(parents=True, exist_ok=True)
         if host_key is None:
-            host_key, _ = keygen(root / "host_ed25519", "host")
+            host_key = make_key(root / "host_ed25519", comment="host").private
         (root / "authorized_keys").write_text(authorized_keys or client_pub + "\n")
         lines = [
-            f"Port {port or _free_port()}",
-            "ListenAddress 127.0.0.1",
+            "ListenAddress 127.0.0.1",  # not bound: sshd serves the socket handed over
             f"HostKey {host_key}",
             f"PidFile {root / 'sshd.pid'}",
             f"AuthorizedKeysFile {root / 'authorized_keys'}",
@@ -119,16 +100,17 @@ class SshServer:
             lines.append(f"ForceCommand {script}")
         config = root / "sshd_config"
         config.write_text("\n".join(lines) + "\n")
-        chosen = int(lines[0].split()[1])
+        held = port or HeldPort()
+        command, fds = handed_over([str(SSHD), "-D", "-e", "-f", str(config)], held)
         log = open(root / "sshd.log", "ab")  # noqa: SIM115 - the server's stderr
-        process = subprocess.Popen([str(SSHD), "-D", "-e", "-f", str(config)], stderr=log)
+        process = subprocess.Popen(command, stderr=log, pass_fds=fds)
         log.close()
-        server = cls(root, chosen, host_key, process, getpass.getuser())
+        server = cls(root, held.port, host_key, process, getpass.getuser(), held)
         server._wait_listening()
         return server
 
     def _wait_listening(self) -> None:
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise AssertionError(f"sshd exited: {(self.root / 'sshd.log').read_text()}")
@@ -156,6 +138,7 @@ class SshServer:
         return (self.root / "sshd.log").read_text(errors="replace")
 
     def stop(self) -> None:
+        """Stop sshd; its port stays held, refusing connections."""
         if self.process.poll() is None:
             self.process.terminate()
             try:
@@ -163,6 +146,12 @@ class SshServer:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(5)
+        self.held.refuse()
+
+    def close(self) -> None:
+        """Stop sshd and let its port go."""
+        self.stop()
+        self.held.close()
 
 
 GITOLITE = Path("/usr/bin/gitolite")

@@ -1,17 +1,16 @@
-"""Small helpers for the operator-workflow tests: a fleet working tree made
-with the real ``git`` binary, with an identity that does not depend on the
-machine's git config."""
+"""Documents for tests: node and rollout files as a person writes them,
+status files as the daemon writes them, and readers of committed statuses.
+
+    node_yaml("gpu-a1", agent_url, {"role": "gpu"})
+    rollout_yaml("r", selector={"role": "gpu"}, batchSize=2, live=True)
+    status_text(make_status("r", "running", [("gpu-a1", 1, "succeeded")]))
+"""
 
 from __future__ import annotations
 
-import os
-import subprocess
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
-
-import pytest
 
 from reconciler.spec.model import Target
 from reconciler.spec.rollout_status import (
@@ -26,86 +25,62 @@ from reconciler.spec.rollout_status import (
 )
 from reconciler.spec.safe_yaml import dump_yaml
 
-IDENTITY = {
-    "GIT_AUTHOR_NAME": "Alice Operator",
-    "GIT_AUTHOR_EMAIL": "alice@example.com",
-    "GIT_COMMITTER_NAME": "Alice Operator",
-    "GIT_COMMITTER_EMAIL": "alice@example.com",
-}
+TARGET = "{runtime: hermes, provider: ollama, model: llama3.1-8b, profile: default}"
+DEFAULT_AGENT = "http://127.0.0.1:8710"
 
 
-def git_env(home: Path) -> dict[str, str]:
-    """An environment for git: fixed identity, no global or system config."""
-    home.mkdir(parents=True, exist_ok=True)
-    empty = home / "gitconfig"
-    empty.touch()
-    return {
-        **os.environ,
-        **IDENTITY,
-        "GIT_CONFIG_GLOBAL": str(empty),
-        "GIT_CONFIG_NOSYSTEM": "1",
-    }
-
-
-@pytest.fixture
-def identity(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, str]]:
-    """Make the in-process git calls use the test identity."""
-    env = git_env(tmp_path / "home")
-    for key in (*IDENTITY, "GIT_CONFIG_GLOBAL", "GIT_CONFIG_NOSYSTEM"):
-        monkeypatch.setenv(key, env[key])
-    monkeypatch.delenv("NO_COLOR", raising=False)
-    yield env
-
-
-def git(cwd: Path, *args: str, env: Mapping[str, str] | None = None) -> str:
-    result = subprocess.run(
-        ["git", "-C", str(cwd), *args],
-        capture_output=True,
-        text=True,
-        env=dict(env) if env is not None else git_env(cwd.parent / ".githome"),
-        check=False,
-    )
-    assert result.returncode == 0, f"git {' '.join(args)}: {result.stderr}"
-    return result.stdout
-
-
-def write_files(root: Path, files: Mapping[str, str]) -> None:
-    for rel, text in files.items():
-        path = root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
-
-
-def make_fleet(root: Path, files: Mapping[str, str], message: str = "fleet") -> Path:
-    """A git working tree on branch main holding ``files``, committed."""
-    root.mkdir(parents=True, exist_ok=True)
-    git(root, "init", "--quiet", "-b", "main")
-    write_files(root, files)
-    git(root, "add", "-A")
-    git(root, "commit", "--quiet", "-m", message)
-    return root
-
-
-def commit_files(root: Path, files: Mapping[str, str], message: str) -> str:
-    write_files(root, files)
-    git(root, "add", "-A")
-    git(root, "commit", "--quiet", "-m", message)
-    return git(root, "rev-parse", "HEAD").strip()
-
-
-def node_doc(name: str, labels: str = "{role: canary}", agent: str = "") -> str:
-    agent = agent or "http://127.0.0.1:8710"
-    return (
-        "apiVersion: reconciler/v1\n"
-        "kind: Node\n"
+def node_yaml(
+    name: str,
+    agent: str = DEFAULT_AGENT,
+    labels: Mapping[str, str] | str = "{role: canary}",
+    maintenance: bool | None = False,
+    agent_key: str | None = None,
+    cert_pin: str | None = None,
+) -> str:
+    """A node document. ``labels`` as a mapping or as YAML flow text;
+    ``maintenance`` None leaves the field out."""
+    if isinstance(labels, str):
+        label_text = labels
+    else:
+        label_text = "{" + ", ".join(f"{k}: {v}" for k, v in labels.items()) + "}"
+    text = (
+        "apiVersion: reconciler/v1\nkind: Node\n"
         f"metadata: {{name: {name}}}\n"
-        "spec:\n"
-        f"  agent: {agent}\n"
-        f"  labels: {labels}\n"
+        f"spec:\n  agent: {agent}\n  labels: {label_text}\n"
+    )
+    if maintenance is not None:
+        text += f"  maintenance: {'true' if maintenance else 'false'}\n"
+    return (
+        text
+        + (f'  agentKey: "{agent_key}"\n' if agent_key else "")
+        + (f'  agentCertSha256: "{cert_pin}"\n' if cert_pin else "")
     )
 
 
-# -- status files written with the engine's own values ----------------------
+def flow(value: Any) -> str:
+    """``value`` as YAML flow text: mappings, lists, booleans, numbers, text."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(f"{k}: {flow(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(flow(v) for v in value) + "]"
+    return str(value)
+
+
+def rollout_yaml(name: str, **spec: Any) -> str:
+    """A rollout document; keyword arguments are spec fields, written as
+    YAML flow text (``target`` defaults to ``TARGET``)."""
+    lines = [
+        "apiVersion: reconciler/v1",
+        "kind: Rollout",
+        f"metadata: {{name: {name}}}",
+        "spec:",
+        f"  target: {spec.pop('target', TARGET)}",
+    ]
+    lines += [f"  {key}: {flow(value)}" for key, value in spec.items()]
+    return "\n".join(lines) + "\n"
+
 
 T0 = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
 
@@ -189,3 +164,18 @@ def make_status(
 def status_text(status: RolloutStatus) -> dict[str, str]:
     """The status files of ``status`` as the daemon writes them."""
     return {path: dump_yaml(record).decode() for path, record in status_files(status).items()}
+
+
+def node_map(status: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """A status's node records by name."""
+    return {n["name"]: n for n in status.get("nodes", [])}
+
+
+def node_states(status: Mapping[str, Any]) -> dict[str, str]:
+    """``{node: state}`` of a status."""
+    return {n["name"]: n["state"] for n in status.get("nodes", [])}
+
+
+def rollback_outcomes(record: Mapping[str, Any]) -> dict[str, str]:
+    """``{node: outcome}`` of one rollback record of a status."""
+    return {n["name"]: n["outcome"] for n in record.get("nodes", [])}

@@ -1,0 +1,39 @@
+"""Fixtures shared by every test module."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.kit.git import OPERATOR, git_env
+from tests.kit.ports import HeldPort
+
+IDENTITY_VARIABLES = (
+    "GIT_AUTHOR_NAME",
+    "GIT_AUTHOR_EMAIL",
+    "GIT_COMMITTER_NAME",
+    "GIT_COMMITTER_EMAIL",
+    "GIT_CONFIG_GLOBAL",
+    "GIT_CONFIG_NOSYSTEM",
+)
+
+
+@pytest.fixture
+def held_port() -> Iterator[HeldPort]:
+    """A loopback port held for the test: nothing listens on it (connections
+    are refused) and nobody else can take it."""
+    with HeldPort() as held:
+        yield held
+
+
+@pytest.fixture
+def identity(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, str]]:
+    """The operator at the terminal (``OPERATOR``) for git calls made in
+    this process, with no global or system config; yields that environment
+    for subprocesses."""
+    env = git_env(*OPERATOR)
+    for key in IDENTITY_VARIABLES:
+        monkeypatch.setenv(key, env[key])
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    yield env
