@@ -26,8 +26,9 @@ import contextlib
 import gc
 import signal
 import time
+import traceback
 from collections import Counter
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from types import FrameType
@@ -44,6 +45,8 @@ from reconciler.daemon.fleet_watch import (
     fleet_summary,
 )
 from reconciler.daemon.inert import InertStatuses, needs_passes
+from reconciler.daemon.inputs import REQUEST_WALK, BuiltInputs, InputCache
+from reconciler.daemon.inputs import Context as InputContext
 from reconciler.daemon.logs import EventLog
 from reconciler.daemon.metrics import Metrics
 from reconciler.daemon.notifications import Notifier
@@ -76,10 +79,9 @@ from reconciler.spec.documents import Assembly, Documents, ParsedFile, parse_fil
 from reconciler.spec.errors import HostKeyError, RefMoved, StoreError
 from reconciler.spec.fleet_status import FleetStatus
 from reconciler.spec.health import for_node
-from reconciler.spec.model import Fleet, Node, Problem, RolloutSpec
+from reconciler.spec.model import Fleet, Node
 from reconciler.spec.paths import (
     DASHBOARD_PATH,
-    FLEET_STATUS_NAME,
     FLEET_STATUS_PATH,
     ROLLOUTS_DIR,
     SETTINGS_PATH,
@@ -88,8 +90,6 @@ from reconciler.spec.paths import (
     STATUS_DIR,
     is_spec_path,
     name_in,
-    node_path,
-    rollout_path,
     status_path,
 )
 from reconciler.spec.rollout_status import ApprovalRecord, RolloutStatus
@@ -112,7 +112,6 @@ HELD_ANSWER_SECONDS = 5.0
 
 SOAK_MARGIN = 0.2  # seconds past a soak's end a held heartbeat read answers
 MESSAGE_LINES = 60  # transitions listed in one commit message
-REQUEST_WALK = 1000  # spec commits searched for the one that asked for a rollback
 
 # One pass (docs/architecture.md), as the steps ``Daemon._attempt`` runs in
 # this order; each step's docstring says what it touches.
@@ -128,6 +127,7 @@ class PassOutcome:
     active: bool  # some rollout still needs passes
     wakeup: datetime | None  # earliest deadline or start time
     refused: str = ""  # why the pass did not act (rewritten history)
+    job_ids: tuple[str, ...] = ()  # the jobs it recorded and sent, in order
 
 
 @dataclass(frozen=True)
@@ -161,17 +161,7 @@ class DaemonMemory:
     status_reader: StatusReader = field(default_factory=StatusReader)  # status files by blob id
     by_name: tuple[Fleet, dict[str, Node]] | None = None  # the fleet's nodes by name, per fleet
     memo: StepMemo = field(default_factory=StepMemo)  # finished rollouts at rest
-    # Engine inputs by rollout, kept while what they were built from stays.
-    inputs: dict[str, _BuiltInput] = field(default_factory=dict)
-    inputs_by_node: dict[str, set[str]] = field(default_factory=dict)  # node path -> rollouts
-    inputs_generation: int = 0  # ``History.generation`` they were built at
-    inputs_context: tuple[object, ...] = ()  # (refusal, approvals) they were built with
-    inputs_fleet: Fleet | None = None
-    inputs_tip_bound: set[str] = field(default_factory=set)  # built with the tip read
-    inputs_unstarted: set[str] = field(default_factory=set)  # built from the fleet
-    # The inputs built or dropped since the engine last stepped (name ->
-    # input, None: dropped), for its memo; None: look at every input.
-    step_changes: dict[str, RolloutInput | None] | None = None
+    inputs: InputCache = field(default_factory=InputCache)  # engine inputs by rollout
     # Rollouts whose spec or status files the read step found changed in
     # this pass (None: it read every file, so look at every rollout).
     spec_changed: frozenset[str] | None = None
@@ -219,44 +209,6 @@ class DaemonMemory:
     fleet_reader: FleetReader = field(default_factory=FleetReader)  # status/fleet.yaml by blob ids
 
 
-@dataclass(frozen=True)
-class _BuiltInput:
-    """A rollout's engine input and what it was built from (values, by
-    identity), so the next pass can tell whether to build it again."""
-
-    input: RolloutInput
-    spec: RolloutSpec | None
-    problems: tuple[Problem, ...] | None  # as in ``Documents.invalid_rollouts``
-    status: RolloutStatus | None
-    node_paths: tuple[str, ...]  # the node files whose history it read
-    unstarted: bool  # its nodes come from the fleet, not from its status
-    uses_tip: bool  # a commit id in it fell back to the tip read, or is off the line
-    tip: str
-
-
-class _InputsView(Collection[RolloutInput]):
-    """The engine inputs of ``DaemonMemory.inputs``, without a list of
-    thousands built every pass (the engine, told what changed, only counts
-    them)."""
-
-    __slots__ = ("_built",)
-
-    def __init__(self, built: Mapping[str, _BuiltInput]) -> None:
-        self._built = built
-
-    def __len__(self) -> int:
-        return len(self._built)
-
-    def __iter__(self) -> Iterator[RolloutInput]:
-        return (built.input for built in self._built.values())
-
-    def __contains__(self, item: object) -> bool:
-        if not isinstance(item, RolloutInput):
-            return False
-        built = self._built.get(item.name)
-        return built is not None and built.input == item
-
-
 class _Pass:
     """What one pass has learnt so far: each step of ``PASS_STEPS`` sets its
     part before the next step reads it. Lives for one attempt only; made
@@ -272,6 +224,8 @@ class _Pass:
         "fleet_files",
         "fleet_sweep",
         "history",
+        "ignored",
+        "input_changes",
         "inputs",
         "lively",
         "merged",
@@ -295,7 +249,9 @@ class _Pass:
     status_tip: str | None
     statuses: dict[str, RolloutStatus]
     broken: dict[str, str]
+    ignored: Mapping[str, str]  # status files no rollout can own: shown path -> why
     inputs: Collection[RolloutInput]
+    input_changes: dict[str, RolloutInput | None] | None  # since the last build, for the memo
     observations: Observations
     lively: list[RolloutStatus]  # the statuses observed: those not inert
     unfinished: list[tuple[str, SendJob]]  # jobs the agents said are not finished yet
@@ -332,8 +288,13 @@ class Daemon:
         notifier: Notifier | None = None,
         environ: Mapping[str, str] | None = None,
         prometheus: PrometheusClient | None = None,
+        plain: bool = False,
     ) -> None:
         self.store = store
+        # Plain: every pass reads and steps everything afresh, keeping only
+        # the soft state (``_forget_caches``): the oracle the shortcuts are
+        # tested against, and a way to rule them out on a live fleet.
+        self.plain = plain
         self.notifier = notifier
         self.environ = environ if environ is not None else {}
         self._announced = False  # standing events handed to the notifier once, on start
@@ -345,8 +306,6 @@ class Daemon:
         self.clock = clock
         self.memory = DaemonMemory()
         client.on_signed = self.memory.answers.prepare  # signatures checked as answers arrive
-        # Off in the tests that pin the kept inputs against building them all.
-        self.reuse_inputs = True
         self.fleet_watch = FleetWatch(client, clock=clock, evidence=self._believed_heartbeat)
         self.fleet_watch.on_sweep = self._swept
         self.prometheus = prometheus or PrometheusClient()
@@ -359,15 +318,18 @@ class Daemon:
             getattr(self, f"_{name}") for name in PASS_STEPS
         )
         # Under verification: statuses are checked against the verified spec.
+        self._status_signers = tuple(status_signers)
         self._acted_history = History(store.repository())
-        self.trust = (
-            StatusTrust(
-                store,
-                approver,
-                DaemonWrites(store.repository(), status_signers) if status_signers else None,
-            )
-            if approver is not None
-            else None
+        self.trust = self._status_trust()
+
+    def _status_trust(self) -> StatusTrust | None:
+        """The status checks under verification (None without it)."""
+        if self.approver is None:
+            return None
+        repo = self.store.repository()
+        signers = self._status_signers
+        return StatusTrust(
+            self.store, self.approver, DaemonWrites(repo, signers) if signers else None
         )
 
     # -- one pass ------------------------------------------------------------
@@ -401,12 +363,41 @@ class Daemon:
         """One attempt at a pass: the steps of ``PASS_STEPS`` in order; a step
         that returns an outcome ends the pass there (nothing to do, or a
         refusal). ``RefMoved`` from ``commit`` ends it too: nothing is sent."""
+        if self.plain:
+            self._forget_caches()
         current = _Pass()
-        for step in self._steps:
-            outcome = step(current)
-            if outcome is not None:
-                return outcome
+        try:
+            for step in self._steps:
+                outcome = step(current)
+                if outcome is not None:
+                    return outcome
+        except Exception:
+            if hasattr(current, "inputs") and not hasattr(current, "step"):
+                # Inputs built and never stepped: the engine's memo has not
+                # seen what changed in them, so it is forgotten.
+                self.memory.memo = StepMemo()
+            raise
         return self._outcome(current)
+
+    def _forget_caches(self) -> None:
+        """Start from memory holding only what may not be read again: the
+        tip last read (never acting on rewritten history), how long agents
+        have been unreachable, metric answers, the jobs whose held reads
+        are in flight, the last readable statuses, and problems logged.
+        Everything else is a cache and is rebuilt by reading."""
+        old = self.memory
+        self.memory = DaemonMemory(
+            seen_tip=old.seen_tip,
+            unreachable=old.unreachable,
+            metric_checks=old.metric_checks,
+            held_jobs=old.held_jobs,
+            last_readable=old.last_readable,
+            reported=old.reported,
+            answers=old.answers,
+        )
+        self.store.forget_history()
+        self._acted_history = History(self.store.repository())
+        self.trust = self._status_trust()
 
     def _read(self, p: _Pass) -> PassOutcome | None:
         """Read the branch tip (fetching first from a remote). Touches: the
@@ -462,6 +453,9 @@ class Daemon:
         p.status_branch = documents.settings.status_branch or store.branch
         p.status_tip = p.tip if p.status_branch == store.branch else store.tip(p.status_branch)
         p.statuses, p.broken = self._read_statuses(p.status_tip)
+        p.ignored = dict(self.memory.status_reader.ignored)
+        for path, reason in p.ignored.items():
+            self._report("status_ignored", f"{path}: {reason}", path=path)
         if self.trust is not None and p.status_tip is not None:
             tampered = self.trust.hold_unwritten(p.statuses, p.status_tip)
             # Held back at the last acted commit (a backwards move), statuses
@@ -475,7 +469,8 @@ class Daemon:
                 p.broken[name] = reason
                 self._report("status_tampered", reason, rollout=name)
             self._statuses_changed(None)  # held statuses leave the mapping
-        p.inputs = self._inputs(p.tip, history, p.approval, documents, p.statuses, p.broken)
+        built = self._inputs(p.tip, history, p.approval, documents, p.statuses, p.broken)
+        p.inputs, p.input_changes = built.inputs, built.changes
         return None
 
     def _observe(self, p: _Pass) -> PassOutcome | None:
@@ -486,7 +481,9 @@ class Daemon:
         # at, and only the statuses read again are judged again.
         memory = self.memory
         changes = memory.observe_changes
-        if changes is None:
+        if self.plain:
+            p.lively = lively = list(p.statuses.values())
+        elif changes is None:
             p.lively = lively = memory.inert.lively(p.statuses)
         else:
             p.lively = lively = memory.inert.lively_changed(p.statuses, changes)
@@ -510,9 +507,8 @@ class Daemon:
             p.now,
             unreadable=held,
             memo=self.memory.memo,
-            changed=self.memory.step_changes,
+            changed=p.input_changes,
         )
-        self.memory.step_changes = {}
         crashpoints.reach("after_step")
         # A copy updated, not {**a, **b}: the same dict, without inserting
         # thousands of statuses one by one.
@@ -566,6 +562,7 @@ class Daemon:
             p.step,
             p.merged,
             p.broken,
+            p.ignored,
             p.status_tip,
             p.fleet,
             p.documents.fleet.nodes,
@@ -720,7 +717,10 @@ class Daemon:
         self._update_gauges(merged, step)
         # The statuses observed as lively, as the step left them, and those it changed.
         lively = [s for s in p.lively if s.name not in step.statuses]
-        lively += self.memory.inert.lively(step.statuses, every=False)
+        if self.plain:
+            lively += step.statuses.values()
+        else:
+            lively += self.memory.inert.lively(step.statuses, every=False)
         outcome = PassOutcome(
             tip=p.tip,
             commit=p.commit,
@@ -731,6 +731,7 @@ class Daemon:
             active=any(needs_passes(s) for s in step.statuses.values())
             or any(needs_passes(s) for s in lively),
             wakeup=engine.next_wakeup(lively),
+            job_ids=tuple(job.job_id for job in step.effects),
         )
         if p.commit is None and not p.sent and not step.transitions and not self.memory.watching:
             # Jobs answered by held answers only: quiet until one of those
@@ -954,207 +955,36 @@ class Daemon:
         documents: Documents,
         statuses: Mapping[str, RolloutStatus],
         broken: Mapping[str, str],
-    ) -> Collection[RolloutInput]:
-        """Each rollout's engine input. Built again only for the rollouts
-        whose input may differ from the last pass's: its spec, problems or
-        status value changed (the readers keep unchanged values' identity
-        and say which rollouts' files changed), history moved for its
-        rollout file or the nodes it uses (``History.changed_since``), or,
-        before it starts, the fleet changed. A rewind, new settings, a
-        change in approvals, an unverified tree or status trust checks
-        look at every rollout (tests pin the result against building
-        every input)."""
-        store = self.store
-        memory = self.memory
-        refusal = _refusal_text(approval)
-        approved_by = self._approved_by(approval)
-        unverified_names: set[str] = set()
+    ) -> BuiltInputs:
+        """Each rollout's engine input (``inputs.InputCache``), from this
+        pass's values and what the readers found changed."""
+        unverified: set[str] = set()
         if approval is not None and approval.refusals:
             # Rollouts seen only in the unverified tree still get a status
-            # that says why nothing happens (docs/trust.md).
-            for path in store.files(tip, ROLLOUTS_DIR):
-                unverified_names.add(name_in(ROLLOUTS_DIR, path))
-        cache = memory.inputs
-        touched = history.changed_since(memory.inputs_generation)
-        if (
-            touched is None
-            or SETTINGS_PATH in touched
-            or unverified_names
-            or memory.inputs_context != (refusal, approved_by)
-            or not self.reuse_inputs
-        ):
-            cache.clear()
-            memory.step_changes = None
-            memory.inputs_by_node.clear()
-            memory.inputs_tip_bound.clear()
-            memory.inputs_unstarted.clear()
-            touched = frozenset()
-        affected: set[str] = set()
-        for path in touched:
-            if path.startswith(ROLLOUTS_DIR + "/"):
-                affected.add(name_in(ROLLOUTS_DIR, path))
-            else:
-                affected.update(memory.inputs_by_node.get(path, ()))
-        fleet_moved = memory.inputs_fleet is not documents.fleet
-        settings_change = history.last_change(SETTINGS_PATH)
-        spec_changed, status_changed = memory.spec_changed, memory.status_changed
-        if cache and spec_changed is not None and status_changed is not None and self.trust is None:
-            # Only the rollouts something happened to are looked at.
-            looked = spec_changed | status_changed | affected | memory.inputs_tip_bound
-            if fleet_moved:
-                looked |= memory.inputs_unstarted
-            names: Iterable[str] = looked
-            every_name = False
-        else:
-            every_name = True
-            every = (
-                set(documents.rollouts)
-                | set(documents.invalid_rollouts)
-                | set(statuses)
-                | unverified_names
-            ) - set(broken)
-            for name in [n for n in cache if n not in every]:
-                self._drop_input(name)
-            names = every
-        for name in names:
-            if name == FLEET_STATUS_NAME or name in broken:  # reserved; held
-                self._drop_input(name)
-                continue
-            spec = documents.rollouts.get(name)
-            problems = documents.invalid_rollouts.get(name)
-            recorded = statuses.get(name)
-            if (
-                spec is None
-                and problems is None
-                and recorded is None
-                and name not in unverified_names
-            ):
-                self._drop_input(name)
-                continue
-            cached = cache.get(name)
-            if (
-                cached is not None
-                and name not in affected
-                and cached.spec is spec
-                and cached.problems is problems
-                and cached.status is recorded
-                and not (cached.unstarted and fleet_moved)
-                and not (cached.uses_tip and cached.tip != tip)
-            ):
-                continue
-            built = self._input(
-                name,
-                tip,
-                history,
-                documents,
-                recorded,
-                settings_change,
-                refusal,
-                approved_by,
-                name in unverified_names,
-            )
-            self._drop_input(name)
-            if memory.step_changes is not None:
-                memory.step_changes[name] = built.input
-            for path in built.node_paths:
-                memory.inputs_by_node.setdefault(path, set()).add(name)
-            if built.uses_tip:
-                memory.inputs_tip_bound.add(name)
-            if built.unstarted:
-                memory.inputs_unstarted.add(name)
-            cache[name] = built
-        if every_name:
-            # Kept in queue order, so the engine's sort finds them sorted
-            # (but for the few added later) and takes linear time.
-            memory.inputs = dict(
-                sorted(cache.items(), key=lambda item: (item[1].input.queue_key, item[0]))
-            )
-        memory.inputs_generation = history.generation
-        memory.inputs_context = (refusal, approved_by)
-        memory.inputs_fleet = documents.fleet
-        return _InputsView(memory.inputs)
-
-    def _drop_input(self, name: str) -> None:
-        memory = self.memory
-        cached = memory.inputs.pop(name, None)
-        if cached is None:
-            return
-        if memory.step_changes is not None:
-            memory.step_changes[name] = None
-        for path in cached.node_paths:
-            users = memory.inputs_by_node.get(path)
-            if users is not None:
-                users.discard(name)
-        memory.inputs_tip_bound.discard(name)
-        memory.inputs_unstarted.discard(name)
-
-    def _input(
-        self,
-        name: str,
-        tip: str,
-        history: History,
-        documents: Documents,
-        recorded: RolloutStatus | None,
-        settings_change: str | None,
-        refusal: str | None,
-        approved_by: tuple[ApprovalRecord, ...],
-        unverified: bool,
-    ) -> _BuiltInput:
-        """One rollout's engine input, and what it was built from."""
-        path = rollout_path(name)
-        spec = documents.rollouts.get(name)
-        source_problems = documents.invalid_rollouts.get(name)
-        problems = tuple(source_problems or ())
-        present = spec is not None or bool(problems)
-        if spec is not None:
-            used = (
-                [n.name for n in recorded.nodes]
-                if recorded and recorded.started
-                else engine.resolve_nodes(spec, documents.fleet)
-            )
-            node_paths = [node_path(n) for n in used]
-        else:
-            node_paths = []
-        spec_commit = history.newest(
-            [history.last_change(path), settings_change, history.last_change_of(node_paths)]
-        )
-        first_seen = history.first_added(path)
-        if recorded is not None:
-            spec_commit = spec_commit or recorded.spec_commit
-            first_seen = recorded.first_seen_commit or first_seen
-        if unverified and not present:
-            # Only an unverified commit has this file (or nothing is
-            # verified yet): it is held with the refusal, never started,
-            # and never aborted by a removal nobody verified either.
-            problems = (Problem(path, 0, 0, "", refusal or "not verified"),)
-            present = True
-        # A commit id that fell back to the tip, or a queue position that
-        # may appear later, is worked out again every pass.
-        uses_tip = not spec_commit or not (first_seen or spec_commit)
-        first_seen = first_seen or spec_commit or tip
-        uses_tip = uses_tip or first_seen not in history
-        built = RolloutInput(
-            name=name,
-            spec=spec,
-            file_present=present,
-            problems=problems,
-            status=recorded,
-            spec_commit=spec_commit or tip,
-            first_seen_commit=first_seen,
-            queue_key=history.position(first_seen) if first_seen in history else 1 << 62,
-            author=self._author(name, spec, recorded, spec_commit, history),
-            refusal=refusal,
-            approved_by=approved_by,
-        )
-        return _BuiltInput(
-            built,
-            spec,
-            source_problems,
-            recorded,
-            tuple(node_paths),
-            unstarted=spec is not None and not (recorded and recorded.started),
-            uses_tip=uses_tip,
+            # that says why nothing happens (docs/trust.md); only valid
+            # names: another path can own no status file.
+            for path in self.store.files(tip, ROLLOUTS_DIR):
+                name = name_in(ROLLOUTS_DIR, path)
+                if name is not None:
+                    unverified.add(name)
+        context = InputContext(
             tip=tip,
+            history=history,
+            source=self.store,
+            parse=self._parse,
+            refusal=_refusal_text(approval),
+            approved_by=self._approved_by(approval),
+            unverified=frozenset(unverified),
+            settings_change=history.last_change(SETTINGS_PATH),
+        )
+        memory = self.memory
+        return memory.inputs.build(
+            context,
+            documents,
+            statuses,
+            broken,
+            (memory.spec_changed, memory.status_changed),
+            look_at_every=self.trust is not None,
         )
 
     def _approved_by(self, approval: Approval | None) -> tuple[ApprovalRecord, ...]:
@@ -1169,46 +999,6 @@ class Daemon:
         return tuple(
             ApprovalRecord(a.principal, a.key_id) for a in approver.approvals(verified).counted
         )
-
-    def _author(
-        self,
-        name: str,
-        spec: RolloutSpec | None,
-        recorded: RolloutStatus | None,
-        spec_commit: str | None,
-        history: History,
-    ) -> str:
-        """Who asked: the author of the commit that wrote the rollout's
-        current ``rollbackRequest``, not of whatever commit touched its spec
-        last (a colleague's resume pushed in the same batch). Searched only
-        for a request the status has not recorded yet."""
-        if not spec_commit:
-            return ""
-        request = spec.rollback_request if spec is not None else None
-        if request is None or (recorded and any(r.id == request.id for r in recorded.rollbacks)):
-            return self.store.author(spec_commit)
-        return self.store.author(self._request_commit(name, request.id, spec_commit, history))
-
-    def _request_commit(self, name: str, request_id: str, start: str, history: History) -> str:
-        """The oldest spec commit in the unbroken run, ending at ``start``,
-        whose ``rollouts/NAME.yaml`` carries rollbackRequest ``request_id``."""
-        path = rollout_path(name)
-        found = start
-        if start not in history:
-            return found
-        newest = history.position(start)
-        walked = 0
-        for commit in history.change_commits():  # newest first
-            if history.position(commit) > newest:
-                continue
-            walked += 1
-            blob = self.store.file_blob(commit, path)
-            rollout = self._parse(blob, path).rollout if blob is not None else None
-            asked = rollout.rollback_request if rollout is not None else None
-            if asked is None or asked.id != request_id or walked > REQUEST_WALK:
-                break
-            found = commit
-        return found
 
     # -- observing -----------------------------------------------------------
 
@@ -1439,6 +1229,7 @@ class Daemon:
         step: FleetStep,
         merged: Mapping[str, RolloutStatus],
         broken: Mapping[str, str],
+        ignored: Mapping[str, str],
         parent: str | None,
         fleet: FleetStatus | None,
         nodes: Sequence[Node],
@@ -1462,7 +1253,9 @@ class Daemon:
         memory = self.memory
         drawn = memory.dashboard_changes
         names = drawn.union(memory.drawn_step, step.statuses) if drawn is not None else None
-        dashboard = _dashboard(merged, broken, fleet, memory.dashboard_order, nodes, names)
+        dashboard = _dashboard(
+            merged, broken, fleet, memory.dashboard_order, nodes, names, ignored=ignored
+        )
         memory.dashboard_changes = set()
         memory.drawn_step = frozenset(step.statuses)
         # Encoded in pieces: the table's unchanged blocks are kept encoded.
@@ -1650,11 +1443,9 @@ class Daemon:
         while not self._stopping:
             try:
                 outcome = self.run_pass()
-            except StoreError as exc:
+            except Exception as exc:  # one pass never ends the daemon
                 backoff = min(max(backoff * 2, 1.0), 60.0)
-                kind = "host_key" if isinstance(exc, HostKeyError) else "store"
-                self.metrics.pass_errors.labels(kind=kind).inc()
-                self.log.error("pass_failed", f"{exc}; retrying in {backoff:.0f}s")
+                self._failed(exc, backoff)
                 if watcher.wait(backoff):
                     # A hint: the branch moved, or a poll works again after
                     # failing. Either way the next pass may work: no backoff.
@@ -1677,6 +1468,24 @@ class Daemon:
         self.client.watch_jobs([], lambda: None)  # no held reads outlive the loop
         self.client.watch_heartbeats([], lambda: None)
         self.fleet_watch.stop()  # a sweep in flight ends after its chunk
+
+    def _failed(self, exc: Exception, backoff: float) -> None:
+        """A pass that raised: counted by kind and logged. A ``StoreError``
+        says what to do; anything else is a defect of ours, logged with its
+        traceback, and the caches it may have left half-built are dropped,
+        as a restart would drop them."""
+        if isinstance(exc, StoreError):
+            kind = "host_key" if isinstance(exc, HostKeyError) else "store"
+            self.metrics.pass_errors.labels(kind=kind).inc()
+            self.log.error("pass_failed", f"{exc}; retrying in {backoff:.0f}s")
+            return
+        self.metrics.pass_errors.labels(kind="unexpected").inc()
+        self.log.error(
+            "pass_failed",
+            f"unexpected {type(exc).__name__}: {exc}; retrying in {backoff:.0f}s",
+            traceback="".join(traceback.format_exception(exc)),
+        )
+        self._forget_caches()
 
     def stop(self, *_: Any) -> None:
         """Finish the pass in progress, then return from ``serve``."""
@@ -1750,6 +1559,8 @@ def _dashboard(
     order: DashboardOrder | None = None,
     nodes: Sequence[Node] = (),
     changed: Iterable[str] | None = None,
+    *,
+    ignored: Mapping[str, str] | None = None,
 ) -> DashboardParts:
     """The dashboard, with the fleet watch's section when there is a fleet
     status, the evidence marks of the nodes (docs/trust.md) when any applies,
@@ -1766,6 +1577,10 @@ def _dashboard(
         lines += [
             f"- `{name}`: {reason} (held until repaired)" for name, reason in sorted(broken.items())
         ]
+        text = text.extended("\n" + "\n".join(lines) + "\n")
+    if ignored:
+        lines = ["", "## Files under status/ that are ignored", ""]
+        lines += [f"- `{path}`: {reason}" for path, reason in sorted(ignored.items())]
         text = text.extended("\n" + "\n".join(lines) + "\n")
     return text
 

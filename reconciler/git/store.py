@@ -220,6 +220,10 @@ class GitStore(TreeReader):
             self._history = History(self._repo)
         return self._history
 
+    def forget_history(self) -> None:
+        """Drop the history index: the next ``history()`` walks from scratch."""
+        self._history = None
+
     def changed_paths(
         self,
         old: str | None,
