@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -29,10 +30,14 @@ from reconciler.daemon.agent_client import AgentClient
 from reconciler.daemon.inert import InertStatuses, needs_passes
 from reconciler.daemon.logs import EventLog
 from reconciler.daemon.loop import Daemon, _Pass
+from reconciler.daemon.reader import Delta
 from reconciler.engine import step as engine
+from reconciler.engine.step import RolloutInput
 from reconciler.git.store import GitStore
 from reconciler.protocol.observations import Observations
 from reconciler.protocol.signing import load_private_key
+from reconciler.spec.documents import Documents
+from reconciler.spec.rollout_status import RolloutStatus
 from reconciler.views import dashboard
 from reconciler.views.status_text import ordered
 from tests.fleetkit import FleetKit, node_yaml, rollout_yaml
@@ -60,7 +65,19 @@ def push(kit: FleetKit, files: dict[str, str | None], message: str) -> None:
     git("push", "--quiet", "origin", "HEAD:main", cwd=kit.work)
 
 
-def read_step(daemon: Daemon) -> _Pass:
+@dataclass(frozen=True)
+class Read:
+    """What the verify step hands the steps after it."""
+
+    documents: Documents
+    statuses: dict[str, RolloutStatus]
+    broken: dict[str, str]
+    inputs: list[RolloutInput]
+    input_changes: dict[str, RolloutInput | None] | None
+    delta: Delta
+
+
+def read_step(daemon: Daemon) -> Read:
     """The pass's read: the tip, then the verify step (documents, statuses,
     inputs). Called directly, so a rewind is read rather than refused."""
     p = _Pass()
@@ -68,7 +85,15 @@ def read_step(daemon: Daemon) -> _Pass:
     assert tip is not None
     p.tip = tip
     assert daemon._verify(p) is None
-    return p
+    snapshot = p.snapshot
+    return Read(
+        snapshot.documents,
+        snapshot.statuses,
+        snapshot.broken,
+        list(p.inputs),
+        p.input_changes,
+        p.delta,
+    )
 
 
 def a_rollout(rng: random.Random, name: str) -> str:
@@ -201,7 +226,7 @@ def test_a_daemon_reading_what_changed_reads_and_decides_what_reading_everything
         else:
             push(kit, person_edit(rng, kit), f"step {step}")
         tips.append(git("rev-parse", "main", cwd=kit.bare))
-        if kept.memory.status_reader.at is not None:
+        if kept.reader.caches.status_reader.at is not None:
             incremental_reads += 1
 
         fresh = kit.daemon()  # reads everything
@@ -223,7 +248,7 @@ def test_a_daemon_reading_what_changed_reads_and_decides_what_reading_everything
             docs.settings,
             Observations(),
             NOW,
-            memo=kept.memory.memo,
+            memo=kept.memo,
             changed=got.input_changes,
         )
         plain = engine.step_fleet(want.inputs, docs.fleet, docs.settings, Observations(), NOW)
@@ -232,8 +257,8 @@ def test_a_daemon_reading_what_changed_reads_and_decides_what_reading_everything
         # Inert statuses ask nothing: observing only the lively ones is the same.
         every = list(want.statuses.values())
         # Judged again only where statuses were read again, as observe does.
-        changes = kept.memory.observe_changes
-        inert = kept.memory.inert
+        changes = got.delta.since_pass
+        inert = kept.observer.inert
         if changes is None:
             lively = inert.lively(got.statuses)
         else:
@@ -242,7 +267,7 @@ def test_a_daemon_reading_what_changed_reads_and_decides_what_reading_everything
                 InertStatuses().lively(want.statuses), key=lambda s: s.name
             ), step
             lively_kept += 1
-        kept.memory.observe_changes = set()
+        kept.reader.settle()  # as at the end of a pass
         for ask in (
             engine.in_flight,
             engine.wanted_heartbeats,
@@ -254,14 +279,14 @@ def test_a_daemon_reading_what_changed_reads_and_decides_what_reading_everything
         assert any(map(needs_passes, lively)) == any(map(needs_passes, every))
 
         # The dashboard's kept order is the order.
-        assert kept.memory.dashboard_order.place(got.statuses) == ordered(want.statuses), step
-        assert dashboard.render_dashboard(
-            got.statuses, kept.memory.dashboard_order
-        ) == _fresh_dashboard(want.statuses)
+        assert kept.files.order.place(got.statuses) == ordered(want.statuses), step
+        assert dashboard.render_dashboard(got.statuses, kept.files.order) == _fresh_dashboard(
+            want.statuses
+        )
     assert rewinds >= 3 and incremental_reads > 50
     # It did take the shortcuts: most reads assembled only what changed.
-    assert kept.memory.assembly.full_assemblies < 40
-    assert kept.memory.memo.seeds_kept > 30  # and most steps built on the last seed
+    assert kept.reader.caches.assembly.full_assemblies < 40
+    assert kept.memo.seeds_kept > 30  # and most steps built on the last seed
     assert lively_kept > 30, lively_kept
 
 
@@ -282,8 +307,8 @@ def test_a_position_whose_objects_are_gone_means_reading_everything_again(kit: F
     push(kit, {"rollouts/r1.yaml": rollout_yaml("r1", selector={"role": "web"})}, "add r1")
     read_step(kept)
     gone = "0" * 40
-    kept.memory.status_reader.at = gone
-    kept.memory.documents_commit = gone
+    kept.reader.caches.status_reader.at = gone
+    kept.reader.caches.documents_commit = gone
     push(kit, {"rollouts/r2.yaml": rollout_yaml("r2", selector={"role": "db"})}, "add r2")
     kit.daemon().run_pass()  # statuses too
 
@@ -291,7 +316,7 @@ def test_a_position_whose_objects_are_gone_means_reading_everything_again(kit: F
 
     assert got.documents == want.documents and set(got.documents.rollouts) == {"r1", "r2"}
     assert got.statuses == want.statuses and set(got.statuses) == {"r1", "r2"}
-    assert kept.memory.status_changed is None and kept.memory.spec_changed is None
+    assert got.delta.status is None and got.delta.spec is None
 
 
 def test_a_daemon_that_keeps_its_memory_commits_what_a_fresh_one_commits(
@@ -306,8 +331,8 @@ def test_a_daemon_that_keeps_its_memory_commits_what_a_fresh_one_commits(
     rng = random.Random(2021)
     kept, commits = _pass_beside_an_oracle(kit, tmp_path, rng, 60, plain=False)
     assert commits > 15, commits
-    assert kept.memory.memo.seeds_kept > 15
-    assert kept.memory.assembly.full_assemblies < 30
+    assert kept.memo.seeds_kept > 15
+    assert kept.reader.caches.assembly.full_assemblies < 30
 
 
 @pytest.mark.parametrize("seed", [31, 32, 33])
@@ -325,7 +350,7 @@ def test_the_fast_daemon_decides_after_every_commit_what_the_plain_one_decides(
     rng = random.Random(seed)
     kept, commits = _pass_beside_an_oracle(kit, tmp_path, rng, 30, plain=True, bad_names=True)
     assert commits > 5, commits
-    assert kept.memory.memo.seeds_kept > 5  # the fast one did take its shortcuts
+    assert kept.memo.seeds_kept > 5  # the fast one did take its shortcuts
 
 
 def bad_names_edit(rng: random.Random, kit: FleetKit, step: int) -> None:
