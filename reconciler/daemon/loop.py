@@ -46,7 +46,6 @@ from reconciler.daemon.commit_log import log_commit
 from reconciler.daemon.fleet_watch import FleetWatch, Sweep, fleet_file_changes
 from reconciler.daemon.gauges import PhaseGauges
 from reconciler.daemon.inert import needs_passes
-from reconciler.daemon.inputs import Context, InputCache
 from reconciler.daemon.logs import EventLog
 from reconciler.daemon.metrics import Metrics
 from reconciler.daemon.notifications import Notifier
@@ -187,7 +186,6 @@ class Daemon:
             report=self._report,
             prometheus=prometheus or PrometheusClient(),
         )
-        self.inputs = InputCache()
         self.memo = StepMemo()  # finished rollouts at rest
         self.files = StatusFiles()
         self.gauges = PhaseGauges(self.metrics)
@@ -225,7 +223,6 @@ class Daemon:
         self.reader.seen_tip = old.seen_tip
         self.reader.last_readable = old.last_readable
         self.observer.forget_caches()
-        self.inputs = InputCache()
         self.memo = StepMemo()
         self.files = StatusFiles()
         self.gauges = PhaseGauges(self.metrics)
@@ -309,24 +306,7 @@ class Daemon:
         input. Touches: the reader's caches and the last-acted marker."""
         p.snapshot, p.delta = snapshot, delta = self.reader.read(p.tip)
         self.observer.use_fleet(snapshot.documents.fleet)
-        context = Context(
-            tip=snapshot.tip,
-            history=snapshot.history,
-            source=self.store,
-            parse=self.reader.parse,
-            refusal=snapshot.refusal,
-            approved_by=snapshot.approved_by,
-            unverified=snapshot.unverified,
-            settings_change=snapshot.history.last_change(SETTINGS_PATH),
-        )
-        built = self.inputs.build(
-            context,
-            snapshot.documents,
-            snapshot.statuses,
-            snapshot.broken,
-            (delta.spec, delta.status),
-            look_at_every=self.reader.trust is not None,
-        )
+        built = self.reader.inputs(snapshot, delta)
         p.inputs, p.input_changes = built.inputs, built.changes
         return None
 

@@ -1,6 +1,6 @@
 """The daemon's one reader of Git: it owns every cache kept between passes
-(parsed blobs, documents, statuses, the fleet status, the dashboard blob,
-the last tip) and hands each pass a ``Snapshot`` of what to act on and a
+(parsed blobs, documents, statuses, built engine inputs, the fleet status,
+the dashboard blob, the last tip) and hands each pass a ``Snapshot`` of what to act on and a
 ``Delta`` of what changed since the last pass.
 
 It is also where verification is applied: with an approver, the snapshot's
@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from reconciler.daemon.inputs import BuiltInputs, Context, InputCache
 from reconciler.daemon.status_trust import StatusTrust
 from reconciler.engine import step as engine
 from reconciler.git.approval import (
@@ -128,6 +129,7 @@ class Reader:
         # Soft state: the last readable status of each rollout, since start-up.
         self.last_readable: dict[str, RolloutStatus] = {}
         self.caches = _Caches()
+        self.input_cache = InputCache()  # engine inputs by rollout
         self._unsettled: set[str] | None = None  # status changes since the last full pass
         self._acted_history = History(store.repository())
         self.trust = (
@@ -225,6 +227,29 @@ class Reader:
             read_everything=self._read_everything,
         )
         return snapshot, delta
+
+    def inputs(self, snapshot: Snapshot, delta: Delta) -> BuiltInputs:
+        """Each rollout's engine input for ``snapshot``, built again only
+        where ``delta`` or history says it may differ (``inputs.py``)."""
+        history = snapshot.history
+        context = Context(
+            tip=snapshot.tip,
+            history=history,
+            source=self.store,
+            parse=self.parse,
+            refusal=snapshot.refusal,
+            approved_by=snapshot.approved_by,
+            unverified=snapshot.unverified,
+            settings_change=history.last_change(SETTINGS_PATH),
+        )
+        return self.input_cache.build(
+            context,
+            snapshot.documents,
+            snapshot.statuses,
+            snapshot.broken,
+            (delta.spec, delta.status),
+            look_at_every=self.trust is not None,
+        )
 
     def settle(self) -> None:
         """A pass ran to its end: every step saw the changes handed out."""
