@@ -183,3 +183,47 @@ def test_a_pass_that_raises_is_logged_counted_and_retried(kit: FleetKit) -> None
     assert "Traceback (most recent call last)" in text
     metrics = generate_latest(daemon.metrics.registry).decode()
     assert 'reconciler_pass_errors_total{kind="unexpected"} 2.0' in metrics
+
+
+def test_names_in_an_unverified_tree_never_become_status_files(
+    kit: FleetKit, tmp_path: Path
+) -> None:
+    # With verification on, an unsigned commit of files no rollout can own
+    # (not UTF-8, another suffix, no valid stem) leaves no status file and
+    # does not stop the daemon; the signed rollout beside it completes.
+    alice = tmp_path / "alice"
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "alice", "-f", str(alice)],
+        check=True,
+    )
+    signers = tmp_path / "allowed_signers"
+    signers.write_text(f"alice@example.com {alice.with_suffix('.pub').read_text()}")
+    work = kit.work
+    git("pull", "--quiet", "--rebase", "origin", "main", cwd=work)
+    (work / "rollouts").mkdir(exist_ok=True)
+    (work / "rollouts" / "web.yaml").write_text(rollout_yaml("web", selector={"role": "web"}))
+    git("add", "-A", cwd=work)
+    sign = ["-c", "gpg.format=ssh", "-c", f"user.signingKey={alice}"]
+    git(*sign, "commit", "--quiet", "-S", "-m", "Signed rollout", cwd=work)
+    git("push", "--quiet", "origin", "HEAD:main", cwd=work)
+    log = tmp_path / "daemon.log"
+    args = [sys.executable, "-m", "reconciler", "run", "--repo", str(kit.bare)]
+    args += ["--key", str(kit.key_path), "--interval", "1s", "--allowed-signers", str(signers)]
+    with log.open("w") as out:
+        daemon = subprocess.Popen(args, stderr=out, stdout=out)
+    try:
+        push_raw_names(
+            kit,
+            [b"rollouts/\xff.yaml", b"rollouts/x.yml", b"rollouts/README.md", b"rollouts/.yaml"],
+            "unsigned files no rollout can own",
+        )
+
+        wait_for(kit, lambda s: s.get("web", {}).get("phase") == "completed", 60, log)
+
+        assert daemon.poll() is None, log.read_text()
+        assert set(status_names(kit)) == {b"status/README.md", b"status/web.yaml"}
+    finally:
+        daemon.terminate()
+        daemon.wait(20)
+    text = log.read_text()
+    assert "Traceback" not in text and "pass_failed" not in text, text
