@@ -3,6 +3,7 @@ once, and what an idle pass costs once they are done.
 
     .venv/bin/python bench/passes.py                 # 1,000 rollouts x 10 nodes
     .venv/bin/python bench/passes.py --quick
+    .venv/bin/python bench/passes.py --plain --rollouts 50 --sizes 100,1000 --rounds 3
 
 The daemon runs in this process (``reconciler.daemon.loop.Daemon`` with a
 ``GitStore`` on a bare repository and an ``AgentClient``), so each
@@ -19,6 +20,9 @@ answering after ``--delay`` seconds) is a real process on 127.0.0.1.
    daemon would have written them), one daemon each; after its first (cold) pass, idle passes
    are timed alternating between the sizes (nothing changed, nothing parsed
    again, no commit), then passes that each start one new 10-node rollout.
+
+``--plain`` runs every daemon in plain mode (``run --plain``: each pass
+reads and steps everything), to show what the shortcuts are worth.
 
 Targets: idle pass under 50 ms; a pass starting one rollout among 5,000
 finished under 30 ms: pass cost growing with the rollouts that changed, not
@@ -89,10 +93,10 @@ def quiet_log(root: Path) -> EventLog:
     return EventLog(stream=open(root / "daemon.log", "a"))
 
 
-def make_daemon(bare: Path, key: Path, root: Path) -> Daemon:
+def make_daemon(bare: Path, key: Path, root: Path, plain: bool = False) -> Daemon:
     store = GitStore.open(str(bare), "main")
     client = AgentClient(load_private_key(key), concurrency=64)
-    return Daemon(store, client, log=quiet_log(root))
+    return Daemon(store, client, log=quiet_log(root), plain=plain)
 
 
 def settle(daemon: Daemon, timeout: float = 60) -> None:
@@ -114,11 +118,17 @@ def timed_pass(daemon: Daemon) -> tuple[float, PassOutcome]:
 
 
 def running(
-    root: Path, sim: SimFleetProcess, key: Path, rollouts: int, nodes: int, batch: int
+    root: Path,
+    sim: SimFleetProcess,
+    key: Path,
+    rollouts: int,
+    nodes: int,
+    batch: int,
+    plain: bool = False,
 ) -> tuple[list[Row], Daemon]:
     bare = root / "running.git"
     make_bare(bare, node_files(nodes, sim.url))
-    daemon = make_daemon(bare, key, root)
+    daemon = make_daemon(bare, key, root, plain)
     daemon.run_pass()  # the empty dashboard
     repo = pygit2.Repository(str(bare))
     commit_files(repo, rollout_files(rollouts, nodes // GROUP, batch), f"{rollouts} rollouts")
@@ -222,6 +232,7 @@ def idle_at_scale(
     sizes: list[int],
     nodes: int,
     rounds: int,
+    plain: bool = False,
 ) -> list[Row]:
     daemons: dict[int, tuple[Daemon, pygit2.Repository]] = {}
     cold: dict[int, float] = {}
@@ -229,7 +240,7 @@ def idle_at_scale(
     for count in sizes:
         # One batch each: how the finished rollouts got there does not matter here.
         bare, repo = finished_repo(root, sim.url, count, nodes, GROUP, parsed)
-        daemon = make_daemon(bare, key, root)
+        daemon = make_daemon(bare, key, root, plain)
         cold[count], outcome = timed_pass(daemon)
         second, again = timed_pass(daemon)
         print(
@@ -322,6 +333,9 @@ def main() -> None:
     parser.add_argument(
         "--quick", action="store_true", help="100 rollouts of 1,000 nodes, batchSize 5"
     )
+    parser.add_argument(
+        "--plain", action="store_true", help="daemons in plain mode (run --plain): no shortcuts"
+    )
     args = parser.parse_args()
     if args.quick:
         args.rollouts, args.nodes, args.sizes, args.rounds = 100, 1_000, "10,100,300", 5
@@ -329,7 +343,7 @@ def main() -> None:
     sizes = [int(s) for s in args.sizes.split(",")]
     announce(
         f"passes: {args.rollouts:,} rollouts x {GROUP} nodes of {args.nodes:,}, "
-        f"batchSize {args.batch}, delay {args.delay} s"
+        f"batchSize {args.batch}, delay {args.delay} s" + (", plain mode" if args.plain else "")
     )
     rows: list[Any] = []
     with tempfile.TemporaryDirectory(prefix="bench-passes-") as tmp:
@@ -338,10 +352,12 @@ def main() -> None:
         names = [f"n{i:05d}" for i in range(1, args.nodes + 1)]
         sim = SimFleetProcess(root / "sim", names, public, args.delay)
         try:
-            found, daemon = running(root, sim, private, args.rollouts, args.nodes, args.batch)
+            found, daemon = running(
+                root, sim, private, args.rollouts, args.nodes, args.batch, args.plain
+            )
             daemon.client.close()
             rows += found
-            rows += idle_at_scale(root, sim, private, sizes, args.nodes, args.rounds)
+            rows += idle_at_scale(root, sim, private, sizes, args.nodes, args.rounds, args.plain)
         finally:
             sim.stop()
     emit(rows)

@@ -274,6 +274,40 @@ def test_pieces_kept_from_the_last_write_are_reused_and_pieces_that_lie_are_refu
     assert store.refresh() == tip
 
 
+def test_pieces_of_the_same_length_that_disagree_with_the_content_are_refused(
+    bare: Path, store: GitStore
+) -> None:
+    # The content given for a path is the one source of its blob: pieces
+    # the same length as it but with other bytes must not be written in
+    # its place, whatever object holds the content.
+    tip = store.refresh()
+    assert tip is not None
+    data = b"a" * LARGE_BLOB + b"tail\n"
+    liar = [b"a" * LARGE_BLOB, b"TAIL\n"]
+    assert sum(map(len, liar)) == len(data)
+    with pytest.raises(StoreError, match=r"pieces of status/README\.md are not its content"):
+        store.commit(
+            "main", tip, {"status/README.md": data}, "m", pieces={"status/README.md": liar}
+        )
+    assert store.refresh() == tip
+    # Content equal to the pieces, held by another object: written from them.
+    honest = [b"a" * LARGE_BLOB, b"tail\n"]
+    new = store.commit(
+        "main",
+        tip,
+        {"status/README.md": bytes(bytearray(data))},
+        "m",
+        pieces={"status/README.md": honest},
+    )
+    blob_id = store.file_blob(new, "status/README.md")
+    assert blob_id == str(pygit2.hash(data))
+    shown = subprocess.run(
+        ["git", "cat-file", "blob", blob_id], cwd=bare, capture_output=True, check=True
+    )
+    assert shown.stdout == data
+    git("fsck", "--strict", "--no-progress", cwd=bare)
+
+
 @given(st.binary(max_size=300), st.binary(max_size=300))
 def test_adler32_combine_is_the_checksum_of_the_two_together(first: bytes, second: bytes) -> None:
     assert adler32_combine(zlib.adler32(first), zlib.adler32(second), len(second)) == zlib.adler32(

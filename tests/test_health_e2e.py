@@ -166,7 +166,7 @@ def test_prometheus_stopped_mid_soak_gives_unknown_and_the_rollout_holds(tmp_pat
                 fleet,
                 daemon,
                 lambda s: (
-                    (m := daemon.memory.metric_checks.get(("gpu-a1", "errors"))) is not None
+                    (m := daemon.observer.metric_checks.get(("gpu-a1", "errors"))) is not None
                     and m.ok_since is not None
                 ),
             )

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from test_event_driven import serving, status_commit_messages, wait_for
 
-from reconciler.daemon import agent_client, loop
+from reconciler.daemon import agent_client, observer
 from reconciler.daemon.agent_client import MAX_IDLE_CONNECTIONS, watch_limit
 from reconciler.daemon.loop import Daemon
 from reconciler.protocol.evidence import derived_agent_key
@@ -126,7 +126,7 @@ def test_passes_do_not_read_jobs_whose_held_reads_are_in_flight(tmp_path: Path) 
         assert requests(held_kit) - before_held == 1  # the stats read above, nothing else
         assert requests(plain_kit) - before_plain >= 3 * 3  # every pass read every job
         assert comparable(held_kit.statuses()["r"]) == comparable(plain_kit.statuses()["r"])
-        assert held.memory.quiet is not None  # nothing to ask: not run again
+        assert held.quiet is not None  # nothing to ask: not run again
     finally:
         held_kit.close()
         plain_kit.close()
@@ -142,7 +142,7 @@ def test_a_held_answer_older_than_its_limit_is_read_again(tmp_path: Path) -> Non
         before = requests(kit)
         daemon.run_pass()
         assert requests(kit) - before == 1  # the POSTs' answers stand in
-        clock.advance(loop.HELD_ANSWER_SECONDS)
+        clock.advance(observer.HELD_ANSWER_SECONDS)
         before = requests(kit)
         daemon.run_pass()  # not quiet: the answers it used are too old now
         assert requests(kit) - before == 1 + 3  # each job read, as without held reads
@@ -175,14 +175,14 @@ def test_held_reads_ended_by_the_fleet_end_the_quiet_and_the_jobs_are_read(
         dispatched(kit, daemon)
         wait_held(daemon, 3)
         daemon.run_pass()
-        assert daemon.memory.quiet is not None and not daemon.memory.unreachable
+        assert daemon.quiet is not None and not daemon.observer.unreachable
         go_away(kit)
         deadline = time.monotonic() + 15
         while daemon.client.watching():
             assert time.monotonic() < deadline, "held reads still in flight"
             time.sleep(0.05)
         daemon.run_pass()
-        assert set(daemon.memory.unreachable) == set(NODES)
+        assert set(daemon.observer.unreachable) == set(NODES)
     finally:
         kit.close()
 
@@ -207,7 +207,7 @@ def test_an_answer_not_believed_is_found_when_read_as_without_held_reads(tmp_pat
                 daemon.run_pass()
                 assert requests(kit) - before == 1  # nothing read, nothing believed
                 assert "unverified_evidence" not in str(kit.statuses()["r"].get("conditions"))
-                clock.advance(loop.HELD_ANSWER_SECONDS)
+                clock.advance(observer.HELD_ANSWER_SECONDS)
             before = requests(kit)
             daemon.run_pass()
             assert requests(kit) - before == 1 + 3  # each job read

@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -29,10 +30,14 @@ from reconciler.daemon.agent_client import AgentClient
 from reconciler.daemon.inert import InertStatuses, needs_passes
 from reconciler.daemon.logs import EventLog
 from reconciler.daemon.loop import Daemon, _Pass
+from reconciler.daemon.reader import Delta
 from reconciler.engine import step as engine
+from reconciler.engine.step import RolloutInput
 from reconciler.git.store import GitStore
 from reconciler.protocol.observations import Observations
 from reconciler.protocol.signing import load_private_key
+from reconciler.spec.documents import Documents
+from reconciler.spec.rollout_status import RolloutStatus
 from reconciler.views import dashboard
 from reconciler.views.status_text import ordered
 from tests.kit.documents import node_yaml, rollout_yaml
@@ -61,7 +66,19 @@ def push(kit: FleetKit, files: dict[str, str | None], message: str) -> None:
     git("push", "--quiet", "origin", "HEAD:main", cwd=kit.work)
 
 
-def read_step(daemon: Daemon) -> _Pass:
+@dataclass(frozen=True)
+class Read:
+    """What the verify step hands the steps after it."""
+
+    documents: Documents
+    statuses: dict[str, RolloutStatus]
+    broken: dict[str, str]
+    inputs: list[RolloutInput]
+    input_changes: dict[str, RolloutInput | None] | None
+    delta: Delta
+
+
+def read_step(daemon: Daemon) -> Read:
     """The pass's read: the tip, then the verify step (documents, statuses,
     inputs). Called directly, so a rewind is read rather than refused."""
     p = _Pass()
@@ -69,7 +86,15 @@ def read_step(daemon: Daemon) -> _Pass:
     assert tip is not None
     p.tip = tip
     assert daemon._verify(p) is None
-    return p
+    snapshot = p.snapshot
+    return Read(
+        snapshot.documents,
+        snapshot.statuses,
+        snapshot.broken,
+        list(p.inputs),
+        p.input_changes,
+        p.delta,
+    )
 
 
 def a_rollout(rng: random.Random, name: str) -> str:
@@ -93,7 +118,7 @@ def a_rollout(rng: random.Random, name: str) -> str:
 
 def person_edit(rng: random.Random, kit: FleetKit) -> dict[str, str | None]:
     work = kit.work
-    present = sorted(p.stem for p in (work / "rollouts").glob("*.yaml"))
+    present = sorted(p.stem for p in (work / "rollouts").glob("*.yaml") if p.stem in NAMES)
     move = rng.choice(
         [
             "add",
@@ -146,7 +171,7 @@ def person_edit(rng: random.Random, kit: FleetKit) -> dict[str, str | None]:
             "reconciler.yaml": "apiVersion: reconciler/v1\nkind: Settings\n"
             f"spec:\n  defaults: {{batchSize: {rng.randint(1, 3)}}}\n"
         }
-    statuses = sorted(p.stem for p in (work / "status").glob("*.yaml") if p.stem != "fleet")
+    statuses = sorted(p.stem for p in (work / "status").glob("*.yaml") if p.stem in NAMES)
     if not statuses:
         return {f"rollouts/{name}.yaml": a_rollout(rng, name)}
     target = rng.choice(statuses)
@@ -164,7 +189,7 @@ def older_status(rng: random.Random, kit: FleetKit, target: str = "") -> dict[st
     a valid status with another value than the daemon wrote last."""
     work = kit.work
     if not target:
-        names = sorted(p.stem for p in (work / "status").glob("*.yaml") if p.stem != "fleet")
+        names = sorted(p.stem for p in (work / "status").glob("*.yaml") if p.stem in NAMES)
         if not names:
             return {}
         target = rng.choice(names)
@@ -202,7 +227,7 @@ def test_a_daemon_reading_what_changed_reads_and_decides_what_reading_everything
         else:
             push(kit, person_edit(rng, kit), f"step {step}")
         tips.append(git("rev-parse", "main", cwd=kit.bare))
-        if kept.memory.status_reader.at is not None:
+        if kept.reader.caches.status_reader.at is not None:
             incremental_reads += 1
 
         fresh = kit.daemon()  # reads everything
@@ -224,18 +249,17 @@ def test_a_daemon_reading_what_changed_reads_and_decides_what_reading_everything
             docs.settings,
             Observations(),
             NOW,
-            memo=kept.memory.memo,
-            changed=kept.memory.step_changes,
+            memo=kept.memo,
+            changed=got.input_changes,
         )
-        kept.memory.step_changes = {}
         plain = engine.step_fleet(want.inputs, docs.fleet, docs.settings, Observations(), NOW)
         assert with_memo == plain, step
 
         # Inert statuses ask nothing: observing only the lively ones is the same.
         every = list(want.statuses.values())
         # Judged again only where statuses were read again, as observe does.
-        changes = kept.memory.observe_changes
-        inert = kept.memory.inert
+        changes = got.delta.since_pass
+        inert = kept.observer.inert
         if changes is None:
             lively = inert.lively(got.statuses)
         else:
@@ -244,7 +268,7 @@ def test_a_daemon_reading_what_changed_reads_and_decides_what_reading_everything
                 InertStatuses().lively(want.statuses), key=lambda s: s.name
             ), step
             lively_kept += 1
-        kept.memory.observe_changes = set()
+        kept.reader.settle()  # as at the end of a pass
         for ask in (
             engine.in_flight,
             engine.wanted_heartbeats,
@@ -256,14 +280,14 @@ def test_a_daemon_reading_what_changed_reads_and_decides_what_reading_everything
         assert any(map(needs_passes, lively)) == any(map(needs_passes, every))
 
         # The dashboard's kept order is the order.
-        assert kept.memory.dashboard_order.place(got.statuses) == ordered(want.statuses), step
-        assert dashboard.render_dashboard(
-            got.statuses, kept.memory.dashboard_order
-        ) == _fresh_dashboard(want.statuses)
+        assert kept.files.order.place(got.statuses) == ordered(want.statuses), step
+        assert dashboard.render_dashboard(got.statuses, kept.files.order) == _fresh_dashboard(
+            want.statuses
+        )
     assert rewinds >= 3 and incremental_reads > 50
     # It did take the shortcuts: most reads assembled only what changed.
-    assert kept.memory.assembly.full_assemblies < 40
-    assert kept.memory.memo.seeds_kept > 30  # and most steps built on the last seed
+    assert kept.reader.caches.assembly.full_assemblies < 40
+    assert kept.memo.seeds_kept > 30  # and most steps built on the last seed
     assert lively_kept > 30, lively_kept
 
 
@@ -284,8 +308,8 @@ def test_a_position_whose_objects_are_gone_means_reading_everything_again(kit: F
     push(kit, {"rollouts/r1.yaml": rollout_yaml("r1", selector={"role": "web"})}, "add r1")
     read_step(kept)
     gone = "0" * 40
-    kept.memory.status_reader.at = gone
-    kept.memory.documents_commit = gone
+    kept.reader.caches.status_reader.at = gone
+    kept.reader.caches.documents_commit = gone
     push(kit, {"rollouts/r2.yaml": rollout_yaml("r2", selector={"role": "db"})}, "add r2")
     kit.daemon().run_pass()  # statuses too
 
@@ -293,7 +317,7 @@ def test_a_position_whose_objects_are_gone_means_reading_everything_again(kit: F
 
     assert got.documents == want.documents and set(got.documents.rollouts) == {"r1", "r2"}
     assert got.statuses == want.statuses and set(got.statuses) == {"r1", "r2"}
-    assert kept.memory.status_changed is None and kept.memory.spec_changed is None
+    assert got.delta.status is None and got.delta.spec is None
 
 
 def test_a_daemon_that_keeps_its_memory_commits_what_a_fresh_one_commits(
@@ -306,28 +330,92 @@ def test_a_daemon_that_keeps_its_memory_commits_what_a_fresh_one_commits(
     # stands, and the kept one over the repository itself; both make the
     # same commit (tree and message), the same outcome and the same gauges.
     rng = random.Random(2021)
+    kept, commits = _pass_beside_an_oracle(kit, tmp_path, rng, 60, plain=False)
+    assert commits > 15, commits
+    assert kept.memo.seeds_kept > 15
+    assert kept.reader.caches.assembly.full_assemblies < 30
+
+
+@pytest.mark.parametrize("seed", [31, 32, 33])
+def test_the_fast_daemon_decides_after_every_commit_what_the_plain_one_decides(
+    kit: FleetKit, tmp_path: Path, seed: int
+) -> None:
+    # The differential test of ``run --plain``: random histories of a
+    # person's edits (files added, edited, deleted, renamed, invalid, names
+    # declared twice, node and settings edits, status files broken, removed
+    # or put back older, and files no rollout can own: names that are not
+    # UTF-8 or not valid names), and after every commit a plain daemon
+    # (nothing cached, nothing skipped) passes over a copy of the repository
+    # and the fast one over the repository itself: the same status commit,
+    # the same jobs recorded, the same outcome and gauges.
+    rng = random.Random(seed)
+    kept, commits = _pass_beside_an_oracle(kit, tmp_path, rng, 30, plain=True, bad_names=True)
+    assert commits > 5, commits
+    assert kept.memo.seeds_kept > 5  # the fast one did take its shortcuts
+
+
+def bad_names_edit(rng: random.Random, kit: FleetKit, step: int) -> None:
+    """A commit adding (or emptying) a file no rollout can own."""
+    name = rng.choice(
+        [b"status/\xff%d.yaml", b"rollouts/\xfe%d.yaml", b"rollouts/R%d.yaml", b"status/x%d.yml"]
+    )
+    path = name.replace(b"%d", str(rng.randrange(3)).encode())
+    git("pull", "--quiet", "--rebase", "origin", "main", cwd=kit.work)
+    blob = git("hash-object", "-w", "--stdin", cwd=kit.work, input=f"step {step}\n")
+    subprocess.run(
+        [
+            b"git",
+            b"update-index",
+            b"--add",
+            b"--cacheinfo",
+            b"100644," + blob.encode() + b"," + path,
+        ],
+        cwd=kit.work,
+        check=True,
+    )
+    git("commit", "--quiet", "-m", f"step {step}: a file no rollout can own", cwd=kit.work)
+    git("push", "--quiet", "origin", "HEAD:main", cwd=kit.work)
+    git("reset", "--quiet", "--hard", cwd=kit.work)
+
+
+def _pass_beside_an_oracle(
+    kit: FleetKit,
+    tmp_path: Path,
+    rng: random.Random,
+    steps: int,
+    *,
+    plain: bool,
+    bad_names: bool = False,
+) -> tuple[Daemon, int]:
+    """``steps`` random commits; after each, a new daemon (``plain`` or not)
+    passes over a copy of the repository and the kept one over the
+    repository: they must decide the same. Returns the kept daemon and how
+    many status commits were compared."""
     now = [datetime.now(UTC).replace(microsecond=0)]  # the agents check signatures' times
     kept = kit.daemon(clock=lambda: now[0])
-    compared = commits = 0
-    for step in range(60):
+    commits = 0
+    for step in range(steps):
         roll = rng.random()
-        if roll < 0.45:
+        if bad_names and roll < 0.12:
+            bad_names_edit(rng, kit, step)
+        elif roll < 0.45:
             push(kit, person_edit(rng, kit), f"step {step}")
         elif roll < 0.6:
             push(kit, older_status(rng, kit), f"step {step}: an older status put back")
         now[0] = datetime.now(UTC).replace(microsecond=0)  # one clock for both daemons
         copy = tmp_path / f"copy-{step}.git"
         shutil.copytree(kit.bare, copy)
-        fresh = Daemon(
+        oracle = Daemon(
             GitStore.open(str(copy), "main"),
             AgentClient(load_private_key(kit.key_path), timeout=kit.agent_timeout),
             log=EventLog(stream=io.StringIO()),
             clock=lambda: now[0],
+            plain=plain,
         )
         try:
-            want = fresh.run_pass()
+            want = oracle.run_pass()
         finally:
-            fresh.client.close()
+            oracle.client.close()
         got = kept.run_pass()
         time.sleep(0.05)  # the jobs both sent finish before the next reads
 
@@ -339,17 +427,15 @@ def test_a_daemon_that_keeps_its_memory_commits_what_a_fresh_one_commits(
             want.wakeup,
             want.refused,
         ), step
+        assert got.job_ids == want.job_ids, step
         if got.commit is not None and want.commit is not None:
-            mine, theirs = kept.store.repository(), fresh.store.repository()
+            mine, theirs = kept.store.repository(), oracle.store.repository()
             assert mine[got.commit].tree_id == theirs[want.commit].tree_id, step
             assert mine[got.commit].message == theirs[want.commit].message, step
             commits += 1
-        assert _gauges(kept) == _gauges(fresh), step
-        compared += 1
+        assert _gauges(kept) == _gauges(oracle), step
         shutil.rmtree(copy)
-    assert compared == 60 and commits > 15, commits
-    assert kept.memory.memo.seeds_kept > 15
-    assert kept.memory.assembly.full_assemblies < 30
+    return kept, commits
 
 
 def _gauges(daemon: Daemon) -> list[str]:

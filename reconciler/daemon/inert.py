@@ -38,7 +38,7 @@ def is_inert(status: RolloutStatus) -> bool:
 
 
 class InertStatuses:
-    """The inert statuses seen, by rollout name (DaemonMemory keeps one)."""
+    """The inert statuses seen, by rollout name (the observer keeps one)."""
 
     def __init__(self) -> None:
         self._known: dict[str, RolloutStatus] = {}

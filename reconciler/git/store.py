@@ -220,6 +220,10 @@ class GitStore(TreeReader):
             self._history = History(self._repo)
         return self._history
 
+    def forget_history(self) -> None:
+        """Drop the history index: the next ``history()`` walks from scratch."""
+        self._history = None
+
     def changed_paths(
         self,
         old: str | None,
@@ -848,18 +852,21 @@ class PiecewiseBlobs:
         changes: Mapping[str, bytes | None],
         pieces: Mapping[str, Sequence[bytes]],
     ) -> Callable[[bytes], pygit2.Oid]:
-        """``write_blob``, except for the contents ``pieces`` are given for."""
-        split: dict[int, Sequence[bytes]] = {}
+        """``write_blob``, except for the contents ``pieces`` are given for.
+        The content in ``changes`` is the one source: pieces that do not
+        join to exactly its bytes are refused, and they are found again by
+        that content, never by which object holds it."""
+        split: dict[bytes, Sequence[bytes]] = {}
         for path, parts in pieces.items():
             data = changes.get(path)
             if data is None or len(data) < LARGE_BLOB:
                 continue
-            if sum(map(len, parts)) != len(data):
+            if b"".join(parts) != data:
                 raise ValueError(f"the pieces of {path} are not its content")
-            split[id(data)] = parts  # ``changes`` keeps ``data`` alive meanwhile
+            split[data] = parts
 
         def write(data: bytes) -> pygit2.Oid:
-            parts = split.get(id(data))
+            parts = split.get(data) if len(data) >= LARGE_BLOB else None
             return write_blob(data) if parts is None else self.write(parts)
 
         return write

@@ -62,11 +62,14 @@ from reconciler.spec.model import (
 from reconciler.spec.paths import (
     FLEET_STATUS_NAME,
     FLEET_STATUS_PATH,
+    NAME_RE,
     NODES_DIR,
     ROLLOUTS_DIR,
     SETTINGS_PATH,
+    is_readable_path,
     node_path,
     rollout_path,
+    shown_path,
 )
 from reconciler.spec.times import parse_time
 
@@ -80,7 +83,6 @@ _HOME_OF = {
 }
 _FOLDER_OF = {NODES_DIR: "Node", ROLLOUTS_DIR: "Rollout"}
 
-NAME_RE = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
 NAME_RULE = "1 to 63 lowercase letters, digits and '-', starting and ending with a letter or digit"
 
 # scheme://host[:port] of an agent URL; the schema has checked the rest
@@ -179,6 +181,22 @@ def parse_file(path: str, data: bytes) -> ParsedFile:
     role = classify(path)
     if role == "ignored":
         return ParsedFile(path, "")
+    if not is_readable_path(path):
+        # Its name could be written nowhere: a problem of this file alone.
+        shown = shown_path(path)
+        return ParsedFile(
+            path,
+            "",
+            problems=(
+                Problem(
+                    shown,
+                    0,
+                    0,
+                    "",
+                    f"file name {shown} is not valid UTF-8: rename it; the daemon ignores it",
+                ),
+            ),
+        )
     if role == "misplaced":
         return ParsedFile(path, "", problems=(_misplaced(path),))
     if role == "stray":

@@ -3,6 +3,11 @@ defined once (docs/configuration.md). Pure."""
 
 from __future__ import annotations
 
+import re
+
+# A document's name, and so its file's stem: what a status file may be called.
+NAME_RE = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
+
 SETTINGS_PATH = "reconciler.yaml"
 NODES_DIR = "nodes"
 ROLLOUTS_DIR = "rollouts"
@@ -61,6 +66,31 @@ def status_page_path(name: str, page: int) -> str:
     return f"{STATUS_DIR}/{name}/nodes-{page:04d}.yaml"
 
 
-def name_in(folder: str, path: str) -> str:
-    """NAME of ``FOLDER/NAME.yaml``."""
-    return path[len(folder) + 1 : -len(".yaml")]
+def name_in(folder: str, path: str) -> str | None:
+    """NAME of ``FOLDER/NAME.yaml``; None for any other path (another
+    folder or suffix, a deeper file, or a stem that is not a valid name,
+    such as ``rollouts/x.yml`` or ``rollouts/README.md``)."""
+    prefix = folder + "/"
+    if not path.startswith(prefix) or not path.endswith(".yaml"):
+        return None
+    name = path[len(prefix) : -len(".yaml")]
+    return name if NAME_RE.fullmatch(name) else None
+
+
+def is_readable_path(path: str) -> bool:
+    """Whether ``path`` is valid UTF-8: Git allows any bytes in a name, and
+    such a name comes back from the tree with its bytes escaped as lone
+    surrogates, which no file written from it could encode."""
+    try:
+        path.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def shown_path(path: str) -> str:
+    """``path`` as text that can be written anywhere: bytes that are not
+    UTF-8 shown as ``\\xff``."""
+    if is_readable_path(path):
+        return path
+    return path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")

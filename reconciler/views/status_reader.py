@@ -15,9 +15,11 @@ from reconciler.spec import schemas
 from reconciler.spec.errors import StoreError
 from reconciler.spec.paths import (
     FLEET_STATUS_PATH,
+    NAME_RE,
     SETTINGS_PATH,
     STATUS_DIR,
     name_in,
+    shown_path,
     status_pages_dir,
     status_path,
 )
@@ -92,6 +94,10 @@ class StatusReader:
         self._broken: dict[str, str] = {}
         # The rollouts ``read_changed`` read again (None after a full read).
         self.changed_names: frozenset[str] | None = None
+        # Files under status/ that no rollout can own (a name that is not a
+        # valid rollout name, or not UTF-8), at the last read: shown path ->
+        # why it is ignored. Each is a problem of that path alone.
+        self.ignored: dict[str, str] = {}
 
     def read(
         self, source: StatusSource, commit: str | None
@@ -105,9 +111,13 @@ class StatusReader:
         statuses: dict[str, RolloutStatus] = {}
         broken: dict[str, str] = {}
         keys: dict[str, tuple[str, ...]] = {}
+        self.ignored = {}
         for path, blob_id in source.files(commit, STATUS_DIR).items():
             if not path.endswith(".yaml") or path == FLEET_STATUS_PATH:
                 continue  # the fleet watch's record is not a rollout's
+            if name_in(STATUS_DIR, path) is None:
+                self.ignored[shown_path(path)] = _IGNORED
+                continue
             self._read_one(source, commit, path, blob_id, statuses, broken, keys)
         # Forget what the branch no longer holds: a long-running daemon must
         # not keep every version of every status file it ever read.
@@ -130,7 +140,14 @@ class StatusReader:
         last read returned, the same objects."""
         if commit is None or self.at is None:
             return self.read(source, commit)
+        changed = list(changed)
         self.changed_names = frozenset(_names_of(changed))
+        for path in changed:
+            if _is_main_file(path) and name_in(STATUS_DIR, path) is None:
+                if source.file_blob(commit, path) is None:
+                    self.ignored.pop(shown_path(path), None)
+                else:
+                    self.ignored[shown_path(path)] = _IGNORED
         # The last read's mappings, brought up to date in place: one copy
         # of thousands of statuses is handed out, not three made.
         statuses = self._statuses
@@ -167,6 +184,8 @@ class StatusReader:
     ) -> None:
         """Read ``status/NAME.yaml`` (and its pages) into ``statuses`` or ``broken``."""
         name = name_in(STATUS_DIR, path)
+        if name is None:
+            return  # no rollout's (``ignored``)
         try:
             main = self._load(source, path, blob_id)
             pages: dict[str, Any] = {}
@@ -246,6 +265,24 @@ class StatusReader:
         return data
 
 
+_IGNORED = (
+    "not a rollout's status file: its name is not a valid rollout name (or not UTF-8); "
+    "the daemon ignores it"
+)
+
+
+def _is_main_file(path: str) -> bool:
+    """``status/SOMETHING.yaml``, directly in the folder, but the fleet's record."""
+    head, sep, rest = path.partition("/")
+    return (
+        head == STATUS_DIR
+        and bool(sep)
+        and "/" not in rest
+        and rest.endswith(".yaml")
+        and path != FLEET_STATUS_PATH
+    )
+
+
 def _names_of(changed: Iterable[str]) -> set[str]:
     """The rollouts whose status files are among ``changed`` paths:
     ``status/NAME.yaml`` and anything under ``status/NAME/`` (its pages);
@@ -257,10 +294,9 @@ def _names_of(changed: Iterable[str]) -> set[str]:
             continue
         rest = path[len(prefix) :]
         head, sep, _ = rest.partition("/")
-        if sep:
-            names.add(head)
-        elif rest.endswith(".yaml"):
-            names.add(rest[: -len(".yaml")])
+        name = head if sep else rest[: -len(".yaml")] if rest.endswith(".yaml") else ""
+        if NAME_RE.fullmatch(name):
+            names.add(name)
     names.discard(FLEET_STATUS_PATH[len(prefix) : -len(".yaml")])
     return names
 

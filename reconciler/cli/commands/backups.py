@@ -78,9 +78,7 @@ def node_spec(source: Branch, branch: str, node: str) -> Node:
     data = source.read(tip, path)
     if data is None:
         known = sorted(
-            name_in(NODES_DIR, p)
-            for p in source.reader.files(tip, NODES_DIR)
-            if p.endswith(".yaml")
+            name for p in source.reader.files(tip, NODES_DIR) if (name := name_in(NODES_DIR, p))
         )
         raise ReconcilerError(
             f"no node named {node!r} on {branch}: {path} does not exist",

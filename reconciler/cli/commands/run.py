@@ -110,6 +110,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_remote_arguments(parser)
     parser.add_argument(
+        "--plain",
+        action="store_true",
+        help="read and step everything afresh on every pass, with no caches and no "
+        "shortcuts (slower; decides exactly what the default mode does)",
+    )
+    parser.add_argument(
         "--concurrency",
         type=int,
         default=64,
@@ -223,12 +229,14 @@ def _run(args: argparse.Namespace, start_up: _StartUp) -> int:
         status_signers=status_signers,
         notifier=notifier,
         environ=os.environ,
+        plain=args.plain,
     )
     log.info(
         "start",
         f"acting on {redact_url(args.repo)} branch {args.branch}",
         key=key.key_id,
         verification="on" if approver else "off",
+        mode="plain" if args.plain else "fast",
         approvals=args.require_approvals,
     )
     try:

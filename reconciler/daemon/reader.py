@@ -1,0 +1,555 @@
+"""The daemon's one reader of Git: it owns every cache kept between passes
+(parsed blobs, documents, statuses, built engine inputs, the fleet status,
+the dashboard blob, the last tip) and hands each pass a ``Snapshot`` of what to act on and a
+``Delta`` of what changed since the last pass.
+
+It is also where verification is applied: with an approver, the snapshot's
+documents are those of the verified tree (never one behind the commit last
+acted on), and statuses the verified spec does not back, or that the daemon
+did not write, are held. The steps after it read nothing from the tip.
+
+Forgetting the caches changes nothing but the cost (``run --plain`` reads
+with a new reader every pass). Must not: decide anything, write anything
+but the last-acted marker, or keep rollout state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from reconciler.daemon.inputs import BuiltInputs, Context, InputCache
+from reconciler.daemon.status_trust import StatusTrust, approved_by_records
+from reconciler.engine import step as engine
+from reconciler.git.approval import (
+    Approval,
+    Approver,
+    descends_by_first_parent,
+    last_acted,
+    record_acted,
+    refuse_backwards,
+)
+from reconciler.git.approval_notes import notes_tip
+from reconciler.git.history import History
+from reconciler.git.sshsig import AllowedSigner
+from reconciler.git.status_writes import DaemonWrites
+from reconciler.git.store import GitStore
+from reconciler.spec.documents import Assembly, Documents, ParsedFile, parse_file
+from reconciler.spec.errors import StoreError
+from reconciler.spec.fleet_status import FleetStatus
+from reconciler.spec.paths import (
+    DASHBOARD_PATH,
+    FLEET_STATUS_PATH,
+    ROLLOUTS_DIR,
+    SETTINGS_PATH,
+    SPEC_FILES,
+    SPEC_FOLDERS,
+    STATUS_DIR,
+    is_spec_path,
+    name_in,
+    status_path,
+)
+from reconciler.spec.rollout_status import ApprovalRecord, RolloutStatus
+from reconciler.views.fleet_reader import FleetReader
+from reconciler.views.status_reader import StatusReader
+
+Report = Callable[..., None]  # (event, message, **fields): a standing problem, logged once
+REQUEST_WALK = 1000  # old versions kept parsed, for the rollback requests' history
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What one pass acts on, read at one tip."""
+
+    tip: str
+    history: History  # first-parent history up to ``tip``
+    approval: Approval | None  # with verification on: what is verified
+    spec_commit: str | None  # the commit whose spec tree is acted on
+    documents: Documents
+    status_branch: str
+    status_tip: str | None
+    statuses: dict[str, RolloutStatus]
+    broken: dict[str, str]  # rollouts whose status cannot be read or is held, with why
+    ignored: Mapping[str, str]  # status files no rollout can own: shown path -> why
+    # Rollouts seen only in an unverified tree: they get a status saying so.
+    unverified: frozenset[str]
+    fleet_status: FleetStatus | None  # status/fleet.yaml at the status tip
+    refusal: str | None  # why the newest change is not acted on, under verification
+    approved_by: tuple[ApprovalRecord, ...]  # who approved the commit acted on
+    # The nodes each rollout with an unreadable status may hold.
+    held_by_unreadable: dict[str, tuple[str, ...]]
+
+
+@dataclass(frozen=True)
+class Delta:
+    """What changed since the last read (None: anything may have)."""
+
+    spec: frozenset[str] | None  # rollouts whose spec files changed since the last read
+    status: frozenset[str] | None  # rollouts whose status files changed since the last read
+    # Rollouts whose statuses changed since the last pass that ran to its
+    # end: what the steps that look at statuses judge again.
+    since_pass: frozenset[str] | None
+    read_everything: bool  # some folder was read whole (not from changes)
+
+
+@dataclass
+class _Caches:
+    parsed: dict[str, ParsedFile] = field(default_factory=dict)  # blob id -> parsed document
+    documents: tuple[tuple[str | None, ...], Documents] | None = None  # spec tree ids -> them
+    documents_commit: str | None = None  # the commit those documents were read at
+    assembly: Assembly = field(default_factory=Assembly)  # redone for what changed
+    spec_blobs: dict[str, str] = field(default_factory=dict)  # spec path -> blob id
+    status_reader: StatusReader = field(default_factory=StatusReader)  # by blob id
+    fleet_reader: FleetReader = field(default_factory=FleetReader)  # status/fleet.yaml
+    dashboard: tuple[str, bytes] | None = None  # the dashboard blob read last: (id, content)
+    # The daemon's last status commit on the statuses it read: (the status
+    # tip read, the commit made on it, the status paths it wrote).
+    own_status_write: tuple[str, str, frozenset[str]] | None = None
+    # (verified commit, last acted commit) -> descends from it by first parent
+    descends: dict[tuple[str, str], bool] = field(default_factory=dict)
+
+
+class Reader:
+    """Reads a store's tip into snapshots, keeping caches between reads."""
+
+    def __init__(
+        self,
+        store: GitStore,
+        *,
+        approver: Approver | None,
+        status_signers: Sequence[AllowedSigner],
+        report: Report,
+        info: Callable[[str, str], None],
+    ) -> None:
+        self.store = store
+        self.approver = approver
+        self.report = report
+        self.info = info
+        self.seen_tip: str | None = None  # the tip acted on last (or the commit made on it)
+        # Soft state: the last readable status of each rollout, since start-up.
+        self.last_readable: dict[str, RolloutStatus] = {}
+        self.caches = _Caches()
+        self.input_cache = InputCache()  # engine inputs by rollout
+        self._unsettled: set[str] | None = None  # status changes since the last full pass
+        self._acted_history = History(store.repository())
+        self.trust = (
+            StatusTrust(
+                store,
+                approver,
+                DaemonWrites(store.repository(), status_signers) if status_signers else None,
+            )
+            if approver is not None
+            else None
+        )
+        self._read_everything = False
+
+    # -- the tip -------------------------------------------------------------
+
+    def tip(self) -> str:
+        """The branch tip, fetched first from a remote."""
+        store = self.store
+        tip = store.refresh()
+        if tip is None:
+            raise StoreError(
+                f"branch {store.branch!r} does not exist in {store.location}",
+                "push the fleet repository's first commit, or pass --branch",
+            )
+        return tip
+
+    def rewritten(self, tip: str) -> str | None:
+        """Why ``tip`` is refused, when it does not contain the tip seen last."""
+        seen, store = self.seen_tip, self.store
+        if not seen or tip == seen or store.is_descendant(tip, seen):
+            return None
+        return (
+            f"branch {store.branch!r} moved from {seen[:12]} to {tip[:12]}, which does "
+            "not contain it: history was rewritten (a force-push?). Refusing to act on it; "
+            "push a commit on top of the history the daemon has seen, or restart the daemon "
+            "to accept the new history"
+        )
+
+    def approvals_tip(self) -> str | None:
+        """A new approval moves no branch, only the notes ref: a quiet pass
+        is quiet only while that stays too (docs/trust.md)."""
+        if self.approver is None or not self.approver.counts_approvals:
+            return None
+        return notes_tip(self.store.repository())
+
+    # -- one read ------------------------------------------------------------
+
+    def read(self, tip: str) -> tuple[Snapshot, Delta]:
+        """Pick the tree to act on at ``tip`` (the verified one, with
+        verification on, and never one behind the last acted on;
+        docs/trust.md) and read its documents and the recorded statuses,
+        holding those the verified spec does not back."""
+        store = self.store
+        self._read_everything = False
+        history = store.history()
+        history.advance(tip)
+        approval = self._forward_only(self.approver.approve(tip)) if self.approver else None
+        spec_commit = tip if approval is None else approval.verified_commit
+        documents, spec_changed = self._read_documents(spec_commit)
+        status_branch = documents.settings.status_branch or store.branch
+        status_tip = tip if status_branch == store.branch else store.tip(status_branch)
+        statuses, broken, status_changed = self._read_statuses(status_tip)
+        ignored = dict(self.caches.status_reader.ignored)
+        for path, reason in ignored.items():
+            self.report("status_ignored", f"{path}: {reason}", path=path)
+        since_pass = status_changed
+        if self.trust is not None and status_tip is not None:
+            self._hold_untrusted(statuses, broken, status_tip, history, spec_commit)
+            since_pass = None  # held statuses leave the mapping
+        self._unsettle(since_pass)
+        snapshot = Snapshot(
+            tip=tip,
+            history=history,
+            approval=approval,
+            spec_commit=spec_commit,
+            documents=documents,
+            status_branch=status_branch,
+            status_tip=status_tip,
+            statuses=statuses,
+            broken=broken,
+            ignored=ignored,
+            unverified=self._unverified_names(tip, approval),
+            fleet_status=self._fleet_at(status_tip),
+            refusal=_refusal_text(approval),
+            approved_by=self._approved_by(approval),
+            held_by_unreadable=self._held_by_unreadable(
+                documents, statuses, broken, status_changed if since_pass is not None else None
+            ),
+        )
+        unsettled = self._unsettled
+        delta = Delta(
+            spec=spec_changed,
+            status=status_changed,
+            since_pass=frozenset(unsettled) if unsettled is not None else None,
+            read_everything=self._read_everything,
+        )
+        return snapshot, delta
+
+    def inputs(self, snapshot: Snapshot, delta: Delta) -> BuiltInputs:
+        """Each rollout's engine input for ``snapshot``, built again only
+        where ``delta`` or history says it may differ (``inputs.py``)."""
+        history = snapshot.history
+        context = Context(
+            tip=snapshot.tip,
+            history=history,
+            source=self.store,
+            parse=self.parse,
+            refusal=snapshot.refusal,
+            approved_by=snapshot.approved_by,
+            unverified=snapshot.unverified,
+            settings_change=history.last_change(SETTINGS_PATH),
+        )
+        return self.input_cache.build(
+            context,
+            snapshot.documents,
+            snapshot.statuses,
+            snapshot.broken,
+            (delta.spec, delta.status),
+            look_at_every=self.trust is not None,
+        )
+
+    def settle(self) -> None:
+        """A pass ran to its end: every step saw the changes handed out."""
+        self._unsettled = set()
+
+    def _unsettle(self, names: frozenset[str] | None) -> None:
+        if names is None:
+            self._unsettled = None
+        elif self._unsettled is not None:
+            self._unsettled.update(names)
+
+    def _hold_untrusted(
+        self,
+        statuses: dict[str, RolloutStatus],
+        broken: dict[str, str],
+        status_tip: str,
+        history: History,
+        spec_commit: str | None,
+    ) -> None:
+        """Move the statuses the daemon did not write, or the verified spec
+        does not back, from ``statuses`` into ``broken``."""
+        assert self.trust is not None
+        tampered = self.trust.hold_unwritten(statuses, status_tip)
+        # Held back at the last acted commit (a backwards move), statuses
+        # belong to its history, not to the refused tip's.
+        chain = history
+        if spec_commit is not None and spec_commit not in history:
+            chain = self._acted_history
+            chain.advance(spec_commit)
+        tampered.update(self.trust.hold_tampered(statuses, chain, self.caches.parsed))
+        for name, reason in tampered.items():
+            broken[name] = reason
+            self.report("status_tampered", reason, rollout=name)
+
+    def _approved_by(self, approval: Approval | None) -> tuple[ApprovalRecord, ...]:
+        """Who approved the verified commit acted on, and the approval rules
+        each counted for (docs/approval-rules.md), when approvals are asked
+        for; () otherwise."""
+        approver = self.approver
+        if approver is None or approval is None or approval.verified_commit is None:
+            return ()
+        return approved_by_records(approver, approval.verified_commit)
+
+    def _held_by_unreadable(
+        self,
+        documents: Documents,
+        statuses: Mapping[str, RolloutStatus],
+        broken: Mapping[str, str],
+        changed: frozenset[str] | None,
+    ) -> dict[str, tuple[str, ...]]:
+        """The nodes each rollout with an unreadable status may hold: those
+        of its last readable status (remembered since start-up) and those
+        its spec selects. Nobody else starts on them until it is repaired."""
+        if changed is None:
+            self.last_readable.update(statuses)
+        else:  # only the statuses read again can be new
+            for name in changed:
+                status = statuses.get(name)
+                if status is not None:
+                    self.last_readable[name] = status
+        held: dict[str, tuple[str, ...]] = {}
+        for name in broken:
+            last = self.last_readable.get(name)
+            nodes = {n.name for n in last.nodes} if last is not None else set()
+            spec = documents.rollouts.get(name)
+            if spec is not None:
+                nodes.update(engine.resolve_nodes(spec, documents.fleet))
+            held[name] = tuple(sorted(nodes))
+        return held
+
+    def _unverified_names(self, tip: str, approval: Approval | None) -> frozenset[str]:
+        """Rollouts named in the tip's tree while it is not verified: they
+        still get a status that says why nothing happens (docs/trust.md).
+        Only valid names: another path can own no status file."""
+        if approval is None or not approval.refusals:
+            return frozenset()
+        names = (name_in(ROLLOUTS_DIR, path) for path in self.store.files(tip, ROLLOUTS_DIR))
+        return frozenset(name for name in names if name is not None)
+
+    def _forward_only(self, approval: Approval) -> Approval:
+        """Refuse a verified commit that does not descend by first parent from
+        the one last acted on (kept in ``approval.ACTED_REF``); record a new
+        one that does."""
+        repo = self.store.repository()
+        acted = last_acted(repo, self.store.branch)
+        verified = approval.verified_commit
+        if acted is None or verified == acted:
+            if verified is not None and acted is None:
+                record_acted(repo, self.store.branch, verified)
+            return approval
+        forward = False
+        if verified is not None:
+            descends = self.caches.descends
+            key = (verified, acted)
+            known = descends.get(key)
+            if known is None:
+                known = descends_by_first_parent(repo, verified, acted)
+                if len(descends) > 1000:
+                    descends.clear()
+                descends[key] = known
+            forward = known
+        if forward and verified is not None:
+            record_acted(repo, self.store.branch, verified)
+            return approval
+        held = refuse_backwards(approval, acted, moves_forward=False)
+        self.report("verified_moved_back", held.refusals[0].reason, commit=verified or "")
+        return held
+
+    # -- documents -----------------------------------------------------------
+
+    def parse(self, blob_id: str, path: str) -> ParsedFile:
+        """The file at ``path`` with blob ``blob_id``, parsed once per blob."""
+        parsed = self.caches.parsed.get(blob_id)
+        if parsed is None or parsed.path != path:
+            parsed = parse_file(path, self.store.blob(blob_id))
+            self.caches.parsed[blob_id] = parsed
+        return parsed
+
+    def _read_documents(self, commit: str | None) -> tuple[Documents, frozenset[str] | None]:
+        """The documents of ``commit``'s tree, and the rollouts whose files
+        changed since the last read (None: read whole); reassembled only
+        when a spec subtree changed, and then only for the files that
+        changed since the commit read last (``git.history.changed_paths``,
+        rewinds included; ``spec.documents.Assembly`` falls back to every
+        file when a node, the settings or a rule across files is involved);
+        reparsed only for blobs not seen before."""
+        store, caches = self.store, self.caches
+        if commit is None:
+            key: tuple[str | None, ...] = (None,)
+        else:
+            key = (
+                *(store.subtree_id(commit, folder) for folder in SPEC_FOLDERS),
+                store.file_blob(commit, SETTINGS_PATH),
+            )
+        if caches.documents and caches.documents[0] == key:
+            return caches.documents[1], frozenset()
+        before = caches.documents_commit
+        paths = (
+            self._changed_paths(before, commit, (*SPEC_FOLDERS, *SPEC_FILES))
+            if commit is not None and before is not None and caches.assembly.documents is not None
+            else None
+        )
+        changed_names: frozenset[str] | None
+        if commit is not None and paths is not None:
+            documents = caches.assembly.update(self._reparse(commit, paths))
+            changed_names = caches.assembly.changed_names
+        else:
+            changed_names = None
+            self._read_everything = True
+            blobs = store.spec_files(commit) if commit is not None else {}  # path -> blob id
+            documents = caches.assembly.rebuild(
+                self.parse(blob_id, path) for path, blob_id in blobs.items()
+            )
+            caches.spec_blobs = blobs
+        if len(caches.parsed) > 2 * len(caches.spec_blobs) + REQUEST_WALK:
+            # Old versions parsed for rollback requests' history: forgotten.
+            live = set(caches.spec_blobs.values())
+            for blob_id in [b for b in caches.parsed if b not in live]:
+                del caches.parsed[blob_id]
+        for problem in documents.problems:
+            self.report("invalid_document", str(problem), path=problem.path)
+        caches.documents = (key, documents)
+        caches.documents_commit = commit
+        return documents, changed_names
+
+    def _reparse(self, commit: str, paths: frozenset[str]) -> dict[str, ParsedFile | None]:
+        """The spec files among ``paths`` as they are at ``commit`` (None: gone)."""
+        caches = self.caches
+        changed: dict[str, ParsedFile | None] = {}
+        for path in paths:
+            if not is_spec_path(path):
+                continue  # nested deeper than the daemon reads
+            old_blob = caches.spec_blobs.pop(path, None)
+            if old_blob is not None:
+                caches.parsed.pop(old_blob, None)
+            blob_id = self.store.file_blob(commit, path)
+            if blob_id is None:
+                changed[path] = None
+            else:
+                caches.spec_blobs[path] = blob_id
+                changed[path] = self.parse(blob_id, path)
+        return changed
+
+    def _changed_paths(
+        self, before: str | None, commit: str | None, paths: tuple[str, ...]
+    ) -> frozenset[str] | None:
+        """The files under ``paths`` (folders, and top-level files) that
+        differ between the commit read last and ``commit``; None when the
+        commit read last is gone (a mirror's objects after a force-push):
+        then everything is read again."""
+        folders = tuple(p for p in paths if p not in SPEC_FILES)
+        files = tuple(p for p in paths if p in SPEC_FILES)
+        try:
+            return self.store.changed_paths(before, commit, folders, files)
+        except StoreError as exc:
+            self.info("read_everything", f"{exc}; reading every file again")
+            return None
+
+    # -- statuses ------------------------------------------------------------
+
+    def _read_statuses(
+        self, commit: str | None
+    ) -> tuple[dict[str, RolloutStatus], dict[str, str], frozenset[str] | None]:
+        """Recorded statuses by rollout name, the names whose status files
+        cannot be read (with why: those are held, never overwritten), and
+        the rollouts whose files changed since the last read (None: any)."""
+        caches = self.caches
+        reader = caches.status_reader
+        # After its own commit on the statuses read last, the daemon knows
+        # what changed up to that commit: only what came after is compared
+        # (one tree id, unless someone else wrote status files since).
+        base, written = reader.at, frozenset[str]()
+        own, caches.own_status_write = caches.own_status_write, None
+        if own is not None and own[0] == reader.at:
+            _, base, written = own
+        changed = (
+            self._changed_paths(base, commit, (STATUS_DIR,))
+            if commit is not None and base is not None
+            else None
+        )
+        if changed is not None:
+            # Only the rollouts whose status files changed since the last
+            # read are read again (a rewind is a change like any other).
+            statuses, broken = reader.read_changed(self.store, commit, changed | written)
+        else:
+            statuses, broken = reader.read(self.store, commit)
+            self._read_everything = True
+        for name, reason in broken.items():
+            self.report(
+                "status_unreadable",
+                f"{reason}; the rollout is held and its status file is left as it is: "
+                f"restore it with `git revert` or delete {status_path(name)} to start the "
+                "rollout anew",
+                rollout=name,
+            )
+        return statuses, broken, reader.changed_names
+
+    def _fleet_at(self, commit: str | None) -> FleetStatus | None:
+        """``status/fleet.yaml`` at ``commit``, parsed once per blob. A file
+        that is not a fleet status is reported and replaced by the next
+        decision: it is the daemon's record, not an operator's input."""
+        try:
+            return self.caches.fleet_reader.read(self.store, commit)
+        except ValueError as exc:
+            self.report(
+                "fleet_status_unreadable",
+                f"{exc}; the next sweep's decision replaces {FLEET_STATUS_PATH}",
+            )
+            return None
+
+    def dashboard_text(self, blob_id: str) -> bytes:
+        """The dashboard blob's content; the last one read is kept (it is
+        large at thousands of rollouts, and mostly the same blob)."""
+        kept = self.caches.dashboard
+        if kept is None or kept[0] != blob_id:
+            kept = self.caches.dashboard = (blob_id, self.store.blob(blob_id))
+        return kept[1]
+
+    # -- after a commit ------------------------------------------------------
+
+    def remember_commit(
+        self,
+        snapshot: Snapshot,
+        commit: str,
+        changes: Mapping[str, bytes | None],
+        written: Mapping[str, object],
+        statuses: Mapping[str, RolloutStatus],
+        fleet: FleetStatus | None,
+    ) -> None:
+        """What the daemon just committed on ``snapshot``'s status tip is
+        what the next read finds there: not read again."""
+        caches = self.caches
+        if snapshot.status_tip is not None and snapshot.status_tip == caches.status_reader.at:
+            caches.own_status_write = (
+                snapshot.status_tip,
+                commit,
+                frozenset(path for path in changes if path.startswith(STATUS_DIR + "/")),
+            )
+        if DASHBOARD_PATH in changes:
+            written_id = self.store.file_blob(commit, DASHBOARD_PATH)
+            dashboard = changes[DASHBOARD_PATH]
+            if written_id is not None and dashboard is not None:
+                caches.dashboard = (written_id, dashboard)
+        if fleet is not None:
+            caches.fleet_reader.remember(self.store, commit, fleet)
+        caches.status_reader.remember(self.store, commit, written, statuses)
+
+
+def _refusal_text(approval: Approval | None) -> str | None:
+    """Why the newest change is not acted on, for the statuses it concerns."""
+    if approval is None or not approval.refusals:
+        return None
+    newest = approval.refusals[0]
+    fallback = (
+        f"acting on {approval.verified_commit[:12]}, the newest verified change"
+        if approval.verified_commit
+        else "no verified change yet, so nothing is acted on"
+    )
+    if not newest.author:  # a backwards move, not a commit's signature
+        return f"{newest.reason}; {fallback.replace('the newest verified', 'the last verified')}"
+    return (
+        f"commit {newest.commit[:12]} by {newest.author} not verified: {newest.reason}; {fallback}"
+    )
