@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -37,3 +38,15 @@ def identity(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, str]]:
         monkeypatch.setenv(key, env[key])
     monkeypatch.delenv("NO_COLOR", raising=False)
     yield env
+
+
+@pytest.fixture(autouse=True)
+def daemon_state_home(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> Path:
+    """Every daemon a test starts (in this process or as a child that takes
+    this environment) keeps its state directory under the test's own
+    folder, never in the home directory, and two tests never share one."""
+    home = tmp_path_factory.mktemp("state-home")
+    monkeypatch.setenv("XDG_STATE_HOME", str(home))
+    return home

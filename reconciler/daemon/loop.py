@@ -52,6 +52,7 @@ from reconciler.daemon.notifications import Notifier
 from reconciler.daemon.observer import Observed, Observer
 from reconciler.daemon.prometheus_client import PrometheusClient
 from reconciler.daemon.reader import Delta, Reader, Snapshot
+from reconciler.daemon.state import DaemonState
 from reconciler.daemon.status_files import StatusFiles, commit_message
 from reconciler.engine import fleet as fleet_rules
 from reconciler.engine import step as engine
@@ -163,6 +164,7 @@ class Daemon:
         environ: Mapping[str, str] | None = None,
         prometheus: PrometheusClient | None = None,
         plain: bool = False,
+        state: DaemonState | None = None,
     ) -> None:
         self.store = store
         self.client = client
@@ -174,6 +176,8 @@ class Daemon:
         self.notifier = notifier
         self.environ = environ if environ is not None else {}
         self.plain = plain
+        # Durable state outside Git; None (tests that build a Daemon) keeps none.
+        self.state = state
         self._status_signers = tuple(status_signers)
         self._announced = False  # standing events handed to the notifier once, on start
         self._reported: set[str] = set()  # problems already logged, to log each once

@@ -103,6 +103,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="text: one line per event for people (default); json: one object per line",
     )
     parser.add_argument(
+        "--state-dir",
+        type=Path,
+        metavar="DIR",
+        help="where the daemon keeps what must survive a restart and no push may change "
+        "(default: $XDG_STATE_HOME/reconciler, else ~/.local/state/reconciler)",
+    )
+    parser.add_argument(
         "--cache-dir",
         type=Path,
         metavar="DIR",
@@ -176,6 +183,7 @@ def _run(args: argparse.Namespace, start_up: _StartUp) -> int:
     from reconciler.daemon.logs import EventLog
     from reconciler.daemon.loop import Daemon
     from reconciler.daemon.metrics import Metrics
+    from reconciler.daemon.state import DaemonState, default_state_root
     from reconciler.git.sshsig import sign_commit_payload
     from reconciler.git.store import GitStore
     from reconciler.protocol.signing import load_private_key
@@ -230,6 +238,9 @@ def _run(args: argparse.Namespace, start_up: _StartUp) -> int:
         notifier=notifier,
         environ=os.environ,
         plain=args.plain,
+        state=DaemonState.for_branch(
+            args.state_dir or default_state_root(), args.repo, args.branch
+        ),
     )
     log.info(
         "start",
