@@ -10,7 +10,7 @@ import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 
-from reconciler.spec.rollout_status import HOLD_NODES_SHOWN
+from reconciler.spec.rollout_status import HOLD_NODES_SHOWN, NodeRecord
 from reconciler.spec.times import format_time
 
 # A node's health verdict; restores in flight.
@@ -136,6 +136,11 @@ def hold_message(
         next=batch + 1,
         **words,
     )
+
+
+def restore_waiting(node: NodeRecord) -> bool:
+    """The policy decided a restore that waits for the agent's backup list."""
+    return node.held == "rollback_pending" and node.state not in RESTORE_STATES
 
 
 def name_list(names: Sequence[str]) -> str:

@@ -24,7 +24,7 @@ from typing import Any
 from reconciler.spec import health as health_rules
 from reconciler.spec.batch_shapes import batch_sizes, batch_starts
 from reconciler.spec.durations import format_duration, parse_duration
-from reconciler.spec.model import API_VERSION, Target
+from reconciler.spec.model import API_VERSION, RolloutSpec, Target
 from reconciler.spec.paths import status_page_path, status_path
 from reconciler.spec.times import format_time, parse_time
 
@@ -281,6 +281,36 @@ class FrozenSpec:
     def batch_starts(self, count: int) -> tuple[int, ...]:
         """Index of each batch's first node, then ``count``."""
         return batch_starts(self.batches, self.batch_size, count)
+
+
+# The spec fields frozen at start, by ``FrozenSpec`` attribute (the same
+# name on ``RolloutSpec``) and document name: everything but the intents,
+# ``healthTimeout`` and ``pauseAfter``. Every frozen-field rule reads this.
+FROZEN_FIELDS: tuple[tuple[str, str], ...] = (
+    ("target", "target"),
+    ("selector", "selector"),
+    ("node_ids", "nodeIds"),
+    ("batch_size", "batchSize"),
+    ("live", "live"),
+    ("on_failure", "onFailure"),
+    ("start_at", "startAt"),
+    ("include_maintenance", "includeMaintenance"),
+    ("allow_overlap", "allowOverlap"),
+    ("health", "health"),
+    ("batches", "batches"),
+    ("ignore_windows", "ignoreWindows"),
+)
+assert {attr for attr, _ in FROZEN_FIELDS} == set(FrozenSpec.__dataclass_fields__)
+
+
+def freeze(spec: RolloutSpec) -> FrozenSpec:
+    """The frozen part of ``spec``, as a start records it."""
+    return FrozenSpec(**{attr: getattr(spec, attr) for attr, _ in FROZEN_FIELDS})
+
+
+def frozen_changes(frozen: FrozenSpec, spec: RolloutSpec) -> list[str]:
+    """Document names of the frozen fields ``spec`` now sets otherwise than ``frozen``."""
+    return [doc for attr, doc in FROZEN_FIELDS if getattr(frozen, attr) != getattr(spec, attr)]
 
 
 @dataclass(frozen=True)
@@ -797,6 +827,7 @@ def changed_files(
 
 __all__ = [
     "BATCH_STATES",
+    "FROZEN_FIELDS",
     "HOLD_REASONS",
     "NODE_STATES",
     "PAGE_SIZE",
@@ -815,7 +846,9 @@ __all__ = [
     "Waiting",
     "changed_files",
     "count_progress",
+    "freeze",
     "from_record",
+    "frozen_changes",
     "page_nodes",
     "status_files",
     "status_from_files",

@@ -25,7 +25,6 @@ from datetime import datetime
 
 from reconciler.engine.selection import maintenance_node_ids
 from reconciler.engine.step import (
-    FROZEN_FIELDS,
     FleetStep,
     RolloutInput,
     Transition,
@@ -39,7 +38,7 @@ from reconciler.spec.documents import DAY_NUMBERS
 from reconciler.spec.durations import format_duration
 from reconciler.spec.model import Problem, RolloutSpec, Settings, Target, Window
 from reconciler.spec.paths import rollout_path
-from reconciler.spec.rollout_status import TERMINAL_PHASES, RolloutStatus
+from reconciler.spec.rollout_status import FROZEN_FIELDS, TERMINAL_PHASES, RolloutStatus
 from reconciler.spec.times import format_time
 from reconciler.views import markdown
 from reconciler.views.health_text import health_lines

@@ -1,0 +1,119 @@
+"""Why a rollout that has not started waits, and the words its start
+records (docs/rollouts.md): pure functions from the spec, the settings,
+the fleet and the other rollouts to a (reason, message) wait, or None
+when nothing in them holds the start back. The step records what these
+return; the order in which it asks them is the rule."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+from reconciler.engine.holds import name_list
+from reconciler.engine.selection import unknown_node_ids
+from reconciler.engine.shapes import after_wait
+from reconciler.spec.batch_shapes import describe_sizes
+from reconciler.spec.model import Fleet, Problem, RolloutSpec, Settings
+from reconciler.spec.rollout_status import RolloutStatus, Waiting
+from reconciler.spec.times import format_time
+
+# (reason, message) of a rollout that stays pending
+Wait = tuple[str, str]
+
+NO_NODES = (
+    "the selection matches no node (maintenance nodes are left out unless "
+    "includeMaintenance is true)"
+)
+
+
+def unusable(problems: Sequence[Problem], refusal: str | None) -> Wait:
+    """Why a present rollout file that gives no spec waits: not verified, or invalid."""
+    if refusal is not None and not problems:
+        return "unverified", f"not verified: {refusal}"
+    words = "; ".join(str(p) for p in problems) or "the rollout file is invalid"
+    return "invalid", f"invalid rollout file: {words}"
+
+
+def spec_wait(
+    spec: RolloutSpec,
+    settings: Settings,
+    fleet: Fleet,
+    current: Callable[[], Mapping[str, RolloutStatus]],
+) -> Wait | None:
+    """Why a valid spec waits before its nodes are resolved: the operator
+    pause, prometheus checks without a server, ``after`` rollouts not
+    completed (``current``: every rollout's status, read only then), or
+    nodeIds naming nodes that do not exist."""
+    if spec.paused:
+        return "paused", "paused by the operator (spec.paused is true) before start"
+    if (
+        spec.live
+        and spec.health is not None
+        and spec.health.prometheus_checks
+        and settings.prometheus_url is None
+    ):
+        return (
+            "prometheus_not_configured",
+            "its prometheus checks need settings.spec.prometheus.url in reconciler.yaml; "
+            "it starts once that is set",
+        )
+    if spec.after:
+        waits = after_wait(spec.after, current())
+        if waits is not None:
+            return waits
+    missing = unknown_node_ids(spec, fleet)
+    if missing:
+        return (
+            "unknown_nodes",
+            f"nodeIds names nodes that do not exist: {name_list(missing)}; add their files "
+            "under nodes/ or fix the list",
+        )
+    return None
+
+
+def overlap_wait(names: Sequence[str], claims: Mapping[str, str]) -> str | None:
+    """The overlap message when some of ``names`` are claimed (node -> rollout), or None."""
+    shared = [n for n in names if n in claims]
+    if not shared:
+        return None
+    holders = sorted({claims[n] for n in shared})
+    return (
+        f"waits for rollout {', '.join(holders)}: shares nodes {name_list(shared)}; "
+        "it starts when that one ends (or set allowOverlap: true)"
+    )
+
+
+def waiting_message(waiting: Waiting) -> str:
+    what = (
+        "a freeze in reconciler.yaml"
+        if waiting.reason == "freeze"
+        else "outside the deploy windows of reconciler.yaml"
+    )
+    when = (
+        f"; the next batch may start at {format_time(waiting.until)}"
+        if waiting.until is not None
+        else "; no window opens within a week"
+    )
+    return f"waiting: {what}{when} (ignoreWindows: true exempts a rollout)"
+
+
+def start_message(spec: RolloutSpec, count: int, sizes: Sequence[int]) -> str:
+    """``5 nodes in 3 batches of 2, dry-run, onFailure pause``."""
+    shape = f"of {spec.batch_size}" if not spec.batches else f"of {describe_sizes(sizes)}"
+    batches = len(sizes)
+    return (
+        f"{count} node{'s' if count != 1 else ''} in {batches} "
+        f"batch{'es' if batches != 1 else ''} {shape}, "
+        f"{'live' if spec.live else 'dry-run'}, onFailure {spec.on_failure}"
+    )
+
+
+def left_out_words(left_out: Sequence[str]) -> str:
+    """``; left out of nodeIds: gpu-b5 (in maintenance...)``: nodeIds the
+    selection dropped, so nobody wonders where a named node went."""
+    if not left_out:
+        return ""
+    them = "it" if len(left_out) == 1 else "them"
+    return (
+        f"; left out of nodeIds: {name_list(left_out)} (in maintenance; set "
+        f"includeMaintenance: true to include {them})"
+    )
