@@ -16,7 +16,7 @@ from typing import Any
 
 from reconciler.engine import lifecycle
 from reconciler.engine.holds import RESTORE_STATES
-from reconciler.engine.inputs import Transition
+from reconciler.engine.inputs import NodeChange, Transition
 from reconciler.protocol.effects import SendJob
 from reconciler.spec.rollout_status import (
     NODE_STATES,
@@ -134,6 +134,18 @@ class StatusDraft:
                 if node.state in RESTORE_STATES and self.batches[node.batch - 1].state != "running":
                     yield i
 
+    def restores_in_flight(self) -> bool:
+        """Restores sent, or an accepted rollback request waiting to send them:
+        either way nothing else is dispatched (docs/rollouts.md)."""
+        return bool(
+            self.progress("rollback_pending")
+            or self.progress("restoring")
+            or any(r.state == "waiting" for r in self.rollbacks)
+        )
+
+    def any_held(self) -> bool:
+        return any(self.nodes[i].held is not None for i in self.open_indexes())
+
     def phase_terminal(self) -> bool:
         return self.phase in ("completed", "failed", "aborted")
 
@@ -163,6 +175,11 @@ class StatusDraft:
         self._index = None
         self._batches = [BatchRecord(k, "pending") for k in range(1, batches + 1)]
 
+    def apply(self, changes: Iterable[NodeChange]) -> None:
+        """Record the node changes a rule returned, in order."""
+        for change in changes:
+            self.set_node(change.index, change.node, change.reason)
+
     def set_batch(self, index: int, state: str) -> None:
         if self._batches is None:
             self._batches = list(self.old.batches)
@@ -177,6 +194,16 @@ class StatusDraft:
         record = TransitionRecord(self.now, self.phase, phase, reason, self.commit)
         self.status_transitions = (*self.status_transitions, record)[-TRANSITIONS_KEPT:]
         self.phase = phase
+
+    def finish(self, phase: str, reason: str, message: str) -> None:
+        """End the rollout in terminal ``phase``: it holds and waits for nothing."""
+        self.reason = reason
+        self.message = message
+        self.hold = None
+        self.waiting = None
+        self.operator_paused = False
+        self.finished_at = self.now
+        self.set_phase(phase, reason)
 
     def set_condition(self, type_: str, message: str | None) -> None:
         """Add, change or (message None) remove the condition of this type."""

@@ -10,7 +10,7 @@ import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 
-from reconciler.spec.rollout_status import HOLD_NODES_SHOWN, NodeRecord
+from reconciler.spec.rollout_status import HOLD_NODES_SHOWN, Hold, NodeRecord
 from reconciler.spec.times import format_time
 
 # A node's health verdict; restores in flight.
@@ -136,6 +136,59 @@ def hold_message(
         next=batch + 1,
         **words,
     )
+
+
+def hold_over(
+    held: Sequence[NodeRecord],
+    current: Hold | None,
+    paused_after: int | None,
+    until: datetime | None,
+    operator_paused: bool,
+    now: datetime,
+) -> Hold | None:
+    """The rollout's hold, from the first cause that applies: the ``held``
+    nodes (the current reason while some node is still held for it, else
+    the first held node's); the pauseAfter batch ``paused_after`` (lifting
+    itself at ``until``); the operator pause. ``current`` itself when
+    nothing about it changed, so an idle pass writes nothing."""
+    if held:
+        reasons = [n.held for n in held]
+        reason = current.reason if current is not None and current.reason in reasons else reasons[0]
+        assert reason is not None
+        names = tuple(n.name for n in held)
+        first = next(n for n in held if n.held == reason)
+        message = hold_message(reason, nodes=names, error=first.error)
+        return _hold(current, reason, message, names, now)
+    if paused_after is not None:
+        message = hold_message("pause_after_batch", batch=paused_after, until=until)
+        return _hold(current, "pause_after_batch", message, (), now, until)
+    if operator_paused:
+        return _hold(current, "operator_paused", hold_message("operator_paused"), (), now)
+    return None
+
+
+def hold_since(current: Hold | None, reason: str, now: datetime) -> datetime:
+    """When a hold for ``reason`` opened: kept while the reason stays."""
+    return current.since if current is not None and current.reason == reason else now
+
+
+def _hold(
+    current: Hold | None,
+    reason: str,
+    message: str,
+    names: tuple[str, ...],
+    now: datetime,
+    until: datetime | None = None,
+) -> Hold:
+    new = Hold(
+        reason=reason,
+        message=message,
+        since=hold_since(current, reason, now),
+        nodes=names[:HOLD_NODES_SHOWN],
+        node_count=len(names),
+        until=until,
+    )
+    return current if current == new else new
 
 
 def restore_waiting(node: NodeRecord) -> bool:

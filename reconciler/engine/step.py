@@ -29,25 +29,32 @@ Must not: read the clock, touch Git, HTTP, files or randomness, or log.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import replace
 from datetime import datetime, timedelta
 from operator import attrgetter
 
-from reconciler.engine import evidence, intents, rollback, starts
-from reconciler.engine.backups import first_backup_after, first_backup_listed
+from reconciler.engine import (
+    attempts,
+    batches,
+    conditions,
+    evidence,
+    intents,
+    rollback,
+    starts,
+    verdicts,
+)
+from reconciler.engine.backups import first_backup_listed
 from reconciler.engine.calendar import batch_gate
 from reconciler.engine.draft import StatusDraft
 from reconciler.engine.holds import (
     ASK_AGAIN,
     RESTORE_STATES,
     SKIP,
-    VERDICT_STATES,
-    hold_message,
+    hold_over,
+    hold_since,
     restore_waiting,
 )
-from reconciler.engine.inputs import FleetStep, NodeChange, RolloutInput, Transition
+from reconciler.engine.inputs import FleetStep, RolloutInput, Transition
 from reconciler.engine.memo import StepMemo, fleet_index
-from reconciler.engine.policy import decide
 from reconciler.engine.queries import (
     apply_job,
     in_flight,
@@ -62,26 +69,17 @@ from reconciler.engine.queries import (
 )
 from reconciler.engine.records import evolve
 from reconciler.engine.selection import maintenance_node_ids
-from reconciler.engine.selection import resolve_nodes as _resolve
 from reconciler.engine.shapes import timed_pause_until
+from reconciler.engine.starts import resolve_nodes
 from reconciler.protocol.effects import SendJob
-from reconciler.protocol.job_ids import job_id
-from reconciler.protocol.observations import JobObservation, Observations
-from reconciler.spec import agent_url
-from reconciler.spec.agent_url import is_usable_agent_url
-from reconciler.spec.health import HealthCheck
+from reconciler.protocol.observations import Observations
 from reconciler.spec.model import Fleet, Node, RolloutSpec, Settings
 from reconciler.spec.rollout_status import (
-    HOLD_NODES_SHOWN,
-    Hold,
     NodeRecord,
-    RestoreRecord,
     RolloutStatus,
-    Waiting,
     freeze,
     frozen_changes,
 )
-from reconciler.spec.times import parse_time
 
 __all__ = [
     "FleetStep",
@@ -98,26 +96,6 @@ __all__ = [
     "wanted_heartbeats",
     "wanted_metric_checks",
 ]
-
-
-def resolve_nodes(spec: RolloutSpec, fleet: Fleet) -> tuple[str, ...]:
-    """The rollout's node selection, ordered (selector: by name; nodeIds: order kept).
-
-    ``selection.resolve_nodes`` decides; it is handed only the nodes that can
-    match (by a label index of the fleet, or the named nodes), because the
-    daemon resolves every rollout not yet started on every pass, and a
-    scan of 10,000 nodes each time made a pass starting 1,000 rollouts take
-    tens of seconds."""
-    index = fleet_index(fleet)
-    if spec.node_ids is not None:
-        named = (index.by_name.get(n) for n in dict.fromkeys(spec.node_ids))
-        return _resolve(spec, Fleet(tuple(node for node in named if node is not None)))
-    wanted = spec.selector or ()
-    if not wanted or not all(isinstance(v, str) for _, v in wanted):
-        return _resolve(spec, fleet)
-    # Nodes carrying the rarest wanted label: the only ones that can match.
-    candidates = min((index.by_label.get(pair, ()) for pair in wanted), key=len)
-    return _resolve(spec, Fleet(tuple(candidates)))
 
 
 # --- the pass ------------------------------------------------------------------
@@ -155,6 +133,11 @@ class _Pass:
         """Every rollout's status as it stands. A step that reads it depends
         on the other rollouts (``step_fleet`` counts such reads)."""
         self.reads += 1
+        return self._current
+
+    def current_unread(self) -> dict[str, RolloutStatus]:
+        """``current`` for the pass's own bookkeeping: not counted as a read
+        by a step."""
         return self._current
 
     def node(self, name: str) -> Node | None:
@@ -300,6 +283,45 @@ def step_fleet(
     """
     ctx = _Pass(fleet, settings, observations, now)
     ctx.unreadable = dict(unreadable or {})
+    stepped = _seed(ctx, rollouts, memo, changed)
+    rounds = _Rounds(ctx)
+    # Each round can only move rollouts forward; a bound keeps a bug from looping.
+    for _ in range(len(rollouts) + 2):
+        if not rounds.round(stepped):
+            break
+    current = ctx.current_unread()
+    # Rollouts at rest kept their status (the same object): none changed.
+    new_statuses = {
+        inp.name: current[inp.name]
+        for inp in stepped
+        if inp.status is None
+        or (current[inp.name] is not inp.status and current[inp.name] != inp.status)
+    }
+    if memo is not None:
+        memo.remember(
+            fleet,
+            settings,
+            (
+                inp
+                for inp in stepped
+                if rounds.settled.get(inp.name) == _INDEPENDENT
+                and current[inp.name] is inp.status
+                and _may_rest(inp)
+            ),
+        )
+    return FleetStep(
+        statuses=new_statuses, effects=tuple(rounds.effects), transitions=tuple(rounds.transitions)
+    )
+
+
+def _seed(
+    ctx: _Pass,
+    rollouts: Collection[RolloutInput],
+    memo: StepMemo | None,
+    changed: Mapping[str, RolloutInput | None] | None,
+) -> list[RolloutInput]:
+    """Seed the pass with every recorded status; the inputs to step, in queue order."""
+    fleet, settings = ctx.fleet, ctx.settings
     seeded = (
         memo.seed_changed(changed, fleet, settings)
         if memo is not None and changed is not None
@@ -310,79 +332,68 @@ def step_fleet(
         # finished and at rest, and a pass must not cost what exists.
         current, position, next_position, stepped = seeded
         ctx.seed_kept(current, position, next_position, [inp.name for inp in stepped])
-    else:
-        order = sorted(rollouts, key=_queue_order)
-        # At rest since an earlier pass: not stepped, and claiming no node.
-        resting = memo.resting(order, fleet, settings) if memo is not None else set()
-        ctx.seed(order, resting)
-        if memo is not None:
-            memo.keep_seed(order, ctx._current, resting)
-        stepped = [inp for inp in order if inp.name not in resting] if resting else order
-    effects: list[SendJob] = []
-    transitions: list[Transition] = []
-    # Rollouts whose last step changed nothing and sent nothing. A step reads
-    # only its own input and status, values fixed for the pass, and (counted
-    # in ctx.reads) the other rollouts' statuses; stepping such a rollout
-    # again gives the same result as long as it read no other rollout
-    # (INDEPENDENT), or none has changed since (ctx.version then). So later
-    # rounds pass over it: most rollouts of a large repository are finished.
-    settled: dict[str, int] = {}
+        return stepped
+    order = sorted(rollouts, key=_queue_order)
+    # At rest since an earlier pass: not stepped, and claiming no node.
+    resting = memo.resting(order, fleet, settings) if memo is not None else set()
+    ctx.seed(order, resting)
+    if memo is not None:
+        memo.keep_seed(order, ctx.current_unread(), resting)
+    return [inp for inp in order if inp.name not in resting] if resting else order
 
-    def run(inp: RolloutInput) -> bool:
-        mark = settled.get(inp.name)
-        if mark is not None and (mark == _INDEPENDENT or mark == ctx.version):
-            return False
-        before = ctx._current.get(inp.name)
-        reads = ctx.reads
-        step = RolloutStep(inp, before, ctx)
-        new = step.run()
-        independent = ctx.reads == reads
-        ctx.set_current(inp.name, new)
-        effects.extend(step.effects)
-        transitions.extend(step.transitions)
-        if before is not None and new is before and not step.effects and not step.transitions:
-            settled[inp.name] = _INDEPENDENT if independent else ctx.version
-        else:
-            settled.pop(inp.name, None)
-        return before is None or new is not before
 
-    # Each round can only move rollouts forward; a bound keeps a bug from looping.
-    for _ in range(len(rollouts) + 2):
-        progressed = False
-        current = ctx._current
+class _Rounds:
+    """Rounds of one pass over the rollouts to step, and what they gave."""
+
+    def __init__(self, ctx: _Pass) -> None:
+        self.ctx = ctx
+        self.effects: list[SendJob] = []
+        self.transitions: list[Transition] = []
+        # Rollouts whose last step changed nothing and sent nothing. A step
+        # reads only its own input and status, values fixed for the pass, and
+        # (counted in ctx.reads) the other rollouts' statuses; stepping such
+        # a rollout again gives the same result as long as it read no other
+        # rollout (INDEPENDENT), or none has changed since (ctx.version then).
+        # So later rounds pass over it: most rollouts of a large repository
+        # are finished.
+        self.settled: dict[str, int] = {}
+
+    def round(self, stepped: Sequence[RolloutInput]) -> bool:
+        """Started and terminal rollouts first, then the rest in queue order.
+        True when some status changed."""
+        current = self.ctx.current_unread()
         ahead = {
             inp.name
             for inp in stepped
             if (s := current.get(inp.name)) is not None and (s.started or s.terminal)
         }
+        progressed = False
         for inp in stepped:
             if inp.name in ahead:
-                progressed |= run(inp)
+                progressed |= self.run(inp)
         for inp in stepped:
             if inp.name not in ahead:
-                progressed |= run(inp)
-        if not progressed:
-            break
-    # Rollouts at rest kept their status (the same object): none changed.
-    new_statuses = {
-        inp.name: ctx._current[inp.name]
-        for inp in stepped
-        if inp.status is None
-        or (ctx._current[inp.name] is not inp.status and ctx._current[inp.name] != inp.status)
-    }
-    if memo is not None:
-        memo.remember(
-            fleet,
-            settings,
-            (
-                inp
-                for inp in stepped
-                if settled.get(inp.name) == _INDEPENDENT
-                and ctx._current[inp.name] is inp.status
-                and _may_rest(inp)
-            ),
-        )
-    return FleetStep(statuses=new_statuses, effects=tuple(effects), transitions=tuple(transitions))
+                progressed |= self.run(inp)
+        return progressed
+
+    def run(self, inp: RolloutInput) -> bool:
+        ctx = self.ctx
+        mark = self.settled.get(inp.name)
+        if mark is not None and (mark == _INDEPENDENT or mark == ctx.version):
+            return False
+        before = ctx.current_unread().get(inp.name)
+        reads = ctx.reads
+        step = RolloutStep(inp, before, ctx)
+        new = step.run()
+        independent = ctx.reads == reads
+        ctx.set_current(inp.name, new)
+        self.effects.extend(step.effects)
+        self.transitions.extend(step.transitions)
+        if before is not None and new is before and not step.effects and not step.transitions:
+            self.settled[inp.name] = _INDEPENDENT if independent else ctx.version
+        else:
+            self.settled.pop(inp.name, None)
+        return before is None or new is not before
 
 
 # --- one rollout's step ------------------------------------------------------------
@@ -398,11 +409,6 @@ class RolloutStep(StatusDraft):
         super().__init__(inp.name, old, ctx.now, inp.spec_commit)
         self.inp = inp
         self.ctx = ctx
-        self.is_new = status is None
-
-    @property
-    def spec(self) -> RolloutSpec | None:
-        return self.inp.spec
 
     @property
     def policy(self) -> str:
@@ -417,10 +423,6 @@ class RolloutStep(StatusDraft):
         """Seconds an apply's deadline gains for the soak (docs/health.md)."""
         f = self.frozen
         return f.health.soak if f is not None and f.live and f.health is not None else 0
-
-    def apply(self, changes: Iterable[NodeChange]) -> None:
-        for change in changes:
-            self.set_node(change.index, change.node, change.reason)
 
     # -- the step
 
@@ -441,12 +443,9 @@ class RolloutStep(StatusDraft):
         is now; after start, only when the rollout's spec commit changes, so
         a newer approval of another change rewrites no running status
         (docs/trust.md)."""
-        inp = self.inp
-        if (
-            inp.approved_by
-            and inp.spec is not None
-            and (not self.old.started or inp.spec_commit != self.old.spec_commit)
-        ):
+        inp, old = self.inp, self.old
+        acted_on = not old.started or inp.spec_commit != old.spec_commit
+        if inp.approved_by and inp.spec is not None and acted_on:
             self.approved_by = inp.approved_by
 
     # -- before start
@@ -469,46 +468,24 @@ class RolloutStep(StatusDraft):
             self.finish("aborted", "aborted", "aborted by the operator before start")
             return False
         ctx = self.ctx
-        waits = starts.spec_wait(spec, ctx.settings, ctx.fleet, lambda: ctx.current)
-        if waits is not None:
-            return self.wait(*waits)
-        names = resolve_nodes(spec, ctx.fleet)
-        if not names:
-            return self.wait("no_nodes", starts.NO_NODES + self.left_out_words(spec))
-        if spec.start_at is not None:
-            start_at = parse_time_or_none(spec.start_at)
-            if start_at is None:
-                return self.wait("invalid", f"startAt is not an RFC 3339 time: {spec.start_at!r}")
-            if self.now < start_at:
-                self.scheduled_for = start_at
-                self.reason = "start_at"
-                self.message = f"waiting for startAt {spec.start_at}"
-                self.set_phase("scheduled", "waiting for startAt")
-                return False
-        self.waiting = self.batch_gate(spec.ignore_windows)
-        if self.waiting is not None:
-            # The first batch could not start: wait as scheduled, claiming no node.
-            self.reason = self.waiting.reason
-            self.message = starts.waiting_message(self.waiting)
-            self.set_phase("scheduled", f"waiting: {self.waiting.reason}")
+        decision = starts.decide_start(
+            spec,
+            ctx.settings,
+            ctx.fleet,
+            self.now,
+            current=lambda: ctx.current,
+            claims=lambda names: ctx.claims(names, exclude=inp.name),
+        )
+        if isinstance(decision, starts.Start):
+            self.start(spec, decision.names)
+            return True
+        if isinstance(decision, starts.Scheduled):
+            self.scheduled_for = decision.start_at
+            self.waiting = decision.waiting
+            self.reason, self.message = decision.reason, decision.message
+            self.set_phase("scheduled", decision.why)
             return False
-        if not spec.allow_overlap:
-            overlap = starts.overlap_wait(names, ctx.claims(names, exclude=inp.name))
-            if overlap is not None:
-                return self.wait("overlap", overlap)
-        self.start(spec, names)
-        return True
-
-    def batch_gate(self, ignore_windows: bool) -> Waiting | None:
-        """Why no batch may start now (deploy windows, freezes), or None."""
-        if ignore_windows:
-            return None
-        settings = self.ctx.settings
-        if not settings.windows and not settings.freezes:
-            return None
-        waiting = batch_gate(settings.windows, settings.freezes, self.now)
-        # An unchanged wait keeps its value, so an idle pass writes nothing.
-        return self.waiting if waiting == self.waiting else waiting
+        return self.wait(*decision)
 
     def wait(self, reason: str, message: str) -> bool:
         self.waiting = None
@@ -530,11 +507,9 @@ class RolloutStep(StatusDraft):
         # A resume token present at start answers no hold: only a new value does.
         self.last_handled_resume = spec.resume_request
         self.reason = ""
-        self.message = starts.start_message(spec, len(names), sizes) + self.left_out_words(spec)
+        left_out = starts.left_out_words(maintenance_node_ids(spec, self.ctx.fleet))
+        self.message = starts.start_message(spec, len(names), sizes) + left_out
         self.set_phase("running", "started")
-
-    def left_out_words(self, spec: RolloutSpec) -> str:
-        return starts.left_out_words(maintenance_node_ids(spec, self.ctx.fleet))
 
     # -- after start
 
@@ -600,15 +575,6 @@ class RolloutStep(StatusDraft):
             )
         self.close_terminal()
 
-    def finish(self, phase: str, reason: str, message: str) -> None:
-        self.reason = reason
-        self.message = message
-        self.hold = None
-        self.waiting = None
-        self.operator_paused = False
-        self.finished_at = self.now
-        self.set_phase(phase, reason)
-
     def close_terminal(self) -> None:
         """A terminal rollout holds nothing: outcomes of restores and jobs
         that finish after the end are recorded without a hold."""
@@ -621,35 +587,31 @@ class RolloutStep(StatusDraft):
     def check_frozen(self, spec: RolloutSpec) -> None:
         assert self.frozen is not None
         changed = frozen_changes(self.frozen, spec)
-        self.set_condition(
-            "frozen_fields_changed",
-            None
-            if not changed
-            else (
-                f"changed after start and not applied: {', '.join(changed)}; the rollout "
-                "carries on with the values frozen at start (start a new rollout to use them)"
-            ),
-        )
+        self.set_condition("frozen_fields_changed", conditions.frozen_words(changed))
 
     # -- evidence
 
     def observe(self) -> None:
         """Record verdicts for in-flight applies and outcomes of restores."""
-        seen: evidence.Seen | None = None
-        in_flight = list(self.open_indexes())
-        for i in in_flight:
-            node = self.nodes[i]
-            if node.state == "dispatched":
-                if seen is None:
-                    seen = self.seen()
-                judged = evidence.judge_apply(node, seen, self.ctx.node(node.name) is not None)
-                if judged is not None:
-                    self.record_verdict(i, seen, *judged)
-            elif node.state in RESTORE_STATES and node.restore is not None:
-                self.record_restore(i, node, node.restore)
-        if in_flight:
-            asked = [self.nodes[i].name for i in in_flight]
-            self.set_condition("unverified_evidence", unverified_words(asked, self.ctx.obs))
+        in_flight = [(i, self.nodes[i]) for i in self.open_indexes()]
+        if not in_flight:
+            return
+        ctx = self.ctx
+        observed = verdicts.observe(
+            in_flight,
+            self.seen,
+            ctx.obs.jobs,
+            lambda name: ctx.node(name) is not None,
+            self.now,
+            self.phase_terminal(),
+        )
+        self.apply(observed.changes)
+        for ended in observed.outcomes:
+            self.rollbacks = rollback.with_outcome(
+                self.rollbacks, ended.request, ended.node, ended.outcome, ended.error
+            )
+        asked = [node.name for _, node in in_flight]
+        self.set_condition("unverified_evidence", conditions.unverified_words(asked, ctx.obs))
 
     def health_conditions(self) -> None:
         """Conditions for prometheus checks nothing can answer: no server in
@@ -659,9 +621,10 @@ class RolloutStep(StatusDraft):
         if not checks or f is None or not f.live:
             return
         configured = self.ctx.settings.prometheus_url is not None
-        self.set_condition("prometheus_not_configured", unconfigured_words(checks, configured))
-        rejected = rejected_words(checks, self.nodes, self.ctx.obs)
-        self.set_condition("prometheus_query_rejected", rejected)
+        for type_, words in conditions.prometheus_words(
+            checks, configured, self.nodes, self.ctx.obs
+        ):
+            self.set_condition(type_, words)
 
     def seen(self) -> evidence.Seen:
         """This pass's observations and what the evidence rules judge by."""
@@ -677,57 +640,6 @@ class RolloutStep(StatusDraft):
             self.ctx.settings.prometheus_url is not None,
         )
 
-    def record_verdict(
-        self,
-        i: int,
-        seen: evidence.Seen,
-        verdict: str,
-        state: str,
-        error: str,
-        job: JobObservation | None,
-    ) -> None:
-        node = self.nodes[i]
-        first_backup_id, known, first_attempt = first_backup_after(node, job)
-        beat = self.ctx.obs.heartbeats.get(node.name) if seen.live else None
-        ran = seen.checks_apply and job is not None and job.state == "succeeded"
-        new = evolve(
-            node,
-            state=state,
-            verdict=verdict,
-            error=error,
-            finished_at=self.now,
-            evidence=evidence.recorded(verdict, job, beat),
-            backup_id=job.backup_id if job is not None else None,
-            first_backup_id=first_backup_id,
-            first_backup_known=known,
-            first_apply_attempt=first_attempt,
-            checks=evidence.judge_node_health(node, seen).outcomes if ran else (),
-        )
-        self.set_node(i, new, error or verdict)
-
-    def record_restore(self, i: int, node: NodeRecord, restore: RestoreRecord) -> None:
-        job = self.ctx.obs.jobs.get(restore.job_id)
-        judged = evidence.judge_restore(restore, job, self.now)
-        if judged is None:
-            return
-        outcome, error = judged
-        held = node.held
-        if restore.request == "policy" or held is not None:
-            held = None if self.phase_terminal() else outcome
-        new = evolve(
-            node,
-            state=outcome,
-            held=held,
-            restore=replace(
-                restore, finished_at=self.now, error=error, evidence=evidence.recorded_restore(job)
-            ),
-        )
-        self.set_node(i, new, error or "restore succeeded")
-        if restore.request != "policy":
-            self.rollbacks = rollback.with_outcome(
-                self.rollbacks, restore.request, node.name, outcome, error
-            )
-
     # -- rollback requests and restores
 
     def handle_rollback_request(self) -> None:
@@ -735,7 +647,6 @@ class RolloutStep(StatusDraft):
         if spec is None:
             return
         assert self.frozen is not None and self.start_commit is not None
-        ctx = self.ctx
         update = rollback.handle_request(
             spec.rollback_request,
             rollback.Rollout(
@@ -749,8 +660,8 @@ class RolloutStep(StatusDraft):
                 nodes=self.nodes,
                 rollbacks=self.rollbacks,
                 index=self.index,
-                others=lambda: ctx.current,
-                backups=ctx.obs.backups,
+                others=lambda: self.ctx.current,
+                backups=self.ctx.obs.backups,
             ),
         )
         self.record_rollback(update)
@@ -802,28 +713,17 @@ class RolloutStep(StatusDraft):
     def send_restore(self, i: int, request: str, state: str) -> None:
         node = self.nodes[i]
         assert self.frozen is not None and self.start_commit is not None
-        assert node.first_backup_id is not None
-        jid = job_id(self.name, self.start_commit, node.name, node.attempt, "restore", request)
-        restore = RestoreRecord(
-            request=request,
-            job_id=jid,
-            backup_id=node.first_backup_id,
-            attempt=node.attempt,
+        restore = attempts.next_restore(
+            node,
+            request,
+            rollout=self.name,
+            start_commit=self.start_commit,
             source_commit=self.inp.spec_commit,
-            dispatched_at=self.now,
+            now=self.now,
             deadline=self.deadline(),
         )
         self.set_node(i, evolve(node, state=state, restore=restore), f"restore ({request})")
         self.effects.append(restore_job(self.name, self.frozen, node.name, restore))
-
-    def restores_in_flight(self) -> bool:
-        """Restores sent, or an accepted rollback request waiting to send them:
-        either way nothing else is dispatched (docs/rollouts.md)."""
-        return bool(
-            self.progress("rollback_pending")
-            or self.progress("restoring")
-            or any(r.state == "waiting" for r in self.rollbacks)
-        )
 
     # -- decisions
 
@@ -839,17 +739,10 @@ class RolloutStep(StatusDraft):
             if restore_waiting(node):
                 progressed |= self.start_policy_restore(i)
                 continue
-            if node.state not in VERDICT_STATES or node.held is not None:
+            assert self.frozen is not None
+            decision = verdicts.decision_for(node, self.policy, self.frozen.live)
+            if decision is None:
                 continue
-            if node.verdict is None:
-                continue
-            live = self.frozen is not None and self.frozen.live
-            # A backup not yet known counts as available: the restore waits
-            # for the agent's backup list and falls back to rollback_unavailable.
-            backup = live and (node.first_backup_id is not None or not node.first_backup_known)
-            decision = decide(
-                self.policy, node.verdict, auto_retried=node.auto_retried, backup_available=backup
-            )
             if decision.action == "retry":
                 if self.restores_in_flight():
                     continue  # nothing else is dispatched while a restore runs
@@ -893,88 +786,46 @@ class RolloutStep(StatusDraft):
         return True
 
     def gone(self, name: str) -> bool:
-        """Removed from nodes/, or in maintenance that the rollout does not include."""
-        fleet_node = self.ctx.node(name)
-        return fleet_node is None or (
-            fleet_node.maintenance
-            and self.frozen is not None
-            and not self.frozen.include_maintenance
-        )
+        assert self.frozen is not None
+        return attempts.gone(self.ctx.node(name), self.frozen.include_maintenance)
 
     def dispatch(self, i: int, reason: str, auto_retry: bool = False) -> None:
         """Send the node's next attempt, or say why the daemon cannot."""
         node = self.nodes[i]
         assert self.frozen is not None and self.start_commit is not None
-        fleet_node = self.ctx.node(node.name)
-        if fleet_node is None:
-            error = "node removed from nodes/"
-            if node.state == "pending":
-                new = evolve(
-                    node,
-                    state="unknown",
-                    verdict="unknown",
-                    error=error,
-                    finished_at=self.now,
-                    held=None,
-                )
-                self.set_node(i, new, error)
-            else:
-                self.set_node(i, evolve(node, held="dispatch_refused", error=error), error)
-            return
-        refusal = dispatch_refusal(fleet_node, self.frozen.include_maintenance)
-        if refusal:
-            # A resumed question node keeps its verdict and is held again.
-            self.set_node(i, evolve(node, held="dispatch_refused", error=refusal), refusal)
-            return
-        attempt = node.attempt + 1
-        new = evolve(
+        new, send = attempts.next_apply(
             node,
-            state="dispatched",
-            attempt=attempt,
-            job_id=job_id(self.name, self.start_commit, node.name, attempt, "apply"),
+            self.ctx.node(node.name),
+            include_maintenance=self.frozen.include_maintenance,
+            rollout=self.name,
+            start_commit=self.start_commit,
             source_commit=self.inp.spec_commit,
-            dispatched_at=self.now,
+            now=self.now,
             deadline=self.deadline() + timedelta(seconds=self.soak()),
-            finished_at=None,
-            verdict=None,
-            error="",
-            backup_id=None,
-            held=None,
-            evidence=None,
-            auto_retried=node.auto_retried or auto_retry,
+            auto_retry=auto_retry,
         )
-        self.set_node(i, new, reason)
-        self.effects.append(apply_job(self.name, self.frozen, new))
+        self.set_node(i, new, reason if send else new.error)
+        if send:
+            self.effects.append(apply_job(self.name, self.frozen, new))
 
     # -- batches
 
     def pause_after_waiting(self, spec: RolloutSpec) -> int | None:
         """The batch after which pauseAfter holds now, if any."""
-        done = self.last_started_batch()
-        if done is None or done >= len(self.batches):
-            return None
-        if self.batches[done - 1].state != "done" or done not in spec.pause_after:
-            return None
-        return done
-
-    def last_started_batch(self) -> int | None:
-        last = None
-        for b in self.batches:
-            if b.state == "pending":
-                break
-            last = b.index
-        return last
+        return batches.paused_after(self.batches, spec.pause_after)
 
     def advance(self, spec: RolloutSpec) -> bool:
         """Settle batches; start the next one, or end the rollout."""
         self.update_batches()
         if self.restores_in_flight() or self.any_held():
             return False
-        last = self.last_started_batch()
+        last = batches.last_started(self.batches)
         if last is not None and self.batches[last - 1].state != "done":
             return False
         if last == len(self.batches):
-            self.finish(*end_words(self.nodes, self.progress("succeeded"), self.counts()))
+            self.finish(
+                *conditions.end_words(self.nodes, self.progress("succeeded"), self.counts())
+            )
             return False
         paused_after = self.pause_after_waiting(spec)
         if paused_after is not None:
@@ -990,9 +841,13 @@ class RolloutStep(StatusDraft):
         return True
 
     def gate_open(self) -> bool:
-        """Whether a batch may start now; records the wait when it may not."""
+        """Whether a batch may start now (deploy windows, freezes); records the wait if not."""
         assert self.frozen is not None
-        self.waiting = self.batch_gate(self.frozen.ignore_windows)
+        settings = self.ctx.settings
+        gated = not self.frozen.ignore_windows and (settings.windows or settings.freezes)
+        waiting = batch_gate(settings.windows, settings.freezes, self.now) if gated else None
+        # An unchanged wait keeps its value, so an idle pass writes nothing.
+        self.waiting = self.waiting if waiting == self.waiting else waiting
         return self.waiting is None
 
     def dispatch_batch(self, batch: int, reason: str) -> None:
@@ -1004,29 +859,12 @@ class RolloutStep(StatusDraft):
         self.touched_batches.add(batch)
         self.update_batches()
 
-    def any_held(self) -> bool:
-        return any(self.nodes[i].held is not None for i in self.open_indexes())
-
-    def settled(self, node: NodeRecord) -> bool:
-        if self.phase_terminal():
-            # Ended: a node is done once nothing is in flight or decided for it.
-            return (
-                node.state != "dispatched"
-                and node.state not in RESTORE_STATES
-                and not (restore_waiting(node))
-            )
-        if node.held is not None:
-            return False
-        if node.state in ("succeeded", "skipped", "rolled_back", "rollback_failed"):
-            return True
-        if node.state in VERDICT_STATES:
-            return self.policy == "observe"
-        return False
-
     def update_batches(self) -> None:
+        ended = self.phase_terminal()
         for b in sorted(self.touched_batches):
             if self.batches[b - 1].state == "running" and all(
-                self.settled(self.nodes[i]) for i in self.batch_range(b)
+                batches.node_settled(self.nodes[i], ended=ended, policy=self.policy)
+                for i in self.batch_range(b)
             ):
                 self.set_batch(b, "done")
         self.touched_batches.clear()
@@ -1039,135 +877,16 @@ class RolloutStep(StatusDraft):
             return
         self.update_batches()
         held = [self.nodes[i] for i in self.open_indexes() if self.nodes[i].held is not None]
-        hold: Hold | None = None
         spec = self.inp.spec
-        if held:
-            reason, message, names = held_hold(held, self.hold)
-            hold = self.make_hold(reason, message, names)
-        elif spec is not None and (batch := self.pause_after_waiting(spec)) is not None:
-            old = self.hold
-            since = old.since if old is not None and old.reason == "pause_after_batch" else self.now
-            until = timed_pause_until(
-                spec.pause_for, batch, since, (self.nodes[i] for i in self.batch_range(batch))
-            )
-            message = hold_message("pause_after_batch", batch=batch, until=until)
-            hold = self.make_hold("pause_after_batch", message, (), until=until)
-        elif self.operator_paused:
-            hold = self.make_hold("operator_paused", hold_message("operator_paused"), ())
+        batch = self.pause_after_waiting(spec) if spec is not None and not held else None
+        until = None
+        if spec is not None and batch is not None:
+            since = hold_since(self.hold, "pause_after_batch", self.now)
+            batch_nodes = (self.nodes[i] for i in self.batch_range(batch))
+            until = timed_pause_until(spec.pause_for, batch, since, batch_nodes)
+        hold = hold_over(held, self.hold, batch, until, self.operator_paused, self.now)
         self.hold = hold
         if hold is None:
             self.set_phase("running", "pause lifted" if self.phase == "paused" else "running")
         else:
             self.set_phase("paused", hold.reason)
-
-    def make_hold(
-        self, reason: str, message: str, names: tuple[str, ...], until: datetime | None = None
-    ) -> Hold:
-        old = self.hold
-        since = old.since if old is not None and old.reason == reason else self.now
-        new = Hold(
-            reason=reason,
-            message=message,
-            since=since,
-            nodes=names[:HOLD_NODES_SHOWN],
-            node_count=len(names),
-            until=until,
-        )
-        return old if old == new else new
-
-
-# --- words and small rules the step records ------------------------------------
-
-
-def held_hold(held: Sequence[NodeRecord], current: Hold | None) -> tuple[str, str, tuple[str, ...]]:
-    """(reason, message, node names) of the hold over the ``held`` nodes:
-    the current reason while some node is still held for it, else the
-    first held node's."""
-    reasons = [n.held for n in held]
-    reason = current.reason if current is not None and current.reason in reasons else reasons[0]
-    assert reason is not None
-    names = tuple(n.name for n in held)
-    first = next(n for n in held if n.held == reason)
-    return reason, hold_message(reason, nodes=names, error=first.error), names
-
-
-def end_words(
-    nodes: Sequence[NodeRecord], succeeded: int, counts: Sequence[tuple[str, int]]
-) -> tuple[str, str, str]:
-    """(phase, reason, message) of a rollout whose last batch is done."""
-    if succeeded == len(nodes):
-        return "completed", "", f"all {len(nodes)} nodes succeeded"
-    return (
-        "failed",
-        "not_all_succeeded",
-        f"{succeeded} of {len(nodes)} nodes succeeded; "
-        + ", ".join(f"{c} {s}" for s, c in counts if s != "succeeded"),
-    )
-
-
-def dispatch_refusal(node: Node, include_maintenance: bool) -> str:
-    """Why the daemon cannot send ``node`` a job, or ""."""
-    if node.maintenance and not include_maintenance:
-        return "node is in maintenance"
-    if not is_usable_agent_url(node.agent):
-        return f"agent address {node.agent!r} is not {agent_url.SHAPE}"
-    return ""
-
-
-def unverified_words(asked: Sequence[str], obs: Observations) -> str | None:
-    """The ``unverified_evidence`` condition: the nodes among ``asked`` (in
-    flight when the pass began) whose answers this pass did not believe (no
-    or bad evidence for their agentKey). It stays while nothing is in
-    flight (a hold), and goes once their answers are believed again."""
-    unverified = obs.unverified
-    named = [f"{name} ({unverified[name]})" for name in asked if name in unverified]
-    if not named:
-        return None
-    return (
-        "answers not signed by the node's agentKey are no evidence: "
-        + "; ".join(named[:20])
-        + (f"; and {len(named) - 20} more" if len(named) > 20 else "")
-        + "; check the agent's --key against spec.agentKey in its node file"
-    )
-
-
-def unconfigured_words(checks: Sequence[HealthCheck], configured: bool) -> str | None:
-    """The ``prometheus_not_configured`` condition of a started rollout."""
-    if configured:
-        return None
-    return (
-        f"prometheus checks {', '.join(c.name for c in checks)} need "
-        "settings.spec.prometheus.url in reconciler.yaml; until it is set they have no "
-        "evidence and their nodes become unknown at their deadlines"
-    )
-
-
-def rejected_words(
-    checks: Sequence[HealthCheck], nodes: Sequence[NodeRecord], obs: Observations
-) -> str | None:
-    """The ``prometheus_query_rejected`` condition: queries the server refuses."""
-    metrics = obs.metric_checks
-    rejected = sorted(
-        {
-            (c.name, m.detail)
-            for node in nodes
-            if node.state == "dispatched"
-            for c in checks
-            if (m := metrics.get((node.name, c.name))) is not None and m.rejected
-        }
-    )
-    if not rejected:
-        return None
-    return (
-        "; ".join(
-            f"Prometheus rejects the query of check {name}: {detail}" for name, detail in rejected
-        )
-        + "; fix the query in a new rollout (health is frozen at start)"
-    )
-
-
-def parse_time_or_none(text: str) -> datetime | None:
-    try:
-        return parse_time(text)
-    except ValueError:
-        return None
