@@ -855,6 +855,17 @@ def _translate(error: Any, data: bytes) -> list[_Finding]:
         return [(where, False, _type_message(value, instance, data, where))]
     if keyword in ("oneOf", "anyOf"):
         return _one_of(error, where, schema, data)
+    found = _value_findings(keyword, value, instance, schema, where)
+    if found is not None:
+        return found
+    return [(where, False, str(error.message))]
+
+
+def _value_findings(
+    keyword: str, value: Any, instance: Any, schema: dict[str, Any], where: list[str | int]
+) -> list[_Finding] | None:
+    """The words for a value that breaks a rule on values (const, enum,
+    pattern, bounds, unique items); None for any other keyword."""
     message = schema.get("errorMessage") if keyword in ("const", "enum") else None
     if keyword == "const":
         message = message or f"must be {_show(value)}"
@@ -898,7 +909,7 @@ def _translate(error: Any, data: bytes) -> list[_Finding]:
                     )
                 ]
             seen.append(item)
-    return [(where, False, str(error.message))]
+    return None
 
 
 def _key_rule(error: Any) -> str:

@@ -43,6 +43,13 @@ def _seconds(text: str) -> float:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    _add_repository_arguments(parser)
+    _add_trust_arguments(parser)
+    _add_running_arguments(parser)
+
+
+def _add_repository_arguments(parser: argparse.ArgumentParser) -> None:
+    """Which repository and branch, the daemon's key, and how often it passes."""
     parser.add_argument(
         "--repo",
         required=True,
@@ -72,6 +79,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DURATION",
         help="how often a remote is fetched when nothing is active (default: 15s)",
     )
+
+
+def _add_trust_arguments(parser: argparse.ArgumentParser) -> None:
+    """Which spec commits it acts on, and whether it signs its own (docs/trust.md)."""
     parser.add_argument(
         "--allowed-signers",
         type=Path,
@@ -95,6 +106,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--sign-commits", action="store_true", help="sign status commits with the daemon's key"
     )
+
+
+def _add_running_arguments(parser: argparse.ArgumentParser) -> None:
+    """Metrics, logs, the remote's mirror and how it talks to agents."""
     parser.add_argument("--metrics", metavar="HOST:PORT", help="serve Prometheus metrics here")
     parser.add_argument(
         "--log-format",
