@@ -26,6 +26,7 @@ from reconciler.spec.rollout_status import (
     NodeRecord,
     RolloutStatus,
     TransitionRecord,
+    batch_members,
     count_progress,
 )
 
@@ -86,6 +87,7 @@ class StatusDraft:
         self._batches: list[BatchRecord] | None = None
         self._counts: dict[str, int] | None = None  # taken from the records when first asked
         self._index: dict[str, int] | None = None
+        self._members: tuple[tuple[int, ...], ...] | None = None  # batch -> indexes
         self.touched_batches: set[int] = set()
         self.effects: list[SendJob] = []
         self.transitions: list[Transition] = []
@@ -120,6 +122,11 @@ class StatusDraft:
     def batch_range(self, batch: int) -> Sequence[int]:
         """Indexes of the nodes of ``batch`` (1-based), in frozen order."""
         assert self.frozen is not None
+        if self.frozen.spread_by is not None:
+            # Spread batches are not consecutive chunks: the records say.
+            if self._members is None:
+                self._members = batch_members(self.nodes)
+            return self._members[batch - 1]
         starts = self.frozen.batch_starts(len(self.nodes))
         return range(starts[batch - 1], starts[batch])
 
@@ -173,6 +180,7 @@ class StatusDraft:
         self._nodes = nodes
         self._counts = None
         self._index = None
+        self._members = None
         self._batches = [BatchRecord(k, "pending") for k in range(1, batches + 1)]
 
     def apply(self, changes: Iterable[NodeChange]) -> None:

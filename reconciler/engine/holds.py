@@ -23,7 +23,7 @@ RESTORE_STATES = frozenset({"rollback_pending", "restoring"})
 # become `skipped`. A node removed or in maintenance is skipped whatever its
 # state. The other states are never held when a resume gets this far (a
 # restore in flight refuses the resume first), so a resume leaves them.
-ASK_AGAIN, SKIP, LEAVE = "ask again", "skip", "leave"
+ASK_AGAIN, SKIP, LEAVE, CARRY_ON = "ask again", "skip", "leave", "carry on"
 RESUME_OF_HELD: Mapping[str, str] = {
     "failed": ASK_AGAIN,
     "timed_out": ASK_AGAIN,
@@ -38,6 +38,12 @@ RESUME_OF_HELD: Mapping[str, str] = {
     "rollback_pending": LEAVE,
     "restoring": LEAVE,
 }
+
+# What a resume does with a node held for these reasons, whatever its state
+# (and before a removed or maintenance node is skipped): a node past the
+# failureBudget was recorded by observe, so a resume carries on without
+# sending it again (docs/capacity.md).
+RESUME_OF_REASON: Mapping[str, str] = {"failure_budget_exceeded": CARRY_ON}
 
 # Why a hold exists and what the operator can do, by reason. The words in
 # braces other than {nodes}, {detail}, {batch} and {next} agree with the
@@ -84,6 +90,11 @@ HOLD_MESSAGES = {
     "dispatch_refused": (
         "cannot send jobs to {nodes}{detail}; fix the node {files} (maintenance, agent "
         "address), then set a new resumeRequest, list {them} in skipNodes, or abort"
+    ),
+    "failure_budget_exceeded": (
+        "more nodes failed than failureBudget allows: {nodes} ended failed, timed out or "
+        "unknown{detail}; set a new resumeRequest to carry on (observe recorded {them}, "
+        "and the next failure holds again), or abort"
     ),
 }
 
@@ -145,17 +156,22 @@ def hold_over(
     until: datetime | None,
     operator_paused: bool,
     now: datetime,
+    failed: Sequence[str] = (),
 ) -> Hold | None:
     """The rollout's hold, from the first cause that applies: the ``held``
     nodes (the current reason while some node is still held for it, else
     the first held node's); the pauseAfter batch ``paused_after`` (lifting
     itself at ``until``); the operator pause. ``current`` itself when
-    nothing about it changed, so an idle pass writes nothing."""
+    nothing about it changed, so an idle pass writes nothing. A
+    ``failure_budget_exceeded`` hold names every node the budget counts
+    (``failed``), not only those past it."""
     if held:
         reasons = [n.held for n in held]
         reason = current.reason if current is not None and current.reason in reasons else reasons[0]
         assert reason is not None
         names = tuple(n.name for n in held)
+        if reason == "failure_budget_exceeded" and failed:
+            names = tuple(failed)
         first = next(n for n in held if n.held == reason)
         message = hold_message(reason, nodes=names, error=first.error)
         return _hold(current, reason, message, names, now)

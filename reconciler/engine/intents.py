@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from reconciler.engine.holds import (
     RESTORE_STATES,
     RESUME_OF_HELD,
+    RESUME_OF_REASON,
     SKIP,
     name_list,
     quoted,
@@ -70,8 +71,9 @@ def answer_resume(
     waits (``open_nodes``: index and record of every node that may be held
     or in flight; ``waiting_requests``: rollback request ids waiting for
     backup lists); else each held node as ``RESUME_OF_HELD`` says (a node
-    ``gone``, removed or in maintenance, is skipped), or the batch after
-    the pauseAfter batch ``paused_after``."""
+    ``gone``, removed or in maintenance, is skipped), or by its hold's
+    reason as ``RESUME_OF_REASON`` says; or the batch after the pauseAfter
+    batch ``paused_after``."""
     restoring = [
         node.name for _, node in open_nodes if node.state in RESTORE_STATES or restore_waiting(node)
     ]
@@ -90,8 +92,11 @@ def answer_resume(
     if held:
         answers = []
         for i, node in held:
-            away = gone(node.name)
-            action = SKIP if away else RESUME_OF_HELD[node.state]
+            assert node.held is not None
+            away = node.held not in RESUME_OF_REASON and gone(node.name)
+            action = RESUME_OF_REASON.get(node.held) or (
+                SKIP if away else RESUME_OF_HELD[node.state]
+            )
             if action == SKIP:
                 why = "resume: removed or in maintenance" if away else "resume"
             else:

@@ -50,10 +50,15 @@ def open_nodes(status: RolloutStatus) -> Iterable[NodeRecord]:
     """Nodes that may have a job in flight: running batches, and restores."""
     if status.frozen is None:
         return
-    starts = status.frozen.batch_starts(len(status.nodes))
-    for b in status.batches:
-        if b.state == "running":
-            yield from status.nodes[starts[b.index - 1] : starts[b.index]]
+    if status.frozen.spread_by is not None:
+        # Spread batches are not consecutive chunks: each record names its batch.
+        running = {b.index for b in status.batches if b.state == "running"}
+        yield from (node for node in status.nodes if node.batch in running)
+    else:
+        starts = status.frozen.batch_starts(len(status.nodes))
+        for b in status.batches:
+            if b.state == "running":
+                yield from status.nodes[starts[b.index - 1] : starts[b.index]]
     for node in status.nodes:
         if node.state in RESTORE_STATES and status.batches[node.batch - 1].state != "running":
             yield node

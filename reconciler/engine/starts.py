@@ -16,9 +16,10 @@ from reconciler.engine.memo import fleet_index
 from reconciler.engine.selection import maintenance_node_ids, unknown_node_ids
 from reconciler.engine.selection import resolve_nodes as _resolve
 from reconciler.engine.shapes import after_wait
+from reconciler.spec import batch_shapes as shapes
 from reconciler.spec.batch_shapes import describe_sizes
-from reconciler.spec.model import Fleet, Problem, RolloutSpec, Settings
-from reconciler.spec.rollout_status import RolloutStatus, Waiting
+from reconciler.spec.model import Fleet, Node, Problem, RolloutSpec, Settings
+from reconciler.spec.rollout_status import FrozenSpec, RolloutStatus, Waiting
 from reconciler.spec.times import format_time, parse_time
 
 # (reason, message) of a rollout that stays pending
@@ -83,6 +84,24 @@ def decide_start(
         if overlap is not None:
             return "overlap", overlap
     return Start(names)
+
+
+def batch_numbers(
+    frozen: FrozenSpec, names: Sequence[str], node: Callable[[str], Node | None]
+) -> tuple[int, ...]:
+    """The batch of each of the frozen ``names``: consecutive chunks, or
+    with ``spreadBy`` spread across the label's values as the nodes carry
+    them at start (``node``: a node's file; a node without the label has
+    the value "")."""
+    if frozen.spread_by is None:
+        return shapes.batch_numbers(frozen.batches, frozen.batch_size, len(names))
+    label = frozen.spread_by.label
+    values = [
+        (found.label(label) if (found := node(name)) is not None else None) or "" for name in names
+    ]
+    return shapes.spread_numbers(
+        values, frozen.batches, frozen.batch_size, frozen.spread_by.max_per_batch
+    )
 
 
 def resolve_nodes(spec: RolloutSpec, fleet: Fleet) -> tuple[str, ...]:
@@ -178,13 +197,28 @@ def waiting_message(waiting: Waiting) -> str:
 
 def start_message(spec: RolloutSpec, count: int, sizes: Sequence[int]) -> str:
     """``5 nodes in 3 batches of 2, dry-run, onFailure pause``."""
-    shape = f"of {spec.batch_size}" if not spec.batches else f"of {describe_sizes(sizes)}"
+    even = not spec.batches and spec.spread_by is None
+    shape = f"of {spec.batch_size}" if even else f"of {describe_sizes(sizes)}"
     batches = len(sizes)
     return (
         f"{count} node{'s' if count != 1 else ''} in {batches} "
-        f"batch{'es' if batches != 1 else ''} {shape}, "
-        f"{'live' if spec.live else 'dry-run'}, onFailure {spec.on_failure}"
+        f"batch{'es' if batches != 1 else ''} {shape}"
+        + capacity_words(spec)
+        + f", {'live' if spec.live else 'dry-run'}, onFailure {spec.on_failure}"
     )
+
+
+def capacity_words(spec: RolloutSpec) -> str:
+    """`` spread by zone (at most 1 per batch)`` and `` with failureBudget 1``."""
+    words = ""
+    if spec.spread_by is not None:
+        words += (
+            f" spread by {spec.spread_by.label} (at most {spec.spread_by.max_per_batch} "
+            "per value in a batch)"
+        )
+    if spec.failure_budget is not None:
+        words += f", failureBudget {spec.failure_budget}"
+    return words
 
 
 def left_out_words(left_out: Sequence[str]) -> str:

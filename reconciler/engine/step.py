@@ -35,6 +35,7 @@ from operator import attrgetter
 from reconciler.engine import (
     attempts,
     batches,
+    budget,
     conditions,
     evidence,
     intents,
@@ -47,13 +48,14 @@ from reconciler.engine.calendar import batch_gate
 from reconciler.engine.draft import StatusDraft
 from reconciler.engine.holds import (
     ASK_AGAIN,
+    CARRY_ON,
     RESTORE_STATES,
     SKIP,
     hold_over,
     hold_since,
     restore_waiting,
 )
-from reconciler.engine.inputs import FleetStep, RolloutInput, Transition
+from reconciler.engine.inputs import FleetStep, NodeChange, RolloutInput, Transition
 from reconciler.engine.memo import StepMemo, fleet_index
 from reconciler.engine.queries import (
     apply_job,
@@ -79,6 +81,7 @@ from reconciler.spec.rollout_status import (
     RolloutStatus,
     freeze,
     frozen_changes,
+    recorded_sizes,
 )
 
 __all__ = [
@@ -496,11 +499,10 @@ class RolloutStep(StatusDraft):
 
     def start(self, spec: RolloutSpec, names: tuple[str, ...]) -> None:
         self.frozen = freeze(spec)
-        sizes = self.frozen.batch_sizes(len(names))
-        numbers = [k for k, n in enumerate(sizes, start=1) for _ in range(n)]
-        self.set_nodes(
-            [NodeRecord(name=n, batch=numbers[i]) for i, n in enumerate(names)], len(sizes)
-        )
+        numbers = starts.batch_numbers(self.frozen, names, self.ctx.node)
+        nodes = [NodeRecord(name=n, batch=numbers[i]) for i, n in enumerate(names)]
+        self.set_nodes(nodes, max(numbers))
+        sizes = recorded_sizes(self.frozen, nodes)
         self.start_commit = self.inp.spec_commit
         self.started_at = self.now
         self.health_timeout = spec.health_timeout
@@ -606,6 +608,8 @@ class RolloutStep(StatusDraft):
             self.phase_terminal(),
         )
         self.apply(observed.changes)
+        assert self.frozen is not None
+        self.apply(budget.past_budget(self.frozen, self.nodes, observed.changes))
         for ended in observed.outcomes:
             self.rollbacks = rollback.with_outcome(
                 self.rollbacks, ended.request, ended.node, ended.outcome, ended.error
@@ -781,6 +785,8 @@ class RolloutStep(StatusDraft):
                 self.set_node(held.index, evolve(node, state="skipped", held=None), held.reason)
             elif held.action == ASK_AGAIN:
                 self.dispatch(held.index, held.reason)
+            elif held.action == CARRY_ON:
+                self.set_node(held.index, evolve(node, held=None), held.reason)
         if answer.next_batch is not None:
             self.dispatch_batch(answer.next_batch, answer.reason)
         return True
@@ -807,6 +813,9 @@ class RolloutStep(StatusDraft):
         self.set_node(i, new, reason if send else new.error)
         if send:
             self.effects.append(apply_job(self.name, self.frozen, new))
+        else:  # a node removed before it was sent ends unknown: the budget counts it
+            ended = (NodeChange(i, new, new.error),)
+            self.apply(budget.past_budget(self.frozen, self.nodes, ended))
 
     # -- batches
 
@@ -884,7 +893,8 @@ class RolloutStep(StatusDraft):
             since = hold_since(self.hold, "pause_after_batch", self.now)
             batch_nodes = (self.nodes[i] for i in self.batch_range(batch))
             until = timed_pause_until(spec.pause_for, batch, since, batch_nodes)
-        hold = hold_over(held, self.hold, batch, until, self.operator_paused, self.now)
+        failed = budget.counted(self.nodes) if any(n.held == budget.REASON for n in held) else []
+        hold = hold_over(held, self.hold, batch, until, self.operator_paused, self.now, failed)
         self.hold = hold
         if hold is None:
             self.set_phase("running", "pause lifted" if self.phase == "paused" else "running")

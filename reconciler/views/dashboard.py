@@ -62,6 +62,7 @@ _HOLD_ICONS = {
     "rollback_failed": "🛑",
     "rollback_unavailable": "🛑",
     "dispatch_refused": "🛑",
+    "failure_budget_exceeded": "🛑",
     "health_unknown": "❓",
     "rollback_pending": "⏪",
     "rolled_back": "⏪",
