@@ -17,13 +17,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from reconciler.spec.batch_shapes import describe_sizes
+from reconciler.spec.batch_shapes import budget_of, describe_sizes
 from reconciler.spec.durations import format_duration
 from reconciler.spec.rollout_status import (
+    FrozenSpec,
     NodeRecord,
     RolloutStatus,
     Waiting,
     count_progress,
+    recorded_sizes,
     to_record,
 )
 from reconciler.spec.times import format_time
@@ -119,11 +121,30 @@ def sizes_text(status: RolloutStatus) -> str:
     frozen = status.frozen
     if frozen is None:
         return ""
+    sizes = describe_sizes(recorded_sizes(frozen, status.nodes))
     if not frozen.batches:
-        return f"batchSize {frozen.batch_size}"
+        plain = f"batchSize {frozen.batch_size}"
+        return plain if frozen.spread_by is None else f"{plain}: sizes {sizes}"
     written = ", ".join(str(b) for b in frozen.batches)
-    sizes = describe_sizes(frozen.batch_sizes(len(status.nodes)))
     return f"batches [{written}]: sizes {sizes}"
+
+
+def capacity_lines(frozen: FrozenSpec, nodes: Sequence[NodeRecord]) -> list[str]:
+    """``spread``, ``budget``: spreadBy and failureBudget, when frozen (docs/capacity.md)."""
+    out: list[str] = []
+    spread = frozen.spread_by
+    if spread is not None:
+        out.append(
+            f"  spread    by {spread.label}, at most {spread.max_per_batch} per value in a batch"
+        )
+    if frozen.failure_budget is not None:
+        allowed = budget_of(frozen.failure_budget, len(nodes))
+        failed = sum(1 for n in nodes if n.state in ("failed", "timed_out", "unknown"))
+        out.append(
+            f"  budget    failureBudget {frozen.failure_budget}: {allowed} failed node(s) "
+            f"allowed, {failed} so far"
+        )
+    return out
 
 
 def current_batch(status: RolloutStatus) -> int | None:
@@ -331,6 +352,7 @@ def _summary_lines(status: RolloutStatus, now: datetime, colour: bool) -> list[s
         )
         if frozen.ignore_windows:
             out.append("  windows   ignored (ignoreWindows: true)")
+        out += capacity_lines(frozen, status.nodes)
     out.append(f"  progress  {progress_text(s)}  batch {batch_text(s)}")
     counts = ", ".join(f"{n} {state}" for state, n in count_progress(status.nodes))
     if counts:
