@@ -233,7 +233,12 @@ class StatusDraft:
             nodes, progress = self.old.nodes, self.old.progress
         else:
             nodes = tuple(self._nodes)
-            progress = count_progress(nodes)
+            counts = self._counts  # counted from these records, kept up to date by set_node
+            progress = (
+                count_progress(nodes)
+                if counts is None
+                else tuple((state, counts[state]) for state in NODE_STATES if counts.get(state))
+            )
         batches = self.old.batches if self._batches is None else tuple(self._batches)
         values: dict[str, Any] = {k: getattr(self, k) for k in _CARRIED}
         values.update(
