@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from reconciler.engine.step import resolve_nodes
 from reconciler.git.approval import Approver
@@ -31,7 +32,13 @@ from reconciler.protocol.job_ids import job_id
 from reconciler.spec.batch_shapes import batch_numbers, spread_numbers
 from reconciler.spec.documents import Documents, ParsedFile, assemble, parse_file
 from reconciler.spec.model import Fleet, RolloutSpec
-from reconciler.spec.rollout_status import FrozenSpec, RolloutStatus, freeze, main_path
+from reconciler.spec.rollout_status import (
+    FROZEN_FIELDS,
+    FrozenSpec,
+    RolloutStatus,
+    freeze,
+    main_path,
+)
 
 
 @dataclass(frozen=True)
@@ -55,25 +62,14 @@ def start_spec(spec: RolloutSpec, fleet: Fleet) -> StartSpec:
     return StartSpec(frozen=freeze(spec), nodes=nodes, labels=labels)
 
 
+# What a status must agree on with its start: every frozen field, the target
+# field by field (so that a tampered model is named as such).
 _FROZEN_FIELDS: tuple[tuple[str, Callable[[FrozenSpec], object]], ...] = (
     ("target.runtime", lambda f: f.target.runtime),
     ("target.provider", lambda f: f.target.provider),
     ("target.model", lambda f: f.target.model),
     ("target.profile", lambda f: f.target.profile),
-    ("batchSize", lambda f: f.batch_size),
-    ("live", lambda f: f.live),
-    ("onFailure", lambda f: f.on_failure),
-    ("selector", lambda f: f.selector),
-    ("nodeIds", lambda f: f.node_ids),
-    ("startAt", lambda f: f.start_at),
-    ("includeMaintenance", lambda f: f.include_maintenance),
-    ("allowOverlap", lambda f: f.allow_overlap),
-    ("batches", lambda f: f.batches),
-    ("ignoreWindows", lambda f: f.ignore_windows),
-    # The agent checks a job carries come from here (section 11).
-    ("health", lambda f: f.health),
-    ("spreadBy", lambda f: f.spread_by),
-    ("failureBudget", lambda f: f.failure_budget),
+    *((doc, attrgetter(attr)) for attr, doc in FROZEN_FIELDS if attr != "target"),
 )
 
 
