@@ -201,3 +201,19 @@ def test_a_budget_of_zero_holds_at_the_first_failure_and_unknown_counts() -> Non
     w.succeed("b")
     w.step(400)  # past the deadline while unreachable: unknown
     assert w.state("a") == "unknown" and w.hold() == "failure_budget_exceeded"
+
+
+def test_spread_by_and_the_budget_edited_after_start_are_reported_and_not_applied() -> None:
+    w = zoned_world()
+    w.rollout(batch_size=3, spread_by=SpreadBy("zone", 1), on_failure="observe", failure_budget=1)
+    w.step(0)
+    before = [(n.name, n.batch) for n in w.status().nodes]
+
+    w.edit(spread_by=SpreadBy("zone", 3), failure_budget=5)
+    w.step(1)
+
+    status = w.status()
+    condition = status.condition("frozen_fields_changed")
+    assert condition is not None and "spreadBy, failureBudget" in condition.message
+    assert [(n.name, n.batch) for n in status.nodes] == before
+    assert status.frozen is not None and status.frozen.failure_budget == 1
