@@ -19,6 +19,14 @@ nothing more changes, so one pass takes a rollout as far as its inputs allow:
    then the next batch;
 5. the hold and the phase.
 
+The rules live in modules that take values and return values, which the
+step records in its working copy (``draft``): why a start waits
+(``starts``), what evidence writes (``verdicts``), the failure budget
+(``budget``), the operator's intents (``intents``, ``rollback``), what a
+send records (``attempts``), batch progress (``batches``), holds
+(``holds``) and condition words (``conditions``). None of them imports this
+module.
+
 Every phase and node-state change is checked against ``reconciler.engine.lifecycle``.
 Status never goes backwards: terminal phases stay, attempts only grow, and a
 verdict belongs to its attempt and is never rewritten.
