@@ -1,5 +1,6 @@
 """The exhaustive bounded model check of the engine (``tests/modelcheck.py``):
-3 nodes, batch sizes 1 and 2, each of the 5 failure policies, every sequence
+3 nodes, batch sizes 1 and 2, each of the 5 failure policies and the
+capacity setup (observe, two zones, spreadBy and failureBudget 1), every sequence
 of events up to ``--depth``, states deduplicated by a canonical hash of their
 abstraction (``--unreduced``: of the concrete state). Prints distinct states,
 transitions and time per setup and per depth; exit status 1 on any
@@ -18,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the tests package
 
-from tests.modelcheck import BATCH_SIZES, POLICIES, Level, Report, check
+from tests.modelcheck import BATCH_SIZES, SETUPS, Level, Report, check
 
 
 def _one(setup: tuple[str, int, int, bool]) -> Report:
@@ -43,7 +44,7 @@ def main() -> None:
         "--unreduced", action="store_true", help="deduplicate concrete states (no reductions)"
     )
     parser.add_argument(
-        "--policy", action="append", choices=POLICIES, help="only this policy (repeatable)"
+        "--policy", action="append", choices=SETUPS, help="only this setup (repeatable)"
     )
     parser.add_argument(
         "--batch-size", action="append", type=int, choices=BATCH_SIZES, help="only this size"
@@ -60,12 +61,12 @@ def main() -> None:
     setups = [
         (p, b, args.depth, not args.unreduced)
         for b in sorted(BATCH_SIZES, reverse=True)
-        for p in POLICIES
+        for p in SETUPS
         if (not args.policy or p in args.policy) and (not args.batch_size or b in args.batch_size)
         if not args.setup or f"{p}:{b}" in args.setup
     ]
     if not setups:
-        parser.error(f"no setup matches; setups are POLICY:BATCH of {POLICIES} and {BATCH_SIZES}")
+        parser.error(f"no setup matches; setups are POLICY:BATCH of {SETUPS} and {BATCH_SIZES}")
     kind = "unreduced" if args.unreduced else "reduced"
     print(f"model check, depth {args.depth}, {kind}, {args.jobs} setup(s) at a time", flush=True)
     with ProcessPoolExecutor(args.jobs) as pool:

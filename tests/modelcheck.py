@@ -3,7 +3,10 @@ events up to a depth, breadth first, from a fresh rollout over three nodes,
 with the engine's promises checked after every pass.
 
 World: one live rollout over nodes n1..n3, batch size 1 or 2, one of the five
-failure policies, ``healthTimeout`` 120 s and ``offlineAfter`` 60 s. Each
+failure policies, ``healthTimeout`` 120 s and ``offlineAfter`` 60 s. One
+more setup, ``capacity`` (docs/capacity.md), is observe with two values of a
+label (n1 and n2 in zone a, n3 in zone b), ``spreadBy: {label: zone,
+maxPerBatch: 1}`` and ``failureBudget: 1``. Each
 transition is one event followed by one reconcile pass through the real
 ``step_fleet`` with the world's clock:
 
@@ -30,6 +33,12 @@ Checked at every transition (the invariants of docs/architecture.md):
     payload       one payload per job id: what is sent equals what status
                   rebuilds for that id, before and after the pass
     policy        every hold is the one the policy table gives
+    spread        (capacity) no batch holds two nodes of one zone
+    budget        (capacity) a node that ends failed, timed out or unknown
+                  while more than the budget have is held
+                  failure_budget_exceeded (unless the same pass ended the
+                  rollout, skipped it, or a resume let it carry on), and
+                  only nodes with such a verdict are held for it
 
 States are deduplicated by a canonical hash. Unreduced (``reduced=False``):
 BLAKE2b of the repr of the state's frozen values (clock, intents, status,
@@ -106,12 +115,26 @@ from reconciler.engine.policy import Rule, decide
 from reconciler.engine.step import RolloutInput, Transition, in_flight, step_fleet
 from reconciler.protocol.effects import SendJob
 from reconciler.protocol.observations import Heartbeat, JobObservation, Observations, RuntimeReport
-from reconciler.spec.model import Fleet, Node, RollbackRequest, RolloutSpec, Settings, Target
+from reconciler.spec.model import (
+    Fleet,
+    Node,
+    RollbackRequest,
+    RolloutSpec,
+    Settings,
+    SpreadBy,
+    Target,
+)
 from reconciler.spec.rollout_status import TERMINAL_PHASES, NodeRecord, RolloutStatus
 from reconciler.spec.times import format_time
 
 POLICIES = ("observe", "pause", "retry_once", "stop", "rollback")
+# Setups beyond the policies: name -> the policy it runs under.
+CAPACITY = "capacity"
+SETUPS = (*POLICIES, CAPACITY)
 BATCH_SIZES = (1, 2)
+ZONES = {"n1": "a", "n2": "a", "n3": "b"}
+BUDGET = 1
+COUNTED = ("failed", "timed_out", "unknown")
 NODES = ("n1", "n2", "n3")
 T0 = datetime(2026, 12, 1, 9, 0, 0, tzinfo=UTC)
 TARGET = Target(runtime="hermes", provider="ollama", model="llama3.1-8b", profile="default")
@@ -125,7 +148,15 @@ FINAL = ("succeeded", "skipped")
 FLEET = Fleet(
     tuple(Node(name=n, agent=f"http://127.0.0.1:{8711 + i}") for i, n in enumerate(NODES))
 )
+ZONED_FLEET = Fleet(
+    tuple(replace(node, labels=(("zone", ZONES[node.name]),)) for node in FLEET.nodes)
+)
 SETTINGS = Settings(offline_after=OFFLINE_AFTER)
+
+
+def policy_of(setup: str) -> str:
+    """The failure policy a setup runs under."""
+    return "observe" if setup == CAPACITY else setup
 
 
 @dataclass(frozen=True)
@@ -205,6 +236,7 @@ def injected_rules(rules: Sequence[Rule]) -> Iterator[None]:
 
 
 def _spec(policy: str, batch_size: int, intents: Intents) -> RolloutSpec:
+    capacity = policy == CAPACITY
     return RolloutSpec(
         name=ROLLOUT,
         target=TARGET,
@@ -212,7 +244,9 @@ def _spec(policy: str, batch_size: int, intents: Intents) -> RolloutSpec:
         batch_size=batch_size,
         health_timeout=HEALTH_TIMEOUT,
         live=True,
-        on_failure=policy,
+        on_failure=policy_of(policy),
+        spread_by=SpreadBy("zone", 1) if capacity else None,
+        failure_budget=BUDGET if capacity else None,
         paused=intents.paused,
         abort=intents.abort,
         resume_request=f"resume-{intents.resumes}" if intents.resumes else "",
@@ -281,8 +315,9 @@ def _pass(
         queue_key=0,
         author="Ops <ops@example.org>",
     )
+    fleet = ZONED_FLEET if policy == CAPACITY else FLEET
     result = step_fleet(
-        [rollout], FLEET, SETTINGS, _observations(state), _at(state.clock), unreadable={}
+        [rollout], fleet, SETTINGS, _observations(state), _at(state.clock), unreadable={}
     )
     status = result.statuses.get(ROLLOUT, state.status)
     # Answers of jobs no longer in flight change nothing (a verdict belongs to
@@ -378,7 +413,7 @@ def _settled(node: NodeRecord, policy: str) -> bool:
 
 
 def _check(
-    policy: str,
+    setup: str,
     event: str,
     before: State,
     after: State,
@@ -388,6 +423,9 @@ def _check(
     old, new = before.status, after.status
     if new is None:
         return
+    policy = policy_of(setup)
+    if setup == CAPACITY:
+        _check_capacity(old, new, transitions)
     # terminal phases stay
     if old is not None and old.phase in TERMINAL_PHASES and new.phase != old.phase:
         raise _Broken("terminal", f"terminal phase {old.phase} became {new.phase}")
@@ -464,6 +502,8 @@ def _check(
         held = node.held
         if held in (None, "dispatch_refused", "rolled_back", "rollback_failed"):
             continue
+        if held == "failure_budget_exceeded":
+            continue  # checked by _check_capacity
         if node.state == "rollback_pending" or held in ("rollback_pending", "rollback_unavailable"):
             if not (policy == "rollback" and node.verdict == "failed"):
                 raise _Broken("policy", f"{node.name}: {held} under {policy}, {node.verdict}")
@@ -481,6 +521,41 @@ def _check(
         if expected != held:
             raise _Broken(
                 "policy", f"{node.name}: held {held}, the table says {expected} ({node.verdict})"
+            )
+
+
+def _check_capacity(
+    old: RolloutStatus | None, new: RolloutStatus, transitions: tuple[Transition, ...]
+) -> None:
+    """The spread and the budget of the capacity setup."""
+    zones = [(node.batch, ZONES[node.name]) for node in new.nodes]
+    if len(set(zones)) != len(zones):
+        raise _Broken("spread", f"a batch holds two nodes of one zone: {zones}")
+    by_name = {n.name: n for n in new.nodes}
+    for node in new.nodes:
+        # Held for the budget only on a verdict (a rollback request may be
+        # restoring it since: the hold stays until the restore's outcome).
+        if node.held == "failure_budget_exceeded" and node.verdict not in ("failed", "unknown"):
+            raise _Broken("budget", f"{node.name} held for the budget with verdict {node.verdict}")
+    if new.phase in TERMINAL_PHASES or old is None:
+        return
+    resumed = old.last_handled_resume != new.last_handled_resume
+    states = {n.name: n.state for n in old.nodes}
+    count = sum(1 for state in states.values() if state in COUNTED)
+    for t in transitions:
+        if t.node is None:
+            continue
+        entered = t.to_state in COUNTED and states.get(t.node) not in COUNTED
+        states[t.node] = t.to_state
+        if not entered:
+            continue
+        count += 1
+        node = by_name[t.node]
+        if count > BUDGET and node.state == t.to_state and node.held is None and not resumed:
+            raise _Broken(
+                "budget",
+                f"{t.node} ended {t.to_state} as failure {count} of a budget of "
+                f"{BUDGET} and is not held",
             )
 
 
@@ -723,4 +798,4 @@ def _path(parents: dict[bytes, tuple[bytes | None, str]], key: bytes) -> tuple[s
 
 
 def check_all(depth: int, reduced: bool = True) -> list[Report]:
-    return [check(p, b, depth, reduced=reduced) for p in POLICIES for b in BATCH_SIZES]
+    return [check(p, b, depth, reduced=reduced) for p in SETUPS for b in BATCH_SIZES]

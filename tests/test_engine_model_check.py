@@ -12,7 +12,8 @@ import pytest
 from reconciler.engine.policy import RULES, Decision, Rule
 from tests.modelcheck import (
     BATCH_SIZES,
-    POLICIES,
+    CAPACITY,
+    SETUPS,
     State,
     abstract_key,
     check,
@@ -53,7 +54,7 @@ def test_the_real_table_is_back_after_an_injection() -> None:
 
 
 @pytest.mark.parametrize("batch_size", BATCH_SIZES)
-@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("policy", SETUPS)
 def test_every_sequence_of_events_keeps_the_invariants_reduced_or_not(
     policy: str, batch_size: int
 ) -> None:
@@ -112,3 +113,20 @@ def test_states_the_abstraction_merges_have_the_same_futures(policy: str, batch_
         for a in answers:
             for event in set(a) - shared:
                 assert a[event] == (key, None), event
+
+
+def test_the_capacity_setup_reaches_budget_holds_and_spreads_its_batches() -> None:
+    # Its search goes where the rules are: a second failure held for the
+    # budget, naming both failures, and batches of one node per zone.
+    states = concrete_states(CAPACITY, 2, 4)
+    held = [
+        s
+        for s in states
+        if s.status is not None
+        and s.status.hold is not None
+        and s.status.hold.reason == "failure_budget_exceeded"
+    ]
+    assert held
+    assert any(len(s.status.hold.nodes) == 2 for s in held if s.status and s.status.hold)
+    batches = {(n.name, n.batch) for s in states if s.status for n in s.status.nodes}
+    assert batches == {("n1", 1), ("n3", 1), ("n2", 2)}  # one node of each zone per batch

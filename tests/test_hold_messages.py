@@ -65,6 +65,14 @@ EXPECTED = {
         "cannot send jobs to a, b (boom); fix the node files (maintenance, agent address), "
         "then set a new resumeRequest, list them in skipNodes, or abort",
     ),
+    "failure_budget_exceeded": (
+        "more nodes failed than failureBudget allows: a ended failed, timed out or unknown "
+        "(boom); set a new resumeRequest to carry on (observe recorded it, and the next "
+        "failure holds again), or abort",
+        "more nodes failed than failureBudget allows: a, b ended failed, timed out or unknown "
+        "(boom); set a new resumeRequest to carry on (observe recorded them, and the next "
+        "failure holds again), or abort",
+    ),
 }
 NO_NODES = {
     "operator_paused": "paused by the operator (spec.paused is true); set paused: false to carry on",

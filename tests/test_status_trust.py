@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from reconciler.daemon.status_trust import StartSpec, tampered_fields
 from reconciler.protocol.job_ids import job_id
-from reconciler.spec.model import Target
+from reconciler.spec.model import SpreadBy, Target
 from reconciler.spec.rollout_status import FrozenSpec, NodeRecord, RestoreRecord, RolloutStatus
 from reconciler.spec.times import parse_time
 
@@ -124,3 +124,17 @@ def test_checks_added_to_a_status_are_named() -> None:
     added = Health(checks=(HealthCheck("port", tcp=TcpProbe("127.0.0.1", 22)),))
     edited = replace(STATUS, frozen=replace(FROZEN, health=added))
     assert tampered_fields(edited, EXPECTED, ON_BRANCH) == ("frozen.health",)
+
+
+def test_spread_batches_are_backed_by_the_labels_at_start_and_edited_ones_are_named() -> None:
+    spread = replace(FROZEN, spread_by=SpreadBy("zone", 1))
+    expected = StartSpec(spread, ("n1", "n2", "n3"), {"n1": "a", "n2": "a", "n3": "b"})
+    status = replace(STATUS, frozen=spread, nodes=(node("n1", 1), node("n2", 2), node("n3", 1)))
+    assert tampered_fields(status, expected, ON_BRANCH) == ()
+    # n2 moved into batch 1, beside n1 of the same zone
+    packed = replace(status, nodes=(node("n1", 1), node("n2", 1), node("n3", 2)))
+    assert tampered_fields(packed, expected, ON_BRANCH) == ("nodes[n2].batch", "nodes[n3].batch")
+    looser = replace(status, frozen=replace(spread, spread_by=SpreadBy("zone", 2)))
+    assert "frozen.spreadBy" in tampered_fields(looser, expected, ON_BRANCH)
+    budget = replace(status, frozen=replace(spread, failure_budget=3))
+    assert tampered_fields(budget, expected, ON_BRANCH) == ("frozen.failureBudget",)

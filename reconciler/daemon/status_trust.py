@@ -21,17 +21,25 @@ daemon itself last wrote to a status file is ``git.status_writes``.
 from __future__ import annotations
 
 from collections.abc import Callable, Container, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from operator import attrgetter
 
 from reconciler.engine.step import resolve_nodes
 from reconciler.git.approval import Approver
 from reconciler.git.status_writes import STATUS_FOLDER, DaemonWrites, status_files_at
 from reconciler.git.store import GitStore
 from reconciler.protocol.job_ids import job_id
-from reconciler.spec.batch_shapes import batch_numbers
+from reconciler.spec.batch_shapes import batch_numbers, spread_numbers
 from reconciler.spec.documents import Documents, ParsedFile, assemble, parse_file
 from reconciler.spec.model import Fleet, RolloutSpec
-from reconciler.spec.rollout_status import ApprovalRecord, FrozenSpec, RolloutStatus, main_path
+from reconciler.spec.rollout_status import (
+    FROZEN_FIELDS,
+    ApprovalRecord,
+    FrozenSpec,
+    RolloutStatus,
+    freeze,
+    main_path,
+)
 
 
 @dataclass(frozen=True)
@@ -40,48 +48,40 @@ class StartSpec:
 
     frozen: FrozenSpec
     nodes: tuple[str, ...]  # the selection at that commit, in rollout order
+    # with spreadBy: each selected node's value of its label at that commit
+    labels: Mapping[str, str] = field(default_factory=dict)
 
 
 def start_spec(spec: RolloutSpec, fleet: Fleet) -> StartSpec:
     """The frozen values the engine records when it starts ``spec``
     (``engine`` ``start``), and the nodes it selects in ``fleet``."""
-    return StartSpec(
-        frozen=FrozenSpec(
-            target=spec.target,
-            batch_size=spec.batch_size,
-            live=spec.live,
-            on_failure=spec.on_failure,
-            selector=spec.selector,
-            node_ids=spec.node_ids,
-            start_at=spec.start_at,
-            include_maintenance=spec.include_maintenance,
-            allow_overlap=spec.allow_overlap,
-            batches=spec.batches,
-            ignore_windows=spec.ignore_windows,
-            health=spec.health,
-        ),
-        nodes=resolve_nodes(spec, fleet),
-    )
+    nodes = resolve_nodes(spec, fleet)
+    labels: dict[str, str] = {}
+    if spec.spread_by is not None:
+        by_name = fleet.by_name()
+        labels = {n: by_name[n].label(spec.spread_by.label) or "" for n in nodes}
+    return StartSpec(frozen=freeze(spec), nodes=nodes, labels=labels)
 
 
+# What a status must agree on with its start: every frozen field, the target
+# field by field (so that a tampered model is named as such).
 _FROZEN_FIELDS: tuple[tuple[str, Callable[[FrozenSpec], object]], ...] = (
     ("target.runtime", lambda f: f.target.runtime),
     ("target.provider", lambda f: f.target.provider),
     ("target.model", lambda f: f.target.model),
     ("target.profile", lambda f: f.target.profile),
-    ("batchSize", lambda f: f.batch_size),
-    ("live", lambda f: f.live),
-    ("onFailure", lambda f: f.on_failure),
-    ("selector", lambda f: f.selector),
-    ("nodeIds", lambda f: f.node_ids),
-    ("startAt", lambda f: f.start_at),
-    ("includeMaintenance", lambda f: f.include_maintenance),
-    ("allowOverlap", lambda f: f.allow_overlap),
-    ("batches", lambda f: f.batches),
-    ("ignoreWindows", lambda f: f.ignore_windows),
-    # The agent checks a job carries come from here (docs/health.md).
-    ("health", lambda f: f.health),
+    *((doc, attrgetter(attr)) for attr, doc in FROZEN_FIELDS if attr != "target"),
 )
+
+
+def _batch_numbers(status: RolloutStatus, expected: StartSpec) -> tuple[int, ...]:
+    """The batch of each node record as the engine numbers them at start."""
+    frozen = status.frozen
+    assert frozen is not None
+    if frozen.spread_by is None:
+        return batch_numbers(frozen.batches, frozen.batch_size, len(status.nodes))
+    values = [expected.labels.get(n.name, "") for n in status.nodes]
+    return spread_numbers(values, frozen.batches, frozen.batch_size, frozen.spread_by.max_per_batch)
 
 
 def tampered_fields(
@@ -113,7 +113,7 @@ def tampered_fields(
     names = [n.name for n in status.nodes]
     if not _in_order_within(names, expected.nodes):
         wrong.append("frozen.nodes")
-    numbers = batch_numbers(status.frozen.batches, status.frozen.batch_size, len(status.nodes))
+    numbers = _batch_numbers(status, expected)
     for i, node in enumerate(status.nodes):
         where = f"nodes[{node.name}]"
         if status.frozen.batch_size > 0 and node.batch != numbers[i]:

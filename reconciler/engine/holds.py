@@ -10,7 +10,7 @@ import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 
-from reconciler.spec.rollout_status import HOLD_NODES_SHOWN
+from reconciler.spec.rollout_status import HOLD_NODES_SHOWN, Hold, NodeRecord
 from reconciler.spec.times import format_time
 
 # A node's health verdict; restores in flight.
@@ -23,7 +23,7 @@ RESTORE_STATES = frozenset({"rollback_pending", "restoring"})
 # become `skipped`. A node removed or in maintenance is skipped whatever its
 # state. The other states are never held when a resume gets this far (a
 # restore in flight refuses the resume first), so a resume leaves them.
-ASK_AGAIN, SKIP, LEAVE = "ask again", "skip", "leave"
+ASK_AGAIN, SKIP, LEAVE, CARRY_ON = "ask again", "skip", "leave", "carry on"
 RESUME_OF_HELD: Mapping[str, str] = {
     "failed": ASK_AGAIN,
     "timed_out": ASK_AGAIN,
@@ -38,6 +38,12 @@ RESUME_OF_HELD: Mapping[str, str] = {
     "rollback_pending": LEAVE,
     "restoring": LEAVE,
 }
+
+# What a resume does with a node held for these reasons, whatever its state
+# (and before a removed or maintenance node is skipped): a node past the
+# failureBudget was recorded by observe, so a resume carries on without
+# sending it again (docs/capacity.md).
+RESUME_OF_REASON: Mapping[str, str] = {"failure_budget_exceeded": CARRY_ON}
 
 # Why a hold exists and what the operator can do, by reason. The words in
 # braces other than {nodes}, {detail}, {batch} and {next} agree with the
@@ -84,6 +90,11 @@ HOLD_MESSAGES = {
     "dispatch_refused": (
         "cannot send jobs to {nodes}{detail}; fix the node {files} (maintenance, agent "
         "address), then set a new resumeRequest, list {them} in skipNodes, or abort"
+    ),
+    "failure_budget_exceeded": (
+        "more nodes failed than failureBudget allows: {nodes} ended failed, timed out or "
+        "unknown{detail}; set a new resumeRequest to carry on (observe recorded {them}, "
+        "and the next failure holds again), or abort"
     ),
 }
 
@@ -136,6 +147,69 @@ def hold_message(
         next=batch + 1,
         **words,
     )
+
+
+def hold_over(
+    held: Sequence[NodeRecord],
+    current: Hold | None,
+    paused_after: int | None,
+    until: datetime | None,
+    operator_paused: bool,
+    now: datetime,
+    failed: Sequence[str] = (),
+) -> Hold | None:
+    """The rollout's hold, from the first cause that applies: the ``held``
+    nodes (the current reason while some node is still held for it, else
+    the first held node's); the pauseAfter batch ``paused_after`` (lifting
+    itself at ``until``); the operator pause. ``current`` itself when
+    nothing about it changed, so an idle pass writes nothing. A
+    ``failure_budget_exceeded`` hold names every node the budget counts
+    (``failed``), not only those past it."""
+    if held:
+        reasons = [n.held for n in held]
+        reason = current.reason if current is not None and current.reason in reasons else reasons[0]
+        assert reason is not None
+        names = tuple(n.name for n in held)
+        if reason == "failure_budget_exceeded" and failed:
+            names = tuple(failed)
+        first = next(n for n in held if n.held == reason)
+        message = hold_message(reason, nodes=names, error=first.error)
+        return _hold(current, reason, message, names, now)
+    if paused_after is not None:
+        message = hold_message("pause_after_batch", batch=paused_after, until=until)
+        return _hold(current, "pause_after_batch", message, (), now, until)
+    if operator_paused:
+        return _hold(current, "operator_paused", hold_message("operator_paused"), (), now)
+    return None
+
+
+def hold_since(current: Hold | None, reason: str, now: datetime) -> datetime:
+    """When a hold for ``reason`` opened: kept while the reason stays."""
+    return current.since if current is not None and current.reason == reason else now
+
+
+def _hold(
+    current: Hold | None,
+    reason: str,
+    message: str,
+    names: tuple[str, ...],
+    now: datetime,
+    until: datetime | None = None,
+) -> Hold:
+    new = Hold(
+        reason=reason,
+        message=message,
+        since=hold_since(current, reason, now),
+        nodes=names[:HOLD_NODES_SHOWN],
+        node_count=len(names),
+        until=until,
+    )
+    return current if current == new else new
+
+
+def restore_waiting(node: NodeRecord) -> bool:
+    """The policy decided a restore that waits for the agent's backup list."""
+    return node.held == "rollback_pending" and node.state not in RESTORE_STATES
 
 
 def name_list(names: Sequence[str]) -> str:

@@ -1,94 +1,112 @@
 """Operator intents on a started rollout (docs/rollouts.md): ``skipNodes``
-and ``resumeRequest``, applied to one rollout's step. What a resume does
-with each held node is the table ``holds.RESUME_OF_HELD``."""
+and ``resumeRequest``. Values in, changes out: the step records the node
+changes these return and dispatches the nodes they name. What a resume
+does with each held node is the table ``holds.RESUME_OF_HELD``."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from reconciler.engine.holds import (
-    ASK_AGAIN,
     RESTORE_STATES,
     RESUME_OF_HELD,
+    RESUME_OF_REASON,
     SKIP,
     name_list,
     quoted,
+    restore_waiting,
 )
+from reconciler.engine.inputs import NodeChange
 from reconciler.engine.records import evolve
-from reconciler.engine.rollback import restore_waiting
 from reconciler.spec.model import RolloutSpec
-
-if TYPE_CHECKING:
-    from reconciler.engine.step import RolloutStep
+from reconciler.spec.rollout_status import NodeRecord
 
 
-def skip_nodes(step: RolloutStep, spec: RolloutSpec) -> None:
+def skips(
+    spec: RolloutSpec, nodes: Sequence[NodeRecord], index: Callable[[str], int | None]
+) -> list[NodeChange]:
     """``skipNodes``: each listed node that has not succeeded and has no job
     in flight becomes ``skipped`` (final; never dispatched again)."""
+    changes: list[NodeChange] = []
     for name in spec.skip_nodes:
-        i = step.index(name)
+        i = index(name)
         if i is None:
             continue
-        node = step.nodes[i]
+        node = nodes[i]
         if node.state in ("succeeded", "skipped", "dispatched") or node.state in RESTORE_STATES:
             continue
-        step.set_node(i, evolve(node, state="skipped", held=None), "skipNodes")
+        changes.append(NodeChange(i, evolve(node, state="skipped", held=None), "skipNodes"))
+    return changes
 
 
-def handle_resume(step: RolloutStep, spec: RolloutSpec) -> bool:
-    """A new ``resumeRequest`` answers the current hold once: refused while a
-    restore runs or waits; else each held node as ``RESUME_OF_HELD`` says,
-    or the batch after a pauseAfter. True when it was handled."""
-    token = spec.resume_request
-    if not token or token == step.last_handled_resume:
-        return False
-    if step.pause_after_waiting(spec) is not None and not step.any_held() and not step.gate_open():
-        return (
-            False  # it would start a batch: it waits, unhandled, for the window (docs/rollouts.md)
-        )
-    step.last_handled_resume = token
-    open_nodes = list(step.open_indexes())
+@dataclass(frozen=True)
+class HeldAnswer:
+    """What a resume does with one held node: ``action`` is a value of
+    ``holds.RESUME_OF_HELD``."""
+
+    index: int
+    action: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class ResumeAnswer:
+    """A new resumeRequest's answer to the current hold."""
+
+    refusal: str | None  # the resume_refused condition; None: accepted
+    held: tuple[HeldAnswer, ...] = ()  # each held node, in frozen order
+    next_batch: int | None = None  # no node held and a pauseAfter holds: start this batch
+    reason: str = ""  # why the next batch starts
+
+
+def answer_resume(
+    token: str,
+    open_nodes: Sequence[tuple[int, NodeRecord]],
+    waiting_requests: Sequence[str],
+    gone: Callable[[str], bool],
+    paused_after: int | None,
+) -> ResumeAnswer:
+    """The answer of resume ``token``: refused while a restore runs or
+    waits (``open_nodes``: index and record of every node that may be held
+    or in flight; ``waiting_requests``: rollback request ids waiting for
+    backup lists); else each held node as ``RESUME_OF_HELD`` says (a node
+    ``gone``, removed or in maintenance, is skipped), or by its hold's
+    reason as ``RESUME_OF_REASON`` says; or the batch after the pauseAfter
+    batch ``paused_after``."""
     restoring = [
-        step.nodes[i].name
-        for i in open_nodes
-        if step.nodes[i].state in RESTORE_STATES or restore_waiting(step.nodes[i])
+        node.name for _, node in open_nodes if node.state in RESTORE_STATES or restore_waiting(node)
     ]
-    asked = [r.id for r in step.rollbacks if r.state == "waiting"]
     if restoring:
-        step.set_condition(
-            "resume_refused",
+        return ResumeAnswer(
             f"resumeRequest {quoted(token)} refused: a restore is in progress on "
-            f"{name_list(restoring)}; wait for it to finish, then resume again, or abort",
+            f"{name_list(restoring)}; wait for it to finish, then resume again, or abort"
         )
-        return True
-    if asked:
-        step.set_condition(
-            "resume_refused",
-            f"resumeRequest {quoted(token)} refused: rollbackRequest {quoted(asked[0])} waits for "
-            "the agents' backup lists to send its restores; wait for it, then resume "
-            "again, or abort",
+    if waiting_requests:
+        return ResumeAnswer(
+            f"resumeRequest {quoted(token)} refused: rollbackRequest "
+            f"{quoted(waiting_requests[0])} waits for the agents' backup lists to send its "
+            "restores; wait for it, then resume again, or abort"
         )
-        return True
-    step.set_condition("resume_refused", None)
-    held = [i for i in open_nodes if step.nodes[i].held is not None]
+    held = [(i, node) for i, node in open_nodes if node.held is not None]
     if held:
-        for i in held:
-            node = step.nodes[i]
-            fleet_node = step.ctx.node(node.name)
-            gone = fleet_node is None or (
-                fleet_node.maintenance
-                and step.frozen is not None
-                and not step.frozen.include_maintenance
+        answers = []
+        for i, node in held:
+            assert node.held is not None
+            away = node.held not in RESUME_OF_REASON and gone(node.name)
+            action = RESUME_OF_REASON.get(node.held) or (
+                SKIP if away else RESUME_OF_HELD[node.state]
             )
-            action = SKIP if gone else RESUME_OF_HELD[node.state]
             if action == SKIP:
-                why = "resume: removed or in maintenance" if gone else "resume"
-                step.set_node(i, evolve(node, state="skipped", held=None), why)
-            elif action == ASK_AGAIN:
-                step.dispatch(i, f"resume {quoted(token)}")
-        return True
-    waiting = step.pause_after_waiting(spec)
-    if waiting is not None:
-        step.dispatch_batch(waiting + 1, f"resume {quoted(token)} after batch {waiting}")
-        return True
-    return True  # recorded; nothing was held
+                why = "resume: removed or in maintenance" if away else "resume"
+            else:
+                why = f"resume {quoted(token)}"
+            answers.append(HeldAnswer(i, action, why))
+        return ResumeAnswer(None, held=tuple(answers))
+    if paused_after is not None:
+        return ResumeAnswer(
+            None,
+            next_batch=paused_after + 1,
+            reason=f"resume {quoted(token)} after batch {paused_after}",
+        )
+    return ResumeAnswer(None)  # recorded; nothing was held

@@ -6,13 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from operator import attrgetter
-from typing import TYPE_CHECKING
 
+from reconciler.engine.inputs import RolloutInput
 from reconciler.spec.model import Fleet, Node, Settings
-
-if TYPE_CHECKING:
-    from reconciler.engine.step import RolloutInput
-    from reconciler.spec.rollout_status import RolloutStatus
+from reconciler.spec.rollout_status import RolloutStatus
 
 
 class FleetIndex:

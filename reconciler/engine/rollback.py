@@ -1,82 +1,127 @@
 """Explicit rollback (docs/rollouts.md, ``rollbackRequest``): which nodes
-a request restores, refuses or skips, and why, applied to one rollout's step.
-The restore jobs themselves are sent by the step (``send_restore``)."""
+a request restores, refuses or skips, and why. Values in, a
+``RollbackUpdate`` out: the step records it and sends the restores it
+names (``send_restore``); nothing here changes a status."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import replace
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime
 
+from reconciler.engine.backups import first_backup_listed
 from reconciler.engine.evidence import JOB_FAILED, JOB_REFUSED
 from reconciler.engine.holds import RESTORE_STATES, name_list, quoted
-from reconciler.spec.rollout_status import NodeRecord, RollbackNode, RollbackRecord
+from reconciler.engine.inputs import NodeChange
+from reconciler.protocol.observations import Backup
+from reconciler.spec.model import RollbackRequest
+from reconciler.spec.rollout_status import (
+    NodeRecord,
+    RollbackNode,
+    RollbackRecord,
+    RolloutStatus,
+)
 
-if TYPE_CHECKING:
-    from reconciler.engine.step import RolloutStep
+
+@dataclass(frozen=True)
+class RollbackUpdate:
+    """What handling a rollbackRequest changes in the rollout's status."""
+
+    rollbacks: tuple[RollbackRecord, ...]  # the rollout's rollback records after it
+    refused: str | None = None  # the rollback_refused condition (with ``sets_condition``)
+    sets_condition: bool = False
+    found: tuple[NodeChange, ...] = ()  # first backups found in the agents' backup lists
+    restores: tuple[int, ...] = ()  # indexes of the nodes to send this request's restore
+    request: str = ""  # the request's id
+    handled: bool = True  # the request's spec commit is recorded (False: only a withdrawal)
 
 
-def refuse_request(step: RolloutStep, message: str) -> None:
-    """Record the rollout's rollbackRequest as refused, once, with why."""
-    spec = step.inp.spec
-    assert spec is not None and spec.rollback_request is not None
-    request = spec.rollback_request
-    if any(r.id == request.id for r in step.rollbacks):
-        return
+@dataclass(frozen=True)
+class Rollout:
+    """The parts of a started rollout's step that a rollbackRequest reads."""
+
+    name: str
+    author: str  # who committed the request
+    now: datetime
+    live: bool
+    phase: str
+    started_at: datetime | None
+    start_commit: str
+    nodes: Sequence[NodeRecord]
+    rollbacks: tuple[RollbackRecord, ...]
+    index: Callable[[str], int | None]
+    # every rollout's status as it stands; called only when a request needs it
+    others: Callable[[], Mapping[str, RolloutStatus]]
+    backups: Mapping[str, tuple[Backup, ...]]  # the agents' backup lists read this pass
+
+
+def refusal(
+    request: RollbackRequest,
+    author: str,
+    now: datetime,
+    rollbacks: tuple[RollbackRecord, ...],
+    message: str,
+) -> RollbackUpdate | None:
+    """The request recorded as refused, once, with why (None: it was recorded already)."""
+    if any(r.id == request.id for r in rollbacks):
+        return None
     record = RollbackRecord(
-        id=request.id,
-        requested_by=step.inp.author,
-        time=step.now,
-        state="refused",
-        message=message,
+        id=request.id, requested_by=author, time=now, state="refused", message=message
     )
-    step.rollbacks = (*step.rollbacks, record)
-    step.set_condition(
-        "rollback_refused", f"rollbackRequest {quoted(request.id)} refused: {message}"
+    return RollbackUpdate(
+        (*rollbacks, record),
+        refused=f"rollbackRequest {quoted(request.id)} refused: {message}",
+        sets_condition=True,
+        request=request.id,
     )
-    step.spec_commit = step.inp.spec_commit
 
 
-def handle_request(step: RolloutStep) -> None:
-    """Handle the rollout's ``rollbackRequest``, once per id: refuse it as a
-    whole (``request_refusal``); or plan each node (``node_outcome``) and
-    either wait for backup lists (``wait_for_backups``) or send the restores
-    and record the outcome (``start_restores``)."""
-    spec = step.inp.spec
-    if spec is None:
-        return
-    request = spec.rollback_request
-    withdraw_waiting(step, request.id if request is not None else None)
+def handle_request(request: RollbackRequest | None, rollout: Rollout) -> RollbackUpdate | None:
+    """The rollout's ``rollbackRequest``, once per id: refused as a whole
+    (``request_refusal``); or each node planned (``node_outcome``) and
+    either waiting for backup lists (``wait_for_backups``) or its restores
+    sent and the outcome recorded (``start_restores``). None: nothing changes."""
+    rollbacks = withdraw_waiting(rollout.rollbacks, request.id if request is not None else None)
+    withdrawn = None if rollbacks is rollout.rollbacks else RollbackUpdate(rollbacks, handled=False)
     if request is None:
-        return
-    previous = next((r for r in step.rollbacks if r.id == request.id), None)
+        return withdrawn
+    previous = next((r for r in rollbacks if r.id == request.id), None)
     if previous is not None and previous.state != "waiting":
-        return  # handled: the same id restores once
-    assert step.frozen is not None
-    refusal = request_refusal(step.frozen.live, step.phase, accepted=previous is not None)
-    if refusal:
-        refuse_request(step, refusal)
-        return
+        return withdrawn  # handled: the same id restores once
+    why = request_refusal(rollout.live, rollout.phase, accepted=previous is not None)
+    if why:
+        return refusal(request, rollout.author, rollout.now, rollbacks, why) or withdrawn
     wanted = (
-        [n.name for n in step.nodes]
+        [n.name for n in rollout.nodes]
         if request.nodes is None
         else list(dict.fromkeys(request.nodes))
     )
     plan: list[tuple[str, str, str]] = []  # (name, outcome, message)
-    changed_by = changed_since(step)
+    found: list[NodeChange] = []
+    changed_by = changed_since(rollout)
     for name in wanted:
-        i = step.index(name)
-        node = step.nodes[i] if i is not None else None
+        i = rollout.index(name)
+        node = rollout.nodes[i] if i is not None else None
         decided = node_outcome(node, changed_by.get(name))
         if decided is None:
-            assert i is not None
-            decided = backup_outcome(step.resolve_first_backup(i))
+            assert i is not None and node is not None
+            listed = first_backup_listed(
+                node, rollout.backups.get(name), rollout.name, rollout.start_commit
+            )
+            if listed is not node:
+                found.append(NodeChange(i, listed, "backup list searched"))
+            decided = backup_outcome(listed)
         plan.append((name, *decided))
     waiting = [name for name, outcome, _ in plan if outcome == "waiting"]
     if waiting:
-        wait_for_backups(step, request.id, previous, waiting)
+        update = wait_for_backups(rollout, rollbacks, request.id, previous, waiting)
     else:
-        start_restores(step, request.id, previous, plan)
+        update = start_restores(rollout, rollbacks, request.id, previous, plan)
+    if update is None:  # still waiting for the same lists
+        if found or withdrawn is not None:
+            return RollbackUpdate(rollbacks, found=tuple(found), handled=False)
+        return None
+    return replace(update, found=tuple(found))
 
 
 def request_refusal(live: bool, phase: str, *, accepted: bool) -> str:
@@ -131,87 +176,96 @@ def backup_outcome(node: NodeRecord) -> tuple[str, str]:
 
 
 def wait_for_backups(
-    step: RolloutStep, request: str, previous: RollbackRecord | None, waiting: list[str]
-) -> None:
-    """Accept the request as ``waiting`` until the agents' backup lists of
-    ``waiting`` are read; nothing is sent yet."""
+    rollout: Rollout,
+    rollbacks: tuple[RollbackRecord, ...],
+    request: str,
+    previous: RollbackRecord | None,
+    waiting: list[str],
+) -> RollbackUpdate | None:
+    """The request accepted as ``waiting`` until the agents' backup lists of
+    ``waiting`` are read; nothing is sent yet. None: it waits as it did."""
     message = (
         f"waiting for the backup lists of {name_list(waiting)} to find their first "
         "backups; the restores are sent once they are read"
     )
     if previous is not None and previous.message == message:
-        return
+        return None
     record = RollbackRecord(
         request,
-        previous.requested_by if previous is not None else step.inp.author,
-        previous.time if previous is not None else step.now,
+        previous.requested_by if previous is not None else rollout.author,
+        previous.time if previous is not None else rollout.now,
         "waiting",
         message,
     )
-    step.rollbacks = (*(r for r in step.rollbacks if r.id != request), record)
-    step.spec_commit = step.inp.spec_commit
+    return RollbackUpdate((*(r for r in rollbacks if r.id != request), record), request=request)
 
 
 def start_restores(
-    step: RolloutStep,
+    rollout: Rollout,
+    rollbacks: tuple[RollbackRecord, ...],
     request: str,
     previous: RollbackRecord | None,
     plan: list[tuple[str, str, str]],
-) -> None:
-    """Send the restores the plan decided and record every node's outcome;
-    refusals also go into the ``rollback_refused`` condition."""
+) -> RollbackUpdate:
+    """The restores the plan decided and every node's outcome; refusals
+    also go into the ``rollback_refused`` condition."""
+    restores: list[int] = []
     nodes: list[RollbackNode] = []
     for name, outcome, message in plan:
         if outcome == "restoring":
-            i = step.index(name)
+            i = rollout.index(name)
             assert i is not None
-            step.send_restore(i, request, "restoring")
+            restores.append(i)
         nodes.append(RollbackNode(name, outcome, message))
     refused = [n.name for n in nodes if n.outcome == "refused"]
-    step.set_condition(
-        "rollback_refused",
-        None
-        if not refused
-        else f"rollbackRequest {quoted(request)} refused for {name_list(refused)}: "
-        + "; ".join(f"{n.name}: {n.message}" for n in nodes if n.outcome == "refused")[:500],
-    )
     state = "restoring" if any(n.outcome == "restoring" for n in nodes) else "done"
     record = RollbackRecord(
         request,
         # who asked is settled when the request is first seen
-        previous.requested_by if previous is not None else step.inp.author,
-        previous.time if previous is not None else step.now,
+        previous.requested_by if previous is not None else rollout.author,
+        previous.time if previous is not None else rollout.now,
         state,
         rollback_summary(nodes),
         tuple(nodes),
     )
-    step.rollbacks = (*(r for r in step.rollbacks if r.id != request), record)
-    step.spec_commit = step.inp.spec_commit
-
-
-def withdraw_waiting(step: RolloutStep, current: str | None) -> None:
-    """A request waiting for backup lists that the file no longer carries
-    (removed, or replaced by a new id) has sent nothing: it ends refused,
-    so it stops holding back dispatches and resumes."""
-    if not any(r.state == "waiting" and r.id != current for r in step.rollbacks):
-        return
-    why = f"replaced by {quoted(current)}" if current is not None else "removed from the file"
-    step.rollbacks = tuple(
-        replace(r, state="refused", message=f"{why} before its restores were sent")
-        if r.state == "waiting" and r.id != current
-        else r
-        for r in step.rollbacks
+    return RollbackUpdate(
+        (*(r for r in rollbacks if r.id != request), record),
+        refused=None
+        if not refused
+        else f"rollbackRequest {quoted(request)} refused for {name_list(refused)}: "
+        + "; ".join(f"{n.name}: {n.message}" for n in nodes if n.outcome == "refused")[:500],
+        sets_condition=True,
+        restores=tuple(restores),
+        request=request,
     )
 
 
-def changed_since(step: RolloutStep) -> dict[str, str]:
+def withdraw_waiting(
+    rollbacks: tuple[RollbackRecord, ...], current: str | None
+) -> tuple[RollbackRecord, ...]:
+    """A request waiting for backup lists that the file no longer carries
+    (removed, or replaced by a new id) has sent nothing: it ends refused,
+    so it stops holding back dispatches and resumes. The same tuple when
+    nothing is withdrawn."""
+    if not any(r.state == "waiting" and r.id != current for r in rollbacks):
+        return rollbacks
+    why = f"replaced by {quoted(current)}" if current is not None else "removed from the file"
+    return tuple(
+        replace(r, state="refused", message=f"{why} before its restores were sent")
+        if r.state == "waiting" and r.id != current
+        else r
+        for r in rollbacks
+    )
+
+
+def changed_since(rollout: Rollout) -> dict[str, str]:
     """Nodes of this rollout that a later-started or running rollout has
     sent a job to, with that rollout's name."""
-    mine = {n.name for n in step.nodes}
-    started = step.started_at
+    mine = {n.name for n in rollout.nodes}
+    started = rollout.started_at
     found: dict[str, str] = {}
-    for name, other in step.ctx.current.items():
-        if name == step.inp.name or not other.started or other.started_at is None:
+    for name, other in rollout.others().items():
+        if name == rollout.name or not other.started or other.started_at is None:
             continue
         later = started is None or other.started_at > started
         if not (later or other.phase in ("running", "paused")):
@@ -222,9 +276,11 @@ def changed_since(step: RolloutStep) -> dict[str, str]:
     return found
 
 
-def update_outcome(step: RolloutStep, request: str, node: str, outcome: str, error: str) -> None:
-    """A restore of rollback ``request`` on ``node`` ended with ``outcome``."""
-    records = list(step.rollbacks)
+def with_outcome(
+    rollbacks: tuple[RollbackRecord, ...], request: str, node: str, outcome: str, error: str
+) -> tuple[RollbackRecord, ...]:
+    """The rollback records once a restore of ``request`` on ``node`` ended with ``outcome``."""
+    records = list(rollbacks)
     for k, record in enumerate(records):
         if record.id != request:
             continue
@@ -235,7 +291,7 @@ def update_outcome(step: RolloutStep, request: str, node: str, outcome: str, err
         records[k] = replace(
             record, nodes=nodes, state=state, message=rollback_summary(list(nodes))
         )
-    step.rollbacks = tuple(records)
+    return tuple(records)
 
 
 def never_applied(node: NodeRecord) -> bool:
@@ -253,8 +309,3 @@ def rollback_summary(nodes: Sequence[RollbackNode]) -> str:
     for n in nodes:
         counts[n.outcome] = counts.get(n.outcome, 0) + 1
     return ", ".join(f"{c} {o}" for o, c in counts.items()) or "no nodes"
-
-
-def restore_waiting(node: NodeRecord) -> bool:
-    """The policy decided a restore that waits for the agent's backup list."""
-    return node.held == "rollback_pending" and node.state not in RESTORE_STATES

@@ -40,7 +40,7 @@ from typing import Any, TypeVar
 from reconciler.spec import health as health_rules
 from reconciler.spec import safe_yaml, schemas
 from reconciler.spec.agent_url import is_usable_agent_url
-from reconciler.spec.batch_shapes import check_batch_entry
+from reconciler.spec.batch_shapes import check_batch_entry, check_budget, check_share
 from reconciler.spec.durations import parse_duration
 from reconciler.spec.model import (
     API_VERSION,
@@ -56,6 +56,7 @@ from reconciler.spec.model import (
     RollbackRequest,
     RolloutSpec,
     Settings,
+    SpreadBy,
     Target,
     Window,
 )
@@ -441,6 +442,7 @@ class _Checker:
         if isinstance(checks, dict) and self._ok("spec.health"):
             self._check_health(checks)
         shapes = self._rollout_shapes(spec)
+        spread_by, budget = self._capacity(spec)
         if self.problems:
             return self.result()
         target = spec["target"]
@@ -474,6 +476,8 @@ class _Checker:
             batches=shapes.batches,
             after=tuple(spec.get("after", ())),
             ignore_windows=spec.get("ignoreWindows", False),
+            spread_by=spread_by,
+            failure_budget=budget,
             start_at=start_at,
             include_maintenance=spec.get("includeMaintenance", False),
             allow_overlap=spec.get("allowOverlap", False),
@@ -572,6 +576,26 @@ class _Checker:
                         f"a rollout cannot wait for itself: remove {_show(name)} from after",
                     )
         return _Shapes(tuple(batches), tuple(sorted(pause_for)))
+
+    def _capacity(self, spec: dict[str, Any]) -> tuple[SpreadBy | None, int | str | None]:
+        """``spreadBy`` and ``failureBudget`` (docs/capacity.md); whether the
+        budget's policy is observe is checked once defaults apply."""
+        spread_by = None
+        spread = spec.get("spreadBy")
+        if isinstance(spread, dict) and self._ok("spec.spreadBy"):
+            share = spread.get("maxPerBatch")
+            why = check_share(share, "node")
+            if why is not None:
+                self.add(["spec", "spreadBy", "maxPerBatch"], why)
+            elif isinstance(share, int | str):
+                spread_by = SpreadBy(spread["label"], share)
+        budget = spec.get("failureBudget")
+        if budget is not None and self._ok("spec.failureBudget"):
+            why = check_budget(budget)
+            if why is not None:
+                self.add(["spec", "failureBudget"], why)
+                budget = None
+        return spread_by, budget if isinstance(budget, int | str) else None
 
     def _windows(self, spec: dict[str, Any]) -> tuple[Window, ...]:
         found: list[Window] = []
@@ -943,6 +967,17 @@ def _translate(error: Any, data: bytes) -> list[_Finding]:
         return [(where, False, _type_message(value, instance, data, where))]
     if keyword in ("oneOf", "anyOf"):
         return _one_of(error, where, schema, data)
+    found = _value_findings(keyword, value, instance, schema, where)
+    if found is not None:
+        return found
+    return [(where, False, str(error.message))]
+
+
+def _value_findings(
+    keyword: str, value: Any, instance: Any, schema: dict[str, Any], where: list[str | int]
+) -> list[_Finding] | None:
+    """The words for a value that breaks a rule on values (const, enum,
+    pattern, bounds, unique items); None for any other keyword."""
     message = schema.get("errorMessage") if keyword in ("const", "enum") else None
     if keyword == "const":
         message = message or f"must be {_show(value)}"
@@ -986,7 +1021,7 @@ def _translate(error: Any, data: bytes) -> list[_Finding]:
                     )
                 ]
             seen.append(item)
-    return [(where, False, str(error.message))]
+    return None
 
 
 def _key_rule(error: Any) -> str:
@@ -1151,7 +1186,23 @@ def _rollout_result(
             )
             own.append(Problem(item.path, line, column, f"spec.nodeIds[{index_in_file}]", message))
         own.extend(_after_problems(item, spec, rollout_files))
+        own.extend(_budget_problems(item, spec))
     return spec, own
+
+
+def _budget_problems(item: ParsedFile, spec: RolloutSpec) -> list[Problem]:
+    """``failureBudget`` under a policy other than observe, once the default
+    policy of reconciler.yaml applies."""
+    if spec.failure_budget is None or spec.on_failure == "observe":
+        return []
+    whose = " (the default of reconciler.yaml)" if "onFailure" in item.omitted else ""
+    line, column = safe_yaml.locate(item.path, item.source, ["spec", "failureBudget"])
+    message = (
+        f"failureBudget needs onFailure: observe, which records failures and goes on; "
+        f"under onFailure {spec.on_failure}{whose} every failure holds already: set "
+        "onFailure: observe, or remove failureBudget"
+    )
+    return [Problem(item.path, line, column, "spec.failureBudget", message)]
 
 
 class Assembly:

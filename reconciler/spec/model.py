@@ -73,6 +73,15 @@ class RollbackRequest:
 
 
 @dataclass(frozen=True)
+class SpreadBy:
+    """``spreadBy`` (docs/capacity.md): no batch holds more than
+    ``max_per_batch`` nodes sharing one value of the label ``label``."""
+
+    label: str
+    max_per_batch: int | str  # as written: 1, or "50%" of the nodes sharing a value
+
+
+@dataclass(frozen=True)
 class RolloutSpec:
     """A rollout as its file declares it, with settings defaults applied."""
 
@@ -100,6 +109,9 @@ class RolloutSpec:
     batches: tuple[int | str, ...] = ()  # as written: 3 or "10%"; () means batchSize
     after: tuple[str, ...] = ()  # rollouts that must complete first
     ignore_windows: bool = False
+    # version 3: capacity (docs/capacity.md)
+    spread_by: SpreadBy | None = None
+    failure_budget: int | str | None = None  # as written: 3, or "5%" of the frozen nodes
 
 
 @dataclass(frozen=True)

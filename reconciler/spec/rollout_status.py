@@ -16,7 +16,7 @@ the engine can produce).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -24,7 +24,7 @@ from typing import Any
 from reconciler.spec import health as health_rules
 from reconciler.spec.batch_shapes import batch_sizes, batch_starts
 from reconciler.spec.durations import format_duration, parse_duration
-from reconciler.spec.model import API_VERSION, Target
+from reconciler.spec.model import API_VERSION, RolloutSpec, SpreadBy, Target
 from reconciler.spec.paths import status_page_path, status_path
 from reconciler.spec.times import format_time, parse_time
 
@@ -61,6 +61,7 @@ HOLD_REASONS = (
     "rollback_failed",
     "rollback_unavailable",
     "dispatch_refused",
+    "failure_budget_exceeded",
 )
 
 VERDICTS = ("passed", "failed", "unknown")
@@ -269,18 +270,74 @@ class FrozenSpec:
     health: health_rules.Health | None = None
     batches: tuple[int | str, ...] = ()  # as written; () means batch_size
     ignore_windows: bool = False
+    spread_by: SpreadBy | None = None  # batches spread across a label's values
+    failure_budget: int | str | None = None  # as written
 
     @property
     def mode(self) -> str:
         return "live" if self.live else "dry_run"
 
     def batch_sizes(self, count: int) -> tuple[int, ...]:
-        """The size of each batch of ``count`` frozen nodes."""
+        """The size of each batch of ``count`` frozen nodes cut in order
+        (without ``spread_by``; with it, ``recorded_sizes`` tells)."""
         return batch_sizes(self.batches, self.batch_size, count)
 
     def batch_starts(self, count: int) -> tuple[int, ...]:
-        """Index of each batch's first node, then ``count``."""
+        """Index of each batch's first node, then ``count`` (without ``spread_by``)."""
         return batch_starts(self.batches, self.batch_size, count)
+
+
+def recorded_sizes(frozen: FrozenSpec, nodes: Sequence[NodeRecord]) -> tuple[int, ...]:
+    """The size of each batch of a started rollout: with ``spreadBy``, as
+    its node records say (the label values at start made them); else as
+    ``batchSize`` or ``batches`` cut the frozen list."""
+    if frozen.spread_by is None:
+        return frozen.batch_sizes(len(nodes))
+    sizes: dict[int, int] = {}
+    for node in nodes:
+        sizes[node.batch] = sizes.get(node.batch, 0) + 1
+    return tuple(sizes.get(k, 0) for k in range(1, max(sizes, default=0) + 1))
+
+
+def batch_members(nodes: Sequence[NodeRecord]) -> tuple[tuple[int, ...], ...]:
+    """Indexes of the nodes of each batch, in frozen order, from the node
+    records (a spread rollout's batches are not consecutive chunks)."""
+    members: dict[int, list[int]] = {}
+    for i, node in enumerate(nodes):
+        members.setdefault(node.batch, []).append(i)
+    return tuple(tuple(members.get(k, ())) for k in range(1, max(members, default=0) + 1))
+
+
+# The spec fields frozen at start, by ``FrozenSpec`` attribute (the same
+# name on ``RolloutSpec``) and document name: everything but the intents,
+# ``healthTimeout`` and ``pauseAfter``. Every frozen-field rule reads this.
+FROZEN_FIELDS: tuple[tuple[str, str], ...] = (
+    ("target", "target"),
+    ("selector", "selector"),
+    ("node_ids", "nodeIds"),
+    ("batch_size", "batchSize"),
+    ("live", "live"),
+    ("on_failure", "onFailure"),
+    ("start_at", "startAt"),
+    ("include_maintenance", "includeMaintenance"),
+    ("allow_overlap", "allowOverlap"),
+    ("health", "health"),
+    ("batches", "batches"),
+    ("ignore_windows", "ignoreWindows"),
+    ("spread_by", "spreadBy"),
+    ("failure_budget", "failureBudget"),
+)
+assert {attr for attr, _ in FROZEN_FIELDS} == set(FrozenSpec.__dataclass_fields__)
+
+
+def freeze(spec: RolloutSpec) -> FrozenSpec:
+    """The frozen part of ``spec``, as a start records it."""
+    return FrozenSpec(**{attr: getattr(spec, attr) for attr, _ in FROZEN_FIELDS})
+
+
+def frozen_changes(frozen: FrozenSpec, spec: RolloutSpec) -> list[str]:
+    """Document names of the frozen fields ``spec`` now sets otherwise than ``frozen``."""
+    return [doc for attr, doc in FROZEN_FIELDS if getattr(frozen, attr) != getattr(spec, attr)]
 
 
 @dataclass(frozen=True)
@@ -388,6 +445,14 @@ def _frozen_record(frozen: FrozenSpec, nodes: tuple[NodeRecord, ...] | None) -> 
         record["batches"] = list(frozen.batches)
     if frozen.ignore_windows:
         record["ignoreWindows"] = True
+    # Version 3 fields too.
+    if frozen.spread_by is not None:
+        record["spreadBy"] = {
+            "label": frozen.spread_by.label,
+            "maxPerBatch": frozen.spread_by.max_per_batch,
+        }
+    if frozen.failure_budget is not None:
+        record["failureBudget"] = frozen.failure_budget
     if nodes is not None:
         record["nodes"] = [n.name for n in nodes]
     return record
@@ -410,6 +475,10 @@ def _frozen_from(record: Mapping[str, Any]) -> FrozenSpec:
         health=None if "health" not in record else health_rules.from_document(record["health"]),
         batches=tuple(record.get("batches", ())),
         ignore_windows=record.get("ignoreWindows", False),
+        spread_by=None
+        if (spread := record.get("spreadBy")) is None
+        else SpreadBy(spread["label"], spread["maxPerBatch"]),
+        failure_budget=record.get("failureBudget"),
     )
 
 
@@ -804,6 +873,7 @@ def changed_files(
 
 __all__ = [
     "BATCH_STATES",
+    "FROZEN_FIELDS",
     "HOLD_REASONS",
     "NODE_STATES",
     "PAGE_SIZE",
@@ -820,10 +890,14 @@ __all__ = [
     "RolloutStatus",
     "TransitionRecord",
     "Waiting",
+    "batch_members",
     "changed_files",
     "count_progress",
+    "freeze",
     "from_record",
+    "frozen_changes",
     "page_nodes",
+    "recorded_sizes",
     "status_files",
     "status_from_files",
     "to_record",

@@ -231,39 +231,13 @@ def _build(path: str, text: str) -> Any:
                 try:
                     value = resolve_plain(event.value)
                 except _TooLong:
-                    raise _problem(
-                        path,
-                        text,
-                        event.start_mark,
-                        f"number with {len(event.value)} characters is too long; "
-                        "if it is meant as text, put it in quotes",
-                    ) from None
+                    raise _too_long(path, text, event) from None
             else:
                 value = event.value
             if is_map:
                 if key is _NO_KEY:
-                    if type(value) is not str:
-                        shown = event.value or "(empty)"
-                        raise _problem(
-                            path,
-                            text,
-                            event.start_mark,
-                            f"key {shown} is read as {_kind_of(value)}; keys are text: "
-                            f'put it in quotes, like "{shown}":',
-                            key=True,
-                        )
-                    if value in container:
-                        first = _locate_mark(
-                            text, _path_at(text, event.start_mark, True), at_key=True
-                        )
-                        raise _problem(
-                            path,
-                            text,
-                            event.start_mark,
-                            f'duplicate key "{value}" (first at line {first[0]}); '
-                            "a key may appear only once in a mapping",
-                            key=True,
-                        )
+                    if type(value) is not str or value in container:
+                        raise _bad_key(path, text, event, value)
                     key = value
                 else:
                     container[key] = value
@@ -278,33 +252,18 @@ def _build(path: str, text: str) -> Any:
                 break
             container, is_map = outer.pop()
         elif kind is MappingStartEvent or kind is SequenceStartEvent:
-            if event.anchor is not None:
-                raise _problem(path, text, event.start_mark, _ANCHORS)
-            if event.tag is not None and event.tag not in (
-                _MAP_TAGS if kind is MappingStartEvent else _SEQ_TAGS
+            if event.anchor is not None or (
+                event.tag is not None
+                and event.tag not in (_MAP_TAGS if kind is MappingStartEvent else _SEQ_TAGS)
             ):
-                raise _problem(
-                    path,
-                    text,
-                    event.start_mark,
-                    f"tag {_short_tag(event.tag)} is not allowed: remove it",
-                )
+                raise _bad_container(path, text, event)
             new: Any = {} if kind is MappingStartEvent else []
             if container is None:
                 root = new
             else:
-                if len(outer) + 1 >= MAX_DEPTH:
-                    raise _problem(
-                        path, text, event.start_mark, f"nested more than {MAX_DEPTH} levels deep"
-                    )
+                if len(outer) + 1 >= MAX_DEPTH or (is_map and key is _NO_KEY):
+                    raise _bad_nesting(path, text, event, len(outer) + 1 >= MAX_DEPTH)
                 if is_map:
-                    if key is _NO_KEY:
-                        raise _problem(
-                            path,
-                            text,
-                            event.start_mark,
-                            "a key must be plain text, not a mapping or list",
-                        )
                     container[key] = new
                     key = _NO_KEY
                 else:
@@ -328,6 +287,58 @@ def _build(path: str, text: str) -> Any:
             "or move it into its own file",
         )
     return root
+
+
+# The problems ``_build`` finds, built apart from its loop (they end it).
+
+
+def _too_long(path: str, text: str, event: Any) -> YamlProblem:
+    return _problem(
+        path,
+        text,
+        event.start_mark,
+        f"number with {len(event.value)} characters is too long; "
+        "if it is meant as text, put it in quotes",
+    )
+
+
+def _bad_key(path: str, text: str, event: Any, value: Any) -> YamlProblem:
+    """A key that is not text, or that the mapping has already."""
+    if type(value) is not str:
+        shown = event.value or "(empty)"
+        return _problem(
+            path,
+            text,
+            event.start_mark,
+            f"key {shown} is read as {_kind_of(value)}; keys are text: "
+            f'put it in quotes, like "{shown}":',
+            key=True,
+        )
+    first = _locate_mark(text, _path_at(text, event.start_mark, True), at_key=True)
+    return _problem(
+        path,
+        text,
+        event.start_mark,
+        f'duplicate key "{value}" (first at line {first[0]}); '
+        "a key may appear only once in a mapping",
+        key=True,
+    )
+
+
+def _bad_container(path: str, text: str, event: Any) -> YamlProblem:
+    """A mapping or list with an anchor or a tag that builds objects."""
+    if event.anchor is not None:
+        return _problem(path, text, event.start_mark, _ANCHORS)
+    return _problem(
+        path, text, event.start_mark, f"tag {_short_tag(event.tag)} is not allowed: remove it"
+    )
+
+
+def _bad_nesting(path: str, text: str, event: Any, deep: bool) -> YamlProblem:
+    """A mapping or list nested too deep (``deep``), or used as a key."""
+    if deep:
+        return _problem(path, text, event.start_mark, f"nested more than {MAX_DEPTH} levels deep")
+    return _problem(path, text, event.start_mark, "a key must be plain text, not a mapping or list")
 
 
 def _kind_of(value: Any) -> str:

@@ -27,7 +27,7 @@ from urllib.parse import quote
 
 from reconciler.spec.batch_shapes import describe_sizes
 from reconciler.spec.paths import DASHBOARD_PATH
-from reconciler.spec.rollout_status import RolloutStatus
+from reconciler.spec.rollout_status import RolloutStatus, recorded_sizes
 from reconciler.views import markdown
 from reconciler.views.health_text import failing_summary
 from reconciler.views.status_text import (
@@ -62,6 +62,7 @@ _HOLD_ICONS = {
     "rollback_failed": "🛑",
     "rollback_unavailable": "🛑",
     "dispatch_refused": "🛑",
+    "failure_budget_exceeded": "🛑",
     "health_unknown": "❓",
     "rollback_pending": "⏪",
     "rolled_back": "⏪",
@@ -508,11 +509,12 @@ def _diagram(active: list[RolloutStatus]) -> list[str]:
 
 
 def _sizes(status: RolloutStatus) -> tuple[int, ...]:
-    """Batch sizes of a rollout cut by ``batches`` (empty for ``batchSize``,
-    whose boxes keep their version 1 labels)."""
-    if status.frozen is None or not status.frozen.batches:
+    """Batch sizes of a rollout cut by ``batches`` or spread by ``spreadBy``
+    (empty for a plain ``batchSize``, whose boxes keep their version 1 labels)."""
+    frozen = status.frozen
+    if frozen is None or (not frozen.batches and frozen.spread_by is None):
         return ()
-    return status.frozen.batch_sizes(len(status.nodes))
+    return recorded_sizes(frozen, status.nodes)
 
 
 def _group_sizes(sizes: tuple[int, ...], first: int, last: int) -> str:

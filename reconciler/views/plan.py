@@ -16,16 +16,15 @@ Must not: touch Git, files, the network or the clock (trees, statuses and
 
 from __future__ import annotations
 
-import itertools
 import json
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 
+from reconciler.engine import starts
 from reconciler.engine.selection import maintenance_node_ids
 from reconciler.engine.step import (
-    FROZEN_FIELDS,
     FleetStep,
     RolloutInput,
     Transition,
@@ -34,12 +33,12 @@ from reconciler.engine.step import (
 )
 from reconciler.protocol.observations import Observations
 from reconciler.spec import documents
-from reconciler.spec.batch_shapes import batch_starts, describe_sizes
+from reconciler.spec.batch_shapes import describe_sizes
 from reconciler.spec.documents import DAY_NUMBERS
 from reconciler.spec.durations import format_duration
-from reconciler.spec.model import Problem, RolloutSpec, Settings, Target, Window
+from reconciler.spec.model import Fleet, Problem, RolloutSpec, Settings, SpreadBy, Target, Window
 from reconciler.spec.paths import rollout_path
-from reconciler.spec.rollout_status import TERMINAL_PHASES, RolloutStatus
+from reconciler.spec.rollout_status import FROZEN_FIELDS, TERMINAL_PHASES, RolloutStatus, freeze
 from reconciler.spec.times import format_time
 from reconciler.views import markdown
 from reconciler.views.health_text import health_lines
@@ -89,6 +88,10 @@ class AddedRollout:
     pause_for: tuple[tuple[int, int], ...] = ()  # (batch, seconds) of timed pauses
     after: tuple[str, ...] = ()
     ignore_windows: bool = False
+    # version 3, docs/capacity.md
+    spread_by: SpreadBy | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)  # node -> its spreadBy value
+    failure_budget: int | str | None = None
 
     @property
     def node_count(self) -> int:
@@ -108,8 +111,8 @@ class AddedRollout:
 
     @property
     def shape(self) -> str:
-        """``of 2`` for batchSize, ``of 1, 3, 1`` for batches."""
-        if not self.batches_written:
+        """``of 2`` for batchSize, ``of 1, 3, 1`` for batches (or spreadBy)."""
+        if not self.batches_written and self.spread_by is None:
             return f"of {self.batch_size}"
         return "of " + describe_sizes([len(b) for b in self.batches])
 
@@ -376,9 +379,7 @@ def _added(
             by_batch.setdefault(node.batch, []).append(node.name)
         batches = tuple(tuple(by_batch[b]) for b in sorted(by_batch))
     else:
-        names = resolve_nodes(spec, docs.fleet)
-        starts = batch_starts(spec.batches, max(1, spec.batch_size), len(names))
-        batches = tuple(tuple(names[a:b]) for a, b in itertools.pairwise(starts))
+        batches = _planned_batches(spec, docs.fleet)
     mine = {n for batch in batches for n in batch}
     overlaps = []
     for other, status in sorted(after_status.items()):
@@ -412,7 +413,33 @@ def _added(
         pause_for=spec.pause_for,
         after=spec.after,
         ignore_windows=spec.ignore_windows,
+        spread_by=spec.spread_by,
+        labels=_spread_values(spec, docs.fleet, mine),
+        failure_budget=spec.failure_budget,
     )
+
+
+def _planned_batches(spec: RolloutSpec, fleet: Fleet) -> tuple[tuple[str, ...], ...]:
+    """The batches a rollout that has not started would start with, as the
+    engine cuts them (``spreadBy`` with the fleet's labels as they are)."""
+    names = resolve_nodes(spec, fleet)
+    numbers = starts.batch_numbers(freeze(spec), names, fleet.by_name().get) if names else ()
+    by_batch: dict[int, list[str]] = {}
+    for name, number in zip(names, numbers, strict=True):
+        by_batch.setdefault(number, []).append(name)
+    return tuple(tuple(by_batch[b]) for b in sorted(by_batch))
+
+
+def _spread_values(spec: RolloutSpec, fleet: Fleet, names: Iterable[str]) -> dict[str, str]:
+    """Each node's value of the ``spreadBy`` label ("" without it)."""
+    if spec.spread_by is None:
+        return {}
+    by_name = fleet.by_name()
+    label = spec.spread_by.label
+    return {
+        n: (node.label(label) if (node := by_name.get(n)) is not None else None) or ""
+        for n in names
+    }
 
 
 def _removal_note(recorded: RolloutStatus | None) -> str:
@@ -623,6 +650,18 @@ def _window_words(window: Window) -> str:
     return f"{days} {start}-{end} {window.timezone}"
 
 
+def _members(r: AddedRollout, batch: Sequence[str]) -> str:
+    """A batch's nodes; with ``spreadBy`` each with its value of the label."""
+    if r.spread_by is None:
+        return _names(batch, 12)
+    label = r.spread_by.label
+    shown = [
+        f"{name} ({label} {r.labels[name]})" if r.labels.get(name) else f"{name} (no {label})"
+        for name in batch
+    ]
+    return _names(shown, 12)
+
+
 def _names(names: Sequence[str], limit: int = 8) -> str:
     shown = ", ".join(names[:limit])
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
@@ -774,6 +813,16 @@ def _added_facts(r: AddedRollout) -> list[str]:
         facts.append(f"starts only after {', '.join(r.after)} completed")
     if r.ignore_windows:
         facts.append("ignores deploy windows and freezes (ignoreWindows: true)")
+    if r.spread_by is not None:
+        facts.append(
+            f"spreadBy {r.spread_by.label}: at most {r.spread_by.max_per_batch} node(s) of one "
+            f"{r.spread_by.label} in a batch; nodes without it count as one value"
+        )
+    if r.failure_budget is not None:
+        facts.append(
+            f"failureBudget {r.failure_budget}: holds once more nodes than that end failed, "
+            "timed out or unknown"
+        )
     facts.append(f"start: {_start_words(r)}" + (f" (startAt {r.start_at})" if r.start_at else ""))
     if r.jobs_at_merge:
         facts.append(f"{r.jobs_at_merge} job(s) sent as soon as the merge is seen")
@@ -781,9 +830,9 @@ def _added_facts(r: AddedRollout) -> list[str]:
 
 
 def _batch_lines(r: AddedRollout) -> list[str]:
-    sized = bool(r.batches_written)
+    sized = bool(r.batches_written) or r.spread_by is not None
     lines = [
-        f"batch {k}" + (f" ({len(batch)})" if sized else "") + f": {_names(batch, 12)}"
+        f"batch {k}" + (f" ({len(batch)})" if sized else "") + f": {_members(r, batch)}"
         for k, batch in enumerate(r.batches[:BATCHES_SHOWN], 1)
     ]
     hidden = len(r.batches) - BATCHES_SHOWN
@@ -837,7 +886,7 @@ def render_markdown(plan: Plan) -> str:
         else:
             out += ["", "| batch | nodes |", "|---|---|"]
         for k, batch in enumerate(r.batches[:BATCHES_SHOWN], 1):
-            out.append(f"| {k} | {_md(_names(batch, 12))} |")
+            out.append(f"| {k} | {_md(_members(r, batch))} |")
         hidden = len(r.batches) - BATCHES_SHOWN
         if hidden > 0:
             out.append(f"| … | {hidden} more batch(es) |")

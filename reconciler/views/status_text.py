@@ -17,9 +17,17 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from reconciler.spec.batch_shapes import describe_sizes
+from reconciler.spec.batch_shapes import budget_of, describe_sizes
 from reconciler.spec.durations import format_duration
-from reconciler.spec.rollout_status import NodeRecord, RolloutStatus, Waiting, to_record
+from reconciler.spec.rollout_status import (
+    FrozenSpec,
+    NodeRecord,
+    RolloutStatus,
+    Waiting,
+    count_progress,
+    recorded_sizes,
+    to_record,
+)
 from reconciler.spec.times import format_time
 from reconciler.views.health_text import failing_checks, health_lines
 
@@ -113,11 +121,30 @@ def sizes_text(status: RolloutStatus) -> str:
     frozen = status.frozen
     if frozen is None:
         return ""
+    sizes = describe_sizes(recorded_sizes(frozen, status.nodes))
     if not frozen.batches:
-        return f"batchSize {frozen.batch_size}"
+        plain = f"batchSize {frozen.batch_size}"
+        return plain if frozen.spread_by is None else f"{plain}: sizes {sizes}"
     written = ", ".join(str(b) for b in frozen.batches)
-    sizes = describe_sizes(frozen.batch_sizes(len(status.nodes)))
     return f"batches [{written}]: sizes {sizes}"
+
+
+def capacity_lines(frozen: FrozenSpec, nodes: Sequence[NodeRecord]) -> list[str]:
+    """``spread``, ``budget``: spreadBy and failureBudget, when frozen (docs/capacity.md)."""
+    out: list[str] = []
+    spread = frozen.spread_by
+    if spread is not None:
+        out.append(
+            f"  spread    by {spread.label}, at most {spread.max_per_batch} per value in a batch"
+        )
+    if frozen.failure_budget is not None:
+        allowed = budget_of(frozen.failure_budget, len(nodes))
+        failed = sum(1 for n in nodes if n.state in ("failed", "timed_out", "unknown"))
+        out.append(
+            f"  budget    failureBudget {frozen.failure_budget}: {allowed} failed node(s) "
+            f"allowed, {failed} so far"
+        )
+    return out
 
 
 def current_batch(status: RolloutStatus) -> int | None:
@@ -303,6 +330,17 @@ def render_detail(
     """Everything about one rollout: summary, hold, batches, conditions,
     rollbacks, the last transitions, then every node, those that need a
     person first (a list of 10,000 nodes must not push the rest away)."""
+    out = _summary_lines(status, now, colour)
+    out += _hold_lines(status, colour)
+    out += _section_lines(status, colour, transitions)
+    if status.nodes:
+        out.append("")
+        out += _node_lines(_attention_first(status.nodes), colour)
+    return "\n".join(line.rstrip() for line in out) + "\n"
+
+
+def _summary_lines(status: RolloutStatus, now: datetime, colour: bool) -> list[str]:
+    """The rollout's name and phase, what was frozen, and how far it got."""
     s = summarize(status)
     out: list[str] = []
     out.append(f"{status.name}  {paint(status.phase, status.phase, colour)}")
@@ -323,10 +361,18 @@ def render_detail(
         )
         if frozen.ignore_windows:
             out.append("  windows   ignored (ignoreWindows: true)")
+        out += capacity_lines(frozen, status.nodes)
     out.append(f"  progress  {progress_text(s)}  batch {batch_text(s)}")
-    counts = ", ".join(f"{n} {state}" for state, n in status.progress)
+    counts = ", ".join(f"{n} {state}" for state, n in count_progress(status.nodes))
     if counts:
         out.append(f"  nodes     {counts}")
+    return out
+
+
+def _hold_lines(status: RolloutStatus, colour: bool) -> list[str]:
+    """The hold or the reason, waits, the operator pause, commits, timeouts."""
+    out: list[str] = []
+    frozen = status.frozen
     if status.hold is not None:
         h = status.hold
         nodes = ", ".join(h.nodes)
@@ -356,6 +402,12 @@ def render_detail(
     if frozen is not None and frozen.health is not None:
         first, *checks = health_lines(frozen.health, frozen.live, "            ")
         out += [f"  health    {first}", *checks]
+    return out
+
+
+def _section_lines(status: RolloutStatus, colour: bool, transitions: int) -> list[str]:
+    """Batches, failing checks, conditions, rollbacks and the last transitions."""
+    out: list[str] = []
     if status.batches:
         out.append("")
         out.append("batches")
@@ -392,10 +444,7 @@ def render_detail(
         for tr in shown:
             line = f"  {format_time(tr.time)}  {tr.from_phase} -> {tr.to_phase}  {tr.reason}"
             out.append(f"{line[: WIDTH - 10]}  {tr.commit[:8]}")
-    if status.nodes:
-        out.append("")
-        out += _node_lines(_attention_first(status.nodes), colour)
-    return "\n".join(line.rstrip() for line in out) + "\n"
+    return out
 
 
 def _attention_first(nodes: Sequence[NodeRecord]) -> list[NodeRecord]:

@@ -43,6 +43,13 @@ def _seconds(text: str) -> float:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    _add_repository_arguments(parser)
+    _add_trust_arguments(parser)
+    _add_running_arguments(parser)
+
+
+def _add_repository_arguments(parser: argparse.ArgumentParser) -> None:
+    """Which repository and branch, the daemon's key, and how often it passes."""
     parser.add_argument(
         "--repo",
         required=True,
@@ -72,6 +79,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DURATION",
         help="how often a remote is fetched when nothing is active (default: 15s)",
     )
+
+
+def _add_trust_arguments(parser: argparse.ArgumentParser) -> None:
+    """Which spec commits it acts on, and whether it signs its own (docs/trust.md)."""
     parser.add_argument(
         "--allowed-signers",
         type=Path,
@@ -95,6 +106,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--sign-commits", action="store_true", help="sign status commits with the daemon's key"
     )
+
+
+def _add_running_arguments(parser: argparse.ArgumentParser) -> None:
+    """Metrics, logs, the remote's mirror and how it talks to agents."""
     parser.add_argument("--metrics", metavar="HOST:PORT", help="serve Prometheus metrics here")
     parser.add_argument(
         "--log-format",
@@ -190,15 +205,7 @@ def _run(args: argparse.Namespace, start_up: _StartUp) -> int:
     from reconciler.spec.safe_yaml import loader_warning
 
     start_up.check()
-    if args.concurrency < 1:
-        raise UsageError("--concurrency must be at least 1")
-    if args.require_approvals < 0:
-        raise UsageError("--require-approvals must be 0 or more")
-    if args.require_approvals and args.allowed_signers is None:
-        raise UsageError(
-            "--require-approvals needs --allowed-signers",
-            "approvals count only from principals of an allowed-signers file",
-        )
+    _check_arguments(args)
     log = EventLog(args.log_format)
     warning = loader_warning()
     if warning:
@@ -263,6 +270,19 @@ def _run(args: argparse.Namespace, start_up: _StartUp) -> int:
 
 
 NOTIFY_DRAIN = 10.0  # seconds `run --once` waits for its notifications
+
+
+def _check_arguments(args: argparse.Namespace) -> None:
+    """What argparse cannot check alone: bounds, and flags that need others."""
+    if args.concurrency < 1:
+        raise UsageError("--concurrency must be at least 1")
+    if args.require_approvals < 0:
+        raise UsageError("--require-approvals must be 0 or more")
+    if args.require_approvals and args.allowed_signers is None:
+        raise UsageError(
+            "--require-approvals needs --allowed-signers",
+            "approvals count only from principals of an allowed-signers file",
+        )
 
 
 def _notifier(
