@@ -30,6 +30,7 @@ Must not know what the requests mean: the agent client reads the answers.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import ssl
 from collections import OrderedDict
@@ -49,7 +50,7 @@ MAX_IDLE_CONNECTIONS = 512  # across all origins; a fleet of 10,000 agents must 
 # How long a probe of a stalled node waits: as long as a held read, so a
 # node that stays silent is asked a few times a minute, not once a pass.
 PROBE_SECONDS = float(DAEMON_WAIT_SECONDS)
-USER_AGENT = "reconciler-daemon"
+USER_AGENT = b"reconciler-daemon"
 
 _END = h11.EndOfMessage()
 
@@ -78,6 +79,10 @@ class Origin:
         default = 443 if self.scheme == "https" else 80
         host = f"[{self.host}]" if ":" in self.host else self.host
         return host if self.port == default else f"{host}:{self.port}"
+
+    @functools.cached_property
+    def host_bytes(self) -> bytes:
+        return self.host_header.encode("idna")
 
 
 def parse_base(url: str) -> Origin:
@@ -296,13 +301,13 @@ class HttpClient:
     async def _request(
         self, origin: Origin, method: str, path: str, body: bytes | None, limit: float
     ) -> tuple[int, bytes]:
-        headers = [
-            ("Host", origin.host_header),
-            ("User-Agent", USER_AGENT),
-            ("Accept", "application/json"),
-        ]
+        # Bytes, and only the headers an agent reads: h11 validates each one.
+        headers = [(b"Host", origin.host_bytes), (b"User-Agent", USER_AGENT)]
         if body is not None:
-            headers += [("Content-Type", "application/json"), ("Content-Length", str(len(body)))]
+            headers += [
+                (b"Content-Type", b"application/json"),
+                (b"Content-Length", b"%d" % len(body)),
+            ]
         try:
             request = h11.Request(method=method, target=origin.prefix + path, headers=headers)
         except h11.LocalProtocolError as exc:
