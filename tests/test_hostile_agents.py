@@ -18,9 +18,10 @@ from fleetkit import FleetKit, node_states, node_yaml, rollout_yaml
 from test_event_driven import serving
 from test_event_driven import wait_for as wait_for_statuses
 
-from reconciler.daemon.agent_client import AgentClient
+from reconciler.daemon.agent_client import AgentClient, fetch_backups
 from reconciler.daemon.agent_http import MAX_ANSWER_BYTES
 from reconciler.protocol.signing import SigningKey
+from reconciler.spec.errors import AgentError
 
 MIB = 1024 * 1024
 # What the kernel may hold between the two ends of a loopback connection
@@ -227,6 +228,20 @@ def test_a_dribbling_agent_is_cut_off_by_the_deadline_bytes_do_not_extend(
     assert beats == {"d": None}
     assert stalled == {"d"}
     assert 0 < agent.sent[0] < 100  # cut off long before its answer was whole
+
+
+def test_reconciler_backups_cuts_off_an_endless_answer_and_a_dribbled_one() -> None:
+    chunked, slow = hostile(endless_chunked), hostile(dribbling)
+    try:
+        with pytest.raises(AgentError, match=r"over \d+ bytes; cut off"):
+            fetch_backups(chunked.url, "h", timeout=600)
+        with pytest.raises(AgentError, match="no answer within 1s"):
+            fetch_backups(slow.url, "d", timeout=1.0)
+    finally:
+        chunked.close()
+        slow.close()
+
+    assert chunked.sent[0] <= MAX_ANSWER_BYTES + KERNEL_SLACK
 
 
 def _rss_bytes() -> int:

@@ -32,10 +32,17 @@ from typing import Any, TypeVar
 from reconciler.daemon.agent_answers import (
     error_text,
     job_observation,
+    read_json,
     signed_error,
     transient,
 )
-from reconciler.daemon.agent_http import MAX_IDLE_CONNECTIONS, HttpClient, Unreachable, parse_base
+from reconciler.daemon.agent_http import (
+    MAX_IDLE_CONNECTIONS,
+    HttpClient,
+    PinMismatch,
+    Unreachable,
+    parse_base,
+)
 from reconciler.daemon.observer import HeartbeatWatch, Observer, watch_limit
 from reconciler.protocol.effects import SendJob
 from reconciler.protocol.job_payload import build_payload
@@ -48,7 +55,7 @@ from reconciler.protocol.observations import (
     parse_backup_list,
 )
 from reconciler.protocol.signing import SigningKey, envelope_bytes
-from reconciler.protocol.tls import client_context, parse_pin, pin_problem
+from reconciler.protocol.tls import parse_pin
 from reconciler.spec.errors import AgentError
 
 __all__ = ["AgentClient", "HeartbeatWatch", "fetch_backups"]
@@ -353,68 +360,52 @@ def _unreachable_job(item: tuple[str, SendJob], reason: str) -> tuple[str, JobOb
 
 def fetch_backups(agent: str, node: str, timeout: float, pin: str | None = None) -> list[Backup]:
     """One node's backups, newest first, for ``reconciler backups``: one plain
-    GET (reading needs no key), errors in words for a person. An https agent
-    is accepted only with the certificate ``pin`` (``agentCertSha256``)."""
-    import httpx  # only this one-shot read uses it; the daemon's client is asyncio
-
-    url = f"{agent.rstrip('/')}/v1/nodes/{node}/backups"
-    https = agent.startswith("https://")
-    if https and pin is None:
+    GET (reading needs no key) with the daemon's own bounds on the answer,
+    errors in words for a person. An https agent is accepted only with the
+    certificate ``pin`` (``agentCertSha256``)."""
+    if agent.startswith("https://") and pin is None:
         raise AgentError(
             f"the agent of {node} at {agent} is https:// without spec.agentCertSha256",
             hint="pin its certificate in the node file (reconciler keys tls prints the value)",
         )
+    who = f"the agent of {node} at {agent}"
     try:
-        # A GET carries nothing secret; the answer counts only from the pinned
-        # certificate, checked on the connection it came over.
-        verify = client_context() if https else True
-        with (
-            httpx.Client(verify=verify, timeout=timeout) as client,
-            client.stream("GET", url, headers={"User-Agent": "reconciler-cli"}) as answer,
-        ):
-            if https and pin is not None:
-                _check_pin(answer, pin, node, agent)
-            answer.read()
-    except httpx.HTTPError as exc:
+        status, body = asyncio.run(
+            _get_once(agent, f"/v1/nodes/{node}/backups", node, timeout, pin)
+        )
+    except PinMismatch as exc:
         raise AgentError(
-            f"cannot reach the agent of {node} at {agent}: {exc}",
-            hint="is the agent running and reachable from here?",
-        ) from exc
-    if answer.status_code != 200:
+            f"{who} is not the pinned one: {exc}",
+            hint="if the agent's certificate was replaced, update agentCertSha256 in its node file",
+        ) from None
+    except Unreachable as exc:
         raise AgentError(
-            f"the agent of {node} at {agent} answered {answer.status_code}: {_answer_error_text(answer)}",
+            f"cannot reach {who}: {exc}", hint="is the agent running and reachable from here?"
+        ) from None
+    if status != 200:
+        raise AgentError(
+            f"{who} answered {error_text(status, body)}",
             hint="check that spec.agent of the node file points at this node's agent",
         )
     try:
-        backups = list(parse_backup_list(answer.json()))
-    except ValueError as exc:
-        raise AgentError(
-            f"the agent of {node} at {agent} sent a backup list we cannot read"
-        ) from exc
+        backups = list(parse_backup_list(read_json(body)))
+    except (Unreachable, ValueError) as exc:
+        raise AgentError(f"{who} sent a backup list we cannot read: {exc}") from None
     # Newest first, as the agent promises; sorting keeps that true for any agent.
     return sorted(backups, key=lambda b: b.created_at, reverse=True)
 
 
-def _check_pin(answer: Any, pin: str, node: str, agent: str) -> None:
-    stream = answer.extensions.get("network_stream")
-    ssl_object = stream.get_extra_info("ssl_object") if stream is not None else None
-    der = ssl_object.getpeercert(True) if ssl_object is not None else None
+async def _get_once(
+    agent: str, path: str, node: str, timeout: float, pin: str | None
+) -> tuple[int, bytes]:
+    http = HttpClient(timeout, 1)
     try:
-        problem = pin_problem(der, parse_pin(pin))
-    except ValueError as exc:
-        problem = f"spec.agentCertSha256 {exc}"
-    if problem:
-        raise AgentError(
-            f"the agent of {node} at {agent} is not the pinned one: {problem}",
-            hint="if the agent's certificate was replaced, update agentCertSha256 in its node file",
-        )
-
-
-def _answer_error_text(answer: Any) -> str:
-    try:
-        body: Any = answer.json()
-    except ValueError:
-        return answer.text[:200]
-    if isinstance(body, dict) and "error" in body:
-        return f"{body.get('error')}: {body.get('message', '')}"
-    return str(body)[:200]
+        if pin is not None:
+            origin = parse_base(agent)
+            try:
+                http.pins[(origin.host, origin.port)] = parse_pin(pin)
+            except ValueError as exc:
+                raise PinMismatch(f"spec.agentCertSha256 {exc}") from None
+        return await http.request(agent, "GET", path, node=node)
+    finally:
+        http.close()

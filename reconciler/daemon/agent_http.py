@@ -59,6 +59,10 @@ class Unreachable(Exception):
     """No usable HTTP answer; the message says why."""
 
 
+class PinMismatch(Unreachable):
+    """An https agent whose certificate is not the pinned one."""
+
+
 class _TimedOut(Unreachable):
     """No whole answer within the deadline."""
 
@@ -360,7 +364,7 @@ class HttpClient:
             problem = pin_problem(der, pin)
             if problem:
                 conn.close()
-                raise Unreachable(f"TLS {origin.host}:{origin.port}: {problem}; nothing sent")
+                raise PinMismatch(f"TLS {origin.host}:{origin.port}: {problem}; nothing sent")
             conn.pin = pin
         return conn
 
