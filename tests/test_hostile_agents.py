@@ -177,6 +177,10 @@ def test_a_silent_agent_is_waited_for_once_then_probed_one_request_at_a_time(
         # above did not each open a connection to the silent agent.
         connections = agent.connections
         stalled = client.stalled()
+        client.take_held([])
+        client.watch_jobs([(agent.url, job(node="s"))], lambda: None)
+        held = client.watching()  # after the watch: the loop runs calls in order
+        news = client.has_news()  # a held read started and ended would be news
         agent.answer.set()  # the agent comes back: the probe gets its answer
         wait_for(lambda: client.stalled() == set(), what="the stall to end")
         back = client.read_heartbeats([(agent.url, "s")])
@@ -189,6 +193,7 @@ def test_a_silent_agent_is_waited_for_once_then_probed_one_request_at_a_time(
     assert seen is not None and seen.state == "unreachable"
     assert "no answer within 1s" in seen.error and "not waited for" in seen.error
     assert stalled == {"s"}
+    assert held == set() and not news  # a stalled node is polled, not held
     assert connections == 2  # the request that timed out, and the one probe
     assert back["s"] is not None and back["s"].node == "s"
 

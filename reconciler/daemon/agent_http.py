@@ -250,6 +250,9 @@ class HttpClient:
         # nodes (the simulated fleet all), so one silent node stalls only itself
         self.stalled: dict[tuple[Origin, str], _Stall] = {}
 
+    def is_stalled(self, origin: Origin, node: str) -> bool:
+        return (origin, node) in self.stalled
+
     def origin(self, base_url: str) -> Origin:
         origin = self._origins.get(base_url)
         if origin is None:

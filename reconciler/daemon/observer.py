@@ -173,7 +173,8 @@ class Observer:
             origin = self.http.origin(url)
         except Unreachable:
             return  # the passes report it
-        if origin not in self._no_wait:
+        # A stalled node is polled (and probed) by the passes, not held.
+        if origin not in self._no_wait and not self.http.is_stalled(origin, job.node):
             task = asyncio.ensure_future(self._held_read(origin, url, job, on_finished))
             self._watches[job.job_id] = task
 
@@ -304,7 +305,7 @@ class Observer:
                 origin = self.http.origin(watch.url)
             except Unreachable:
                 continue
-            if origin not in self._no_beat_wait:
+            if origin not in self._no_beat_wait and not self.http.is_stalled(origin, node):
                 task = asyncio.ensure_future(self._held_heartbeat(origin, watch, on_change))
                 self._beat_watches[node] = task
 
