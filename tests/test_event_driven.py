@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from reconciler.daemon import agent_client
+from reconciler.daemon import agent_reads
 from reconciler.daemon.loop import Daemon
 from reconciler.git.store import GitStore
 from reconciler.git.watch import BranchWatcher
@@ -191,7 +191,7 @@ def test_a_batch_finishing_together_is_one_pass_and_one_status_commit(
     """A held read answering succeeded waits for the batch's other held
     reads (up to GATHER_SECONDS, here longer than the test): the pass starts
     when the last one answers, not at the first, and not at the gather's end."""
-    monkeypatch.setattr(agent_client, "GATHER_SECONDS", 120.0)
+    monkeypatch.setattr(agent_reads, "GATHER_SECONDS", 120.0)
     nodes = {
         "a1": {"config": CONFIG, "after_apply": "true"},
         "a2": {"config": CONFIG, "after_apply": "sleep 0.5"},
@@ -245,7 +245,7 @@ def test_a_slow_node_does_not_hold_back_the_others_verdicts_past_the_gather(
 def test_a_failure_starts_a_pass_at_once_while_the_batch_still_runs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(agent_client, "GATHER_SECONDS", 120.0)
+    monkeypatch.setattr(agent_reads, "GATHER_SECONDS", 120.0)
     nodes = {
         "a1": {"config": CONFIG, "after_apply": "exit 3"},
         "a2": {"config": CONFIG, "after_apply": "sleep 20"},

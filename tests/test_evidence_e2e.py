@@ -160,6 +160,8 @@ def test_no_job_reaches_an_agent_that_is_not_the_pinned_one(
         assert cli(["backups", "gpu-a1", "--repo", str(made.bare)]) == 1
         err = capsys.readouterr().err
         assert "gpu-a1" in err
+        if mode == "other":
+            assert "is not the pinned one" in err and "nothing sent" in err
     finally:
         made.close()
 

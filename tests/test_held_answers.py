@@ -21,8 +21,9 @@ from typing import Any
 import pytest
 from test_event_driven import serving, status_commit_messages, wait_for
 
-from reconciler.daemon import agent_client, observer
-from reconciler.daemon.agent_client import MAX_IDLE_CONNECTIONS, watch_limit
+from reconciler.daemon import agent_reads, observer
+from reconciler.daemon.agent_http import MAX_IDLE_CONNECTIONS
+from reconciler.daemon.agent_reads import watch_limit
 from reconciler.daemon.loop import Daemon
 from reconciler.protocol.evidence import derived_agent_key
 from tests.kit.documents import node_states, node_yaml, rollout_yaml
@@ -282,7 +283,7 @@ def test_a_batch_finishing_over_longer_than_the_gather_is_one_status_commit(
     gather again, so the three verdicts make one pass and one commit (a
     gather counted from the first finish would end between the second and
     the third)."""
-    monkeypatch.setattr(agent_client, "GATHER_SECONDS", 1.5)
+    monkeypatch.setattr(agent_reads, "GATHER_SECONDS", 1.5)
     commits = gathered_commits(tmp_path, monkeypatch, limit=10)
     assert len(commits) == 1, commits
 
@@ -290,13 +291,13 @@ def test_a_batch_finishing_over_longer_than_the_gather_is_one_status_commit(
 def test_the_gather_ends_at_its_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The same finishes with the gather limited to 1.5 s from the first:
     the last verdict comes in a later pass."""
-    monkeypatch.setattr(agent_client, "GATHER_SECONDS", 1.5)
+    monkeypatch.setattr(agent_reads, "GATHER_SECONDS", 1.5)
     commits = gathered_commits(tmp_path, monkeypatch, limit=1)
     assert len(commits) >= 2, commits
 
 
 def gathered_commits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, limit: float) -> list[str]:
-    monkeypatch.setattr(agent_client, "GATHER_LIMIT", limit)
+    monkeypatch.setattr(agent_reads, "GATHER_LIMIT", limit)
     behaviour = (
         "default: succeed\nnodes:\n"
         "  web-2: {action: succeed, delay: 1.0}\n"
@@ -318,8 +319,8 @@ def gathered_commits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, limit: flo
 
 
 def test_held_reads_are_limited_by_the_open_files_limit() -> None:
-    assert watch_limit(1 << 20) == agent_client.MAX_WATCHES
-    assert watch_limit(1024) == (1024 - MAX_IDLE_CONNECTIONS - agent_client.FD_RESERVE) // 2
+    assert watch_limit(1 << 20) == agent_reads.MAX_WATCHES
+    assert watch_limit(1024) == (1024 - MAX_IDLE_CONNECTIONS - agent_reads.FD_RESERVE) // 2
     assert watch_limit(0) == 16  # never none: an agent's jobs are held, or polled past it
 
 

@@ -28,14 +28,9 @@ or an awaitable of one (answered when it completes; cancelled if the client
 goes away). ``Response.drop`` closes the connection without answering, as
 a crashed or overloaded peer would.
 
-Plain requests skip h11 (``simple_head``): a request line ``GET`` or
-``POST`` ``TARGET HTTP/1.1`` and header lines of printable ASCII, one
-``Host``, at most one ``Content-Length`` and none of ``Transfer-Encoding``,
-``Connection``, ``Expect``, ``Upgrade``, is what h11 would read the same way;
-its answer is written as the bytes h11 writes. Anything else hands the
-connection, from that request on, to h11, which parses, refuses and answers
-it as before. h11 costs a fifth of a simulated fleet's CPU at 10,000 nodes
-(docs/performance.md); tests/test_http_simple.py pins both against h11.
+Every request goes through h11, the same for every client: there is no
+reading of our own beside it, so what the daemon sends and what an attacker
+sends are parsed by one parser, and answered the same way.
 
 Must not know anything about jobs or nodes: routing is the handler's.
 """
@@ -45,7 +40,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-import re
 import socket
 import ssl
 import time
@@ -117,58 +111,6 @@ def _head(status: int, length: int, close: bool) -> h11.Response:
     return h11.Response(status_code=status, headers=headers, reason=_REASONS.get(status, b""))
 
 
-@functools.lru_cache(maxsize=1024)
-def simple_response_head(status: int, length: int, close: bool) -> bytes:
-    """The bytes h11 writes for ``_head(status, length, close)``."""
-    return b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%s\r\n" % (
-        status,
-        _REASONS.get(status, b""),
-        length,
-        b"Connection: close\r\n" if close else b"",
-    )
-
-
-_SIMPLE_REQUEST_LINE = re.compile(rb"(GET|POST) ([\x21-\x7e]+) HTTP/1\.1")
-# A header line as h11 reads it (token, colon, optional white space, value),
-# narrowed to printable ASCII values.
-_SIMPLE_FIELD = re.compile(
-    rb"([!#$%&'*+\-.^_`|~0-9A-Za-z]+):[ \t]*([\x21-\x7e](?:[\x20-\x7e\t]*[\x21-\x7e])?)[ \t]*"
-)
-_NOT_SIMPLE = frozenset({b"transfer-encoding", b"connection", b"expect", b"upgrade"})
-MAX_SIMPLE_LENGTH_DIGITS = len(str(MAX_BODY_BYTES))
-
-
-def simple_head(head: bytes) -> tuple[bytes, bytes, int] | None:
-    """(method, target, Content-Length) of a request head (without its
-    closing blank line) that h11 would read the same way and this server
-    would admit, or None: then h11 reads it."""
-    lines = head.split(b"\r\n")
-    line = _SIMPLE_REQUEST_LINE.fullmatch(lines[0])
-    if line is None:
-        return None
-    length = -1
-    host = False
-    for text in lines[1:]:
-        field = _SIMPLE_FIELD.fullmatch(text)
-        if field is None:
-            return None
-        name = field.group(1).lower()
-        if name == b"content-length":
-            value = field.group(2)
-            if length >= 0 or not value.isdigit() or len(value) > MAX_SIMPLE_LENGTH_DIGITS:
-                return None
-            length = int(value)
-        elif name == b"host":
-            if host:
-                return None
-            host = True
-        elif name in _NOT_SIMPLE:
-            return None
-    if not host or length > MAX_BODY_BYTES:
-        return None
-    return line.group(1), line.group(2), max(length, 0)
-
-
 class _Connection(asyncio.Protocol):
     """One client connection: h11 parses, this class enforces the limits."""
 
@@ -179,10 +121,8 @@ class _Connection(asyncio.Protocol):
         "deadline",
         "head",
         "paused_for_writes",
-        "pending",
         "reading_paused",
         "server",
-        "simple",
         "started",
         "task",
         "transport",
@@ -202,10 +142,6 @@ class _Connection(asyncio.Protocol):
         self.busy = False  # a request is being handled
         self.started = False  # bytes of the current request have arrived
         self.paused_for_writes = False
-        # Plain requests are read here until one is not (``simple_head``);
-        # then h11 reads this connection from that request on.
-        self.simple = server.simple_requests
-        self.pending = b""  # bytes read but not yet a whole plain request
 
     # -- asyncio callbacks --------------------------------------------------------
 
@@ -252,13 +188,6 @@ class _Connection(asyncio.Protocol):
             # The first byte of a request starts its deadline; later bytes do not move it.
             self.started = True
             self._wait_for(self.server.request_timeout)
-        if self.simple:
-            self.pending = self.pending + data if self.pending else data
-            self._process_simple()
-            return
-        self._feed_h11(data)
-
-    def _feed_h11(self, data: bytes) -> None:
         try:
             self.conn.receive_data(data)
         except h11.RemoteProtocolError as exc:
@@ -270,32 +199,6 @@ class _Connection(asyncio.Protocol):
         return None  # the client is gone: close our side too
 
     # -- requests -----------------------------------------------------------------
-
-    def _process_simple(self) -> None:
-        while self.transport is not None and not self.busy and self.pending:
-            pending = self.pending
-            end = pending.find(b"\r\n\r\n", 0, MAX_HEAD_BYTES + 4)
-            if end < 0:
-                if len(pending) > MAX_HEAD_BYTES:
-                    self._to_h11()  # h11 refuses it
-                return
-            parsed = simple_head(pending[:end])
-            if parsed is None:
-                self._to_h11()
-                return
-            method, target, length = parsed
-            start = end + 4
-            if len(pending) - start < length:
-                return  # the body is still coming
-            self.pending = pending[start + length :]
-            self._dispatch(method, target, pending[start : start + length])
-
-    def _to_h11(self) -> None:
-        """Hand this connection to h11 from the request that is not plain on:
-        h11 has read nothing yet, so it starts as on a new connection."""
-        self.simple = False
-        data, self.pending = self.pending, b""
-        self._feed_h11(data)
 
     def _process(self) -> None:
         while self.transport is not None and not self.busy:
@@ -385,11 +288,7 @@ class _Connection(asyncio.Protocol):
         else:
             response = task.result()
         self._answer(response)
-        # Requests that arrived meanwhile (a sync answer returns to the loop).
-        if self.simple:
-            self._process_simple()
-        else:
-            self._process()
+        self._process()  # requests that arrived meanwhile
 
     def _answer(self, response: Response) -> None:
         transport = self.transport
@@ -397,11 +296,6 @@ class _Connection(asyncio.Protocol):
             return
         if response.drop:
             transport.abort()
-            return
-        if self.simple:
-            body = response.body
-            transport.write(simple_response_head(response.status, len(body), response.close) + body)
-            self._next_simple_cycle(response.close)
             return
         try:
             data = self.conn.send(_head(response.status, len(response.body), response.close))
@@ -412,16 +306,6 @@ class _Connection(asyncio.Protocol):
             return
         transport.write(data)
         self._next_cycle()
-
-    def _next_simple_cycle(self, close: bool) -> None:
-        self.busy = False
-        if close:
-            self._close()
-            return
-        self.started = bool(self.pending)
-        self._wait_for(self.server.request_timeout if self.started else self.server.idle_timeout)
-        if self.reading_paused and not self.paused_for_writes:
-            self._resume_reading()
 
     def _next_cycle(self) -> None:
         self.busy = False
@@ -501,13 +385,10 @@ class HttpServer:
         request_timeout: float = REQUEST_TIMEOUT,
         idle_timeout: float = IDLE_TIMEOUT,
         backlog: int = BACKLOG,
-        simple_requests: bool = True,
         sock: socket.socket | None = None,
     ) -> None:
         self.handler = handler
         self.sock = sock
-        # False: h11 reads every request (the plain path the tests pin the other against).
-        self.simple_requests = simple_requests
         self.host = host
         self.port = port
         self.tls = tls  # HTTPS when set

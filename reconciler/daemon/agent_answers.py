@@ -1,0 +1,134 @@
+"""What agents answer, read into observation values (docs/protocol.md): a job
+record, a heartbeat, a backup list, an error's ``code: message``. Anything
+unusable raises ``Unreachable`` with what is wrong with it.
+
+Must not talk to anyone: the bytes come in, values come out.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from reconciler.daemon.agent_http import Unreachable
+from reconciler.protocol.evidence import split_answer
+from reconciler.protocol.observations import (
+    Backup,
+    Heartbeat,
+    JobObservation,
+    RuntimeReport,
+    SignedAnswer,
+    parse_backup_list,
+    parse_check_reports,
+)
+
+AGENT_JOB_STATES = frozenset({"accepted", "running", "succeeded", "failed"})
+
+
+def read_json(body: bytes) -> Any:
+    try:
+        return json.loads(body)
+    except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: nested too deep
+        raise Unreachable(f"answer is not JSON: {body[:60]!r}") from None
+
+
+def error_text(status: int, body: bytes) -> str:
+    """``code: message`` from an error answer, or what we can say about it."""
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: nested too deep
+        data = None
+    if isinstance(data, dict) and isinstance(data.get("error"), str):
+        message = data.get("message")
+        return f"{data['error']}: {message}" if isinstance(message, str) else data["error"]
+    excerpt = body[:80].decode("utf-8", "replace").strip()
+    return f"http_{status}: {excerpt}" if excerpt else f"http_{status}"
+
+
+def signed_error(body: bytes) -> SignedAnswer | None:
+    """The evidence of an error answer (a signed refusal), if it has any."""
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: nested too deep
+        return None
+    return split_answer(data) if isinstance(data, dict) else None
+
+
+def _optional_str(record: dict[str, Any], key: str) -> str | None:
+    value = record.get(key)
+    if value is None or isinstance(value, str):
+        return value
+    raise Unreachable(f"job record field {key} is not text: {value!r}")
+
+
+def job_observation(job_id: str, body: bytes) -> JobObservation:
+    record = read_json(body)
+    if not isinstance(record, dict):
+        raise Unreachable("job record is not a JSON object")
+    if record.get("jobId") != job_id:
+        raise Unreachable(f"answer is about job {record.get('jobId')!r}, not {job_id!r}")
+    state = record.get("state")
+    if state not in AGENT_JOB_STATES:
+        raise Unreachable(f"job record has no valid state: {state!r}")
+    return JobObservation(
+        job_id=job_id,
+        state=state,
+        error=_optional_str(record, "error") or "",
+        backup_id=_optional_str(record, "backupId"),
+        finished_at=_optional_str(record, "finishedAt"),
+        source_commit=_optional_str(record, "sourceCommit"),
+        detail=_optional_str(record, "detail") or "",
+        signed=split_answer(record),
+    )
+
+
+def _text(data: dict[str, Any], key: str) -> str:
+    value = data.get(key)
+    if not isinstance(value, str):
+        raise Unreachable(f"field {key} is missing or not text")
+    return value
+
+
+def heartbeat_of(node: str, body: bytes) -> Heartbeat:
+    data = read_json(body)
+    if not isinstance(data, dict):
+        raise Unreachable("heartbeat is not a JSON object")
+    if data.get("node") != node:
+        raise Unreachable(f"heartbeat names node {data.get('node')!r}, not {node!r}")
+    runtimes = data.get("runtimes")
+    if not isinstance(runtimes, list) or not all(isinstance(r, dict) for r in runtimes):
+        raise Unreachable("heartbeat runtimes is not a list of objects")
+    agent_version = data.get("agentVersion")
+    try:
+        checks = parse_check_reports(data.get("checks"))
+    except ValueError as exc:
+        raise Unreachable(str(exc)) from None
+    return Heartbeat(
+        node=node,
+        time=_text(data, "time"),
+        agent_version=agent_version if isinstance(agent_version, str) else "",
+        runtimes=tuple(
+            RuntimeReport(
+                type=_text(r, "type"),
+                provider=_text(r, "provider"),
+                model=_text(r, "model"),
+                profile=_text(r, "profile"),
+                config_digest=r["configDigest"] if isinstance(r.get("configDigest"), str) else "",
+            )
+            for r in runtimes
+        ),
+        checks=checks,
+        signed=split_answer(data),
+    )
+
+
+def backups_of(body: bytes) -> tuple[Backup, ...]:
+    try:
+        return parse_backup_list(read_json(body))
+    except ValueError as exc:
+        raise Unreachable(str(exc)) from None
+
+
+def transient(status: int) -> bool:
+    """Answers that say nothing about the job: try again later."""
+    return status >= 500 or status in (408, 429)
