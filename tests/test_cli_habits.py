@@ -92,3 +92,73 @@ def test_o_is_format_for_validate(
     repo = make_repo(tmp_path / "fleet", {"rollouts/bad.yaml": "kind: Rollout\n"})
     assert cli.main(["validate", str(repo), "-o", "github"]) == 1
     assert capsys.readouterr().out.startswith("::error file=")
+
+
+# --- --repo and RECONCILER_REPO -------------------------------------------------
+
+
+def test_reconciler_repo_is_the_default_repository_of_every_verb(
+    bare: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    monkeypatch.setenv("RECONCILER_REPO", str(bare))
+
+    names = [r["metadata"]["name"] for r in json.loads(printed(capsys, "status", "-o", "json"))]
+    assert names == ["llama-canary", "qwen-next"]
+    assert json.loads(printed(capsys, "fleet", "-o", "json"))["counts"]["offline"] == 1
+    assert json.loads(printed(capsys, "plan", "--base", "HEAD", "-o", "json"))["base"] == git(
+        "rev-parse", "HEAD", cwd=bare
+    )
+    # run's --repo is required unless the environment names one
+    parsed = cli.build_parser("run").parse_args(["run", "--key", "k"])
+    assert parsed.repo == str(bare)
+    for verb in ("status", "fleet", "backups", "attest", "plan", "approve", "pause", "verify"):
+        action = next(a for a in _verb_parser(verb)._actions if "--repo" in a.option_strings)
+        assert action.default == str(bare), verb
+
+
+def _verb_parser(verb: str) -> object:
+    import argparse
+
+    parser = cli.build_parser(verb)
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices[verb]
+
+
+def test_run_without_repo_or_the_variable_is_a_usage_error(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("RECONCILER_REPO", raising=False)
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["run", "--key", "k", "--once"])
+    assert exited.value.code == 2
+    assert "--repo" in capsys.readouterr().err
+
+
+def test_a_verb_that_needs_a_local_repository_says_so_for_a_url(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    url = "ssh://git@forge.invalid/fleet.git"
+    for verb, says in (
+        (["plan"], "plan compares commits of a local repository"),
+        (["approve", "--key", "k"], "approve writes the approval into a local repository"),
+        (["pause", "r"], "pause edits a rollout file in a working clone"),
+    ):
+        assert cli.main([*verb, "--repo", url]) == 2
+        err = capsys.readouterr().err
+        assert says in err and url in err, err
+        assert f"git clone {url}" in err
+
+
+def test_an_intent_verb_on_a_bare_repository_asks_for_a_working_clone(
+    bare: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["pause", "llama-canary", "--repo", str(bare)]) == 1
+    err = capsys.readouterr().err
+    assert "is a bare repository" in err and "needs a working clone" in err
+    assert f"git clone {bare}" in err

@@ -14,6 +14,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from reconciler.cli.remote_options import add_repo_argument, local_repo
+
 HELP = "approve a commit: sign it into refs/notes/reconciler-approvals (a reviewer's yes)"
 
 
@@ -26,9 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="the reviewer's OpenSSH Ed25519 private key",
     )
-    parser.add_argument(
-        "--repo", metavar="DIR", default=".", help="a clone of the fleet repository (default: .)"
-    )
+    add_repo_argument(parser, "a clone (or bare copy) of the fleet repository")
     parser.add_argument(
         "--push", action="store_true", help="push the approvals ref, merging others' approvals"
     )
@@ -48,7 +48,8 @@ def run(args: argparse.Namespace) -> int:
     from reconciler.git.sshsig import sign_sshsig
     from reconciler.protocol.signing import load_private_key
 
-    repo = open_repository(args.repo, "pass --repo with a clone of the fleet repository")
+    where = local_repo(args.repo, "approve", "writes the approval into a local repository's notes")
+    repo = open_repository(where, "pass --repo with a clone of the fleet repository")
     commit = str(resolve(repo, args.rev).id)
     key = load_private_key(args.key)
     armored = sign_sshsig(key.private_key, approval_message(commit), NAMESPACE)

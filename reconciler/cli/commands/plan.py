@@ -1,4 +1,4 @@
-"""``reconciler plan [--repo DIR] [--base REV] [--head REV] [--format
+"""``reconciler plan [--repo PATH] [--base REV] [--head REV] [--format
 text|markdown|json|yaml]``: what merging HEAD (or --head) into the base would do,
 computed by the engine (``reconciler.views.plan``). Exit 1 when head has invalid
 documents.
@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from reconciler.cli.output_format import add_format_argument, structured
+from reconciler.cli.remote_options import add_repo_argument, local_repo
 from reconciler.git.branch import local_branch
 from reconciler.git.revisions import default_base, first_branch_tip, open_repository, resolve
 from reconciler.spec import documents
@@ -30,9 +31,7 @@ HELP = "show what merging a change would do: new rollouts, intents, refused chan
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--repo", metavar="DIR", default=".", help="the fleet repository (default: .)"
-    )
+    add_repo_argument(parser, "the fleet repository: a working clone or a bare repository")
     parser.add_argument(
         "--base",
         metavar="REV",
@@ -60,7 +59,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    repo = open_repository(args.repo, "pass --repo with a fleet repository")
+    where = local_repo(args.repo, "plan", "compares commits of a local repository")
+    repo = open_repository(where, "pass --repo with a clone or a bare fleet repository")
     head = resolve(repo, args.head)
     base = resolve(repo, args.base) if args.base else default_base(repo, head)
     trees = local_branch(repo, args.repo).reader
