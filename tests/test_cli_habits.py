@@ -6,6 +6,9 @@ driven through a real ``bash``."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from datetime import timedelta
 from pathlib import Path
 
@@ -162,3 +165,53 @@ def test_an_intent_verb_on_a_bare_repository_asks_for_a_working_clone(
     err = capsys.readouterr().err
     assert "is a bare repository" in err and "needs a working clone" in err
     assert f"git clone {bare}" in err
+
+
+# --- shell completion -----------------------------------------------------------
+
+COMPLETE = """
+eval "$(reconciler completion bash)"
+COMP_LINE="$LINE"
+COMP_POINT=${#COMP_LINE}
+read -ra COMP_WORDS <<< "$COMP_LINE"
+if [[ "$COMP_LINE" == *" " ]]; then COMP_WORDS+=(""); fi
+COMP_CWORD=$((${#COMP_WORDS[@]} - 1))
+COMP_TYPE=9
+_python_argcomplete reconciler
+printf '%s\\n' "${COMPREPLY[@]}"
+"""
+
+
+def bash_completes(line: str) -> list[str]:
+    """What a real bash, with the script ``reconciler completion bash``
+    prints sourced, offers for ``line`` with the cursor at its end."""
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        "LINE": line,
+    }
+    env.pop("_ARGCOMPLETE", None)
+    done = subprocess.run(
+        ["bash", "--norc", "--noprofile", "-c", COMPLETE],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    return [w.strip() for w in done.stdout.splitlines() if w.strip()]
+
+
+def test_bash_completes_verbs_and_every_verbs_flags() -> None:
+    assert bash_completes("reconciler sta") == ["status"]
+    assert bash_completes("reconciler status --for") == ["--format"]
+    assert bash_completes("reconciler plan -o ") == ["text", "markdown", "json", "yaml"]
+    assert "--require-approvals" in bash_completes("reconciler run --req")
+
+
+@pytest.mark.parametrize("shell", ["bash", "zsh", "fish"])
+def test_completion_prints_a_script_for_each_shell(
+    shell: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = printed(capsys, "completion", shell)
+    assert "_ARGCOMPLETE" in out and "reconciler" in out

@@ -40,6 +40,7 @@ COMMANDS: dict[str, str] = {
     "keys": "keys",
     "init": "init",
     "demo": "demo",
+    "completion": "completion",
 }
 
 
@@ -73,7 +74,19 @@ def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def complete() -> None:
+    """Answer the shell's completion request (argcomplete's protocol:
+    ``_ARGCOMPLETE``, ``COMP_LINE``, ``COMP_POINT``) from the parser of every
+    verb, since the line may name any of them, and exit."""
+    import argcomplete
+
+    argcomplete.autocomplete(build_parser())
+    raise SystemExit(0)  # autocomplete exits itself; this only when it declined
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    if "_ARGCOMPLETE" in os.environ:
+        complete()
     argv = list(sys.argv[1:] if argv is None else argv)
     verb = next((a for a in argv if not a.startswith("-")), None)
     parser = build_parser(verb)
