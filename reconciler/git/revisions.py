@@ -104,9 +104,26 @@ def newest_spec_commit(
     )
 
 
+def upstream_tip(repo: pygit2.Repository) -> str | None:
+    """The commit of the checked-out branch's upstream (``origin/main`` for a
+    ``main`` that tracks it), or None: detached, bare, or no upstream."""
+    if repo.is_bare or repo.head_is_unborn or repo.head_is_detached:
+        return None
+    try:
+        branch = repo.branches.local.get(repo.head.shorthand)
+        upstream = branch.upstream if branch is not None else None
+    except (KeyError, ValueError, pygit2.GitError):
+        return None
+    return str(upstream.peel(pygit2.Commit).id) if upstream is not None else None
+
+
 def default_base(repo: pygit2.Repository, head: pygit2.Commit) -> pygit2.Commit:
-    """The merge-base of head and main (local, else origin's)."""
-    main_id = first_branch_tip(repo, ("refs/heads/main", "refs/remotes/origin/main"))
+    """The merge-base of head and the current branch's upstream when it has
+    one (so unpushed commits on ``main`` are the change), else of head and
+    main (local, else origin's)."""
+    main_id = upstream_tip(repo) or first_branch_tip(
+        repo, ("refs/heads/main", "refs/remotes/origin/main")
+    )
     if main_id is not None:
         main = repo[main_id]
         base_id = repo.merge_base(head.id, main.id)

@@ -35,7 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--base",
         metavar="REV",
-        help="what the change merges into (default: the merge-base of HEAD and main)",
+        help="what the change merges into (default: the merge-base of HEAD and the current "
+        "branch's upstream, else of HEAD and main)",
     )
     parser.add_argument("--head", metavar="REV", default="HEAD", help="the change (default HEAD)")
     add_format_argument(
