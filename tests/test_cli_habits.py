@@ -81,6 +81,25 @@ def test_yaml_holds_the_same_data_as_json_and_o_is_format(
     assert "\n  " in as_yaml or "\n- " in as_yaml
 
 
+def test_plan_yaml_holds_the_same_data_as_json(
+    tmp_path: Path, identity: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    repo = make_repo(tmp_path / "fleet", {"rollouts/.keep": ""})
+    git("checkout", "--quiet", "-b", "change", cwd=repo)
+    (repo / "reconciler.yaml").write_text(
+        "apiVersion: reconciler/v1\nkind: Settings\nspec: {offlineAfter: 5m}\n"
+    )
+    git("add", "-A", cwd=repo)
+    git("commit", "--quiet", "-m", "slower offline", cwd=repo)
+    as_json = json.loads(printed(capsys, "plan", "--repo", str(repo), "--format", "json"))
+    as_yaml = load_yaml(printed(capsys, "plan", "--repo", str(repo), "-o", "yaml"))
+
+    assert isinstance(as_yaml, dict)
+    as_yaml.pop("now"), as_json.pop("now")  # the clock, read by each run
+    assert as_yaml == as_json
+    assert as_json["setting_changes"] == [{"field": "offlineAfter", "before": "2m", "after": "5m"}]
+
+
 def test_fleet_yaml_without_a_fleet_status_yet(
     tmp_path: Path, identity: dict[str, str], capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -207,6 +226,8 @@ def test_bash_completes_verbs_and_every_verbs_flags() -> None:
     assert bash_completes("reconciler status --for") == ["--format"]
     assert bash_completes("reconciler plan -o ") == ["text", "markdown", "json", "yaml"]
     assert "--require-approvals" in bash_completes("reconciler run --req")
+    assert bash_completes("reconciler keys gen") == ["generate"]
+    assert bash_completes("reconciler keys generate --o") == ["--out"]
 
 
 @pytest.mark.parametrize("shell", ["bash", "zsh", "fish"])
