@@ -428,3 +428,48 @@ def test_a_push_that_met_another_push_holding_the_notes_lock_is_tried_again() ->
     )
     assert approval_notes._looks_rejected(lock_race)
     assert not approval_notes._looks_rejected(hook)
+
+
+def test_approve_of_a_status_commit_approves_the_spec_commit_under_it_and_says_so(
+    review: Review, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # the daemon's status commits land on top of alice's spec commit
+    status = review.root / "daemon-work"
+    git("clone", "-q", str(review.bare), str(status), cwd=review.root)
+    for n in (1, 2):
+        (status / "status").mkdir(exist_ok=True)
+        (status / "status" / "r.yaml").write_text(f"pass: {n}\n")
+        git("add", "-A", cwd=status)
+        git("commit", "-q", "-m", f"status: pass {n}", cwd=status)
+    git("push", "-q", "origin", "HEAD:main", cwd=status)
+    tip = git("rev-parse", "HEAD", cwd=status)
+    git("fetch", "-q", "origin", cwd=review.bob_work)
+    capsys.readouterr()
+
+    assert review.approve(review.bob, review.bob_work, "origin/main") == 0
+
+    out = capsys.readouterr().out
+    assert f'origin/main is {tip[:12]} "status: pass 2"' in out
+    assert "changes no rollout, node or reconciler.yaml (nor do the 1 before it)" in out
+    assert f'approving the newest spec commit before it, {review.commit[:12]} "Roll out r"' in out
+    assert f"approved {review.commit} with" in out
+    repo = pygit2.Repository(str(review.bob_work))
+    assert read_note(repo, review.commit) is not None
+    assert read_note(repo, tip) is None
+
+
+def test_approve_refuses_when_no_commit_changes_the_spec(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    bob = make_key(keys / "bob").private
+    bare = make_bare_repo(tmp_path, {"README.md": "fleet\n"})
+    work = clone(bare, tmp_path / "work")
+
+    assert main(["approve", "--key", str(bob), "--repo", str(work), "HEAD"]) == 1
+
+    err = capsys.readouterr().err
+    assert "no spec commit at or before HEAD" in err
+    assert "change no rollout, node or reconciler.yaml" in err
+    assert read_note(pygit2.Repository(str(work)), git("rev-parse", "HEAD", cwd=work)) is None

@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from ruamel.yaml import YAML
 
 from reconciler.cli import main as cli
 from reconciler.spec.model import Target
@@ -66,6 +67,9 @@ def test_backups_lists_the_agents_backups_newest_first(
     records = json.loads(capsys.readouterr().out)
     assert [r["jobId"] for r in records] == ["apply-0002", "apply-0001"]
     assert records[1]["provider"] == "ollama" and records[1]["model"] == "llama3-old"
+
+    assert cli.main(["backups", "node-a", "--repo", str(fleet), "-o", "yaml"]) == 0
+    assert YAML(typ="safe", pure=True).load(capsys.readouterr().out) == records
 
 
 def test_an_unknown_node_names_the_known_ones(

@@ -17,7 +17,7 @@ from reconciler.protocol.observations import JobObservation, Observations
 from reconciler.spec.rollout_status import RolloutStatus
 from reconciler.views import plan
 from tests.kit.documents import make_status, node_yaml, status_text
-from tests.kit.git import commit, git, make_repo
+from tests.kit.git import clone, commit, git, make_bare_repo, make_repo
 from tests.markdown_render import plain_text
 
 
@@ -425,3 +425,154 @@ def test_nodes_in_maintenance_named_in_node_ids_are_listed_as_left_out() -> None
         in plan.headline(result)
     )
     assert "left out: gpu-b5 is in maintenance" in plan.render_text(result)
+
+
+# --- settings ------------------------------------------------------------------------
+
+SETTINGS = "apiVersion: reconciler/v1\nkind: Settings\nspec:\n"
+
+
+def settings_plan(
+    fleet: Path, capsys: pytest.CaptureFixture[str], before: str, after: str
+) -> tuple[Any, str, str]:
+    """The json, text and markdown plans of a change of reconciler.yaml's
+    spec from ``before`` to ``after`` (YAML under ``spec:``)."""
+    commit(fleet, {"reconciler.yaml": SETTINGS + before}, "settings before")
+    base = git("rev-parse", "HEAD", cwd=fleet)
+    commit(fleet, {"reconciler.yaml": SETTINGS + after}, "settings after")
+    outputs = [run_plan(fleet, capsys, f, "--base", base) for f in ("json", "text", "markdown")]
+    assert [code for code, _ in outputs] == [0, 0, 0], outputs
+    return json.loads(outputs[0][1]), outputs[1][1], outputs[2][1]
+
+
+RECEIVER = "  notifications:\n    - {name: ops-chat, urlEnv: HOOK_OPS, format: slack}\n"
+
+
+def test_a_new_notification_receiver_is_a_settings_change(
+    fleet: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    record, text, md = settings_plan(fleet, capsys, "  offlineAfter: 2m\n", RECEIVER)
+
+    assert record["setting_changes"] == [
+        {
+            "field": "notifications.ops-chat",
+            "before": None,
+            "after": {
+                "urlEnv": "HOOK_OPS",
+                "format": "slack",
+                "secretEnv": None,
+                "events": [
+                    "hold",
+                    "completed",
+                    "failed",
+                    "aborted",
+                    "rolled_back",
+                    "node_offline",
+                    "node_drift",
+                ],
+                "rollouts": [],
+            },
+        }
+    ]
+    line = "notification receiver ops-chat added: "
+    assert line in text and "no rollout, node or settings changes" not in text
+    assert '"urlEnv": "HOOK_OPS"' in text
+    assert "settings: notification receiver ops-chat added" in plain_text(md)
+    assert "No rollout, node or settings changes." not in md
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "field", "old", "new", "words"),
+    [
+        (RECEIVER, "", "notifications.ops-chat", "any", None, "receiver ops-chat removed"),
+        (
+            RECEIVER,
+            RECEIVER.replace("slack", "json"),
+            "notifications.ops-chat",
+            "any",
+            "any",
+            "receiver ops-chat changed: format slack -> json",
+        ),
+        ("", "  fleetCheck: {interval: 30s}\n", "fleetCheck.interval", "1m", "30s", None),
+        (
+            "",
+            "  prometheus: {url: 'http://127.0.0.1:9090'}\n",
+            "prometheus.url",
+            None,
+            "http://127.0.0.1:9090",
+            "prometheus.url (none) -> http://127.0.0.1:9090",
+        ),
+        (
+            "",
+            "  approvalRules:\n    - {name: owners, settings: true, principals: [a@x], require: 1}\n",
+            "approvalRules.owners",
+            None,
+            {"nodes": None, "settings": True, "principals": ["a@x"], "require": 1},
+            "approval rule owners added",
+        ),
+        ("", "  offlineAfter: 5m\n", "offlineAfter", "2m", "5m", "offlineAfter 2m -> 5m"),
+        ("", "  statusBranch: st\n", "statusBranch", None, "st", "statusBranch None -> st"),
+        ("", "  defaults: {batchSize: 3}\n", "defaults.batchSize", 1, 3, "defaults changed"),
+        (
+            "",
+            "  windows:\n    - {days: [mon], from: '09:00', to: '17:00', timezone: UTC}\n",
+            "windows",
+            [],
+            [{"days": ["mon"], "from": "09:00", "to": "17:00", "timezone": "UTC"}],
+            "deploy windows -> mon 09:00-17:00 UTC",
+        ),
+        (
+            "",
+            "  freezes:\n    - {from: '2030-01-01T00:00:00Z', to: '2030-01-02T00:00:00Z'}\n",
+            "freezes",
+            [],
+            [{"from": "2030-01-01T00:00:00Z", "to": "2030-01-02T00:00:00Z", "reason": ""}],
+            "freezes -> 2030-01-01T00:00:00Z to 2030-01-02T00:00:00Z",
+        ),
+    ],
+    ids=lambda v: v if isinstance(v, str) and "\n" not in v and v else None,
+)
+def test_every_setting_is_diffed_with_its_field_before_and_after(
+    fleet: Path,
+    capsys: pytest.CaptureFixture[str],
+    before: str,
+    after: str,
+    field: str,
+    old: Any,
+    new: Any,
+    words: str | None,
+) -> None:
+    record, text, _ = settings_plan(fleet, capsys, before or "  {}\n", after or "  {}\n")
+
+    [change] = record["setting_changes"]
+    assert change["field"] == field
+    if old != "any":
+        assert change["before"] == old
+    if new != "any":
+        assert change["after"] == new
+    assert (words or field) in text
+
+
+def test_every_setting_of_the_model_is_compared() -> None:
+    """A setting added to the model and not to the comparison would be
+    left out of every plan."""
+    from dataclasses import fields
+
+    from reconciler.spec.model import Settings
+    from reconciler.views.settings_changes import FIELDS
+
+    assert sorted(FIELDS) == sorted(f.name for f in fields(Settings))
+
+
+def test_an_unpushed_commit_is_planned_against_the_upstream(
+    tmp_path: Path, identity: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    bare = make_bare_repo(tmp_path, NODES)
+    work = clone(bare, tmp_path / "work")
+    pushed = git("rev-parse", "HEAD", cwd=work)
+    commit(work, {"rollouts/wide.yaml": rollout("wide", "{role: wide}")}, "add wide")
+
+    result = json_plan(work, capsys)
+
+    assert result["base"] == pushed
+    assert [a["name"] for a in result["added"]] == ["wide"]

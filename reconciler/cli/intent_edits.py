@@ -134,10 +134,30 @@ def find_root(directory: Path) -> Path:
         top = ""
     if top and (Path(top) / ROLLOUTS_DIR).is_dir():
         return Path(top)
+    if not top and _is_bare(directory):
+        raise ReconcilerError(
+            f"{directory} is a bare repository: the intent verbs edit a rollout file, "
+            "which needs a working clone",
+            hint=f"clone it (git clone {directory}) and pass the clone with --repo "
+            "(or use --push from the clone)",
+        )
     raise ReconcilerError(
         f"{directory} is not a fleet working tree: it has no rollouts/ folder",
         hint="run this inside a clone of the fleet repository, or pass --repo DIR",
     )
+
+
+def _is_bare(directory: Path) -> bool:
+    try:
+        answer = subprocess.run(
+            ["git", "-C", str(directory), "rev-parse", "--is-bare-repository"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return False
+    return answer == "true"
 
 
 def rollout_names(root: Path) -> list[str]:

@@ -8,17 +8,11 @@ import argparse
 from pathlib import Path
 
 from reconciler.cli import intent_edits, intent_push
-from reconciler.cli.remote_options import add_remote_arguments
+from reconciler.cli.remote_options import add_remote_arguments, add_repo_argument, local_repo
 
 
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--repo",
-        metavar="DIR",
-        type=Path,
-        default=Path("."),
-        help="a working clone of the fleet repository (default: the current directory)",
-    )
+    add_repo_argument(parser, "a working clone of the fleet repository: the edit is made there")
     parser.add_argument(
         "--message", "-m", default="", metavar="TEXT", help="why: goes into the commit message"
     )
@@ -39,7 +33,9 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
 def prepare(args: argparse.Namespace) -> tuple[Path, intent_push.Upstream | None]:
     """The clone's root, brought up to date first with ``--push`` so the
     edit is made against the newest status."""
-    root = intent_edits.find_root(args.repo)
+    verb = args.verb or "this verb"
+    where = local_repo(args.repo, verb, "edits a rollout file in a working clone")
+    root = intent_edits.find_root(Path(where))
     if not args.push:
         return root, None
     up = intent_push.upstream(root, args.ssh_key, args.known_hosts)

@@ -40,6 +40,7 @@ COMMANDS: dict[str, str] = {
     "keys": "keys",
     "init": "init",
     "demo": "demo",
+    "completion": "completion",
 }
 
 
@@ -73,7 +74,29 @@ def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def complete() -> None:
+    """Answer the shell's completion request (argcomplete's protocol:
+    ``_ARGCOMPLETE``, ``COMP_LINE``, ``COMP_POINT``) and exit: from the named
+    verb's parser once the line names one, else from every verb's."""
+    import argcomplete
+
+    line = os.environ.get("COMP_LINE", "")
+    point = int(os.environ.get("COMP_POINT", len(line)) or len(line))
+    argcomplete.autocomplete(build_parser(completed_verb(line[:point])))
+    raise SystemExit(0)  # autocomplete exits itself; this only when it declined
+
+
+def completed_verb(line: str) -> str | None:
+    """The verb a command line being completed already names in full (a
+    word followed by more), or None while the verb itself is typed."""
+    words = line.split()
+    done = words[1:] if line[-1:].isspace() else words[1:-1]
+    return next((w for w in done if not w.startswith("-")), None)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    if "_ARGCOMPLETE" in os.environ:
+        complete()
     argv = list(sys.argv[1:] if argv is None else argv)
     verb = next((a for a in argv if not a.startswith("-")), None)
     parser = build_parser(verb)

@@ -74,9 +74,56 @@ def resolve_or_branch_tip(repo: pygit2.Repository, rev: str | None, branch: str)
     return (rev if rev is not None else branch), str(commit.id)
 
 
+def newest_spec_commit(
+    repo: pygit2.Repository, rev: str, limit: int = 10_000
+) -> tuple[pygit2.Commit, list[pygit2.Commit]]:
+    """The newest commit at or before ``rev``, by first parent, that changes
+    the spec (rollouts/, nodes/ or reconciler.yaml, as the daemon judges a
+    spec commit), and the newer commits passed over on the way (the daemon's
+    status commits, say); ``approve`` signs that one. Refused when there is
+    none within ``limit`` commits."""
+    from reconciler.git.approval import is_spec_commit
+
+    commit: pygit2.Commit | None = resolve(repo, rev)
+    passed: list[pygit2.Commit] = []
+    while commit is not None and len(passed) < limit:
+        if is_spec_commit(repo, commit):
+            return commit, passed
+        passed.append(commit)
+        commit = commit.parents[0] if commit.parent_ids else None
+    raise ReconcilerError(
+        f"no spec commit at or before {rev}: "
+        + (
+            f"the {len(passed)} commit(s) from {str(passed[0].id)[:12]} back change no "
+            "rollout, node or reconciler.yaml"
+            if passed
+            else "nothing to approve"
+        ),
+        hint="approve the commit that changes rollouts/, nodes/ or reconciler.yaml "
+        "(git log --first-parent -- rollouts nodes reconciler.yaml)",
+    )
+
+
+def upstream_tip(repo: pygit2.Repository) -> str | None:
+    """The commit of the checked-out branch's upstream (``origin/main`` for a
+    ``main`` that tracks it), or None: detached, bare, or no upstream."""
+    if repo.is_bare or repo.head_is_unborn or repo.head_is_detached:
+        return None
+    try:
+        branch = repo.branches.local.get(repo.head.shorthand)
+        upstream = branch.upstream if branch is not None else None
+    except (KeyError, ValueError, pygit2.GitError):
+        return None
+    return str(upstream.peel(pygit2.Commit).id) if upstream is not None else None
+
+
 def default_base(repo: pygit2.Repository, head: pygit2.Commit) -> pygit2.Commit:
-    """The merge-base of head and main (local, else origin's)."""
-    main_id = first_branch_tip(repo, ("refs/heads/main", "refs/remotes/origin/main"))
+    """The merge-base of head and the current branch's upstream when it has
+    one (so unpushed commits on ``main`` are the change), else of head and
+    main (local, else origin's)."""
+    main_id = upstream_tip(repo) or first_branch_tip(
+        repo, ("refs/heads/main", "refs/remotes/origin/main")
+    )
     if main_id is not None:
         main = repo[main_id]
         base_id = repo.merge_base(head.id, main.id)

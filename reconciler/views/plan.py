@@ -42,6 +42,7 @@ from reconciler.spec.rollout_status import FROZEN_FIELDS, TERMINAL_PHASES, Rollo
 from reconciler.spec.times import format_time
 from reconciler.views import markdown
 from reconciler.views.health_text import health_lines
+from reconciler.views.settings_changes import SettingChange, change_words, settings_changes
 
 MARKER = "<!-- reconciler plan -->"
 ACTIVE_PHASES = frozenset({"running", "paused"})
@@ -177,6 +178,7 @@ class Plan:
     changed: tuple[Change, ...] = ()
     nodes: tuple[str, ...] = ()  # node files added, removed or edited, in words
     settings: tuple[str, ...] = ()  # settings edits, in words
+    setting_changes: tuple[SettingChange, ...] = ()  # every setting edit: field, before, after
     problems: tuple[Problem, ...] = ()  # head's invalid documents
     new_problems: int = 0  # how many of them base did not have
 
@@ -194,6 +196,7 @@ class Plan:
             or self.changed
             or self.nodes
             or self.settings
+            or self.setting_changes
             or self.problems
         )
 
@@ -285,6 +288,7 @@ def make_plan(
         changed += [Change(name, e) for e in rest]
 
     base_problems = {(p.path, p.field, p.message) for p in base_docs.problems}
+    settings = settings_changes(base_docs.settings, head_docs.settings)
     return Plan(
         base=base.commit,
         head=head.commit,
@@ -295,7 +299,8 @@ def make_plan(
         removed=tuple(removed),
         changed=tuple(changed),
         nodes=tuple(_node_changes(base_docs, head_docs)),
-        settings=tuple(_settings_changes(base_docs.settings, head_docs.settings)),
+        settings=tuple(_settings_words(base_docs.settings, head_docs.settings, settings)),
+        setting_changes=tuple(settings),
         problems=head_docs.problems,
         new_problems=sum(
             1 for p in head_docs.problems if (p.path, p.field, p.message) not in base_problems
@@ -613,6 +618,17 @@ def _node_changes(base: documents.Documents, head: documents.Documents) -> list[
         if a.agent != b.agent:
             parts.append(f"agent {a.agent} -> {b.agent}")
         lines.append(f"changed {name}: {'; '.join(parts)}")
+    return lines
+
+
+# Settings worded by ``_settings_changes`` with what they do to rollouts;
+# every other one in the words of ``settings_changes.change_words``.
+_EXPLAINED_SETTINGS = ("statusBranch", "offlineAfter", "defaults", "windows", "freezes")
+
+
+def _settings_words(old: Settings, new: Settings, changes: Sequence[SettingChange]) -> list[str]:
+    lines = _settings_changes(old, new)
+    lines += [change_words(c) for c in changes if c.field.split(".")[0] not in _EXPLAINED_SETTINGS]
     return lines
 
 

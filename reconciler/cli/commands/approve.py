@@ -5,7 +5,10 @@ Signs ``reconciler-approval v1\\ncommit <full id>\\n`` with the reviewer's
 OpenSSH Ed25519 key (SSHSIG, namespace ``reconciler-approval``, as
 ``ssh-keygen -Y sign -n reconciler-approval`` would) and appends it to the
 commit's note under ``refs/notes/reconciler-approvals``; ``--push`` pushes
-that ref, merging approvals others pushed meanwhile. Notes and signatures
+that ref, merging approvals others pushed meanwhile. REV is resolved to the
+newest spec commit at or before it by first parent (``origin/main`` is often
+the daemon's status commit, which no approval is about), and the report says
+when that is another commit than REV names. Notes and signatures
 are ``git.approval_notes``; this module only reads arguments and reports.
 """
 
@@ -13,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+
+from reconciler.cli.remote_options import add_repo_argument, local_repo
 
 HELP = "approve a commit: sign it into refs/notes/reconciler-approvals (a reviewer's yes)"
 
@@ -26,9 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="the reviewer's OpenSSH Ed25519 private key",
     )
-    parser.add_argument(
-        "--repo", metavar="DIR", default=".", help="a clone of the fleet repository (default: .)"
-    )
+    add_repo_argument(parser, "a clone (or bare copy) of the fleet repository")
     parser.add_argument(
         "--push", action="store_true", help="push the approvals ref, merging others' approvals"
     )
@@ -44,12 +47,21 @@ def run(args: argparse.Namespace) -> int:
         identity,
         push_approvals,
     )
-    from reconciler.git.revisions import open_repository, resolve
+    from reconciler.git.revisions import describe_commit, newest_spec_commit, open_repository
     from reconciler.git.sshsig import sign_sshsig
     from reconciler.protocol.signing import load_private_key
 
-    repo = open_repository(args.repo, "pass --repo with a clone of the fleet repository")
-    commit = str(resolve(repo, args.rev).id)
+    where = local_repo(args.repo, "approve", "writes the approval into a local repository's notes")
+    repo = open_repository(where, "pass --repo with a clone of the fleet repository")
+    found, passed = newest_spec_commit(repo, args.rev)
+    commit = str(found.id)
+    if passed:
+        print(
+            f"{args.rev} is {describe_commit(repo, str(passed[0].id))}, which changes no "
+            "rollout, node or reconciler.yaml"
+            + (f" (nor do the {len(passed) - 1} before it)" if len(passed) > 1 else "")
+            + f": approving the newest spec commit before it, {describe_commit(repo, commit)}"
+        )
     key = load_private_key(args.key)
     armored = sign_sshsig(key.private_key, approval_message(commit), NAMESPACE)
     who = identity(repo)

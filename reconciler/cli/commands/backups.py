@@ -19,6 +19,7 @@ import argparse
 import json
 import sys
 
+from reconciler.cli.output_format import add_format_argument, structured
 from reconciler.cli.remote_options import add_branch_source_arguments
 from reconciler.daemon.agent_client import fetch_backups
 from reconciler.git.branch import Branch, open_branch
@@ -37,11 +38,10 @@ TIMEOUT = 10.0
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("node", metavar="NODE", help="the node (nodes/NODE.yaml)")
     add_branch_source_arguments(parser)
-    parser.add_argument(
-        "--format",
-        choices=("text", "json"),
-        default="text",
-        help="text: a table (default); json: one object per backup",
+    add_format_argument(
+        parser,
+        ("text", "json", "yaml"),
+        "text: a table (default); json or yaml: one object per backup",
     )
 
 
@@ -61,9 +61,9 @@ def run(args: argparse.Namespace) -> int:
             f"reconciler backups {args.node} there (for example over ssh), with the same "
             "--repo; the first backups the status files record are listed above",
         ) from None
-    if args.format == "json":
+    if args.format != "text":
         records = [{key: getattr(b, attr) for attr, key in BACKUP_FIELDS.items()} for b in backups]
-        sys.stdout.write(json.dumps(records, indent=2) + "\n")
+        sys.stdout.write(structured(json.dumps(records, indent=2) + "\n", args.format))
     else:
         sys.stdout.write(render_table(backups, args.node, agent))
     return 0

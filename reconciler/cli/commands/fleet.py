@@ -1,4 +1,4 @@
-"""``reconciler fleet [--repo PATH_OR_URL] [--branch main] [--format text|json]``:
+"""``reconciler fleet [--repo PATH_OR_URL] [--branch main] [-o text|json|yaml]``:
 every node's fleet state from the committed ``status/fleet.yaml`` (docs/operating.md): what each runtime runs, what it should run, and since when a
 node is offline or drifted.
 
@@ -12,6 +12,7 @@ import argparse
 import json
 import sys
 
+from reconciler.cli.output_format import add_format_argument, structured
 from reconciler.cli.remote_options import add_branch_source_arguments
 from reconciler.git.branch import open_branch
 from reconciler.spec.safe_yaml import YamlProblem
@@ -23,11 +24,10 @@ HELP = "every node's fleet state (ok, offline, drift, unverified) from status/fl
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_branch_source_arguments(parser)
-    parser.add_argument(
-        "--format",
-        choices=("text", "json"),
-        default="text",
-        help="text for a terminal (default), or the fleet status record as json",
+    add_format_argument(
+        parser,
+        ("text", "json", "yaml"),
+        "text for a terminal (default), or the fleet status record as json or yaml",
     )
 
 
@@ -41,15 +41,17 @@ def run(args: argparse.Namespace) -> int:
         print("  the daemon replaces it after its next sweep", file=sys.stderr)
         return 1
     if fleet is None:
-        if args.format == "json":
-            sys.stdout.write(json.dumps({"kind": "FleetStatus", "nodes": None}) + "\n")
+        if args.format != "text":
+            empty = json.dumps({"kind": "FleetStatus", "nodes": None}) + "\n"
+            sys.stdout.write(structured(empty, args.format))
         else:
             print(
                 "no fleet status yet: the daemon writes status/fleet.yaml after its first sweep "
                 "(every spec.fleetCheck.interval of reconciler.yaml, default 1m; 0s turns it off)"
             )
         return 0
-    sys.stdout.write(
-        render_fleet_json(fleet) if args.format == "json" else render_fleet_text(fleet)
-    )
+    if args.format == "text":
+        sys.stdout.write(render_fleet_text(fleet))
+    else:
+        sys.stdout.write(structured(render_fleet_json(fleet), args.format))
     return 0

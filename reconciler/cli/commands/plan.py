@@ -1,5 +1,5 @@
-"""``reconciler plan [--repo DIR] [--base REV] [--head REV] [--format
-text|markdown|json]``: what merging HEAD (or --head) into the base would do,
+"""``reconciler plan [--repo PATH] [--base REV] [--head REV] [--format
+text|markdown|json|yaml]``: what merging HEAD (or --head) into the base would do,
 computed by the engine (``reconciler.views.plan``). Exit 1 when head has invalid
 documents.
 
@@ -17,6 +17,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from reconciler.cli.output_format import add_format_argument, structured
+from reconciler.cli.remote_options import add_repo_argument, local_repo
 from reconciler.git.branch import local_branch
 from reconciler.git.revisions import default_base, first_branch_tip, open_repository, resolve
 from reconciler.spec import documents
@@ -29,20 +31,18 @@ HELP = "show what merging a change would do: new rollouts, intents, refused chan
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--repo", metavar="DIR", default=".", help="the fleet repository (default: .)"
-    )
+    add_repo_argument(parser, "the fleet repository: a working clone or a bare repository")
     parser.add_argument(
         "--base",
         metavar="REV",
-        help="what the change merges into (default: the merge-base of HEAD and main)",
+        help="what the change merges into (default: the merge-base of HEAD and the current "
+        "branch's upstream, else of HEAD and main)",
     )
     parser.add_argument("--head", metavar="REV", default="HEAD", help="the change (default HEAD)")
-    parser.add_argument(
-        "--format",
-        choices=("text", "markdown", "json"),
-        default="text",
-        help="text for a terminal (default); markdown for a pull-request comment; json",
+    add_format_argument(
+        parser,
+        ("text", "markdown", "json", "yaml"),
+        "text for a terminal (default); markdown for a pull-request comment; json or yaml",
     )
     parser.add_argument(
         "--allowed-signers",
@@ -60,7 +60,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    repo = open_repository(args.repo, "pass --repo with a fleet repository")
+    where = local_repo(args.repo, "plan", "compares commits of a local repository")
+    repo = open_repository(where, "pass --repo with a clone or a bare fleet repository")
     head = resolve(repo, args.head)
     base = resolve(repo, args.base) if args.base else default_base(repo, head)
     trees = local_branch(repo, args.repo).reader
@@ -74,16 +75,17 @@ def run(args: argparse.Namespace) -> int:
         now=datetime.now(UTC).replace(microsecond=0),
         author=f"{head.author.name} <{head.author.email}>",
     )
+    form = "json" if args.format == "yaml" else args.format
     render = {
         "text": plan.render_text,
         "markdown": plan.render_markdown,
         "json": plan.render_json,
-    }[args.format]
+    }[form]
     text = render(result)
     approvals = _approvals(repo, str(head.id), args)
     if approvals is not None:
-        text = _with_approvals(text, approvals, args.format)
-    sys.stdout.write(text)
+        text = _with_approvals(text, approvals, form)
+    sys.stdout.write(structured(text, args.format))
     return 0 if result.ok else 1
 
 

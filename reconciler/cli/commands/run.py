@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from reconciler.cli.remote_options import add_remote_arguments
+from reconciler.cli.remote_options import REPO_ENV, add_remote_arguments, repo_default
 from reconciler.spec.errors import UsageError, redact_url
 
 if TYPE_CHECKING:  # imported when run, so that other verbs never pay for them
@@ -50,11 +50,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _add_repository_arguments(parser: argparse.ArgumentParser) -> None:
     """Which repository and branch, the daemon's key, and how often it passes."""
+    default = repo_default()
     parser.add_argument(
         "--repo",
-        required=True,
+        required=default is None,
+        default=default,
         metavar="PATH_OR_URL",
-        help="a bare repository's path, or a remote URL (file://, ssh://, https://)",
+        help="a bare repository's path, or a remote URL (file://, ssh://, https://); "
+        f"default: ${REPO_ENV}",
     )
     parser.add_argument("--branch", default="main", help="the branch to act on (default: main)")
     parser.add_argument(

@@ -1,5 +1,5 @@
 """``reconciler status [NAME] [--repo PATH_OR_URL] [--branch main] [--watch]
-[--format text|json]``: rollouts at a glance from the committed status files;
+[-o text|json|yaml]``: rollouts at a glance from the committed status files;
 with NAME, every node.
 
 Status is read from the branch's committed tree, never a working tree: from
@@ -19,6 +19,7 @@ import sys
 import time
 from datetime import UTC, datetime
 
+from reconciler.cli.output_format import add_format_argument, structured
 from reconciler.cli.remote_options import add_branch_source_arguments
 from reconciler.daemon.logs import EventLog
 from reconciler.git.branch import REMOTE_POLL, Branch, open_branch
@@ -42,11 +43,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="leave out finished rollouts (completed, failed, aborted); newest first",
     )
-    parser.add_argument(
-        "--format",
-        choices=("text", "json"),
-        default="text",
-        help="text for a terminal (default), or the status records as json",
+    add_format_argument(
+        parser,
+        ("text", "json", "yaml"),
+        "text for a terminal (default), or the status records as json or yaml",
     )
 
 
@@ -97,17 +97,17 @@ def render(
         if status is None:
             known = ", ".join(sorted(snapshot.statuses)) or "none"
             return f"no status for {name!r} yet (rollouts with a status: {known})\n", False
-        if fmt == "json":
-            return status_text.render_json([status], one=True), True
+        if fmt != "text":
+            return structured(status_text.render_json([status], one=True), fmt), True
         return status_text.render_detail(status, now, colour=colour), True
     statuses = snapshot.statuses
     if active:
         statuses = {n: s for n, s in statuses.items() if s.phase not in TERMINAL_PHASES}
-        if not statuses and fmt != "json":
+        if not statuses and fmt == "text":
             return "no active rollouts (every rollout with a status has finished)\n", True
-    if fmt == "json":
+    if fmt != "text":
         shown = status_text.newest(statuses) if active else statuses.values()
-        return status_text.render_json(shown), True
+        return structured(status_text.render_json(shown), fmt), True
     table = status_text.render_table(statuses, now, colour=colour, width=width, newest_first=active)
     return table, True
 

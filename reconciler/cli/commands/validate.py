@@ -17,6 +17,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from reconciler.cli.output_format import add_format_argument
 from reconciler.engine.selection import maintenance_node_ids, resolve_nodes
 from reconciler.spec import safe_yaml
 from reconciler.spec.documents import Documents, load_directory
@@ -35,11 +36,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="the fleet repository's working tree (default: the current directory)",
     )
-    parser.add_argument(
-        "--format",
-        choices=("text", "github"),
-        default="text",
-        help="text: one line per problem; github: GitHub Actions error annotations",
+    add_format_argument(
+        parser,
+        ("text", "github"),
+        "text: one line per problem; github: GitHub Actions error annotations",
     )
     parser.add_argument(
         "--allowed-signers",

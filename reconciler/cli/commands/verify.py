@@ -29,6 +29,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from reconciler.cli.remote_options import add_repo_argument
 from reconciler.daemon.status_trust import StatusTrust
 from reconciler.git.approval import (
     Approval,
@@ -64,11 +65,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "rev", nargs="?", metavar="REV", help="commit to check (default: the branch tip)"
     )
-    parser.add_argument(
-        "--repo",
-        metavar="PATH",
-        help="fleet repository (default: current directory; "
-        "with --attestation, none: the repository checks are then left out)",
+    add_repo_argument(
+        parser,
+        "the fleet repository, a clone or a bare one (with --attestation, none leaves "
+        "the repository checks out; without, the current directory)",
+        optional=True,
     )
     parser.add_argument(
         "--branch", default="main", help="branch whose tip is checked when REV is omitted"
