@@ -22,7 +22,6 @@ CLASS_LINES = 500
 # May only shrink: remove an entry once its function or class is under the bar.
 OVER_THE_BAR = frozenset(
     {
-        "git/sshsig.py:verify_sshsig",
         "node/agent.py:Agent",
     }
 )

@@ -342,6 +342,57 @@ def verify_sshsig(
     against: git passes the commit's committer time. Omitted: now.
     Never raises on bad input; every refusal is a ``SignatureCheck`` with a reason.
     """
+    parsed = _parse(armored)
+    if isinstance(parsed, SignatureCheck):
+        return parsed
+    key_id = fingerprint(parsed.key_blob)
+    key_words = f"{_key_kind(parsed.key_blob)} key {key_id}"
+    if parsed.namespace != namespace.encode():
+        shown = parsed.namespace.decode("utf-8", "replace")
+        return SignatureCheck(
+            False,
+            f"signed for namespace {shown!r}, not {namespace!r} (made with `ssh-keygen -Y sign -n {shown}`?)",
+            key_id=key_id,
+        )
+    hasher = _MESSAGE_HASHES.get(parsed.hash_name.decode("ascii", "replace"))
+    if hasher is None:
+        return SignatureCheck(
+            False,
+            f"hash {parsed.hash_name.decode('ascii', 'replace')!r} is not sha256 or sha512",
+            key_id=key_id,
+        )
+    signed = (
+        MAGIC
+        + _ssh_string(parsed.namespace)
+        + _ssh_string(parsed.reserved)
+        + _ssh_string(parsed.hash_name)
+        + _ssh_string(hasher(message).digest())
+    )
+    try:
+        problem = _verify_raw(parsed.key_blob, parsed.signature, signed)
+    except ValueError as exc:
+        return SignatureCheck(False, f"the signature cannot be read: {exc}", key_id=key_id)
+    if problem:
+        return SignatureCheck(False, f"bad signature by {key_words}: {problem}", key_id=key_id)
+    moment = at if at is not None else datetime.now(UTC)
+    if moment.tzinfo is None:
+        moment = moment.astimezone()
+    return _signer_of(parsed.key_blob, key_id, key_words, allowed, namespace, moment)
+
+
+@dataclass(frozen=True)
+class _Sshsig:
+    """The fields of an SSHSIG blob, as read, not yet checked."""
+
+    key_blob: bytes
+    namespace: bytes
+    reserved: bytes
+    hash_name: bytes
+    signature: bytes
+
+
+def _parse(armored: str) -> _Sshsig | SignatureCheck:
+    """The SSHSIG inside ``armored``, or the refusal saying why there is none."""
     text = armored.strip()
     for marker, words in _FOREIGN_ARMOR.items():
         if text.startswith(marker):
@@ -358,48 +409,24 @@ def verify_sshsig(
         if reader.raw(6) != MAGIC:
             return SignatureCheck(False, "the SSH signature does not start with SSHSIG")
         version = reader.uint32()
-        key_blob = reader.string()
-        sig_namespace = reader.string()
-        reserved = reader.string()
-        hash_name = reader.string()
-        signature = reader.string()
+        fields = [reader.string() for _ in range(5)]
     except ValueError:
         return SignatureCheck(False, "the SSH signature is truncated")
     if version != 1:
         return SignatureCheck(False, f"SSH signature version {version} is not supported")
-    key_id = fingerprint(key_blob)
-    key_words = f"{_key_kind(key_blob)} key {key_id}"
-    if sig_namespace != namespace.encode():
-        shown = sig_namespace.decode("utf-8", "replace")
-        return SignatureCheck(
-            False,
-            f"signed for namespace {shown!r}, not {namespace!r} (made with `ssh-keygen -Y sign -n {shown}`?)",
-            key_id=key_id,
-        )
-    hasher = _MESSAGE_HASHES.get(hash_name.decode("ascii", "replace"))
-    if hasher is None:
-        return SignatureCheck(
-            False,
-            f"hash {hash_name.decode('ascii', 'replace')!r} is not sha256 or sha512",
-            key_id=key_id,
-        )
-    signed = (
-        MAGIC
-        + _ssh_string(sig_namespace)
-        + _ssh_string(reserved)
-        + _ssh_string(hash_name)
-        + _ssh_string(hasher(message).digest())
-    )
-    try:
-        problem = _verify_raw(key_blob, signature, signed)
-    except ValueError as exc:
-        return SignatureCheck(False, f"the signature cannot be read: {exc}", key_id=key_id)
-    if problem:
-        return SignatureCheck(False, f"bad signature by {key_words}: {problem}", key_id=key_id)
+    return _Sshsig(*fields)
 
-    moment = at if at is not None else datetime.now(UTC)
-    if moment.tzinfo is None:
-        moment = moment.astimezone()
+
+def _signer_of(
+    key_blob: bytes,
+    key_id: str,
+    key_words: str,
+    allowed: Sequence[AllowedSigner],
+    namespace: str,
+    moment: datetime,
+) -> SignatureCheck:
+    """The allowed signer a good signature by ``key_blob`` counts for at
+    ``moment``, or why none does (namespaces, validity windows)."""
     candidates = [s for s in allowed if s.key == key_blob]
     if not candidates:
         return SignatureCheck(
