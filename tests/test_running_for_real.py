@@ -40,7 +40,7 @@ from reconciler.spec.safe_yaml import load_yaml
 from tests.kit.ports import HeldPort
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGE = ROOT / "docs" / "operating.md"
+PAGE = ROOT / "docs/operating.md"
 SECTION = "## Running it for real"
 VARIABLES = ("FLEET", "PORT1", "PORT2", "PORT3")
 NODES = ("gpu-1", "gpu-2", "gpu-3")
