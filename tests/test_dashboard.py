@@ -116,7 +116,7 @@ def test_mermaid_diagram_of_active_rollouts_coloured_by_batch_state() -> None:
     assert '["batches 5-8<br/>0/4 ok · pending"]:::pending' in diagram
     assert '["batch 4<br/>0/10 ok · running"]:::running' in diagram
     assert "r1b1 --> r1b4 --> r1b5" in diagram
-    for state in ("done", "running", "held", "failed", "pending"):
+    for state in ("done", "running", "held", "failed", "unknown", "pending"):
         assert re.search(rf"^  classDef {state} fill:#", diagram, re.M)
 
 
