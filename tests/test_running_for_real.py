@@ -204,36 +204,51 @@ def run_script(
         "GIT_COMMITTER_EMAIL": "rita@example.com",
         "GIT_CONFIG_NOSYSTEM": "1",
     }
-    process = subprocess.Popen(
-        ["bash", "-euo", "pipefail", "-c", script],
-        cwd=home,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+    output = home / "output.txt"
+    with output.open("w") as out:
+        process = subprocess.Popen(
+            ["bash", "-euo", "pipefail", "-c", script],
+            cwd=home,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
-        stdout, _ = process.communicate(timeout=RUN_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        stop_group(process.pid)
-        stdout, _ = process.communicate()
-        return subprocess.CompletedProcess(process.args, -1, stdout + "\n(timed out)")
+        code = wait_for(process, fleet)
     finally:
-        stop_group(process.pid)
-    return subprocess.CompletedProcess(process.args, process.returncode, stdout)
+        stop_group(process)
+    return subprocess.CompletedProcess(process.args, code, output.read_text(errors="replace"))
 
 
-def stop_group(group: int, grace: float = 30.0) -> None:
-    """Stop every process the script left running (its session's group):
-    SIGTERM, then SIGKILL for what is still there after ``grace``."""
+def wait_for(process: subprocess.Popen[bytes], fleet: Path) -> int:
+    """The script's exit code; -1 when an agent lost its port to someone
+    else (it would never answer), or when ``RUN_TIMEOUT`` passed."""
+    deadline = time.monotonic() + RUN_TIMEOUT
+    while time.monotonic() < deadline:
+        code = process.poll()
+        if code is not None:
+            return code
+        if port_taken(fleet):
+            return -1
+        time.sleep(0.5)
+    return -1
+
+
+def stop_group(process: subprocess.Popen[bytes], grace: float = 30.0) -> None:
+    """Stop every process the script left running (its session's group,
+    whose id is the script's pid): SIGTERM, then SIGKILL for what is still
+    there after ``grace``. The script itself is reaped on the way, or its
+    zombie would keep the group alive."""
+    group = process.pid
     try:
         os.killpg(group, signal.SIGTERM)
     except ProcessLookupError:
         return
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline:
+        process.poll()
         try:
             os.killpg(group, 0)
         except ProcessLookupError:
@@ -241,3 +256,4 @@ def stop_group(group: int, grace: float = 30.0) -> None:
         time.sleep(0.1)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(group, signal.SIGKILL)
+    process.wait()
