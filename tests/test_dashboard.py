@@ -116,7 +116,7 @@ def test_mermaid_diagram_of_active_rollouts_coloured_by_batch_state() -> None:
     assert '["batches 5-8<br/>0/4 ok · pending"]:::pending' in diagram
     assert '["batch 4<br/>0/10 ok · running"]:::running' in diagram
     assert "r1b1 --> r1b4 --> r1b5" in diagram
-    for state in ("done", "running", "held", "failed", "pending"):
+    for state in ("done", "running", "held", "failed", "unknown", "pending"):
         assert re.search(rf"^  classDef {state} fill:#", diagram, re.M)
 
 
@@ -154,15 +154,15 @@ def test_no_rollouts_and_hostile_text_render_safely() -> None:
 def test_a_long_agent_error_is_clipped_and_the_instruction_kept() -> None:
     held = make_status("x", "paused", [("gpu-a4", 1, "failed")], hold="health_failed")
     assert held.hold is not None
-    message = hold_message("health_failed", nodes=["gpu-a4"], error="disk full " * 80)
+    message = hold_message("health_failed", rollout="x", nodes=["gpu-a4"], error="disk full " * 80)
     page = render_dashboard({"x": replace(held, hold=replace(held.hold, message=message))})
 
     [line] = [ln for ln in page.splitlines() if ln.startswith("- 🛑 **x**")]
     assert plain_text(line).endswith(
-        "; set a new resumeRequest to try it again, list it in skipNodes to give up on it, "
-        "or abort."
+        "; to try it again: reconciler resume x --push; to give up on it: reconciler skip x "
+        "gpu-a4 --push; to end the rollout: reconciler abort x --push."
     )
-    assert plain_text(line).count("gpu-a4") == 1  # named once
+    assert plain_text(line).count("gpu-a4") == 2  # named once, and in the skip command
 
 
 def test_pending_rollouts_a_person_must_unblock_are_explained() -> None:

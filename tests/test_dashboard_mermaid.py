@@ -64,7 +64,7 @@ def test_the_diagram_parses_in_table_order_with_neutral_rollout_boxes() -> None:
             "stroke:#d0d7de",
             "color:#24292f",
         ]
-    assert set(parsed["classes"]) == {"done", "running", "held", "failed", "pending"}
+    assert set(parsed["classes"]) == {"done", "running", "held", "failed", "unknown", "pending"}
 
 
 def test_a_failed_node_in_a_held_batch_marks_the_batch_failed() -> None:

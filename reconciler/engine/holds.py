@@ -10,6 +10,7 @@ import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 
+from reconciler.engine.evidence import JOB_FAILED, JOB_REFUSED
 from reconciler.spec.rollout_status import HOLD_NODES_SHOWN, Hold, NodeRecord
 from reconciler.spec.times import format_time
 
@@ -45,58 +46,86 @@ RESUME_OF_HELD: Mapping[str, str] = {
 # sending it again (docs/capacity.md).
 RESUME_OF_REASON: Mapping[str, str] = {"failure_budget_exceeded": CARRY_ON}
 
-# Why a hold exists and what the operator can do, by reason. The words in
-# braces other than {nodes}, {detail}, {batch} and {next} agree with the
-# number of held nodes (``AGREEING``): "gpu-b4 failed and was restored from
-# its backup", "gpu-b4, gpu-b5 failed and were restored from their backups".
+# Why a hold exists and what the operator can do, by reason: the commands
+# to run from a clone of the fleet repository (docs/cli.md). The words in
+# braces other than those ``hold_message`` fills agree with the number of
+# held nodes (``AGREEING``): "gpu-b4 failed and was restored from its
+# backup", "gpu-b4, gpu-b5 failed and were restored from their backups".
 HOLD_MESSAGES = {
-    "operator_paused": "paused by the operator (spec.paused is true); set paused: false to carry on",
+    "operator_paused": "paused by the operator (spec.paused is true); to carry on: {resume}",
     "pause_after_batch": (
-        "batch {batch} finished and pauseAfter holds here; set a new resumeRequest "
-        "to start batch {next}, or abort"
+        "batch {batch} finished and pauseAfter holds here; to start batch {next}: {resume}; "
+        "to end the rollout: {abort}"
     ),
     "health_failed": (
-        "health check failed on {nodes}{detail}; set a new resumeRequest to try {them} again, "
-        "list {them} in skipNodes to give up on {them}, or abort"
+        "{failure} on {nodes}{detail}; to try {them} again: {resume}; to give up on {them}: "
+        "{skip}{restore}; to end the rollout: {abort}"
     ),
     "health_unknown": (
-        "no health evidence from {nodes}{detail}; check {their} {agents}, then set a new "
-        "resumeRequest to try again, list {them} in skipNodes, or abort"
+        "no health evidence from {nodes}{detail}; check {their} {agents}, then to try again: "
+        "{resume}; to give up on {them}: {skip}; to end the rollout: {abort}"
     ),
     "retry_exhausted": (
-        "failed again after the automatic retry on {nodes}{detail}; set a new resumeRequest "
-        "to try once more, list {them} in skipNodes, or abort"
+        "failed again after the automatic retry on {nodes}{detail}; to try once more: "
+        "{resume}; to give up on {them}: {skip}{restore}; to end the rollout: {abort}"
     ),
     "stopped": (
-        "stopped on failure, {nodes} left as {they} {are}{detail}; set a new resumeRequest "
-        "to skip {them} and carry on, or abort"
+        "stopped on failure, {nodes} left as {they} {are}{detail}{restore}; to skip {them} "
+        "and carry on: {resume}; to end the rollout: {abort}"
     ),
     "rollback_pending": (
         "restoring {nodes} from {their} first {backups} after a failure{detail}; "
-        "wait for the restore, or abort"
+        "wait for the restore, or to end the rollout: {abort}"
     ),
     "rolled_back": (
-        "{nodes} failed and {were} restored from {their} {backups}{detail}; set a new "
-        "resumeRequest to skip {them} and carry on, or abort"
+        "{nodes} failed and {were} restored from {their} {backups}{detail}; to skip {them} "
+        "and carry on: {resume}; to end the rollout: {abort}"
     ),
     "rollback_failed": (
-        "restoring {nodes} failed{detail}; inspect {them} (reconciler backups NODE), then set "
-        "a new resumeRequest to skip {them} and carry on, or abort"
+        "restoring {nodes} failed{detail}; inspect {them} (reconciler backups NODE), then to "
+        "skip {them} and carry on: {resume}; to end the rollout: {abort}"
     ),
     "rollback_unavailable": (
-        "{nodes} failed and {have} no backup to restore{detail}; set a new resumeRequest "
-        "to try {them} again, list {them} in skipNodes, or abort"
+        "{nodes} failed and {have} no backup to restore{detail}; to try {them} again: "
+        "{resume}; to give up on {them}: {skip}; to end the rollout: {abort}"
     ),
     "dispatch_refused": (
         "cannot send jobs to {nodes}{detail}; fix the node {files} (maintenance, agent "
-        "address), then set a new resumeRequest, list {them} in skipNodes, or abort"
+        "address), then to try again: {resume}; to give up on {them}: {skip}; to end the "
+        "rollout: {abort}"
     ),
     "failure_budget_exceeded": (
         "more nodes failed than failureBudget allows: {nodes} ended failed, timed out or "
-        "unknown{detail}; set a new resumeRequest to carry on (observe recorded {them}, "
-        "and the next failure holds again), or abort"
+        "unknown{detail}; to carry on (observe recorded {them}, and the next failure holds "
+        "again): {resume}; to end the rollout: {abort}"
     ),
 }
+
+# The commands a hold message gives, filled with the rollout's name and
+# the held nodes (past ``HOLD_NODES_SHOWN`` of them, a placeholder).
+COMMANDS: Mapping[str, str] = {
+    "resume": "reconciler resume {rollout} --push",
+    "skip": "reconciler skip {rollout} {node_words} --push",
+    "abort": "reconciler abort {rollout} --push",
+    "rollback": "reconciler rollback {rollout} --nodes {node_commas} --push",
+}
+
+# What failed, in a health_failed hold, by how the failed nodes' errors
+# start (the evidence rules' words); "": errors that start differently.
+FAILURES: Mapping[str, str] = {
+    JOB_FAILED: "the apply failed",
+    JOB_REFUSED: "the agent refused the job",
+    "deadline passed": "the deadline passed",
+    "drift": "the config drifted",
+    "health check": "health check failed",
+    "": "failed",
+}
+# Failures after which the agent left or put back the previous config:
+# nothing to restore.
+UNCHANGED = frozenset({JOB_FAILED, JOB_REFUSED})
+# Holds whose message offers a restore from backups, on a live rollout.
+RESTORE_OFFERED = frozenset({"health_failed", "retry_exhausted", "stopped"})
+RESTORE_WORDS = "; to restore {them} from {their} first {backups}: {rollback}"
 
 # The words of HOLD_MESSAGES that agree with the number of nodes: (one, several).
 AGREEING: Mapping[str, tuple[str, str]] = {
@@ -118,35 +147,70 @@ DETAIL_LIMIT = 120
 # A pauseAfter entry with ``for`` (docs/rollouts.md): the hold lifts itself.
 TIMED_PAUSE_MESSAGE = (
     "batch {batch} finished and pauseAfter holds here until {until}, then batch {next} "
-    "starts by itself; set a new resumeRequest to start it now, or abort"
+    "starts by itself; to start it now: {resume}; to end the rollout: {abort}"
 )
 
 
 def hold_message(
     reason: str,
     *,
+    rollout: str,
     nodes: Sequence[str] = (),
     error: str = "",
+    errors: Sequence[str] = (),
     batch: int = 0,
     until: datetime | None = None,
+    live: bool = False,
 ) -> str:
-    """The message of a hold for ``reason``: the held ``nodes`` (the first
-    few, and how many more), the first one's ``error`` (clipped to
-    ``DETAIL_LIMIT``), the ``batch`` a pauseAfter holds after, and ``until``
-    when it lifts itself."""
+    """The message of ``rollout``'s hold for ``reason``: the held ``nodes``
+    (the first few, and how many more), the first one's ``error`` (clipped
+    to ``DETAIL_LIMIT``), what failed (from ``errors``, every held node's;
+    by default ``error`` alone), the ``batch`` a pauseAfter holds after and
+    ``until`` when it lifts itself, and the commands that answer it (a
+    restore only on a ``live`` rollout)."""
+    commands = _commands(rollout, nodes)
     if reason == "pause_after_batch" and until is not None:
-        return TIMED_PAUSE_MESSAGE.format(batch=batch, next=batch + 1, until=format_time(until))
+        return TIMED_PAUSE_MESSAGE.format(
+            batch=batch, next=batch + 1, until=format_time(until), **commands
+        )
+    failed = _failure(errors or (error,))
+    if reason == "health_failed" and failed:
+        error = error.removeprefix(failed).lstrip(": ")
     error = " ".join(error.split())
     if len(error) > DETAIL_LIMIT:
         error = error[: DETAIL_LIMIT - 1].rstrip() + "…"
     words = {word: forms[0 if len(nodes) == 1 else 1] for word, forms in AGREEING.items()}
+    offered = live and reason in RESTORE_OFFERED and failed not in UNCHANGED
+    restore = RESTORE_WORDS.format(**words, **commands) if offered else ""
     return HOLD_MESSAGES[reason].format(
         nodes=name_list(nodes),
         detail=f" ({error})" if error else "",
+        failure=FAILURES[failed],
         batch=batch,
         next=batch + 1,
+        restore=restore,
+        **commands,
         **words,
     )
+
+
+def _commands(rollout: str, nodes: Sequence[str]) -> dict[str, str]:
+    """``COMMANDS`` filled for ``rollout`` and its held ``nodes``."""
+    shown = nodes if len(nodes) <= HOLD_NODES_SHOWN else ()
+    return {
+        name: text.format(
+            rollout=rollout,
+            node_words=" ".join(shown) or "NODE...",
+            node_commas=",".join(shown) or "NODE,...",
+        )
+        for name, text in COMMANDS.items()
+    }
+
+
+def _failure(errors: Sequence[str]) -> str:
+    """The start in ``FAILURES`` that every one of ``errors`` begins with, else ""."""
+    starts = {next((s for s in FAILURES if s and e.startswith(s)), "") for e in errors}
+    return starts.pop() if len(starts) == 1 else ""
 
 
 def hold_over(
@@ -157,14 +221,18 @@ def hold_over(
     operator_paused: bool,
     now: datetime,
     failed: Sequence[str] = (),
+    *,
+    rollout: str,
+    live: bool = False,
 ) -> Hold | None:
-    """The rollout's hold, from the first cause that applies: the ``held``
+    """``rollout``'s hold, from the first cause that applies: the ``held``
     nodes (the current reason while some node is still held for it, else
     the first held node's); the pauseAfter batch ``paused_after`` (lifting
     itself at ``until``); the operator pause. ``current`` itself when
     nothing about it changed, so an idle pass writes nothing. A
     ``failure_budget_exceeded`` hold names every node the budget counts
-    (``failed``), not only those past it."""
+    (``failed``), not only those past it. The message offers a restore
+    only on a ``live`` rollout."""
     if held:
         reasons = [n.held for n in held]
         reason = current.reason if current is not None and current.reason in reasons else reasons[0]
@@ -173,13 +241,19 @@ def hold_over(
         if reason == "failure_budget_exceeded" and failed:
             names = tuple(failed)
         first = next(n for n in held if n.held == reason)
-        message = hold_message(reason, nodes=names, error=first.error)
+        errors = [n.error for n in held if n.held == reason]
+        message = hold_message(
+            reason, rollout=rollout, nodes=names, error=first.error, errors=errors, live=live
+        )
         return _hold(current, reason, message, names, now)
     if paused_after is not None:
-        message = hold_message("pause_after_batch", batch=paused_after, until=until)
+        message = hold_message(
+            "pause_after_batch", rollout=rollout, batch=paused_after, until=until
+        )
         return _hold(current, "pause_after_batch", message, (), now, until)
     if operator_paused:
-        return _hold(current, "operator_paused", hold_message("operator_paused"), (), now)
+        message = hold_message("operator_paused", rollout=rollout)
+        return _hold(current, "operator_paused", message, (), now)
     return None
 
 

@@ -902,8 +902,9 @@ class RolloutStep(StatusDraft):
             batch_nodes = (self.nodes[i] for i in self.batch_range(batch))
             until = timed_pause_until(spec.pause_for, batch, since, batch_nodes)
         failed = budget.counted(self.nodes) if any(n.held == budget.REASON for n in held) else []
-        hold = hold_over(held, self.hold, batch, until, self.operator_paused, self.now, failed)
-        self.hold = hold
+        live = self.frozen is not None and self.frozen.live
+        found = (held, self.hold, batch, until, self.operator_paused, self.now, failed)
+        self.hold = hold = hold_over(*found, rollout=self.name, live=live)
         if hold is None:
             self.set_phase("running", "pause lifted" if self.phase == "paused" else "running")
         else:

@@ -36,6 +36,7 @@ from reconciler.views.status_text import (
     batch_text,
     ordered,
     progress_text,
+    rollback_text,
     summarize,
 )
 
@@ -68,6 +69,16 @@ _HOLD_ICONS = {
     "rolled_back": "⏪",
 }
 
+# The conditions a rollout's step still keeps up to date once it has ended
+# (restores and rollback requests go on after the end); a terminal
+# rollout's other conditions describe a rollout that no longer acts, and
+# are not listed for a person.
+_TERMINAL_CONDITIONS = frozenset({"rollback_refused", "unverified_evidence"})
+
+# An ended rollout whose nodes a restore put back, is putting back or
+# failed to shows this icon, not its phase's.
+_ROLLED_BACK_ICON = "⏪"
+
 # Pending reasons that go away by themselves (another rollout ends, the
 # operator's own pause); every other pending reason (no nodes, invalid file,
 # unknown nodes, unverified, waiting for approval) needs a person.
@@ -79,6 +90,7 @@ _CLASSES = (
     ("running", "fill:#ddf4ff,stroke:#0969da,color:#0969da"),
     ("held", "fill:#fff8c5,stroke:#9a6700,color:#7d4e00"),
     ("failed", "fill:#ffebe9,stroke:#cf222e,color:#a40e26"),
+    ("unknown", "fill:#fbefff,stroke:#8250df,color:#6639ba"),
     ("pending", "fill:#f6f8fa,stroke:#8c959f,color:#57606a"),
 )
 
@@ -261,6 +273,8 @@ def _row(status: RolloutStatus) -> str:
 def _icon(status: RolloutStatus) -> str:
     if status.hold is not None and status.hold.reason in _HOLD_ICONS:
         return _HOLD_ICONS[status.hold.reason]
+    if status.terminal and rollback_text(status):
+        return _ROLLED_BACK_ICON
     return _PHASE_ICONS.get(status.phase, "")
 
 
@@ -286,7 +300,10 @@ _notes: dict[int, tuple[RolloutStatus, tuple[str, ...]]] = {}
 
 
 def _notes_of(status: RolloutStatus) -> tuple[str, ...]:
-    if status.hold is None and not status.conditions and status.phase != "pending":
+    conditions = status.conditions
+    if status.terminal:
+        conditions = tuple(c for c in conditions if c.type in _TERMINAL_CONDITIONS)
+    if status.hold is None and not conditions and status.phase != "pending":
         return ()
     lines: list[str] = []
     name = markdown.text(status.name)
@@ -306,7 +323,7 @@ def _notes_of(status: RolloutStatus) -> tuple[str, ...]:
     ):
         why = status.message or status.reason or "waiting"
         lines.append(f"- {_icon(status)} **{name}** pending `{status.reason}`: {_sentence(why)}")
-    for condition in status.conditions:
+    for condition in conditions:
         message = markdown.clip(condition.message, _CONDITION_LIMIT)
         if condition.type == "unverified" and waits_for_approval(status):
             wait = markdown.text(approval_wait(status))
@@ -488,6 +505,7 @@ def _diagram(active: list[RolloutStatus]) -> list[str]:
                 else f"batches {group.first}-{group.last}"
             )
             failed = f" · ✗{group.trouble} failed" if group.trouble else ""
+            failed += f" · ?{group.unknown} unknown" if group.unknown else ""
             label = f"{which}<br/>{group.ok}/{group.total} ok{failed} · {group.state}"
             if sizes:
                 label = f"{which} · {_group_sizes(sizes, group.first, group.last)}<br/>" + (

@@ -38,6 +38,15 @@ BAR_WIDTH = 10
 TROUBLE_STATES = frozenset(
     {"failed", "timed_out", "unknown", "stopped", "rollback_failed", "rollback_pending"}
 )
+# Of those, the one that is no verdict at all: shown apart ("?1"), never as failed.
+UNKNOWN = "unknown"
+# Node states a restore left or is leaving, by what a view says of them.
+RESTORE_WORDS = (
+    ("rolled_back", "rolled back"),
+    ("restoring", "restoring"),
+    ("rollback_failed", "rollback failed on"),
+)
+ROLLBACK_NAMES_SHOWN = 3
 # Attention order: what needs a person first, what is finished last.
 PHASE_ORDER = ("paused", "running", "scheduled", "pending", "failed", "aborted", "completed")
 
@@ -73,7 +82,8 @@ class Summary:
     phase: str
     done: int  # nodes that succeeded
     total: int
-    trouble: int  # nodes in TROUBLE_STATES
+    trouble: int  # nodes in TROUBLE_STATES but unknown: failed
+    unknown: int  # nodes whose verdict is unknown
     batch: int | None  # the batch in progress (or next), 1-based; None when none
     batch_count: int
     why: str  # hold reason, else the phase's reason (why pending, why it ended)
@@ -83,13 +93,15 @@ class Summary:
 
 def summarize(status: RolloutStatus) -> Summary:
     done = sum(1 for n in status.nodes if n.state == "succeeded")
-    trouble = sum(1 for n in status.nodes if n.state in TROUBLE_STATES)
+    unknown = sum(1 for n in status.nodes if n.state == UNKNOWN)
+    trouble = sum(1 for n in status.nodes if n.state in TROUBLE_STATES) - unknown
     return Summary(
         name=status.name,
         phase=status.phase,
         done=done,
         total=len(status.nodes),
         trouble=trouble,
+        unknown=unknown,
         batch=current_batch(status),
         batch_count=len(status.batches),
         why=_why(status),
@@ -99,6 +111,9 @@ def summarize(status: RolloutStatus) -> Summary:
 
 
 def _why(status: RolloutStatus) -> str:
+    restored = rollback_text(status) if status.terminal else ""
+    if restored:
+        return f"{status.reason}; {restored}" if status.reason else restored
     if status.hold is not None:
         if status.hold.until is not None:
             return f"{status.hold.reason} until {status.hold.until.strftime('%Y-%m-%d %H:%MZ')}"
@@ -108,6 +123,30 @@ def _why(status: RolloutStatus) -> str:
     if status.phase == "scheduled" and status.scheduled_for is not None:
         return "starts " + status.scheduled_for.strftime("%Y-%m-%d %H:%MZ")
     return status.reason
+
+
+def rollback_text(status: RolloutStatus, shown: int = ROLLBACK_NAMES_SHOWN) -> str:
+    """``rolled back gpu-a1, gpu-a2``: the nodes a restore put back, is
+    putting back or failed to (the first ``shown`` of each, and how many
+    more); "" when there are none."""
+    parts = []
+    for state, words in RESTORE_WORDS:
+        names = [n.name for n in status.nodes if n.state == state]
+        if names:
+            more = f" and {len(names) - shown} more" if len(names) > shown else ""
+            parts.append(f"{words} {', '.join(names[:shown])}{more}")
+    return "; ".join(parts)
+
+
+def ended_message(status: RolloutStatus) -> str:
+    """The phase's message; for a rollout that ended and was rolled back
+    since, what it ended with and what the rollbacks changed, so the counts
+    it gives stay true."""
+    restored = rollback_text(status, shown=len(status.nodes)) if status.terminal else ""
+    if not restored:
+        return status.message
+    ended = f"{status.message} when it ended" if status.message else "it ended"
+    return f"{ended}; since then {restored}"
 
 
 def waiting_text(waiting: Waiting) -> str:
@@ -148,13 +187,18 @@ def capacity_lines(frozen: FrozenSpec, nodes: Sequence[NodeRecord]) -> list[str]
 
 
 def current_batch(status: RolloutStatus) -> int | None:
-    """The batch being worked on: the first running one, else (while the
-    rollout is active) the next pending one."""
+    """The batch being worked on: the first running one; else, while the
+    rollout is held, the last one done (the hold comes after it); else,
+    while it runs, the next pending one."""
     if status.terminal or not status.batches:
         return None
     for batch in status.batches:
         if batch.state == "running":
             return batch.index
+    if status.phase == "paused":
+        done = [b.index for b in status.batches if b.state == "done"]
+        if done:
+            return done[-1]
     if status.phase in ("running", "paused"):
         return next((b.index for b in status.batches if b.state == "pending"), None)
     return None
@@ -189,12 +233,13 @@ def progress_bar(done: int, total: int, width: int = BAR_WIDTH) -> str:
 
 
 def progress_text(summary: Summary) -> str:
-    """``████░░░░░░ 4/8``, with ``✗1`` when nodes are in trouble; ``-``
-    before the rollout has nodes."""
+    """``████░░░░░░ 4/8``, with ``✗1`` when nodes failed and ``?1`` when
+    nodes are unknown; ``-`` before the rollout has nodes."""
     if not summary.total:
         return "-"
     text = f"{progress_bar(summary.done, summary.total)} {summary.done}/{summary.total}"
-    return text + (f" ✗{summary.trouble}" if summary.trouble else "")
+    text += f" ✗{summary.trouble}" if summary.trouble else ""
+    return text + (f" ?{summary.unknown}" if summary.unknown else "")
 
 
 def batch_text(summary: Summary) -> str:
@@ -234,48 +279,54 @@ def clip(text: str, width: int) -> str:
 class BatchGroup:
     """Consecutive batches shown as one: done and pending runs merge; a
     batch in progress stands alone. ``state``: done, running, held, failed
-    (done or running with nodes in trouble) or pending."""
+    (done or running with failed nodes), unknown (with unknown nodes and
+    none failed) or pending."""
 
     first: int
     last: int
     state: str
     ok: int  # nodes that succeeded
     total: int
-    trouble: int = 0  # nodes in TROUBLE_STATES
+    trouble: int = 0  # nodes in TROUBLE_STATES but unknown: failed
+    unknown: int = 0  # nodes whose verdict is unknown
 
 
 def batch_groups(status: RolloutStatus) -> list[BatchGroup]:
-    per_batch: dict[int, tuple[int, int, int, bool]] = {}  # ok, total, trouble, held
+    # ok, total, failed, unknown, held
+    per_batch: dict[int, tuple[int, int, int, int, bool]] = {}
     for node in status.nodes:
-        ok, total, trouble, held = per_batch.get(node.batch, (0, 0, 0, False))
+        ok, total, trouble, unknown, held = per_batch.get(node.batch, (0, 0, 0, 0, False))
         per_batch[node.batch] = (
             ok + (node.state == "succeeded"),
             total + 1,
-            trouble + (node.state in TROUBLE_STATES),
+            trouble + (node.state in TROUBLE_STATES and node.state != UNKNOWN),
+            unknown + (node.state == UNKNOWN),
             held or node.held is not None,
         )
     groups: list[BatchGroup] = []
     for batch in status.batches:
-        ok, total, trouble, held = per_batch.get(batch.index, (0, 0, 0, False))
-        if batch.state == "done":
-            state = "failed" if trouble else "done"
-        elif batch.state == "pending":
+        ok, total, trouble, unknown, held = per_batch.get(batch.index, (0, 0, 0, 0, False))
+        if batch.state == "pending":
             state = "pending"
         elif trouble:
             # A held batch with failed nodes is drawn failed: the hold is
             # the failure's doing.
             state = "failed"
+        elif unknown:
+            state = "unknown"
+        elif batch.state == "done":
+            state = "done"
         elif status.phase == "paused" and (held or status.hold is not None):
             state = "held"
         else:
-            state = "failed" if trouble else "running"
+            state = "running"
         last = groups[-1] if groups else None
         if last is not None and last.state == state and state in ("done", "pending"):
             groups[-1] = BatchGroup(
                 last.first, batch.index, state, last.ok + ok, last.total + total, last.trouble
             )
         else:
-            groups.append(BatchGroup(batch.index, batch.index, state, ok, total, trouble))
+            groups.append(BatchGroup(batch.index, batch.index, state, ok, total, trouble, unknown))
     return groups
 
 
@@ -386,7 +437,7 @@ def _hold_lines(status: RolloutStatus, colour: bool) -> list[str]:
             out += _wrapped(f"nodes: {nodes}", "            ")
     elif status.reason or status.message:
         out.append(f"  reason    {status.reason}")
-        out += _wrapped(status.message, "            ")
+        out += _wrapped(ended_message(status), "            ")
     if status.waiting is not None:
         out.append(f"  waiting   {waiting_text(status.waiting)} (deploy windows and freezes)")
     if status.operator_paused:
