@@ -17,6 +17,7 @@ if TYPE_CHECKING:  # imported when run, so that other verbs never pay for them
     from reconciler.daemon.loop import Daemon
     from reconciler.daemon.metrics import Metrics
     from reconciler.daemon.notifications import Notifier
+    from reconciler.daemon.state import DaemonState
     from reconciler.git.approval import Approver
     from reconciler.git.sshsig import AllowedSigner
     from reconciler.git.store import GitStore
@@ -232,7 +233,8 @@ def _run(args: argparse.Namespace, start_up: _StartUp) -> int:
     status_signers = (
         _status_signers(approver, key, args.sign_commits, log) if approver is not None else ()
     )
-    notifier = _notifier(store, approver, log, metrics)
+    state = DaemonState.for_branch(args.state_dir or default_state_root(), args.repo, args.branch)
+    notifier = _notifier(store, approver, log, metrics, state)
     client = AgentClient(key, concurrency=args.concurrency, timeout=args.agent_timeout)
     daemon = Daemon(
         store,
@@ -245,9 +247,7 @@ def _run(args: argparse.Namespace, start_up: _StartUp) -> int:
         notifier=notifier,
         environ=os.environ,
         plain=args.plain,
-        state=DaemonState.for_branch(
-            args.state_dir or default_state_root(), args.repo, args.branch
-        ),
+        state=state,
     )
     log.info(
         "start",
@@ -286,7 +286,11 @@ def _check_arguments(args: argparse.Namespace) -> None:
 
 
 def _notifier(
-    store: GitStore, approver: Approver | None, log: EventLog, metrics: Metrics
+    store: GitStore,
+    approver: Approver | None,
+    log: EventLog,
+    metrics: Metrics,
+    state: DaemonState,
 ) -> Notifier:
     """The receivers of the settings acted on, checked whole before the
     daemon starts: one that cannot be used stops the start (docs/operating.md)."""
@@ -295,7 +299,7 @@ def _notifier(
     tip = store.refresh()
     commit = tip if approver is None or tip is None else approver.approve(tip).verified_commit
     receivers = receivers_at(store, commit)
-    notifier = Notifier(resolve(receivers, os.environ), log=log, metrics=metrics)
+    notifier = Notifier(resolve(receivers, os.environ), log=log, metrics=metrics, state=state)
     notifier.receivers = receivers
     if receivers:
         log.info("notify_config", "receivers: " + ", ".join(r.name for r in receivers))
