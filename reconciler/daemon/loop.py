@@ -69,6 +69,7 @@ from reconciler.spec.rollout_status import RolloutStatus
 from reconciler.views import notification_events
 
 MAX_RACES = 20  # passes lost in a row to other writers before giving up
+REREAD = 60.0  # seconds: the longest a serving daemon waits between passes
 
 # One pass (docs/architecture.md), as the steps ``Daemon._attempt`` runs in
 # this order; each step's docstring says what it touches.
@@ -246,6 +247,8 @@ class Daemon:
                         outcome, read_everything = self._attempt()
                     if read_everything:
                         _freeze_long_lived()
+                    if not outcome.refused:
+                        self.metrics.passed()
                     return outcome
                 except RefMoved:
                     self.metrics.conflicts.inc()
@@ -551,7 +554,7 @@ class Daemon:
 
     # -- the loop ------------------------------------------------------------
 
-    def serve(self, watcher: BranchWatcher, *, interval: float, reread: float = 60.0) -> None:
+    def serve(self, watcher: BranchWatcher, *, interval: float, reread: float = REREAD) -> None:
         """Pass, then sleep until the branch changes, the next deadline, or
         the interval while a rollout is active; until ``stop``. A pass that
         raises is logged, counted and retried with backoff."""
@@ -646,4 +649,4 @@ def stop_on_signals(daemon: Daemon) -> Any:
             signal.signal(s, h)
 
 
-__all__ = ["Daemon", "PassOutcome", "stop_on_signals"]
+__all__ = ["REREAD", "Daemon", "PassOutcome", "stop_on_signals"]

@@ -236,6 +236,8 @@ class _Worker:
         self.destination = destination
         self.delivered = delivered
         self.name = destination.receiver.name
+        for counter in (metrics.sent, metrics.failed, metrics.dropped):
+            counter.labels(receiver=self.name)  # at 0 from the start
         self.log = log
         self.metrics = metrics
         self.backoff = backoff

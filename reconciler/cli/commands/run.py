@@ -111,7 +111,11 @@ def _add_trust_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _add_running_arguments(parser: argparse.ArgumentParser) -> None:
     """Metrics, logs, the remote's mirror and how it talks to agents."""
-    parser.add_argument("--metrics", metavar="HOST:PORT", help="serve Prometheus metrics here")
+    parser.add_argument(
+        "--metrics",
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics here (/metrics) and a health answer (/healthz)",
+    )
     parser.add_argument(
         "--log-format",
         choices=("text", "json"),
@@ -229,7 +233,11 @@ def _run(args: argparse.Namespace, start_up: _StartUp) -> int:
     )
     metrics = Metrics()
     if args.metrics:
-        metrics.serve(args.metrics)
+        served = metrics.serve(args.metrics, stale_after=_stale_after(args))
+        port = served.server_address[1]
+        host = args.metrics.rpartition(":")[0].strip("[]") or "127.0.0.1"
+        # Port 0 picks a free one: the line says which.
+        log.info("metrics", f"listening on {host}:{port} (/metrics, /healthz)")
     status_signers = (
         _status_signers(approver, key, args.sign_commits, log) if approver is not None else ()
     )
@@ -270,6 +278,15 @@ def _run(args: argparse.Namespace, start_up: _StartUp) -> int:
 
 
 NOTIFY_DRAIN = 10.0  # seconds `run --once` waits for its notifications
+
+
+def _stale_after(args: argparse.Namespace) -> float:
+    """How old the last successful pass may be before ``/healthz`` says 503:
+    a serving daemon passes at least once per interval, poll or reread,
+    whichever is longest; three of those leave room for a slow pass."""
+    from reconciler.daemon.loop import REREAD
+
+    return 3 * max(args.interval, args.poll, REREAD)
 
 
 def _check_arguments(args: argparse.Namespace) -> None:
