@@ -200,7 +200,7 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace, start_up: _StartUp) -> int:
     from reconciler.daemon import crashpoints
     from reconciler.daemon.agent_client import AgentClient
-    from reconciler.daemon.logs import EventLog
+    from reconciler.daemon.logs import EventLog, route_logging
     from reconciler.daemon.loop import Daemon
     from reconciler.daemon.metrics import Metrics
     from reconciler.daemon.state import DaemonState, default_state_root
@@ -212,6 +212,7 @@ def _run(args: argparse.Namespace, start_up: _StartUp) -> int:
     start_up.check()
     _check_arguments(args)
     log = EventLog(args.log_format)
+    route_logging(log)
     warning = loader_warning()
     if warning:
         log.warning("yaml_loader", warning)
@@ -270,6 +271,7 @@ def _run(args: argparse.Namespace, start_up: _StartUp) -> int:
         return _serve(daemon, store, args, log, metrics, start_up)
     finally:
         client.close()
+        log.flush()
         if notifier is not None:
             # One pass's events still go out; a hanging receiver delays the
             # exit this long at most (a restart delivers what is still true).

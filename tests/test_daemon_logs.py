@@ -1,0 +1,103 @@
+"""What the daemon writes to stderr (docs/operating.md): with ``--log-format
+json`` only JSON lines, whatever logs (our modules, libraries, threads), and
+lines that repeat folded into a count."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from reconciler.daemon.logs import EventLog, route_logging
+from tests.kit.daemons import DaemonProcess
+from tests.kit.documents import node_yaml, rollout_yaml
+from tests.kit.git import make_bare_repo
+from tests.kit.keys import make_key
+from tests.kit.ports import HeldPort
+
+SWEEP_EVERY_SECOND = (
+    "apiVersion: reconciler/v1\nkind: Settings\nspec:\n  fleetCheck: {interval: 1s}\n"
+)
+
+
+@pytest.mark.slow
+def test_with_json_logs_every_line_of_a_daemon_with_an_unreachable_agent_is_json(
+    tmp_path: Path, held_port: HeldPort
+) -> None:
+    key = make_key(tmp_path / "keys" / "reconciler")
+    agent = f"http://127.0.0.1:{held_port.port}"
+    bare = make_bare_repo(
+        tmp_path,
+        {
+            "nodes/web-1.yaml": node_yaml("web-1", agent),
+            "rollouts/web.yaml": rollout_yaml("web", nodeIds=["web-1"]),
+            "reconciler.yaml": SWEEP_EVERY_SECOND,
+        },
+        message="A rollout to a node whose agent refuses connections",
+    )
+    with DaemonProcess(
+        bare, key.private, "--log-format", "json", "--interval", "0.1s",
+        "--agent-timeout", "0.5s",
+    ) as daemon:  # fmt: skip
+        daemon.wait_line(lambda line: "dispatched" in line, 60, "the job recorded")
+        # The agent client's own log lines (stdlib logging), sweep after sweep.
+        daemon.wait_line(lambda line: "unusable" in line, 60, "the agent client's line")
+        count = len(daemon.lines)
+        daemon.wait_line(lambda line: len(daemon.lines) > count + 2, 60, "more lines")
+
+    assert daemon.lines
+    records = [json.loads(line) for line in daemon.lines]  # each one parses
+    assert all({"time", "level", "event", "message"} <= set(r) for r in records)
+    assert any(r["event"] == "stopped" for r in records)
+    unusable = [r for r in records if "unusable" in r["message"]]
+    assert unusable[0]["level"] == "warning"
+    assert unusable[0]["logger"] == "reconciler.daemon.agent_client"
+    # Repeats past five a minute are folded, and counted when the daemon stops.
+    assert len([r for r in unusable if "repeated" not in r]) <= 5 * 2
+
+
+def test_standard_library_records_become_lines_of_the_chosen_format() -> None:
+    stream = io.StringIO()
+    root = logging.getLogger()
+    saved = (list(root.handlers), root.level)
+    try:
+        route_logging(EventLog("json", stream=stream))
+        logging.getLogger("reconciler.daemon.agent_client").warning("agent at %s: %s", "x", "down")
+        try:
+            raise RuntimeError("boom")
+        except RuntimeError:
+            logging.getLogger("some.library").exception("it failed")
+    finally:
+        root.handlers[:], root.level = saved
+        logging.captureWarnings(False)
+
+    first, second = (json.loads(line) for line in stream.getvalue().splitlines())
+    assert (first["level"], first["event"], first["message"]) == (
+        "warning", "agent_client", "agent at x: down",
+    )  # fmt: skip
+    assert first["logger"] == "reconciler.daemon.agent_client"
+    assert (second["level"], second["event"]) == ("error", "library")
+    assert "RuntimeError: boom" in second["traceback"]
+
+
+def test_a_line_repeated_more_than_five_times_a_minute_is_folded_into_a_count() -> None:
+    now = [0.0]
+    stream = io.StringIO()
+    log = EventLog("json", stream=stream, clock=lambda: now[0])
+    for _ in range(12):
+        log.warning("poll_failed", "remote unreachable", remote="origin")
+        now[0] += 1
+    log.warning("poll_failed", "remote unreachable", remote="other")  # not alike
+    now[0] = 61.0
+    log.info("poll_recovered", "remote answers again")
+
+    records = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert [(r["event"], r.get("remote"), r.get("repeated")) for r in records] == [
+        *[("poll_failed", "origin", None)] * 5,
+        ("poll_failed", "other", None),
+        ("poll_failed", "origin", 7),
+        ("poll_recovered", None, None),
+    ]
