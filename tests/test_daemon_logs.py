@@ -14,8 +14,8 @@ import pytest
 from reconciler.daemon.logs import EventLog, route_logging
 from tests.kit.daemons import DaemonProcess
 from tests.kit.documents import node_yaml, rollout_yaml
-from tests.kit.git import make_bare_repo
-from tests.kit.keys import make_key
+from tests.kit.git import clone, commit_and_push, git, make_bare_repo
+from tests.kit.keys import Key, make_key
 from tests.kit.ports import HeldPort
 
 SWEEP_EVERY_SECOND = (
@@ -101,3 +101,38 @@ def test_a_line_repeated_more_than_five_times_a_minute_is_folded_into_a_count() 
         ("poll_failed", "origin", 7),
         ("poll_recovered", None, None),
     ]
+
+
+@pytest.mark.slow
+def test_a_refused_push_is_one_warning_naming_the_commit_and_why(
+    tmp_path: Path, held_port: HeldPort
+) -> None:
+    key = make_key(tmp_path / "keys" / "reconciler")
+    alice = make_key(tmp_path / "people" / "alice")
+    signers = tmp_path / "allowed_signers"
+    signers.write_text(f"alice@example.com {Key(alice.private).text}\n")
+    bare = make_bare_repo(
+        tmp_path,
+        {"nodes/web-1.yaml": node_yaml("web-1", f"http://127.0.0.1:{held_port.port}")},
+        message="Seed the fleet",
+    )
+    work = clone(bare, tmp_path / "work")
+    with DaemonProcess(
+        bare, key.private, "--log-format", "json", "--allowed-signers", str(signers),
+        "--interval", "0.1s",
+    ) as daemon:  # fmt: skip
+        daemon.wait_line(lambda line: '"start"' in line)
+        commit_and_push(work, {"rollouts/web.yaml": rollout_yaml("web", nodeIds=["web-1"])},
+                        "Roll out web, unsigned")  # fmt: skip
+        unsigned = git("rev-parse", "HEAD", cwd=work)
+        daemon.wait_line(lambda line: unsigned in line and "push_refused" in line, 60)
+        # Passes go on (a status commit says why nothing happens, passes re-read).
+        commit_and_push(work, {"nodes/web-2.yaml": node_yaml("web-2")}, "Another, unsigned")
+        second = git("rev-parse", "HEAD", cwd=work)
+        daemon.wait_line(lambda line: second in line and "push_refused" in line, 60)
+
+    refused = [json.loads(line) for line in daemon.seen(lambda line: "push_refused" in line)]
+    mine = [r for r in refused if r["commit"] in (unsigned, second)]
+    assert [r["commit"] for r in mine] == [unsigned, second]
+    assert all(r["level"] == "warning" and r["author"] for r in mine)
+    assert "not signed" in mine[0]["message"] or "signature" in mine[0]["message"]
