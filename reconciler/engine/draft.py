@@ -41,6 +41,8 @@ _CARRIED = (
     "operator_paused",
     "spec_commit",
     "approved_by",
+    "paused_by",
+    "aborted_by",
     "start_commit",
     "first_seen_commit",
     "scheduled_for",
@@ -72,6 +74,8 @@ class StatusDraft:
         self.operator_paused = s.operator_paused
         self.spec_commit = s.spec_commit
         self.approved_by = s.approved_by
+        self.paused_by = s.paused_by
+        self.aborted_by = s.aborted_by
         self.start_commit = s.start_commit
         self.first_seen_commit = s.first_seen_commit
         self.scheduled_for = s.scheduled_for
@@ -210,6 +214,7 @@ class StatusDraft:
         self.hold = None
         self.waiting = None
         self.operator_paused = False
+        self.paused_by = None
         self.finished_at = self.now
         self.set_phase(phase, reason)
 

@@ -10,7 +10,7 @@ import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 
-from reconciler.spec.rollout_status import HOLD_NODES_SHOWN, Hold, NodeRecord
+from reconciler.spec.rollout_status import HOLD_NODES_SHOWN, Hold, NodeRecord, OperatorAct
 from reconciler.spec.times import format_time
 
 # A node's health verdict; restores in flight.
@@ -157,6 +157,7 @@ def hold_over(
     operator_paused: bool,
     now: datetime,
     failed: Sequence[str] = (),
+    paused_by: OperatorAct | None = None,
 ) -> Hold | None:
     """The rollout's hold, from the first cause that applies: the ``held``
     nodes (the current reason while some node is still held for it, else
@@ -164,7 +165,8 @@ def hold_over(
     itself at ``until``); the operator pause. ``current`` itself when
     nothing about it changed, so an idle pass writes nothing. A
     ``failure_budget_exceeded`` hold names every node the budget counts
-    (``failed``), not only those past it."""
+    (``failed``), not only those past it. The operator pause names who
+    paused it and why (``paused_by``), when known."""
     if held:
         reasons = [n.held for n in held]
         reason = current.reason if current is not None and current.reason in reasons else reasons[0]
@@ -179,8 +181,19 @@ def hold_over(
         message = hold_message("pause_after_batch", batch=paused_after, until=until)
         return _hold(current, "pause_after_batch", message, (), now, until)
     if operator_paused:
-        return _hold(current, "operator_paused", hold_message("operator_paused"), (), now)
+        message = hold_message("operator_paused")
+        if paused_by is not None:
+            message += f" (paused by {paused_by.describe()})"
+        return _hold(current, "operator_paused", message, (), now)
     return None
+
+
+def operator_words(act: OperatorAct | None) -> tuple[str, str]:
+    """Who acted and why, for a message: ("the operator", "") when unknown."""
+    if act is None:
+        return "the operator", ""
+    subject = act.message.split("\n", 1)[0].strip()
+    return act.author, f" in {act.commit[:12]}" + (f": {subject}" if subject else "")
 
 
 def hold_since(current: Hold | None, reason: str, now: datetime) -> datetime:

@@ -61,6 +61,7 @@ from reconciler.engine.holds import (
     SKIP,
     hold_over,
     hold_since,
+    operator_words,
     restore_waiting,
 )
 from reconciler.engine.inputs import FleetStep, NodeChange, RolloutInput, Transition
@@ -449,6 +450,13 @@ class RolloutStep(StatusDraft):
             self.started_step()
         return self.build()
 
+    def abort(self, when: str = "") -> None:
+        """The operator's abort, recording who asked and why when known."""
+        by = self.inp.aborted_by
+        who, why = operator_words(by)
+        self.finish("aborted", "aborted", f"aborted by {who}{when}{why}")
+        self.aborted_by = by
+
     def note_approvals(self) -> None:
         """Record who approved the spec commit acted on: before start, as it
         is now; after start, only when the rollout's spec commit changes, so
@@ -476,7 +484,7 @@ class RolloutStep(StatusDraft):
                 return False
             return self.wait(*starts.unusable(inp.problems, inp.refusal))
         if spec.abort:
-            self.finish("aborted", "aborted", "aborted by the operator before start")
+            self.abort(" before start")
             return False
         ctx = self.ctx
         decision = starts.decide_start(
@@ -532,7 +540,7 @@ class RolloutStep(StatusDraft):
         if spec is None and not inp.file_present:
             self.finish("aborted", "spec_removed", "the rollout file was removed")
         elif spec is not None and spec.abort:
-            self.finish("aborted", "aborted", "aborted by the operator")
+            self.abort()
         if spec is None:
             problems = "; ".join(str(p) for p in inp.problems) or "the rollout file is invalid"
             self.set_condition(
@@ -547,6 +555,7 @@ class RolloutStep(StatusDraft):
             self.health_timeout = spec.health_timeout
             if not self.phase_terminal():
                 self.operator_paused = spec.paused
+                self.paused_by = inp.paused_by if spec.paused else None
         self.observe()
         self.health_conditions()
         if self.phase_terminal():
@@ -902,7 +911,9 @@ class RolloutStep(StatusDraft):
             batch_nodes = (self.nodes[i] for i in self.batch_range(batch))
             until = timed_pause_until(spec.pause_for, batch, since, batch_nodes)
         failed = budget.counted(self.nodes) if any(n.held == budget.REASON for n in held) else []
-        hold = hold_over(held, self.hold, batch, until, self.operator_paused, self.now, failed)
+        hold = hold_over(
+            held, self.hold, batch, until, self.operator_paused, self.now, failed, self.paused_by
+        )
         self.hold = hold
         if hold is None:
             self.set_phase("running", "pause lifted" if self.phase == "paused" else "running")
