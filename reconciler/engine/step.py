@@ -61,7 +61,6 @@ from reconciler.engine.holds import (
     SKIP,
     hold_over,
     hold_since,
-    operator_words,
     restore_waiting,
 )
 from reconciler.engine.inputs import FleetStep, NodeChange, RolloutInput, Transition
@@ -450,13 +449,6 @@ class RolloutStep(StatusDraft):
             self.started_step()
         return self.build()
 
-    def abort(self, when: str = "") -> None:
-        """The operator's abort, recording who asked and why when known."""
-        by = self.inp.aborted_by
-        who, why = operator_words(by)
-        self.finish("aborted", "aborted", f"aborted by {who}{when}{why}")
-        self.aborted_by = by
-
     def note_approvals(self) -> None:
         """Record who approved the spec commit acted on: before start, as it
         is now; after start, only when the rollout's spec commit changes, so
@@ -484,7 +476,7 @@ class RolloutStep(StatusDraft):
                 return False
             return self.wait(*starts.unusable(inp.problems, inp.refusal))
         if spec.abort:
-            self.abort(" before start")
+            self.abort(inp.aborted_by, " before start")
             return False
         ctx = self.ctx
         decision = starts.decide_start(
@@ -540,7 +532,7 @@ class RolloutStep(StatusDraft):
         if spec is None and not inp.file_present:
             self.finish("aborted", "spec_removed", "the rollout file was removed")
         elif spec is not None and spec.abort:
-            self.abort()
+            self.abort(inp.aborted_by)
         if spec is None:
             problems = "; ".join(str(p) for p in inp.problems) or "the rollout file is invalid"
             self.set_condition(
@@ -554,8 +546,7 @@ class RolloutStep(StatusDraft):
             self.check_frozen(spec)
             self.health_timeout = spec.health_timeout
             if not self.phase_terminal():
-                self.operator_paused = spec.paused
-                self.paused_by = inp.paused_by if spec.paused else None
+                self.pause_by_operator(spec.paused, inp.paused_by)
         self.observe()
         self.health_conditions()
         if self.phase_terminal():
