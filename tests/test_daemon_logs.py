@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.daemon.logs import EventLog, route_logging
+from reconciler.daemon.logs import EventLog, routed_logging
 from tests.kit.daemons import DaemonProcess
 from tests.kit.documents import node_yaml, rollout_yaml
 from tests.kit.git import clone, commit_and_push, git, make_bare_repo
@@ -62,17 +62,15 @@ def test_with_json_logs_every_line_of_a_daemon_with_an_unreachable_agent_is_json
 def test_standard_library_records_become_lines_of_the_chosen_format() -> None:
     stream = io.StringIO()
     root = logging.getLogger()
-    saved = (list(root.handlers), root.level)
-    try:
-        route_logging(EventLog("json", stream=stream))
+    before = list(root.handlers)
+    with routed_logging(EventLog("json", stream=stream)):
         logging.getLogger("reconciler.daemon.agent_client").warning("agent at %s: %s", "x", "down")
         try:
             raise RuntimeError("boom")
         except RuntimeError:
             logging.getLogger("some.library").exception("it failed")
-    finally:
-        root.handlers[:], root.level = saved
-        logging.captureWarnings(False)
+    logging.getLogger("reconciler.daemon.agent_client").warning("after: not routed")
+    assert root.handlers == before
 
     first, second = (json.loads(line) for line in stream.getvalue().splitlines())
     assert (first["level"], first["event"], first["message"]) == (

@@ -14,13 +14,14 @@ counted, and one ``repeated`` line says how many were left out.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sys
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
@@ -177,13 +178,13 @@ class _Forward(logging.Handler):
             self.handleError(record)
 
 
-def route_logging(log: EventLog) -> None:
-    """Send the root logger, warnings and exceptions in threads through
-    ``log``, and nothing else to stderr."""
+@contextlib.contextmanager
+def routed_logging(log: EventLog) -> Iterator[None]:
+    """While inside: the root logger, warnings and exceptions in threads
+    go through ``log``, and nothing else to stderr; as they were after."""
     root = logging.getLogger()
-    for handler in list(root.handlers):
-        root.removeHandler(handler)
-    root.addHandler(_Forward(log))
+    saved = (list(root.handlers), root.level, threading.excepthook)
+    root.handlers[:] = [_Forward(log)]
     root.setLevel(logging.DEBUG if log.min_level == 0 else logging.INFO)
     logging.captureWarnings(True)
 
@@ -196,6 +197,12 @@ def route_logging(log: EventLog) -> None:
         )  # fmt: skip
 
     threading.excepthook = thread_failed
+    try:
+        yield
+    finally:
+        root.handlers[:], level, threading.excepthook = saved
+        root.setLevel(level)
+        logging.captureWarnings(False)
 
 
 def _text(value: Any) -> str:

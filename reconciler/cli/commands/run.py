@@ -189,7 +189,11 @@ class _StoppedEarly(Exception):
 def run(args: argparse.Namespace) -> int:
     start_up = _StartUp()
     try:
-        return _run(args, start_up)
+        from reconciler.daemon.logs import EventLog, routed_logging
+
+        log = EventLog(args.log_format)
+        with routed_logging(log):  # every line of the process in one format
+            return _run(args, start_up, log)
     except _StoppedEarly as stopped:
         print(f"reconciler run: stopped by {stopped} during start-up", file=sys.stderr)
         return 0
@@ -197,10 +201,9 @@ def run(args: argparse.Namespace) -> int:
         start_up.restore()
 
 
-def _run(args: argparse.Namespace, start_up: _StartUp) -> int:
+def _run(args: argparse.Namespace, start_up: _StartUp, log: EventLog) -> int:
     from reconciler.daemon import crashpoints
     from reconciler.daemon.agent_client import AgentClient
-    from reconciler.daemon.logs import EventLog, route_logging
     from reconciler.daemon.loop import Daemon
     from reconciler.daemon.metrics import Metrics
     from reconciler.daemon.state import DaemonState, default_state_root
@@ -211,8 +214,6 @@ def _run(args: argparse.Namespace, start_up: _StartUp) -> int:
 
     start_up.check()
     _check_arguments(args)
-    log = EventLog(args.log_format)
-    route_logging(log)
     warning = loader_warning()
     if warning:
         log.warning("yaml_loader", warning)
