@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.daemon.logs import EventLog, routed_logging
+from reconciler.daemon.logs import REPEATS_KEPT, EventLog, routed_logging
 from tests.kit.daemons import DaemonProcess
 from tests.kit.documents import node_yaml, rollout_yaml
 from tests.kit.git import clone, commit_and_push, git, make_bare_repo
@@ -134,3 +134,12 @@ def test_a_refused_push_is_one_warning_naming_the_commit_and_why(
     assert [r["commit"] for r in mine] == [unsigned, second]
     assert all(r["level"] == "warning" and r["author"] for r in mine)
     assert "not signed" in mine[0]["message"] or "signature" in mine[0]["message"]
+
+
+def test_a_flood_of_distinct_lines_is_written_whole_and_not_kept_past_the_bound() -> None:
+    stream = io.StringIO()
+    log = EventLog("json", stream=stream, clock=lambda: 0.0)
+    for i in range(REPEATS_KEPT + 500):
+        log.info("sent", "apply accepted", node=f"n{i}")
+    assert len(stream.getvalue().splitlines()) == REPEATS_KEPT + 500
+    assert len(log._repeats.windows) <= REPEATS_KEPT + 1

@@ -31,6 +31,7 @@ from reconciler.spec.times import format_time
 LEVELS = ("debug", "info", "warning", "error")
 REPEATS_SHOWN = 5  # lines alike written per minute before the rest are counted
 REPEAT_WINDOW = 60.0  # seconds
+REPEATS_KEPT = 10_000  # distinct lines counted at once; the oldest window ends early
 
 
 class _Repeats:
@@ -56,7 +57,9 @@ class _Repeats:
         now, ended = self.clock(), []
         while self.windows:
             key, (start, count) = next(iter(self.windows.items()))
-            if now - start < self.window and not everything:
+            # Lines alike are few; a flood of distinct ones is not kept.
+            crowded = len(self.windows) > REPEATS_KEPT
+            if now - start < self.window and not everything and not crowded:
                 break
             del self.windows[key]
             if count > self.shown:
