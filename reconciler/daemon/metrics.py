@@ -13,6 +13,7 @@ Must not: decide anything, or read Git.
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -122,12 +123,13 @@ class Metrics:
         """Serve ``/metrics`` and ``/healthz`` on ``address`` in a thread."""
         self.health.stale_after = stale_after
         host, _, port = address.rpartition(":")
+        host = host.strip("[]") or "127.0.0.1"
         app = _dispatcher(make_wsgi_app(self.registry), self.health)
         server = make_server(
-            host.strip("[]") or "127.0.0.1",
+            host,
             int(port),
             app,
-            server_class=_ThreadingWSGIServer,
+            server_class=_ThreadingWSGIServer6 if ":" in host else _ThreadingWSGIServer,
             handler_class=_QuietHandler,
         )
         threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
@@ -193,6 +195,10 @@ def _json(start_response: _StartResponse, status: str, body: dict[str, Any]) -> 
 
 class _ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
     daemon_threads = True
+
+
+class _ThreadingWSGIServer6(_ThreadingWSGIServer):
+    address_family = socket.AF_INET6
 
 
 class _QuietHandler(WSGIRequestHandler):

@@ -237,7 +237,7 @@ def _run(args: argparse.Namespace, start_up: _StartUp, log: EventLog) -> int:
     if args.metrics:
         served = metrics.serve(args.metrics, stale_after=_stale_after(args))
         port = served.server_address[1]
-        host = args.metrics.rpartition(":")[0].strip("[]") or "127.0.0.1"
+        host = args.metrics.rpartition(":")[0] or "127.0.0.1"  # [::1] keeps its brackets
         # Port 0 picks a free one: the line says which.
         log.info("metrics", f"listening on {host}:{port} (/metrics, /healthz)")
     status_signers = (
