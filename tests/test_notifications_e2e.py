@@ -163,10 +163,13 @@ def test_the_rollouts_glob_filter_sends_only_matching_rollouts(tmp_path: Path, h
     assert everyone == ["db-a", "web-a"]
 
 
-def _daemon_process(kit: FleetKit, env: dict[str, str]) -> subprocess.Popen[str]:
+def _daemon_process(
+    kit: FleetKit, env: dict[str, str], state_dir: Path | None = None
+) -> subprocess.Popen[str]:
+    where = ["--state-dir", str(state_dir)] if state_dir is not None else []
     return subprocess.Popen(
         [sys.executable, "-m", "reconciler", "run", "--repo", str(kit.bare),
-         "--key", str(kit.key_path), "--interval", "0.1s"],
+         "--key", str(kit.key_path), "--interval", "0.1s", *where],
         env={**os.environ, **env},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -174,14 +177,14 @@ def _daemon_process(kit: FleetKit, env: dict[str, str]) -> subprocess.Popen[str]
     )  # fmt: skip
 
 
-def test_after_a_sigkill_and_restart_the_open_hold_is_delivered_again_with_the_same_id(
+def test_a_restart_that_lost_its_state_delivers_the_open_hold_again_with_the_same_id(
     tmp_path: Path, hook: Hook
 ) -> None:
     kit = make_kit(tmp_path, FAIL_WEB_1, "{name: ops, urlEnv: HOOK}")
     env = {"HOOK": hook.url}
     try:
         kit.push({"rollouts/web.yaml": rollout_yaml("web", selector={"role": "web"}, batchSize=2)})
-        first = _daemon_process(kit, env)
+        first = _daemon_process(kit, env, tmp_path / "state-first")
         try:
             (delivered,) = hook.wait_for(1, timeout=30)
         finally:
@@ -189,7 +192,7 @@ def test_after_a_sigkill_and_restart_the_open_hold_is_delivered_again_with_the_s
             first.wait(10)
         assert kit.statuses()["web"]["phase"] == "paused"
 
-        second = _daemon_process(kit, env)
+        second = _daemon_process(kit, env, tmp_path / "state-lost")
         try:
             again = hook.wait_for(2, timeout=30)
             time.sleep(1.5)  # passes go on; nothing else may arrive
@@ -204,6 +207,46 @@ def test_after_a_sigkill_and_restart_the_open_hold_is_delivered_again_with_the_s
         ("hold", delivered.delivery),
     ]
     assert again[1].json()["hold"] == delivered.json()["hold"]
+
+
+def _recorded(state_dir: Path, delivery: str) -> bool:
+    return any(
+        delivery in f.read_text().split() for f in state_dir.glob("*/delivered-*") if f.is_file()
+    )
+
+
+def test_a_restarted_daemon_never_posts_an_id_the_receiver_accepted_before(
+    tmp_path: Path, hook: Hook
+) -> None:
+    kit = make_kit(tmp_path, FAIL_WEB_1, "{name: ops, urlEnv: HOOK, format: slack}")
+    env = {"HOOK": hook.url}
+    state_dir = tmp_path / "state"
+    try:
+        kit.push({"rollouts/web.yaml": rollout_yaml("web", nodeIds=["web-1"])})
+        kit.push({"rollouts/done.yaml": rollout_yaml("done", nodeIds=["web-2"])})
+        first = _daemon_process(kit, env, state_dir)
+        try:
+            delivered = hook.wait_for(2, timeout=60)
+            deadline = time.monotonic() + 30
+            while not all(_recorded(state_dir, r.delivery) for r in delivered):
+                assert time.monotonic() < deadline, "the delivered ids were never recorded"
+                time.sleep(0.05)
+        finally:
+            first.send_signal(signal.SIGKILL)
+            first.wait(10)
+
+        for _ in range(2):  # a clean stop and a restart, twice
+            again = _daemon_process(kit, env, state_dir)
+            try:
+                time.sleep(3)  # passes go on; nothing may arrive
+            finally:
+                again.send_signal(signal.SIGTERM)
+                assert again.wait(15) == 0
+    finally:
+        kit.close()
+
+    assert sorted(r.event for r in hook.requests) == ["completed", "hold"]
+    assert len({r.delivery for r in hook.requests}) == 2
 
 
 @pytest.mark.parametrize(

@@ -30,7 +30,12 @@ from reconciler.spec.paths import (
     node_path,
     rollout_path,
 )
-from reconciler.spec.rollout_status import ApprovalRecord, RolloutStatus
+from reconciler.spec.rollout_status import (
+    ACT_MESSAGE_LIMIT,
+    ApprovalRecord,
+    OperatorAct,
+    RolloutStatus,
+)
 
 REQUEST_WALK = 1000  # spec commits searched for the one that asked for a rollback
 
@@ -40,6 +45,8 @@ class CommitSource(Protocol):
     a file's blob at a commit (``GitStore`` is one)."""
 
     def author(self, commit: str) -> str: ...
+
+    def commit_message(self, commit: str) -> str: ...
 
     def file_blob(self, commit: str, path: str) -> str | None: ...
 
@@ -326,6 +333,8 @@ class InputCache:
             first_seen_commit=first_seen,
             queue_key=history.position(first_seen) if first_seen in history else 1 << 62,
             author=_author(context, name, spec, recorded, spec_commit),
+            paused_by=_paused_by(context, name, spec, recorded, spec_commit),
+            aborted_by=_aborted_by(context, name, spec, recorded, spec_commit),
             refusal=context.refusal,
             approved_by=context.approved_by,
         )
@@ -361,9 +370,65 @@ def _author(
     return source.author(_request_commit(context, name, request.id, spec_commit))
 
 
+def _paused_by(
+    context: Context,
+    name: str,
+    spec: RolloutSpec | None,
+    recorded: RolloutStatus | None,
+    spec_commit: str | None,
+) -> OperatorAct | None:
+    """Who set ``paused: true``, while it is true: the status's record once
+    it has one, else the commit that set it (searched once)."""
+    if spec is None or not spec.paused or not spec_commit:
+        return None
+    if recorded is not None and recorded.operator_paused and recorded.paused_by is not None:
+        return recorded.paused_by
+    return _act(context, name, spec_commit, lambda r: r.paused)
+
+
+def _aborted_by(
+    context: Context,
+    name: str,
+    spec: RolloutSpec | None,
+    recorded: RolloutStatus | None,
+    spec_commit: str | None,
+) -> OperatorAct | None:
+    """Who set ``abort: true``: looked up only before the abort is
+    recorded (a terminal status keeps its own)."""
+    if spec is None or not spec.abort or not spec_commit:
+        return None
+    if recorded is not None and recorded.terminal:
+        return recorded.aborted_by
+    return _act(context, name, spec_commit, lambda r: r.abort)
+
+
+def _act(
+    context: Context, name: str, spec_commit: str, holds: Callable[[RolloutSpec], bool]
+) -> OperatorAct:
+    """The author and message of the commit that made ``holds`` true of
+    the rollout: the oldest in the unbroken run ending at ``spec_commit``."""
+    commit = _oldest_in_run(context, name, spec_commit, holds)
+    source = context.source
+    message = source.commit_message(commit).strip()[:ACT_MESSAGE_LIMIT]
+    return OperatorAct(source.author(commit), commit, message)
+
+
 def _request_commit(context: Context, name: str, request_id: str, start: str) -> str:
     """The oldest spec commit in the unbroken run, ending at ``start``,
     whose ``rollouts/NAME.yaml`` carries rollbackRequest ``request_id``."""
+
+    def carries(rollout: RolloutSpec) -> bool:
+        asked = rollout.rollback_request
+        return asked is not None and asked.id == request_id
+
+    return _oldest_in_run(context, name, start, carries)
+
+
+def _oldest_in_run(
+    context: Context, name: str, start: str, holds: Callable[[RolloutSpec], bool]
+) -> str:
+    """The oldest spec commit in the unbroken run, ending at ``start``,
+    whose ``rollouts/NAME.yaml`` is a rollout of which ``holds`` is true."""
     history = context.history
     path = rollout_path(name)
     found = start
@@ -377,8 +442,7 @@ def _request_commit(context: Context, name: str, request_id: str, start: str) ->
         walked += 1
         blob = context.source.file_blob(commit, path)
         rollout = context.parse(blob, path).rollout if blob is not None else None
-        asked = rollout.rollback_request if rollout is not None else None
-        if asked is None or asked.id != request_id or walked > REQUEST_WALK:
+        if rollout is None or not holds(rollout) or walked > REQUEST_WALK:
             break
         found = commit
     return found

@@ -58,7 +58,7 @@ from reconciler.engine import fleet as fleet_rules
 from reconciler.engine import step as engine
 from reconciler.engine.memo import StepMemo
 from reconciler.engine.step import FleetStep, RolloutInput
-from reconciler.git.approval import Approver
+from reconciler.git.approval import Approver, Refusal
 from reconciler.git.sshsig import AllowedSigner
 from reconciler.git.store import GitStore
 from reconciler.git.watch import BranchWatcher
@@ -69,6 +69,7 @@ from reconciler.spec.rollout_status import RolloutStatus
 from reconciler.views import notification_events
 
 MAX_RACES = 20  # passes lost in a row to other writers before giving up
+REREAD = 60.0  # seconds: the longest a serving daemon waits between passes
 
 # One pass (docs/architecture.md), as the steps ``Daemon._attempt`` runs in
 # this order; each step's docstring says what it touches.
@@ -181,6 +182,7 @@ class Daemon:
         self._status_signers = tuple(status_signers)
         self._announced = False  # standing events handed to the notifier once, on start
         self._reported: set[str] = set()  # problems already logged, to log each once
+        self._refused: set[str] = set()  # refused spec commits already logged
         self.reader = self._new_reader()
         self.observer = Observer(
             client,
@@ -246,6 +248,8 @@ class Daemon:
                         outcome, read_everything = self._attempt()
                     if read_everything:
                         _freeze_long_lived()
+                    if not outcome.refused:
+                        self.metrics.passed()
                     return outcome
                 except RefMoved:
                     self.metrics.conflicts.inc()
@@ -309,6 +313,8 @@ class Daemon:
         fleet's keys and pins before any job, and each rollout's engine
         input. Touches: the reader's caches and the last-acted marker."""
         p.snapshot, p.delta = snapshot, delta = self.reader.read(p.tip)
+        if snapshot.approval is not None:
+            self._log_refusals(snapshot.approval.refusals)
         self.observer.use_fleet(snapshot.documents.fleet)
         built = self.reader.inputs(snapshot, delta)
         p.inputs, p.input_changes = built.inputs, built.changes
@@ -545,13 +551,31 @@ class Daemon:
             self._reported.clear()
         self.log.warning(event, message, **fields)
 
+    def _log_refusals(self, refusals: Sequence[Refusal]) -> None:
+        """A pushed spec commit not acted on (unsigned, short of approvals):
+        one warning per commit, with who made it and why, besides the
+        status that says so. A move backwards is ``verified_moved_back``."""
+        for refusal in refusals:
+            if not refusal.author or refusal.commit in self._refused:
+                continue
+            if len(self._refused) > 10_000:
+                self._refused.clear()
+            self._refused.add(refusal.commit)
+            self.log.warning(
+                "push_refused",
+                f"commit {refusal.commit[:12]} by {refusal.author} is not acted on: "
+                f"{refusal.reason}",
+                commit=refusal.commit,
+                author=refusal.author,
+            )
+
     def _swept(self, sweep: Sweep) -> None:
         self.metrics.fleet_sweeps.inc()
         self.metrics.fleet_sweep_seconds.observe(sweep.seconds)
 
     # -- the loop ------------------------------------------------------------
 
-    def serve(self, watcher: BranchWatcher, *, interval: float, reread: float = 60.0) -> None:
+    def serve(self, watcher: BranchWatcher, *, interval: float, reread: float = REREAD) -> None:
         """Pass, then sleep until the branch changes, the next deadline, or
         the interval while a rollout is active; until ``stop``. A pass that
         raises is logged, counted and retried with backoff."""
@@ -646,4 +670,4 @@ def stop_on_signals(daemon: Daemon) -> Any:
             signal.signal(s, h)
 
 
-__all__ = ["Daemon", "PassOutcome", "stop_on_signals"]
+__all__ = ["REREAD", "Daemon", "PassOutcome", "stop_on_signals"]

@@ -1,15 +1,61 @@
-"""Prometheus metrics of the daemon, served as text on ``--metrics HOST:PORT``."""
+"""Prometheus metrics of the daemon and its health answer, served on
+``--metrics HOST:PORT``: ``/metrics`` (Prometheus text) and ``/healthz``
+(200 while the last successful pass is recent, 503 with the reason
+otherwise); any other path is 404.
+
+Every labelled counter and gauge starts at 0 for each of its known label
+values, so a rate or an alert works from the first scrape. The server is
+prometheus_client's WSGI app behind a small dispatcher on ``wsgiref``'s
+threading server, as prometheus_client's own ``start_http_server`` runs.
+Must not: decide anything, or read Git.
+"""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable
+from importlib.metadata import PackageNotFoundError, version
+from socketserver import ThreadingMixIn
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
+
+from reconciler.spec.fleet_status import FLEET_STATES
+from reconciler.spec.rollout_status import HOLD_REASONS, JOB_KINDS, NODE_STATES, PHASES
+
+PASS_ERROR_KINDS = ("store", "host_key", "unexpected")
+SENT_KINDS = (*JOB_KINDS, "resend")
+UNVERIFIED_KINDS = ("job", "heartbeat")
+
+_StartResponse = Callable[[str, list[tuple[str, str]]], Any]
+
+
+def build_version() -> str:
+    try:
+        return version("reconciler")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown"
 
 
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        self.build_info = Gauge(
+            "reconciler_build_info", "The running daemon's version (always 1)", ["version"],
+            registry=r,
+        )  # fmt: skip
+        self.build_info.labels(version=build_version()).set(1)
         self.passes = Counter("reconciler_passes", "Reconcile passes run", registry=r)
+        self.last_pass = Gauge(
+            "reconciler_last_successful_pass_timestamp_seconds",
+            "When the last pass that ran to its end finished (Unix time; 0: none yet)",
+            registry=r,
+        )
         self.pass_errors = Counter(
             "reconciler_pass_errors", "Passes that could not run", ["kind"], registry=r
         )
@@ -36,6 +82,10 @@ class Metrics:
             registry=r,
         )
         self.rollouts = Gauge("reconciler_rollouts", "Rollouts by phase", ["phase"], registry=r)
+        self.holds = Gauge(
+            "reconciler_holds", "Rollouts held, by the reason of their hold", ["reason"],
+            registry=r,
+        )  # fmt: skip
         self.fleet_nodes = Gauge(
             "reconciler_fleet_nodes",
             "Nodes by fleet state (status/fleet.yaml)",
@@ -54,7 +104,103 @@ class Metrics:
         self.poll_failures = Counter(
             "reconciler_poll_failures", "Polls of a remote's branches that failed", registry=r
         )
+        _start_at_zero(self.pass_errors, "kind", PASS_ERROR_KINDS)
+        _start_at_zero(self.jobs_sent, "kind", SENT_KINDS)
+        _start_at_zero(self.verdicts, "state", NODE_STATES)
+        _start_at_zero(self.unverified_answers, "kind", UNVERIFIED_KINDS)
+        _start_at_zero(self.rollouts, "phase", PHASES)
+        _start_at_zero(self.holds, "reason", HOLD_REASONS)
+        _start_at_zero(self.fleet_nodes, "state", FLEET_STATES)
+        self.health = Health()
 
-    def serve(self, address: str) -> None:
+    def passed(self) -> None:
+        """A pass ran to its end: the daemon is alive."""
+        now = time.time()
+        self.last_pass.set(now)
+        self.health.passed(now)
+
+    def serve(self, address: str, stale_after: float = 180.0) -> WSGIServer:
+        """Serve ``/metrics`` and ``/healthz`` on ``address`` in a thread."""
+        self.health.stale_after = stale_after
         host, _, port = address.rpartition(":")
-        start_http_server(int(port), addr=host or "127.0.0.1", registry=self.registry)
+        host = host.strip("[]") or "127.0.0.1"
+        app = _dispatcher(make_wsgi_app(self.registry), self.health)
+        server = make_server(
+            host,
+            int(port),
+            app,
+            server_class=_ThreadingWSGIServer6 if ":" in host else _ThreadingWSGIServer,
+            handler_class=_QuietHandler,
+        )
+        threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+        return server
+
+
+def _start_at_zero(metric: Counter | Gauge, label: str, values: Iterable[str]) -> None:
+    for value in values:
+        metric.labels(**{label: value})
+
+
+class Health:
+    """Whether the daemon passes: healthy while its last successful pass
+    ended less than ``stale_after`` seconds ago (the daemon passes at least
+    once per reread, interval or poll, whichever is longest)."""
+
+    def __init__(self, stale_after: float = 180.0, clock: Callable[[], float] = time.time) -> None:
+        self.stale_after = stale_after
+        self.clock = clock
+        self.last: float | None = None
+
+    def passed(self, when: float) -> None:
+        self.last = when
+
+    def answer(self) -> tuple[bool, dict[str, Any]]:
+        """(healthy, a JSON body that says why)."""
+        last = self.last
+        if last is None:
+            return False, {"status": "starting", "reason": "no pass has ended yet"}
+        age = max(self.clock() - last, 0.0)
+        body = {"lastPassAgeSeconds": round(age, 3), "staleAfterSeconds": self.stale_after}
+        if age > self.stale_after:
+            reason = (
+                f"the last successful pass ended {age:.0f}s ago (more than "
+                f"{self.stale_after:.0f}s): passes fail or hang; see the pass_failed log lines"
+            )
+            return False, {"status": "stale", "reason": reason, **body}
+        return True, {"status": "ok", **body}
+
+
+def _dispatcher(metrics_app: Callable[..., Iterable[bytes]], health: Health) -> Any:
+    def app(environ: dict[str, Any], start_response: _StartResponse) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "")
+        if path == "/metrics":
+            return metrics_app(environ, start_response)
+        if path == "/healthz":
+            healthy, body = health.answer()
+            return _json(start_response, "200 OK" if healthy else "503 Service Unavailable", body)
+        return _json(
+            start_response, "404 Not Found", {"error": "not found: try /metrics or /healthz"}
+        )
+
+    return app
+
+
+def _json(start_response: _StartResponse, status: str, body: dict[str, Any]) -> list[bytes]:
+    data = json.dumps(body).encode() + b"\n"
+    start_response(
+        status, [("Content-Type", "application/json"), ("Content-Length", str(len(data)))]
+    )
+    return [data]
+
+
+class _ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _ThreadingWSGIServer6(_ThreadingWSGIServer):
+    address_family = socket.AF_INET6
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """Scrapes are not events: nothing is written per request."""

@@ -9,6 +9,13 @@ then dropped; any other answer (a 4xx) is logged and dropped. Every retry
 carries the same delivery id. Counters per receiver: sent, failed
 (attempts that will be retried) and dropped.
 
+With a state directory (``run --state-dir``), the delivery ids a
+receiver accepted are kept there, the newest ``REMEMBERED_IDS`` per
+receiver, written after each success: chat receivers do not drop
+duplicates, so an id once accepted is never posted to that receiver again,
+across restarts too. Without one, a restart delivers again what is still
+true (at least once).
+
 Configuration is checked whole before anything starts: each receiver's URL
 must be set in the environment and be http(s), its secret set when named;
 ``ReceiverConfigError`` lists every problem, naming the receiver. The URL is
@@ -36,6 +43,7 @@ from prometheus_client import Counter
 
 from reconciler.daemon.logs import EventLog
 from reconciler.daemon.metrics import Metrics
+from reconciler.daemon.state import DaemonState
 from reconciler.spec.documents import parse_file
 from reconciler.spec.errors import ReconcilerError
 from reconciler.spec.model import Receiver
@@ -46,7 +54,7 @@ if TYPE_CHECKING:
     from reconciler.git.store import GitStore
 
 QUEUE_SIZE = 1000  # events waiting per receiver; more are dropped and counted
-REMEMBERED_IDS = 10_000  # delivery ids per receiver already queued, to queue each once
+REMEMBERED_IDS = 10_000  # delivery ids per receiver queued or accepted, to post each once
 BACKOFF_FIRST = 1.0  # seconds
 BACKOFF_CAP = 300.0  # 5 min
 GIVE_UP_AFTER = 3600.0  # 1 h
@@ -184,6 +192,34 @@ class Backoff:
     give_up: float = GIVE_UP_AFTER
 
 
+class Delivered:
+    """The delivery ids one receiver accepted, oldest first, kept in the
+    state directory (one file per receiver) so that a restart never posts
+    one again. Without a state directory it remembers nothing."""
+
+    def __init__(self, state: DaemonState | None, receiver: str) -> None:
+        self.state = state
+        digest = hashlib.sha256(receiver.encode()).hexdigest()[:16]
+        self.name = f"delivered-{digest}"
+        self.ids: OrderedDict[str, None] = OrderedDict()
+        text = state.read(self.name) if state is not None else None
+        for line in (text or "").splitlines():
+            if line.strip():
+                self.ids[line.strip()] = None
+
+    def __contains__(self, delivery_id: str) -> bool:
+        return delivery_id in self.ids
+
+    def add(self, delivery_id: str) -> None:
+        """Record an accepted id, written at once (atomically)."""
+        self.ids[delivery_id] = None
+        self.ids.move_to_end(delivery_id)
+        while len(self.ids) > REMEMBERED_IDS:
+            self.ids.popitem(last=False)
+        if self.state is not None:
+            self.state.write(self.name, "".join(f"{i}\n" for i in self.ids))
+
+
 class _Worker:
     """One receiver's queue and the thread that empties it in order."""
 
@@ -195,9 +231,13 @@ class _Worker:
         backoff: Backoff,
         timeout: float,
         queue_size: int,
+        delivered: Delivered,
     ) -> None:
         self.destination = destination
+        self.delivered = delivered
         self.name = destination.receiver.name
+        for counter in (metrics.sent, metrics.failed, metrics.dropped):
+            counter.labels(receiver=self.name)  # at 0 from the start
         self.log = log
         self.metrics = metrics
         self.backoff = backoff
@@ -210,8 +250,9 @@ class _Worker:
         self.thread.start()
 
     def offer(self, event: Event) -> None:
-        """Queue ``event`` unless it was queued before; never blocks."""
-        if event.delivery_id in self.queued:
+        """Queue ``event`` unless it was queued or accepted before; never
+        blocks."""
+        if event.delivery_id in self.queued or event.delivery_id in self.delivered:
             return
         try:
             self.queue.put_nowait(event)
@@ -258,6 +299,14 @@ class _Worker:
             finally:
                 self.busy = False
 
+    def _remember(self, event: Event) -> None:
+        try:
+            self.delivered.add(event.delivery_id)
+        except ReconcilerError as exc:  # the post went out; only the record is lost
+            self.log.error("notify_record", f"{exc}; a restart may post it again", **{
+                "receiver": self.name, "delivery": event.delivery_id,
+            })  # fmt: skip
+
     def _deliver(self, event: Event) -> None:
         body, headers = self.destination.request(event)
         fields = {"receiver": self.name, "notification": event.name, "delivery": event.delivery_id}
@@ -275,6 +324,7 @@ class _Worker:
             else:
                 if answer.is_success:
                     self.metrics.sent.labels(receiver=self.name).inc()
+                    self._remember(event)
                     self.log.info("notified", f"{event.name} delivered", attempt=attempt, **fields)
                     return
                 if answer.status_code < 500:
@@ -320,8 +370,10 @@ class Notifier:
         timeout: float = REQUEST_TIMEOUT,
         queue_size: int = QUEUE_SIZE,
         environ: Mapping[str, str] | None = None,
+        state: DaemonState | None = None,
     ) -> None:
         self.log = log or EventLog()
+        self.state = state
         self.metrics = NotificationMetrics(metrics or Metrics())
         self.backoff = backoff
         self.timeout = timeout
@@ -339,7 +391,7 @@ class Notifier:
             if name not in self.workers:
                 self.workers[name] = _Worker(
                     destination, self.log, self.metrics, self.backoff, self.timeout,
-                    self.queue_size,
+                    self.queue_size, Delivered(self.state, name),
                 )  # fmt: skip
         self.receivers = tuple(d.receiver for d in destinations)
 

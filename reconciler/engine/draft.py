@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from reconciler.engine import lifecycle
-from reconciler.engine.holds import RESTORE_STATES
+from reconciler.engine.holds import RESTORE_STATES, operator_words
 from reconciler.engine.inputs import NodeChange, Transition
 from reconciler.protocol.effects import SendJob
 from reconciler.spec.rollout_status import (
@@ -24,6 +24,7 @@ from reconciler.spec.rollout_status import (
     BatchRecord,
     Condition,
     NodeRecord,
+    OperatorAct,
     RolloutStatus,
     TransitionRecord,
     batch_members,
@@ -41,6 +42,8 @@ _CARRIED = (
     "operator_paused",
     "spec_commit",
     "approved_by",
+    "paused_by",
+    "aborted_by",
     "start_commit",
     "first_seen_commit",
     "scheduled_for",
@@ -72,6 +75,8 @@ class StatusDraft:
         self.operator_paused = s.operator_paused
         self.spec_commit = s.spec_commit
         self.approved_by = s.approved_by
+        self.paused_by = s.paused_by
+        self.aborted_by = s.aborted_by
         self.start_commit = s.start_commit
         self.first_seen_commit = s.first_seen_commit
         self.scheduled_for = s.scheduled_for
@@ -210,8 +215,21 @@ class StatusDraft:
         self.hold = None
         self.waiting = None
         self.operator_paused = False
+        self.paused_by = None
         self.finished_at = self.now
         self.set_phase(phase, reason)
+
+    def abort(self, by: OperatorAct | None, when: str = "") -> None:
+        """End the rollout ``aborted`` by the operator, naming who asked and
+        why when known."""
+        who, why = operator_words(by)
+        self.finish("aborted", "aborted", f"aborted by {who}{when}{why}")
+        self.aborted_by = by
+
+    def pause_by_operator(self, paused: bool, by: OperatorAct | None) -> None:
+        """Record ``spec.paused``, and who set it while it is true."""
+        self.operator_paused = paused
+        self.paused_by = by if paused else None
 
     def set_condition(self, type_: str, message: str | None) -> None:
         """Add, change or (message None) remove the condition of this type."""

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 
 from reconciler.engine.evidence import JOB_FAILED, JOB_REFUSED
-from reconciler.spec.rollout_status import HOLD_NODES_SHOWN, Hold, NodeRecord
+from reconciler.spec.rollout_status import HOLD_NODES_SHOWN, Hold, NodeRecord, OperatorAct
 from reconciler.spec.times import format_time
 
 # A node's health verdict; restores in flight.
@@ -221,6 +221,7 @@ def hold_over(
     operator_paused: bool,
     now: datetime,
     failed: Sequence[str] = (),
+    paused_by: OperatorAct | None = None,
     *,
     rollout: str,
     live: bool = False,
@@ -232,7 +233,8 @@ def hold_over(
     nothing about it changed, so an idle pass writes nothing. A
     ``failure_budget_exceeded`` hold names every node the budget counts
     (``failed``), not only those past it. The message offers a restore
-    only on a ``live`` rollout."""
+    only on a ``live`` rollout. The operator pause names who paused it and
+    why (``paused_by``), when known."""
     if held:
         reasons = [n.held for n in held]
         reason = current.reason if current is not None and current.reason in reasons else reasons[0]
@@ -253,8 +255,18 @@ def hold_over(
         return _hold(current, "pause_after_batch", message, (), now, until)
     if operator_paused:
         message = hold_message("operator_paused", rollout=rollout)
+        if paused_by is not None:
+            message += f" (paused by {paused_by.describe()})"
         return _hold(current, "operator_paused", message, (), now)
     return None
+
+
+def operator_words(act: OperatorAct | None) -> tuple[str, str]:
+    """Who acted and why, for a message: ("the operator", "") when unknown."""
+    if act is None:
+        return "the operator", ""
+    subject = act.message.split("\n", 1)[0].strip()
+    return act.author, f" in {act.commit[:12]}" + (f": {subject}" if subject else "")
 
 
 def hold_since(current: Hold | None, reason: str, now: datetime) -> datetime:

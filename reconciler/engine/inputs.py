@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from reconciler.protocol.effects import SendJob
 from reconciler.spec.model import Problem, RolloutSpec
-from reconciler.spec.rollout_status import ApprovalRecord, NodeRecord, RolloutStatus
+from reconciler.spec.rollout_status import ApprovalRecord, NodeRecord, OperatorAct, RolloutStatus
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,9 @@ class RolloutInput:
     refusal: str | None = None  # the newest spec change was not verified (docs/trust.md)
     # approvals of the verified commit acted on, under --require-approvals (docs/trust.md)
     approved_by: tuple[ApprovalRecord, ...] = ()
+    # who set spec.paused / spec.abort to true, while it is true (None: unknown)
+    paused_by: OperatorAct | None = None
+    aborted_by: OperatorAct | None = None
 
 
 @dataclass(frozen=True)

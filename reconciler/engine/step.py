@@ -476,7 +476,7 @@ class RolloutStep(StatusDraft):
                 return False
             return self.wait(*starts.unusable(inp.problems, inp.refusal))
         if spec.abort:
-            self.finish("aborted", "aborted", "aborted by the operator before start")
+            self.abort(inp.aborted_by, " before start")
             return False
         ctx = self.ctx
         decision = starts.decide_start(
@@ -532,7 +532,7 @@ class RolloutStep(StatusDraft):
         if spec is None and not inp.file_present:
             self.finish("aborted", "spec_removed", "the rollout file was removed")
         elif spec is not None and spec.abort:
-            self.finish("aborted", "aborted", "aborted by the operator")
+            self.abort(inp.aborted_by)
         if spec is None:
             problems = "; ".join(str(p) for p in inp.problems) or "the rollout file is invalid"
             self.set_condition(
@@ -546,7 +546,7 @@ class RolloutStep(StatusDraft):
             self.check_frozen(spec)
             self.health_timeout = spec.health_timeout
             if not self.phase_terminal():
-                self.operator_paused = spec.paused
+                self.pause_by_operator(spec.paused, inp.paused_by)
         self.observe()
         self.health_conditions()
         if self.phase_terminal():
@@ -904,7 +904,7 @@ class RolloutStep(StatusDraft):
         failed = budget.counted(self.nodes) if any(n.held == budget.REASON for n in held) else []
         live = self.frozen is not None and self.frozen.live
         found = (held, self.hold, batch, until, self.operator_paused, self.now, failed)
-        self.hold = hold = hold_over(*found, rollout=self.name, live=live)
+        self.hold = hold = hold_over(*found, self.paused_by, rollout=self.name, live=live)
         if hold is None:
             self.set_phase("running", "pause lifted" if self.phase == "paused" else "running")
         else:

@@ -53,6 +53,8 @@ from types import MappingProxyType
 from typing import Any
 
 from reconciler import __version__
+from reconciler.node.agent_log import AgentLog
+from reconciler.node.agent_metrics import AgentMetrics
 from reconciler.node.http_server import HttpServer, Request, Response, json_response
 from reconciler.node.probes import Prober
 from reconciler.node.state_dir import (
@@ -138,11 +140,16 @@ class Agent:
     """One node's agent: ``handle`` serves the protocol, a worker thread runs jobs."""
 
     def __init__(
-        self, config: AgentConfig, state: StateDir, clock: Callable[[], datetime] = _now
+        self,
+        config: AgentConfig,
+        state: StateDir,
+        clock: Callable[[], datetime] = _now,
+        log: AgentLog | None = None,
     ) -> None:
         self.config = config
         self.state = state
         self.clock = clock
+        self.log = log or AgentLog()
         self._lock = threading.Lock()
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agent-job")
         self._worker.submit(int)  # its thread starts now, not in the first job's POST
@@ -170,6 +177,7 @@ class Agent:
         self._beat_changed_at = clock()
         self._recover()
         self.prober = Prober(clock, on_change=self._heartbeat_changed)
+        self.metrics = AgentMetrics(self.prober.reports, state.list_backups, config.runtimes)
         self._newest_job: dict[str, str] = {}  # runtime -> the job accepted last
         self._resume_probes()
         self.compact()
@@ -344,6 +352,11 @@ class Agent:
         return self._json(status, {"error": code, "message": message})
 
     def handle(self, request: Request) -> Response | Awaitable[Response]:
+        if request.path == "/metrics":
+            if request.method != "GET":
+                return self._error(405, "method_not_allowed", "GET /metrics only")
+            # Prometheus text; scrapers read it whatever the Content-Type says.
+            return Response(200, self.metrics.text())
         parts = request.path.split("/")
         if len(parts) < 5 or parts[:3] != ["", "v1", "nodes"]:
             return self._error(404, "not_found", f"no such endpoint: {request.path}")
@@ -431,11 +444,19 @@ class Agent:
         for loop, woken in waiters:
             loop.call_soon_threadsafe(_wake, woken)
 
+    def _refuse(self, status: int, code: str, message: str, envelope: Any = None) -> Response:
+        """A job refused: logged, counted and answered."""
+        payload = envelope.get("payload") if isinstance(envelope, dict) else None
+        job_id = payload.get("jobId") if isinstance(payload, dict) else None
+        self.log.refused(status, code, message, job_id if isinstance(job_id, str) else "")
+        self.metrics.refusals.labels(code=code).inc()
+        return self._error(status, code, message)
+
     def post_job(self, body: bytes, path_node: str) -> Response:
         try:
             envelope = json.loads(body)
         except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: nested too deep
-            return self._error(400, "invalid_job", "the body is not JSON")
+            return self._refuse(400, "invalid_job", "the body is not JSON")
         with self._lock:
             try:
                 payload = admit_job(
@@ -449,7 +470,7 @@ class Agent:
                     path_node=path_node,
                 )
             except JobRefused as refusal:
-                return self._error(refusal.status, refusal.code, refusal.message)
+                return self._refuse(refusal.status, refusal.code, refusal.message, envelope)
             known = self.jobs.get(payload["jobId"])
             if known is not None:
                 return self._json(200, known.public())
@@ -462,13 +483,15 @@ class Agent:
             try:
                 self._save(record)  # durable before the job can run or be acknowledged
             except OSError as exc:
-                return self._error(
-                    503, "journal_unwritable", f"cannot record the job: {exc.strerror}"
+                return self._refuse(
+                    503, "journal_unwritable", f"cannot record the job: {exc.strerror}", envelope
                 )
         # Checks of the runtime's previous job say nothing about this one.
         with self._lock:
             self._newest_job[payload["target"]["runtime"]] = record.job_id
         self.prober.stop(payload["target"]["runtime"])
+        self.log.accepted(payload)
+        self.metrics.jobs.labels(kind=payload["kind"], outcome="accepted").inc()
         self._worker.submit(self._run, record.job_id)
         return self._json(202, record.public())
 
@@ -562,6 +585,9 @@ class Agent:
                 error=f"agent error: {exc}",
                 finished_at=format_time(self.clock()),
             )
+        payload = record.payload
+        self.log.finished(payload, record.state, record.error or "")
+        self.metrics.jobs.labels(kind=payload["kind"], outcome=record.state).inc()
         try:
             self.compact()
         except OSError as exc:  # the journal stays longer; the next job tries again

@@ -341,6 +341,25 @@ def frozen_changes(frozen: FrozenSpec, spec: RolloutSpec) -> list[str]:
 
 
 @dataclass(frozen=True)
+class OperatorAct:
+    """Who set ``paused: true`` or ``abort: true``, and why: the author and
+    message of the commit that set it (``reconciler pause/abort -m``
+    writes the reason into that message)."""
+
+    author: str  # "Name <email>"
+    commit: str
+    message: str = ""  # the commit message, clipped to ACT_MESSAGE_LIMIT
+
+    def describe(self) -> str:
+        """One line for people: who, in which commit, and why."""
+        subject = self.message.split("\n", 1)[0].strip()
+        return f"{self.author} in {self.commit[:12]}" + (f": {subject}" if subject else "")
+
+
+ACT_MESSAGE_LIMIT = 500  # characters of a pause or abort commit's message kept
+
+
+@dataclass(frozen=True)
 class ApprovalRecord:
     """A reviewer's signed approval of the spec commit acted on (docs/trust.md): the allowed-signers principal and the key's fingerprint."""
 
@@ -378,6 +397,8 @@ class RolloutStatus:
     transitions: tuple[TransitionRecord, ...] = ()
     # under --require-approvals: who approved the spec commit acted on
     approved_by: tuple[ApprovalRecord, ...] = ()
+    paused_by: OperatorAct | None = None  # while operator_paused: who paused it
+    aborted_by: OperatorAct | None = None  # once aborted by the operator: who
 
     @property
     def terminal(self) -> bool:
@@ -644,6 +665,23 @@ def _rollback_from(d: Mapping[str, Any]) -> RollbackRecord:
     )
 
 
+def _act_records(status: RolloutStatus) -> dict[str, Any]:
+    """``pausedBy`` and ``abortedBy``, each only when set (older status
+    files have neither)."""
+    acts = {"pausedBy": status.paused_by, "abortedBy": status.aborted_by}
+    return {
+        key: {"author": act.author, "commit": act.commit, "message": act.message}
+        for key, act in acts.items()
+        if act is not None
+    }
+
+
+def _act_from(data: Mapping[str, Any] | None) -> OperatorAct | None:
+    if data is None:
+        return None
+    return OperatorAct(data["author"], data["commit"], data.get("message", ""))
+
+
 def to_record(status: RolloutStatus, *, inline_nodes: bool = True) -> dict[str, Any]:
     """The status file's plain data. With ``inline_nodes`` false, node
     records are left out (they go to pages) and ``nodePages`` says how many."""
@@ -673,6 +711,7 @@ def to_record(status: RolloutStatus, *, inline_nodes: bool = True) -> dict[str, 
             if status.approved_by
             else {}
         ),
+        **_act_records(status),
         "healthTimeout": (
             None if status.health_timeout is None else format_duration(status.health_timeout)
         ),
@@ -751,6 +790,8 @@ def from_record(
             ApprovalRecord(a["principal"], a["keyId"], tuple(a.get("rules", ())))
             for a in record.get("approvedBy", ())
         ),
+        paused_by=_act_from(record.get("pausedBy")),
+        aborted_by=_act_from(record.get("abortedBy")),
         health_timeout=None if ht is None else parse_duration(ht),
         scheduled_for=_pt(record.get("scheduledFor")),
         frozen=None if frozen is None else _frozen_from(frozen),
@@ -884,6 +925,7 @@ __all__ = [
     "FrozenSpec",
     "Hold",
     "NodeRecord",
+    "OperatorAct",
     "RestoreRecord",
     "RollbackNode",
     "RollbackRecord",

@@ -27,7 +27,7 @@ from urllib.parse import quote
 
 from reconciler.spec.batch_shapes import describe_sizes
 from reconciler.spec.paths import DASHBOARD_PATH
-from reconciler.spec.rollout_status import RolloutStatus, recorded_sizes
+from reconciler.spec.rollout_status import OperatorAct, RolloutStatus, recorded_sizes
 from reconciler.views import markdown
 from reconciler.views.health_text import failing_summary
 from reconciler.views.status_text import (
@@ -259,6 +259,11 @@ def _row(status: RolloutStatus) -> str:
     why = f"`{s.why}`" if s.why else ""  # a reason code or a date: ours
     if waits_for_approval(status):
         why = f"⏳ {markdown.text(approval_wait(status))}"
+    else:
+        act = _operator_act(status)
+        if act is not None:  # a person's name: escaped like any text from people
+            who = act.author.split(" <", 1)[0] or act.author
+            why += f" by {markdown.text(markdown.clip(who, _NAME_SHOWN))}"
     mode = ""
     if status.frozen is not None:
         mode = " · live" if status.frozen.live else " · dry-run"
@@ -268,6 +273,13 @@ def _row(status: RolloutStatus) -> str:
         f"| [{name}]({quote(s.name)}.yaml) | {_icon(status)} {s.phase}{mode} | `{progress}` "
         f"| {batch_text(s)} | {why} | {since} |"
     )
+
+
+def _operator_act(status: RolloutStatus) -> OperatorAct | None:
+    """Who paused the rollout (while paused) or aborted it."""
+    if status.operator_paused and status.paused_by is not None:
+        return status.paused_by
+    return status.aborted_by if status.phase == "aborted" else None
 
 
 def _icon(status: RolloutStatus) -> str:

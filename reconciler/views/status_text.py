@@ -441,7 +441,10 @@ def _hold_lines(status: RolloutStatus, colour: bool) -> list[str]:
     if status.waiting is not None:
         out.append(f"  waiting   {waiting_text(status.waiting)} (deploy windows and freezes)")
     if status.operator_paused:
-        out.append("  paused    by the operator (spec.paused: true)")
+        by = status.paused_by.describe() if status.paused_by else "the operator"
+        out += _wrapped(f"by {by} (spec.paused: true)", "            ", "  paused    ")
+    if status.aborted_by is not None and status.phase == "aborted":
+        out += _wrapped(f"by {status.aborted_by.describe()}", "            ", "  aborted   ")
     commits = [
         f"spec {status.spec_commit[:10]}" if status.spec_commit else "",
         f"start {status.start_commit[:10]}" if status.start_commit else "",
@@ -542,9 +545,12 @@ def _node_lines(nodes: Sequence[NodeRecord], colour: bool) -> list[str]:
     return lines
 
 
-def _wrapped(text: str, indent: str) -> list[str]:
+def _wrapped(text: str, indent: str, first: str | None = None) -> list[str]:
     return textwrap.wrap(
-        " ".join(text.split()), WIDTH, initial_indent=indent, subsequent_indent=indent
+        " ".join(text.split()),
+        WIDTH,
+        initial_indent=indent if first is None else first,
+        subsequent_indent=indent,
     )
 
 

@@ -25,6 +25,7 @@ from reconciler.node.agent import (
     managed_runtimes,
     serve,
 )
+from reconciler.node.agent_log import AgentLog
 from reconciler.node.http_server import parse_listen
 from reconciler.node.state_dir import StateDir
 from reconciler.protocol.signing import load_private_key, load_trusted_keys
@@ -106,6 +107,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "is kept beyond that, see --keep-first-backups)",
     )
     parser.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default="text",
+        help="one line per job accepted, finished or refused on stderr: text for people "
+        "(default), json for machines",
+    )
+    parser.add_argument(
         "--keep-first-backups",
         default=f"{DEFAULT_KEEP_FIRST_BACKUPS // 3600}h",
         metavar="DURATION",
@@ -155,6 +163,7 @@ def run(args: argparse.Namespace) -> int:
                 keep_first_backups=keep_first,
             ),
             state,
+            log=AgentLog(args.log_format),
         )
 
         async def main() -> None:

@@ -17,6 +17,7 @@ if TYPE_CHECKING:  # imported when run, so that other verbs never pay for them
     from reconciler.daemon.loop import Daemon
     from reconciler.daemon.metrics import Metrics
     from reconciler.daemon.notifications import Notifier
+    from reconciler.daemon.state import DaemonState
     from reconciler.git.approval import Approver
     from reconciler.git.sshsig import AllowedSigner
     from reconciler.git.store import GitStore
@@ -113,7 +114,11 @@ def _add_trust_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _add_running_arguments(parser: argparse.ArgumentParser) -> None:
     """Metrics, logs, the remote's mirror and how it talks to agents."""
-    parser.add_argument("--metrics", metavar="HOST:PORT", help="serve Prometheus metrics here")
+    parser.add_argument(
+        "--metrics",
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics here (/metrics) and a health answer (/healthz)",
+    )
     parser.add_argument(
         "--log-format",
         choices=("text", "json"),
@@ -187,7 +192,11 @@ class _StoppedEarly(Exception):
 def run(args: argparse.Namespace) -> int:
     start_up = _StartUp()
     try:
-        return _run(args, start_up)
+        from reconciler.daemon.logs import EventLog, routed_logging
+
+        log = EventLog(args.log_format)
+        with routed_logging(log):  # every line of the process in one format
+            return _run(args, start_up, log)
     except _StoppedEarly as stopped:
         print(f"reconciler run: stopped by {stopped} during start-up", file=sys.stderr)
         return 0
@@ -195,10 +204,9 @@ def run(args: argparse.Namespace) -> int:
         start_up.restore()
 
 
-def _run(args: argparse.Namespace, start_up: _StartUp) -> int:
+def _run(args: argparse.Namespace, start_up: _StartUp, log: EventLog) -> int:
     from reconciler.daemon import crashpoints
     from reconciler.daemon.agent_client import AgentClient
-    from reconciler.daemon.logs import EventLog
     from reconciler.daemon.loop import Daemon
     from reconciler.daemon.metrics import Metrics
     from reconciler.daemon.state import DaemonState, default_state_root
@@ -209,7 +217,6 @@ def _run(args: argparse.Namespace, start_up: _StartUp) -> int:
 
     start_up.check()
     _check_arguments(args)
-    log = EventLog(args.log_format)
     warning = loader_warning()
     if warning:
         log.warning("yaml_loader", warning)
@@ -231,11 +238,16 @@ def _run(args: argparse.Namespace, start_up: _StartUp) -> int:
     )
     metrics = Metrics()
     if args.metrics:
-        metrics.serve(args.metrics)
+        served = metrics.serve(args.metrics, stale_after=_stale_after(args))
+        port = served.server_address[1]
+        host = args.metrics.rpartition(":")[0] or "127.0.0.1"  # [::1] keeps its brackets
+        # Port 0 picks a free one: the line says which.
+        log.info("metrics", f"listening on {host}:{port} (/metrics, /healthz)")
     status_signers = (
         _status_signers(approver, key, args.sign_commits, log) if approver is not None else ()
     )
-    notifier = _notifier(store, approver, log, metrics)
+    state = DaemonState.for_branch(args.state_dir or default_state_root(), args.repo, args.branch)
+    notifier = _notifier(store, approver, log, metrics, state)
     client = AgentClient(key, concurrency=args.concurrency, timeout=args.agent_timeout)
     daemon = Daemon(
         store,
@@ -248,9 +260,7 @@ def _run(args: argparse.Namespace, start_up: _StartUp) -> int:
         notifier=notifier,
         environ=os.environ,
         plain=args.plain,
-        state=DaemonState.for_branch(
-            args.state_dir or default_state_root(), args.repo, args.branch
-        ),
+        state=state,
     )
     log.info(
         "start",
@@ -265,6 +275,7 @@ def _run(args: argparse.Namespace, start_up: _StartUp) -> int:
         return _serve(daemon, store, args, log, metrics, start_up)
     finally:
         client.close()
+        log.flush()
         if notifier is not None:
             # One pass's events still go out; a hanging receiver delays the
             # exit this long at most (a restart delivers what is still true).
@@ -273,6 +284,15 @@ def _run(args: argparse.Namespace, start_up: _StartUp) -> int:
 
 
 NOTIFY_DRAIN = 10.0  # seconds `run --once` waits for its notifications
+
+
+def _stale_after(args: argparse.Namespace) -> float:
+    """How old the last successful pass may be before ``/healthz`` says 503:
+    a serving daemon passes at least once per interval, poll or reread,
+    whichever is longest; three of those leave room for a slow pass."""
+    from reconciler.daemon.loop import REREAD
+
+    return 3 * max(args.interval, args.poll, REREAD)
 
 
 def _check_arguments(args: argparse.Namespace) -> None:
@@ -289,7 +309,11 @@ def _check_arguments(args: argparse.Namespace) -> None:
 
 
 def _notifier(
-    store: GitStore, approver: Approver | None, log: EventLog, metrics: Metrics
+    store: GitStore,
+    approver: Approver | None,
+    log: EventLog,
+    metrics: Metrics,
+    state: DaemonState,
 ) -> Notifier:
     """The receivers of the settings acted on, checked whole before the
     daemon starts: one that cannot be used stops the start (docs/operating.md)."""
@@ -298,7 +322,7 @@ def _notifier(
     tip = store.refresh()
     commit = tip if approver is None or tip is None else approver.approve(tip).verified_commit
     receivers = receivers_at(store, commit)
-    notifier = Notifier(resolve(receivers, os.environ), log=log, metrics=metrics)
+    notifier = Notifier(resolve(receivers, os.environ), log=log, metrics=metrics, state=state)
     notifier.receivers = receivers
     if receivers:
         log.info("notify_config", "receivers: " + ", ".join(r.name for r in receivers))

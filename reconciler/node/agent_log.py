@@ -1,0 +1,70 @@
+"""The agent's log: one line per job accepted, finished or refused, for
+people (text) or machines (JSON, one object per line), on stderr.
+
+Lines have the daemon's shape (``time level event message`` and fields, or
+those keys as JSON), so one log search covers both sides of a job. Must
+not: decide anything, or show a job's payload beyond its id, kind, rollout
+and target.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any, TextIO
+
+from reconciler.spec.times import format_time
+
+FORMATS = ("text", "json")
+
+
+class AgentLog:
+    def __init__(self, fmt: str = "text", stream: TextIO | None = None) -> None:
+        if fmt not in FORMATS:
+            raise ValueError(f"log format must be text or json, got {fmt!r}")
+        self.fmt = fmt
+        self.stream = stream if stream is not None else sys.stderr
+        self._lock = threading.Lock()  # the request loop and the job thread both write
+
+    def accepted(self, payload: Mapping[str, Any]) -> None:
+        self._write("info", "job_accepted", f"{payload['kind']} accepted", _job_fields(payload))
+
+    def finished(self, payload: Mapping[str, Any], state: str, error: str = "") -> None:
+        level = "info" if state == "succeeded" else "warning"
+        message = f"{payload['kind']} {state}" + (f": {error}" if error else "")
+        self._write(level, "job_finished", message, {**_job_fields(payload), "state": state})
+
+    def refused(self, status: int, code: str, message: str, job_id: str = "") -> None:
+        fields = {"code": code, "status": status, "job": job_id}
+        self._write("warning", "job_refused", message, fields)
+
+    def _write(self, level: str, event: str, message: str, fields: Mapping[str, Any]) -> None:
+        now = format_time(datetime.now(UTC).replace(microsecond=0))
+        fields = {k: v for k, v in fields.items() if v not in (None, "")}
+        if self.fmt == "json":
+            record = {"time": now, "level": level, "event": event, "message": message, **fields}
+            line = json.dumps(record, ensure_ascii=False, default=str)
+        else:
+            pairs = " ".join(f"{k}={_text(v)}" for k, v in fields.items())
+            line = f"{now} {level:<7} {event:<16} {message}" + (f"  {pairs}" if pairs else "")
+        with self._lock:
+            print(line, file=self.stream, flush=True)
+
+
+def _job_fields(payload: Mapping[str, Any]) -> dict[str, Any]:
+    target = payload.get("target") or {}
+    return {
+        "job": payload.get("jobId"),
+        "kind": payload.get("kind"),
+        "rollout": payload.get("rollout"),
+        "runtime": target.get("runtime"),
+        "mode": payload.get("mode"),
+    }
+
+
+def _text(value: Any) -> str:
+    text = str(value)
+    return json.dumps(text, ensure_ascii=False) if (" " in text or not text) else text

@@ -1,0 +1,74 @@
+"""The agent's Prometheus metrics, served on ``GET /metrics``: jobs by kind
+and outcome, refusals by code, the health checks' current results, and the
+backups it holds. Counters start at 0 for every known label value.
+
+Must not: decide anything. What is read at scrape time (checks, backups)
+is read from the agent's own state, never from the network.
+"""
+
+from __future__ import annotations
+
+from collections import Counter as Tally
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+
+from reconciler.node.state_dir import BackupInfo
+from reconciler.spec.rollout_status import JOB_KINDS
+
+JOB_OUTCOMES = ("accepted", "succeeded", "failed")
+REFUSAL_CODES = (
+    "invalid_job",
+    "bad_signature",
+    "untrusted_key",
+    "wrong_node",
+    "expired",
+    "not_yet_valid",
+    "unsupported_runtime",
+    "live_not_allowed",
+    "job_conflict",
+    "journal_unwritable",
+)
+CHECK_RESULTS = ("ok", "failing")
+
+
+class AgentMetrics:
+    def __init__(
+        self,
+        checks: Callable[[], Sequence[Mapping[str, Any]]],
+        backups: Callable[[], Iterable[BackupInfo]],
+        runtimes: Iterable[str],
+    ) -> None:
+        self.registry = r = CollectorRegistry()
+        self._checks, self._backups = checks, backups
+        self.jobs = Counter(
+            "reconciler_agent_jobs", "Jobs by kind and outcome", ["kind", "outcome"], registry=r
+        )
+        self.refusals = Counter(
+            "reconciler_agent_refusals", "Jobs refused, by the refusal's code", ["code"],
+            registry=r,
+        )  # fmt: skip
+        self.checks = Gauge(
+            "reconciler_agent_checks", "Health checks by their latest result", ["result"],
+            registry=r,
+        )  # fmt: skip
+        self.backups = Gauge(
+            "reconciler_agent_backups", "Backups held, by runtime", ["runtime"], registry=r
+        )
+        for kind in JOB_KINDS:
+            for outcome in JOB_OUTCOMES:
+                self.jobs.labels(kind=kind, outcome=outcome)
+        for code in REFUSAL_CODES:
+            self.refusals.labels(code=code)
+        self._runtimes = tuple(runtimes)
+
+    def text(self) -> bytes:
+        """The Prometheus text exposition, the read-at-scrape gauges set now."""
+        results = Tally("ok" if c.get("ok") else "failing" for c in self._checks())
+        for result in CHECK_RESULTS:
+            self.checks.labels(result=result).set(results[result])
+        held = Tally(b.runtime for b in self._backups())
+        for runtime in {*self._runtimes, *held}:
+            self.backups.labels(runtime=runtime).set(held[runtime])
+        return generate_latest(self.registry)

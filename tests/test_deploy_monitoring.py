@@ -1,0 +1,105 @@
+"""The monitoring shipped in example-repo/deploy/ (docs/operating.md): the
+Grafana dashboard parses, every query in it and in the alert rules names
+only metrics the daemon and the agents export (read from a running
+daemon's /metrics and from the metrics classes), and Debian's ``promtool``
+accepts the rules."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import httpx
+import pytest
+
+from reconciler.daemon.metrics import Metrics
+from reconciler.daemon.notifications import Notifier
+from reconciler.node.agent_metrics import AgentMetrics
+from reconciler.spec.safe_yaml import load_yaml
+from tests.kit.daemons import DaemonProcess
+from tests.kit.documents import node_yaml
+from tests.kit.git import make_bare_repo
+from tests.kit.keys import make_key
+
+DEPLOY = Path(__file__).resolve().parent.parent / "example-repo" / "deploy"
+DASHBOARD = DEPLOY / "grafana-dashboard.json"
+RULES = DEPLOY / "prometheus-alerts.yaml"
+OURS = re.compile(r"\breconciler_[a-zA-Z0-9_]+")
+
+
+def dashboard_queries() -> list[str]:
+    dashboard = json.loads(DASHBOARD.read_text())
+    return [t["expr"] for p in dashboard["panels"] for t in p.get("targets", ())]
+
+
+def rule_queries() -> list[str]:
+    rules = load_yaml(str(RULES), RULES.read_bytes())
+    return [r["expr"] for g in rules["groups"] for r in g["rules"]]
+
+
+def exported(text: str) -> set[str]:
+    """The sample names in Prometheus text."""
+    return {line.split("{")[0].split()[0] for line in text.splitlines() if line[:1].isalpha()}
+
+
+def class_names() -> set[str]:
+    metrics = Metrics()
+    Notifier([], metrics=metrics).close()  # registers the notification counters
+    agent = AgentMetrics(list, list, ["hermes"])
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count")}
+    names = set()
+    for registry in (metrics.registry, agent.registry):
+        for family in registry.collect():  # labelled series may have no sample yet
+            names |= {family.name + s for s in suffixes.get(family.type, ("",))}
+    return names
+
+
+@pytest.fixture(scope="module")
+def daemon_names(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
+    root = tmp_path_factory.mktemp("deploy")
+    key = make_key(root / "keys" / "reconciler")
+    bare = make_bare_repo(root, {"nodes/web-1.yaml": node_yaml("web-1")}, message="Seed")
+    with DaemonProcess(bare, key.private, "--metrics", "127.0.0.1:0") as daemon:
+        base = f"http://{daemon.metrics_address()}"
+        text = httpx.get(f"{base}/metrics", timeout=10).text
+    return exported(text)
+
+
+def test_the_dashboard_parses_and_every_query_names_an_exported_metric(
+    daemon_names: set[str],
+) -> None:
+    queries = dashboard_queries()
+    assert len(queries) >= 10
+    known = daemon_names | class_names()
+    for query in queries:
+        names = OURS.findall(query)
+        assert names, f"names no metric of ours: {query}"
+        assert set(names) <= known, f"unknown metric in {query!r}: {set(names) - known}"
+
+
+def test_every_alert_names_an_exported_metric(daemon_names: set[str]) -> None:
+    known = daemon_names | class_names()
+    alerting = {name for query in rule_queries() for name in OURS.findall(query)}
+    assert alerting <= known, alerting - known
+    # The alerts the operator guide promises.
+    for wanted in (
+        "reconciler_last_successful_pass_timestamp_seconds",
+        "reconciler_holds",
+        "reconciler_pass_errors_total",
+        "reconciler_unverified_answers_total",
+    ):
+        assert wanted in alerting
+    assert any('state="offline"' in q for q in rule_queries())
+
+
+def test_promtool_accepts_the_alert_rules() -> None:
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool is in Debian's prometheus package (.ci/run installs it)"
+    checked = subprocess.run(
+        [promtool, "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "SUCCESS" in checked.stdout
