@@ -10,7 +10,7 @@ did not write, are held. The steps after it read nothing from the tip.
 
 Forgetting the caches changes nothing but the cost (``run --plain`` reads
 with a new reader every pass). Must not: decide anything, write anything
-but the last-acted marker, or keep rollout state.
+but the last-acted position (``daemon.acted``), or keep rollout state.
 """
 
 from __future__ import annotations
@@ -18,15 +18,15 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from reconciler.daemon.acted import ActedPosition
 from reconciler.daemon.inputs import BuiltInputs, Context, InputCache
+from reconciler.daemon.state import DaemonState
 from reconciler.daemon.status_trust import StatusTrust, approved_by_records
 from reconciler.engine import step as engine
 from reconciler.git.approval import (
     Approval,
     Approver,
     descends_by_first_parent,
-    last_acted,
-    record_acted,
     refuse_backwards,
 )
 from reconciler.git.approval_notes import notes_tip
@@ -120,8 +120,10 @@ class Reader:
         status_signers: Sequence[AllowedSigner],
         report: Report,
         info: Callable[[str, str], None],
+        state: DaemonState | None = None,
     ) -> None:
         self.store = store
+        self.acted = ActedPosition(store.repository(), store.branch, state)
         self.approver = approver
         self.report = report
         self.info = info
@@ -331,14 +333,14 @@ class Reader:
 
     def _forward_only(self, approval: Approval) -> Approval:
         """Refuse a verified commit that does not descend by first parent from
-        the one last acted on (kept in ``approval.ACTED_REF``); record a new
-        one that does."""
+        the one last acted on (kept in the daemon's state, ``daemon.acted``);
+        record a new one that does."""
         repo = self.store.repository()
-        acted = last_acted(repo, self.store.branch)
+        acted = self.acted.get()
         verified = approval.verified_commit
         if acted is None or verified == acted:
             if verified is not None and acted is None:
-                record_acted(repo, self.store.branch, verified)
+                self.acted.record(verified)
             return approval
         forward = False
         if verified is not None:
@@ -352,7 +354,7 @@ class Reader:
                 descends[key] = known
             forward = known
         if forward and verified is not None:
-            record_acted(repo, self.store.branch, verified)
+            self.acted.record(verified)
             return approval
         held = refuse_backwards(approval, acted, moves_forward=False)
         self.report("verified_moved_back", held.refusals[0].reason, commit=verified or "")

@@ -29,8 +29,11 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from reconciler.daemon.acted import read_acted
+from reconciler.daemon.state import DaemonState, default_state_root
 from reconciler.daemon.status_trust import StatusTrust
 from reconciler.git.approval import (
+    ACTED_REF,
     Approval,
     Approver,
     descends_by_first_parent,
@@ -111,6 +114,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --attestation: the daemon's public key (reconciler.pub)",
     )
     parser.add_argument(
+        "--state-dir",
+        type=Path,
+        metavar="DIR",
+        help="the daemon's state directory, as given to run --state-dir, where it keeps the "
+        "verified commit it last acted on (default: $XDG_STATE_HOME/reconciler)",
+    )
+    parser.add_argument(
         "--daemon-key",
         type=Path,
         metavar="PUB",
@@ -133,8 +143,9 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--require-approvals must be 0 or more")
     pgp = _pgp_keys(args.allowed_pgp_keys)
     approver = Approver(repo, allowed, required_approvals=args.require_approvals, pgp=pgp)
-    approval = _forward_only(repo, approver.approve(tip), args.branch)
-    report = describe(repo, approver, approval, label, tip)
+    acted, where = _acted_position(repo, args)
+    approval = _forward_only(repo, approver.approve(tip), acted)
+    report = describe(repo, approver, approval, label, tip) + f"\n  {where}"
     held = _tampered_statuses(
         repo, approver, approval, tip, args.branch, _status_signers(args.daemon_key, allowed)
     )
@@ -247,11 +258,36 @@ def _tampered_statuses(
     return held
 
 
-def _forward_only(repo: Any, approval: Approval, branch: str) -> Approval:
+def _acted_position(repo: Any, args: argparse.Namespace) -> tuple[str | None, str]:
+    """The verified commit the daemon last acted on, as far as this machine
+    can know it, and a line saying where that came from. The daemon keeps
+    it in its state directory; the repository's old ref is what a daemon
+    before that kept, and anyone who may push can move it."""
+    state = DaemonState.for_branch(
+        args.state_dir or default_state_root(), args.repo or ".", args.branch
+    )
+    try:
+        kept = read_acted(state)
+    except ReconcilerError:
+        kept = None
+    if kept is not None:
+        return kept, f"last acted on {kept[:_SHORT]} (the daemon's state, {state.folder})"
+    old = last_acted(repo, args.branch)
+    unknown = (
+        f"the daemon's state ({state.folder}) is not on this machine or not readable, "
+        "so whether it already acted on a newer verified commit cannot be known here"
+    )
+    if old is None:
+        return None, f"last acted on: not known; {unknown}"
+    return old, (
+        f"last acted on {old[:_SHORT]} by the ref {ACTED_REF}{args.branch}, which anyone "
+        f"who may push can change; {unknown}"
+    )
+
+
+def _forward_only(repo: Any, approval: Approval, acted: str | None) -> Approval:
     """As the daemon judges it: a verified commit that does not descend by
-    first parent from the one the daemon last acted on (recorded in this
-    repository, or in the daemon's mirror of a remote) is refused."""
-    acted = last_acted(repo, branch)
+    first parent from the one the daemon last acted on is refused."""
     verified = approval.verified_commit
     forward = (
         verified is not None
