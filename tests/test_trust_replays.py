@@ -144,3 +144,100 @@ def test_a_deleted_acted_marker_and_an_older_signed_tip_do_not_undo_a_signed_pau
     assert code == 1, out
     assert "does not descend by first parent" in out
     assert "the daemon's state" in out
+
+
+@pytest.fixture
+def fast(tmp_path: Path) -> Iterator[Repo]:
+    settings = "apiVersion: reconciler/v1\nkind: Settings\nspec: {offlineAfter: 2m}\n"
+    kit = FleetKit.create(tmp_path, NODES, files={"reconciler.yaml": settings})
+    try:
+        repo = Repo(kit, tmp_path)
+        repo.extra = ["--sign-commits"]
+        yield repo
+    finally:
+        kit.close()
+
+
+def old_then_new(repo: Repo) -> list[str]:
+    """Rollout ``old`` completes, then ``new`` on the same nodes; both
+    signed. Returns the job ids agents accepted."""
+    for name, target in (("old", OLD), ("new", NEW)):
+        spec = rollout_yaml(name, target=target, nodeIds=["web-1", "web-2"], live=True, batchSize=2)
+        repo.push({f"rollouts/{name}.yaml": spec}, f"Roll out {name}", signed=True)
+        repo.run_until(lambda name=name: repo.phase(name) == "completed")  # type: ignore[misc]
+    jobs = [p["jobId"] for p in repo.accepted()]
+    assert len(jobs) == 4
+    return jobs
+
+
+def assert_not_replayed(repo: Repo, jobs: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    for _ in range(5):
+        repo.run_once()
+    assert [p["jobId"] for p in repo.accepted()] == jobs, "an old rollout ran again"
+    code, out = repo.verify(capsys, "--daemon-key", str(repo.kit.root / "keys" / "reconciler.pub"))
+    assert code == 1, out
+    assert "status/old.yaml is gone" in out
+
+
+def test_deleting_a_status_and_touching_its_rollout_does_not_run_it_again(
+    fast: Repo, capsys: pytest.CaptureFixture[str]
+) -> None:
+    jobs = old_then_new(fast)
+    old = (fast.kit.work / "rollouts" / "old.yaml").read_text()
+    fast.push({"status/old.yaml": None, "rollouts/old.yaml": old + "# again\n"},
+              "Run old again", signed=False)  # fmt: skip
+    assert_not_replayed(fast, jobs, capsys)
+
+
+def test_a_status_only_deletion_after_a_signed_settings_change_does_not_run_it_again(
+    fast: Repo, capsys: pytest.CaptureFixture[str]
+) -> None:
+    jobs = old_then_new(fast)
+    settings = "apiVersion: reconciler/v1\nkind: Settings\nspec: {offlineAfter: 3m}\n"
+    fast.push({"reconciler.yaml": settings}, "Wait longer for agents", signed=True)
+    fast.run_once()
+    fast.push({"status/old.yaml": None}, "Clean up", signed=False)
+    assert_not_replayed(fast, jobs, capsys)
+
+
+def test_deleting_the_status_branch_runs_nothing_again(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    settings = (
+        "apiVersion: reconciler/v1\nkind: Settings\nspec: {statusBranch: reconciler-status}\n"
+    )
+    kit = FleetKit.create(tmp_path, NODES, files={"reconciler.yaml": settings})
+    try:
+        repo = Repo(kit, tmp_path)
+        repo.extra = ["--sign-commits"]
+        repo.phase = lambda name: (  # type: ignore[method-assign]
+            None
+            if (status := repo.status(name, "reconciler-status")) is None
+            else str(status["phase"])
+        )
+        jobs = old_then_new(repo)
+        repo.git("push", "-q", "origin", ":reconciler-status")
+        for _ in range(5):
+            repo.run_once()
+        assert [p["jobId"] for p in repo.accepted()] == jobs, "old rollouts ran again"
+        # Neither is started again on a status branch made anew.
+        assert repo.status("old", "reconciler-status") is None
+        assert repo.status("new", "reconciler-status") is None
+        code, out = repo.verify(capsys)
+        assert code == 1, out
+        assert "status/old.yaml is gone" in out and "status/new.yaml is gone" in out
+    finally:
+        kit.close()
+
+
+def test_an_unsigned_settings_commit_never_becomes_a_jobs_source_commit(repo: Repo) -> None:
+    spec = rollout_yaml("r", target=NEW, nodeIds=["web-1", "web-2"], live=True)
+    signed = repo.push({"rollouts/r.yaml": spec}, "Start r", signed=True)
+    repo.run_until(lambda: any(p["node"] == "web-1" for p in repo.accepted()))
+    settings = "apiVersion: reconciler/v1\nkind: Settings\nspec: {offlineAfter: 9m}\n"
+    unsigned = repo.push({"reconciler.yaml": settings}, "Settings", signed=False)
+    repo.run_until(lambda: any(p["node"] == "web-2" for p in repo.accepted()))
+
+    sources = {p["node"]: p["sourceCommit"] for p in repo.accepted()}
+    assert sources == {"web-1": signed, "web-2": signed}, unsigned
+    assert (repo.status("r") or {})["specCommit"] == signed

@@ -56,6 +56,9 @@ class Context:
     approved_by: tuple[ApprovalRecord, ...]
     unverified: frozenset[str]  # rollouts seen only in an unverified tree
     settings_change: str | None
+    # Under verification: the verified commit that covers a spec commit
+    # (itself, or the oldest verified one after it); None: no verification.
+    verified: Callable[[str], str] | None = None
 
 
 @dataclass(frozen=True)
@@ -301,6 +304,8 @@ class InputCache:
         spec_commit = history.newest(
             [history.last_change(path), context.settings_change, history.last_change_of(node_paths)]
         )
+        if spec_commit is not None and context.verified is not None:
+            spec_commit = context.verified(spec_commit)
         first_seen = history.first_added(path)
         if recorded is not None:
             spec_commit = spec_commit or recorded.spec_commit

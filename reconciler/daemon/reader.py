@@ -15,11 +15,12 @@ but the last-acted position (``daemon.acted``), or keep rollout state.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from reconciler.daemon.acted import ActedPosition
 from reconciler.daemon.inputs import BuiltInputs, Context, InputCache
+from reconciler.daemon.started import StartedRollouts, gone_reason
 from reconciler.daemon.state import DaemonState
 from reconciler.daemon.status_trust import StatusTrust, approved_by_records
 from reconciler.engine import step as engine
@@ -133,7 +134,11 @@ class Reader:
         self.caches = _Caches()
         self.input_cache = InputCache()  # engine inputs by rollout
         self._unsettled: set[str] | None = None  # status changes since the last full pass
-        self._acted_history = History(store.repository())
+        # Under verification: first-parent history up to the verified commit
+        # acted on, where every commit id a status gets comes from.
+        self._verified_history = History(store.repository())
+        self._covered: dict[str, str] = {}  # spec commit -> the verified commit covering it
+        self.started = StartedRollouts(state)
         self.trust = (
             StatusTrust(
                 store,
@@ -198,8 +203,11 @@ class Reader:
         for path, reason in ignored.items():
             self.report("status_ignored", f"{path}: {reason}", path=path)
         since_pass = status_changed
-        if self.trust is not None and status_tip is not None:
-            self._hold_untrusted(statuses, broken, status_tip, history, spec_commit)
+        ended: set[str] = set()  # held rollouts that ended: they claim no node
+        if self.trust is not None:
+            if status_tip is not None:
+                ended = self._hold_untrusted(statuses, broken, status_tip, spec_commit)
+            ended |= self._hold_gone(statuses, broken)
             since_pass = None  # held statuses leave the mapping
         self._unsettle(since_pass)
         snapshot = Snapshot(
@@ -218,7 +226,10 @@ class Reader:
             refusal=_refusal_text(approval),
             approved_by=self._approved_by(approval),
             held_by_unreadable=self._held_by_unreadable(
-                documents, statuses, broken, status_changed if since_pass is not None else None
+                documents,
+                statuses,
+                {n: r for n, r in broken.items() if n not in ended},
+                status_changed if since_pass is not None else None,
             ),
         )
         unsettled = self._unsettled
@@ -233,10 +244,16 @@ class Reader:
     def inputs(self, snapshot: Snapshot, delta: Delta) -> BuiltInputs:
         """Each rollout's engine input for ``snapshot``, built again only
         where ``delta`` or history says it may differ (``inputs.py``)."""
-        history = snapshot.history
+        history, tip = snapshot.history, snapshot.tip
+        verified: Callable[[str], str] | None = None
+        if self.approver is not None and snapshot.spec_commit is not None:
+            # Every commit id a status gets is a verified one (docs/trust.md).
+            history, tip = self.verified_history(snapshot.spec_commit), snapshot.spec_commit
+            verified = self._covering
         context = Context(
-            tip=snapshot.tip,
+            tip=tip,
             history=history,
+            verified=verified,
             source=self.store,
             parse=self.parse,
             refusal=snapshot.refusal,
@@ -263,28 +280,73 @@ class Reader:
         elif self._unsettled is not None:
             self._unsettled.update(names)
 
+    def verified_history(self, commit: str) -> History:
+        """First-parent history up to the verified commit ``commit``."""
+        history = self._verified_history
+        history.advance(commit)
+        return history
+
+    def _covering(self, commit: str) -> str:
+        """``commit`` when it is verified; else the oldest verified spec
+        commit after it on the verified history (whose tree holds its
+        change): an unsigned commit is never a ``specCommit``."""
+        assert self.approver is not None
+        found = self._covered.get(commit)
+        if found is not None:
+            return found
+        approver, history = self.approver, self._verified_history
+        found = history.tip or commit
+        if approver.approve(commit).verified_commit == commit or commit not in history:
+            found = commit
+        else:
+            oldest = history.position(commit)
+            for change in history.change_commits():  # newest first
+                if history.position(change) <= oldest:
+                    break
+                if approver.approve(change).verified_commit == change:
+                    found = change
+        if len(self._covered) > 10_000:
+            self._covered.clear()
+        self._covered[commit] = found
+        return found
+
     def _hold_untrusted(
         self,
         statuses: dict[str, RolloutStatus],
         broken: dict[str, str],
         status_tip: str,
-        history: History,
         spec_commit: str | None,
-    ) -> None:
+    ) -> set[str]:
         """Move the statuses the daemon did not write, or the verified spec
-        does not back, from ``statuses`` into ``broken``."""
+        does not back, from ``statuses`` into ``broken``; return those of
+        them that ended (they claim no node)."""
         assert self.trust is not None
+        before = dict(statuses)
         tampered = self.trust.hold_unwritten(statuses, status_tip)
-        # Held back at the last acted commit (a backwards move), statuses
-        # belong to its history, not to the refused tip's.
-        chain = history
-        if spec_commit is not None and spec_commit not in history:
-            chain = self._acted_history
-            chain.advance(spec_commit)
+        # Statuses belong to the verified history (never to a refused tip's,
+        # nor to one held back at the commit last acted on).
+        chain: Container[str] = (
+            self.verified_history(spec_commit) if spec_commit is not None else frozenset()
+        )
         tampered.update(self.trust.hold_tampered(statuses, chain, self.caches.parsed))
         for name, reason in tampered.items():
             broken[name] = reason
             self.report("status_tampered", reason, rollout=name)
+        return {name for name in tampered if before[name].terminal}
+
+    def _hold_gone(self, statuses: dict[str, RolloutStatus], broken: dict[str, str]) -> set[str]:
+        """Record the rollouts started, and hold those the daemon started
+        whose status is gone (deleted, or its status branch deleted or
+        rewound): never taken for not started. Return those that ended."""
+        self.started.note(statuses)
+        ended: set[str] = set()
+        for name, entry in sorted(self.started.gone(statuses, broken).items()):
+            reason = gone_reason(name, entry)
+            broken[name] = reason
+            self.report("status_tampered", reason, rollout=name)
+            if entry.ended:
+                ended.add(name)
+        return ended
 
     def _approved_by(self, approval: Approval | None) -> tuple[ApprovalRecord, ...]:
         """Who approved the verified commit acted on, and the approval rules
@@ -524,6 +586,8 @@ class Reader:
         """What the daemon just committed on ``snapshot``'s status tip is
         what the next read finds there: not read again."""
         caches = self.caches
+        if self.trust is not None:
+            self.started.note(statuses)
         if snapshot.status_tip is not None and snapshot.status_tip == caches.status_reader.at:
             caches.own_status_write = (
                 snapshot.status_tip,

@@ -267,7 +267,8 @@ def held_reason(name: str, why: str) -> str:
     return (
         f"status_tampered: {path} is not verified: {why}; nothing is sent for it and "
         f"the file is left as it is: restore the daemon's last version (`git log -p -- "
-        f"{path}`) or delete it to start the rollout anew from the verified spec"
+        f"{path}`); a status of a rollout the daemon never started may be deleted, to "
+        "start it from the verified spec"
     )
 
 

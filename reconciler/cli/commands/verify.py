@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from reconciler.daemon.acted import read_acted
+from reconciler.daemon.started import StartedRollouts, gone_reason
 from reconciler.daemon.state import DaemonState, default_state_root
 from reconciler.daemon.status_trust import StatusTrust
 from reconciler.git.approval import (
@@ -143,12 +144,16 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--require-approvals must be 0 or more")
     pgp = _pgp_keys(args.allowed_pgp_keys)
     approver = Approver(repo, allowed, required_approvals=args.require_approvals, pgp=pgp)
-    acted, where = _acted_position(repo, args)
+    state = DaemonState.for_branch(
+        args.state_dir or default_state_root(), args.repo or ".", args.branch
+    )
+    acted, where = _acted_position(repo, state, args.branch)
     approval = _forward_only(repo, approver.approve(tip), acted)
     report = describe(repo, approver, approval, label, tip) + f"\n  {where}"
     held = _tampered_statuses(
         repo, approver, approval, tip, args.branch, _status_signers(args.daemon_key, allowed)
     )
+    held.update(_gone_statuses(repo, approver, approval, args.branch, state, held))
     if held:
         report = report.replace(": would be acted on", ": would NOT be acted on", 1)
         report += "\n  statuses held, nothing sent for them:"
@@ -258,21 +263,44 @@ def _tampered_statuses(
     return held
 
 
-def _acted_position(repo: Any, args: argparse.Namespace) -> tuple[str | None, str]:
+def _gone_statuses(
+    repo: Any,
+    approver: Approver,
+    approval: Approval,
+    branch: str,
+    state: DaemonState,
+    held: dict[str, str],
+) -> dict[str, str]:
+    """The rollouts the daemon started (as its state directory records)
+    whose status is gone: it holds them, never starting them again."""
+    try:
+        started = StartedRollouts(state)
+        known = started.known()
+    except ReconcilerError:
+        return {}
+    if not known or approval.verified_commit is None:
+        return {}
+    store = GitStore.open(str(repo.path), branch, read_only=True)
+    trust = StatusTrust(store, approver)
+    settings = trust.documents_at(approval.verified_commit, {}).settings
+    # Gone now, at the branch's status tip: an older REV predates them.
+    status_tip = store.tip(settings.status_branch or branch)
+    statuses = StatusReader().read(store, status_tip)[0] if status_tip is not None else {}
+    return {name: gone_reason(name, entry) for name, entry in started.gone(statuses, held).items()}
+
+
+def _acted_position(repo: Any, state: DaemonState, branch: str) -> tuple[str | None, str]:
     """The verified commit the daemon last acted on, as far as this machine
     can know it, and a line saying where that came from. The daemon keeps
     it in its state directory; the repository's old ref is what a daemon
     before that kept, and anyone who may push can move it."""
-    state = DaemonState.for_branch(
-        args.state_dir or default_state_root(), args.repo or ".", args.branch
-    )
     try:
         kept = read_acted(state)
     except ReconcilerError:
         kept = None
     if kept is not None:
         return kept, f"last acted on {kept[:_SHORT]} (the daemon's state, {state.folder})"
-    old = last_acted(repo, args.branch)
+    old = last_acted(repo, branch)
     unknown = (
         f"the daemon's state ({state.folder}) is not on this machine or not readable, "
         "so whether it already acted on a newer verified commit cannot be known here"
@@ -280,7 +308,7 @@ def _acted_position(repo: Any, args: argparse.Namespace) -> tuple[str | None, st
     if old is None:
         return None, f"last acted on: not known; {unknown}"
     return old, (
-        f"last acted on {old[:_SHORT]} by the ref {ACTED_REF}{args.branch}, which anyone "
+        f"last acted on {old[:_SHORT]} by the ref {ACTED_REF}{branch}, which anyone "
         f"who may push can change; {unknown}"
     )
 
