@@ -16,7 +16,7 @@ but the last-acted position (``daemon.acted``), or keep rollout state.
 from __future__ import annotations
 
 from collections.abc import Callable, Container, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from reconciler.daemon.acted import ActedPosition
 from reconciler.daemon.inputs import BuiltInputs, Context, InputCache
@@ -204,7 +204,9 @@ class Reader:
             self.report("status_ignored", f"{path}: {reason}", path=path)
         since_pass = status_changed
         ended: set[str] = set()  # held rollouts that ended: they claim no node
-        if self.trust is not None:
+        if self.trust is None:
+            self.started.note(statuses, status_changed)
+        else:
             if status_tip is not None:
                 ended = self._hold_untrusted(statuses, broken, status_tip, spec_commit)
             ended |= self._hold_gone(statuses, broken)
@@ -328,7 +330,9 @@ class Reader:
         chain: Container[str] = (
             self.verified_history(spec_commit) if spec_commit is not None else frozenset()
         )
-        tampered.update(self.trust.hold_tampered(statuses, chain, self.caches.parsed))
+        tampered.update(
+            self.trust.hold_tampered(statuses, chain, self.caches.parsed, self.started.wrote)
+        )
         for name, reason in tampered.items():
             broken[name] = reason
             self.report("status_tampered", reason, rollout=name)
@@ -419,6 +423,17 @@ class Reader:
             self.acted.record(verified)
             return approval
         held = refuse_backwards(approval, acted, moves_forward=False)
+        assert self.approver is not None
+        if self.approver.approve(acted).verified_commit != acted:
+            # The policy changed (approvals turned on): not a move backwards.
+            why = (
+                f"{acted[:12]}, the verified commit last acted on, is not verifiable under the "
+                "current policy, and no commit that is descends from it: push a signed (and, "
+                "as the policy asks, approved) commit on top of it"
+            )
+            held = replace(held, refusals=(replace(held.refusals[0], reason=why),))
+            self.report("not_verifiable", why, commit=acted)
+            return held
         self.report("verified_moved_back", held.refusals[0].reason, commit=verified or "")
         return held
 
@@ -586,8 +601,7 @@ class Reader:
         """What the daemon just committed on ``snapshot``'s status tip is
         what the next read finds there: not read again."""
         caches = self.caches
-        if self.trust is not None:
-            self.started.note(statuses)
+        self.started.note(statuses, [n for n in statuses if status_path(n) in written])
         if snapshot.status_tip is not None and snapshot.status_tip == caches.status_reader.at:
             caches.own_status_write = (
                 snapshot.status_tip,

@@ -1,7 +1,10 @@
 """Which rollouts the daemon has started, kept in its own state directory,
 so that a status that disappears is never taken for one not started.
 
-Under verification a rollout name is used once: a status file deleted by
+Every started rollout is recorded, verification on or not, so that
+turning verification or approvals on for a fleet in use can tell the
+statuses the daemon wrote from a person's (docs/trust.md). Under
+verification a rollout name is used once: a status file deleted by
 a push without a key (on the branch, or with the whole status branch)
 would otherwise let the verified spec start again, with new job ids, and
 put an old target back on the nodes. Each started rollout is recorded
@@ -16,7 +19,7 @@ keep anything but names, start commits and whether they ended.
 from __future__ import annotations
 
 import json
-from collections.abc import Container, Mapping
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass
 
 from reconciler.daemon.state import DaemonState
@@ -45,14 +48,17 @@ class StartedRollouts:
             self._known = self._load()
         return self._known
 
-    def note(self, statuses: Mapping[str, RolloutStatus]) -> None:
+    def note(
+        self, statuses: Mapping[str, RolloutStatus], names: Iterable[str] | None = None
+    ) -> None:
         """Record every started rollout among ``statuses`` (trusted ones:
-        the reader holds the others first); written only when it grew or
-        one of them ended."""
+        the reader holds the others first), or only among ``names`` of them;
+        written only when it grew or one of them ended."""
         known = self.known()
         changed = False
-        for name, status in statuses.items():
-            if not status.started or status.start_commit is None:
+        for name in statuses if names is None else names:
+            status = statuses.get(name)
+            if status is None or not status.started or status.start_commit is None:
                 continue
             entry = Started(status.start_commit, status.terminal)
             if known.get(name) != entry:
@@ -61,6 +67,12 @@ class StartedRollouts:
         if changed and self.state is not None:
             data = {n: {"startCommit": s.start_commit, "ended": s.ended} for n, s in known.items()}
             self.state.write(STARTED_FILE, json.dumps(data, sort_keys=True) + "\n")
+
+    def wrote(self, name: str, start_commit: str) -> bool:
+        """Did the daemon start ``name`` at ``start_commit`` (with or
+        without verification, under whatever policy was in force)?"""
+        entry = self.known().get(name)
+        return entry is not None and entry.start_commit == start_commit
 
     def gone(self, present: Container[str], held: Container[str]) -> dict[str, Started]:
         """The started rollouts with no status among ``present`` and not

@@ -32,6 +32,7 @@ from reconciler.protocol.job_ids import job_id
 from reconciler.spec.batch_shapes import batch_numbers, spread_numbers
 from reconciler.spec.documents import Documents, ParsedFile, assemble, parse_file
 from reconciler.spec.model import Fleet, RolloutSpec
+from reconciler.spec.paths import ROLLOUTS_DIR as ROLLOUTS_FOLDER
 from reconciler.spec.rollout_status import (
     FROZEN_FIELDS,
     ApprovalRecord,
@@ -174,10 +175,18 @@ class StatusTrust:
         statuses: dict[str, RolloutStatus],
         history: Container[str],
         parsed: Mapping[str, ParsedFile] | None = None,
+        wrote: Callable[[str, str], bool] | None = None,
     ) -> dict[str, str]:
         """Remove every tampered status from ``statuses``; return why each
         is held, by rollout name. ``history``: the branch's first-parent
-        commits; ``parsed``: documents already parsed, by blob id."""
+        commits; ``parsed``: documents already parsed, by blob id;
+        ``wrote(name, startCommit)``: did the daemon start it there?
+
+        A status the daemon started from a commit that does not verify
+        under the current policy (verification or approvals turned on
+        since) is not tampered: an ended one is kept as it is (nothing is
+        sent for it but restores a verified request asks for), a running
+        one is held, worded as what it is."""
         checked: dict[int, tuple[RolloutStatus, tuple[str, ...]]] = {}
         held: dict[str, str] = {}
         for name, value in list(statuses.items()):
@@ -190,9 +199,16 @@ class StatusTrust:
                 expected = self.start_spec(name, value.start_commit, parsed or {})
                 fields = tampered_fields(value, expected, history.__contains__)
             checked[id(value)] = (value, fields)
-            if fields:
+            if not fields:
+                continue
+            if fields == ("startCommit",) and wrote is not None and wrote(name, value.start_commit):
+                if value.terminal:
+                    continue
                 del statuses[name]
-                held[name] = tampered_reason(name, value.start_commit, fields)
+                held[name] = unverifiable_reason(name, value.start_commit)
+                continue
+            del statuses[name]
+            held[name] = tampered_reason(name, value.start_commit, fields)
         self._checked = checked
         return held
 
@@ -260,6 +276,18 @@ def tampered_reason(name: str, start: str, fields: tuple[str, ...]) -> str:
         + (f" and {len(fields) - 10} more" if len(fields) > 10 else "")
     )
     return held_reason(name, why)
+
+
+def unverifiable_reason(name: str, start: str) -> str:
+    """A running rollout the daemon started at a commit that the current
+    policy does not verify: held, and said to be that, not tampering."""
+    return (
+        f"not_verifiable: rollout {name} was started by the daemon at {start[:12]}, which "
+        "is not verifiable under the current policy (verification or approvals were turned "
+        "on since): nothing is sent for it and its nodes stay claimed; let it end under the "
+        f"old policy, or remove {ROLLOUTS_FOLDER}/{name}.yaml and {main_path(name)} in a "
+        "signed commit"
+    )
 
 
 def held_reason(name: str, why: str) -> str:
