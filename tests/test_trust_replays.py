@@ -14,6 +14,7 @@ import pytest
 
 from tests.kit.documents import rollout_yaml
 from tests.kit.fleets import FleetKit
+from tests.kit.keys import make_key
 from tests.kit.signed import NEW, NODES, OLD, Repo
 
 
@@ -152,3 +153,26 @@ def test_an_unsigned_settings_commit_never_becomes_a_jobs_source_commit(repo: Re
     sources = {p["node"]: p["sourceCommit"] for p in repo.accepted()}
     assert sources == {"web-1": signed, "web-2": signed}, unsigned
     assert (repo.status("r") or {})["specCommit"] == signed
+
+
+def test_an_unverified_rollout_waits_as_unverified_with_what_is_missing_now(
+    fast: Repo, tmp_path: Path
+) -> None:
+    bob = make_key(tmp_path / "bob", comment="bob").private
+    fast.signers.write_text(
+        fast.signers.read_text() + f"bob@example.com {bob.with_suffix('.pub').read_text()}"
+    )
+    fast.extra = ["--require-approvals", "1"]
+    spec = rollout_yaml("r", target=NEW, nodeIds=["web-1"], live=True)
+    fast.push({"rollouts/r.yaml": spec}, "Start r", signed=False)
+    fast.run_until(lambda: fast.phase("r") == "pending")
+    status = fast.status("r") or {}
+    assert status["reason"] == "unverified", status
+    assert "not signed" in status["message"]
+
+    # Signed now, short of an approval: the message says so, not the old why.
+    fast.push({"rollouts/r.yaml": spec + "# signed\n"}, "Sign r", signed=True)
+    fast.run_until(lambda: "has 0" in (fast.status("r") or {})["message"])
+    status = fast.status("r") or {}
+    assert status["reason"] == "unverified", status
+    assert "not signed" not in status["message"]

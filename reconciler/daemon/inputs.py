@@ -314,7 +314,7 @@ class InputCache:
             # Only an unverified commit has this file (or nothing is
             # verified yet): it is held with the refusal, never started,
             # and never aborted by a removal nobody verified either.
-            problems = (Problem(path, 0, 0, "", context.refusal or "not verified"),)
+            # Its own reason (``unverified``), with the refusal as it is now.
             present = True
         # A commit id that fell back to the tip, or a queue position that
         # may appear later, is worked out again every pass.
