@@ -77,7 +77,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--branch", default="main", help="branch whose tip is checked when REV is omitted"
     )
-    what = parser.add_mutually_exclusive_group(required=True)
+    what = parser.add_mutually_exclusive_group()
     what.add_argument(
         "--evidence",
         metavar="NAME",
@@ -90,10 +90,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="check a deployment attestation (reconciler attest) signed by --key",
     )
-    what.add_argument(
+    parser.add_argument(
         "--allowed-signers",
         metavar="FILE",
-        help="git allowed-signers file (as for gpg.ssh.allowedSignersFile)",
+        help="git allowed-signers file (as for gpg.ssh.allowedSignersFile); with --evidence: "
+        "take the agent keys from the verified spec and check the status's commits against "
+        "verified history",
     )
     parser.add_argument(
         "--require-approvals",
@@ -136,7 +138,12 @@ def run(args: argparse.Namespace) -> int:
     if args.key is not None:
         raise UsageError("--key goes with --attestation", "for status commits use --daemon-key")
     if args.evidence is not None:
-        return verify_evidence(args.repo or ".", args.branch, args.evidence)
+        return verify_evidence(args.repo or ".", args.branch, args.evidence, _evidence_trust(args))
+    if args.allowed_signers is None:
+        raise UsageError(
+            "verify needs --allowed-signers FILE, --evidence NAME or --attestation FILE",
+            "see reconciler verify --help",
+        )
     allowed = _allowed_signers(Path(args.allowed_signers))
     repo = open_local_repository(args.repo or ".")
     label, tip = resolve_or_branch_tip(repo, args.rev, args.branch)
@@ -162,8 +169,25 @@ def run(args: argparse.Namespace) -> int:
     return 0 if approval.acted_on and not held else 1
 
 
-def verify_evidence(repo: str, branch: str, name: str) -> int:
-    """Print each node's evidence check for rollout ``name``; 1 if any fails."""
+def _evidence_trust(args: argparse.Namespace) -> Approver | None:
+    """With ``--allowed-signers``: the judge of the status's commits."""
+    if args.allowed_signers is None:
+        return None
+    allowed = _allowed_signers(Path(args.allowed_signers))
+    repo = open_local_repository(args.repo or ".")
+    return Approver(
+        repo,
+        allowed,
+        required_approvals=args.require_approvals,
+        pgp=_pgp_keys(args.allowed_pgp_keys),
+    )
+
+
+def verify_evidence(repo: str, branch: str, name: str, approver: Approver | None = None) -> int:
+    """Print each node's evidence check for rollout ``name``; 1 if any fails.
+    With ``approver``, the status's ``specCommit`` and ``startCommit`` must
+    be verified commits of the branch's first-parent history first: the
+    agent keys come from the verified spec, never from an unsigned one."""
     source = open_branch(repo, branch)
     status = read_snapshot(source).statuses.get(name)
     if status is None:
@@ -171,8 +195,14 @@ def verify_evidence(repo: str, branch: str, name: str) -> int:
             f"no readable status for rollout {name!r} on branch {branch} of {repo}",
             "check the name with: reconciler status",
         )
+    if approver is not None:
+        wrong = _unverified_commits(repo, branch, approver, status)
+        if wrong:
+            print(f"rollout {name}: evidence NOT checked: " + "; ".join(wrong))
+            return 1
     verdicts = check_evidence(source, status)
-    print(f"rollout {name}: evidence checked against agentKey at specCommit {status.spec_commit}")
+    where = "the verified spec at" if approver is not None else "agentKey at"
+    print(f"rollout {name}: evidence checked against {where} specCommit {status.spec_commit}")
     width = max((len(v.node) for v in verdicts), default=0)
     for v in verdicts:
         print(f"  {v.node:<{width}}  {'ok' if v.ok else 'FAILED'}: {v.message}")
@@ -181,6 +211,31 @@ def verify_evidence(repo: str, branch: str, name: str) -> int:
         print(f"evidence does not verify for: {', '.join(failed)}")
         return 1
     return 0
+
+
+def _unverified_commits(repo: str, branch: str, approver: Approver, status: Any) -> list[str]:
+    """Why the status's commits are not what verified history says, if so:
+    each must be a verified commit on the branch's first-parent history up
+    to the verified commit at its tip, and the status must agree with the
+    verified spec at ``startCommit``."""
+    git_repo = open_local_repository(repo)
+    _, tip = resolve_or_branch_tip(git_repo, None, branch)
+    verified = approver.approve(tip).verified_commit
+    if verified is None:
+        return [f"no commit of branch {branch} verifies"]
+    history = History(git_repo)
+    history.advance(verified)
+    wrong = []
+    for field, commit in (("specCommit", status.spec_commit), ("startCommit", status.start_commit)):
+        if not commit:
+            continue
+        if commit not in history or approver.approve(commit).verified_commit != commit:
+            wrong.append(f"{field} {commit[:_SHORT]} is not a verified commit of {branch}")
+    if not wrong:
+        store = GitStore.open(str(git_repo.path), branch, read_only=True)
+        held = StatusTrust(store, approver).hold_tampered({status.name: status}, history)
+        wrong.extend(held.values())
+    return wrong
 
 
 def verify_attestation(path: Path, key_path: Path | None, repo: str | None, branch: str) -> int:
