@@ -14,6 +14,7 @@ import pytest
 
 from tests.kit.documents import rollout_yaml
 from tests.kit.fleets import FleetKit
+from tests.kit.git import git
 from tests.kit.keys import make_key
 from tests.kit.signed import NEW, NODES, OLD, Repo
 
@@ -176,3 +177,36 @@ def test_an_unverified_rollout_waits_as_unverified_with_what_is_missing_now(
     status = fast.status("r") or {}
     assert status["reason"] == "unverified", status
     assert "not signed" not in status["message"]
+
+
+def test_a_status_branch_forced_back_to_an_older_daemon_signed_commit_is_held(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    settings = (
+        "apiVersion: reconciler/v1\nkind: Settings\nspec: {statusBranch: reconciler-status}\n"
+    )
+    kit = FleetKit.create(tmp_path, NODES, files={"reconciler.yaml": settings})
+    try:
+        repo = Repo(kit, tmp_path)
+        repo.extra = ["--sign-commits"]
+        spec = rollout_yaml("r", target=NEW, nodeIds=["web-1", "web-2"], live=True)
+        repo.push({"rollouts/r.yaml": spec}, "Roll out r", signed=True)
+        running = None
+        while (status := repo.status("r", "reconciler-status")) is None or status[
+            "phase"
+        ] != "completed":
+            repo.run_once()
+            if (status or {}).get("phase") == "running" and running is None:
+                running = git("rev-parse", "reconciler-status", cwd=kit.bare)
+        assert running is not None
+        repo.git("fetch", "-q", "origin", "reconciler-status")
+        repo.git("push", "-q", "--force", "origin", f"{running}:refs/heads/reconciler-status")
+        jobs = [p["jobId"] for p in repo.accepted()]
+        capsys.readouterr()
+        for _ in range(3):
+            repo.run_once()
+        assert "status/r.yaml went backwards" in capsys.readouterr().err
+        assert [p["jobId"] for p in repo.accepted()] == jobs
+        assert (repo.status("r", "reconciler-status") or {})["phase"] == "running"
+    finally:
+        kit.close()

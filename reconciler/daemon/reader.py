@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 
 from reconciler.daemon.acted import ActedPosition
 from reconciler.daemon.inputs import BuiltInputs, Context, InputCache
-from reconciler.daemon.started import StartedRollouts, gone_reason
+from reconciler.daemon.started import StartedRollouts, gone_reason, rewound_reason
 from reconciler.daemon.state import DaemonState
 from reconciler.daemon.status_trust import StatusTrust, approved_by_records
 from reconciler.engine import step as engine
@@ -342,8 +342,13 @@ class Reader:
         """Record the rollouts started, and hold those the daemon started
         whose status is gone (deleted, or its status branch deleted or
         rewound): never taken for not started. Return those that ended."""
-        self.started.note(statuses)
         ended: set[str] = set()
+        for name, entry in sorted(self.started.rewound(statuses).items()):
+            del statuses[name]
+            broken[name] = rewound_reason(name, entry)
+            self.report("status_tampered", broken[name], rollout=name)
+            ended.add(name)
+        self.started.note(statuses)
         for name, entry in sorted(self.started.gone(statuses, broken).items()):
             reason = gone_reason(name, entry)
             broken[name] = reason

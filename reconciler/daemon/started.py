@@ -83,6 +83,16 @@ class StartedRollouts:
             if name not in present and name not in held
         }
 
+    def rewound(self, statuses: Mapping[str, RolloutStatus]) -> dict[str, Started]:
+        """The rollouts the daemon saw end whose status says they did not:
+        the status (or its branch) was put back to an older version."""
+        known = self.known()
+        return {
+            name: entry
+            for name, status in statuses.items()
+            if (entry := known.get(name)) is not None and entry.ended and not status.terminal
+        }
+
     def _load(self) -> dict[str, Started]:
         text = self.state.read(STARTED_FILE) if self.state is not None else None
         if not text:
@@ -95,6 +105,17 @@ class StartedRollouts:
             }
         except (ValueError, TypeError, KeyError, AttributeError):
             return {}  # rebuilt from the statuses read next
+
+
+def rewound_reason(name: str, entry: Started) -> str:
+    """The message of a rollout whose status went back from its end."""
+    path = main_path(name)
+    return (
+        f"status_tampered: {path} went backwards: the daemon saw rollout {name} (started at "
+        f"{entry.start_commit[:12]}) end, and this version has not: nothing is sent for it. "
+        "Put the daemon's newest version back (push the branch back to the daemon's last "
+        "status commit)"
+    )
 
 
 def gone_reason(name: str, entry: Started) -> str:
