@@ -155,9 +155,10 @@ def _in_order_within(names: list[str], selected: tuple[str, ...]) -> bool:
 
 class StatusTrust:
     """Holds statuses the verified spec does not back (see the module
-    docstring). Keeps, per status value, its answer, and per (rollout,
-    startCommit) what the verified spec there fixes: a commit's verified
-    spec never changes, so each is read once."""
+    docstring). Keeps, per status value, its answer while approvals stay
+    as they were, and per (rollout, verified commit at its startCommit)
+    what the verified spec there fixes: a commit's verified spec never
+    changes, so each is read once."""
 
     def __init__(
         self, store: GitStore, approver: Approver, writes: DaemonWrites | None = None
@@ -168,6 +169,7 @@ class StatusTrust:
         # by id(value), the value kept alive with its answer
         self._checked: dict[int, tuple[RolloutStatus, tuple[str, ...]]] = {}
         self._start_specs: dict[tuple[str, str], StartSpec | None] = {}
+        self._approvals_seen: object = None
         self._documents: dict[str, Documents] = {}
 
     def hold_tampered(
@@ -189,6 +191,10 @@ class StatusTrust:
         one is held, worded as what it is."""
         checked: dict[int, tuple[RolloutStatus, tuple[str, ...]]] = {}
         held: dict[str, str] = {}
+        approvals = self.approver.approvals_state()
+        if approvals != self._approvals_seen:
+            self._checked = {}  # an answer may rest on approvals that moved
+            self._approvals_seen = approvals
         for name, value in list(statuses.items()):
             if not value.started or value.start_commit is None:
                 continue
@@ -233,10 +239,12 @@ class StatusTrust:
     ) -> StartSpec | None:
         """What the verified spec at ``start`` fixes for rollout ``name``
         (None: no verified spec of it there)."""
-        key = (name, start)
+        # Keyed by the verified commit, which approvals can move (a new or a
+        # withdrawn approval): its spec never changes, so each is read once.
+        verified = self.approver.approve(start).verified_commit
+        key = (name, verified or "")
         if key in self._start_specs:
             return self._start_specs[key]
-        verified = self.approver.approve(start).verified_commit
         expected = None
         if verified is not None:
             documents = self.documents_at(verified, parsed)
