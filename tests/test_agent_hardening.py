@@ -9,8 +9,9 @@ import dataclasses
 import json
 import os
 import signal
+import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -420,3 +421,46 @@ def test_a_rollout_whose_newest_record_was_compacted_is_judged_by_what_is_left(
     finally:
         agent.close()
         agent.state.close()
+
+
+# -- a full disk ----------------------------------------------------------------
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 256 KiB tmpfs, where a state directory runs out of space for real."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)], capture_output=True
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_full_disk_ends_the_job_failed_and_the_agent_carries_on(
+    small_disk: Path, key: SigningKey
+) -> None:
+    state = small_disk / "state"
+    (state / "runtimes").mkdir(parents=True)
+    (state / "runtimes" / "hermes.yaml").write_bytes(OLD_CONFIG)
+    fill = small_disk / "fill"
+    # The after-apply command fills the disk: the journal cannot take the
+    # job's end, nor the failure recording it.
+    command = f"if [ ! -e {small_disk}/full-once ]; then touch {small_disk}/full-once; "
+    command += f"head -c 1000000 /dev/zero > {fill}; fi; exit 0"
+    agent = AgentThread(state, [key], after_apply=command)
+    try:
+        agent.post(envelope(job(), key))
+        record = agent.wait_finished("apply-0001")
+        assert record["state"] == "failed", record
+        fill.unlink()
+        agent.post(envelope(job("apply-0002", rollout="other"), key))
+        second = agent.wait_finished("apply-0002")
+    finally:
+        agent.close()
+    assert second["state"] == "succeeded", second

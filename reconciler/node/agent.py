@@ -517,6 +517,10 @@ class Agent:
     def _save(self, record: JobRecord) -> None:
         """Called with ``_lock`` held (or before serving starts)."""
         self.state.save_job(record)
+        self._known(record)
+
+    def _known(self, record: JobRecord) -> None:
+        """Called with ``_lock`` held: ``record`` is what the agent answers."""
         self._keep(record)
         if record.state in FINISHED_JOB_STATES:
             for loop, woken in self._waiters.pop(record.job_id, ()):
@@ -527,6 +531,26 @@ class Agent:
         record = record.with_changes(**changes)
         with self._lock:
             self._save(record)
+        return record
+
+    def _failed(self, record: JobRecord, **changes: Any) -> JobRecord:
+        """``record`` ended ``failed``. When the journal cannot take it (a
+        full disk), the agent still answers ``failed`` from memory and
+        carries on: the journal keeps "accepted", which a restart turns
+        into "failed" too, so the job never runs again either way."""
+        record = record.with_changes(
+            state="failed", finished_at=format_time(self.clock()), **changes
+        )
+        with self._lock:
+            try:
+                self._save(record)
+            except OSError as exc:
+                print(
+                    f"agent: cannot record that job {record.job_id} failed: {exc.strerror}; "
+                    "answering from memory",
+                    file=sys.stderr,
+                )
+                self._known(record)
         return record
 
     def _run(self, job_id: str) -> None:
@@ -546,22 +570,10 @@ class Agent:
             # the config as it was before this job, whatever happened next.
             planned = record.planned_backup
             kept = planned if planned and self.state.find_backup(planned) else None
-            record = self._update(
-                record,
-                state="failed",
-                error=exc.message,
-                detail=exc.detail,
-                backup_id=kept,
-                finished_at=format_time(self.clock()),
-            )
+            record = self._failed(record, error=exc.message, detail=exc.detail, backup_id=kept)
         except Exception as exc:  # the job fails, the agent carries on
             print(f"agent: job {job_id} failed unexpectedly: {exc!r}", file=sys.stderr)
-            record = self._update(
-                self.jobs[job_id],
-                state="failed",
-                error=f"agent error: {exc}",
-                finished_at=format_time(self.clock()),
-            )
+            record = self._failed(self.jobs[job_id], error=f"agent error: {exc}")
         try:
             self.compact()
         except OSError as exc:  # the journal stays longer; the next job tries again
