@@ -357,6 +357,34 @@ def test_finished_records_are_dropped_a_day_after_their_payload_expired(
         agent.state.close()
 
 
+def test_a_job_resent_after_its_record_was_dropped_is_not_run_again(
+    state: Path, key: SigningKey
+) -> None:
+    clock = Clock()
+    agent = _agent(state, key, clock)
+    try:
+        assert _run_job(agent, key, clock, job("apply-0001")) == 202
+        clock.now += timedelta(hours=24, minutes=14)
+        assert _run_job(agent, key, clock, job("apply-0002", rollout="second")) == 202
+        clock.now += timedelta(minutes=2)  # a day past apply-0001's expiry
+        assert agent.compact() == 1
+    finally:
+        agent.close()
+        agent.state.close()
+    # A restarted agent, and the daemon's resend of the same job (same id,
+    # fresh issuedAt) after being down for over a day.
+    agent = _agent(state, key, clock)
+    try:
+        assert _run_job(agent, key, clock, job("apply-0001")) == 409
+        assert "apply-0001" not in agent.jobs
+        clock.now += timedelta(days=31)
+        agent.compact()
+        assert "apply-0001" not in agent.state.load_dropped()  # kept 30 days
+    finally:
+        agent.close()
+        agent.state.close()
+
+
 def _jobs_to_new_models(agent: Agent, key: SigningKey, clock: Clock) -> Callable[..., None]:
     """Runs a job (id, rollout, mode) to its end, each to a model not seen before."""
     models = iter(f"model-{i}" for i in range(100))

@@ -82,6 +82,9 @@ DEFAULT_KEEP_FIRST_BACKUPS = 30 * 24 * 3600  # seconds
 # record only answers a daemon that still reads the job (one that was down, or
 # slow). A day covers a daemon restart or an outage of that length.
 JOURNAL_KEEP_AFTER_EXPIRY = timedelta(hours=24)
+# A dropped record's id is kept this long more: a resend (fresh issuedAt)
+# of a job that ran is refused, not run again, while it is kept.
+DROPPED_IDS_KEPT = timedelta(days=30)
 COMPACT_EVERY = timedelta(minutes=1)  # agent clock; compaction is a scan of the journal
 
 
@@ -150,6 +153,7 @@ class Agent:
         # read once (``os.environ`` decodes every entry each time it is copied).
         self._environment = dict(os.environ)
         self.jobs = state.load_jobs()
+        self._dropped = state.load_dropped()  # job id -> when its record was dropped
         # runtime -> the config bytes last parsed and what they hold (read
         # only): the heartbeat and the next job read the config the last job
         # wrote, so it is parsed once, not at every read. Replaced whole, from
@@ -310,6 +314,13 @@ class Agent:
                 and r.job_id not in probed
                 and _expired_before(r, now)
             ]
+            if doomed or any(_before(t, now - DROPPED_IDS_KEPT) for t in self._dropped.values()):
+                dropped = {
+                    k: t for k, t in self._dropped.items() if not _before(t, now - DROPPED_IDS_KEPT)
+                }
+                dropped.update(dict.fromkeys(doomed, format_time(now)))
+                self.state.save_dropped(dropped)  # before the records go
+                self._dropped = dropped
             for job_id in doomed:
                 self.state.delete_job(job_id)
                 del self.jobs[job_id]
@@ -453,6 +464,13 @@ class Agent:
             known = self.jobs.get(payload["jobId"])
             if known is not None:
                 return self._json(200, known.public())
+            if payload["jobId"] in self._dropped:
+                return self._error(
+                    409,
+                    "already_executed",
+                    f"job {payload['jobId']} ran here; its record was dropped from the "
+                    f"journal at {self._dropped[payload['jobId']]}, and it is not run again",
+                )
             record = JobRecord(
                 job_id=payload["jobId"],
                 payload=payload,
@@ -789,6 +807,14 @@ def _note_accepted(newest: dict[str, datetime], record: JobRecord) -> None:
     """Count ``record``'s acceptance in ``newest`` (rollout -> newest acceptance)."""
     rollout, moment = _rollout_of(record), _stored_time(record.accepted_at)
     newest[rollout] = max(moment, newest.get(rollout, moment))
+
+
+def _before(text: str, moment: datetime) -> bool:
+    """Is the RFC 3339 time ``text`` before ``moment`` (unreadable: yes)?"""
+    try:
+        return parse_time(text) < moment
+    except ValueError:
+        return True
 
 
 def _expired_before(record: JobRecord, now: datetime) -> bool:
