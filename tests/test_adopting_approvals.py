@@ -52,6 +52,10 @@ def test_turning_approvals_on_keeps_finished_rollouts_and_starts_a_new_one(
         assert "status_tampered" not in dashboard
         assert "old" in dashboard and "new" in dashboard
         assert repo.phase("old") == repo.phase("new") == "completed"
+        daemon_key = str(kit.root / "keys" / "reconciler.pub")
+        approvals = ("--require-approvals", "1", "--daemon-key", daemon_key)
+        code, out = repo.verify(capsys, *approvals)
+        assert "status_tampered" not in out, out  # verify agrees: nothing tampered
 
         # A new rollout on the same nodes, signed by ada and approved by bob.
         spec = rollout_yaml("newer", target=OLD, nodeIds=["web-1", "web-2"], live=True)
@@ -62,6 +66,8 @@ def test_turning_approvals_on_keeps_finished_rollouts_and_starts_a_new_one(
         status = repo.status("newer") or {}
         assert [a["principal"] for a in status["approvedBy"]] == ["bob@example.com"]
         assert "waits for rollout" not in git("show", "main:status/README.md", cwd=kit.bare)
+        code, out = repo.verify(capsys, *approvals)
+        assert code == 0, out
     finally:
         kit.close()
 

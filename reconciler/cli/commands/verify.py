@@ -158,7 +158,13 @@ def run(args: argparse.Namespace) -> int:
     approval = _forward_only(repo, approver.approve(tip), acted)
     report = describe(repo, approver, approval, label, tip) + f"\n  {where}"
     held = _tampered_statuses(
-        repo, approver, approval, tip, args.branch, _status_signers(args.daemon_key, allowed)
+        repo,
+        approver,
+        approval,
+        tip,
+        args.branch,
+        _status_signers(args.daemon_key, allowed),
+        state,
     )
     held.update(_gone_statuses(repo, approver, approval, args.branch, state, held))
     if held:
@@ -294,9 +300,13 @@ def _tampered_statuses(
     tip: str,
     branch: str,
     status_signers: tuple[AllowedSigner, ...] = (),
+    state: DaemonState | None = None,
 ) -> dict[str, str]:
     """The statuses the daemon would hold as ``status_tampered``, read the
-    way it reads them (``daemon.status_trust``); unreadable ones are left to it."""
+    way it reads them (``daemon.status_trust``, against the history up to
+    the verified commit, and knowing from the daemon's ``state``, when it
+    is on this machine, which rollouts it started); unreadable ones are
+    left to it."""
     if approval.verified_commit is None:
         return {}
     try:
@@ -312,9 +322,14 @@ def _tampered_statuses(
     # Read as the daemon reads them (schema check included); unreadable ones are left to it.
     statuses, _ = StatusReader().read(store, status_tip)
     history = History(repo)
-    history.advance(tip)
+    history.advance(approval.verified_commit)
+    started = StartedRollouts(state)
+    try:
+        started.known()
+    except ReconcilerError:
+        started = StartedRollouts(None)
     held = trust.hold_unwritten(statuses, status_tip)
-    held.update(trust.hold_tampered(statuses, history))
+    held.update(trust.hold_tampered(statuses, history, wrote=started.wrote))
     return held
 
 
