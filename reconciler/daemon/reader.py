@@ -23,6 +23,7 @@ from reconciler.daemon.inputs import BuiltInputs, Context, InputCache
 from reconciler.daemon.started import StartedRollouts, gone_reason, rewound_reason
 from reconciler.daemon.state import DaemonState
 from reconciler.daemon.status_trust import StatusTrust, approved_by_records
+from reconciler.daemon.verified_history import VerifiedHistory
 from reconciler.engine import step as engine
 from reconciler.git.approval import (
     Approval,
@@ -134,10 +135,9 @@ class Reader:
         self.caches = _Caches()
         self.input_cache = InputCache()  # engine inputs by rollout
         self._unsettled: set[str] | None = None  # status changes since the last full pass
-        # Under verification: first-parent history up to the verified commit
-        # acted on, where every commit id a status gets comes from.
-        self._verified_history = History(store.repository())
-        self._covered: dict[str, str] = {}  # spec commit -> the verified commit covering it
+        self.verified = (
+            VerifiedHistory(store.repository(), approver) if approver is not None else None
+        )
         self.started = StartedRollouts(state)
         self.trust = (
             StatusTrust(
@@ -248,10 +248,10 @@ class Reader:
         where ``delta`` or history says it may differ (``inputs.py``)."""
         history, tip = snapshot.history, snapshot.tip
         verified: Callable[[str], str] | None = None
-        if self.approver is not None and snapshot.spec_commit is not None:
+        if self.verified is not None and snapshot.spec_commit is not None:
             # Every commit id a status gets is a verified one (docs/trust.md).
-            history, tip = self.verified_history(snapshot.spec_commit), snapshot.spec_commit
-            verified = self._covering
+            history, tip = self.verified.at(snapshot.spec_commit), snapshot.spec_commit
+            verified = self.verified.covering
         context = Context(
             tip=tip,
             history=history,
@@ -282,36 +282,6 @@ class Reader:
         elif self._unsettled is not None:
             self._unsettled.update(names)
 
-    def verified_history(self, commit: str) -> History:
-        """First-parent history up to the verified commit ``commit``."""
-        history = self._verified_history
-        history.advance(commit)
-        return history
-
-    def _covering(self, commit: str) -> str:
-        """``commit`` when it is verified; else the oldest verified spec
-        commit after it on the verified history (whose tree holds its
-        change): an unsigned commit is never a ``specCommit``."""
-        assert self.approver is not None
-        found = self._covered.get(commit)
-        if found is not None:
-            return found
-        approver, history = self.approver, self._verified_history
-        found = history.tip or commit
-        if approver.approve(commit).verified_commit == commit or commit not in history:
-            found = commit
-        else:
-            oldest = history.position(commit)
-            for change in history.change_commits():  # newest first
-                if history.position(change) <= oldest:
-                    break
-                if approver.approve(change).verified_commit == change:
-                    found = change
-        if len(self._covered) > 10_000:
-            self._covered.clear()
-        self._covered[commit] = found
-        return found
-
     def _hold_untrusted(
         self,
         statuses: dict[str, RolloutStatus],
@@ -328,7 +298,9 @@ class Reader:
         # Statuses belong to the verified history (never to a refused tip's,
         # nor to one held back at the commit last acted on).
         chain: Container[str] = (
-            self.verified_history(spec_commit) if spec_commit is not None else frozenset()
+            self.verified.at(spec_commit)
+            if self.verified is not None and spec_commit is not None
+            else frozenset()
         )
         tampered.update(
             self.trust.hold_tampered(statuses, chain, self.caches.parsed, self.started.wrote)
