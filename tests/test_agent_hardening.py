@@ -9,8 +9,9 @@ import dataclasses
 import json
 import os
 import signal
+import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -356,6 +357,34 @@ def test_finished_records_are_dropped_a_day_after_their_payload_expired(
         agent.state.close()
 
 
+def test_a_job_resent_after_its_record_was_dropped_is_not_run_again(
+    state: Path, key: SigningKey
+) -> None:
+    clock = Clock()
+    agent = _agent(state, key, clock)
+    try:
+        assert _run_job(agent, key, clock, job("apply-0001")) == 202
+        clock.now += timedelta(hours=24, minutes=14)
+        assert _run_job(agent, key, clock, job("apply-0002", rollout="second")) == 202
+        clock.now += timedelta(minutes=2)  # a day past apply-0001's expiry
+        assert agent.compact() == 1
+    finally:
+        agent.close()
+        agent.state.close()
+    # A restarted agent, and the daemon's resend of the same job (same id,
+    # fresh issuedAt) after being down for over a day.
+    agent = _agent(state, key, clock)
+    try:
+        assert _run_job(agent, key, clock, job("apply-0001")) == 409
+        assert "apply-0001" not in agent.jobs
+        clock.now += timedelta(days=31)
+        agent.compact()
+        assert "apply-0001" not in agent.state.load_dropped()  # kept 30 days
+    finally:
+        agent.close()
+        agent.state.close()
+
+
 def _jobs_to_new_models(agent: Agent, key: SigningKey, clock: Clock) -> Callable[..., None]:
     """Runs a job (id, rollout, mode) to its end, each to a model not seen before."""
     models = iter(f"model-{i}" for i in range(100))
@@ -420,3 +449,46 @@ def test_a_rollout_whose_newest_record_was_compacted_is_judged_by_what_is_left(
     finally:
         agent.close()
         agent.state.close()
+
+
+# -- a full disk ----------------------------------------------------------------
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 256 KiB tmpfs, where a state directory runs out of space for real."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)], capture_output=True
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_full_disk_ends_the_job_failed_and_the_agent_carries_on(
+    small_disk: Path, key: SigningKey
+) -> None:
+    state = small_disk / "state"
+    (state / "runtimes").mkdir(parents=True)
+    (state / "runtimes" / "hermes.yaml").write_bytes(OLD_CONFIG)
+    fill = small_disk / "fill"
+    # The after-apply command fills the disk: the journal cannot take the
+    # job's end, nor the failure recording it.
+    command = f"if [ ! -e {small_disk}/full-once ]; then touch {small_disk}/full-once; "
+    command += f"head -c 1000000 /dev/zero > {fill}; fi; exit 0"
+    agent = AgentThread(state, [key], after_apply=command)
+    try:
+        agent.post(envelope(job(), key))
+        record = agent.wait_finished("apply-0001")
+        assert record["state"] == "failed", record
+        fill.unlink()
+        agent.post(envelope(job("apply-0002", rollout="other"), key))
+        second = agent.wait_finished("apply-0002")
+    finally:
+        agent.close()
+    assert second["state"] == "succeeded", second

@@ -16,7 +16,7 @@ from reconciler.cli import main as cli
 from reconciler.spec.model import Target
 from tests.kit.agents import AgentThread
 from tests.kit.documents import make_status, node_yaml, status_text
-from tests.kit.git import make_repo
+from tests.kit.git import git, make_repo
 from tests.kit.jobs import envelope, job
 from tests.kit.keys import make_key
 from tests.kit.ports import HeldPort
@@ -136,3 +136,34 @@ def test_from_a_laptop_that_cannot_reach_the_agent_the_recorded_backups_are_show
     assert f"cannot reach the agent of node-a at http://127.0.0.1:{port}" in err
     assert "(from this machine)" in err
     assert "run reconciler backups node-a there (for example over ssh)" in " ".join(err.split())
+
+
+def test_with_allowed_signers_backups_follows_the_verified_node_file(
+    tmp_path: Path,
+    identity: dict[str, str],
+    agent: AgentThread,
+    held_port: HeldPort,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    alice = make_key(tmp_path / "alice", comment="alice").private
+    signers = tmp_path / "allowed_signers"
+    signers.write_text(f"alice@example.com {alice.with_suffix('.pub').read_text()}")
+    fleet = tmp_path / "fleet"
+    fleet.mkdir()
+    git("init", "-q", "-b", "main", cwd=fleet)
+    node = fleet / "nodes" / "node-a.yaml"
+    node.parent.mkdir()
+    node.write_text(node_yaml("node-a", agent=agent.url, maintenance=None))
+    git("add", "-A", cwd=fleet)
+    git("-c", "gpg.format=ssh", "-c", f"user.signingKey={alice}", "commit", "-qS",
+        "-m", "Add node-a", cwd=fleet)  # fmt: skip
+    # Without a key: the node's address moved to one the pusher chose.
+    elsewhere = f"http://127.0.0.1:{held_port.port}"
+    node.write_text(node_yaml("node-a", agent=elsewhere, maintenance=None))
+    git("commit", "-qam", "Move node-a", cwd=fleet)
+
+    assert cli.main(["backups", "node-a", "--repo", str(fleet)]) == 1
+    assert f"cannot reach the agent of node-a at {elsewhere}" in capsys.readouterr().err
+    argv = ["backups", "node-a", "--repo", str(fleet), "--allowed-signers", str(signers)]
+    assert cli.main(argv) == 0
+    assert capsys.readouterr().out.startswith(f"node-a ({agent.url}): 2 backups")

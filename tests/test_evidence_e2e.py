@@ -9,6 +9,8 @@ check them offline against the node file at the rollout's specCommit."""
 
 from __future__ import annotations
 
+import base64
+import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -18,9 +20,12 @@ from typing import Any
 import pytest
 
 from reconciler.cli.main import main as cli
+from reconciler.protocol.signing import canonical_json, generate_key, load_private_key
+from reconciler.spec.safe_yaml import load_yaml
 from tests.kit.documents import node_map, rollout_yaml
 from tests.kit.fleets import AgentFleet
 from tests.kit.git import git, git_env
+from tests.kit.keys import make_key
 from tests.kit.ports import HeldPort
 
 OLD = b"provider: ollama\nmodel: llama3-8b\nprofile: default\n"
@@ -267,3 +272,60 @@ def test_a_restore_the_policy_decided_keeps_its_signed_record(
     code, out = verify_evidence(fleet, "r", capsys)
     assert code == 0, out
     assert "restore job record signed by" in out
+
+
+def test_answers_signed_by_a_key_from_an_unsigned_node_file_do_not_verify(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fleet = AgentFleet.create(
+        tmp_path,
+        {"gpu-a1": {"config": OLD, "agent_key": "own"}},
+        files={"reconciler.yaml": FAST_OFFLINE},
+    )
+    try:
+        alice = make_key(tmp_path / "alice", comment="alice").private
+        signers = tmp_path / "allowed_signers"
+        signers.write_text(f"alice@example.com {alice.with_suffix('.pub').read_text()}")
+        spec = fleet.work / "rollouts" / "r.yaml"
+        spec.parent.mkdir(exist_ok=True)
+        spec.write_text(rollout_yaml("r", nodeIds=["gpu-a1"], live=True))
+        env = git_env()
+        git("add", "-A", cwd=fleet.work, env=env)
+        git("-c", "gpg.format=ssh", "-c", f"user.signingKey={alice}", "commit", "-qS",
+            "-m", "Roll out r", cwd=fleet.work, env=env)  # fmt: skip
+        fleet.git_push()
+        fleet.run_until(fleet.daemon(), lambda s: s.get("r", {}).get("phase") == "completed")
+        checked = ["verify", "--evidence", "r", "--repo", str(fleet.bare)]
+        capsys.readouterr()
+        assert cli([*checked, "--allowed-signers", str(signers)]) == 0, capsys.readouterr().out
+
+        # Without a key: a node file naming the pusher's own agentKey, then a
+        # status pointing specCommit at it, its answers signed by that key.
+        mallory = load_private_key(generate_key(tmp_path / "mallory", "agent")[0])
+        fleet.pull()
+        node = fleet.work / "nodes" / "gpu-a1.yaml"
+        text = node.read_text()
+        line = next(x for x in text.splitlines() if "agentKey" in x)
+        node.write_text(text.replace(line, f'  agentKey: "{mallory.public_openssh}"'))
+        git("commit", "-qam", "Rotate the key", cwd=fleet.work, env=env)
+        fake = git("rev-parse", "HEAD", cwd=fleet.work)
+        path = fleet.work / "status" / "r.yaml"
+        status = json.loads(json.dumps(load_yaml("r", path.read_bytes())))
+        status["specCommit"] = fake
+        evidence = node_map(status)["gpu-a1"]["evidence"]
+        for part in ("jobRecord", "heartbeat"):
+            signature = base64.b64encode(mallory.sign(canonical_json(evidence[part])))
+            evidence["signatures"][part] = signature.decode("ascii")
+        evidence["keyId"] = mallory.key_id
+        text = json.dumps(status)  # YAML reads JSON
+        path.write_text(text)
+        git("commit", "-qam", "Record the answers", cwd=fleet.work, env=env)
+        fleet.git_push()
+
+        assert cli(checked) == 0  # the keys of the tip's history take it
+        capsys.readouterr()
+        assert cli([*checked, "--allowed-signers", str(signers)]) == 1
+        out = capsys.readouterr().out
+        assert f"specCommit {fake[:12]} is not a verified commit" in out
+    finally:
+        fleet.close()

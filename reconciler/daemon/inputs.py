@@ -63,6 +63,9 @@ class Context:
     approved_by: tuple[ApprovalRecord, ...]
     unverified: frozenset[str]  # rollouts seen only in an unverified tree
     settings_change: str | None
+    # Under verification: the verified commit that covers a spec commit
+    # (itself, or the oldest verified one after it); None: no verification.
+    verified: Callable[[str], str] | None = None
 
 
 @dataclass(frozen=True)
@@ -308,6 +311,8 @@ class InputCache:
         spec_commit = history.newest(
             [history.last_change(path), context.settings_change, history.last_change_of(node_paths)]
         )
+        if spec_commit is not None and context.verified is not None:
+            spec_commit = context.verified(spec_commit)
         first_seen = history.first_added(path)
         if recorded is not None:
             spec_commit = spec_commit or recorded.spec_commit
@@ -316,7 +321,7 @@ class InputCache:
             # Only an unverified commit has this file (or nothing is
             # verified yet): it is held with the refusal, never started,
             # and never aborted by a removal nobody verified either.
-            problems = (Problem(path, 0, 0, "", context.refusal or "not verified"),)
+            # Its own reason (``unverified``), with the refusal as it is now.
             present = True
         # A commit id that fell back to the tip, or a queue position that
         # may appear later, is worked out again every pass.

@@ -216,6 +216,7 @@ class Daemon:
             status_signers=self._status_signers,
             report=self._report,
             info=self.log.info,
+            state=self.state,
         )
 
     def _forget_caches(self) -> None:

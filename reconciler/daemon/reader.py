@@ -10,23 +10,25 @@ did not write, are held. The steps after it read nothing from the tip.
 
 Forgetting the caches changes nothing but the cost (``run --plain`` reads
 with a new reader every pass). Must not: decide anything, write anything
-but the last-acted marker, or keep rollout state.
+but the last-acted position (``daemon.acted``), or keep rollout state.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Container, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
+from reconciler.daemon.acted import ActedPosition
 from reconciler.daemon.inputs import BuiltInputs, Context, InputCache
+from reconciler.daemon.started import StartedRollouts, gone_reason, rewound_reason
+from reconciler.daemon.state import DaemonState
 from reconciler.daemon.status_trust import StatusTrust, approved_by_records
+from reconciler.daemon.verified_history import VerifiedHistory
 from reconciler.engine import step as engine
 from reconciler.git.approval import (
     Approval,
     Approver,
     descends_by_first_parent,
-    last_acted,
-    record_acted,
     refuse_backwards,
 )
 from reconciler.git.approval_notes import notes_tip
@@ -120,8 +122,10 @@ class Reader:
         status_signers: Sequence[AllowedSigner],
         report: Report,
         info: Callable[[str, str], None],
+        state: DaemonState | None = None,
     ) -> None:
         self.store = store
+        self.acted = ActedPosition(store.repository(), store.branch, state)
         self.approver = approver
         self.report = report
         self.info = info
@@ -131,7 +135,10 @@ class Reader:
         self.caches = _Caches()
         self.input_cache = InputCache()  # engine inputs by rollout
         self._unsettled: set[str] | None = None  # status changes since the last full pass
-        self._acted_history = History(store.repository())
+        self.verified = (
+            VerifiedHistory(store.repository(), approver) if approver is not None else None
+        )
+        self.started = StartedRollouts(state)
         self.trust = (
             StatusTrust(
                 store,
@@ -196,8 +203,13 @@ class Reader:
         for path, reason in ignored.items():
             self.report("status_ignored", f"{path}: {reason}", path=path)
         since_pass = status_changed
-        if self.trust is not None and status_tip is not None:
-            self._hold_untrusted(statuses, broken, status_tip, history, spec_commit)
+        ended: set[str] = set()  # held rollouts that ended: they claim no node
+        if self.trust is None:
+            self.started.note(statuses, status_changed)
+        else:
+            if status_tip is not None:
+                ended = self._hold_untrusted(statuses, broken, status_tip, spec_commit)
+            ended |= self._hold_gone(statuses, broken)
             since_pass = None  # held statuses leave the mapping
         self._unsettle(since_pass)
         snapshot = Snapshot(
@@ -216,7 +228,10 @@ class Reader:
             refusal=_refusal_text(approval),
             approved_by=self._approved_by(approval),
             held_by_unreadable=self._held_by_unreadable(
-                documents, statuses, broken, status_changed if since_pass is not None else None
+                documents,
+                statuses,
+                {n: r for n, r in broken.items() if n not in ended},
+                status_changed if since_pass is not None else None,
             ),
         )
         unsettled = self._unsettled
@@ -231,10 +246,16 @@ class Reader:
     def inputs(self, snapshot: Snapshot, delta: Delta) -> BuiltInputs:
         """Each rollout's engine input for ``snapshot``, built again only
         where ``delta`` or history says it may differ (``inputs.py``)."""
-        history = snapshot.history
+        history, tip = snapshot.history, snapshot.tip
+        verified: Callable[[str], str] | None = None
+        if self.verified is not None and snapshot.spec_commit is not None:
+            # Every commit id a status gets is a verified one (docs/trust.md).
+            history, tip = self.verified.at(snapshot.spec_commit), snapshot.spec_commit
+            verified = self.verified.covering
         context = Context(
-            tip=snapshot.tip,
+            tip=tip,
             history=history,
+            verified=verified,
             source=self.store,
             parse=self.parse,
             refusal=snapshot.refusal,
@@ -266,23 +287,47 @@ class Reader:
         statuses: dict[str, RolloutStatus],
         broken: dict[str, str],
         status_tip: str,
-        history: History,
         spec_commit: str | None,
-    ) -> None:
+    ) -> set[str]:
         """Move the statuses the daemon did not write, or the verified spec
-        does not back, from ``statuses`` into ``broken``."""
+        does not back, from ``statuses`` into ``broken``; return those of
+        them that ended (they claim no node)."""
         assert self.trust is not None
+        before = dict(statuses)
         tampered = self.trust.hold_unwritten(statuses, status_tip)
-        # Held back at the last acted commit (a backwards move), statuses
-        # belong to its history, not to the refused tip's.
-        chain = history
-        if spec_commit is not None and spec_commit not in history:
-            chain = self._acted_history
-            chain.advance(spec_commit)
-        tampered.update(self.trust.hold_tampered(statuses, chain, self.caches.parsed))
+        # Statuses belong to the verified history (never to a refused tip's,
+        # nor to one held back at the commit last acted on).
+        chain: Container[str] = (
+            self.verified.at(spec_commit)
+            if self.verified is not None and spec_commit is not None
+            else frozenset()
+        )
+        tampered.update(
+            self.trust.hold_tampered(statuses, chain, self.caches.parsed, self.started.wrote)
+        )
         for name, reason in tampered.items():
             broken[name] = reason
             self.report("status_tampered", reason, rollout=name)
+        return {name for name in tampered if before[name].terminal}
+
+    def _hold_gone(self, statuses: dict[str, RolloutStatus], broken: dict[str, str]) -> set[str]:
+        """Record the rollouts started, and hold those the daemon started
+        whose status is gone (deleted, or its status branch deleted or
+        rewound): never taken for not started. Return those that ended."""
+        ended: set[str] = set()
+        for name, entry in sorted(self.started.rewound(statuses).items()):
+            del statuses[name]
+            broken[name] = rewound_reason(name, entry)
+            self.report("status_tampered", broken[name], rollout=name)
+            ended.add(name)
+        self.started.note(statuses)
+        for name, entry in sorted(self.started.gone(statuses, broken).items()):
+            reason = gone_reason(name, entry)
+            broken[name] = reason
+            self.report("status_tampered", reason, rollout=name)
+            if entry.ended:
+                ended.add(name)
+        return ended
 
     def _approved_by(self, approval: Approval | None) -> tuple[ApprovalRecord, ...]:
         """Who approved the verified commit acted on, and the approval rules
@@ -331,14 +376,14 @@ class Reader:
 
     def _forward_only(self, approval: Approval) -> Approval:
         """Refuse a verified commit that does not descend by first parent from
-        the one last acted on (kept in ``approval.ACTED_REF``); record a new
-        one that does."""
+        the one last acted on (kept in the daemon's state, ``daemon.acted``);
+        record a new one that does."""
         repo = self.store.repository()
-        acted = last_acted(repo, self.store.branch)
+        acted = self.acted.get()
         verified = approval.verified_commit
         if acted is None or verified == acted:
             if verified is not None and acted is None:
-                record_acted(repo, self.store.branch, verified)
+                self.acted.record(verified)
             return approval
         forward = False
         if verified is not None:
@@ -352,9 +397,20 @@ class Reader:
                 descends[key] = known
             forward = known
         if forward and verified is not None:
-            record_acted(repo, self.store.branch, verified)
+            self.acted.record(verified)
             return approval
         held = refuse_backwards(approval, acted, moves_forward=False)
+        assert self.approver is not None
+        if self.approver.approve(acted).verified_commit != acted:
+            # The policy changed (approvals turned on): not a move backwards.
+            why = (
+                f"{acted[:12]}, the verified commit last acted on, is not verifiable under the "
+                "current policy, and no commit that is descends from it: push a signed (and, "
+                "as the policy asks, approved) commit on top of it"
+            )
+            held = replace(held, refusals=(replace(held.refusals[0], reason=why),))
+            self.report("not_verifiable", why, commit=acted)
+            return held
         self.report("verified_moved_back", held.refusals[0].reason, commit=verified or "")
         return held
 
@@ -522,6 +578,7 @@ class Reader:
         """What the daemon just committed on ``snapshot``'s status tip is
         what the next read finds there: not read again."""
         caches = self.caches
+        self.started.note(statuses, [n for n in statuses if status_path(n) in written])
         if snapshot.status_tip is not None and snapshot.status_tip == caches.status_reader.at:
             caches.own_status_write = (
                 snapshot.status_tip,

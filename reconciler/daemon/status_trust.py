@@ -32,6 +32,7 @@ from reconciler.protocol.job_ids import job_id
 from reconciler.spec.batch_shapes import batch_numbers, spread_numbers
 from reconciler.spec.documents import Documents, ParsedFile, assemble, parse_file
 from reconciler.spec.model import Fleet, RolloutSpec
+from reconciler.spec.paths import ROLLOUTS_DIR as ROLLOUTS_FOLDER
 from reconciler.spec.rollout_status import (
     FROZEN_FIELDS,
     ApprovalRecord,
@@ -154,9 +155,10 @@ def _in_order_within(names: list[str], selected: tuple[str, ...]) -> bool:
 
 class StatusTrust:
     """Holds statuses the verified spec does not back (see the module
-    docstring). Keeps, per status value, its answer, and per (rollout,
-    startCommit) what the verified spec there fixes: a commit's verified
-    spec never changes, so each is read once."""
+    docstring). Keeps, per status value, its answer while approvals stay
+    as they were, and per (rollout, verified commit at its startCommit)
+    what the verified spec there fixes: a commit's verified spec never
+    changes, so each is read once."""
 
     def __init__(
         self, store: GitStore, approver: Approver, writes: DaemonWrites | None = None
@@ -167,6 +169,7 @@ class StatusTrust:
         # by id(value), the value kept alive with its answer
         self._checked: dict[int, tuple[RolloutStatus, tuple[str, ...]]] = {}
         self._start_specs: dict[tuple[str, str], StartSpec | None] = {}
+        self._approvals_seen: object = None
         self._documents: dict[str, Documents] = {}
 
     def hold_tampered(
@@ -174,12 +177,24 @@ class StatusTrust:
         statuses: dict[str, RolloutStatus],
         history: Container[str],
         parsed: Mapping[str, ParsedFile] | None = None,
+        wrote: Callable[[str, str], bool] | None = None,
     ) -> dict[str, str]:
         """Remove every tampered status from ``statuses``; return why each
         is held, by rollout name. ``history``: the branch's first-parent
-        commits; ``parsed``: documents already parsed, by blob id."""
+        commits; ``parsed``: documents already parsed, by blob id;
+        ``wrote(name, startCommit)``: did the daemon start it there?
+
+        A status the daemon started from a commit that does not verify
+        under the current policy (verification or approvals turned on
+        since) is not tampered: an ended one is kept as it is (nothing is
+        sent for it but restores a verified request asks for), a running
+        one is held, worded as what it is."""
         checked: dict[int, tuple[RolloutStatus, tuple[str, ...]]] = {}
         held: dict[str, str] = {}
+        approvals = self.approver.approvals_state()
+        if approvals != self._approvals_seen:
+            self._checked = {}  # an answer may rest on approvals that moved
+            self._approvals_seen = approvals
         for name, value in list(statuses.items()):
             if not value.started or value.start_commit is None:
                 continue
@@ -190,9 +205,16 @@ class StatusTrust:
                 expected = self.start_spec(name, value.start_commit, parsed or {})
                 fields = tampered_fields(value, expected, history.__contains__)
             checked[id(value)] = (value, fields)
-            if fields:
+            if not fields:
+                continue
+            if fields == ("startCommit",) and wrote is not None and wrote(name, value.start_commit):
+                if value.terminal:
+                    continue
                 del statuses[name]
-                held[name] = tampered_reason(name, value.start_commit, fields)
+                held[name] = unverifiable_reason(name, value.start_commit)
+                continue
+            del statuses[name]
+            held[name] = tampered_reason(name, value.start_commit, fields)
         self._checked = checked
         return held
 
@@ -217,10 +239,12 @@ class StatusTrust:
     ) -> StartSpec | None:
         """What the verified spec at ``start`` fixes for rollout ``name``
         (None: no verified spec of it there)."""
-        key = (name, start)
+        # Keyed by the verified commit, which approvals can move (a new or a
+        # withdrawn approval): its spec never changes, so each is read once.
+        verified = self.approver.approve(start).verified_commit
+        key = (name, verified or "")
         if key in self._start_specs:
             return self._start_specs[key]
-        verified = self.approver.approve(start).verified_commit
         expected = None
         if verified is not None:
             documents = self.documents_at(verified, parsed)
@@ -262,12 +286,25 @@ def tampered_reason(name: str, start: str, fields: tuple[str, ...]) -> str:
     return held_reason(name, why)
 
 
+def unverifiable_reason(name: str, start: str) -> str:
+    """A running rollout the daemon started at a commit that the current
+    policy does not verify: held, and said to be that, not tampering."""
+    return (
+        f"not_verifiable: rollout {name} was started by the daemon at {start[:12]}, which "
+        "is not verifiable under the current policy (verification or approvals were turned "
+        "on since): nothing is sent for it and its nodes stay claimed; let it end under the "
+        f"old policy, or remove {ROLLOUTS_FOLDER}/{name}.yaml and {main_path(name)} in a "
+        "signed commit"
+    )
+
+
 def held_reason(name: str, why: str) -> str:
     path = main_path(name)
     return (
         f"status_tampered: {path} is not verified: {why}; nothing is sent for it and "
         f"the file is left as it is: restore the daemon's last version (`git log -p -- "
-        f"{path}`) or delete it to start the rollout anew from the verified spec"
+        f"{path}`); a status of a rollout the daemon never started may be deleted, to "
+        "start it from the verified spec"
     )
 
 

@@ -373,6 +373,15 @@ class Approver:
             self._counted[key] = found
         return found
 
+    def approvals_state(self) -> object:
+        """A value that changes whenever an answer of ``approve`` may have
+        changed without the branch moving: the notes ref's tip and which
+        signers' validity windows are open (None when approvals are not
+        counted)."""
+        if not self.counts_approvals:
+            return None
+        return (notes_tip(self.repo), bisect_right(self._boundaries, self.clock()))
+
     def _note_ids(self) -> dict[str, str]:
         tip = notes_tip(self.repo)
         if self._notes_index is None or self._notes_index[0] != tip:

@@ -84,6 +84,9 @@ DEFAULT_KEEP_FIRST_BACKUPS = 30 * 24 * 3600  # seconds
 # record only answers a daemon that still reads the job (one that was down, or
 # slow). A day covers a daemon restart or an outage of that length.
 JOURNAL_KEEP_AFTER_EXPIRY = timedelta(hours=24)
+# A dropped record's id is kept this long more: a resend (fresh issuedAt)
+# of a job that ran is refused, not run again, while it is kept.
+DROPPED_IDS_KEPT = timedelta(days=30)
 COMPACT_EVERY = timedelta(minutes=1)  # agent clock; compaction is a scan of the journal
 
 
@@ -157,6 +160,7 @@ class Agent:
         # read once (``os.environ`` decodes every entry each time it is copied).
         self._environment = dict(os.environ)
         self.jobs = state.load_jobs()
+        self._dropped = state.load_dropped()  # job id -> when its record was dropped
         # runtime -> the config bytes last parsed and what they hold (read
         # only): the heartbeat and the next job read the config the last job
         # wrote, so it is parsed once, not at every read. Replaced whole, from
@@ -318,6 +322,13 @@ class Agent:
                 and r.job_id not in probed
                 and _expired_before(r, now)
             ]
+            if doomed or any(_before(t, now - DROPPED_IDS_KEPT) for t in self._dropped.values()):
+                dropped = {
+                    k: t for k, t in self._dropped.items() if not _before(t, now - DROPPED_IDS_KEPT)
+                }
+                dropped.update(dict.fromkeys(doomed, format_time(now)))
+                self.state.save_dropped(dropped)  # before the records go
+                self._dropped = dropped
             for job_id in doomed:
                 self.state.delete_job(job_id)
                 del self.jobs[job_id]
@@ -474,6 +485,13 @@ class Agent:
             known = self.jobs.get(payload["jobId"])
             if known is not None:
                 return self._json(200, known.public())
+            if payload["jobId"] in self._dropped:
+                return self._error(
+                    409,
+                    "already_executed",
+                    f"job {payload['jobId']} ran here; its record was dropped from the "
+                    f"journal at {self._dropped[payload['jobId']]}, and it is not run again",
+                )
             record = JobRecord(
                 job_id=payload["jobId"],
                 payload=payload,
@@ -540,6 +558,10 @@ class Agent:
     def _save(self, record: JobRecord) -> None:
         """Called with ``_lock`` held (or before serving starts)."""
         self.state.save_job(record)
+        self._known(record)
+
+    def _known(self, record: JobRecord) -> None:
+        """Called with ``_lock`` held: ``record`` is what the agent answers."""
         self._keep(record)
         if record.state in FINISHED_JOB_STATES:
             for loop, woken in self._waiters.pop(record.job_id, ()):
@@ -550,6 +572,26 @@ class Agent:
         record = record.with_changes(**changes)
         with self._lock:
             self._save(record)
+        return record
+
+    def _failed(self, record: JobRecord, **changes: Any) -> JobRecord:
+        """``record`` ended ``failed``. When the journal cannot take it (a
+        full disk), the agent still answers ``failed`` from memory and
+        carries on: the journal keeps "accepted", which a restart turns
+        into "failed" too, so the job never runs again either way."""
+        record = record.with_changes(
+            state="failed", finished_at=format_time(self.clock()), **changes
+        )
+        with self._lock:
+            try:
+                self._save(record)
+            except OSError as exc:
+                print(
+                    f"agent: cannot record that job {record.job_id} failed: {exc.strerror}; "
+                    "answering from memory",
+                    file=sys.stderr,
+                )
+                self._known(record)
         return record
 
     def _run(self, job_id: str) -> None:
@@ -569,22 +611,10 @@ class Agent:
             # the config as it was before this job, whatever happened next.
             planned = record.planned_backup
             kept = planned if planned and self.state.find_backup(planned) else None
-            record = self._update(
-                record,
-                state="failed",
-                error=exc.message,
-                detail=exc.detail,
-                backup_id=kept,
-                finished_at=format_time(self.clock()),
-            )
+            record = self._failed(record, error=exc.message, detail=exc.detail, backup_id=kept)
         except Exception as exc:  # the job fails, the agent carries on
             print(f"agent: job {job_id} failed unexpectedly: {exc!r}", file=sys.stderr)
-            record = self._update(
-                self.jobs[job_id],
-                state="failed",
-                error=f"agent error: {exc}",
-                finished_at=format_time(self.clock()),
-            )
+            record = self._failed(self.jobs[job_id], error=f"agent error: {exc}")
         payload = record.payload
         self.log.finished(payload, record.state, record.error or "")
         self.metrics.jobs.labels(kind=payload["kind"], outcome=record.state).inc()
@@ -803,6 +833,14 @@ def _note_accepted(newest: dict[str, datetime], record: JobRecord) -> None:
     """Count ``record``'s acceptance in ``newest`` (rollout -> newest acceptance)."""
     rollout, moment = _rollout_of(record), _stored_time(record.accepted_at)
     newest[rollout] = max(moment, newest.get(rollout, moment))
+
+
+def _before(text: str, moment: datetime) -> bool:
+    """Is the RFC 3339 time ``text`` before ``moment`` (unreadable: yes)?"""
+    try:
+        return parse_time(text) < moment
+    except ValueError:
+        return True
 
 
 def _expired_before(record: JobRecord, now: datetime) -> bool:

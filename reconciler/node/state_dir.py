@@ -51,7 +51,7 @@ import os
 import secrets
 import stat
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -312,6 +312,10 @@ class BackupInfo:
         }
 
 
+# In the journal folder (not a *.json record): ids of jobs compacted away.
+DROPPED_FILE = ".dropped-jobs"
+
+
 class StateDir:
     """The files of one agent. Open it with ``StateDir.open``; one agent at a time."""
 
@@ -419,6 +423,25 @@ class StateDir:
         # payload's expiry; one a crash brings back is compacted again, and
         # admission refuses its payload as expired meanwhile.
         self._jobs.remove(f"{job_id}.json")
+
+    def save_dropped(self, dropped: Mapping[str, str]) -> None:
+        """Durably: the ids of jobs whose records compaction dropped, with
+        when each was dropped (RFC 3339), so that none runs again."""
+        data = json.dumps(dict(sorted(dropped.items()))).encode("utf-8")
+        self._jobs.write(DROPPED_FILE, data, 0o600)
+
+    def load_dropped(self) -> dict[str, str]:
+        found = self._jobs.read(DROPPED_FILE)
+        if found is None:
+            return {}
+        try:
+            data = json.loads(found[0])
+            return {str(k): str(v) for k, v in data.items()}
+        except (ValueError, AttributeError) as exc:
+            raise ReconcilerError(
+                f"{self.jobs / DROPPED_FILE} cannot be read: {exc}",
+                "it was not written by this agent version; move it away to start",
+            ) from None
 
     def load_jobs(self) -> dict[str, JobRecord]:
         records: dict[str, JobRecord] = {}

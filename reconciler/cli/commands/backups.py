@@ -1,8 +1,9 @@
 """``reconciler backups NODE [--repo PATH_OR_URL] [--branch main]``: the
 backups a node's agent keeps, newest first, read from the agent itself.
 
-The agent's address comes from ``nodes/NODE.yaml`` in the branch's
-committed tree (as the daemon sees it). Reading backups needs no key, so
+The agent's address and TLS pin come from ``nodes/NODE.yaml`` in the
+branch's committed tree, or with ``--allowed-signers`` in the newest
+verified commit's (as the daemon sees it). Reading backups needs no key, so
 this is one plain GET (``agent_client.fetch_backups``) rather than the
 daemon's signing ``AgentClient``.
 
@@ -18,14 +19,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from reconciler.cli.output_format import add_format_argument, structured
 from reconciler.cli.remote_options import add_branch_source_arguments
 from reconciler.daemon.agent_client import fetch_backups
+from reconciler.git.approval import Approver, load_allowed_signers
 from reconciler.git.branch import Branch, open_branch
 from reconciler.protocol.observations import BACKUP_FIELDS, Backup
 from reconciler.spec import documents
-from reconciler.spec.errors import AgentError, ReconcilerError, StoreError
+from reconciler.spec.errors import AgentError, ReconcilerError, StoreError, UsageError
 from reconciler.spec.model import Node
 from reconciler.spec.paths import NODES_DIR, name_in, node_path
 from reconciler.views.status_reader import read_snapshot
@@ -43,11 +46,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         ("text", "json", "yaml"),
         "text: a table (default); json or yaml: one object per backup",
     )
+    parser.add_argument(
+        "--allowed-signers",
+        type=Path,
+        metavar="FILE",
+        help="as the daemon run with it: read the node file from the newest verified commit, "
+        "not from whatever the tip holds",
+    )
+    parser.add_argument(
+        "--require-approvals",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --allowed-signers, as the daemon run with it: a spec commit also needs N "
+        "reviewers' approvals",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     source = open_branch(args.repo, args.branch, ssh_key=args.ssh_key, known_hosts=args.known_hosts)
-    node = node_spec(source, args.branch, args.node)
+    node = node_spec(source, args.branch, args.node, _verified(source, args))
     agent = node.agent
     try:
         backups = fetch_backups(agent, args.node, TIMEOUT, pin=node.agent_cert_sha256)
@@ -69,11 +87,30 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def node_spec(source: Branch, branch: str, node: str) -> Node:
-    """``nodes/NODE.yaml`` on the branch, as a value."""
+def _verified(source: Branch, args: argparse.Namespace) -> Approver | None:
+    if args.allowed_signers is None:
+        return None
+    if args.require_approvals < 0:
+        raise UsageError("--require-approvals must be 0 or more")
+    signers = load_allowed_signers(args.allowed_signers)
+    return Approver(source.reader.repository(), signers, required_approvals=args.require_approvals)
+
+
+def node_spec(source: Branch, branch: str, node: str, approver: Approver | None = None) -> Node:
+    """``nodes/NODE.yaml`` on the branch, as a value: with ``approver``, as
+    the newest verified commit has it (an unsigned push can point an agent
+    address elsewhere, as it cannot for the daemon)."""
     tip = source.refresh()
     if tip is None:
         raise StoreError(f"branch {branch!r} not found in {source.label}")
+    if approver is not None:
+        verified = approver.approve(tip).verified_commit
+        if verified is None:
+            raise ReconcilerError(
+                f"no commit of {branch} verifies under --allowed-signers",
+                hint="push a signed commit that changes a spec path, or check the file",
+            )
+        tip = verified
     path = node_path(node)
     data = source.read(tip, path)
     if data is None:

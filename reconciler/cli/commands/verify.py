@@ -30,8 +30,12 @@ from pathlib import Path
 from typing import Any
 
 from reconciler.cli.remote_options import add_repo_argument
+from reconciler.daemon.acted import read_acted
+from reconciler.daemon.started import StartedRollouts, gone_reason
+from reconciler.daemon.state import DaemonState, default_state_root
 from reconciler.daemon.status_trust import StatusTrust
 from reconciler.git.approval import (
+    ACTED_REF,
     Approval,
     Approver,
     descends_by_first_parent,
@@ -74,7 +78,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--branch", default="main", help="branch whose tip is checked when REV is omitted"
     )
-    what = parser.add_mutually_exclusive_group(required=True)
+    what = parser.add_mutually_exclusive_group()
     what.add_argument(
         "--evidence",
         metavar="NAME",
@@ -87,10 +91,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="check a deployment attestation (reconciler attest) signed by --key",
     )
-    what.add_argument(
+    parser.add_argument(
         "--allowed-signers",
         metavar="FILE",
-        help="git allowed-signers file (as for gpg.ssh.allowedSignersFile)",
+        help="git allowed-signers file (as for gpg.ssh.allowedSignersFile); with --evidence: "
+        "take the agent keys from the verified spec and check the status's commits against "
+        "verified history",
     )
     parser.add_argument(
         "--require-approvals",
@@ -112,6 +118,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --attestation: the daemon's public key (reconciler.pub)",
     )
     parser.add_argument(
+        "--state-dir",
+        type=Path,
+        metavar="DIR",
+        help="the daemon's state directory, as given to run --state-dir, where it keeps the "
+        "verified commit it last acted on (default: $XDG_STATE_HOME/reconciler)",
+    )
+    parser.add_argument(
         "--daemon-key",
         type=Path,
         metavar="PUB",
@@ -126,7 +139,12 @@ def run(args: argparse.Namespace) -> int:
     if args.key is not None:
         raise UsageError("--key goes with --attestation", "for status commits use --daemon-key")
     if args.evidence is not None:
-        return verify_evidence(args.repo or ".", args.branch, args.evidence)
+        return verify_evidence(args.repo or ".", args.branch, args.evidence, _evidence_trust(args))
+    if args.allowed_signers is None:
+        raise UsageError(
+            "verify needs --allowed-signers FILE, --evidence NAME or --attestation FILE",
+            "see reconciler verify --help",
+        )
     allowed = _allowed_signers(Path(args.allowed_signers))
     repo = open_local_repository(args.repo or ".")
     label, tip = resolve_or_branch_tip(repo, args.rev, args.branch)
@@ -134,11 +152,22 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--require-approvals must be 0 or more")
     pgp = _pgp_keys(args.allowed_pgp_keys)
     approver = Approver(repo, allowed, required_approvals=args.require_approvals, pgp=pgp)
-    approval = _forward_only(repo, approver.approve(tip), args.branch)
-    report = describe(repo, approver, approval, label, tip)
-    held = _tampered_statuses(
-        repo, approver, approval, tip, args.branch, _status_signers(args.daemon_key, allowed)
+    state = DaemonState.for_branch(
+        args.state_dir or default_state_root(), args.repo or ".", args.branch
     )
+    acted, where = _acted_position(repo, state, args.branch)
+    approval = _forward_only(repo, approver.approve(tip), acted)
+    report = describe(repo, approver, approval, label, tip) + f"\n  {where}"
+    held = _tampered_statuses(
+        repo,
+        approver,
+        approval,
+        tip,
+        args.branch,
+        _status_signers(args.daemon_key, allowed),
+        state,
+    )
+    held.update(_gone_statuses(repo, approver, approval, args.branch, state, held))
     if held:
         report = report.replace(": would be acted on", ": would NOT be acted on", 1)
         report += "\n  statuses held, nothing sent for them:"
@@ -147,8 +176,25 @@ def run(args: argparse.Namespace) -> int:
     return 0 if approval.acted_on and not held else 1
 
 
-def verify_evidence(repo: str, branch: str, name: str) -> int:
-    """Print each node's evidence check for rollout ``name``; 1 if any fails."""
+def _evidence_trust(args: argparse.Namespace) -> Approver | None:
+    """With ``--allowed-signers``: the judge of the status's commits."""
+    if args.allowed_signers is None:
+        return None
+    allowed = _allowed_signers(Path(args.allowed_signers))
+    repo = open_local_repository(args.repo or ".")
+    return Approver(
+        repo,
+        allowed,
+        required_approvals=args.require_approvals,
+        pgp=_pgp_keys(args.allowed_pgp_keys),
+    )
+
+
+def verify_evidence(repo: str, branch: str, name: str, approver: Approver | None = None) -> int:
+    """Print each node's evidence check for rollout ``name``; 1 if any fails.
+    With ``approver``, the status's ``specCommit`` and ``startCommit`` must
+    be verified commits of the branch's first-parent history first: the
+    agent keys come from the verified spec, never from an unsigned one."""
     source = open_branch(repo, branch)
     status = read_snapshot(source).statuses.get(name)
     if status is None:
@@ -156,8 +202,14 @@ def verify_evidence(repo: str, branch: str, name: str) -> int:
             f"no readable status for rollout {name!r} on branch {branch} of {repo}",
             "check the name with: reconciler status",
         )
+    if approver is not None:
+        wrong = _unverified_commits(repo, branch, approver, status)
+        if wrong:
+            print(f"rollout {name}: evidence NOT checked: " + "; ".join(wrong))
+            return 1
     verdicts = check_evidence(source, status)
-    print(f"rollout {name}: evidence checked against agentKey at specCommit {status.spec_commit}")
+    where = "the verified spec at" if approver is not None else "agentKey at"
+    print(f"rollout {name}: evidence checked against {where} specCommit {status.spec_commit}")
     width = max((len(v.node) for v in verdicts), default=0)
     for v in verdicts:
         print(f"  {v.node:<{width}}  {'ok' if v.ok else 'FAILED'}: {v.message}")
@@ -166,6 +218,31 @@ def verify_evidence(repo: str, branch: str, name: str) -> int:
         print(f"evidence does not verify for: {', '.join(failed)}")
         return 1
     return 0
+
+
+def _unverified_commits(repo: str, branch: str, approver: Approver, status: Any) -> list[str]:
+    """Why the status's commits are not what verified history says, if so:
+    each must be a verified commit on the branch's first-parent history up
+    to the verified commit at its tip, and the status must agree with the
+    verified spec at ``startCommit``."""
+    git_repo = open_local_repository(repo)
+    _, tip = resolve_or_branch_tip(git_repo, None, branch)
+    verified = approver.approve(tip).verified_commit
+    if verified is None:
+        return [f"no commit of branch {branch} verifies"]
+    history = History(git_repo)
+    history.advance(verified)
+    wrong = []
+    for field, commit in (("specCommit", status.spec_commit), ("startCommit", status.start_commit)):
+        if not commit:
+            continue
+        if commit not in history or approver.approve(commit).verified_commit != commit:
+            wrong.append(f"{field} {commit[:_SHORT]} is not a verified commit of {branch}")
+    if not wrong:
+        store = GitStore.open(str(git_repo.path), branch, read_only=True)
+        held = StatusTrust(store, approver).hold_tampered({status.name: status}, history)
+        wrong.extend(held.values())
+    return wrong
 
 
 def verify_attestation(path: Path, key_path: Path | None, repo: str | None, branch: str) -> int:
@@ -224,9 +301,13 @@ def _tampered_statuses(
     tip: str,
     branch: str,
     status_signers: tuple[AllowedSigner, ...] = (),
+    state: DaemonState | None = None,
 ) -> dict[str, str]:
     """The statuses the daemon would hold as ``status_tampered``, read the
-    way it reads them (``daemon.status_trust``); unreadable ones are left to it."""
+    way it reads them (``daemon.status_trust``, against the history up to
+    the verified commit, and knowing from the daemon's ``state``, when it
+    is on this machine, which rollouts it started); unreadable ones are
+    left to it."""
     if approval.verified_commit is None:
         return {}
     try:
@@ -242,17 +323,70 @@ def _tampered_statuses(
     # Read as the daemon reads them (schema check included); unreadable ones are left to it.
     statuses, _ = StatusReader().read(store, status_tip)
     history = History(repo)
-    history.advance(tip)
+    history.advance(approval.verified_commit)
+    started = StartedRollouts(state)
+    try:
+        started.known()
+    except ReconcilerError:
+        started = StartedRollouts(None)
     held = trust.hold_unwritten(statuses, status_tip)
-    held.update(trust.hold_tampered(statuses, history))
+    held.update(trust.hold_tampered(statuses, history, wrote=started.wrote))
     return held
 
 
-def _forward_only(repo: Any, approval: Approval, branch: str) -> Approval:
+def _gone_statuses(
+    repo: Any,
+    approver: Approver,
+    approval: Approval,
+    branch: str,
+    state: DaemonState,
+    held: dict[str, str],
+) -> dict[str, str]:
+    """The rollouts the daemon started (as its state directory records)
+    whose status is gone: it holds them, never starting them again."""
+    try:
+        started = StartedRollouts(state)
+        known = started.known()
+    except ReconcilerError:
+        return {}
+    if not known or approval.verified_commit is None:
+        return {}
+    store = GitStore.open(str(repo.path), branch, read_only=True)
+    trust = StatusTrust(store, approver)
+    settings = trust.documents_at(approval.verified_commit, {}).settings
+    # Gone now, at the branch's status tip: an older REV predates them.
+    status_tip = store.tip(settings.status_branch or branch)
+    statuses = StatusReader().read(store, status_tip)[0] if status_tip is not None else {}
+    return {name: gone_reason(name, entry) for name, entry in started.gone(statuses, held).items()}
+
+
+def _acted_position(repo: Any, state: DaemonState, branch: str) -> tuple[str | None, str]:
+    """The verified commit the daemon last acted on, as far as this machine
+    can know it, and a line saying where that came from. The daemon keeps
+    it in its state directory; the repository's old ref is what a daemon
+    before that kept, and anyone who may push can move it."""
+    try:
+        kept = read_acted(state)
+    except ReconcilerError:
+        kept = None
+    if kept is not None:
+        return kept, f"last acted on {kept[:_SHORT]} (the daemon's state, {state.folder})"
+    old = last_acted(repo, branch)
+    unknown = (
+        f"the daemon's state ({state.folder}) is not on this machine or not readable, "
+        "so whether it already acted on a newer verified commit cannot be known here"
+    )
+    if old is None:
+        return None, f"last acted on: not known; {unknown}"
+    return old, (
+        f"last acted on {old[:_SHORT]} by the ref {ACTED_REF}{branch}, which anyone "
+        f"who may push can change; {unknown}"
+    )
+
+
+def _forward_only(repo: Any, approval: Approval, acted: str | None) -> Approval:
     """As the daemon judges it: a verified commit that does not descend by
-    first parent from the one the daemon last acted on (recorded in this
-    repository, or in the daemon's mirror of a remote) is refused."""
-    acted = last_acted(repo, branch)
+    first parent from the one the daemon last acted on is refused."""
     verified = approval.verified_commit
     forward = (
         verified is not None
