@@ -67,6 +67,7 @@ from reconciler.spec.fleet_status import FleetStatus
 from reconciler.spec.paths import DASHBOARD_PATH, SETTINGS_PATH
 from reconciler.spec.rollout_status import RolloutStatus
 from reconciler.views import notification_events
+from reconciler.views.web_answers import StatusView
 
 MAX_RACES = 20  # passes lost in a row to other writers before giving up
 
@@ -165,6 +166,7 @@ class Daemon:
         prometheus: PrometheusClient | None = None,
         plain: bool = False,
         state: DaemonState | None = None,
+        publish: Callable[[StatusView], None] | None = None,
     ) -> None:
         self.store = store
         self.client = client
@@ -178,6 +180,8 @@ class Daemon:
         self.plain = plain
         # Durable state outside Git; None (tests that build a Daemon) keeps none.
         self.state = state
+        # Hands the read API each status commit made or read (docs/web.md); never waits.
+        self.publish = publish
         self._status_signers = tuple(status_signers)
         self._announced = False  # standing events handed to the notifier once, on start
         self._reported: set[str] = set()  # problems already logged, to log each once
@@ -309,6 +313,8 @@ class Daemon:
         fleet's keys and pins before any job, and each rollout's engine
         input. Touches: the reader's caches and the last-acted marker."""
         p.snapshot, p.delta = snapshot, delta = self.reader.read(p.tip)
+        if self.publish is not None:
+            self.publish(StatusView(snapshot.status_tip, snapshot.statuses, snapshot.fleet_status))
         self.observer.use_fleet(snapshot.documents.fleet)
         built = self.reader.inputs(snapshot, delta)
         p.inputs, p.input_changes = built.inputs, built.changes
@@ -435,6 +441,8 @@ class Daemon:
                 snapshot, commit, changes, files.written, p.step.statuses, fleet_written
             )
             log_commit(self.log, self.metrics, p.step, fleet_changes, commit)
+            if self.publish is not None:
+                self.publish(StatusView(commit, p.merged, p.fleet))
             crashpoints.reach("after_push")
         if p.fleet_sweep is not None:
             self.fleet_watch.applied(p.fleet_sweep)

@@ -17,6 +17,7 @@ if TYPE_CHECKING:  # imported when run, so that other verbs never pay for them
     from reconciler.daemon.loop import Daemon
     from reconciler.daemon.metrics import Metrics
     from reconciler.daemon.notifications import Notifier
+    from reconciler.daemon.web_server import WebServer
     from reconciler.git.approval import Approver
     from reconciler.git.sshsig import AllowedSigner
     from reconciler.git.store import GitStore
@@ -111,6 +112,19 @@ def _add_trust_arguments(parser: argparse.ArgumentParser) -> None:
 def _add_running_arguments(parser: argparse.ArgumentParser) -> None:
     """Metrics, logs, the remote's mirror and how it talks to agents."""
     parser.add_argument("--metrics", metavar="HOST:PORT", help="serve Prometheus metrics here")
+    parser.add_argument(
+        "--http",
+        metavar="HOST:PORT",
+        help="serve the read API and the web page here (docs/web.md); port 0 picks a free "
+        "one, logged at start; the same address as --metrics serves /metrics too",
+    )
+    parser.add_argument(
+        "--http-token-file",
+        type=Path,
+        metavar="FILE",
+        help="with --http: every request needs Authorization: Bearer and the token in FILE; "
+        "without it only 127.0.0.1 and ::1 are served",
+    )
     parser.add_argument(
         "--log-format",
         choices=("text", "json"),
@@ -227,8 +241,9 @@ def _run(args: argparse.Namespace, start_up: _StartUp) -> int:
         else None
     )
     metrics = Metrics()
-    if args.metrics:
+    if args.metrics and args.metrics != args.http:
         metrics.serve(args.metrics)
+    web = _web_server(args, log, metrics)
     status_signers = (
         _status_signers(approver, key, args.sign_commits, log) if approver is not None else ()
     )
@@ -248,6 +263,7 @@ def _run(args: argparse.Namespace, start_up: _StartUp) -> int:
         state=DaemonState.for_branch(
             args.state_dir or default_state_root(), args.repo, args.branch
         ),
+        publish=web.publish if web is not None else None,
     )
     log.info(
         "start",
@@ -262,6 +278,8 @@ def _run(args: argparse.Namespace, start_up: _StartUp) -> int:
         return _serve(daemon, store, args, log, metrics, start_up)
     finally:
         client.close()
+        if web is not None:
+            web.close()
         if notifier is not None:
             # One pass's events still go out; a hanging receiver delays the
             # exit this long at most (a restart delivers what is still true).
@@ -272,10 +290,53 @@ def _run(args: argparse.Namespace, start_up: _StartUp) -> int:
 NOTIFY_DRAIN = 10.0  # seconds `run --once` waits for its notifications
 
 
+def _web_server(args: argparse.Namespace, log: EventLog, metrics: Metrics) -> WebServer | None:
+    """The read API and the page (docs/web.md), bound and serving, or None
+    without --http."""
+    if not args.http:
+        return None
+    from prometheus_client import generate_latest
+
+    from reconciler.daemon.web_routes import Routes, read_token
+    from reconciler.daemon.web_server import WebServer
+
+    host, sep, port = args.http.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise UsageError(f"--http must be HOST:PORT, got {args.http!r}")
+    token = None
+    if args.http_token_file is not None:
+        try:
+            token = read_token(args.http_token_file)
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"--http-token-file: {exc}") from None
+    shared = (lambda: generate_latest(metrics.registry)) if args.metrics == args.http else None
+    routes = Routes(token=token, metrics=shared)
+    server = WebServer(
+        routes,
+        host,
+        int(port),
+        on_error=lambda exc: log.error("http_failed", f"{type(exc).__name__}: {exc}"),
+    )
+    try:
+        server.start()
+    except OSError as exc:
+        raise UsageError(f"--http {args.http}: cannot listen: {exc.strerror or exc}") from None
+    log.info(
+        "http",
+        f"serving the read API and the page on http://{server.address}/",
+        access="token" if token else "127.0.0.1 and ::1 only",
+        metrics="shared" if shared else "",
+    )
+    return server
+
+
 def _check_arguments(args: argparse.Namespace) -> None:
     """What argparse cannot check alone: bounds, and flags that need others."""
     if args.concurrency < 1:
         raise UsageError("--concurrency must be at least 1")
+    if args.http_token_file is not None and not args.http:
+        raise UsageError("--http-token-file needs --http")
     if args.require_approvals < 0:
         raise UsageError("--require-approvals must be 0 or more")
     if args.require_approvals and args.allowed_signers is None:
