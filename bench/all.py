@@ -66,6 +66,7 @@ SCRIPTS = (
     Script("agent_cpu", (), ("--quick",)),
     Script("notify", (), ("--quick",)),
     Script("branch_watch", ("--samples", "300", "--idle", "60"), ("--quick",)),
+    Script("api", (), ("--quick",)),
 )
 
 

@@ -83,21 +83,26 @@ class Routes:
 
     # -- views --------------------------------------------------------------------
 
-    def take(self, view: StatusView) -> list[bytes]:
-        """Answer from ``view`` from now on; the event frames it brings
-        (none for the first view: nothing is replayed)."""
+    def events(self, view: StatusView) -> list[bytes]:
+        """The event frames ``view`` brings since the view answered from
+        (none for the first: nothing is replayed)."""
         before = self.answers
-        if (
-            before is not None
-            and view.commit is not None
-            and before.view.commit == view.commit
-            and before.view.fleet == view.fleet
-        ):
-            return []  # the daemon's own commit, read back
-        self.answers = answers_for(view, before)
-        if before is None:
+        if before is None or self._same(before.view, view):
             return []
         return [event.frame() for event in events_between(before.view, view)]
+
+    def take(self, view: StatusView) -> None:
+        """Answer from ``view`` from now on."""
+        before = self.answers
+        if before is None or not self._same(before.view, view):
+            self.answers = answers_for(view, before)
+
+    @staticmethod
+    def _same(before: StatusView, view: StatusView) -> bool:
+        """The daemon's own commit, read back by its next pass."""
+        return (
+            view.commit is not None and before.commit == view.commit and before.fleet == view.fleet
+        )
 
     # -- requests -------------------------------------------------------------------
 

@@ -373,14 +373,17 @@ class WebServer:
                 loop.call_soon_threadsafe(self._apply, view)
 
     def _apply(self, view: StatusView) -> None:
+        """Events first, then the answers: the events are queued on the
+        streams at once, and a request they prompt is read only after this
+        returns, so it is answered from the new view."""
         try:
-            frames = self.routes.take(view)
+            frames = self.routes.events(view)
+            for conn in list(self.streams):
+                for frame in frames:
+                    conn.send_event(frame)
+            self.routes.take(view)
         except Exception as exc:
             self.log_error(exc)
-            return
-        for conn in list(self.streams):
-            for frame in frames:
-                conn.send_event(frame)
 
     def call(self, fn: Callable[[], Any]) -> Any:
         """Run ``fn`` in the server's thread and return what it returns (for tests)."""

@@ -70,7 +70,7 @@ class Answers:
     view for statuses that did not change)."""
 
     view: StatusView
-    summaries: Mapping[str, Mapping[str, Any]]
+    summaries: Mapping[str, bytes]  # each entry's JSON
     rollouts: bytes
     fleet: bytes
 
@@ -110,13 +110,16 @@ def answers_for(view: StatusView, before: Answers | None = None) -> Answers:
     values as in ``before`` are taken from it."""
     old = before.summaries if before is not None else {}
     old_statuses = before.view.statuses if before is not None else {}
-    summaries: dict[str, Mapping[str, Any]] = {}
+    summaries: dict[str, bytes] = {}
     for name in sorted(view.statuses):
         status = view.statuses[name]
         kept = old.get(name)
         same = kept is not None and old_statuses.get(name) is status
-        summaries[name] = kept if same and kept is not None else summary(status)
-    rollouts = _COMPACT.encode(list(summaries.values())).encode()
+        if same and kept is not None:
+            summaries[name] = kept
+        else:
+            summaries[name] = _COMPACT.encode(summary(status)).encode()
+    rollouts = b"[" + b",".join(summaries.values()) + b"]"
     if before is not None and before.view.fleet is view.fleet:
         fleet = before.fleet
     else:
