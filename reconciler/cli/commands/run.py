@@ -324,9 +324,9 @@ def _web_server(args: argparse.Namespace, log: EventLog, metrics: Metrics) -> We
         raise UsageError(f"--http {args.http}: cannot listen: {exc.strerror or exc}") from None
     log.info(
         "http",
-        f"serving the read API and the page on http://{server.address}/",
+        f"serving the read API and the page on http://{server.address}/"
+        + (" (and /metrics)" if shared else ""),
         access="token" if token else "127.0.0.1 and ::1 only",
-        metrics="shared" if shared else "",
     )
     return server
 
