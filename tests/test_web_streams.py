@@ -67,3 +67,21 @@ def test_a_reader_that_keeps_up_gets_every_commit_event() -> None:
         assert len(seen) == 5
     finally:
         server.close()
+
+
+def test_a_head_that_never_ends_gets_408_and_one_too_large_431() -> None:
+    server = WebServer(Routes(), "127.0.0.1", 0, request_timeout=1.0)
+    host, port = server.start()
+    try:
+        with socket.create_connection((host, port), timeout=30) as slow:
+            slow.sendall(b"GET /api/v1/rollouts HTTP/1.1\r\nHost: x\r\n")  # never the blank line
+            assert slow.recv(4096).startswith(b"HTTP/1.1 408 Request Timeout\r\n")
+        with socket.create_connection((host, port), timeout=30) as big:
+            big.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 20_000 + b"\r\n\r\n")
+            answer = b""
+            while chunk := big.recv(4096):
+                answer += chunk
+            assert answer.split(b"\r\n", 1)[0] == b"HTTP/1.1 431 Request Header Fields Too Large"
+            assert b'"error": "bad_request"' in answer
+    finally:
+        server.close()

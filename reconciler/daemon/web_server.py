@@ -33,6 +33,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from http import HTTPStatus
 from typing import Any
 
 import h11
@@ -125,6 +126,10 @@ class _Connection(asyncio.Protocol):
             if event is h11.PAUSED:
                 return
             if isinstance(event, h11.Request):
+                # h11 bounds a head that arrives in pieces; one read can hold a whole large one.
+                if sum(len(n) + len(v) + 4 for n, v in event.headers) > MAX_HEAD_BYTES:
+                    self._refuse(431, "request headers too large")
+                    return
                 length = dict(event.headers).get(b"content-length", b"0")
                 if length != b"0" or any(n == b"transfer-encoding" for n, _ in event.headers):
                     self._refuse(413, "this server only reads: requests have no body")
@@ -233,7 +238,8 @@ class _Connection(asyncio.Protocol):
         transport = self.transport
         if transport is None:
             return
-        head = f"HTTP/1.1 {status} Bad Request\r\n".encode()
+        phrase = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else "Error"
+        head = f"HTTP/1.1 {status} {phrase}\r\n".encode()
         fields = "".join(f"{k}: {v}\r\n" for k, v in reply.headers)
         transport.write(
             head
