@@ -23,8 +23,9 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
-from tests.kit.documents import rollout_yaml
+from tests.kit.documents import node_yaml, rollout_yaml
 from tests.kit.fleets import FleetKit
+from tests.kit.ports import HeldPort
 from tests.kit.web import WebDaemon
 
 pytestmark = pytest.mark.slow
@@ -44,12 +45,26 @@ HEALTH = {
 }
 
 
+# Sweeps every second, and a node unreachable for 2 s is offline.
+SETTINGS = (
+    "apiVersion: reconciler/v1\nkind: Settings\n"
+    "spec:\n  offlineAfter: 2s\n  fleetCheck: {interval: 1s}\n"
+)
+
+
 @pytest.fixture
-def kit(tmp_path: Path) -> Iterator[FleetKit]:
+def kit(tmp_path: Path, held_port: HeldPort) -> Iterator[FleetKit]:
     nodes = {"web-1": {"role": "web"}, "web-2": {"role": "web"}, "slow": {"role": "slow"}}
-    kit = FleetKit.create(tmp_path, {**nodes, "sick": {"role": "sick"}}, behaviour=BEHAVIOUR)
+    kit = FleetKit.create(
+        tmp_path,
+        {**nodes, "sick": {"role": "sick"}},
+        behaviour=BEHAVIOUR,
+        files={"reconciler.yaml": SETTINGS},
+    )
     kit.push(
         {
+            # Nothing listens at gone's agent address: the fleet watch finds it offline.
+            "nodes/gone.yaml": node_yaml("gone", f"http://{held_port.address}", {"role": "gone"}),
             "rollouts/web.yaml": rollout_yaml("web", selector={"role": "web"}, batchSize=1),
             "rollouts/slow.yaml": rollout_yaml("slow", nodeIds=["slow"]),
             "rollouts/checked.yaml": rollout_yaml(
@@ -184,3 +199,20 @@ def test_a_node_s_failing_check_shows_its_value(
     assert "ready: failed" in row
     assert "unsigned" in row  # the node has no agentKey: its evidence mark says so
     browser.get_screenshot_as_file(str(tmp_path / "web-view-check.png"))
+
+
+def test_the_fleet_s_offline_node_is_listed_with_its_state(
+    served: WebDaemon, browser: webdriver.Chrome
+) -> None:
+    browser.get(served.url + "/")
+
+    _wait(
+        browser,
+        "gone listed as offline",
+        lambda b: "offline" in _row_text(b, "fleet-table", "node", "gone"),
+    )
+    listed = browser.execute_script(
+        "return [...document.querySelectorAll('#fleet-table tbody tr')].map(r => r.dataset.node)"
+    )
+    assert listed == ["gone"]  # the nodes that are ok are counted, not listed
+    assert "offline" in browser.find_element(By.ID, "fleet-counts").text
