@@ -156,8 +156,14 @@ def test_the_table_shows_the_rollouts_and_a_committed_pause_shows_its_hold_witho
     commands = [c.text for c in browser.find_elements(By.CSS_SELECTOR, "#hold-actions code")]
     assert commands == ["reconciler resume slow --push"]
     browser.get_screenshot_as_file(str(tmp_path / "web-view-hold.png"))
+    # Tables have header cells for a screen reader, every one scoped.
+    assert browser.execute_script("return document.querySelectorAll('th:not([scope])').length") == 0
     browser.set_window_size(400, 900)
     browser.get_screenshot_as_file(str(tmp_path / "web-view-narrow.png"))
+    # At 400 px nothing runs off the side: the rows become labelled blocks.
+    assert browser.execute_script(
+        "return document.documentElement.scrollWidth <= document.documentElement.clientWidth"
+    )
 
     # The command shown is the one that lifts the hold.
     subprocess.run(
