@@ -67,6 +67,7 @@ SCRIPTS = (
     Script("notify", (), ("--quick",)),
     Script("branch_watch", ("--samples", "300", "--idle", "60"), ("--quick",)),
     Script("cli_completion", (), ("--quick",)),
+    Script("api", (), ("--quick",)),
 )
 
 

@@ -67,6 +67,7 @@ from reconciler.spec.fleet_status import FleetStatus
 from reconciler.spec.paths import DASHBOARD_PATH, SETTINGS_PATH
 from reconciler.spec.rollout_status import RolloutStatus
 from reconciler.views import notification_events
+from reconciler.views.web_answers import StatusView
 
 MAX_RACES = 20  # passes lost in a row to other writers before giving up
 REREAD = 60.0  # seconds: the longest a serving daemon waits between passes
@@ -166,6 +167,7 @@ class Daemon:
         prometheus: PrometheusClient | None = None,
         plain: bool = False,
         state: DaemonState | None = None,
+        publish: Callable[[StatusView], None] | None = None,
     ) -> None:
         self.store = store
         self.client = client
@@ -179,6 +181,8 @@ class Daemon:
         self.plain = plain
         # Durable state outside Git; None (tests that build a Daemon) keeps none.
         self.state = state
+        # Hands the read API each status commit made or read (docs/web.md); never waits.
+        self.publish = publish or (lambda view: None)
         self._status_signers = tuple(status_signers)
         self._announced = False  # standing events handed to the notifier once, on start
         self._reported: set[str] = set()  # problems already logged, to log each once
@@ -316,6 +320,7 @@ class Daemon:
         p.snapshot, p.delta = snapshot, delta = self.reader.read(p.tip)
         if snapshot.approval is not None:
             self._log_refusals(snapshot.approval.refusals)
+        self.publish(StatusView(snapshot.status_tip, snapshot.statuses, snapshot.fleet_status))
         self.observer.use_fleet(snapshot.documents.fleet)
         built = self.reader.inputs(snapshot, delta)
         p.inputs, p.input_changes = built.inputs, built.changes
@@ -442,6 +447,7 @@ class Daemon:
                 snapshot, commit, changes, files.written, p.step.statuses, fleet_written
             )
             log_commit(self.log, self.metrics, p.step, fleet_changes, commit)
+            self.publish(StatusView(commit, p.merged, p.fleet))
             crashpoints.reach("after_push")
         if p.fleet_sweep is not None:
             self.fleet_watch.applied(p.fleet_sweep)

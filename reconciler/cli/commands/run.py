@@ -18,6 +18,7 @@ if TYPE_CHECKING:  # imported when run, so that other verbs never pay for them
     from reconciler.daemon.metrics import Metrics
     from reconciler.daemon.notifications import Notifier
     from reconciler.daemon.state import DaemonState
+    from reconciler.daemon.web_server import WebServer
     from reconciler.git.approval import Approver
     from reconciler.git.sshsig import AllowedSigner
     from reconciler.git.store import GitStore
@@ -118,6 +119,19 @@ def _add_running_arguments(parser: argparse.ArgumentParser) -> None:
         "--metrics",
         metavar="HOST:PORT",
         help="serve Prometheus metrics here (/metrics) and a health answer (/healthz)",
+    )
+    parser.add_argument(
+        "--http",
+        metavar="HOST:PORT",
+        help="serve the read API and the web page here (docs/web.md); port 0 picks a free "
+        "one, logged at start; the same address as --metrics serves /metrics too",
+    )
+    parser.add_argument(
+        "--http-token-file",
+        type=Path,
+        metavar="FILE",
+        help="with --http: every request needs Authorization: Bearer and the token in FILE; "
+        "without it only 127.0.0.1 and ::1 are served",
     )
     parser.add_argument(
         "--log-format",
@@ -237,12 +251,9 @@ def _run(args: argparse.Namespace, start_up: _StartUp, log: EventLog) -> int:
         else None
     )
     metrics = Metrics()
-    if args.metrics:
-        served = metrics.serve(args.metrics, stale_after=_stale_after(args))
-        port = served.server_address[1]
-        host = args.metrics.rpartition(":")[0] or "127.0.0.1"  # [::1] keeps its brackets
-        # Port 0 picks a free one: the line says which.
-        log.info("metrics", f"listening on {host}:{port} (/metrics, /healthz)")
+    if args.metrics and args.metrics != args.http:
+        _serve_metrics(args, log, metrics)
+    web = _web_server(args, log, metrics)
     status_signers = (
         _status_signers(approver, key, args.sign_commits, log) if approver is not None else ()
     )
@@ -261,6 +272,7 @@ def _run(args: argparse.Namespace, start_up: _StartUp, log: EventLog) -> int:
         environ=os.environ,
         plain=args.plain,
         state=state,
+        publish=web.publish if web is not None else None,
     )
     log.info(
         "start",
@@ -276,6 +288,8 @@ def _run(args: argparse.Namespace, start_up: _StartUp, log: EventLog) -> int:
     finally:
         client.close()
         log.flush()
+        if web is not None:
+            web.close()
         if notifier is not None:
             # One pass's events still go out; a hanging receiver delays the
             # exit this long at most (a restart delivers what is still true).
@@ -284,6 +298,14 @@ def _run(args: argparse.Namespace, start_up: _StartUp, log: EventLog) -> int:
 
 
 NOTIFY_DRAIN = 10.0  # seconds `run --once` waits for its notifications
+
+
+def _serve_metrics(args: argparse.Namespace, log: EventLog, metrics: Metrics) -> None:
+    served = metrics.serve(args.metrics, stale_after=_stale_after(args))
+    port = served.server_address[1]
+    host = args.metrics.rpartition(":")[0] or "127.0.0.1"  # [::1] keeps its brackets
+    # Port 0 picks a free one: the line says which.
+    log.info("metrics", f"listening on {host}:{port} (/metrics, /healthz)")
 
 
 def _stale_after(args: argparse.Namespace) -> float:
@@ -295,10 +317,53 @@ def _stale_after(args: argparse.Namespace) -> float:
     return 3 * max(args.interval, args.poll, REREAD)
 
 
+def _web_server(args: argparse.Namespace, log: EventLog, metrics: Metrics) -> WebServer | None:
+    """The read API and the page (docs/web.md), bound and serving, or None
+    without --http."""
+    if not args.http:
+        return None
+    from prometheus_client import generate_latest
+
+    from reconciler.daemon.web_routes import Routes, read_token
+    from reconciler.daemon.web_server import WebServer
+
+    host, sep, port = args.http.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise UsageError(f"--http must be HOST:PORT, got {args.http!r}")
+    token = None
+    if args.http_token_file is not None:
+        try:
+            token = read_token(args.http_token_file)
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"--http-token-file: {exc}") from None
+    shared = (lambda: generate_latest(metrics.registry)) if args.metrics == args.http else None
+    routes = Routes(token=token, metrics=shared)
+    server = WebServer(
+        routes,
+        host,
+        int(port),
+        on_error=lambda exc: log.error("http_failed", f"{type(exc).__name__}: {exc}"),
+    )
+    try:
+        server.start()
+    except OSError as exc:
+        raise UsageError(f"--http {args.http}: cannot listen: {exc.strerror or exc}") from None
+    log.info(
+        "http",
+        f"serving the read API and the page on http://{server.address}/"
+        + (" (and /metrics)" if shared else ""),
+        access="token" if token else "127.0.0.1 and ::1 only",
+    )
+    return server
+
+
 def _check_arguments(args: argparse.Namespace) -> None:
     """What argparse cannot check alone: bounds, and flags that need others."""
     if args.concurrency < 1:
         raise UsageError("--concurrency must be at least 1")
+    if args.http_token_file is not None and not args.http:
+        raise UsageError("--http-token-file needs --http")
     if args.require_approvals < 0:
         raise UsageError("--require-approvals must be 0 or more")
     if args.require_approvals and args.allowed_signers is None:

@@ -1,0 +1,232 @@
+"""What ``run --http`` answers (docs/web.md): who may ask, which path is
+which answer, and the views the answers come from.
+
+Access: with a token file, every request (the page included) needs
+``Authorization: Bearer TOKEN``, compared in constant time; without one,
+only clients whose address is 127.0.0.1 or ::1 are served (any other
+source address, the rest of 127.0.0.0/8 included, gets 401). Errors are
+JSON, ``{"error", "message"}``: 401, 404 (unknown paths and rollouts),
+405 (any method but GET), 400 (bad ``offset``/``limit``), 503 (before the
+first view). Nothing secret is served: answers are the committed status
+files and the page's own assets.
+
+Must not: read Git or touch sockets (``web_server`` does), or change
+anything: actions stay commits.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import parse_qs, quote, unquote
+
+from reconciler.spec.paths import NAME_RE
+from reconciler.views.web_answers import (
+    DEFAULT_LIMIT,
+    MAX_LIMIT,
+    Answers,
+    StatusView,
+    answers_for,
+    events_between,
+)
+
+ASSETS_DIR = Path(__file__).resolve().parent / "web"
+# path -> (file, content type); nothing else is read from disk
+ASSETS = {
+    "/": ("index.html", "text/html; charset=utf-8"),
+    "/page.js": ("page.js", "text/javascript; charset=utf-8"),
+    "/page.css": ("page.css", "text/css; charset=utf-8"),
+}
+_JSON = "application/json"
+_COMMON = (("Cache-Control", "no-store"), ("X-Content-Type-Options", "nosniff"))
+_PAGE_POLICY = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
+    "img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
+STREAM_OPENING = b"retry: 2000\n: events of committed status\n\n"
+
+
+@dataclass(frozen=True)
+class Reply:
+    status: int
+    body: bytes
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class Stream:
+    """Answer with an event stream: these headers and opening bytes, then
+    every event of the views published from now on."""
+
+    headers: tuple[tuple[str, str], ...]
+    opening: bytes
+
+
+Metrics = Callable[[], bytes]  # the Prometheus text, when /metrics shares the address
+
+
+class Routes:
+    """The answers of the latest view, and who gets them."""
+
+    def __init__(self, *, token: str | None = None, metrics: Metrics | None = None) -> None:
+        self.token = token
+        self.metrics = metrics
+        self.answers: Answers | None = None
+        self.assets = {
+            path: (ASSETS_DIR.joinpath(name).read_bytes(), kind)
+            for path, (name, kind) in ASSETS.items()
+        }
+
+    # -- views --------------------------------------------------------------------
+
+    def events(self, view: StatusView) -> list[bytes]:
+        """The event frames ``view`` brings since the view answered from
+        (none for the first: nothing is replayed)."""
+        before = self.answers
+        if before is None or self._same(before.view, view):
+            return []
+        return [event.frame() for event in events_between(before.view, view)]
+
+    def take(self, view: StatusView) -> None:
+        """Answer from ``view`` from now on."""
+        before = self.answers
+        if before is None or not self._same(before.view, view):
+            self.answers = answers_for(view, before)
+
+    @staticmethod
+    def _same(before: StatusView, view: StatusView) -> bool:
+        """The daemon's own commit, read back by its next pass."""
+        return (
+            view.commit is not None and before.commit == view.commit and before.fleet == view.fleet
+        )
+
+    # -- requests -------------------------------------------------------------------
+
+    def handle(
+        self, method: str, target: str, headers: dict[str, str], peer: str
+    ) -> Reply | Stream:
+        """The answer to one request; ``headers`` by lower-case name."""
+        refused = self._refusal(headers, peer)
+        if refused is not None:
+            return refused
+        path, _, query = target.partition("?")
+        if method != "GET":
+            reply = self.error(
+                405, "method_not_allowed", f"{method} is not allowed: this API only reads"
+            )
+            return Reply(reply.status, reply.body, (*reply.headers, ("Allow", "GET")))
+        asset = self.assets.get(path)
+        if asset is not None:
+            headers_: tuple[tuple[str, str], ...] = (*_COMMON, ("Content-Type", asset[1]))
+            if path == "/":
+                headers_ += (("Content-Security-Policy", _PAGE_POLICY),)
+            return Reply(200, asset[0], headers_)
+        if path == "/metrics" and self.metrics is not None:
+            return Reply(200, self.metrics(), (("Content-Type", "text/plain; version=0.0.4"),))
+        if not path.startswith("/api/v1/"):
+            return self.error(404, "not_found", f"no such path: {path}; see /api/v1/rollouts")
+        if path == "/api/v1/events":
+            return Stream(
+                (*_COMMON, ("Content-Type", "text/event-stream"), ("X-Accel-Buffering", "no")),
+                STREAM_OPENING,
+            )
+        answers = self.answers
+        if answers is None:
+            reply = self.error(503, "not_ready", "the daemon has not read the status branch yet")
+            return Reply(503, reply.body, (*reply.headers, ("Retry-After", "1")))
+        return self._api(path, query, answers)
+
+    def _api(self, path: str, query: str, answers: Answers) -> Reply:
+        commit = (("X-Status-Commit", answers.view.commit or ""),)
+        if path == "/api/v1/rollouts":
+            return Reply(200, answers.rollouts, (*_COMMON, ("Content-Type", _JSON), *commit))
+        if path == "/api/v1/fleet":
+            return Reply(200, answers.fleet, (*_COMMON, ("Content-Type", _JSON), *commit))
+        prefix = "/api/v1/rollouts/"
+        name = unquote(path[len(prefix) :]) if path.startswith(prefix) else ""
+        if not name:
+            return self.error(404, "not_found", f"no such path: {path}; see /api/v1/rollouts")
+        paging = _paging(query)
+        if isinstance(paging, Reply):
+            return paging
+        offset, limit = paging
+        body = answers.rollout(name, offset, limit) if NAME_RE.fullmatch(name) else None
+        if body is None:
+            return self.error(404, "no_such_rollout", f"no rollout named {name!r} has a status")
+        total = len(answers.view.statuses[name].nodes)
+        headers: tuple[tuple[str, str], ...] = (
+            *_COMMON,
+            ("Content-Type", _JSON),
+            *commit,
+            ("X-Node-Count", str(total)),
+        )
+        if offset + limit < total:
+            link = f"</api/v1/rollouts/{quote(name)}?offset={offset + limit}&limit={limit}>"
+            headers += (("Link", f'{link}; rel="next"'),)
+        return Reply(200, body, headers)
+
+    def _refusal(self, headers: dict[str, str], peer: str) -> Reply | None:
+        if self.token is None:
+            if _loopback(peer):
+                return None
+            reply = self.error(
+                401,
+                "unauthorized",
+                "only 127.0.0.1 and ::1 are served without a token; start the daemon with "
+                "--http-token-file and send Authorization: Bearer TOKEN",
+            )
+        else:
+            given = headers.get("authorization", "")
+            scheme, _, value = given.partition(" ")
+            if scheme.lower() == "bearer" and hmac.compare_digest(
+                value.strip().encode(), self.token.encode()
+            ):
+                return None
+            reply = self.error(
+                401, "unauthorized", "missing or wrong token: send Authorization: Bearer TOKEN"
+            )
+        return Reply(401, reply.body, (*reply.headers, ("WWW-Authenticate", "Bearer")))
+
+    @staticmethod
+    def error(status: int, code: str, message: str) -> Reply:
+        body = json.dumps({"error": code, "message": message}).encode()
+        return Reply(status, body, (*_COMMON, ("Content-Type", _JSON)))
+
+
+def _loopback(peer: str) -> bool:
+    """127.0.0.1 or ::1 (also as an IPv4-mapped IPv6 address)."""
+    try:
+        address = ipaddress.ip_address(peer.split("%", 1)[0])
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return str(address) in ("127.0.0.1", "::1")
+
+
+def _paging(query: str) -> tuple[int, int] | Reply:
+    """``offset`` and ``limit`` of a rollout's nodes (defaults 0 and 500)."""
+    values = parse_qs(query, keep_blank_values=True)
+    found = []
+    for key, default, low in (("offset", 0, 0), ("limit", DEFAULT_LIMIT, 1)):
+        text = values.get(key, [str(default)])[-1]
+        if not text.isdigit() or not low <= int(text) <= (MAX_LIMIT if key == "limit" else 10**9):
+            top = MAX_LIMIT if key == "limit" else "1000000000"
+            return Routes.error(400, "bad_query", f"{key} must be an integer from {low} to {top}")
+        found.append(int(text))
+    return found[0], found[1]
+
+
+def read_token(path: Path) -> str:
+    """The token in ``path`` (surrounding white space dropped); ValueError when empty."""
+    token = path.read_text(encoding="utf-8").strip()
+    if not token or any(c.isspace() for c in token):
+        raise ValueError(f"{path}: the token must be one word of text, not empty")
+    return token
+
+
+__all__ = ["ASSETS_DIR", "Reply", "Routes", "Stream", "read_token"]

@@ -1,0 +1,87 @@
+"""The read API's server with real sockets (docs/web.md): an event stream
+whose reader stops reading is dropped once its unsent bytes pass the bound,
+while a reader that keeps up gets every event; a view published never
+waits for either."""
+
+from __future__ import annotations
+
+import socket
+
+import httpx
+
+from reconciler.daemon.web_routes import Routes
+from reconciler.daemon.web_server import WebServer
+from reconciler.spec.rollout_status import RolloutStatus
+from reconciler.views.web_answers import StatusView
+from tests.kit.waiting import wait_for
+
+NAMES = [f"rollout-{i:03d}-" + "x" * 50 for i in range(300)]  # long names: big events
+
+
+def _view(round_: int) -> StatusView:
+    statuses = {n: RolloutStatus(name=n, phase="running", message=f"round {round_}") for n in NAMES}
+    return StatusView(f"{round_:040x}", statuses, None)
+
+
+def test_a_stalled_event_stream_is_dropped_and_publishing_never_waits() -> None:
+    server = WebServer(Routes(), "127.0.0.1", 0, stream_buffer=64 * 1024)
+    host, port = server.start()
+    stalled = socket.socket()
+    try:
+        server.publish(_view(0))
+        stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        stalled.connect((host, port))
+        stalled.sendall(b"GET /api/v1/events HTTP/1.1\r\nHost: x\r\n\r\n")
+        wait_for(lambda: server.call(lambda: len(server.streams)) == 1, what="the stream open")
+
+        for round_ in range(1, 2000):
+            server.publish(_view(round_))
+            if round_ % 20 == 0 and server.call(lambda: server.dropped):
+                break
+
+        assert server.call(lambda: server.dropped) == 1
+        assert server.call(lambda: len(server.streams)) == 0
+        # Still serving, and publish only ever queued (no figure is asserted
+        # about how fast: that it returned at all with the reader stalled).
+        assert httpx.get(f"http://{host}:{port}/api/v1/rollouts", timeout=10).status_code == 200
+    finally:
+        stalled.close()
+        server.close()
+
+
+def test_a_reader_that_keeps_up_gets_every_commit_event() -> None:
+    server = WebServer(Routes(), "127.0.0.1", 0)
+    host, port = server.start()
+    try:
+        server.publish(_view(0))
+        seen: list[str] = []
+        with httpx.stream("GET", f"http://{host}:{port}/api/v1/events", timeout=30) as stream:
+            wait_for(lambda: server.call(lambda: len(server.streams)) == 1, what="the stream")
+            for round_ in range(1, 6):
+                server.publish(_view(round_))
+            for line in stream.iter_lines():
+                if line == "event: commit":
+                    seen.append(line)
+                if len(seen) == 5:
+                    break
+        assert len(seen) == 5
+    finally:
+        server.close()
+
+
+def test_a_head_that_never_ends_gets_408_and_one_too_large_431() -> None:
+    server = WebServer(Routes(), "127.0.0.1", 0, request_timeout=1.0)
+    host, port = server.start()
+    try:
+        with socket.create_connection((host, port), timeout=30) as slow:
+            slow.sendall(b"GET /api/v1/rollouts HTTP/1.1\r\nHost: x\r\n")  # never the blank line
+            assert slow.recv(4096).startswith(b"HTTP/1.1 408 Request Timeout\r\n")
+        with socket.create_connection((host, port), timeout=30) as big:
+            big.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 20_000 + b"\r\n\r\n")
+            answer = b""
+            while chunk := big.recv(4096):
+                answer += chunk
+            assert answer.split(b"\r\n", 1)[0] == b"HTTP/1.1 431 Request Header Fields Too Large"
+            assert b'"error": "bad_request"' in answer
+    finally:
+        server.close()
