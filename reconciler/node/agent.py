@@ -448,9 +448,13 @@ class Agent:
         """A job refused: logged, counted and answered."""
         payload = envelope.get("payload") if isinstance(envelope, dict) else None
         job_id = payload.get("jobId") if isinstance(payload, dict) else None
-        self.log.refused(status, code, message, job_id if isinstance(job_id, str) else "")
+        job_id = job_id if isinstance(job_id, str) else None
+        self.log.refused(status, code, message, job_id or "")
         self.metrics.refusals.labels(code=code).inc()
-        return self._error(status, code, message)
+        # Signed over the job id it refuses: no other signed answer (a
+        # heartbeat, another job's refusal) can pass for this refusal.
+        refusal = {"error": code, "message": message, "node": self.config.node}
+        return self._json(status, refusal if job_id is None else {**refusal, "jobId": job_id})
 
     def post_job(self, body: bytes, path_node: str) -> Response:
         try:

@@ -572,6 +572,18 @@ class SimFleet:
     def _error(self, node: SimNode, status: int, code: str, message: str) -> Response:
         return self._json(node, status, {"error": code, "message": message})
 
+    def _refusal(
+        self, node: SimNode, status: int, code: str, message: str, posted: Any
+    ) -> Response:
+        """A refused job, signed over the job id it refuses, as the agent's."""
+        if isinstance(posted, dict) and isinstance(posted.get("payload"), dict):
+            posted = posted["payload"]
+        job_id = posted.get("jobId") if isinstance(posted, dict) else None
+        refusal = {"error": code, "message": message, "node": node.name}
+        if isinstance(job_id, str):
+            refusal["jobId"] = job_id
+        return self._json(node, status, refusal)
+
     def handle(self, request: Request) -> Response | asyncio.Future[Response]:
         self.requests += 1
         parts = request.path.split("/")
@@ -716,7 +728,7 @@ class SimFleet:
                 job_id = envelope["payload"]["jobId"]
                 self.received[job_id] += 1
                 self._count_variant(job_id, envelope["payload"])
-            return self._error(node, refusal.status, refusal.code, refusal.message)
+            return self._refusal(node, refusal.status, refusal.code, refusal.message, envelope)
         job_id = payload["jobId"]
         self.received[job_id] += 1
         self._count_variant(job_id, payload)
@@ -725,7 +737,7 @@ class SimFleet:
             return self._job_answer(node, 200, known)
         if behaviour.action == "refuse":
             self.refusals[behaviour.code] += 1
-            return self._error(node, behaviour.status, behaviour.code, behaviour.message)
+            return self._refusal(node, behaviour.status, behaviour.code, behaviour.message, payload)
         job = SimJob(payload)
         node.jobs[job_id] = job
         node.probing.pop(payload["target"]["runtime"], None)  # the next job ends the checks
