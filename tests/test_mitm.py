@@ -5,15 +5,16 @@ agent's answers is no evidence for a node with ``agentKey``."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
 from reconciler.daemon.agent_client import AgentClient
 from reconciler.daemon.answer_check import AnswerCheck
-from reconciler.spec.model import Node
+from reconciler.spec.model import Node, Target
 from tests.kit.agents import AgentThread
 from tests.kit.http import request
-from tests.kit.jobs import job
+from tests.kit.jobs import envelope, job
 from tests.kit.keys import make_key
 from tests.kit.mitm import Mitm
 
@@ -124,3 +125,49 @@ def test_a_replayed_older_heartbeat_is_no_evidence(tmp_path: Path) -> None:
     assert believed is None and "older than one already believed" in problem
     # The same heartbeat read twice is not a replay of an older one.
     assert check.heartbeat(node, fresh) == (fresh, "")
+
+
+def test_a_relabelled_backup_list_is_no_evidence(tmp_path: Path) -> None:
+    daemon_key = make_key(tmp_path / "d" / "reconciler").signing
+    agent_key = make_key(tmp_path / "a" / "reconciler").signing
+    (tmp_path / "state" / "runtimes").mkdir(parents=True)
+    (tmp_path / "state" / "runtimes" / "hermes.yaml").write_text(
+        "provider: vllm\nmodel: m-base\nprofile: default\n"
+    )
+    agent = AgentThread(tmp_path / "state", [daemon_key], key=agent_key)
+    for n, model in ((1, "m-old"), (2, "m-new")):
+        target = Target("hermes", "vllm", model, "default")
+        send = job(f"apply-000{n}", attempt=n, target=target, rollout=f"r{n}")
+        assert agent.post(envelope(send, daemon_key))[0] == 202
+        assert agent.wait_finished(send.job_id)["state"] == "succeeded"
+
+    def relabel(method: str, target: str, status: int, body: bytes) -> tuple[int, bytes]:
+        # The older backup claims to be the one this rollout's job took.
+        data = json.loads(body)
+        if "backups" in target and isinstance(data, dict):
+            for backup in data["backups"]:
+                backup["jobId"], backup["rollout"] = "apply-0002", "r2"
+        return status, json.dumps(data).encode()
+
+    mitm = Mitm(agent.url, relabel)
+    node = Node("node-a", mitm.url, agent_key=agent_key.public_openssh)
+    check = AnswerCheck()
+    try:
+        with AgentClient(daemon_key, timeout=5) as client:
+            honest = client.read_backups([(agent.url, "node-a")])["node-a"]
+            relabelled = client.read_backups([(mitm.url, "node-a")])["node-a"]
+    finally:
+        mitm.close()
+        agent.close()
+    assert honest is not None and relabelled is not None
+    assert [b.job_id for b in honest.backups] == ["apply-0002", "apply-0001"]
+    assert check.backups(node, honest) == (honest, "")
+    assert [b.job_id for b in relabelled.backups] == ["apply-0002", "apply-0002"]
+    believed, problem = check.backups(node, relabelled)
+    assert believed is None and problem == f"bad signature for key {agent_key.key_id}"
+    # A bare list, as the agent answers without ?signed=1, carries no evidence.
+    bare = replace(honest, signed=None)
+    assert check.backups(node, bare)[0] is None
+    # A node without agentKey is believed as in version 1.
+    plain = replace(node, agent_key=None)
+    assert check.backups(plain, relabelled) == (replace(relabelled, signed=None), "")

@@ -21,7 +21,13 @@ from dataclasses import replace
 from datetime import datetime
 
 from reconciler.protocol.evidence import evidence_problem, parse_agent_key, signed_bytes_problem
-from reconciler.protocol.observations import NO_EVIDENCE, Heartbeat, JobObservation, SignedAnswer
+from reconciler.protocol.observations import (
+    NO_EVIDENCE,
+    BackupList,
+    Heartbeat,
+    JobObservation,
+    SignedAnswer,
+)
 from reconciler.protocol.signing import TrustedKey, canonical_json
 from reconciler.spec.model import Node
 from reconciler.spec.times import format_time, parse_time
@@ -108,6 +114,15 @@ class AnswerCheck:
             return (replace(beat, signed=None) if beat.signed is not None else beat), ""
         problem = self._problem(node, beat.signed) or self._moves_forward(node.name, beat.time)
         return (None, problem) if problem else (beat, "")
+
+    def backups(self, node: Node | None, listed: BackupList) -> tuple[BackupList | None, str]:
+        """The backup list to use (None: not believed), and why not: a
+        restore puts back what the list names, so for a node with agentKey
+        only a signed list (``node`` checked as it was read) is believed."""
+        if node is None or node.agent_key is None:
+            return (replace(listed, signed=None) if listed.signed is not None else listed), ""
+        problem = self._problem(node, listed.signed)
+        return (None, problem) if problem else (listed, "")
 
     def _moves_forward(self, node: str, time: str) -> str:
         """Empty when ``time`` is no older than the newest heartbeat believed

@@ -95,6 +95,7 @@ from reconciler.protocol.long_poll import (
     raise_open_files_limit,
     wait_seconds,
 )
+from reconciler.protocol.observations import signed_list_asked
 from reconciler.protocol.signing import JobRefused, SigningKey, TrustedKey, canonical_json
 from reconciler.spec.safe_yaml import YamlProblem, load_yaml
 from reconciler.spec.times import format_time, parse_time
@@ -634,6 +635,8 @@ class SimFleet:
                     )
                 return self._json(node, 200, self._heartbeat(node, behaviour))
             backups = [] if behaviour.action == "impostor" else node.backups[::-1]
+            if signed_list_asked(request.query):
+                return self._json(node, 200, {"node": node.name, "backups": backups})
             return json_response(200, backups)
         return error_response(
             404, "not_found", f"no such endpoint: {request.method} {request.path}"
