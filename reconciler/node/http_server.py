@@ -9,9 +9,11 @@ hold its ground against whoever can reach its port. h11 parses and
 validates (duplicate or malformed ``Content-Length``, header size, request
 line); this module adds the limits an exposed server needs:
 
-    connections     at most ``max_connections`` at once; at the cap, an idle
-                    keep-alive connection is closed to make room, else the
-                    new one is closed at once
+    connections     at most ``max_connections`` at once; at the cap, the
+                    connection that has waited longest for its next request
+                    (idle, or with a request still incomplete) is closed to
+                    make room, else the new one is closed at once: a flood of
+                    one-byte connections gives way to the daemon's own
     head + body     must arrive within ``request_timeout`` of their first
                     byte; bytes do not extend it (a slowloris is cut off)
     idle            a keep-alive connection with no request for
@@ -126,6 +128,7 @@ class _Connection(asyncio.Protocol):
         "started",
         "task",
         "transport",
+        "waiting_since",
     )
 
     def __init__(self, server: HttpServer) -> None:
@@ -142,6 +145,9 @@ class _Connection(asyncio.Protocol):
         self.busy = False  # a request is being handled
         self.started = False  # bytes of the current request have arrived
         self.paused_for_writes = False
+        # When the current wait for a request (or its rest) began: at the
+        # cap, the longest waiting gives way first.
+        self.waiting_since = 0.0
 
     # -- asyncio callbacks --------------------------------------------------------
 
@@ -150,7 +156,7 @@ class _Connection(asyncio.Protocol):
         self.transport = transport
         server = self.server
         if len(server.connections) >= server.max_connections and not server.evict_idle():
-            transport.abort()  # over the cap, with nothing idle to give way
+            transport.abort()  # over the cap, with every connection busy
             self.transport = None
             return
         server.connections.add(self)
@@ -362,7 +368,9 @@ class _Connection(asyncio.Protocol):
             self._close()
 
     def _wait_for(self, seconds: float) -> None:
-        self.deadline = self.server.loop_time() + seconds
+        now = self.server.loop_time()
+        self.deadline = now + seconds
+        self.waiting_since = now
 
     @property
     def idle(self) -> bool:
@@ -416,12 +424,15 @@ class HttpServer:
             self._on_error(exc)
 
     def evict_idle(self) -> bool:
-        """Close one idle keep-alive connection to make room; False if none is idle."""
-        for conn in self.connections:
-            if conn.idle:
-                conn._close()
-                return True
-        return False
+        """Close the connection that has waited longest for a whole request
+        (idle, or its request still incomplete) to make room; False if
+        every connection is busy. A connection that sends its request at
+        once is never the longest waiting, whatever a slow one sends."""
+        waiting = [c for c in self.connections if not c.busy]
+        if not waiting:
+            return False
+        min(waiting, key=lambda c: c.waiting_since)._close()
+        return True
 
     async def start(self) -> tuple[str, int]:
         loop = asyncio.get_running_loop()
