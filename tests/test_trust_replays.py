@@ -165,18 +165,18 @@ def test_an_unverified_rollout_waits_as_unverified_with_what_is_missing_now(
     )
     fast.extra = ["--require-approvals", "1"]
     spec = rollout_yaml("r", target=NEW, nodeIds=["web-1"], live=True)
-    fast.push({"rollouts/r.yaml": spec}, "Start r", signed=False)
+    fast.push({"rollouts/r.yaml": spec}, "Start r", signed=True)
     fast.run_until(lambda: fast.phase("r") == "pending")
     status = fast.status("r") or {}
     assert status["reason"] == "unverified", status
-    assert "not signed" in status["message"]
+    assert "has 0" in status["message"]
 
-    # Signed now, short of an approval: the message says so, not the old why.
-    fast.push({"rollouts/r.yaml": spec + "# signed\n"}, "Sign r", signed=True)
-    fast.run_until(lambda: "has 0" in (fast.status("r") or {})["message"])
+    # Changed by a push without a key: the message says so, not the old why.
+    fast.push({"rollouts/r.yaml": spec + "# unsigned\n"}, "Touch r", signed=False)
+    fast.run_until(lambda: "not signed" in (fast.status("r") or {})["message"])
     status = fast.status("r") or {}
     assert status["reason"] == "unverified", status
-    assert "not signed" not in status["message"]
+    assert "has 0" not in status["message"]
 
 
 def test_a_status_branch_forced_back_to_an_older_daemon_signed_commit_is_held(
@@ -210,3 +210,20 @@ def test_a_status_branch_forced_back_to_an_older_daemon_signed_commit_is_held(
         assert (repo.status("r", "reconciler-status") or {})["phase"] == "running"
     finally:
         kit.close()
+
+
+def test_a_rollout_only_in_an_unsigned_commit_gets_no_status_file(
+    fast: Repo, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fast.push({"rollouts/newname.yaml": rollout_yaml("newname", target=NEW, nodeIds=["web-1"])},
+              "A rollout nobody signed", signed=False)  # fmt: skip
+    capsys.readouterr()
+    for _ in range(3):
+        fast.run_once()
+    log = capsys.readouterr().err
+    assert fast.status("newname") is None
+    assert fast.accepted() == []
+    assert "rollouts/newname.yaml is only in commits that are not verified" in log, log
+    code, out = fast.verify(capsys)
+    assert code == 1, out
+    assert "rollouts/newname.yaml is only in commits that are not verified" in out, out
