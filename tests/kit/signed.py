@@ -6,6 +6,7 @@ clone to push from as a person without a key; for the trust tests.
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ import pytest
 
 from reconciler.cli.main import main
 from reconciler.spec.safe_yaml import load_yaml
-from tests.kit.fleets import FleetKit
+from tests.kit.fleets import RepoKit
 from tests.kit.git import git, git_env
 from tests.kit.keys import make_key
 from tests.kit.waiting import wait_for
@@ -27,7 +28,7 @@ class Repo:
     """A FleetKit whose spec commits alice signs, the daemon's ``run --once``
     verifying them, and a clone to push from as a person without a key."""
 
-    def __init__(self, kit: FleetKit, tmp_path: Path) -> None:
+    def __init__(self, kit: RepoKit, tmp_path: Path) -> None:
         self.kit = kit
         self.alice = tmp_path / "alice"
         make_key(self.alice, comment="alice")
@@ -40,19 +41,29 @@ class Repo:
         return git(*args, cwd=self.kit.work, env=self.env)
 
     def push(self, files: dict[str, str | None], message: str, *, signed: bool) -> str:
-        self.git("pull", "-q", "--ff-only", "origin", "main")
-        for rel, text in files.items():
-            path = self.kit.work / rel
-            if text is None:
-                path.unlink()
-                continue
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
-        self.git("add", "-A")
-        sign = ["-c", "gpg.format=ssh", "-c", f"user.signingKey={self.alice}"] if signed else []
-        self.git(*sign, "commit", "-q", *(["-S"] if signed else []), "-m", message)
-        self.git("push", "-q", "origin", "HEAD:main")
-        return self.git("rev-parse", "HEAD")
+        """Commit ``files`` on the branch's tip and push; made again on the
+        new tip when a running daemon's status commit came first (a rebase
+        would drop the signature)."""
+        for _ in range(10):
+            self.git("fetch", "-q", "origin", "main")
+            self.git("reset", "-q", "--hard", "origin/main")
+            for rel, text in files.items():
+                path = self.kit.work / rel
+                if text is None:
+                    path.unlink()
+                    continue
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(text)
+            self.git("add", "-A")
+            sign = ["-c", "gpg.format=ssh", "-c", f"user.signingKey={self.alice}"] if signed else []
+            self.git(*sign, "commit", "-q", *(["-S"] if signed else []), "-m", message)
+            pushed = subprocess.run(
+                ["git", "push", "-q", "origin", "HEAD:main"],
+                cwd=self.kit.work, env=self.env, capture_output=True,
+            )  # fmt: skip
+            if pushed.returncode == 0:
+                return self.git("rev-parse", "HEAD")
+        raise AssertionError("could not push past the daemon's status commits")
 
     def run_once(self) -> None:
         argv = [
