@@ -46,10 +46,18 @@ import socket
 import ssl
 import time
 from collections.abc import Awaitable, Callable
-from http import HTTPStatus
 from typing import Any
 
 import h11
+
+from reconciler.protocol.h11_serving import (
+    REASONS,
+    closing_refusal,
+    head_size,
+    next_request,
+    shown_address,
+    whole_answer,
+)
 
 MAX_HEAD_BYTES = 64 * 1024
 MAX_BODY_BYTES = 1024 * 1024
@@ -59,8 +67,6 @@ IDLE_TIMEOUT = 120.0  # seconds a keep-alive connection may sit unused
 WRITE_HIGH_WATER = 256 * 1024  # bytes of unsent answers before reading pauses
 BACKLOG = 256
 SWEEP_INTERVAL = 0.25  # seconds between checks of the deadlines
-
-_REASONS = {s.value: s.phrase.encode("latin-1") for s in HTTPStatus}
 
 
 class Request:
@@ -100,9 +106,6 @@ def error_response(status: int, code: str, message: str) -> Response:
     return json_response(status, {"error": code, "message": message})
 
 
-_END = h11.EndOfMessage()
-
-
 @functools.lru_cache(maxsize=1024)
 def _head(status: int, length: int, close: bool) -> h11.Response:
     """A response head; h11 events are values, so each distinct head is
@@ -110,7 +113,7 @@ def _head(status: int, length: int, close: bool) -> h11.Response:
     headers = [(b"Content-Type", b"application/json"), (b"Content-Length", b"%d" % length)]
     if close:
         headers.append((b"Connection", b"close"))
-    return h11.Response(status_code=status, headers=headers, reason=_REASONS.get(status, b""))
+    return h11.Response(status_code=status, headers=headers, reason=REASONS.get(status, b""))
 
 
 class _Connection(asyncio.Protocol):
@@ -234,7 +237,7 @@ class _Connection(asyncio.Protocol):
 
     def _admit(self, head: h11.Request) -> bool:
         """Refuse, before any body is read, what this server never accepts."""
-        if sum(len(name) + len(value) + 4 for name, value in head.headers) > MAX_HEAD_BYTES:
+        if head_size(head.headers) > MAX_HEAD_BYTES:
             self._refuse(431, "request headers too large")
             return False
         length = None
@@ -303,11 +306,9 @@ class _Connection(asyncio.Protocol):
         if response.drop:
             transport.abort()
             return
-        try:
-            data = self.conn.send(_head(response.status, len(response.body), response.close))
-            data += self.conn.send(h11.Data(data=response.body))
-            data += self.conn.send(_END)
-        except h11.LocalProtocolError:
+        head = _head(response.status, len(response.body), response.close)
+        data = whole_answer(self.conn, head, response.body)
+        if data is None:
             self._close()
             return
         transport.write(data)
@@ -316,15 +317,11 @@ class _Connection(asyncio.Protocol):
     def _next_cycle(self) -> None:
         self.busy = False
         self.head = None
-        if self.conn.our_state is h11.MUST_CLOSE or self.conn.their_state is not h11.DONE:
+        started = next_request(self.conn)
+        if started is None:
             self._close()
             return
-        try:
-            self.conn.start_next_cycle()
-        except h11.LocalProtocolError:
-            self._close()
-            return
-        self.started = bool(self.conn.trailing_data[0])
+        self.started = started
         self._wait_for(self.server.request_timeout if self.started else self.server.idle_timeout)
         if self.reading_paused and not self.paused_for_writes:
             self._resume_reading()
@@ -346,11 +343,7 @@ class _Connection(asyncio.Protocol):
         if transport is None:
             return
         body = json.dumps({"error": "bad_request", "message": message}).encode("utf-8")
-        reason = _REASONS.get(status, b"Error")
-        transport.write(
-            b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
-            b"Connection: close\r\n\r\n%s" % (status, reason, len(body), body)
-        )
+        transport.write(closing_refusal(status, body, [("Content-Type", "application/json")]))
         self._close()
 
     def _close(self) -> None:
@@ -457,8 +450,7 @@ class HttpServer:
 
     @property
     def address(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{host}:{self.port}"
+        return shown_address(self.host, self.port)
 
     async def close(self) -> None:
         if self._sweeper is not None:
