@@ -16,10 +16,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.kit import signed
 from tests.kit.daemons import DaemonProcess
-from tests.kit.documents import rollout_yaml
 from tests.kit.fleets import AgentFleet
-from tests.kit.signed import NEW, OLD, Repo
+from tests.kit.signed import Repo
 from tests.kit.waiting import wait_for
 
 pytestmark = pytest.mark.slow
@@ -31,25 +31,17 @@ _PASSES = re.compile(r"^reconciler_passes_total (\S+)$", re.MULTILINE)
 class Running:
     """A signed fleet of real agents and the daemon process acting on it."""
 
-    def __init__(self, fleet: AgentFleet, repo: Repo, daemon: DaemonProcess, branch: str) -> None:
-        self.fleet, self.repo, self.daemon, self.status_branch = fleet, repo, daemon, branch
+    def __init__(self, fleet: AgentFleet, repo: Repo, daemon: DaemonProcess) -> None:
+        self.fleet, self.repo, self.daemon = fleet, repo, daemon
         self.metrics = f"http://{daemon.metrics_address()}/metrics"
         self.notes = 0  # pushes that change no spec, made to wake the daemon
-
-    def phase(self, name: str) -> str | None:
-        status = self.repo.status(name, self.status_branch)
-        return None if status is None else str(status["phase"])
 
     def passes(self) -> float:
         match = _PASSES.search(httpx.get(self.metrics, timeout=10).text)
         return float(match.group(1)) if match else 0.0
 
     def old_then_new(self) -> None:
-        for name, target in (("old", OLD), ("new", NEW)):
-            spec = rollout_yaml(name, target=target, nodeIds=list(self.fleet.agents), live=True,
-                                batchSize=2)  # fmt: skip
-            self.repo.push({f"rollouts/{name}.yaml": spec}, f"Roll out {name}", signed=True)
-            wait_for(lambda name=name: self.phase(name) == "completed", 120, f"{name} to complete")  # type: ignore[misc]
+        signed.old_then_new(self.repo, self.fleet.agents, lambda done: wait_for(done, 120))
         assert self.models() == [["model-old", "model-new"]] * 2
 
     def models(self) -> list[list[str]]:
@@ -84,12 +76,13 @@ def running(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Running]
     nodes = {n: {"config": OLD_CONFIG, "agent_key": "own"} for n in ("web-1", "web-2")}
     fleet = AgentFleet.create(tmp_path, nodes, files={"reconciler.yaml": settings})
     repo = Repo(fleet, tmp_path)
+    repo.status_branch = branch or "main"
     try:
         with DaemonProcess(
             fleet.bare, fleet.key_path, "--allowed-signers", str(repo.signers), "--sign-commits",
             "--interval", "0.2s", "--poll", "0.2s", "--metrics", "127.0.0.1:0",
         ) as daemon:  # fmt: skip
-            yield Running(fleet, repo, daemon, branch or "main")
+            yield Running(fleet, repo, daemon)
     finally:
         fleet.close()
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ import pytest
 
 from reconciler.cli.main import main
 from reconciler.spec.safe_yaml import load_yaml
+from tests.kit.documents import rollout_yaml
 from tests.kit.fleets import RepoKit
 from tests.kit.git import git, git_env
 from tests.kit.keys import make_key
@@ -36,6 +38,7 @@ class Repo:
         self.signers.write_text(f"ada@example.com {self.alice.with_suffix('.pub').read_text()}")
         self.env = git_env()
         self.extra: list[str] = []
+        self.status_branch = "main"  # where ``phase`` reads statuses
 
     def git(self, *args: str) -> str:
         return git(*args, cwd=self.kit.work, env=self.env)
@@ -87,7 +90,7 @@ class Repo:
         return dict(load_yaml(name, text.encode()))
 
     def phase(self, name: str) -> str | None:
-        status = self.status(name)
+        status = self.status(name, self.status_branch)
         return None if status is None else str(status["phase"])
 
     def accepted(self) -> list[dict[str, Any]]:
@@ -111,3 +114,15 @@ class Repo:
             ["verify", "--repo", str(self.kit.bare), "--allowed-signers", str(self.signers), *more]
         )
         return code, capsys.readouterr().out
+
+
+def old_then_new(
+    repo: Repo, nodes: Iterable[str], reach: Callable[[Callable[[], bool]], Any]
+) -> None:
+    """Rollout ``old`` (model-old) completes on ``nodes``, then ``new``
+    (model-new); both signed. ``reach(done)`` gets there: passes of
+    ``run --once``, or waiting on a daemon that runs."""
+    for name, target in (("old", OLD), ("new", NEW)):
+        spec = rollout_yaml(name, target=target, nodeIds=list(nodes), live=True, batchSize=2)
+        repo.push({f"rollouts/{name}.yaml": spec}, f"Roll out {name}", signed=True)
+        reach(lambda name=name: repo.phase(name) == "completed")  # type: ignore[misc]
