@@ -45,6 +45,9 @@ def test_a_signed_heartbeat_relayed_as_a_refusal_refuses_nothing(tmp_path: Path)
     believed, problem = check.job(node, seen)
     assert believed.state == "unreachable"
     assert problem == "the refusal is not signed over job apply-0001"
+    # A node without agentKey is believed as in version 1: the 400 refuses.
+    plain = replace(node, agent_key=None)
+    assert check.job(plain, seen) == (replace(seen, signed=None), "")
 
 
 def test_a_refusal_counts_only_for_the_job_it_names(tmp_path: Path) -> None:
@@ -108,8 +111,8 @@ def test_a_replayed_older_heartbeat_is_no_evidence(tmp_path: Path) -> None:
         with AgentClient(daemon_key, timeout=5) as client:
             old = client.read_heartbeats([(mitm.url, "node-a")])["node-a"]
             assert old is not None
-            kept.append(json.dumps(old.signed.body | {"evidence": {"keyId": old.signed.key_id,
-                        "signature": old.signed.signature}}).encode())  # fmt: skip
+            evidence = {"keyId": old.signed.key_id, "signature": old.signed.signature}
+            kept.append(json.dumps(old.signed.body | {"evidence": evidence}).encode())
             # The agent's own newer heartbeat is believed ...
             fresh = client.read_heartbeats([(agent.url, "node-a")])["node-a"]
             replayed = client.read_heartbeats([(mitm.url, "node-a")])["node-a"]
@@ -125,6 +128,9 @@ def test_a_replayed_older_heartbeat_is_no_evidence(tmp_path: Path) -> None:
     assert believed is None and "older than one already believed" in problem
     # The same heartbeat read twice is not a replay of an older one.
     assert check.heartbeat(node, fresh) == (fresh, "")
+    # Without agentKey nothing is checked, as in version 1.
+    plain = replace(node, agent_key=None)
+    assert check.heartbeat(plain, replayed) == (replace(replayed, signed=None), "")
 
 
 def test_a_relabelled_backup_list_is_no_evidence(tmp_path: Path) -> None:
