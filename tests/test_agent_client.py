@@ -152,8 +152,8 @@ def test_backups_newest_first(fleet: FleetThread, client: AgentClient) -> None:
     backups = client.read_backups([(fleet.url, "ok"), (fleet.url, "down")])
 
     assert backups["down"] is None
-    listed = backups["ok"]
-    assert listed is not None
+    assert backups["ok"] is not None
+    listed = backups["ok"].backups
     assert [(b.job_id, b.model) for b in listed] == [("apply-2", "m1"), ("apply-1", "base-model")]
     assert all(isinstance(b, Backup) and b.runtime == "hermes" for b in listed)
 
@@ -217,7 +217,7 @@ def test_chunked_and_close_delimited_answers(client: AgentClient) -> None:
         server.server_close()
 
     assert beats["old"] is not None and beats["old"].time == "2026-12-01T09:00:00Z"
-    assert backups["old"] == ()
+    assert backups["old"] is not None and backups["old"].backups == ()
 
 
 def test_keep_alive_connections_are_reused_and_renewed_when_the_agent_drops_them(

@@ -28,6 +28,7 @@ from tests.kit.agents import RealAgent
 from tests.kit.documents import node_map, rollback_outcomes, rollout_yaml
 from tests.kit.fleets import AgentFleet
 from tests.kit.git import git, git_env
+from tests.kit.mitm import Mitm
 
 RITA = ("Rita Rollback", "rita@example.com")
 BORIS = ("Boris Resume", "boris@example.com")
@@ -488,3 +489,70 @@ def apply_job_of(agent: RealAgent, rollout: str) -> str:
     (record,) = [r for r in agent.jobs_of_kind("apply") if r["payload"]["rollout"] == rollout]
     job_id: str = record["job_id"]
     return job_id
+
+
+def test_a_backup_list_relabelled_on_the_way_restores_nothing_the_agent_did_not_sign(
+    tmp_path: Path, fleets: list[AgentFleet]
+) -> None:
+    # Between the daemon and an agent with agentKey, a relay without the
+    # key swaps the job ids of two backups, so that the backup of an older
+    # rollout passes for this one's: the daemon must not restore from it.
+    settings = "apiVersion: reconciler/v1\nkind: Settings\nspec:\n  offlineAfter: 30s\n"
+    node = {"config": old_config("gpu-m1"), "keep_port": True, "agent_key": "own"}
+    fleet = AgentFleet.create(tmp_path, {"gpu-m1": node}, files={"reconciler.yaml": settings})
+    fleets.append(fleet)
+    agent = fleet.agents["gpu-m1"]
+    swapping: list[bool] = []
+
+    def swap(method: str, target: str, status: int, body: bytes) -> tuple[int, bytes]:
+        if not swapping or "/backups" not in target or status != 200:
+            return status, body
+        data = json.loads(body)
+        listed = data["backups"] if isinstance(data, dict) else data
+        newest, older = listed[0], listed[1]
+        newest["jobId"], older["jobId"] = older["jobId"], newest["jobId"]
+        newest["rollout"], older["rollout"] = older["rollout"], newest["rollout"]
+        return status, json.dumps(data).encode()
+
+    relay = Mitm(agent.url, swap)
+    try:
+        node_file = fleet.work / "nodes" / "gpu-m1.yaml"
+        fleet.push({"nodes/gpu-m1.yaml": node_file.read_text().replace(agent.url, relay.url)})
+        first = "{runtime: hermes, provider: ollama, model: model-first, profile: default}"
+        fleet.push({"rollouts/first.yaml": rollout_yaml("first", target=first,
+                    nodeIds=["gpu-m1"], live=True)})  # fmt: skip
+        daemon = fleet.daemon()
+        fleet.run_until(daemon, phase("first", "completed"))
+        before = agent.config_bytes()
+        fleet.push({"rollouts/gone.yaml": rollout_yaml("gone", nodeIds=["gpu-m1"], live=True)})
+        daemon.run_pass()  # sends the apply; the agent applies it
+        agent.wait_idle()
+        agent.stop()  # before the daemon hears how it went
+        daemon.run_pass()
+        fleet.clock.advance(31)
+        statuses = fleet.run_until(daemon, phase("gone", "paused"))
+        assert node_map(statuses["gone"])["gpu-m1"]["firstBackupKnown"] is False
+
+        rollback(fleet, "gone", "--all")
+        swapping.append(True)
+        agent.restart()
+        fleet.run_until(daemon, lambda _: unverified_backups(daemon) >= 2)
+        assert agent.jobs_of_kind("restore") == []
+        assert record_of(fleet.statuses()["gone"], "r1")["state"] == "waiting"
+
+        swapping.clear()  # the agent's own signed list: its own backup goes back
+        statuses = fleet.run_until(daemon, rollback_done("gone", "r1"))
+    finally:
+        relay.close()
+    assert rollback_outcomes(record_of(statuses["gone"], "r1")) == {"gpu-m1": "rolled_back"}
+    (applied,) = [r for r in agent.jobs_of_kind("apply") if r["payload"]["rollout"] == "gone"]
+    (restore,) = agent.jobs_of_kind("restore")
+    assert restore["payload"]["backupId"] == applied["backup_id"]
+    assert agent.config_bytes() == before
+
+
+def unverified_backups(daemon: Any) -> float:
+    value = daemon.metrics.registry.get_sample_value(
+        "reconciler_unverified_answers_total", {"kind": "backups"}
+    )
+    return float(value or 0)

@@ -188,7 +188,9 @@ nodes:
     finally:
         fleet.close()
 
-    assert (status, answer) == (409, {"error": "busy", "message": "try later"})
+    # A refusal names the job and the node it refuses, as the agent's does.
+    refusal = {"error": "busy", "message": "try later", "jobId": "apply-0001", "node": "node-a"}
+    assert (status, answer) == (409, refusal)
     assert drifted["state"] == "succeeded"
     assert beat["runtimes"][0]["model"] == "base-model"
     assert early["state"] == "running"

@@ -7,29 +7,43 @@ own ``run --once`` against the simulated fleet (a restart every pass), and
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.kit import signed
 from tests.kit.documents import rollout_yaml
 from tests.kit.fleets import FleetKit
 from tests.kit.git import git
 from tests.kit.keys import make_key
-from tests.kit.signed import NEW, NODES, OLD, Repo
+from tests.kit.signed import NEW, NODES, Repo
+
+STATUS_BRANCH = (
+    "apiVersion: reconciler/v1\nkind: Settings\nspec: {statusBranch: reconciler-status}\n"
+)
+
+
+@contextlib.contextmanager
+def signed_fleet(tmp_path: Path, settings: str | None = None, **kit: str) -> Iterator[Repo]:
+    """The simulated fleet in a repository alice signs for; the daemon signs
+    its status commits when ``settings`` are given."""
+    files = {"reconciler.yaml": settings} if settings else None
+    fleet = FleetKit.create(tmp_path, NODES, files=files, **kit)
+    try:
+        repo = Repo(fleet, tmp_path)
+        repo.extra = ["--sign-commits"] if settings else []
+        yield repo
+    finally:
+        fleet.close()
 
 
 @pytest.fixture
 def repo(tmp_path: Path) -> Iterator[Repo]:
-    kit = FleetKit.create(
-        tmp_path,
-        NODES,
-        behaviour="default: succeed\nnodes:\n  web-1: {action: succeed, delay: 1.5}\n",
-    )
-    try:
-        yield Repo(kit, tmp_path)
-    finally:
-        kit.close()
+    slow_web_1 = "default: succeed\nnodes:\n  web-1: {action: succeed, delay: 1.5}\n"
+    with signed_fleet(tmp_path, behaviour=slow_web_1) as repo:
+        yield repo
 
 
 def test_a_deleted_acted_marker_and_an_older_signed_tip_do_not_undo_a_signed_pause(
@@ -62,22 +76,21 @@ def test_a_deleted_acted_marker_and_an_older_signed_tip_do_not_undo_a_signed_pau
 @pytest.fixture
 def fast(tmp_path: Path) -> Iterator[Repo]:
     settings = "apiVersion: reconciler/v1\nkind: Settings\nspec: {offlineAfter: 2m}\n"
-    kit = FleetKit.create(tmp_path, NODES, files={"reconciler.yaml": settings})
-    try:
-        repo = Repo(kit, tmp_path)
-        repo.extra = ["--sign-commits"]
+    with signed_fleet(tmp_path, settings) as repo:
         yield repo
-    finally:
-        kit.close()
+
+
+@pytest.fixture
+def on_status_branch(tmp_path: Path) -> Iterator[Repo]:
+    """Statuses on ``reconciler-status``, where ``phase`` reads them."""
+    with signed_fleet(tmp_path, STATUS_BRANCH) as repo:
+        repo.status_branch = "reconciler-status"
+        yield repo
 
 
 def old_then_new(repo: Repo) -> list[str]:
-    """Rollout ``old`` completes, then ``new`` on the same nodes; both
-    signed. Returns the job ids agents accepted."""
-    for name, target in (("old", OLD), ("new", NEW)):
-        spec = rollout_yaml(name, target=target, nodeIds=["web-1", "web-2"], live=True, batchSize=2)
-        repo.push({f"rollouts/{name}.yaml": spec}, f"Roll out {name}", signed=True)
-        repo.run_until(lambda name=name: repo.phase(name) == "completed")  # type: ignore[misc]
+    """``old`` then ``new`` on both nodes; the job ids agents accepted."""
+    signed.old_then_new(repo, NODES, repo.run_until)
     jobs = [p["jobId"] for p in repo.accepted()]
     assert len(jobs) == 4
     return jobs
@@ -114,33 +127,20 @@ def test_a_status_only_deletion_after_a_signed_settings_change_does_not_run_it_a
 
 
 def test_deleting_the_status_branch_runs_nothing_again(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    on_status_branch: Repo, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    settings = (
-        "apiVersion: reconciler/v1\nkind: Settings\nspec: {statusBranch: reconciler-status}\n"
-    )
-    kit = FleetKit.create(tmp_path, NODES, files={"reconciler.yaml": settings})
-    try:
-        repo = Repo(kit, tmp_path)
-        repo.extra = ["--sign-commits"]
-        repo.phase = lambda name: (  # type: ignore[method-assign]
-            None
-            if (status := repo.status(name, "reconciler-status")) is None
-            else str(status["phase"])
-        )
-        jobs = old_then_new(repo)
-        repo.git("push", "-q", "origin", ":reconciler-status")
-        for _ in range(5):
-            repo.run_once()
-        assert [p["jobId"] for p in repo.accepted()] == jobs, "old rollouts ran again"
-        # Neither is started again on a status branch made anew.
-        assert repo.status("old", "reconciler-status") is None
-        assert repo.status("new", "reconciler-status") is None
-        code, out = repo.verify(capsys)
-        assert code == 1, out
-        assert "status/old.yaml is gone" in out and "status/new.yaml is gone" in out
-    finally:
-        kit.close()
+    repo = on_status_branch
+    jobs = old_then_new(repo)
+    repo.git("push", "-q", "origin", ":reconciler-status")
+    for _ in range(5):
+        repo.run_once()
+    assert [p["jobId"] for p in repo.accepted()] == jobs, "old rollouts ran again"
+    # Neither is started again on a status branch made anew.
+    assert repo.status("old", "reconciler-status") is None
+    assert repo.status("new", "reconciler-status") is None
+    code, out = repo.verify(capsys)
+    assert code == 1, out
+    assert "status/old.yaml is gone" in out and "status/new.yaml is gone" in out
 
 
 def test_an_unsigned_settings_commit_never_becomes_a_jobs_source_commit(repo: Repo) -> None:
@@ -165,48 +165,55 @@ def test_an_unverified_rollout_waits_as_unverified_with_what_is_missing_now(
     )
     fast.extra = ["--require-approvals", "1"]
     spec = rollout_yaml("r", target=NEW, nodeIds=["web-1"], live=True)
-    fast.push({"rollouts/r.yaml": spec}, "Start r", signed=False)
+    fast.push({"rollouts/r.yaml": spec}, "Start r", signed=True)
     fast.run_until(lambda: fast.phase("r") == "pending")
     status = fast.status("r") or {}
     assert status["reason"] == "unverified", status
-    assert "not signed" in status["message"]
+    assert "has 0" in status["message"]
 
-    # Signed now, short of an approval: the message says so, not the old why.
-    fast.push({"rollouts/r.yaml": spec + "# signed\n"}, "Sign r", signed=True)
-    fast.run_until(lambda: "has 0" in (fast.status("r") or {})["message"])
+    # Changed by a push without a key: the message says so, not the old why.
+    fast.push({"rollouts/r.yaml": spec + "# unsigned\n"}, "Touch r", signed=False)
+    fast.run_until(lambda: "not signed" in (fast.status("r") or {})["message"])
     status = fast.status("r") or {}
     assert status["reason"] == "unverified", status
-    assert "not signed" not in status["message"]
+    assert "has 0" not in status["message"]
 
 
 def test_a_status_branch_forced_back_to_an_older_daemon_signed_commit_is_held(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    on_status_branch: Repo, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    settings = (
-        "apiVersion: reconciler/v1\nkind: Settings\nspec: {statusBranch: reconciler-status}\n"
-    )
-    kit = FleetKit.create(tmp_path, NODES, files={"reconciler.yaml": settings})
-    try:
-        repo = Repo(kit, tmp_path)
-        repo.extra = ["--sign-commits"]
-        spec = rollout_yaml("r", target=NEW, nodeIds=["web-1", "web-2"], live=True)
-        repo.push({"rollouts/r.yaml": spec}, "Roll out r", signed=True)
-        running = None
-        while (status := repo.status("r", "reconciler-status")) is None or status[
-            "phase"
-        ] != "completed":
-            repo.run_once()
-            if (status or {}).get("phase") == "running" and running is None:
-                running = git("rev-parse", "reconciler-status", cwd=kit.bare)
-        assert running is not None
-        repo.git("fetch", "-q", "origin", "reconciler-status")
-        repo.git("push", "-q", "--force", "origin", f"{running}:refs/heads/reconciler-status")
-        jobs = [p["jobId"] for p in repo.accepted()]
-        capsys.readouterr()
-        for _ in range(3):
-            repo.run_once()
-        assert "status/r.yaml went backwards" in capsys.readouterr().err
-        assert [p["jobId"] for p in repo.accepted()] == jobs
-        assert (repo.status("r", "reconciler-status") or {})["phase"] == "running"
-    finally:
-        kit.close()
+    repo = on_status_branch
+    spec = rollout_yaml("r", target=NEW, nodeIds=["web-1", "web-2"], live=True)
+    repo.push({"rollouts/r.yaml": spec}, "Roll out r", signed=True)
+    running = None
+    while repo.phase("r") != "completed":
+        repo.run_once()
+        if repo.phase("r") == "running" and running is None:
+            running = git("rev-parse", "reconciler-status", cwd=repo.kit.bare)
+    assert running is not None
+    repo.git("fetch", "-q", "origin", "reconciler-status")
+    repo.git("push", "-q", "--force", "origin", f"{running}:refs/heads/reconciler-status")
+    jobs = [p["jobId"] for p in repo.accepted()]
+    capsys.readouterr()
+    for _ in range(3):
+        repo.run_once()
+    assert "status/r.yaml went backwards" in capsys.readouterr().err
+    assert [p["jobId"] for p in repo.accepted()] == jobs
+    assert repo.phase("r") == "running"
+
+
+def test_a_rollout_only_in_an_unsigned_commit_gets_no_status_file(
+    fast: Repo, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fast.push({"rollouts/newname.yaml": rollout_yaml("newname", target=NEW, nodeIds=["web-1"])},
+              "A rollout nobody signed", signed=False)  # fmt: skip
+    capsys.readouterr()
+    for _ in range(3):
+        fast.run_once()
+    log = capsys.readouterr().err
+    assert fast.status("newname") is None
+    assert fast.accepted() == []
+    assert "rollouts/newname.yaml is only in commits that are not verified" in log, log
+    code, out = fast.verify(capsys)
+    assert code == 1, out
+    assert "rollouts/newname.yaml is only in commits that are not verified" in out, out

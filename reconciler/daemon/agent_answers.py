@@ -13,7 +13,7 @@ from typing import Any
 from reconciler.daemon.agent_http import Unreachable
 from reconciler.protocol.evidence import split_answer
 from reconciler.protocol.observations import (
-    Backup,
+    BackupList,
     Heartbeat,
     JobObservation,
     RuntimeReport,
@@ -122,9 +122,18 @@ def heartbeat_of(node: str, body: bytes) -> Heartbeat:
     )
 
 
-def backups_of(body: bytes) -> tuple[Backup, ...]:
+def backups_of(node: str, body: bytes) -> BackupList:
+    """A backup list: the object form (``?signed=1``) with its evidence, or
+    a bare list, which carries none."""
+    data = read_json(body)
+    signed = None
+    if isinstance(data, dict):
+        if data.get("node") != node:
+            raise Unreachable(f"backup list names node {data.get('node')!r}, not {node!r}")
+        signed = split_answer(data)
+        data = data.get("backups")
     try:
-        return parse_backup_list(read_json(body))
+        return BackupList(parse_backup_list(data), signed)
     except ValueError as exc:
         raise Unreachable(str(exc)) from None
 

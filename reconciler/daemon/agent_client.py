@@ -49,6 +49,7 @@ from reconciler.protocol.job_payload import build_payload
 from reconciler.protocol.long_poll import raise_open_files_limit
 from reconciler.protocol.observations import (
     Backup,
+    BackupList,
     Heartbeat,
     JobObservation,
     SignedAnswer,
@@ -201,10 +202,9 @@ class AgentClient:
         """GET each node's heartbeat; None when it is unreachable or unusable."""
         return self._read_nodes(nodes, self._observer.read_heartbeat)
 
-    def read_backups(
-        self, nodes: Sequence[tuple[str, str]]
-    ) -> dict[str, tuple[Backup, ...] | None]:
-        """GET each node's backups, newest first; None when unreachable or unusable."""
+    def read_backups(self, nodes: Sequence[tuple[str, str]]) -> dict[str, BackupList | None]:
+        """GET each node's backups, newest first, signed where the agent has
+        a key; None when unreachable or unusable."""
         return self._read_nodes(nodes, self._observer.read_backups)
 
     def watch_jobs(

@@ -39,7 +39,13 @@ from reconciler.protocol.long_poll import (
     heartbeat_query,
     wait_query,
 )
-from reconciler.protocol.observations import Backup, Heartbeat, JobObservation, SignedAnswer
+from reconciler.protocol.observations import (
+    SIGNED_LIST_QUERY,
+    BackupList,
+    Heartbeat,
+    JobObservation,
+    SignedAnswer,
+)
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -137,15 +143,20 @@ class AgentReads:
     async def read_heartbeat(self, url: str, node: str) -> Heartbeat | None:
         return await self._read_node(url, node, "heartbeat", heartbeat_of)
 
-    async def read_backups(self, url: str, node: str) -> tuple[Backup, ...] | None:
-        return await self._read_node(url, node, "backups", lambda _, body: backups_of(body))
+    async def read_backups(self, url: str, node: str) -> BackupList | None:
+        return await self._read_node(url, node, "backups", backups_of, f"?{SIGNED_LIST_QUERY}")
 
     async def _read_node(
-        self, url: str, node: str, what: str, reader: Callable[[str, bytes], _T]
+        self,
+        url: str,
+        node: str,
+        what: str,
+        reader: Callable[[str, bytes], _T],
+        query: str = "",
     ) -> _T | None:
         try:
             status, answer = await self.http.request(
-                url, "GET", f"/v1/nodes/{node}/{what}", node=node
+                url, "GET", f"/v1/nodes/{node}/{what}{query}", node=node
             )
             if status != 200:
                 raise Unreachable(error_text(status, answer))

@@ -3,7 +3,9 @@
 For a node whose file carries ``spec.agentKey``, an answer counts only when
 its ``evidence`` verifies against that key; any other answer (none, a bad
 signature, another node's key) is no evidence: a job observation becomes
-``unreachable`` with the reason, a heartbeat is dropped. A node without
+``unreachable`` with the reason, a heartbeat is dropped. A refusal counts
+only when signed over the job id it refuses, and a heartbeat only when it
+is no older than one already believed for its node. A node without
 ``agentKey`` is believed as in version 1, and its observations lose any
 ``signed`` part, so status records evidence only when it was checked.
 
@@ -13,13 +15,22 @@ Must not decide anything about rollouts; the engine judges what is left.
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections.abc import Mapping
 from dataclasses import replace
+from datetime import datetime
 
 from reconciler.protocol.evidence import evidence_problem, parse_agent_key, signed_bytes_problem
-from reconciler.protocol.observations import NO_EVIDENCE, Heartbeat, JobObservation, SignedAnswer
+from reconciler.protocol.observations import (
+    NO_EVIDENCE,
+    BackupList,
+    Heartbeat,
+    JobObservation,
+    SignedAnswer,
+)
 from reconciler.protocol.signing import TrustedKey, canonical_json
 from reconciler.spec.model import Node
+from reconciler.spec.times import format_time, parse_time
 
 # Answers that carry a verdict: a 404 (unknown job: resend it) decides nothing.
 CHECKED_STATES = frozenset({"accepted", "running", "succeeded", "failed", "refused"})
@@ -43,6 +54,10 @@ class AnswerCheck:
         # Answers ``prepare`` verified, by identity, until the pass checks them:
         # the same object needs no second encoding (it holds its key id).
         self._prepared: dict[int, SignedAnswer] = {}
+        # node -> the time of the newest heartbeat believed (soft state: a
+        # restart forgets it); from the pass's and the fleet sweep's threads
+        self._newest_beat: dict[str, datetime] = {}
+        self._beats_lock = threading.Lock()
 
     def prepare(self, node: str, signed: SignedAnswer) -> None:
         """Check ``signed`` ahead of ``job`` or ``heartbeat``, from the agent
@@ -84,6 +99,8 @@ class AnswerCheck:
         if seen.state not in CHECKED_STATES:
             return seen, ""
         problem = self._problem(node, seen.signed)
+        if not problem and seen.state == "refused":
+            problem = refusal_problem(node.name, seen)
         if not problem:
             return seen, ""
         return (
@@ -95,8 +112,35 @@ class AnswerCheck:
         """The heartbeat to use (None: not believed), and why not."""
         if node is None or node.agent_key is None:
             return (replace(beat, signed=None) if beat.signed is not None else beat), ""
-        problem = self._problem(node, beat.signed)
+        problem = self._problem(node, beat.signed) or self._moves_forward(node.name, beat.time)
         return (None, problem) if problem else (beat, "")
+
+    def backups(self, node: Node | None, listed: BackupList) -> tuple[BackupList | None, str]:
+        """The backup list to use (None: not believed), and why not: a
+        restore puts back what the list names, so for a node with agentKey
+        only a signed list (``node`` checked as it was read) is believed."""
+        if node is None or node.agent_key is None:
+            return (replace(listed, signed=None) if listed.signed is not None else listed), ""
+        problem = self._problem(node, listed.signed)
+        return (None, problem) if problem else (listed, "")
+
+    def _moves_forward(self, node: str, time: str) -> str:
+        """Empty when ``time`` is no older than the newest heartbeat believed
+        for ``node`` (and it becomes that); else why not: a replayed old
+        signed heartbeat says nothing about the node now."""
+        try:
+            moment = parse_time(time)
+        except ValueError:
+            return f"the heartbeat time {time!r} is not an RFC 3339 time"
+        with self._beats_lock:
+            newest = self._newest_beat.get(node)
+            if newest is not None and moment < newest:
+                return (
+                    f"the heartbeat of {time} is older than one already believed "
+                    f"({format_time(newest)}): a replay"
+                )
+            self._newest_beat[node] = moment
+        return ""
 
     def _problem(self, node: Node, signed: SignedAnswer | None) -> str:
         key = self.key(node)
@@ -120,3 +164,15 @@ class AnswerCheck:
                 self._verified.clear()
             self._verified[remembered] = digest
         return problem
+
+
+def refusal_problem(node: str, seen: JobObservation) -> str:
+    """Empty when a refusal's signed body names this job and this node:
+    any other signed answer of the agent (a heartbeat, another job's
+    refusal) relayed as a 4xx refuses nothing."""
+    body = seen.signed.body if seen.signed is not None else {}
+    if body.get("jobId") != seen.job_id:
+        return f"the refusal is not signed over job {seen.job_id}"
+    if body.get("node") != node:
+        return f"the refusal is not signed over node {node}"
+    return ""

@@ -29,7 +29,7 @@ from reconciler.spec.rollout_status import HOLD_REASONS, JOB_KINDS, NODE_STATES,
 
 PASS_ERROR_KINDS = ("store", "host_key", "unexpected")
 SENT_KINDS = (*JOB_KINDS, "resend")
-UNVERIFIED_KINDS = ("job", "heartbeat")
+UNVERIFIED_KINDS = ("job", "heartbeat", "backups")
 
 _StartResponse = Callable[[str, list[tuple[str, str]]], Any]
 

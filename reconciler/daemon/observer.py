@@ -30,7 +30,13 @@ from reconciler.engine import step as engine
 from reconciler.engine.health_evidence import fold_metric_answer
 from reconciler.protocol.effects import SendJob
 from reconciler.protocol.long_poll import DAEMON_WAIT_SECONDS, heartbeat_content
-from reconciler.protocol.observations import Heartbeat, JobObservation, MetricCheck, Observations
+from reconciler.protocol.observations import (
+    Backup,
+    Heartbeat,
+    JobObservation,
+    MetricCheck,
+    Observations,
+)
 from reconciler.spec.health import for_node
 from reconciler.spec.model import Fleet, Node
 from reconciler.spec.rollout_status import RolloutStatus
@@ -156,12 +162,7 @@ class Observer:
         reads = _JobReads()
         jobs, asked, waiting, held_until = self._read_jobs(lively, in_flight, now, reads)
         heartbeats = self._read_heartbeats(wanted_heartbeats, reads)
-        backup_nodes = [(url, n) for n in wanted_backups if (url := self._address(n))]
-        backups = {
-            node: listed
-            for node, listed in self.client.read_backups(backup_nodes).items()
-            if listed is not None
-        }
+        backups = self._read_backups(wanted_backups, reads)
         for node, ok in reads.reachable.items():
             if ok:
                 self.unreachable.pop(node, None)
@@ -273,6 +274,22 @@ class Observer:
                 heartbeats[node] = beat
             reads.reachable[node] = reads.reachable.get(node, False) or beat is not None
         return heartbeats
+
+    def _read_backups(
+        self, wanted: Sequence[str], reads: _JobReads
+    ) -> dict[str, tuple[Backup, ...]]:
+        """The backup lists wanted and believed; the others are reported."""
+        nodes = [(url, n) for n in wanted if (url := self._address(n))]
+        backups: dict[str, tuple[Backup, ...]] = {}
+        for node, listed in self.client.read_backups(nodes).items():
+            if listed is None:
+                continue
+            believed, problem = self.answers.backups(self.nodes.get(node), listed)
+            if believed is None:
+                self._unverified(node, "backups", problem, reads.unverified)
+            else:
+                backups[node] = believed.backups
+        return backups
 
     def _waiting_on_held(
         self,

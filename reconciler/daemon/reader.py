@@ -49,6 +49,7 @@ from reconciler.spec.paths import (
     STATUS_DIR,
     is_spec_path,
     name_in,
+    rollout_path,
     status_path,
 )
 from reconciler.spec.rollout_status import ApprovalRecord, RolloutStatus
@@ -223,7 +224,9 @@ class Reader:
             statuses=statuses,
             broken=broken,
             ignored=ignored,
-            unverified=self._unverified_names(tip, approval),
+            unverified=self._unverified_names(
+                history, approval, spec_commit, statuses.keys() | broken
+            ),
             fleet_status=self._fleet_at(status_tip),
             refusal=_refusal_text(approval),
             approved_by=self._approved_by(approval),
@@ -365,14 +368,28 @@ class Reader:
             held[name] = tuple(sorted(nodes))
         return held
 
-    def _unverified_names(self, tip: str, approval: Approval | None) -> frozenset[str]:
-        """Rollouts named in the tip's tree while it is not verified: they
-        still get a status that says why nothing happens (docs/trust.md).
-        Only valid names: another path can own no status file."""
-        if approval is None or not approval.refusals:
+    def _unverified_names(
+        self,
+        history: History,
+        approval: Approval | None,
+        spec_commit: str | None,
+        recorded: Container[str],
+    ) -> frozenset[str]:
+        """Rollouts named in the tip's tree while it is not verified that
+        get a status saying why nothing happens (docs/trust.md): those with
+        one already, and those an allowed signer changed last (short of
+        approvals, say). A name from a commit nobody signed becomes no
+        status file: it is reported, and waits for a verified commit."""
+        if approval is None or not approval.refusals or self.approver is None:
             return frozenset()
-        names = (name_in(ROLLOUTS_DIR, path) for path in self.store.files(tip, ROLLOUTS_DIR))
-        return frozenset(name for name in names if name is not None)
+        held: set[str] = set()
+        store, approver = self.store, self.approver
+        for name, signed in unverified_rollouts(store, approver, history, spec_commit):
+            if signed or name in recorded:
+                held.add(name)
+            else:
+                self.report("unverified_rollout", unverified_only(name), rollout=name)
+        return frozenset(held)
 
     def _forward_only(self, approval: Approval) -> Approval:
         """Refuse a verified commit that does not descend by first parent from
@@ -609,4 +626,32 @@ def _refusal_text(approval: Approval | None) -> str | None:
         return f"{newest.reason}; {fallback.replace('the newest verified', 'the last verified')}"
     return (
         f"commit {newest.commit[:12]} by {newest.author} not verified: {newest.reason}; {fallback}"
+    )
+
+
+def unverified_rollouts(
+    store: GitStore, approver: Approver, history: History, verified: str | None
+) -> list[tuple[str, bool]]:
+    """The rollouts in the tip's tree (``history``'s) that the verified tree
+    lacks, each with whether an allowed signer made its file's last change."""
+    tip = history.tip
+    if tip is None:
+        return []
+    known = set(store.files(verified, ROLLOUTS_DIR)) if verified else set()
+    found: list[tuple[str, bool]] = []
+    for path in sorted(store.files(tip, ROLLOUTS_DIR)):
+        name = name_in(ROLLOUTS_DIR, path)
+        if name is None or path in known:
+            continue
+        last = history.last_change(path)
+        found.append((name, last is not None and approver.check_signature(last).ok))
+    return found
+
+
+def unverified_only(name: str) -> str:
+    """Why a rollout only unverified commits have gets no status file."""
+    return (
+        f"{rollout_path(name)} is only in commits that are not verified: no status is "
+        "written for it and nothing is sent; sign the commit (and approve it, where "
+        "approvals are required) to start it"
     )

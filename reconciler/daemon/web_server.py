@@ -33,12 +33,18 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from http import HTTPStatus
 from typing import Any
 
 import h11
 
 from reconciler.daemon.web_routes import Reply, Routes, Stream
+from reconciler.protocol.h11_serving import (
+    closing_refusal,
+    head_size,
+    next_request,
+    shown_address,
+    whole_answer,
+)
 from reconciler.views.web_answers import StatusView
 
 MAX_HEAD_BYTES = 16 * 1024
@@ -127,7 +133,7 @@ class _Connection(asyncio.Protocol):
                 return
             if isinstance(event, h11.Request):
                 # h11 bounds a head that arrives in pieces; one read can hold a whole large one.
-                if sum(len(n) + len(v) + 4 for n, v in event.headers) > MAX_HEAD_BYTES:
+                if head_size(event.headers) > MAX_HEAD_BYTES:
                     self._refuse(431, "request headers too large")
                     return
                 length = dict(event.headers).get(b"content-length", b"0")
@@ -167,25 +173,23 @@ class _Connection(asyncio.Protocol):
             return
         headers = [*reply.headers, ("Content-Length", str(len(reply.body)))]
         try:
-            data = self.conn.send(h11.Response(status_code=reply.status, headers=headers))
-            data = (data or b"") + (self.conn.send(h11.Data(data=reply.body)) or b"")
-            data += self.conn.send(h11.EndOfMessage()) or b""
+            head = h11.Response(status_code=reply.status, headers=headers)
         except h11.LocalProtocolError:
+            self._close()
+            return
+        data = whole_answer(self.conn, head, reply.body)
+        if data is None:
             self._close()
             return
         transport.write(data)
         self._next_cycle()
 
     def _next_cycle(self) -> None:
-        if self.conn.our_state is h11.MUST_CLOSE or self.conn.their_state is not h11.DONE:
+        started = next_request(self.conn)
+        if started is None:
             self._close()
             return
-        try:
-            self.conn.start_next_cycle()
-        except h11.LocalProtocolError:
-            self._close()
-            return
-        self.started = bool(self.conn.trailing_data[0])
+        self.started = started
         server = self.server
         self._wait(server.request_timeout if self.started else server.idle_timeout)
         if self.started:
@@ -238,15 +242,7 @@ class _Connection(asyncio.Protocol):
         transport = self.transport
         if transport is None:
             return
-        phrase = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else "Error"
-        head = f"HTTP/1.1 {status} {phrase}\r\n".encode()
-        fields = "".join(f"{k}: {v}\r\n" for k, v in reply.headers)
-        transport.write(
-            head
-            + fields.encode("latin-1")
-            + f"Content-Length: {len(reply.body)}\r\nConnection: close\r\n\r\n".encode()
-            + reply.body
-        )
+        transport.write(closing_refusal(status, reply.body, reply.headers))
         self._close()
 
     def _close(self) -> None:
@@ -368,8 +364,7 @@ class WebServer:
 
     @property
     def address(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{host}:{self.port}"
+        return shown_address(self.host, self.port)
 
     def publish(self, view: StatusView) -> None:
         """Hand over a view; returns at once (the answers are made in the server's thread)."""

@@ -69,6 +69,7 @@ from reconciler.node.state_dir import (
 from reconciler.protocol.admission import admit_job
 from reconciler.protocol.evidence import sign_answer
 from reconciler.protocol.long_poll import FINISHED_JOB_STATES, newer_than, wait_seconds
+from reconciler.protocol.observations import signed_list_asked
 from reconciler.protocol.signing import JobRefused, SigningKey, TrustedKey
 from reconciler.spec.safe_yaml import YamlProblem, dump_yaml, load_yaml
 from reconciler.spec.times import format_time, parse_time
@@ -414,8 +415,11 @@ class Agent:
                 return self._json(200, self.heartbeat())
             return self._held_heartbeat(beat_woken, wait)
         if route == ("GET", "backups"):
-            # A list has no room for evidence; backups are not evidence of a verdict.
-            return json_response(200, [b.public() for b in self.state.list_backups()])
+            listed = [b.public() for b in self.state.list_backups()]
+            if signed_list_asked(request.query):
+                # An object, unlike a bare list, carries evidence: it covers each jobId.
+                return self._json(200, {"node": self.config.node, "backups": listed})
+            return json_response(200, listed)
         return self._error(404, "not_found", f"no such endpoint: {request.method} {request.path}")
 
     async def _held_job(self, job_id: str, woken: asyncio.Future[None], wait: float) -> Response:
@@ -459,9 +463,13 @@ class Agent:
         """A job refused: logged, counted and answered."""
         payload = envelope.get("payload") if isinstance(envelope, dict) else None
         job_id = payload.get("jobId") if isinstance(payload, dict) else None
-        self.log.refused(status, code, message, job_id if isinstance(job_id, str) else "")
+        job_id = job_id if isinstance(job_id, str) else None
+        self.log.refused(status, code, message, job_id or "")
         self.metrics.refusals.labels(code=code).inc()
-        return self._error(status, code, message)
+        # Signed over the job id it refuses: no other signed answer (a
+        # heartbeat, another job's refusal) can pass for this refusal.
+        refusal = {"error": code, "message": message, "node": self.config.node}
+        return self._json(status, refusal if job_id is None else {**refusal, "jobId": job_id})
 
     def post_job(self, body: bytes, path_node: str) -> Response:
         try:

@@ -9,9 +9,11 @@ hold its ground against whoever can reach its port. h11 parses and
 validates (duplicate or malformed ``Content-Length``, header size, request
 line); this module adds the limits an exposed server needs:
 
-    connections     at most ``max_connections`` at once; at the cap, an idle
-                    keep-alive connection is closed to make room, else the
-                    new one is closed at once
+    connections     at most ``max_connections`` at once; at the cap, the
+                    connection that has waited longest for its next request
+                    (idle, or with a request still incomplete) is closed to
+                    make room, else the new one is closed at once: a flood of
+                    one-byte connections gives way to the daemon's own
     head + body     must arrive within ``request_timeout`` of their first
                     byte; bytes do not extend it (a slowloris is cut off)
     idle            a keep-alive connection with no request for
@@ -44,10 +46,18 @@ import socket
 import ssl
 import time
 from collections.abc import Awaitable, Callable
-from http import HTTPStatus
 from typing import Any
 
 import h11
+
+from reconciler.protocol.h11_serving import (
+    REASONS,
+    closing_refusal,
+    head_size,
+    next_request,
+    shown_address,
+    whole_answer,
+)
 
 MAX_HEAD_BYTES = 64 * 1024
 MAX_BODY_BYTES = 1024 * 1024
@@ -57,8 +67,6 @@ IDLE_TIMEOUT = 120.0  # seconds a keep-alive connection may sit unused
 WRITE_HIGH_WATER = 256 * 1024  # bytes of unsent answers before reading pauses
 BACKLOG = 256
 SWEEP_INTERVAL = 0.25  # seconds between checks of the deadlines
-
-_REASONS = {s.value: s.phrase.encode("latin-1") for s in HTTPStatus}
 
 
 class Request:
@@ -98,9 +106,6 @@ def error_response(status: int, code: str, message: str) -> Response:
     return json_response(status, {"error": code, "message": message})
 
 
-_END = h11.EndOfMessage()
-
-
 @functools.lru_cache(maxsize=1024)
 def _head(status: int, length: int, close: bool) -> h11.Response:
     """A response head; h11 events are values, so each distinct head is
@@ -108,7 +113,7 @@ def _head(status: int, length: int, close: bool) -> h11.Response:
     headers = [(b"Content-Type", b"application/json"), (b"Content-Length", b"%d" % length)]
     if close:
         headers.append((b"Connection", b"close"))
-    return h11.Response(status_code=status, headers=headers, reason=_REASONS.get(status, b""))
+    return h11.Response(status_code=status, headers=headers, reason=REASONS.get(status, b""))
 
 
 class _Connection(asyncio.Protocol):
@@ -126,6 +131,7 @@ class _Connection(asyncio.Protocol):
         "started",
         "task",
         "transport",
+        "waiting_since",
     )
 
     def __init__(self, server: HttpServer) -> None:
@@ -142,6 +148,9 @@ class _Connection(asyncio.Protocol):
         self.busy = False  # a request is being handled
         self.started = False  # bytes of the current request have arrived
         self.paused_for_writes = False
+        # When the current wait for a request (or its rest) began: at the
+        # cap, the longest waiting gives way first.
+        self.waiting_since = 0.0
 
     # -- asyncio callbacks --------------------------------------------------------
 
@@ -150,7 +159,7 @@ class _Connection(asyncio.Protocol):
         self.transport = transport
         server = self.server
         if len(server.connections) >= server.max_connections and not server.evict_idle():
-            transport.abort()  # over the cap, with nothing idle to give way
+            transport.abort()  # over the cap, with every connection busy
             self.transport = None
             return
         server.connections.add(self)
@@ -228,7 +237,7 @@ class _Connection(asyncio.Protocol):
 
     def _admit(self, head: h11.Request) -> bool:
         """Refuse, before any body is read, what this server never accepts."""
-        if sum(len(name) + len(value) + 4 for name, value in head.headers) > MAX_HEAD_BYTES:
+        if head_size(head.headers) > MAX_HEAD_BYTES:
             self._refuse(431, "request headers too large")
             return False
         length = None
@@ -297,11 +306,9 @@ class _Connection(asyncio.Protocol):
         if response.drop:
             transport.abort()
             return
-        try:
-            data = self.conn.send(_head(response.status, len(response.body), response.close))
-            data += self.conn.send(h11.Data(data=response.body))
-            data += self.conn.send(_END)
-        except h11.LocalProtocolError:
+        head = _head(response.status, len(response.body), response.close)
+        data = whole_answer(self.conn, head, response.body)
+        if data is None:
             self._close()
             return
         transport.write(data)
@@ -310,15 +317,11 @@ class _Connection(asyncio.Protocol):
     def _next_cycle(self) -> None:
         self.busy = False
         self.head = None
-        if self.conn.our_state is h11.MUST_CLOSE or self.conn.their_state is not h11.DONE:
+        started = next_request(self.conn)
+        if started is None:
             self._close()
             return
-        try:
-            self.conn.start_next_cycle()
-        except h11.LocalProtocolError:
-            self._close()
-            return
-        self.started = bool(self.conn.trailing_data[0])
+        self.started = started
         self._wait_for(self.server.request_timeout if self.started else self.server.idle_timeout)
         if self.reading_paused and not self.paused_for_writes:
             self._resume_reading()
@@ -340,11 +343,7 @@ class _Connection(asyncio.Protocol):
         if transport is None:
             return
         body = json.dumps({"error": "bad_request", "message": message}).encode("utf-8")
-        reason = _REASONS.get(status, b"Error")
-        transport.write(
-            b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
-            b"Connection: close\r\n\r\n%s" % (status, reason, len(body), body)
-        )
+        transport.write(closing_refusal(status, body, [("Content-Type", "application/json")]))
         self._close()
 
     def _close(self) -> None:
@@ -362,7 +361,9 @@ class _Connection(asyncio.Protocol):
             self._close()
 
     def _wait_for(self, seconds: float) -> None:
-        self.deadline = self.server.loop_time() + seconds
+        now = self.server.loop_time()
+        self.deadline = now + seconds
+        self.waiting_since = now
 
     @property
     def idle(self) -> bool:
@@ -416,12 +417,15 @@ class HttpServer:
             self._on_error(exc)
 
     def evict_idle(self) -> bool:
-        """Close one idle keep-alive connection to make room; False if none is idle."""
-        for conn in self.connections:
-            if conn.idle:
-                conn._close()
-                return True
-        return False
+        """Close the connection that has waited longest for a whole request
+        (idle, or its request still incomplete) to make room; False if
+        every connection is busy. A connection that sends its request at
+        once is never the longest waiting, whatever a slow one sends."""
+        waiting = [c for c in self.connections if not c.busy]
+        if not waiting:
+            return False
+        min(waiting, key=lambda c: c.waiting_since)._close()
+        return True
 
     async def start(self) -> tuple[str, int]:
         loop = asyncio.get_running_loop()
@@ -446,8 +450,7 @@ class HttpServer:
 
     @property
     def address(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{host}:{self.port}"
+        return shown_address(self.host, self.port)
 
     async def close(self) -> None:
         if self._sweeper is not None:

@@ -95,6 +95,7 @@ from reconciler.protocol.long_poll import (
     raise_open_files_limit,
     wait_seconds,
 )
+from reconciler.protocol.observations import signed_list_asked
 from reconciler.protocol.signing import JobRefused, SigningKey, TrustedKey, canonical_json
 from reconciler.spec.safe_yaml import YamlProblem, load_yaml
 from reconciler.spec.times import format_time, parse_time
@@ -572,6 +573,18 @@ class SimFleet:
     def _error(self, node: SimNode, status: int, code: str, message: str) -> Response:
         return self._json(node, status, {"error": code, "message": message})
 
+    def _refusal(
+        self, node: SimNode, status: int, code: str, message: str, posted: Any
+    ) -> Response:
+        """A refused job, signed over the job id it refuses, as the agent's."""
+        if isinstance(posted, dict) and isinstance(posted.get("payload"), dict):
+            posted = posted["payload"]
+        job_id = posted.get("jobId") if isinstance(posted, dict) else None
+        refusal = {"error": code, "message": message, "node": node.name}
+        if isinstance(job_id, str):
+            refusal["jobId"] = job_id
+        return self._json(node, status, refusal)
+
     def handle(self, request: Request) -> Response | asyncio.Future[Response]:
         self.requests += 1
         parts = request.path.split("/")
@@ -622,6 +635,8 @@ class SimFleet:
                     )
                 return self._json(node, 200, self._heartbeat(node, behaviour))
             backups = [] if behaviour.action == "impostor" else node.backups[::-1]
+            if signed_list_asked(request.query):
+                return self._json(node, 200, {"node": node.name, "backups": backups})
             return json_response(200, backups)
         return error_response(
             404, "not_found", f"no such endpoint: {request.method} {request.path}"
@@ -716,7 +731,7 @@ class SimFleet:
                 job_id = envelope["payload"]["jobId"]
                 self.received[job_id] += 1
                 self._count_variant(job_id, envelope["payload"])
-            return self._error(node, refusal.status, refusal.code, refusal.message)
+            return self._refusal(node, refusal.status, refusal.code, refusal.message, envelope)
         job_id = payload["jobId"]
         self.received[job_id] += 1
         self._count_variant(job_id, payload)
@@ -725,7 +740,7 @@ class SimFleet:
             return self._job_answer(node, 200, known)
         if behaviour.action == "refuse":
             self.refusals[behaviour.code] += 1
-            return self._error(node, behaviour.status, behaviour.code, behaviour.message)
+            return self._refusal(node, behaviour.status, behaviour.code, behaviour.message, payload)
         job = SimJob(payload)
         node.jobs[job_id] = job
         node.probing.pop(payload["target"]["runtime"], None)  # the next job ends the checks

@@ -175,6 +175,25 @@ BACKUP_FIELDS = {
 }
 
 
+# Asked with this query, an agent answers its backup list as an object,
+# ``{node, backups}``, which (unlike a bare list) can carry evidence.
+SIGNED_LIST_QUERY = "signed=1"
+
+
+def signed_list_asked(query: str) -> bool:
+    return SIGNED_LIST_QUERY in query.split("&")
+
+
+@dataclass(frozen=True)
+class BackupList:
+    """A node's backups as an agent listed them, and the evidence of the
+    list (None for a bare list): the signature covers every backup's
+    ``jobId``, so no backup can be relabelled with another job's."""
+
+    backups: tuple[Backup, ...]
+    signed: SignedAnswer | None = None
+
+
 def parse_backup_list(data: Any) -> tuple[Backup, ...]:
     """An agent's backup list (JSON already decoded) as values, in the
     agent's order; ValueError says what is wrong with it."""

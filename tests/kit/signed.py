@@ -6,6 +6,8 @@ clone to push from as a person without a key; for the trust tests.
 from __future__ import annotations
 
 import json
+import subprocess
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +15,8 @@ import pytest
 
 from reconciler.cli.main import main
 from reconciler.spec.safe_yaml import load_yaml
-from tests.kit.fleets import FleetKit
+from tests.kit.documents import rollout_yaml
+from tests.kit.fleets import RepoKit
 from tests.kit.git import git, git_env
 from tests.kit.keys import make_key
 from tests.kit.waiting import wait_for
@@ -27,7 +30,7 @@ class Repo:
     """A FleetKit whose spec commits alice signs, the daemon's ``run --once``
     verifying them, and a clone to push from as a person without a key."""
 
-    def __init__(self, kit: FleetKit, tmp_path: Path) -> None:
+    def __init__(self, kit: RepoKit, tmp_path: Path) -> None:
         self.kit = kit
         self.alice = tmp_path / "alice"
         make_key(self.alice, comment="alice")
@@ -35,24 +38,35 @@ class Repo:
         self.signers.write_text(f"ada@example.com {self.alice.with_suffix('.pub').read_text()}")
         self.env = git_env()
         self.extra: list[str] = []
+        self.status_branch = "main"  # where ``phase`` reads statuses
 
     def git(self, *args: str) -> str:
         return git(*args, cwd=self.kit.work, env=self.env)
 
     def push(self, files: dict[str, str | None], message: str, *, signed: bool) -> str:
-        self.git("pull", "-q", "--ff-only", "origin", "main")
-        for rel, text in files.items():
-            path = self.kit.work / rel
-            if text is None:
-                path.unlink()
-                continue
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
-        self.git("add", "-A")
-        sign = ["-c", "gpg.format=ssh", "-c", f"user.signingKey={self.alice}"] if signed else []
-        self.git(*sign, "commit", "-q", *(["-S"] if signed else []), "-m", message)
-        self.git("push", "-q", "origin", "HEAD:main")
-        return self.git("rev-parse", "HEAD")
+        """Commit ``files`` on the branch's tip and push; made again on the
+        new tip when a running daemon's status commit came first (a rebase
+        would drop the signature)."""
+        for _ in range(10):
+            self.git("fetch", "-q", "origin", "main")
+            self.git("reset", "-q", "--hard", "origin/main")
+            for rel, text in files.items():
+                path = self.kit.work / rel
+                if text is None:
+                    path.unlink()
+                    continue
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(text)
+            self.git("add", "-A")
+            sign = ["-c", "gpg.format=ssh", "-c", f"user.signingKey={self.alice}"] if signed else []
+            self.git(*sign, "commit", "-q", *(["-S"] if signed else []), "-m", message)
+            pushed = subprocess.run(
+                ["git", "push", "-q", "origin", "HEAD:main"],
+                cwd=self.kit.work, env=self.env, capture_output=True,
+            )  # fmt: skip
+            if pushed.returncode == 0:
+                return self.git("rev-parse", "HEAD")
+        raise AssertionError("could not push past the daemon's status commits")
 
     def run_once(self) -> None:
         argv = [
@@ -76,7 +90,7 @@ class Repo:
         return dict(load_yaml(name, text.encode()))
 
     def phase(self, name: str) -> str | None:
-        status = self.status(name)
+        status = self.status(name, self.status_branch)
         return None if status is None else str(status["phase"])
 
     def accepted(self) -> list[dict[str, Any]]:
@@ -100,3 +114,15 @@ class Repo:
             ["verify", "--repo", str(self.kit.bare), "--allowed-signers", str(self.signers), *more]
         )
         return code, capsys.readouterr().out
+
+
+def old_then_new(
+    repo: Repo, nodes: Iterable[str], reach: Callable[[Callable[[], bool]], Any]
+) -> None:
+    """Rollout ``old`` (model-old) completes on ``nodes``, then ``new``
+    (model-new); both signed. ``reach(done)`` gets there: passes of
+    ``run --once``, or waiting on a daemon that runs."""
+    for name, target in (("old", OLD), ("new", NEW)):
+        spec = rollout_yaml(name, target=target, nodeIds=list(nodes), live=True, batchSize=2)
+        repo.push({f"rollouts/{name}.yaml": spec}, f"Roll out {name}", signed=True)
+        reach(lambda name=name: repo.phase(name) == "completed")  # type: ignore[misc]

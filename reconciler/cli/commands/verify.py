@@ -31,6 +31,7 @@ from typing import Any
 
 from reconciler.cli.remote_options import add_repo_argument
 from reconciler.daemon.acted import read_acted
+from reconciler.daemon.reader import unverified_only, unverified_rollouts
 from reconciler.daemon.started import StartedRollouts, gone_reason
 from reconciler.daemon.state import DaemonState, default_state_root
 from reconciler.daemon.status_trust import StatusTrust
@@ -53,6 +54,7 @@ from reconciler.git.status_writes import DaemonWrites
 from reconciler.git.store import GitStore
 from reconciler.protocol.signing import TrustedKey, load_public_key
 from reconciler.spec.errors import ReconcilerError, StoreError, UsageError
+from reconciler.spec.paths import STATUS_DIR, status_path
 from reconciler.views.attestation_check import check_attestation
 from reconciler.views.evidence_check import check_evidence
 from reconciler.views.status_reader import StatusReader, read_snapshot
@@ -168,6 +170,10 @@ def run(args: argparse.Namespace) -> int:
         state,
     )
     held.update(_gone_statuses(repo, approver, approval, args.branch, state, held))
+    unverified = _unverified_rollouts(repo, approver, approval, tip, args.branch)
+    if unverified:
+        report += "\n  rollouts with no status, nothing sent for them:"
+        report += "".join(f"\n    {unverified_only(name)}" for name in unverified)
     if held:
         report = report.replace(": would be acted on", ": would NOT be acted on", 1)
         report += "\n  statuses held, nothing sent for them:"
@@ -358,6 +364,29 @@ def _gone_statuses(
     status_tip = store.tip(settings.status_branch or branch)
     statuses = StatusReader().read(store, status_tip)[0] if status_tip is not None else {}
     return {name: gone_reason(name, entry) for name, entry in started.gone(statuses, held).items()}
+
+
+def _unverified_rollouts(
+    repo: Any, approver: Approver, approval: Approval, tip: str, branch: str
+) -> list[str]:
+    """The rollouts with no status that only commits nobody signed have:
+    the daemon writes none for them (``daemon.reader``)."""
+    if not approval.refusals:
+        return []
+    store = GitStore.open(str(repo.path), branch, read_only=True)
+    verified = approval.verified_commit
+    status_tip: str | None = tip
+    if verified is not None:
+        settings = StatusTrust(store, approver).documents_at(verified, {}).settings
+        status_tip = store.tip(settings.status_branch or branch)
+    statuses = set(store.files(status_tip, STATUS_DIR)) if status_tip is not None else set()
+    history = History(repo)
+    history.advance(tip)
+    return [
+        name
+        for name, signed in unverified_rollouts(store, approver, history, verified)
+        if not signed and status_path(name) not in statuses
+    ]
 
 
 def _acted_position(repo: Any, state: DaemonState, branch: str) -> tuple[str | None, str]:
