@@ -1,0 +1,28 @@
+"""The agent's settings, as its command line gives them.
+
+Must not: read files or the environment (the command does, then builds this).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from reconciler.protocol.signing import SigningKey, TrustedKey
+
+DEFAULT_RETENTION = 20
+DEFAULT_AFTER_APPLY_TIMEOUT = 60.0
+DEFAULT_KEEP_FIRST_BACKUPS = 30 * 24 * 3600  # seconds
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    node: str
+    trusted: Mapping[str, TrustedKey]
+    runtimes: frozenset[str]
+    allow_live: bool = False
+    after_apply: str | None = None
+    after_apply_timeout: float = DEFAULT_AFTER_APPLY_TIMEOUT
+    backup_retention: int = DEFAULT_RETENTION
+    key: SigningKey | None = None  # signs every answer (docs/trust.md); None: unsigned
+    keep_first_backups: int = DEFAULT_KEEP_FIRST_BACKUPS  # seconds
