@@ -45,12 +45,14 @@ from typing import Any
 from reconciler import __version__
 from reconciler.node.agent_config import (
     DEFAULT_AFTER_APPLY_TIMEOUT,
+    DEFAULT_KEEP_ARTIFACTS,
     DEFAULT_KEEP_FIRST_BACKUPS,
     DEFAULT_RETENTION,
     AgentConfig,
 )
 from reconciler.node.agent_log import AgentLog
 from reconciler.node.agent_metrics import AgentMetrics
+from reconciler.node.artifact_store import ArtifactStore
 from reconciler.node.http_server import HttpServer, Request, Response, json_response
 from reconciler.node.job_runner import JobRunner
 from reconciler.node.journal import Journal
@@ -66,6 +68,7 @@ from reconciler.spec.times import format_time, parse_time
 
 __all__ = [
     "DEFAULT_AFTER_APPLY_TIMEOUT",
+    "DEFAULT_KEEP_ARTIFACTS",
     "DEFAULT_KEEP_FIRST_BACKUPS",
     "DEFAULT_RETENTION",
     "Agent",
@@ -101,8 +104,16 @@ class Agent:
         recover(self.journal, state)
         self.prober = Prober(clock, on_change=self.journal.heartbeat_changed)
         self.metrics = AgentMetrics(self.prober.reports, state.list_backups, config.runtimes)
+        self.store = ArtifactStore(state.root)
         self.runner = JobRunner(
-            config, state, self.journal, self.configs, self.prober, self.log, self.metrics
+            config,
+            state,
+            self.journal,
+            self.configs,
+            self.prober,
+            self.log,
+            self.metrics,
+            self.store,
         )
         self._resume_probes()
         self.compact()
@@ -118,6 +129,8 @@ class Agent:
         scratch: a restart never lengthens a run of successes)."""
         newest: dict[str, JobRecord] = {}
         for record in self.journal.jobs.values():
+            if record.payload["kind"] == "stage":  # changes nothing the checks look at
+                continue
             runtime = record.payload["target"]["runtime"]
             known = newest.get(runtime)
             if known is None or parse_time(record.accepted_at) > parse_time(known.accepted_at):
@@ -129,6 +142,7 @@ class Agent:
     def close(self) -> None:
         self._worker.shutdown(wait=True)
         self.prober.close()
+        self.runner.close()
 
     def compact(self) -> int:
         """Drop journal records whose payload expired long ago (``Journal.compact``)."""
@@ -250,6 +264,9 @@ class Agent:
                     f"job {payload['jobId']} ran here; its record was dropped from the "
                     f"journal at {self.journal.dropped[payload['jobId']]}, and it is not run again",
                 )
+            missing = self._not_staged(payload)
+            if missing:
+                return self._refuse(409, "not_staged", missing, envelope)
             record = JobRecord(
                 job_id=payload["jobId"],
                 payload=payload,
@@ -262,14 +279,32 @@ class Agent:
                 return self._refuse(
                     503, "journal_unwritable", f"cannot record the job: {exc.strerror}", envelope
                 )
-        # Checks of the runtime's previous job say nothing about this one.
-        with self.journal.lock:
-            self.journal.newest_job[payload["target"]["runtime"]] = record.job_id
-        self.prober.stop(payload["target"]["runtime"])
+        if payload["kind"] != "stage":  # a stage changes nothing the checks look at
+            # Checks of the runtime's previous job say nothing about this one.
+            with self.journal.lock:
+                self.journal.newest_job[payload["target"]["runtime"]] = record.job_id
+            self.prober.stop(payload["target"]["runtime"])
         self.log.accepted(payload)
         self.metrics.jobs.labels(kind=payload["kind"], outcome="accepted").inc()
         self._worker.submit(self.runner.run, record.job_id)
         return self._json(202, record.public())
+
+    def _not_staged(self, payload: Mapping[str, Any]) -> str:
+        """Why a live apply cannot run yet ("" when it can): an artifact it
+        points the config to is not held."""
+        if payload["kind"] != "apply" or payload["mode"] != "live":
+            return ""
+        missing = [
+            a["name"]
+            for a in payload.get("artifacts") or ()
+            if not self.store.holds(a["sha256"], int(a["size"]))
+        ]
+        if not missing:
+            return ""
+        return (
+            f"artifact {', '.join(missing)} is not held on node {self.config.node}; "
+            "a stage job must bring it first (nothing was recorded)"
+        )
 
     def heartbeat(self) -> dict[str, Any]:
         runtimes = []

@@ -13,6 +13,7 @@ from reconciler.protocol.signing import SigningKey, TrustedKey
 DEFAULT_RETENTION = 20
 DEFAULT_AFTER_APPLY_TIMEOUT = 60.0
 DEFAULT_KEEP_FIRST_BACKUPS = 30 * 24 * 3600  # seconds
+DEFAULT_KEEP_ARTIFACTS = 2  # per runtime, beyond those pinned
 
 
 @dataclass(frozen=True)
@@ -26,3 +27,8 @@ class AgentConfig:
     backup_retention: int = DEFAULT_RETENTION
     key: SigningKey | None = None  # signs every answer (docs/trust.md); None: unsigned
     keep_first_backups: int = DEFAULT_KEEP_FIRST_BACKUPS  # seconds
+    drain_command: str | None = None  # run before a live apply with drain
+    undrain_command: str | None = None  # run once the node may take requests again
+    stage_rate: int | None = None  # bytes per second of artifact downloads; None: uncapped
+    ca_file: str | None = None  # CAs trusted for https downloads besides the system store
+    keep_artifacts: int = DEFAULT_KEEP_ARTIFACTS

@@ -17,8 +17,6 @@ from typing import Any
 from reconciler.node.journal import stored_time
 from reconciler.node.state_dir import JobRecord
 
-DEFAULT_KEEP_ARTIFACTS = 2  # per runtime, beyond the pinned ones
-
 _WAITING = ("accepted", "running")
 
 

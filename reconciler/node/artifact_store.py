@@ -34,6 +34,15 @@ _READ_CHUNK = 1024 * 1024
 FILE_MODE = 0o444  # a checked file is never written again
 
 
+def config_entries(state_root: Path, artifacts: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """A runtime config's ``artifacts: {NAME: {path, sha256}}`` for the
+    store under ``state_root``."""
+    folder = state_root.absolute() / "artifacts" / "sha256"
+    return {
+        a["name"]: {"path": str(folder / a["sha256"]), "sha256": a["sha256"]} for a in artifacts
+    }
+
+
 class StageFailed(Exception):
     """A stage job fails with ``code: message`` (``digest_mismatch``,
     ``insufficient_space``, ``download_failed``)."""
@@ -120,6 +129,9 @@ class ArtifactStore:
 
     def path(self, sha256: str) -> Path:
         return self.folder / sha256
+
+    def config_entries(self, artifacts: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+        return config_entries(self.root.parent, artifacts)
 
     def holds(self, sha256: str, size: int) -> bool:
         """Is the checked file there with that size?"""

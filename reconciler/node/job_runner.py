@@ -9,6 +9,7 @@ twice (the journal's "accepted" record is the only way in).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import sys
@@ -19,7 +20,16 @@ from typing import Any
 from reconciler.node.agent_config import AgentConfig
 from reconciler.node.agent_log import AgentLog
 from reconciler.node.agent_metrics import AgentMetrics
+from reconciler.node.artifact_download import Downloader, DownloadSettings
+from reconciler.node.artifact_retention import (
+    artifacts_to_prune,
+    config_artifacts,
+    job_artifacts,
+    pinned_by_jobs,
+)
+from reconciler.node.artifact_store import ArtifactStore
 from reconciler.node.journal import Journal
+from reconciler.node.live_switch import LiveSwitch
 from reconciler.node.node_command import run_command
 from reconciler.node.probes import Prober
 from reconciler.node.runtime_config import (
@@ -27,7 +37,9 @@ from reconciler.node.runtime_config import (
     JobFailed,
     ParsedConfigs,
     describe_change,
+    parse_config,
 )
+from reconciler.node.stage_job import Stager
 from reconciler.node.state_dir import (
     CONFIG_MODE,
     BackupInfo,
@@ -37,6 +49,7 @@ from reconciler.node.state_dir import (
     backups_to_prune,
     digest,
 )
+from reconciler.node.switchover import Timings
 from reconciler.spec.safe_yaml import dump_yaml
 from reconciler.spec.times import format_time
 
@@ -53,6 +66,7 @@ class JobRunner:
         prober: Prober,
         log: AgentLog,
         metrics: AgentMetrics,
+        store: ArtifactStore,
     ) -> None:
         self.config = config
         self.state = state
@@ -62,9 +76,16 @@ class JobRunner:
         self.prober = prober
         self.log = log
         self.metrics = metrics
+        self.store = store
+        self.stager = Stager(
+            store, Downloader(DownloadSettings(rate=config.stage_rate, ca_file=config.ca_file))
+        )
         # The after-apply command's environment, to which each job adds its own:
         # read once (``os.environ`` decodes every entry each time it is copied).
         self._environment = dict(os.environ)
+
+    def close(self) -> None:
+        self.stager.downloader.close()
 
     def probe_after(self, runtime: str, record: JobRecord) -> None:
         """Probe the checks of ``record`` when it was a successful live apply carrying them."""
@@ -110,83 +131,165 @@ class JobRunner:
 
     def _execute(self, record: JobRecord) -> JobRecord:
         payload = record.payload
-        target = payload["target"]
-        runtime = target["runtime"]
+        runtime = payload["target"]["runtime"]
+        if payload["kind"] == "stage":
+            return self._stage(record)
         try:
             self.state.refuse_config_symlink(runtime)
         except UnsafePath as exc:
             raise JobFailed(f"{exc.message}; nothing was changed: {exc.hint}") from None
         current = self.state.read_config(runtime)
         before_values = self.configs.values(runtime, current[0]) if current is not None else None
-
         if payload["kind"] == "restore":
-            backup = self.state.find_backup(payload["backupId"])
-            if backup is None or backup.runtime != runtime:
-                raise JobFailed(
-                    f"backup {payload['backupId']} of runtime {runtime} is not on this node "
-                    "(GET /v1/nodes/NODE/backups lists what it holds)"
-                )
-            new_data, new_mode = self.state.read_backup(backup), backup.mode
-            if digest(new_data) != backup.digest:
-                raise JobFailed(f"backup {backup.backup_id} is damaged (digest mismatch)")
-            change = f"restore backup {backup.backup_id} ({backup.provider} {backup.model})"
+            new_data, new_mode, change = self._restored(payload, runtime)
         else:
-            wanted = {k: target[k] for k in TARGET_FIELDS}
-            change = describe_change(before_values, wanted)
-            if payload["mode"] == "dry_run":
-                detail = f"would {change}" if change else "no change: already in place"
+            planned = self._planned(payload, current, before_values)
+            if isinstance(planned, str):  # nothing to write: a dry run, or already in place
                 return self.journal.update(
-                    record,
-                    state="succeeded",
-                    detail=detail,
-                    finished_at=format_time(self.clock()),
+                    record, state="succeeded", detail=planned, finished_at=format_time(self.clock())
                 )
-            if not change:
-                return self.journal.update(
-                    record,
-                    state="succeeded",
-                    detail="no change: already in place; nothing written, no backup",
-                    finished_at=format_time(self.clock()),
-                )
-            new_values = {**(before_values or {}), **wanted}
-            new_data = dump_yaml(new_values)
-            new_mode = current[1] if current is not None else CONFIG_MODE
+            new_data, new_mode, change = planned
+        return self._write(record, current, before_values, (new_data, new_mode), change)
 
+    def _restored(self, payload: Mapping[str, Any], runtime: str) -> tuple[bytes, int, str]:
+        """The bytes, mode and description of the backup a restore puts back."""
+        backup = self.state.find_backup(payload["backupId"])
+        if backup is None or backup.runtime != runtime:
+            raise JobFailed(
+                f"backup {payload['backupId']} of runtime {runtime} is not on this node "
+                "(GET /v1/nodes/NODE/backups lists what it holds)"
+            )
+        data = self.state.read_backup(backup)
+        if digest(data) != backup.digest:
+            raise JobFailed(f"backup {backup.backup_id} is damaged (digest mismatch)")
+        return (
+            data,
+            backup.mode,
+            f"restore backup {backup.backup_id} ({backup.provider} {backup.model})",
+        )
+
+    def _planned(
+        self,
+        payload: Mapping[str, Any],
+        current: tuple[bytes, int] | None,
+        before_values: Mapping[str, Any] | None,
+    ) -> tuple[bytes, int, str] | str:
+        """What an apply writes (bytes, mode, description), or the detail of
+        one that writes nothing."""
+        target = payload["target"]
+        wanted: dict[str, Any] = {k: target[k] for k in TARGET_FIELDS}
+        change = describe_change(before_values, wanted)
+        artifacts = payload.get("artifacts")
+        if artifacts:
+            wanted["artifacts"] = self.store.config_entries(artifacts)
+            if (before_values or {}).get("artifacts") != wanted["artifacts"]:
+                names = ", ".join(a["name"] for a in artifacts)
+                change = (change + "; " if change else "") + f"point to artifacts {names}"
+        if payload["mode"] == "dry_run":
+            return f"would {change}" if change else "no change: already in place"
+        if not change:
+            return "no change: already in place; nothing written, no backup"
+        if artifacts:
+            self.stager.require_held(artifacts)
+        new_values = {**(before_values or {}), **wanted}
+        return dump_yaml(new_values), current[1] if current is not None else CONFIG_MODE, change
+
+    def _write(
+        self,
+        record: JobRecord,
+        current: tuple[bytes, int] | None,
+        before_values: Mapping[str, Any] | None,
+        new: tuple[bytes, int],
+        change: str,
+    ) -> JobRecord:
+        """Back up the current config, write the new one, run after-apply
+        (and drain and warm up around it when the job says so)."""
+        payload = record.payload
+        runtime = payload["target"]["runtime"]
         old_data = current[0] if current is not None else None
+        old_mode = current[1] if current is not None else CONFIG_MODE
         backup_id = self._backup_id(runtime, payload) if current is not None else None
         # In memory only, for GET: recovery reads the same from the backup
         # (``_recovered_accepted``), so the journal keeps "accepted" until the verdict.
         record = record.with_changes(
             state="running",
             before=digest(old_data),
-            after=digest(new_data),
+            after=digest(new[0]),
             planned_backup=backup_id,
         )
         with self.journal.lock:
             self.journal.keep(record)
+        switch = LiveSwitch.begin(
+            payload, before_values or {}, self.config, self.command_environment, Timings(self.clock)
+        )
         if current is not None and backup_id is not None:
             self._take_backup(backup_id, runtime, payload, current[0], current[1], before_values)
-        written = self.configs.values(runtime, new_data) if self.config.after_apply else {}
-        self.state.write_config(runtime, new_data, new_mode)
-        if self.config.after_apply:
-            outcome = self._after_apply(payload, written)
-            if outcome is not None:
-                # Put the previous bytes (and mode) back exactly, or no file if none.
-                self.state.write_config(runtime, old_data, current[1] if current else CONFIG_MODE)
-                what, tail = outcome
-                last = tail.strip()[-300:]
-                raise JobFailed(
-                    f"{what}; previous config restored" + (f"; output: {last}" if last else ""),
-                    detail=tail,
-                )
+        written = self.configs.values(runtime, new[0])
+        self.state.write_config(runtime, new[0], new[1])
+        switch.activated()
+        failure = self._after_apply(payload, written) if self.config.after_apply else None
+        if failure is None:
+            failure = switch.warm_up()
+        if failure is not None:
+            # Put the previous bytes (and mode) back exactly, or no file if none.
+            self.state.write_config(runtime, old_data, old_mode)
+            what, tail = failure
+            what += switch.put_back(self._after_apply if self.config.after_apply else None)
+            last = tail.strip()[-300:]
+            raise JobFailed(
+                what + (f"; output: {last}" if last else ""), detail=tail, timings=switch.timings()
+            )
+        switch.serving(written)
         self._prune(runtime)
+        self.prune_artifacts(runtime, payload)
         return self.journal.update(
             record,
             state="succeeded",
             backup_id=backup_id,
             detail=change[0].upper() + change[1:] if change else "",
             finished_at=format_time(self.clock()),
+            timings=switch.timings(),
         )
+
+    def _stage(self, record: JobRecord) -> JobRecord:
+        payload = record.payload
+        artifacts = payload["artifacts"]
+        if payload["mode"] == "dry_run":
+            detail = self.stager.dry_run(artifacts)
+        else:
+            self.store.note_use([a["sha256"] for a in artifacts], payload["target"]["runtime"])
+            self.prune_artifacts(payload["target"]["runtime"], payload)  # room for these
+            detail = self.stager.stage(artifacts)
+        return self.journal.update(
+            record, state="succeeded", detail=detail, finished_at=format_time(self.clock())
+        )
+
+    def prune_artifacts(self, runtime: str, payload: Mapping[str, Any]) -> None:
+        """Delete the artifacts retention no longer keeps (``artifact_retention``)."""
+        pinned: set[str] = set()
+        newest_backup: dict[str, BackupInfo] = {}
+        for backup in self.state.list_backups():
+            known = newest_backup.get(backup.runtime)
+            if known is None or backup.seq > known.seq:
+                newest_backup[backup.runtime] = backup
+        for name in self.config.runtimes:
+            current = self.state.read_config(name)
+            previous = newest_backup.get(name)
+            for data in (
+                current[0] if current is not None else None,
+                self.state.read_backup(previous) if previous is not None else None,
+            ):
+                if data is not None:
+                    with contextlib.suppress(JobFailed):
+                        pinned |= config_artifacts(parse_config(name, data))
+        with self.journal.lock:
+            pinned |= pinned_by_jobs(list(self.journal.jobs.values()))
+        pinned |= job_artifacts(payload)
+        doomed = artifacts_to_prune(
+            self.store.uses, self.store.held(), pinned, self.config.keep_artifacts
+        )
+        if doomed:
+            self.store.delete(doomed)
 
     def _backup_id(self, runtime: str, payload: Mapping[str, Any]) -> str:
         stamp = self.clock().strftime("%Y%m%dT%H%M%SZ")

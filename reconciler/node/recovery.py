@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from reconciler.node.artifact_store import config_entries
 from reconciler.node.journal import Journal
 from reconciler.node.runtime_config import TARGET_FIELDS, JobFailed, parse_config
 from reconciler.node.state_dir import BackupInfo, JobRecord, StateDir, digest
@@ -38,6 +39,13 @@ def _recovered_accepted(state: StateDir, record: JobRecord, now: str) -> JobReco
     no config before, a job still queued behind one that created exactly
     its own target config is also reported as having left it new."""
     payload = record.payload
+    if payload["kind"] == "stage":
+        return record.with_changes(
+            state="failed",
+            finished_at=now,
+            error="agent restarted while staging; no config was changed, and what was "
+            "downloaded is kept for the next stage job to resume",
+        )
     runtime = payload["target"]["runtime"]
     # The job's own backup is the newest of its runtime, so no prune
     # (retention is at least 1) removes it before the job's verdict.
@@ -66,7 +74,9 @@ def _planned_digest(
     if payload["kind"] == "restore":
         source = state.find_backup(str(payload.get("backupId")))
         return source.digest if source is not None else None
-    wanted = {k: payload["target"][k] for k in TARGET_FIELDS}
+    wanted: dict[str, Any] = {k: payload["target"][k] for k in TARGET_FIELDS}
+    if payload.get("artifacts"):
+        wanted["artifacts"] = config_entries(state.root, payload["artifacts"])
     try:
         values = (
             parse_config(payload["target"]["runtime"], state.read_backup(taken))

@@ -19,10 +19,13 @@ TARGET_FIELDS = ("provider", "model", "profile")
 class JobFailed(Exception):
     """Ends a job as failed with this message (and ``detail``)."""
 
-    def __init__(self, message: str, detail: str = "") -> None:
+    def __init__(
+        self, message: str, detail: str = "", timings: dict[str, str | None] | None = None
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.detail = detail
+        self.timings = timings  # of a live switch that got under way
 
 
 def parse_config(runtime: str, data: bytes) -> dict[str, Any]:
