@@ -94,7 +94,13 @@ class Partial:
         self.size = 0
 
     def close(self) -> None:
+        """Stop writing; an empty partial file is not kept."""
+        if self._file.closed:
+            return
         self._file.close()
+        if self.size == 0:
+            with contextlib.suppress(FileNotFoundError):
+                self.path.unlink()
 
     def finish(self, size: int) -> None:
         """Move the file under its digest once its size and SHA-256 match;
@@ -102,7 +108,7 @@ class Partial:
         got = self._hash.hexdigest()
         self._file.flush()
         os.fsync(self._file.fileno())
-        self.close()
+        self._file.close()
         if self.size != size or got != self.sha256:
             with contextlib.suppress(FileNotFoundError):
                 self.path.unlink()

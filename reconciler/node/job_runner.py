@@ -115,8 +115,9 @@ class JobRunner:
             # the config as it was before this job, whatever happened next.
             planned = record.planned_backup
             kept = planned if planned and self.state.find_backup(planned) else None
+            extra = {"timings": exc.timings} if exc.timings is not None else {}
             record = self.journal.failed(
-                record, error=exc.message, detail=exc.detail, backup_id=kept
+                record, error=exc.message, detail=exc.detail, backup_id=kept, **extra
             )
         except Exception as exc:  # the job fails, the agent carries on
             print(f"agent: job {job_id} failed unexpectedly: {exc!r}", file=sys.stderr)

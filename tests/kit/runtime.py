@@ -1,0 +1,184 @@
+"""A stand-in inference runtime on 127.0.0.1: an edge we do not own (vLLM,
+Ollama), shaped like one.
+
+- ``GET /metrics``: Prometheus text with the in-flight gauge
+  ``vllm:num_requests_running`` (one series per model, as vLLM labels them);
+- ``POST /v1/completions``: answers after ``delay`` seconds with the model
+  it serves; refused (503) while loading; a model named in ``broken``
+  loads but answers 500. The agent's warm-up asks here;
+- ``POST /lb/v1/completions``: the same as the node's load balancer entry,
+  which also refuses (503) while the node is drained: client load asks here;
+- ``POST /admin/drain``, ``/admin/undrain``, ``/admin/load?model=M``: what
+  the agent's node-local commands call (``commands`` writes them as small
+  scripts). Loading cuts off the requests in flight, as a restart does.
+
+``failed`` counts the requests a client saw fail: cut off, refused while
+loading, or answered 500. Refusals while drained are counted apart
+(``refused_drained``): a load balancer sends those elsewhere.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+METRIC = "vllm:num_requests_running"
+
+
+class StandInRuntime:
+    def __init__(
+        self, model: str = "old", *, delay: float = 0.0, load_seconds: float = 0.0
+    ) -> None:
+        self.model = model
+        self.delay = delay
+        self.load_seconds = load_seconds
+        self.broken: set[str] = set()
+        self.drained = False
+        self.loading = False
+        self.in_flight = 0
+        self.generation = 0  # bumped by each load: requests of an older one are cut off
+        self.failed = 0
+        self.refused_drained = 0
+        self.served = 0
+        self.events: list[str] = []  # drain, undrain, load M, in order
+        self.released = threading.Event()  # ends every generation now (answered)
+        self.lock = threading.Lock()
+        runtime = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_GET(self) -> None:
+                if self.path == "/metrics":
+                    runtime._answer(self, 200, runtime.metrics_text())
+                else:
+                    runtime._answer(self, 404, "no such path")
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                self.rfile.read(length)
+                runtime.post(self)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.port = self.httpd.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def metrics_text(self) -> str:
+        with self.lock:
+            running = self.in_flight
+            model = self.model
+        return (
+            f"# HELP {METRIC} Requests running.\n# TYPE {METRIC} gauge\n"
+            f'{METRIC}{{model_name="{model}"}} {running}\n'
+            f'{METRIC}{{model_name="other"}} 0\n'
+        )
+
+    @staticmethod
+    def _answer(handler: BaseHTTPRequestHandler, status: int, text: str) -> None:
+        body = text.encode()
+        handler.send_response(status)
+        handler.send_header("Content-Length", str(len(body)))
+        handler.end_headers()
+        handler.wfile.write(body)
+
+    def post(self, handler: BaseHTTPRequestHandler) -> None:
+        parts = urlsplit(handler.path)
+        if parts.path in ("/v1/completions", "/lb/v1/completions"):
+            self._complete(handler, through_balancer=parts.path.startswith("/lb/"))
+        elif parts.path in ("/admin/drain", "/admin/undrain"):
+            with self.lock:
+                self.drained = parts.path == "/admin/drain"
+                self.events.append(parts.path.removeprefix("/admin/"))
+            self._answer(handler, 200, "ok")
+        elif parts.path == "/admin/load":
+            model = parse_qs(parts.query)["model"][0]
+            self._load(model)
+            self._answer(handler, 200, f"loaded {model}")
+        else:
+            self._answer(handler, 404, "no such path")
+
+    def _load(self, model: str) -> None:
+        with self.lock:
+            self.events.append(f"load {model}")
+            self.loading = True
+            self.generation += 1
+        time.sleep(self.load_seconds)
+        with self.lock:
+            self.model = model
+            self.loading = False
+
+    def _complete(self, handler: BaseHTTPRequestHandler, *, through_balancer: bool) -> None:
+        with self.lock:
+            if self.drained and through_balancer:
+                self.refused_drained += 1
+                refused = "draining"
+            elif self.loading:
+                self.failed += 1
+                refused = "loading"
+            else:
+                refused = ""
+                self.in_flight += 1
+                generation = self.generation
+        if refused:
+            self._answer(handler, 503, refused)
+            return
+        cut = False
+        try:
+            deadline = time.monotonic() + self.delay
+            while time.monotonic() < deadline and not self.released.is_set():
+                time.sleep(0.01)
+                if self.generation != generation:
+                    cut = True
+                    break
+        finally:
+            with self.lock:
+                self.in_flight -= 1
+                broken = self.model in self.broken
+                if cut or broken:
+                    self.failed += 1
+                else:
+                    self.served += 1
+                model = self.model
+        if cut:
+            handler.close_connection = True  # cut off mid-answer, as a restart does
+            return
+        self._answer(handler, 500 if broken else 200, json.dumps({"model": model}))
+
+    def commands(self, folder: Path) -> dict[str, str]:
+        """Shell commands for the agent's options: ``drain``, ``undrain``,
+        and ``after_apply`` (loads the model of the config just written)."""
+        folder.mkdir(parents=True, exist_ok=True)
+        script = folder / "runtime_ctl.py"
+        script.write_text(
+            "import sys, urllib.request\n"
+            "url = sys.argv[1] + sys.argv[2]\n"
+            "urllib.request.urlopen(urllib.request.Request(url, method='POST'), timeout=60).read()\n"
+        )
+        call = f"{sys.executable} {script} {self.url}"
+        return {
+            "drain": f"{call} /admin/drain",
+            "undrain": f"{call} /admin/undrain",
+            "after_apply": f'{call} "/admin/load?model=$RECONCILER_MODEL"',
+        }
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def __enter__(self) -> StandInRuntime:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
