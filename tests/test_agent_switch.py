@@ -14,6 +14,7 @@ import pytest
 
 from reconciler.protocol.signing import SigningKey
 from reconciler.spec.artifacts import Drain, Warmup
+from reconciler.spec.model import Target
 from tests.kit.agents import AgentThread
 from tests.kit.jobs import envelope, job
 from tests.kit.keys import make_key
@@ -176,3 +177,51 @@ def test_an_apply_without_artifacts_drain_or_warm_up_has_no_timings(
     assert record["state"] == "succeeded"
     assert "timings" not in record
     assert runtime.events == ["load llama3.1-8b"]
+
+
+def test_client_load_sees_no_failed_request_with_drain_and_some_without(
+    tmp_path: Path, state: Path, key: SigningKey, runtime: StandInRuntime
+) -> None:
+    runtime.load_seconds = 0.3  # the model takes a while to load
+    agent = _agent(state, key, runtime, tmp_path)
+    try:
+        load = runtime.load(workers=3, delay=0.05)
+        wait_for(lambda: runtime.served >= 5, what="client load to be served")
+        agent.post(envelope(_switch_job(runtime), key))
+        drained = agent.wait_finished("apply-1")
+        served = runtime.served
+        wait_for(lambda: runtime.served > served + 5, what="the new model to serve the load")
+        with_drain = load.stop()
+        failed_with_drain = runtime.failed
+
+        wait_for(lambda: runtime.in_flight == 0, what="the load to end")
+        # A generation surely in flight when the new model starts loading.
+        answers: list[int] = []
+        long_one = threading.Thread(
+            target=lambda: answers.append(_status(f"{runtime.url}/lb/v1/completions?delay=30"))
+        )
+        long_one.start()
+        wait_for(lambda: runtime.in_flight == 1, what="the long generation")
+        load = runtime.load(workers=3, delay=0.05)
+        agent.post(envelope(_switch_job(runtime, "apply-2", drain=None, target=_other()), key))
+        undrained = agent.wait_finished("apply-2")
+        without_drain = load.stop()
+        long_one.join()
+    finally:
+        agent.close()
+    assert drained["state"] == "succeeded" and undrained["state"] == "succeeded"
+    assert failed_with_drain == 0, with_drain
+    assert set(with_drain) <= {200, 503}  # 503: refused while drained, sent elsewhere
+    assert answers == [0]  # cut off by the restart
+    assert runtime.failed > 0, without_drain
+
+
+def _status(url: str) -> int:
+    try:
+        return httpx.post(url, timeout=60).status_code
+    except httpx.HTTPError:
+        return 0
+
+
+def _other() -> Target:
+    return Target("hermes", "vllm", "llama3.2-3b", "default")

@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+import httpx
+
 METRIC = "vllm:num_requests_running"
 
 
@@ -96,7 +98,8 @@ class StandInRuntime:
     def post(self, handler: BaseHTTPRequestHandler) -> None:
         parts = urlsplit(handler.path)
         if parts.path in ("/v1/completions", "/lb/v1/completions"):
-            self._complete(handler, through_balancer=parts.path.startswith("/lb/"))
+            delay = float(parse_qs(parts.query).get("delay", [self.delay])[0])
+            self._complete(handler, delay, through_balancer=parts.path.startswith("/lb/"))
         elif parts.path in ("/admin/drain", "/admin/undrain"):
             with self.lock:
                 self.drained = parts.path == "/admin/drain"
@@ -119,7 +122,9 @@ class StandInRuntime:
             self.model = model
             self.loading = False
 
-    def _complete(self, handler: BaseHTTPRequestHandler, *, through_balancer: bool) -> None:
+    def _complete(
+        self, handler: BaseHTTPRequestHandler, delay: float, *, through_balancer: bool
+    ) -> None:
         with self.lock:
             if self.drained and through_balancer:
                 self.refused_drained += 1
@@ -136,7 +141,7 @@ class StandInRuntime:
             return
         cut = False
         try:
-            deadline = time.monotonic() + self.delay
+            deadline = time.monotonic() + delay
             while time.monotonic() < deadline and not self.released.is_set():
                 time.sleep(0.01)
                 if self.generation != generation:
@@ -155,6 +160,9 @@ class StandInRuntime:
             handler.close_connection = True  # cut off mid-answer, as a restart does
             return
         self._answer(handler, 500 if broken else 200, json.dumps({"model": model}))
+
+    def load(self, workers: int = 3, delay: float = 0.05) -> ClientLoad:
+        return ClientLoad(self, workers, delay)
 
     def commands(self, folder: Path) -> dict[str, str]:
         """Shell commands for the agent's options: ``drain``, ``undrain``,
@@ -182,3 +190,33 @@ class StandInRuntime:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+class ClientLoad:
+    """Clients asking the node's balancer entry without a pause, until
+    ``stop``; ``statuses`` counts their answers (0: cut off)."""
+
+    def __init__(self, runtime: StandInRuntime, workers: int, delay: float) -> None:
+        self.url = f"{runtime.url}/lb/v1/completions?delay={delay}"
+        self.statuses: dict[int, int] = {}
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.threads = [threading.Thread(target=self._ask) for _ in range(workers)]
+        for thread in self.threads:
+            thread.start()
+
+    def _ask(self) -> None:
+        with httpx.Client(timeout=60) as client:
+            while not self.stopping.is_set():
+                try:
+                    status = client.post(self.url).status_code
+                except httpx.HTTPError:
+                    status = 0
+                with self.lock:
+                    self.statuses[status] = self.statuses.get(status, 0) + 1
+
+    def stop(self) -> dict[int, int]:
+        self.stopping.set()
+        for thread in self.threads:
+            thread.join()
+        return dict(self.statuses)
