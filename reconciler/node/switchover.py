@@ -26,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from reconciler.node.probes import ProbeFailed, own_addresses
 from reconciler.spec.times import format_time
 
-IDLE_POLL = 0.2  # seconds between reads of the idle metric
+IDLE_POLL = 0.05  # seconds between reads of the idle metric (a loopback GET)
 TIMING_FIELDS = ("drainStartedAt", "drainedAt", "activatedAt", "warmedAt", "servingAt")
 
 
