@@ -1,18 +1,24 @@
 """The node agent: verifies signed jobs, applies them to a runtime's config
-(dry-run or live), keeps backups, restores them, and reports heartbeats
-(docs/protocol.md).
+(dry-run or live), keeps backups, restores them, stages model artifacts,
+and reports heartbeats (docs/protocol.md). This module admits jobs and
+answers HTTP; ``journal`` keeps the records, ``job_runner`` runs the jobs,
+``recovery`` fails what a previous run left unfinished.
 
 Life of a posted job::
 
     admission checks (admission.admit_job)  -> 4xx, nothing written
+    a live apply whose artifacts are not held -> 409 not_staged, nothing written
     journal record "accepted", fsynced      -> 202
     worker thread: "running" with the config digests before and after, in
-                   memory only (see ``_recovered_accepted``)
+                   memory only (see ``recovery``)
+                   drain command and the wait for idle, when the job drains
                    backup of the old bytes naming the job, fsynced
                    new config (atomic rename), fsynced
-                   after-apply command; if it fails or times out the old
-                   bytes (and mode) go back and the job fails
+                   after-apply command, then the warm-up requests; if either
+                   fails the old bytes (and mode) go back and the job fails
+                   undrain command, when drained
                    -> "succeeded" / "failed", fsynced
+    (a stage job instead fetches its artifacts into the store)
 
 A live apply costs the durable writes its promises need and no more: the
 record behind a 202 (one file and one directory fsync), the backup before
