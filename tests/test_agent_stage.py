@@ -295,3 +295,31 @@ def test_the_agent_command_takes_the_artifact_options_and_refuses_bad_ones(
     )  # fmt: skip
     assert refused.returncode != 0
     assert "--ca-file" in refused.stderr
+
+
+def test_an_apply_with_artifacts_cut_off_by_a_crash_is_reported_as_having_left_the_config_new(
+    state: Path, key: SigningKey, nginx: NginxServer, weights: tuple[Path, bytes]
+) -> None:
+    artifact = _artifact(nginx, weights[1])
+    agent = AgentThread(state, [key])
+    try:
+        agent.post(envelope(job("stage-1", kind="stage", artifacts=(artifact,)), key))
+        agent.wait_finished("stage-1")
+        agent.post(envelope(job("apply-1", artifacts=(artifact,)), key))
+        assert agent.wait_finished("apply-1")["state"] == "succeeded"
+    finally:
+        agent.close()
+    # As a crash after the config was written and before the verdict leaves it.
+    record_file = state / "jobs" / "apply-1.json"
+    record = json.loads(record_file.read_bytes())
+    record.update(state="accepted", finished_at=None, backup_id=None, detail="", timings=None)
+    record_file.write_text(json.dumps(record))
+
+    agent = AgentThread(state, [key])
+    try:
+        status, recovered = agent.get("jobs/apply-1")
+    finally:
+        agent.close()
+    assert status == 200 and recovered["state"] == "failed"
+    assert recovered["error"] == "agent restarted during apply; config left as new"
+    assert recovered["backupId"]  # the old config is still there to restore
