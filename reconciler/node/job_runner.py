@@ -20,7 +20,7 @@ from typing import Any
 from reconciler.node.agent_config import AgentConfig
 from reconciler.node.agent_log import AgentLog
 from reconciler.node.agent_metrics import AgentMetrics
-from reconciler.node.artifact_download import Downloader, DownloadSettings
+from reconciler.node.artifact_download import DownloadSettings
 from reconciler.node.artifact_retention import (
     artifacts_to_prune,
     config_artifacts,
@@ -78,14 +78,14 @@ class JobRunner:
         self.metrics = metrics
         self.store = store
         self.stager = Stager(
-            store, Downloader(DownloadSettings(rate=config.stage_rate, ca_file=config.ca_file))
+            store, DownloadSettings(rate=config.stage_rate, ca_file=config.ca_file)
         )
         # The after-apply command's environment, to which each job adds its own:
         # read once (``os.environ`` decodes every entry each time it is copied).
         self._environment = dict(os.environ)
 
     def close(self) -> None:
-        self.stager.downloader.close()
+        self.stager.close()
 
     def probe_after(self, runtime: str, record: JobRecord) -> None:
         """Probe the checks of ``record`` when it was a successful live apply carrying them."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from reconciler.node.artifact_download import Downloader
+from reconciler.node.artifact_download import Downloader, DownloadSettings
 from reconciler.node.artifact_store import ArtifactStore, StageFailed
 from reconciler.node.runtime_config import JobFailed
 
@@ -18,9 +18,21 @@ from reconciler.node.runtime_config import JobFailed
 class Stager:
     """Runs stage jobs on the job thread, into ``store``."""
 
-    def __init__(self, store: ArtifactStore, downloader: Downloader) -> None:
+    def __init__(self, store: ArtifactStore, settings: DownloadSettings) -> None:
         self.store = store
-        self.downloader = downloader
+        self.settings = settings
+        self._downloader: Downloader | None = None
+
+    @property
+    def downloader(self) -> Downloader:
+        """Made at the first stage job: an agent that never stages loads no CA store."""
+        if self._downloader is None:
+            self._downloader = Downloader(self.settings)
+        return self._downloader
+
+    def close(self) -> None:
+        if self._downloader is not None:
+            self._downloader.close()
 
     def stage(self, artifacts: Sequence[Mapping[str, Any]]) -> str:
         """Fetch what is not held; the job's detail, or ``JobFailed`` with
