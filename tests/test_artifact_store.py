@@ -244,3 +244,17 @@ def test_a_dry_run_asks_nginx_for_the_size_and_fetches_nothing(
         ["HEAD", "/model.gguf", "200"],
         ["HEAD", "/missing.gguf", "404"],
     ]
+
+
+def test_a_server_that_compresses_what_it_may_still_sends_the_published_bytes(
+    tmp_path: Path, files: Path
+) -> None:
+    data = (files / "model.gguf").read_bytes()
+    with NginxServer(tmp_path / "nginx", files, gzip=True) as nginx:
+        _download(ArtifactStore(tmp_path / "state"), nginx.url("model.gguf"), _sha(data), len(data))
+        assert nginx.requests(at_least=1)[0].split()[:4] == [
+            "GET",
+            "/model.gguf",
+            "200",
+            str(len(data)),
+        ]

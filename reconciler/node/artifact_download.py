@@ -68,7 +68,11 @@ class Downloader:
         self.settings = settings
         timeout = httpx.Timeout(settings.read_timeout, connect=settings.connect_timeout)
         self._client = httpx.Client(
-            verify=tls_context(settings.ca_file), timeout=timeout, follow_redirects=True
+            verify=tls_context(settings.ca_file),
+            timeout=timeout,
+            follow_redirects=True,
+            # The bytes as published: a compressed body would not be the digest's.
+            headers={"Accept-Encoding": "identity"},
         )
         self._chunk = CHUNK if settings.rate is None else max(1024, min(CHUNK, settings.rate // 20))
 

@@ -46,7 +46,8 @@ def require_nginx() -> str:
 
 class NginxServer:
     """nginx serving ``files`` (a folder) on 127.0.0.1; ``rate``: bytes a
-    second per connection (None: uncapped); ``tls``: (cert, key) files."""
+    second per connection (None: uncapped); ``tls``: (cert, key) files;
+    ``gzip``: compress answers for clients that accept it."""
 
     def __init__(
         self,
@@ -55,6 +56,7 @@ class NginxServer:
         *,
         rate: int | None = None,
         tls: tuple[Path, Path] | None = None,
+        gzip: bool = False,
     ) -> None:
         self.binary = require_nginx()
         self.root = root
@@ -65,7 +67,7 @@ class NginxServer:
         self.socket.listen(128)
         self.port: int = self.socket.getsockname()[1]
         self.scheme = "https" if tls else "http"
-        (root / "nginx.conf").write_text(_config(self.port, files, rate, tls))
+        (root / "nginx.conf").write_text(_config(self.port, files, rate, tls, gzip))
         self.log = root / "error.log"
         self.log.write_bytes(b"")
         self.process = subprocess.Popen(
@@ -117,7 +119,9 @@ class NginxServer:
         self.close()
 
 
-def _config(port: int, files: Path, rate: int | None, tls: tuple[Path, Path] | None) -> str:
+def _config(
+    port: int, files: Path, rate: int | None, tls: tuple[Path, Path] | None, gzip: bool
+) -> str:
     user = "user root root;\n" if os.geteuid() == 0 else ""  # workers must read tmp_path
     listen = f"listen 127.0.0.1:{port}" + (" ssl" if tls else "") + ";"
     certificate = f"ssl_certificate {tls[0]};\nssl_certificate_key {tls[1]};\n" if tls else ""
@@ -133,7 +137,8 @@ def _config(port: int, files: Path, rate: int | None, tls: tuple[Path, Path] | N
         "  client_body_temp_path tmp; proxy_temp_path tmp; fastcgi_temp_path tmp;\n"
         "  uwsgi_temp_path tmp; scgi_temp_path tmp;\n"
         "  types { application/octet-stream bin gguf; }\n"
-        f"  server {{\n    {listen}\n    {certificate}    root {files};\n"
+        + ("  gzip on; gzip_types application/octet-stream; gzip_min_length 1;\n" if gzip else "")
+        + f"  server {{\n    {listen}\n    {certificate}    root {files};\n"
         f"    location / {{ {limit} }}\n  }}\n"
         "}\n"
     )
