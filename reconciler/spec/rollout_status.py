@@ -21,7 +21,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from reconciler.spec import artifact_records
 from reconciler.spec import health as health_rules
+from reconciler.spec.artifacts import Artifact, Drain, Stage, Warmup
 from reconciler.spec.batch_shapes import batch_sizes, batch_starts
 from reconciler.spec.durations import format_duration, parse_duration
 from reconciler.spec.model import API_VERSION, RolloutSpec, SpreadBy, Target
@@ -272,6 +274,10 @@ class FrozenSpec:
     ignore_windows: bool = False
     spread_by: SpreadBy | None = None  # batches spread across a label's values
     failure_budget: int | str | None = None  # as written
+    artifacts: tuple[Artifact, ...] = ()  # files staged before each node's apply
+    stage: Stage | None = None  # set whenever there are artifacts
+    drain: Drain | None = None
+    warmup: tuple[Warmup, ...] = ()
 
     @property
     def mode(self) -> str:
@@ -326,6 +332,10 @@ FROZEN_FIELDS: tuple[tuple[str, str], ...] = (
     ("ignore_windows", "ignoreWindows"),
     ("spread_by", "spreadBy"),
     ("failure_budget", "failureBudget"),
+    ("artifacts", "target.artifacts"),
+    ("stage", "stage"),
+    ("drain", "drain"),
+    ("warmup", "warmup"),
 )
 assert {attr for attr, _ in FROZEN_FIELDS} == set(FrozenSpec.__dataclass_fields__)
 
@@ -474,6 +484,9 @@ def _frozen_record(frozen: FrozenSpec, nodes: tuple[NodeRecord, ...] | None) -> 
         }
     if frozen.failure_budget is not None:
         record["failureBudget"] = frozen.failure_budget
+    record.update(
+        artifact_records.frozen_record(frozen.artifacts, frozen.stage, frozen.drain, frozen.warmup)
+    )
     if nodes is not None:
         record["nodes"] = [n.name for n in nodes]
     return record
@@ -500,6 +513,7 @@ def _frozen_from(record: Mapping[str, Any]) -> FrozenSpec:
         if (spread := record.get("spreadBy")) is None
         else SpreadBy(spread["label"], spread["maxPerBatch"]),
         failure_budget=record.get("failureBudget"),
+        **artifact_records.frozen_from(record),
     )
 
 

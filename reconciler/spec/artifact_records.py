@@ -1,0 +1,87 @@
+"""Model artifacts in status records: the frozen ``artifacts``, ``stage``,
+``drain`` and ``warmup`` of a started rollout as plain data, and back.
+
+Each is written only when set, so the status of a rollout without artifacts
+stays byte for byte what it was. Pure; must not read or write files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from reconciler.spec.artifacts import Artifact, Drain, Stage, Warmup
+from reconciler.spec.durations import format_duration, parse_duration
+
+
+def frozen_record(
+    artifacts: tuple[Artifact, ...],
+    stage: Stage | None,
+    drain: Drain | None,
+    warmup: tuple[Warmup, ...],
+) -> dict[str, Any]:
+    """The frozen record's keys for these values (none when unset)."""
+    record: dict[str, Any] = {}
+    if artifacts:
+        record["artifacts"] = [
+            {"name": a.name, "url": a.url, "sha256": a.sha256, "size": a.size} for a in artifacts
+        ]
+    if stage is not None:
+        record["stage"] = {
+            "ahead": stage.ahead,
+            "maxConcurrent": stage.max_concurrent,
+            "timeout": format_duration(stage.timeout_seconds),
+        }
+    if drain is not None:
+        record["drain"] = {
+            "timeout": format_duration(drain.timeout_seconds),
+            "idle": {"url": drain.idle_url, "metric": drain.idle_metric, "max": drain.idle_max},
+        }
+    if warmup:
+        record["warmup"] = [
+            {
+                "http": {
+                    "url": w.url,
+                    "method": w.method,
+                    "body": w.body,
+                    "expectStatus": w.expect_status,
+                    "timeout": format_duration(w.timeout_seconds),
+                },
+                "times": w.times,
+            }
+            for w in warmup
+        ]
+    return record
+
+
+def frozen_from(record: Mapping[str, Any]) -> dict[str, Any]:
+    """``FrozenSpec`` keyword arguments from a frozen record."""
+    values: dict[str, Any] = {}
+    if "artifacts" in record:
+        values["artifacts"] = tuple(
+            Artifact(a["name"], a["url"], a["sha256"], a["size"]) for a in record["artifacts"]
+        )
+    stage = record.get("stage")
+    if stage is not None:
+        values["stage"] = Stage(
+            stage["ahead"], stage["maxConcurrent"], parse_duration(stage["timeout"])
+        )
+    drain = record.get("drain")
+    if drain is not None:
+        idle = drain["idle"]
+        values["drain"] = Drain(
+            parse_duration(drain["timeout"]), idle["url"], idle["metric"], idle["max"]
+        )
+    if "warmup" in record:
+        values["warmup"] = tuple(
+            Warmup(
+                w["http"]["url"],
+                w["http"]["method"],
+                w["http"]["body"],
+                w["http"]["expectStatus"],
+                parse_duration(w["http"]["timeout"]),
+                w["times"],
+            )
+            for w in record["warmup"]
+        )
+    return values
