@@ -23,6 +23,7 @@ from typing import Any
 
 from reconciler.spec import artifact_records
 from reconciler.spec import health as health_rules
+from reconciler.spec.artifact_records import StageRecord
 from reconciler.spec.artifacts import Artifact, Drain, Stage, Warmup
 from reconciler.spec.batch_shapes import batch_sizes, batch_starts
 from reconciler.spec.durations import format_duration, parse_duration
@@ -38,6 +39,8 @@ TERMINAL_PHASES = frozenset({"completed", "failed", "aborted"})
 
 NODE_STATES = (
     "pending",
+    "staging",
+    "staged",
     "dispatched",
     "succeeded",
     "failed",
@@ -64,11 +67,14 @@ HOLD_REASONS = (
     "rollback_unavailable",
     "dispatch_refused",
     "failure_budget_exceeded",
+    "stage_failed",
 )
 
 VERDICTS = ("passed", "failed", "unknown")
 BATCH_STATES = ("pending", "running", "done")
-JOB_KINDS = ("apply", "restore")
+JOB_KINDS = ("apply", "restore", "stage")
+# Where a node's stage of the rollout's artifacts stands (docs/rollouts.md).
+STAGE_STATES = ("staging", "staged", "failed", "unknown")
 
 # Outcomes of one node in one rollback request.
 ROLLBACK_OUTCOMES = (
@@ -211,6 +217,10 @@ class NodeRecord:
     restore: RestoreRecord | None = None
     checks: tuple[CheckOutcome, ...] = ()  # health checks' last outcomes, once decided
     evidence: NodeEvidence | None = None  # signed answers the verdict used
+    # version 3, model artifacts (docs/rollouts.md)
+    stage: StageRecord | None = None
+    timings: Mapping[str, str | None] | None = field(default=None, hash=False)
+    out_of_service: float | None = None  # seconds, from timings
 
 
 @dataclass(frozen=True)
@@ -573,6 +583,8 @@ def node_to_record(n: NodeRecord) -> dict[str, Any]:
     record = _node_record(n)
     if n.evidence is not None:  # absent, not null: unsigned records stay as in version 1
         record["evidence"] = _evidence_record(n.evidence)
+    if n.stage is not None or n.timings is not None:  # absent without artifacts and timings
+        record.update(artifact_records.node_record(n.stage, n.timings, n.out_of_service))
     return record
 
 
@@ -628,6 +640,7 @@ def node_from_record(d: Mapping[str, Any]) -> NodeRecord:
             CheckOutcome(c["name"], c["ok"], c.get("detail", "")) for c in d.get("checks", ())
         ),
         evidence=None if d.get("evidence") is None else evidence_from(d["evidence"]),
+        **artifact_records.node_from(d),
     )
 
 
@@ -944,6 +957,7 @@ __all__ = [
     "RollbackNode",
     "RollbackRecord",
     "RolloutStatus",
+    "StageRecord",
     "TransitionRecord",
     "Waiting",
     "batch_members",
