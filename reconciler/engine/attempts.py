@@ -60,6 +60,8 @@ def next_apply(
         held=None,
         evidence=None,
         auto_retried=node.auto_retried or auto_retry,
+        timings=None,
+        out_of_service=None,
     )
     return sent, True
 

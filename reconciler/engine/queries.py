@@ -7,7 +7,7 @@ rule (the step does)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from datetime import datetime
 
 from reconciler.engine import staging
@@ -94,6 +94,21 @@ def in_flight(statuses: Iterable[RolloutStatus]) -> tuple[SendJob, ...]:
             elif node.state in RESTORE_STATES and node.restore is not None:
                 jobs.append(restore_job(status.name, status.frozen, node.name, node.restore))
     return tuple(jobs)
+
+
+def stage_deadlines(
+    statuses: Iterable[RolloutStatus], job_ids: Collection[str]
+) -> dict[str, datetime]:
+    """Stage job id -> its deadline, for the stage jobs in flight among ``job_ids``."""
+    found: dict[str, datetime] = {}
+    for status in statuses:
+        if status.frozen is None or not status.frozen.artifacts:
+            continue
+        for node in open_nodes(status):
+            stage = node.stage
+            if node.state == "staging" and stage is not None and stage.job_id in job_ids:
+                found[stage.job_id] = staging.deadline(status.frozen, stage)
+    return found
 
 
 def wanted_heartbeats(statuses: Iterable[RolloutStatus]) -> tuple[str, ...]:

@@ -149,3 +149,18 @@ def frozen_from(record: Mapping[str, Any]) -> dict[str, Any]:
             for w in record["warmup"]
         )
     return values
+
+
+def out_of_service(timings: Mapping[str, str | None]) -> float | None:
+    """Seconds a node did not serve: ``servingAt`` minus ``drainStartedAt``
+    (or ``activatedAt`` without drain); None when the times do not say.
+    Both are the agent's clock, compared only with each other."""
+    serving = timings.get("servingAt")
+    start = timings.get("drainStartedAt") or timings.get("activatedAt")
+    if serving is None or start is None:
+        return None
+    try:
+        seconds = (parse_time(serving) - parse_time(start)).total_seconds()
+    except ValueError:
+        return None
+    return round(seconds, 3) if seconds >= 0 else None

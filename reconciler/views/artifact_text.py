@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 
 from reconciler.spec.artifacts import Artifact, Drain, Warmup
 from reconciler.spec.durations import format_duration
-from reconciler.spec.rollout_status import NodeRecord
+from reconciler.spec.rollout_status import FrozenSpec, NodeRecord
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
@@ -83,3 +83,40 @@ def longest_out_of_service(nodes: Iterable[NodeRecord]) -> float | None:
 
 def seconds_words(seconds: float) -> str:
     return f"{seconds:.1f} s" if seconds < 60 else format_duration(round(seconds))
+
+
+def batch_words(nodes: Iterable[NodeRecord]) -> str:
+    """What a batch's nodes say about staging and time out of service:
+    ``2 staged, 1 staging · longest out of service 0.4 s``; "" when nothing."""
+    counts = {"staged": 0, "staging": 0, "stage failed": 0}
+    longest: float | None = None
+    for node in nodes:
+        if node.state in ("staged", "staging"):
+            counts[node.state] += 1
+        elif node.stage is not None and node.stage.state == node.state:
+            counts["stage failed"] += 1  # failed or unknown at staging
+        if node.out_of_service is not None:
+            longest = max(node.out_of_service, longest or 0.0)
+    parts = [", ".join(f"{n} {what}" for what, n in counts.items() if n)]
+    if longest is not None:
+        parts.append(f"longest out of service {seconds_words(longest)}")
+    return " · ".join(p for p in parts if p)
+
+
+def detail_lines(frozen: FrozenSpec) -> list[str]:
+    """``status NAME``'s lines about a rollout's artifacts, drain and warm-up."""
+    if not frozen.artifacts and frozen.drain is None and not frozen.warmup:
+        return []
+    lines = []
+    if frozen.artifacts:
+        each = ", ".join(f"{a.name} ({size_words(a.size)})" for a in frozen.artifacts)
+        lines.append(f"  artifacts {each}")
+        if frozen.stage is not None:
+            stage = frozen.stage
+            lines.append(
+                f"  stage     {stage.ahead} batch(es) ahead, at most {stage.max_concurrent} "
+                f"at once, {format_duration(stage.timeout_seconds)} per node"
+            )
+    lines.append(f"  drain     {drain_words(frozen.drain).removeprefix('drain: ')}")
+    lines.append(f"  warm-up   {warmup_words(frozen.warmup).removeprefix('warm-up: ')}")
+    return lines
