@@ -35,7 +35,12 @@ METRIC = "vllm:num_requests_running"
 
 class StandInRuntime:
     def __init__(
-        self, model: str = "old", *, delay: float = 0.0, load_seconds: float = 0.0
+        self,
+        model: str = "old",
+        *,
+        delay: float = 0.0,
+        load_seconds: float = 0.0,
+        serve: bool = True,
     ) -> None:
         self.model = model
         self.delay = delay
@@ -51,31 +56,11 @@ class StandInRuntime:
         self.events: list[str] = []  # drain, undrain, load M, in order
         self.released = threading.Event()  # ends every generation now (answered)
         self.lock = threading.Lock()
-        runtime = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def do_GET(self) -> None:
-                if self.path == "/metrics":
-                    runtime._answer(self, 200, runtime.metrics_text())
-                else:
-                    runtime._answer(self, 404, "no such path")
-
-            def do_POST(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                self.rfile.read(length)
-                runtime.post(self)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.port = self.httpd.server_address[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
+        self.url = ""
+        self.server: _Server | None = None
+        if serve:  # else a RuntimeFleet serves it
+            self.server = _Server({"": self})
+            self.url = self.server.url
 
     def metrics_text(self) -> str:
         with self.lock:
@@ -95,8 +80,14 @@ class StandInRuntime:
         handler.end_headers()
         handler.wfile.write(body)
 
-    def post(self, handler: BaseHTTPRequestHandler) -> None:
-        parts = urlsplit(handler.path)
+    def get(self, handler: BaseHTTPRequestHandler, path: str) -> None:
+        if path == "/metrics":
+            self._answer(handler, 200, self.metrics_text())
+        else:
+            self._answer(handler, 404, "no such path")
+
+    def post(self, handler: BaseHTTPRequestHandler, path: str) -> None:
+        parts = urlsplit(path)
         if parts.path in ("/v1/completions", "/lb/v1/completions"):
             delay = float(parse_qs(parts.query).get("delay", [self.delay])[0])
             self._complete(handler, delay, through_balancer=parts.path.startswith("/lb/"))
@@ -169,12 +160,8 @@ class StandInRuntime:
         and ``after_apply`` (loads the model of the config just written)."""
         folder.mkdir(parents=True, exist_ok=True)
         script = folder / "runtime_ctl.py"
-        script.write_text(
-            "import sys, urllib.request\n"
-            "url = sys.argv[1] + sys.argv[2]\n"
-            "urllib.request.urlopen(urllib.request.Request(url, method='POST'), timeout=60).read()\n"
-        )
-        call = f"{sys.executable} {script} {self.url}"
+        script.write_text(_CTL)
+        call = f"{sys.executable} -I -S {script} {self.url}"
         return {
             "drain": f"{call} /admin/drain",
             "undrain": f"{call} /admin/undrain",
@@ -182,8 +169,8 @@ class StandInRuntime:
         }
 
     def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        if self.server is not None:
+            self.server.close()
 
     def __enter__(self) -> StandInRuntime:
         return self
@@ -220,3 +207,87 @@ class ClientLoad:
         for thread in self.threads:
             thread.join()
         return dict(self.statuses)
+
+
+# A POST with nothing but the socket module: it starts in milliseconds, as a
+# node's own drain command would.
+_CTL = """\
+import socket, sys
+from urllib.parse import urlsplit
+parts = urlsplit(sys.argv[1] + sys.argv[2])
+with socket.create_connection((parts.hostname, parts.port), timeout=60) as s:
+    path = parts.path + ("?" + parts.query if parts.query else "")
+    s.sendall(f"POST {path} HTTP/1.0\\r\\nHost: x\\r\\nContent-Length: 0\\r\\n\\r\\n".encode())
+    answer = b""
+    while chunk := s.recv(65536):
+        answer += chunk
+sys.exit(0 if answer.split(b" ", 2)[1] == b"200" else 1)
+"""
+
+
+class _Server:
+    """One loopback HTTP server for runtimes: ``/NAME/...`` goes to the
+    runtime of that name (``""``: the only one, at the root)."""
+
+    def __init__(self, runtimes: dict[str, StandInRuntime]) -> None:
+        routes = runtimes
+
+        def route(path: str) -> tuple[StandInRuntime, str] | None:
+            if "" in routes:
+                return routes[""], path
+            name, _, rest = path.lstrip("/").partition("/")
+            return (routes[name], "/" + rest) if name in routes else None
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_GET(self) -> None:
+                found = route(self.path)
+                if found is None:
+                    StandInRuntime._answer(self, 404, "no such runtime")
+                else:
+                    found[0].get(self, found[1])
+
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                found = route(self.path)
+                if found is None:
+                    StandInRuntime._answer(self, 404, "no such runtime")
+                else:
+                    found[0].post(self, found[1])
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.port = self.httpd.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+class RuntimeFleet:
+    """One stand-in runtime per node behind one port: node N's is at
+    ``/N/`` (so a rollout's ``http://127.0.0.1:PORT/{node}/metrics`` reaches
+    each node's own)."""
+
+    def __init__(self, names: list[str], model: str = "old", **options: Any) -> None:
+        self.runtimes = {n: StandInRuntime(model, serve=False, **options) for n in names}
+        self.server = _Server(self.runtimes)
+        self.url = self.server.url
+        for name, runtime in self.runtimes.items():
+            runtime.url = f"{self.url}/{name}"
+
+    def close(self) -> None:
+        self.server.close()
+
+    def __enter__(self) -> RuntimeFleet:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
