@@ -55,6 +55,10 @@ class StandInRuntime:
         self.served = 0
         self.events: list[str] = []  # drain, undrain, load M, in order
         self.released = threading.Event()  # ends every generation now (answered)
+        # (start, end) of each time the node took no client requests: drained
+        # or loading, on ``time.monotonic``; the one under way has no end yet.
+        self.out_of_service: list[tuple[float, float]] = []
+        self._out_since: float | None = None
         self.lock = threading.Lock()
         self.url = ""
         self.server: _Server | None = None
@@ -95,6 +99,7 @@ class StandInRuntime:
             with self.lock:
                 self.drained = parts.path == "/admin/drain"
                 self.events.append(parts.path.removeprefix("/admin/"))
+                self._note_service()
             self._answer(handler, 200, "ok")
         elif parts.path == "/admin/load":
             model = parse_qs(parts.query)["model"][0]
@@ -108,10 +113,21 @@ class StandInRuntime:
             self.events.append(f"load {model}")
             self.loading = True
             self.generation += 1
+            self._note_service()
         time.sleep(self.load_seconds)
         with self.lock:
             self.model = model
             self.loading = False
+            self._note_service()
+
+    def _note_service(self) -> None:
+        """Called with ``lock`` held after ``drained`` or ``loading`` changed."""
+        out, now = self.drained or self.loading, time.monotonic()
+        if out and self._out_since is None:
+            self._out_since = now
+        elif not out and self._out_since is not None:
+            self.out_of_service.append((self._out_since, now))
+            self._out_since = None
 
     def _complete(
         self, handler: BaseHTTPRequestHandler, delay: float, *, through_balancer: bool
