@@ -23,7 +23,7 @@ from reconciler.spec.safe_yaml import load_yaml
 from tests.kit.agents import AgentThread, start_agent
 from tests.kit.jobs import envelope, job
 from tests.kit.keys import Key, make_key
-from tests.kit.nginx import NginxServer
+from tests.kit.nginx import NginxServer, make_ca_and_cert
 from tests.kit.waiting import wait_for
 
 MiB = 1024 * 1024
@@ -323,3 +323,31 @@ def test_an_apply_with_artifacts_cut_off_by_a_crash_is_reported_as_having_left_t
     assert status == 200 and recovered["state"] == "failed"
     assert recovered["error"] == "agent restarted during apply; config left as new"
     assert recovered["backupId"]  # the old config is still there to restore
+
+
+def test_an_https_mirror_is_trusted_only_through_the_agents_ca_file(
+    tmp_path: Path, key: SigningKey, weights: tuple[Path, bytes]
+) -> None:
+    folder, data = weights
+    ca, cert, tls_key = make_ca_and_cert(tmp_path / "tls")
+    state_a, state_b = tmp_path / "a", tmp_path / "b"
+    for state in (state_a, state_b):
+        (state / "runtimes").mkdir(parents=True)
+        (state / "runtimes" / "hermes.yaml").write_bytes(OLD_CONFIG)
+    with NginxServer(tmp_path / "nginx-tls", folder, tls=(cert, tls_key)) as nginx:
+        artifact = _artifact(nginx, data)
+        send = envelope(job("stage-1", kind="stage", artifacts=(artifact,)), key)
+        plain = AgentThread(state_a, [key])
+        trusting = AgentThread(state_b, [key], ca_file=str(ca))
+        try:
+            plain.post(send)
+            trusting.post(send)
+            refused = plain.wait_finished("stage-1")
+            staged = trusting.wait_finished("stage-1")
+        finally:
+            plain.close()
+            trusting.close()
+    assert refused["state"] == "failed"
+    assert refused["error"].startswith("download_failed: weights: the certificate of 127.0.0.1:")
+    assert "--ca-file" in refused["error"]
+    assert staged["state"] == "succeeded", staged
