@@ -64,6 +64,7 @@ SCRIPTS = (
     Script("peers/ansible", (), ("--quick",), timeout=1800.0),
     Script("agent_soak", (), ("--quick",), timeout=1200.0),
     Script("agent_cpu", (), ("--quick",)),
+    Script("agent_stage", (), ("--quick",)),
     Script("notify", (), ("--quick",)),
     Script("branch_watch", ("--samples", "300", "--idle", "60"), ("--quick",)),
     Script("cli_completion", (), ("--quick",)),

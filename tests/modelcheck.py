@@ -6,7 +6,10 @@ World: one live rollout over nodes n1..n3, batch size 1 or 2, one of the five
 failure policies, ``healthTimeout`` 120 s and ``offlineAfter`` 60 s. One
 more setup, ``capacity`` (docs/capacity.md), is observe with two values of a
 label (n1 and n2 in zone a, n3 in zone b), ``spreadBy: {label: zone,
-maxPerBatch: 1}`` and ``failureBudget: 1``. Each
+maxPerBatch: 1}`` and ``failureBudget: 1``. Another, ``staging``
+(docs/rollouts.md), is retry_once with one artifact, ``stage: {ahead: 1,
+maxConcurrent: 1, timeout: 120s}``: every node is staged before its apply,
+and stage jobs are answered like apply jobs. Each
 transition is one event followed by one reconcile pass through the real
 ``step_fleet`` with the world's clock:
 
@@ -34,6 +37,11 @@ Checked at every transition (the invariants of docs/architecture.md):
                   rebuilds for that id, before and after the pass
     policy        every hold is the one the policy table gives
     spread        (capacity) no batch holds two nodes of one zone
+    staged        (staging) no apply to a node that is not staged; never
+                  more than maxConcurrent nodes staging; none staging beyond
+                  the current batch (the first not done) plus ahead; the
+                  node's stage attempts never decrease; a stage failure
+                  holds what the stage table gives
     budget        (capacity) a node that ends failed, timed out or unknown
                   while more than the budget have is held
                   failure_budget_exceeded (unless the same pass ended the
@@ -111,10 +119,14 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
 from reconciler.engine import policy as policy_table
+from reconciler.engine import staging as stage_table
 from reconciler.engine.policy import Rule, decide
+from reconciler.engine.staging import StageRule, stage_failure
+from reconciler.engine.staging import decide as decide_stage
 from reconciler.engine.step import RolloutInput, Transition, in_flight, step_fleet
 from reconciler.protocol.effects import SendJob
 from reconciler.protocol.observations import Heartbeat, JobObservation, Observations, RuntimeReport
+from reconciler.spec.artifacts import Artifact, Stage
 from reconciler.spec.model import (
     Fleet,
     Node,
@@ -130,7 +142,10 @@ from reconciler.spec.times import format_time
 POLICIES = ("observe", "pause", "retry_once", "stop", "rollback")
 # Setups beyond the policies: name -> the policy it runs under.
 CAPACITY = "capacity"
-SETUPS = (*POLICIES, CAPACITY)
+STAGING = "staging"
+SETUPS = (*POLICIES, CAPACITY, STAGING)
+ARTIFACT = Artifact("weights", "http://127.0.0.1:8080/w.gguf", "0f" * 32, 1024)
+STAGE = Stage(ahead=1, max_concurrent=1, timeout_seconds=120)
 BATCH_SIZES = (1, 2)
 ZONES = {"n1": "a", "n2": "a", "n3": "b"}
 BUDGET = 1
@@ -143,7 +158,8 @@ HEALTH_TIMEOUT = 120
 OFFLINE_AFTER = 60
 CLOCK_STEPS = {"1s": 1, "121s": HEALTH_TIMEOUT + 1}
 ROLLOUT = "r"
-WAITING = ("dispatched", "rollback_pending", "restoring")  # the daemon waits on the agent
+# the daemon waits on the agent
+WAITING = ("dispatched", "staging", "rollback_pending", "restoring")
 FINAL = ("succeeded", "skipped")
 FLEET = Fleet(
     tuple(Node(name=n, agent=f"http://127.0.0.1:{8711 + i}") for i, n in enumerate(NODES))
@@ -156,7 +172,7 @@ SETTINGS = Settings(offline_after=OFFLINE_AFTER)
 
 def policy_of(setup: str) -> str:
     """The failure policy a setup runs under."""
-    return "observe" if setup == CAPACITY else setup
+    return {CAPACITY: "observe", STAGING: "retry_once"}.get(setup, setup)
 
 
 @dataclass(frozen=True)
@@ -232,6 +248,17 @@ def injected_rules(rules: Sequence[Rule]) -> Iterator[None]:
         policy_table.RULES = saved
 
 
+@contextlib.contextmanager
+def injected_stage_rules(rules: Sequence[StageRule]) -> Iterator[None]:
+    """The engine decides stage verdicts with ``rules`` while inside."""
+    saved = stage_table.STAGE_RULES
+    stage_table.STAGE_RULES = tuple(rules)
+    try:
+        yield
+    finally:
+        stage_table.STAGE_RULES = saved
+
+
 # -- the world ---------------------------------------------------------------------
 
 
@@ -247,6 +274,8 @@ def _spec(policy: str, batch_size: int, intents: Intents) -> RolloutSpec:
         on_failure=policy_of(policy),
         spread_by=SpreadBy("zone", 1) if capacity else None,
         failure_budget=BUDGET if capacity else None,
+        artifacts=(ARTIFACT,) if policy == STAGING else (),
+        stage=STAGE if policy == STAGING else None,
         paused=intents.paused,
         abort=intents.abort,
         resume_request=f"resume-{intents.resumes}" if intents.resumes else "",
@@ -426,6 +455,8 @@ def _check(
     policy = policy_of(setup)
     if setup == CAPACITY:
         _check_capacity(old, new, transitions)
+    if setup == STAGING:
+        _check_staging(old, new, sent)
     # terminal phases stay
     if old is not None and old.phase in TERMINAL_PHASES and new.phase != old.phase:
         raise _Broken("terminal", f"terminal phase {old.phase} became {new.phase}")
@@ -456,7 +487,7 @@ def _check(
             continue
         if current.get(t.node) == "unknown" and t.to_state != "unknown":
             by_person = (
-                (resumed and t.to_state in ("dispatched", "skipped"))
+                (resumed and t.to_state in ("dispatched", "staging", "skipped"))
                 or (t.to_state == "skipped" and t.node in after.intents.skip)
                 or (after.intents.rollback and t.to_state in ("restoring", "rollback_pending"))
             )
@@ -512,6 +543,14 @@ def _check(
             if not (policy == "stop" and held == "stopped"):
                 raise _Broken("policy", f"{node.name}: stopped under {policy}, held {held}")
             continue
+        stage_verdict = stage_failure(node)
+        if stage_verdict is not None:
+            expected_stage = decide_stage(policy, stage_verdict, auto_retried=node.auto_retried)
+            if expected_stage.hold != held:
+                raise _Broken(
+                    "policy", f"{node.name}: held {held}, the stage table says {expected_stage}"
+                )
+            continue
         if node.verdict is None:
             raise _Broken("policy", f"{node.name}: held {held} without a verdict")
         backup = node.first_backup_id is not None or not node.first_backup_known
@@ -522,6 +561,31 @@ def _check(
             raise _Broken(
                 "policy", f"{node.name}: held {held}, the table says {expected} ({node.verdict})"
             )
+
+
+def _check_staging(
+    old: RolloutStatus | None, new: RolloutStatus, sent: tuple[SendJob, ...]
+) -> None:
+    """The staging pipeline of the staging setup."""
+    by_name = {n.name: n for n in new.nodes}
+    for job in sent:
+        if job.kind == "apply":
+            stage = by_name[job.node].stage
+            if stage is None or stage.state != "staged":
+                raise _Broken("staged", f"apply to {job.node}, whose stage is {stage}")
+    staging = [n for n in new.nodes if n.state == "staging"]
+    if len(staging) > STAGE.max_concurrent:
+        raise _Broken("staged", f"{len(staging)} nodes staging at once: {staging}")
+    current = next((b.index for b in new.batches if b.state != "done"), len(new.batches) + 1)
+    for node in staging:
+        if node.batch > current + STAGE.ahead:
+            raise _Broken(
+                "staged", f"{node.name} of batch {node.batch} staging while batch {current} is due"
+            )
+    for node in old.nodes if old is not None else ():
+        stage = by_name[node.name].stage
+        if node.stage is not None and (stage is None or stage.attempt < node.stage.attempt):
+            raise _Broken("staged", f"{node.name}: stage attempt went back to {stage}")
 
 
 def _check_capacity(
@@ -627,6 +691,15 @@ def abstract_key(state: State) -> bytes:
             assert node.deadline is not None
             assert node.deadline - node.dispatched_at == timedelta(seconds=HEALTH_TIMEOUT)
             facts.append(passed(node.dispatched_at))
+        stage = node.stage
+        if stage is not None:
+            # The stage's deadline is 120 s after it started, as an apply's.
+            facts.append(passed(stage.started_at))
+            stage = _fields(
+                stage,
+                started_at=_RECORDED,
+                finished_at=_RECORDED if stage.finished_at is not None else None,
+            )
         restore = node.restore
         if restore is not None:
             assert restore.deadline - restore.dispatched_at == timedelta(seconds=HEALTH_TIMEOUT)
@@ -645,6 +718,7 @@ def abstract_key(state: State) -> bytes:
             deadline=_RECORDED if node.deadline is not None else None,
             finished_at=_RECORDED if node.finished_at is not None else None,
             restore=restore,
+            stage=stage,
         )
         answers = [(job, answer, at) for job, answer, at in state.jobs if owner.get(job) == name]
         beat = beats.get(name)
@@ -667,7 +741,9 @@ def abstract_key(state: State) -> bytes:
                 None if beat is None else (beat[1], beat[2] > now),
                 # An outage's length counts only for a dispatched node: a
                 # later dispatch measures it from that dispatch.
-                None if since is None else node.state == "dispatched" and passed(_at(since)),
+                None
+                if since is None
+                else node.state in ("dispatched", "staging") and passed(_at(since)),
             )
         )
         texts.append(text)

@@ -10,16 +10,19 @@ from dataclasses import replace
 import pytest
 
 from reconciler.engine.policy import RULES, Decision, Rule
+from reconciler.engine.staging import STAGE_RULES
 from tests.modelcheck import (
     BATCH_SIZES,
     CAPACITY,
     SETUPS,
+    STAGING,
     State,
     abstract_key,
     check,
     concrete_states,
     futures,
     injected_rules,
+    injected_stage_rules,
     replay,
 )
 
@@ -130,3 +133,26 @@ def test_the_capacity_setup_reaches_budget_holds_and_spreads_its_batches() -> No
     assert any(len(s.status.hold.nodes) == 2 for s in held if s.status and s.status.hold)
     batches = {(n.name, n.batch) for s in states if s.status for n in s.status.nodes}
     assert batches == {("n1", 1), ("n3", 1), ("n2", 2)}  # one node of each zone per batch
+
+
+def test_the_staging_setup_stages_applies_and_holds_stage_failed() -> None:
+    states = [s.status for s in concrete_states(STAGING, 2, 4) if s.status is not None]
+    holds = {s.hold.reason for s in states if s.hold is not None}
+    nodes = {n.state for s in states for n in s.nodes}
+
+    assert {"stage_failed", "health_unknown"} <= holds
+    assert {"staging", "staged", "dispatched"} <= nodes
+
+
+def test_restaging_an_unknown_stage_by_itself_is_caught() -> None:
+    broken = tuple(
+        replace(rule, decision=Decision("restage"))
+        if (rule.verdict, rule.policy) == ("unknown", "retry_once")
+        else rule
+        for rule in STAGE_RULES
+    )
+    with injected_stage_rules(broken):
+        report = check(STAGING, 1, 4)
+
+    assert [v.rule for v in report.violations] == ["unknown"]
+    assert report.violations[0].message.startswith("n1: unknown became staging")

@@ -89,6 +89,14 @@ EXPECTED = {
         f"unknown (boom); to carry on (observe recorded them, and the next failure holds "
         f"again): {RESUME}; to end the rollout: {ABORT}",
     ),
+    "stage_failed": (
+        f"staging the artifacts failed on a (boom); nothing on it changed; fix the cause "
+        f"(the artifact server, its digest, the nodes' free space), then to stage it again: "
+        f"{RESUME}; to give up on it: {SKIP_ONE}; to end the rollout: {ABORT}",
+        f"staging the artifacts failed on a, b (boom); nothing on them changed; fix the "
+        f"cause (the artifact server, its digest, the nodes' free space), then to stage "
+        f"them again: {RESUME}; to give up on them: {SKIP_TWO}; to end the rollout: {ABORT}",
+    ),
 }
 NO_NODES = {
     "operator_paused": f"paused by the operator (spec.paused is true); to carry on: {RESUME}",

@@ -20,11 +20,7 @@ FUNCTION_LINES = 80
 CLASS_LINES = 500
 
 # May only shrink: remove an entry once its function or class is under the bar.
-OVER_THE_BAR = frozenset(
-    {
-        "node/agent.py:Agent",
-    }
-)
+OVER_THE_BAR: frozenset[str] = frozenset()
 
 
 def _definitions() -> Iterator[tuple[str, str, int]]:

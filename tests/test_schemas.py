@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reconciler.spec import model, safe_yaml, schemas
+from reconciler.spec import artifact_rules, artifacts, model, safe_yaml, schemas
 from reconciler.spec.durations import parse_duration
 from tests.corpus import cases
 
@@ -90,6 +90,24 @@ def test_schema_defaults_equal_the_model_defaults() -> None:
     assert _default("rollout", *rollout, "resumeRequest") == spec.resume_request
     assert _default("rollout", *rollout, "skipNodes") == list(spec.skip_nodes)
     assert _default("rollout", *rollout, "target", "profile") == spec.target.profile
+    stage = artifacts.Stage()
+    assert _default("rollout", *rollout, "stage", "ahead") == stage.ahead
+    assert _default("rollout", *rollout, "stage", "maxConcurrent") == stage.max_concurrent
+    assert parse_duration(_default("rollout", *rollout, "stage", "timeout")) == (
+        stage.timeout_seconds
+    )
+    assert parse_duration(_default("rollout", *rollout, "drain", "timeout")) == (
+        artifact_rules.DEFAULT_DRAIN_TIMEOUT
+    )
+    warmup = schemas.load_schema("rollout")["properties"]["spec"]["properties"]["warmup"]
+    http = warmup["items"]["properties"]["http"]["properties"]
+    default = artifacts.Warmup("http://x")
+    assert http["method"]["default"] == default.method
+    assert http["method"]["enum"] == list(artifacts.WARMUP_METHODS)
+    assert http["body"]["default"] == default.body
+    assert http["expectStatus"]["default"] == default.expect_status
+    assert parse_duration(http["timeout"]["default"]) == default.timeout_seconds
+    assert warmup["items"]["properties"]["times"]["default"] == default.times
 
     node = model.Node(name="x", agent="http://h")
     assert _default("node", "spec", "labels") == dict(node.labels)

@@ -34,12 +34,25 @@ each run so the next run's rollout may take its nodes (not timed).
 
 The machine is shared: read the spread (min to max over the runs), not only
 the median.
+
+``--artifacts`` runs the model-artifact scenario instead, once each side
+(``--quick``: 6 nodes, 32 MiB): N nodes, each with a stand-in inference
+runtime (tests/kit/runtime.py, a model load of 0.1 s), one artifact of
+``--size-mib`` served by Debian's nginx at a rate that makes a download take
+``--download-seconds``, batches of 5. Ansible: the naive rolling playbook,
+``serial: 5``, each node taken out of the balancer, ``get_url`` (with the
+checksum), the config, a restart on the new model, a warm-up request, back
+into the balancer. Ours: real agents with ``--drain-command`` and
+``--undrain-command``, the rollout staged ahead (``stage: {ahead: 1}``),
+drained and warmed up. Out of service per node is what each runtime saw
+(drained or loading), the same measure for both sides.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import hashlib
 import json
 import os
 import re
@@ -636,6 +649,249 @@ def measure_simulated(nodes: int, runs: int, ansible_per_node: float | None) -> 
     return rows
 
 
+# -- the artifact scenario ------------------------------------------------------
+
+ART_BATCH = 5
+ART_PLAYBOOK = """\
+- hosts: fleet
+  gather_facts: false
+  serial: 5
+  max_fail_percentage: 0
+  pre_tasks:
+    - name: take the node out of the balancer
+      uri: {url: "{{ runtime }}/admin/drain", method: POST}
+  tasks:
+    - name: download the weights
+      get_url:
+        url: "{{ artifact_url }}"
+        dest: "{{ node_dir }}/model.gguf"
+        checksum: "sha256:{{ artifact_sha256 }}"
+    - name: point the config at them
+      copy: {dest: "{{ config_path }}", content: "{{ config_text }}", backup: yes}
+    - name: restart the runtime on the new model
+      uri: {url: "{{ runtime }}/admin/load?model={{ model }}", method: POST, timeout: 60}
+    - name: warm up
+      uri: {url: "{{ runtime }}/v1/completions", method: POST, body: "{}", status_code: 200}
+  post_tasks:
+    - name: back into the balancer
+      uri: {url: "{{ runtime }}/admin/undrain", method: POST}
+"""
+
+
+def _out_of_service(runtimes: Any, since: float) -> list[float]:
+    """Each node's seconds out of service after ``since`` (``time.monotonic``)."""
+    return [
+        sum(end - start for start, end in r.out_of_service if start >= since)
+        for r in runtimes.runtimes.values()
+    ]
+
+
+def artifact_ansible(
+    root: Path, names: list[str], mirror: Any, sha: str, runtimes: Any
+) -> tuple[float, list[float]]:
+    """The naive playbook over the fleet: (wall seconds, out of service per node)."""
+    home = root / "ansible-art"
+    playbook_bin = ansible_bin(root)
+    lines = ["[fleet]"]
+    for name in names:
+        node_dir = home / "nodes" / name
+        node_dir.mkdir(parents=True, exist_ok=True)
+        (node_dir / "hermes.yaml").write_text(BASE)
+        lines.append(
+            f"{name} ansible_connection=local node_dir={node_dir} "
+            f"config_path={node_dir / 'hermes.yaml'} runtime={runtimes.runtimes[name].url}"
+        )
+    (home / "inventory.ini").write_text("\n".join(lines) + "\n")
+    (home / "rollout.yml").write_text(ART_PLAYBOOK)
+    python = playbook_bin.parent / "python"
+    env = {
+        **os.environ,
+        "ANSIBLE_HOME": str(home / "home"),
+        "ANSIBLE_LOCAL_TEMP": str(home / "tmp"),
+        "ANSIBLE_REMOTE_TMP": str(home / "tmp"),
+        "ANSIBLE_NOCOLOR": "1",
+        "ANSIBLE_RETRY_FILES_ENABLED": "0",
+        "ANSIBLE_PYTHON_INTERPRETER": str(python if python.exists() else sys.executable),
+    }
+    extra = {
+        "artifact_url": mirror.url("model.gguf"),
+        "artifact_sha256": sha,
+        "model": "big-model",
+        "config_text": config_text("big-model"),
+    }
+    command = [str(playbook_bin), "-i", str(home / "inventory.ini"), "--forks", str(ART_BATCH),
+               "-e", json.dumps(extra), str(home / "rollout.yml")]  # fmt: skip
+    settle_disk()
+    since = time.monotonic()
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    wall = time.monotonic() - since
+    if done.returncode != 0:
+        raise RuntimeError(f"the playbook failed:\n{done.stdout[-3000:]}{done.stderr[-2000:]}")
+    return wall, _out_of_service(runtimes, since)
+
+
+class ArtifactOurs:
+    """Real agents with drain and undrain commands for their stand-in
+    runtimes, and the daemon as a process."""
+
+    def __init__(self, root: Path, names: list[str], runtimes: Any) -> None:
+        self.root = root / "ours-art"
+        self.key, public = generate_key(self.root / "keys")
+        self.agents: list[subprocess.Popen[bytes]] = []
+        self.daemon: subprocess.Popen[bytes] | None = None
+        urls = {}
+        for name in names:
+            home = self.root / "agents" / name
+            (home / "state" / "runtimes").mkdir(parents=True)
+            (home / "state" / "runtimes" / "hermes.yaml").write_text(BASE)
+            commands = runtimes.runtimes[name].commands(home / "scripts")
+            self.agents.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "reconciler", "agent", "--node", name,
+                     "--state-dir", str(home / "state"), "--trust-key", str(public),
+                     "--runtime", "hermes", "--allow-live-apply", "--listen", "127.0.0.1:0",
+                     "--after-apply", commands["after_apply"],
+                     "--drain-command", commands["drain"],
+                     "--undrain-command", commands["undrain"]],
+                    stdout=subprocess.PIPE,
+                    stderr=open(home / "agent.log", "wb"),  # noqa: SIM115 (the child's)
+                )
+            )  # fmt: skip
+        for name, agent in zip(names, self.agents, strict=True):
+            assert agent.stdout is not None
+            line = agent.stdout.readline().decode()
+            if not line.startswith("listening on "):
+                raise RuntimeError(f"agent {name} did not start: {line!r}")
+            urls[name] = "http://" + line.split()[-1]
+        self.bare = self.root / "fleet.git"
+        make_bare(
+            self.bare, {f"nodes/{n}.yaml": node_text(n, urls[n], {"role": "gpu"}) for n in names}
+        )
+        self.work = self.root / "work"
+        git("clone", "-q", str(self.bare), str(self.work), cwd=self.root)
+        with open(self.root / "daemon.log", "wb") as log:
+            self.daemon = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "reconciler",
+                    "run",
+                    "--repo",
+                    str(self.bare),
+                    "--key",
+                    str(self.key),
+                ],
+                stdout=log,
+                stderr=log,
+            )
+        wait_for_first_sweep(self.bare)
+
+    def rollout(
+        self, mirror: Any, sha: str, size: int, runtimes: Any
+    ) -> tuple[float, list[float], dict[str, Any]]:
+        """(wall seconds from the push to completed, out of service per node, status)."""
+        artifact = (
+            f"{{name: weights, url: '{mirror.url('model.gguf')}', sha256: {sha}, size: {size}}}"
+        )
+        text = (
+            "apiVersion: reconciler/v1\nkind: Rollout\nmetadata: {name: big}\nspec:\n"
+            "  target: {runtime: hermes, provider: ollama, model: big-model, profile: default, "
+            f"artifacts: [{artifact}]}}\n"
+            f"  selector: {{role: gpu}}\n  batchSize: {ART_BATCH}\n  live: true\n"
+            f"  stage: {{ahead: 1, maxConcurrent: {2 * ART_BATCH}}}\n"
+            f'  drain: {{timeout: 1m, idle: {{url: "{runtimes.url}/{{node}}/metrics", '
+            'metric: "vllm:num_requests_running", max: 0}}\n'
+            f'  warmup: [{{http: {{url: "{runtimes.url}/{{node}}/v1/completions", method: POST, '
+            'body: "{}", expectStatus: 200}}]\n'
+        )
+        git("pull", "-q", "--rebase", "origin", "main", cwd=self.work)
+        (self.work / "rollouts").mkdir(exist_ok=True)
+        (self.work / "rollouts" / "big.yaml").write_text(text)
+        git("add", "-A", cwd=self.work)
+        git("commit", "-q", "-m", "Roll out big-model", cwd=self.work)
+        settle_disk()
+        moves = BranchMoves(self.bare)
+        try:
+            since = time.monotonic()
+            git("push", "-q", "origin", "main", cwd=self.work)
+            moves.until(
+                lambda: sim_phase(self.bare, "big") in (b"completed", b"paused", b"failed"),
+                900,
+                f"see {self.root}/daemon.log",
+            )
+            wall = time.monotonic() - since
+        finally:
+            moves.close()
+        status = load_yaml("status/big.yaml", status_data(self.bare, "big") or b"")
+        if sim_phase(self.bare, "big") != b"completed":
+            raise RuntimeError(
+                f"the rollout ended {sim_phase(self.bare, 'big')!r}; see {self.root}/daemon.log"
+            )
+        return wall, _out_of_service(runtimes, since), status
+
+    def close(self) -> None:
+        processes = ([self.daemon] if self.daemon else []) + self.agents
+        for process in processes:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        for process in processes:
+            try:
+                process.wait(20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+            if process.stdout is not None:
+                process.stdout.close()
+
+
+def measure_artifacts(nodes: int, size_mib: int, seconds: float) -> list[Row]:
+    """Both sides once, over the same mirror and stand-in runtimes."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the tests package
+    from tests.kit.nginx import NginxServer
+    from tests.kit.runtime import RuntimeFleet
+
+    size = size_mib * 1024 * 1024
+    names = [f"node-{k:02d}" for k in range(1, nodes + 1)]
+    with tempfile.TemporaryDirectory(prefix="bench-ansible-art-") as tmp:
+        root = Path(tmp)
+        (root / "mirror").mkdir()
+        block = os.urandom(1024 * 1024)
+        with open(root / "mirror" / "model.gguf", "wb") as out:
+            for _ in range(size_mib):
+                out.write(block)
+        sha = hashlib.sha256(block * size_mib).hexdigest()
+        with NginxServer(root / "nginx", root / "mirror", rate=int(size / seconds)) as mirror, \
+                RuntimeFleet(names, "old", load_seconds=0.1) as theirs_rt, \
+                RuntimeFleet(names, "old", load_seconds=0.1) as ours_rt:  # fmt: skip
+            a_wall, a_out = artifact_ansible(root, names, mirror, sha, theirs_rt)
+            print(
+                f"Ansible: {a_wall:.1f} s, out of service per node median {median(a_out):.2f} s",
+                flush=True,
+            )
+            ours = ArtifactOurs(root, names, ours_rt)
+            try:
+                o_wall, o_out, status = ours.rollout(mirror, sha, size, ours_rt)
+            finally:
+                ours.close()
+    recorded = [n.get("outOfService", 0.0) for n in status.get("nodes", [])]
+    print(f"ours: {o_wall:.1f} s, out of service per node median {median(o_out):.3f} s", flush=True)
+    label = f"artifact {size_mib} MiB to {nodes} nodes at ~{seconds:g} s a download"
+    return [
+        row(f"ansible: {label}, Ansible wall", a_wall, "s"),
+        row(f"ansible: {label}, ours wall", o_wall, "s", a_wall, "Ansible"),
+        row(f"ansible: {label}, Ansible out of service per node, median", median(a_out), "s"),
+        row(
+            f"ansible: {label}, ours out of service per node, median",
+            median(o_out),
+            "s",
+            median(a_out),
+            "Ansible",
+        ),
+        row(f"ansible: {label}, ours out of service per node, max", max(o_out), "s"),
+        row(f"ansible: {label}, ours outOfService in status, max", max(recorded), "s"),
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=100)
@@ -645,7 +901,23 @@ def main() -> None:
     )
     parser.add_argument("--quick", action="store_true", help="20 nodes, 1 run, 200 simulated")
     parser.add_argument("--ours-only", action="store_true", help="our side alone (profiling)")
+    parser.add_argument(
+        "--artifacts",
+        action="store_true",
+        help="the model-artifact scenario instead: get_url and restart per serial batch "
+        "against staged ahead, drained and warmed up",
+    )
+    parser.add_argument("--size-mib", type=int, default=256, help="with --artifacts")
+    parser.add_argument(
+        "--download-seconds", type=float, default=5.0, help="with --artifacts: the rate cap"
+    )
     args = parser.parse_args()
+    if args.artifacts:
+        nodes = 6 if args.quick else (args.nodes if args.nodes != 100 else 20)
+        size = 32 if args.quick else args.size_mib
+        announce(f"ansible artifacts: {nodes} nodes, {size} MiB, batches of {ART_BATCH}")
+        emit(measure_artifacts(nodes, size, args.download_seconds))
+        return
     if args.quick:
         args.nodes, args.runs, args.sim_nodes = 20, 1, min(args.sim_nodes, 200)
     if args.ours_only:

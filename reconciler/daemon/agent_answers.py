@@ -21,6 +21,7 @@ from reconciler.protocol.observations import (
     parse_backup_list,
     parse_check_reports,
 )
+from reconciler.spec.artifact_records import TIMING_KEYS
 
 AGENT_JOB_STATES = frozenset({"accepted", "running", "succeeded", "failed"})
 
@@ -79,7 +80,19 @@ def job_observation(job_id: str, body: bytes) -> JobObservation:
         source_commit=_optional_str(record, "sourceCommit"),
         detail=_optional_str(record, "detail") or "",
         signed=split_answer(record),
+        timings=_timings(record.get("timings")),
     )
+
+
+def _timings(value: Any) -> dict[str, str | None] | None:
+    """A job record's ``timings`` (docs/protocol.md), or None when absent."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not all(
+        v is None or isinstance(v, str) for v in value.values()
+    ):
+        raise Unreachable(f"job record timings is not an object of times: {value!r}")
+    return {key: value.get(key) for key in TIMING_KEYS}
 
 
 def _text(data: dict[str, Any], key: str) -> str:

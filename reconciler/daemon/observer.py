@@ -28,6 +28,7 @@ from reconciler.daemon.metrics import Metrics
 from reconciler.daemon.prometheus_client import PrometheusClient
 from reconciler.engine import step as engine
 from reconciler.engine.health_evidence import fold_metric_answer
+from reconciler.engine.queries import stage_deadlines
 from reconciler.protocol.effects import SendJob
 from reconciler.protocol.long_poll import DAEMON_WAIT_SECONDS, heartbeat_content
 from reconciler.protocol.observations import (
@@ -299,9 +300,9 @@ class Observer:
         now: datetime,
     ) -> tuple[set[str], datetime | None]:
         """The jobs left unobserved this pass, and when the first of them is
-        asked again: applies whose held read is in flight and whose agent
-        answered them accepted or running less than HELD_ANSWER_SECONDS ago.
-        The engine judges an unobserved apply as one accepted or running (it
+        asked again: applies and stage jobs whose held read is in flight and
+        whose agent answered them accepted or running less than
+        HELD_ANSWER_SECONDS ago. The engine judges an unobserved one as accepted or running (it
         waits for it) as long as its deadline has not passed and its node is
         not counted unreachable (a node gone from the fleet is not asked
         either way); any other job is asked. Nothing is believed without a
@@ -318,6 +319,7 @@ class Observer:
             for record in status.nodes
             if record.state == "dispatched" and record.job_id in kept
         }
+        deadlines.update(stage_deadlines(statuses, kept))
         waiting: set[str] = set()
         until: datetime | None = None
         for _, job in jobs:
@@ -326,7 +328,7 @@ class Observer:
             if (
                 since is None
                 or (now - since).total_seconds() >= HELD_ANSWER_SECONDS
-                or job.kind != "apply"
+                or job.kind not in ("apply", "stage")
                 or deadline is None
                 or now >= deadline
                 or job.node in self.unreachable

@@ -71,7 +71,12 @@ _FROZEN_FIELDS: tuple[tuple[str, Callable[[FrozenSpec], object]], ...] = (
     ("target.provider", lambda f: f.target.provider),
     ("target.model", lambda f: f.target.model),
     ("target.profile", lambda f: f.target.profile),
-    *((doc, attrgetter(attr)) for attr, doc in FROZEN_FIELDS if attr != "target"),
+    *(
+        (doc, attrgetter(attr))
+        for attr, doc in FROZEN_FIELDS
+        if attr not in ("target", "artifacts")
+    ),
+    ("artifacts", attrgetter("artifacts")),  # as the status file writes it
 )
 
 

@@ -30,12 +30,12 @@ def next_apply(
     auto_retry: bool = False,
 ) -> tuple[NodeRecord, bool]:
     """The node's record after asking for its next attempt, and whether a
-    job is to be sent. A node removed from nodes/ that was never sent ends
-    ``unknown``; one that was, or one the daemon cannot send to (its file
+    job is to be sent. A node removed from nodes/ that was never sent an
+    apply ends ``unknown``; one that was, or one the daemon cannot send to (its file
     says maintenance, or its agent address is unusable), is held
     ``dispatch_refused`` and keeps its verdict."""
     if fleet_node is None:
-        if node.state == "pending":
+        if node.state in ("pending", "staged"):
             gone = evolve(
                 node, state="unknown", verdict="unknown", error=REMOVED, finished_at=now, held=None
             )
@@ -60,6 +60,8 @@ def next_apply(
         held=None,
         evidence=None,
         auto_retried=node.auto_retried or auto_retry,
+        timings=None,
+        out_of_service=None,
     )
     return sent, True
 

@@ -26,6 +26,10 @@ RESTORE_STATES = frozenset({"rollback_pending", "restoring"})
 # restore in flight refuses the resume first), so a resume leaves them.
 ASK_AGAIN, SKIP, LEAVE, CARRY_ON = "ask again", "skip", "leave", "carry on"
 RESUME_OF_HELD: Mapping[str, str] = {
+    # a staged node is held only when its apply cannot be sent: the step
+    # sends it once the hold is gone
+    "staged": CARRY_ON,
+    "staging": LEAVE,
     "failed": ASK_AGAIN,
     "timed_out": ASK_AGAIN,
     "unknown": ASK_AGAIN,
@@ -98,6 +102,11 @@ HOLD_MESSAGES = {
         "more nodes failed than failureBudget allows: {nodes} ended failed, timed out or "
         "unknown{detail}; to carry on (observe recorded {them}, and the next failure holds "
         "again): {resume}; to end the rollout: {abort}"
+    ),
+    "stage_failed": (
+        "staging the artifacts failed on {nodes}{detail}; nothing on {them} changed; fix the "
+        "cause (the artifact server, its digest, the nodes' free space), then to stage "
+        "{them} again: {resume}; to give up on {them}: {skip}; to end the rollout: {abort}"
     ),
 }
 

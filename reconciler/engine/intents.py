@@ -22,6 +22,9 @@ from reconciler.engine.records import evolve
 from reconciler.spec.model import RolloutSpec
 from reconciler.spec.rollout_status import NodeRecord
 
+# Done, or with a job in flight (a stage job included).
+_NOT_SKIPPED = frozenset({"succeeded", "skipped", "dispatched", "staging"})
+
 
 def skips(
     spec: RolloutSpec, nodes: Sequence[NodeRecord], index: Callable[[str], int | None]
@@ -34,7 +37,7 @@ def skips(
         if i is None:
             continue
         node = nodes[i]
-        if node.state in ("succeeded", "skipped", "dispatched") or node.state in RESTORE_STATES:
+        if node.state in _NOT_SKIPPED or node.state in RESTORE_STATES:
             continue
         changes.append(NodeChange(i, evolve(node, state="skipped", held=None), "skipNodes"))
     return changes

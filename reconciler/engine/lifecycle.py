@@ -9,6 +9,7 @@ are rendered from them. Pure: no IO.
 from __future__ import annotations
 
 from reconciler.engine.policy import render_policy_table
+from reconciler.engine.staging import render_stage_table
 from reconciler.spec.rollout_status import NODE_STATES, PHASES, TERMINAL_PHASES
 
 # (from, to, when)
@@ -32,6 +33,16 @@ PHASE_TRANSITIONS: tuple[tuple[str, str, str], ...] = (
 # (from, to, when)
 NODE_TRANSITIONS: tuple[tuple[str, str, str], ...] = (
     ("pending", "dispatched", "batch started, or resume"),
+    # staging (rollouts with target.artifacts)
+    ("pending", "staging", "batch within stage.ahead, a stage slot free"),
+    ("staging", "staged", "every artifact held"),
+    ("staging", "failed", "stage failed, refused or timed out"),
+    ("staging", "unknown", "no evidence"),
+    ("failed", "staging", "retry_once, or resume"),
+    ("unknown", "staging", "resume"),
+    ("staged", "dispatched", "batch started, or resume"),
+    ("staged", "unknown", "removed from nodes/ before dispatch"),
+    ("staged", "skipped", "skipNodes"),
     ("pending", "unknown", "removed from nodes/ before dispatch"),
     ("pending", "skipped", "skipNodes, or resume of a removed node"),
     ("dispatched", "succeeded", "passed"),
@@ -111,5 +122,9 @@ def render_engine_tables() -> str:
         "`reconciler/engine/lifecycle.py`:\n\n"
         + render_state_diagram()
         + "\nFailure policy, generated from `reconciler/engine/policy.py` "
-        "(`unknown` never retries, stops or rolls back):\n\n" + render_policy_table()
+        "(`unknown` never retries, stops or rolls back):\n\n"
+        + render_policy_table()
+        + "\nStage verdicts of a rollout with artifacts, generated from "
+        "`reconciler/engine/staging.py` (nothing on the node changed, so no policy stops "
+        "or restores):\n\n" + render_stage_table()
     )

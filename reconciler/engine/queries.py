@@ -7,10 +7,12 @@ rule (the step does)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from datetime import datetime
 
+from reconciler.engine import staging
 from reconciler.engine.holds import RESTORE_STATES, restore_waiting
+from reconciler.engine.staging import stage_job
 from reconciler.protocol.effects import SendJob
 from reconciler.spec.health import HealthCheck
 from reconciler.spec.rollout_status import FrozenSpec, NodeRecord, RestoreRecord, RolloutStatus
@@ -29,6 +31,9 @@ def apply_job(rollout: str, frozen: FrozenSpec, node: NodeRecord) -> SendJob:
         target=frozen.target,
         source_commit=node.source_commit,
         health=health if health is not None and health.agent_checks else None,
+        artifacts=frozen.artifacts,
+        drain=frozen.drain if frozen.live else None,
+        warmup=frozen.warmup if frozen.live else (),
     )
 
 
@@ -47,7 +52,8 @@ def restore_job(rollout: str, frozen: FrozenSpec, node: str, restore: RestoreRec
 
 
 def open_nodes(status: RolloutStatus) -> Iterable[NodeRecord]:
-    """Nodes that may have a job in flight: running batches, and restores."""
+    """Nodes that may have a job in flight: running batches, restores, and
+    the batches staged ahead."""
     if status.frozen is None:
         return
     if status.frozen.spread_by is not None:
@@ -62,6 +68,9 @@ def open_nodes(status: RolloutStatus) -> Iterable[NodeRecord]:
     for node in status.nodes:
         if node.state in RESTORE_STATES and status.batches[node.batch - 1].state != "running":
             yield node
+    ahead = staging.window(status.frozen, status.batches)
+    if ahead:
+        yield from (node for node in status.nodes if node.batch in ahead)
 
 
 def restores_in_flight(status: RolloutStatus) -> bool:
@@ -80,9 +89,26 @@ def in_flight(statuses: Iterable[RolloutStatus]) -> tuple[SendJob, ...]:
         for node in open_nodes(status):
             if node.state == "dispatched":
                 jobs.append(apply_job(status.name, status.frozen, node))
+            elif node.state == "staging" and status.start_commit is not None:
+                jobs.append(stage_job(status.name, status.frozen, status.start_commit, node))
             elif node.state in RESTORE_STATES and node.restore is not None:
                 jobs.append(restore_job(status.name, status.frozen, node.name, node.restore))
     return tuple(jobs)
+
+
+def stage_deadlines(
+    statuses: Iterable[RolloutStatus], job_ids: Collection[str]
+) -> dict[str, datetime]:
+    """Stage job id -> its deadline, for the stage jobs in flight among ``job_ids``."""
+    found: dict[str, datetime] = {}
+    for status in statuses:
+        if status.frozen is None or not status.frozen.artifacts:
+            continue
+        for node in open_nodes(status):
+            stage = node.stage
+            if node.state == "staging" and stage is not None and stage.job_id in job_ids:
+                found[stage.job_id] = staging.deadline(status.frozen, stage)
+    return found
 
 
 def wanted_heartbeats(statuses: Iterable[RolloutStatus]) -> tuple[str, ...]:
@@ -153,6 +179,8 @@ def next_wakeup(statuses: Iterable[RolloutStatus]) -> datetime | None:
         for node in open_nodes(status):
             if node.state == "dispatched":
                 consider(node.deadline)
+            elif node.state == "staging" and node.stage is not None and status.frozen is not None:
+                consider(staging.deadline(status.frozen, node.stage))
             elif node.state in RESTORE_STATES and node.restore is not None:
                 consider(node.restore.deadline)
     return earliest

@@ -53,7 +53,6 @@ from reconciler.engine import (
 )
 from reconciler.engine.backups import first_backup_listed
 from reconciler.engine.calendar import batch_gate
-from reconciler.engine.draft import StatusDraft
 from reconciler.engine.holds import (
     ASK_AGAIN,
     CARRY_ON,
@@ -80,6 +79,7 @@ from reconciler.engine.queries import (
 from reconciler.engine.records import evolve
 from reconciler.engine.selection import maintenance_node_ids
 from reconciler.engine.shapes import timed_pause_until
+from reconciler.engine.staged_draft import StagedDraft
 from reconciler.engine.starts import resolve_nodes
 from reconciler.protocol.effects import SendJob
 from reconciler.protocol.observations import Observations
@@ -410,7 +410,7 @@ class _Rounds:
 # --- one rollout's step ------------------------------------------------------------
 
 
-class RolloutStep(StatusDraft):
+class RolloutStep(StagedDraft):
     """One rollout's step: the rules, applied to its status draft."""
 
     def __init__(self, inp: RolloutInput, status: RolloutStatus | None, ctx: _Pass) -> None:
@@ -558,9 +558,10 @@ class RolloutStep(StatusDraft):
         if spec is not None and not spec.paused:
             self.apply(intents.skips(spec, self.nodes, self.index))
             for _ in range(len(self.batches) + 3):
-                progressed = self.decide_verdicts()
+                progressed = self.decide_verdicts() | self.decide_stages(self.policy, self.ctx.node)
                 progressed |= self.handle_resume(spec)
-                progressed |= self.advance(spec)
+                progressed |= self.stage_ahead(spec, self.ctx.node) | self.advance(spec)
+                progressed |= self.dispatch_staged(self.dispatch)
                 if not progressed:
                     break
         self.settle_hold()
@@ -609,7 +610,7 @@ class RolloutStep(StatusDraft):
         ctx = self.ctx
         observed = verdicts.observe(
             in_flight,
-            self.seen,
+            lambda: _seen(self),
             ctx.obs.jobs,
             lambda name: ctx.node(name) is not None,
             self.now,
@@ -618,6 +619,7 @@ class RolloutStep(StatusDraft):
         self.apply(observed.changes)
         assert self.frozen is not None
         self.apply(budget.past_budget(self.frozen, self.nodes, observed.changes))
+        self.observe_stages(lambda: _seen(self), ctx.node)
         for ended in observed.outcomes:
             self.rollbacks = rollback.with_outcome(
                 self.rollbacks, ended.request, ended.node, ended.outcome, ended.error
@@ -637,20 +639,6 @@ class RolloutStep(StatusDraft):
             checks, configured, self.nodes, self.ctx.obs
         ):
             self.set_condition(type_, words)
-
-    def seen(self) -> evidence.Seen:
-        """This pass's observations and what the evidence rules judge by."""
-        assert self.frozen is not None
-        return evidence.Seen(
-            self.ctx.obs,
-            self.frozen.target,
-            self.frozen.live,
-            self.ctx.offline_after,
-            self.ctx.settings.offline_after,
-            self.now,
-            self.frozen.health,
-            self.ctx.settings.prometheus_url is not None,
-        )
 
     # -- rollback requests and restores
 
@@ -792,7 +780,7 @@ class RolloutStep(StatusDraft):
             if held.action == SKIP:
                 self.set_node(held.index, evolve(node, state="skipped", held=None), held.reason)
             elif held.action == ASK_AGAIN:
-                self.dispatch(held.index, held.reason)
+                self.ask_again(held.index, held.reason, self.dispatch, self.ctx.node)
             elif held.action == CARRY_ON:
                 self.set_node(held.index, evolve(node, held=None), held.reason)
         if answer.next_batch is not None:
@@ -851,7 +839,7 @@ class RolloutStep(StatusDraft):
                 return False
             if self.now < until:
                 return False
-        if not self.gate_open():
+        if not self.gate_open() or not self.batch_ready((last or 0) + 1, self.policy):
             return False
         why = "timed pauseAfter lifted" if paused_after is not None else "started"
         self.dispatch_batch((last or 0) + 1, f"batch {(last or 0) + 1} {why}")
@@ -871,8 +859,9 @@ class RolloutStep(StatusDraft):
         self.waiting = None
         self.set_batch(batch, "running")
         for i in self.batch_range(batch):
-            if self.nodes[i].state == "pending":
+            if self.nodes[i].state == "pending" and not self.staged_rollout():
                 self.dispatch(i, reason)
+        self.dispatch_staged(self.dispatch, reason)
         self.touched_batches.add(batch)
         self.update_batches()
 
@@ -909,3 +898,19 @@ class RolloutStep(StatusDraft):
             self.set_phase("running", "pause lifted" if self.phase == "paused" else "running")
         else:
             self.set_phase("paused", hold.reason)
+
+
+def _seen(step: RolloutStep) -> evidence.Seen:
+    """This pass's observations and what the evidence rules judge by."""
+    frozen, ctx = step.frozen, step.ctx
+    assert frozen is not None
+    return evidence.Seen(
+        ctx.obs,
+        frozen.target,
+        frozen.live,
+        ctx.offline_after,
+        ctx.settings.offline_after,
+        step.now,
+        frozen.health,
+        ctx.settings.prometheus_url is not None,
+    )

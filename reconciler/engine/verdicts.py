@@ -19,6 +19,7 @@ from reconciler.engine.inputs import NodeChange
 from reconciler.engine.policy import Decision, decide
 from reconciler.engine.records import evolve
 from reconciler.protocol.observations import JobObservation
+from reconciler.spec.artifact_records import out_of_service
 from reconciler.spec.rollout_status import NodeRecord, RestoreRecord
 
 
@@ -89,8 +90,11 @@ def with_verdict(
     first_backup_id, known, first_attempt = first_backup_after(node, job)
     beat = seen.observations.heartbeats.get(node.name) if seen.live else None
     ran = seen.checks_apply and job is not None and job.state == "succeeded"
+    timings = job.timings if job is not None and seen.live else None
     return evolve(
         node,
+        timings=timings,
+        out_of_service=None if timings is None else out_of_service(timings),
         state=state,
         verdict=verdict,
         error=error,

@@ -51,6 +51,18 @@ check name (any check not named holds)::
 The reports are computed from the clock when a heartbeat is asked for, so
 thousands of nodes cost nothing between heartbeats.
 
+Model artifacts (docs/rollouts.md): a live ``stage`` job holds its
+artifacts once it finishes, after the time its download takes; an apply
+whose artifacts are not all held is refused with ``not_staged``. A live
+apply that carries artifacts, drain or warm-up reports ``timings``. Stage
+outcomes, drain and warm-up times are scripted per node (seconds)::
+
+      sim-0010: {stage: {rate: 50000000}}          # bytes/s: size / rate to download
+      sim-0011: {stage: digest_mismatch}           # or no_space, download_failed
+      sim-0012: {stage: {rate: 1e8, breakOnce: 2}} # the connection breaks once: 2 s
+                                                   # more, then the node resumes and succeeds
+      sim-0013: {drain: 1.5, warmup: 0.5}
+
 Accepted jobs and their outcomes are appended to ``STATE/sim-journal.jsonl``
 and replayed on start, so a job id is executed at most once even across a
 restart of the simulator. ``GET /v1/sim/stats`` counts, per job id, how
@@ -155,6 +167,25 @@ class CheckScript:
         return ok, 0 if last < switch else switch
 
 
+STAGE_OUTCOMES = ("ok", "digest_mismatch", "no_space", "download_failed")
+# What a scripted no_space node says it has free, in bytes.
+SIM_FREE_BYTES = 1024
+
+
+@dataclass(frozen=True)
+class StageScript:
+    """How a node's stage jobs go: ``outcome``, the download ``rate`` in
+    bytes per second (0: at once), and ``break_once`` seconds lost to one
+    broken connection that the node resumes by itself."""
+
+    outcome: str = "ok"
+    rate: float = 0.0
+    break_once: float = 0.0
+
+    def download_seconds(self, size: int) -> float:
+        return (size / self.rate if self.rate else 0.0) + self.break_once
+
+
 @dataclass(frozen=True)
 class Behaviour:
     action: str = "succeed"
@@ -166,6 +197,9 @@ class Behaviour:
     impersonate: str = ""
     clock_skew: float = 0.0  # seconds added to this node's clock
     checks: tuple[tuple[str, CheckScript], ...] = ()  # by check name; others hold
+    stage: StageScript = StageScript()
+    drain: float = 0.0  # seconds a live apply with drain waits for idle
+    warmup: float = 0.0  # seconds its warm-up requests take
 
     def check_script(self, name: str) -> CheckScript:
         return next((s for n, s in self.checks if n == name), CheckScript())
@@ -209,6 +243,9 @@ _BEHAVIOUR_KEYS = {
     "attempts",
     "initial",
     "checks",
+    "stage",
+    "drain",
+    "warmup",
 }
 
 
@@ -260,6 +297,8 @@ def _behaviour(value: Any, where: str, base: Behaviour) -> Behaviour:
         ("message", "message", str),
         ("as", "impersonate", str),
         ("status", "status", int),
+        ("drain", "drain", (int, float)),
+        ("warmup", "warmup", (int, float)),
     ):
         if key in value:
             if not isinstance(value[key], kind) or isinstance(value[key], bool):
@@ -267,14 +306,30 @@ def _behaviour(value: Any, where: str, base: Behaviour) -> Behaviour:
             changes[attr] = value[key]
     if "checks" in value:
         changes["checks"] = _check_scripts(value["checks"], f"{where}.checks")
+    if "stage" in value:
+        changes["stage"] = _stage_script(value["stage"], f"{where}.stage")
     behaviour = replace(base, **changes)
-    if behaviour.delay < 0:
-        raise ScriptError(f"{where}.delay: must not be negative")
+    if behaviour.delay < 0 or behaviour.drain < 0 or behaviour.warmup < 0:
+        raise ScriptError(f"{where}: delay, drain and warmup must not be negative")
     if action == "refuse" and not 400 <= behaviour.status <= 499:
         raise ScriptError(f"{where}.status: a refusal is a 4xx status, got {behaviour.status}")
     if action == "impostor" and not behaviour.impersonate:
         raise ScriptError(f"{where}: impostor needs `as: OTHER-NODE`")
     return behaviour
+
+
+def _stage_script(value: Any, where: str) -> StageScript:
+    if isinstance(value, str):
+        value = {"outcome": value}
+    if not isinstance(value, dict) or not set(value) <= {"outcome", "rate", "breakOnce"}:
+        raise ScriptError(f"{where}: an outcome name or {{outcome, rate, breakOnce}}")
+    outcome = value.get("outcome", "ok")
+    if outcome not in STAGE_OUTCOMES:
+        raise ScriptError(f"{where}.outcome: {outcome!r} is not one of {list(STAGE_OUTCOMES)}")
+    numbers = [value.get("rate", 0), value.get("breakOnce", 0)]
+    if not all(isinstance(n, int | float) and not isinstance(n, bool) and n >= 0 for n in numbers):
+        raise ScriptError(f"{where}: rate and breakOnce are numbers of at least 0")
+    return StageScript(outcome, float(numbers[0]), float(numbers[1]))
 
 
 def _initial(value: Any, where: str) -> Mapping[str, str] | None:
@@ -354,6 +409,7 @@ class SimJob:
         "finished_at",
         "payload",
         "state",
+        "timings",
         "waiters",
     )
 
@@ -365,10 +421,11 @@ class SimJob:
         self.backup_id: str | None = None
         self.finished_at: str | None = None
         self.detail = ""
+        self.timings: dict[str, str | None] | None = None
         self.waiters: list[asyncio.Future[None]] = []  # held ``?wait=`` answers
 
     def record(self) -> dict[str, Any]:
-        return {
+        record = {
             "jobId": self.payload["jobId"],
             "state": self.state,
             "error": self.error,
@@ -377,10 +434,22 @@ class SimJob:
             "sourceCommit": self.payload["sourceCommit"],
             "detail": self.detail,
         }
+        if self.timings is not None:
+            record["timings"] = self.timings
+        return record
 
 
 class SimNode:
-    __slots__ = ("backups", "beat_waiters", "changed_at", "config", "jobs", "name", "probing")
+    __slots__ = (
+        "artifacts",
+        "backups",
+        "beat_waiters",
+        "changed_at",
+        "config",
+        "jobs",
+        "name",
+        "probing",
+    )
 
     def __init__(self, name: str, initial: Mapping[str, str] | None, runtimes: list[str]) -> None:
         self.name = name
@@ -394,6 +463,7 @@ class SimNode:
         # here (simulated checks move with the clock and are seen at the wait's end).
         self.beat_waiters: list[asyncio.Future[None]] = []
         self.changed_at: str | None = None
+        self.artifacts: set[str] = set()  # SHA-256 of every artifact held
 
 
 def _digest(config: Mapping[str, str]) -> str:
@@ -534,6 +604,8 @@ class SimFleet:
         job.backup_id = event["backupId"]
         job.finished_at = event["finishedAt"]
         job.detail = event["detail"]
+        job.timings = event.get("timings")
+        node.artifacts.update(event.get("staged", ()))
         node.changed_at = event["finishedAt"]
         for woken in [*job.waiters, *node.beat_waiters]:
             if not woken.done():
@@ -741,6 +813,10 @@ class SimFleet:
         if behaviour.action == "refuse":
             self.refusals[behaviour.code] += 1
             return self._refusal(node, behaviour.status, behaviour.code, behaviour.message, payload)
+        missing = _not_staged(node, payload)
+        if missing:
+            self.refusals["not_staged"] += 1
+            return self._refusal(node, 409, "not_staged", missing, payload)
         job = SimJob(payload)
         node.jobs[job_id] = job
         node.probing.pop(payload["target"]["runtime"], None)  # the next job ends the checks
@@ -750,8 +826,9 @@ class SimFleet:
         job.state, job.answer = "running", None
         if behaviour.action != "hang":
             loop = asyncio.get_running_loop()
-            if behaviour.delay:
-                loop.call_later(behaviour.delay, self._finish, node, job, behaviour)
+            delay = behaviour.delay + _work_seconds(node, payload, behaviour)
+            if delay:
+                loop.call_later(delay, self._finish, node, job, behaviour)
             else:
                 loop.call_soon(self._finish, node, job, behaviour)
         return response
@@ -777,6 +854,8 @@ class SimFleet:
         before = node.config.get(runtime)
         if behaviour.action == "fail":
             event.update(state="failed", error=behaviour.error)
+        elif payload["kind"] == "stage":
+            event.update(_stage_outcome(node, payload, behaviour.stage))
         elif payload["mode"] == "dry_run":
             event["detail"] = _describe_change(before, wanted)
         else:
@@ -813,6 +892,7 @@ class SimFleet:
             if behaviour.action != "drift":
                 event["config"] = [runtime, wanted]
             event["detail"] = _describe_change(before, wanted).replace("would ", "", 1)
+            event["timings"] = _timings(payload, behaviour, self.clock())
         self._log(event, flush=False)
         self._apply_finish(node, event)
 
@@ -853,11 +933,82 @@ class SimFleet:
         }
 
 
+def _not_staged(node: SimNode, payload: Mapping[str, Any]) -> str:
+    """Why a live apply cannot be admitted for its artifacts, or ""."""
+    if payload["kind"] != "apply" or payload["mode"] != "live":
+        return ""
+    missing = [a["name"] for a in payload.get("artifacts", ()) if a["sha256"] not in node.artifacts]
+    if not missing:
+        return ""
+    return f"artifacts not held on {node.name}: {', '.join(missing)}; stage them first"
+
+
+def _work_seconds(node: SimNode, payload: Mapping[str, Any], behaviour: Behaviour) -> float:
+    """How long the job takes beyond the scripted delay: a live stage's
+    download of what the node does not hold; a live apply's drain and warm-up."""
+    if payload["mode"] != "live":
+        return 0.0
+    if payload["kind"] == "stage":
+        if behaviour.stage.outcome == "no_space":
+            return 0.0  # refused before a byte is fetched
+        size = sum(a["size"] for a in payload["artifacts"] if a["sha256"] not in node.artifacts)
+        return behaviour.stage.download_seconds(size) if size else 0.0
+    if payload["kind"] == "apply":
+        drain = behaviour.drain if "drain" in payload else 0.0
+        return drain + (behaviour.warmup if "warmup" in payload else 0.0)
+    return 0.0
+
+
+def _stage_outcome(
+    node: SimNode, payload: Mapping[str, Any], script: StageScript
+) -> dict[str, Any]:
+    """The finish event's fields of a stage job, as the real agent would answer."""
+    artifacts = payload["artifacts"]
+    held = [a for a in artifacts if a["sha256"] in node.artifacts]
+    size = sum(a["size"] for a in artifacts)
+    if payload["mode"] == "dry_run":
+        return {"detail": f"the server reports {size} bytes; {len(held)} of {len(artifacts)} held"}
+    needed = sum(a["size"] for a in artifacts if a not in held)
+    if needed and script.outcome == "no_space":
+        error = f"insufficient_space: needed {needed} bytes, free {SIM_FREE_BYTES} bytes"
+        return {"state": "failed", "error": error}
+    if needed and script.outcome == "digest_mismatch":
+        first = next(a for a in artifacts if a not in held)
+        error = f"digest_mismatch: {first['name']}: expected {first['sha256']}, got {'0' * 64}"
+        return {"state": "failed", "error": error}
+    if needed and script.outcome == "download_failed":
+        first = next(a for a in artifacts if a not in held)
+        return {"state": "failed", "error": f"download_failed: {first['url']}: 404 Not Found"}
+    return {"staged": [a["sha256"] for a in artifacts], "detail": f"{size} bytes held"}
+
+
+def _timings(
+    payload: Mapping[str, Any], behaviour: Behaviour, now: datetime
+) -> dict[str, str | None] | None:
+    """A live apply's timings, ending ``now``: drain, then the switch, then
+    warm-up; None for a job without artifacts, drain or warm-up (as before them)."""
+    if not {"artifacts", "drain", "warmup"} & payload.keys():
+        return None
+    warm = behaviour.warmup if "warmup" in payload else 0.0
+    drain = behaviour.drain if "drain" in payload else 0.0
+    serving = now + timedelta(seconds=behaviour.clock_skew)
+    activated = serving - timedelta(seconds=warm)
+    started = activated - timedelta(seconds=drain)
+    drained = "drain" in payload
+    return {
+        "drainStartedAt": format_time(started) if drained else None,
+        "drainedAt": format_time(activated) if drained else None,
+        "activatedAt": format_time(activated),
+        "warmedAt": format_time(serving),
+        "servingAt": format_time(serving),
+    }
+
+
 def _variant(payload: Mapping[str, Any]) -> tuple[Any, ...]:
     """What makes a payload this payload, send times aside (a verified payload
     has exactly the schema's fields, all plain values)."""
     return tuple(
-        (k, tuple(v.items()) if isinstance(v, dict) else canonical_json(v) if k == "checks" else v)
+        (k, canonical_json({"v": v}) if isinstance(v, dict | list) else v)
         for k, v in sorted(payload.items())
         if k not in SEND_TIME_FIELDS
     )

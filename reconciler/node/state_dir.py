@@ -268,10 +268,11 @@ class JobRecord:
     before: str | None = None
     after: str | None = None
     planned_backup: str | None = None
+    timings: dict[str, str | None] | None = None  # live applies with artifacts, drain or warm-up
 
     def public(self) -> dict[str, Any]:
         """The record as ``GET /v1/nodes/{node}/jobs/{jobId}`` shows it."""
-        return {
+        shown = {
             "jobId": self.job_id,
             "state": self.state,
             "error": self.error,
@@ -280,6 +281,9 @@ class JobRecord:
             "sourceCommit": self.payload.get("sourceCommit"),
             "detail": self.detail,
         }
+        if self.timings is not None:
+            shown["timings"] = self.timings
+        return shown
 
     def with_changes(self, **changes: Any) -> JobRecord:
         return replace(self, **changes)
@@ -415,7 +419,10 @@ class StateDir:
 
     def save_job(self, record: JobRecord) -> None:
         """Durably: on return the record survives a crash (fsync)."""
-        data = _JOURNAL_JSON.encode(_fields(record)).encode("utf-8")
+        fields = _fields(record)
+        if fields["timings"] is None:  # records without a switch read as before
+            del fields["timings"]
+        data = _JOURNAL_JSON.encode(fields).encode("utf-8")
         self._jobs.write(f"{record.job_id}.json", data, 0o600)
 
     def delete_job(self, job_id: str) -> None:

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from reconciler.spec.artifacts import Artifact, Drain, Warmup
 from reconciler.spec.health import Health
 from reconciler.spec.model import Target
 
-JOB_KINDS = ("apply", "restore")
+JOB_KINDS = ("apply", "restore", "stage")
 
 
 @dataclass(frozen=True)
@@ -18,7 +19,7 @@ class SendJob:
     same job id always carries the same payload (docs/architecture.md)."""
 
     job_id: str
-    kind: str  # apply | restore
+    kind: str  # apply | restore | stage
     node: str
     rollout: str
     attempt: int
@@ -27,3 +28,6 @@ class SendJob:
     source_commit: str
     backup_id: str | None = None  # restore only
     health: Health | None = None  # live applies with agent checks: sent as ``checks``
+    artifacts: tuple[Artifact, ...] = ()  # stage jobs, and applies of a rollout with artifacts
+    drain: Drain | None = None  # live applies only
+    warmup: tuple[Warmup, ...] = ()  # live applies only

@@ -17,13 +17,13 @@ _DIGITS = 32
 def job_id(
     rollout: str, start_commit: str, node: str, attempt: int, kind: str, restore_for: str = ""
 ) -> str:
-    """``apply-<hex>`` or ``restore-<hex>``. ``restore_for`` is the rollback
-    request id, or ``policy`` for a restore the failure policy decided; it
-    must be empty for an apply."""
-    if kind not in ("apply", "restore"):
-        raise ValueError(f"job kind must be apply or restore, got {kind!r}")
+    """``apply-<hex>``, ``restore-<hex>`` or ``stage-<hex>``. ``restore_for``
+    is the rollback request id, or ``policy`` for a restore the failure
+    policy decided; it must be empty for an apply or a stage."""
+    if kind not in ("apply", "restore", "stage"):
+        raise ValueError(f"job kind must be apply, restore or stage, got {kind!r}")
     if (kind == "restore") != bool(restore_for):
-        raise ValueError("a restore job needs restore_for; an apply job takes none")
+        raise ValueError("a restore job needs restore_for; an apply or stage job takes none")
     # Unit separators keep fields from running into each other ("a"+"bc" vs "ab"+"c").
     material = "\x1f".join(
         ("reconciler.job/v1", rollout, start_commit, node, str(attempt), kind, restore_for)

@@ -12,7 +12,7 @@ Must not sign, verify, do HTTP or read the clock: time comes in as arguments.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from functools import cache, lru_cache
 from typing import Any
@@ -23,6 +23,7 @@ from referencing import Registry, Resource
 
 from reconciler.protocol.effects import SendJob
 from reconciler.spec import health, schemas
+from reconciler.spec.artifacts import WARMUP_METHODS, Warmup
 from reconciler.spec.times import format_time, parse_time
 
 SCHEMA_ID = "reconciler.job/v1"
@@ -54,7 +55,34 @@ def build_payload(job: SendJob, issued_at: datetime) -> dict[str, Any]:
         payload["backupId"] = job.backup_id
     if job.health is not None and job.health.agent_checks:
         payload["checks"] = health.to_payload(job.health, job.node)
+    if job.artifacts:
+        payload["artifacts"] = [
+            {"name": a.name, "url": a.url, "sha256": a.sha256, "size": a.size}
+            for a in job.artifacts
+        ]
+    if job.drain is not None:
+        payload["drain"] = {
+            "timeoutSeconds": job.drain.timeout_seconds,
+            "idle": {
+                "url": health.for_node(job.drain.idle_url, job.node),
+                "metric": job.drain.idle_metric,
+                "max": job.drain.idle_max,
+            },
+        }
+    if job.warmup:
+        payload["warmup"] = [_warmup_payload(w, job.node) for w in job.warmup]
     return payload
+
+
+def _warmup_payload(warmup: Warmup, node: str) -> dict[str, Any]:
+    return {
+        "url": health.for_node(warmup.url, node),
+        "method": warmup.method,
+        "body": warmup.body,
+        "expectStatus": warmup.expect_status,
+        "timeoutSeconds": warmup.timeout_seconds,
+        "times": warmup.times,
+    }
 
 
 @lru_cache(maxsize=8)
@@ -92,8 +120,12 @@ def payload_problems(document: Any, *, envelope: bool = False) -> list[str]:
         if validator.is_valid(document):
             # The schema allows it but the fast check does not: a trailing
             # newline in a text field ("$" matches before one in Python
-            # patterns) or an integral float as attempt. Both are refused.
-            return ["a text field ends with a newline, or attempt is not a plain integer"]
+            # patterns), an integral float as a count, or two checks of
+            # one name. All are refused.
+            return [
+                "a text field ends with a newline, a count is not a plain integer, "
+                "or two checks share a name"
+            ]
         problems = []
         for error in sorted(validator.iter_errors(document), key=lambda e: list(e.path)):
             where = "/".join(str(p) for p in error.absolute_path) or "(root)"
@@ -134,6 +166,18 @@ def _matches(pattern: re.Pattern[str], value: Any) -> bool:
     return type(value) is str and pattern.fullmatch(value) is not None
 
 
+# Which fields beyond the common ones each kind and mode may carry.
+_EXTRA_KEYS: dict[tuple[str, str], frozenset[str]] = {
+    ("apply", "dry_run"): frozenset({"artifacts"}),
+    ("apply", "live"): frozenset({"artifacts", "checks", "drain", "warmup"}),
+    ("restore", "live"): frozenset({"backupId"}),
+    ("stage", "dry_run"): frozenset({"artifacts"}),
+    ("stage", "live"): frozenset({"artifacts"}),
+}
+# ... and which of them it must carry.
+_REQUIRED_EXTRA = {"restore": "backupId", "stage": "artifacts"}
+
+
 def _plainly_valid(document: Any, *, envelope: bool) -> bool:
     if envelope:
         if type(document) is not dict or document.keys() != {"payload", "keyId", "signature"}:
@@ -143,16 +187,19 @@ def _plainly_valid(document: Any, *, envelope: bool) -> bool:
         ):
             return False
         document = document["payload"]
-    if type(document) is not dict:
+    if type(document) is not dict or not document.keys() >= _PAYLOAD_KEYS:
         return False
-    keys = document.keys()
-    kind = document.get("kind")
-    if kind == "restore":
-        if keys != _PAYLOAD_KEYS | {"backupId"} or not _matches(_ID, document["backupId"]):
-            return False
-        if document["mode"] != "live":
-            return False
-    elif kind != "apply" or (keys != _PAYLOAD_KEYS and not _live_with_checks(document)):
+    kind, mode = document["kind"], document["mode"]
+    if type(kind) is not str or type(mode) is not str:
+        return False
+    allowed = _EXTRA_KEYS.get((kind, mode))
+    extra = document.keys() - _PAYLOAD_KEYS
+    if allowed is None or not extra <= allowed:
+        return False
+    required = _REQUIRED_EXTRA.get(kind)
+    if required is not None and required not in extra:
+        return False
+    if not all(_EXTRA_CHECKS[key](document[key]) for key in extra):
         return False
     target = document["target"]
     attempt = document["attempt"]
@@ -163,7 +210,6 @@ def _plainly_valid(document: Any, *, envelope: bool) -> bool:
         and _matches(_NAME, document["rollout"])
         and type(attempt) is int
         and attempt >= 1
-        and document["mode"] in ("dry_run", "live")
         and type(target) is dict
         and target.keys() == _TARGET_KEYS
         and all(_matches(_WORD, v) for v in target.values())
@@ -179,14 +225,6 @@ _TCP_KEYS = frozenset(("host", "port", "timeoutSeconds"))
 
 def _count(value: Any, low: int, high: int) -> bool:
     return type(value) is int and low <= value <= high
-
-
-def _live_with_checks(document: dict[str, Any]) -> bool:
-    return (
-        document.keys() == _PAYLOAD_KEYS | {"checks"}
-        and document["mode"] == "live"
-        and _plain_checks(document["checks"])
-    )
 
 
 def _plain_checks(checks: Any) -> bool:
@@ -229,3 +267,71 @@ def _plain_checks(checks: Any) -> bool:
 
 
 _HTTP_URL = re.compile(r"https?://[^\n]*\Z")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_METRIC = re.compile(r"[A-Za-z_:][A-Za-z0-9_:]{0,199}")
+_ARTIFACT_KEYS = frozenset(("name", "url", "sha256", "size"))
+_DRAIN_KEYS = frozenset(("timeoutSeconds", "idle"))
+_IDLE_KEYS = frozenset(("url", "metric", "max"))
+_WARMUP_KEYS = frozenset(("url", "method", "body", "expectStatus", "timeoutSeconds", "times"))
+
+
+def _url(value: Any) -> bool:
+    return type(value) is str and 0 < len(value) <= 2048 and _HTTP_URL.match(value) is not None
+
+
+def _items(value: Any, keys: frozenset[str]) -> bool:
+    """A list of 1 to 32 objects, each with exactly ``keys``."""
+    return (
+        type(value) is list
+        and 1 <= len(value) <= 32
+        and all(type(item) is dict and item.keys() == keys for item in value)
+    )
+
+
+def _plain_artifacts(artifacts: Any) -> bool:
+    return _items(artifacts, _ARTIFACT_KEYS) and all(
+        _matches(_NAME, a["name"])
+        and _url(a["url"])
+        and _matches(_SHA256, a["sha256"])
+        and type(a["size"]) is int
+        and a["size"] >= 1
+        for a in artifacts
+    )
+
+
+def _plain_drain(drain: Any) -> bool:
+    if type(drain) is not dict or drain.keys() != _DRAIN_KEYS:
+        return False
+    idle = drain["idle"]
+    if type(idle) is not dict or idle.keys() != _IDLE_KEYS:
+        return False
+    most = idle["max"]
+    return (
+        _count(drain["timeoutSeconds"], 1, 86400)
+        and _url(idle["url"])
+        and _matches(_METRIC, idle["metric"])
+        and type(most) in (int, float)
+        and most >= 0
+    )
+
+
+def _plain_warmups(warmups: Any) -> bool:
+    return _items(warmups, _WARMUP_KEYS) and all(
+        _url(w["url"])
+        and w["method"] in WARMUP_METHODS
+        and type(w["body"]) is str
+        and len(w["body"]) <= 65536
+        and _count(w["expectStatus"], 100, 599)
+        and _count(w["timeoutSeconds"], 1, 3600)
+        and _count(w["times"], 1, 100)
+        for w in warmups
+    )
+
+
+_EXTRA_CHECKS: dict[str, Callable[[Any], bool]] = {
+    "backupId": lambda value: _matches(_ID, value),
+    "artifacts": _plain_artifacts,
+    "checks": _plain_checks,
+    "drain": _plain_drain,
+    "warmup": _plain_warmups,
+}

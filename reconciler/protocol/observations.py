@@ -45,6 +45,8 @@ class JobObservation:
     # the signed answer this observation was read from; the daemon keeps it
     # only when it verified against the node's agentKey
     signed: SignedAnswer | None = None
+    # a live apply's drainStartedAt .. servingAt (agent clock), when the agent gave them
+    timings: Mapping[str, str | None] | None = field(default=None, hash=False)
 
 
 @dataclass(frozen=True)

@@ -37,8 +37,8 @@ from pathlib import Path, PurePosixPath
 from types import MappingProxyType
 from typing import Any, TypeVar
 
+from reconciler.spec import artifact_rules, safe_yaml, schemas
 from reconciler.spec import health as health_rules
-from reconciler.spec import safe_yaml, schemas
 from reconciler.spec.agent_url import is_usable_agent_url
 from reconciler.spec.batch_shapes import check_batch_entry, check_budget, check_share
 from reconciler.spec.durations import parse_duration
@@ -443,6 +443,7 @@ class _Checker:
             self._check_health(checks)
         shapes = self._rollout_shapes(spec)
         spread_by, budget = self._capacity(spec)
+        declared = artifact_rules.read(spec, self.add, self._ok)
         if self.problems:
             return self.result()
         target = spec["target"]
@@ -487,6 +488,10 @@ class _Checker:
             skip_nodes=_unique(spec.get("skipNodes", ())),
             rollback_request=rollback,
             health=None if checks is None else health_rules.from_document(checks),
+            artifacts=declared.artifacts,
+            stage=declared.stage,
+            drain=declared.drain,
+            warmup=declared.warmup,
         )
         omitted = frozenset(k for k in _SETTINGS_DEFAULTED if k not in spec)
         return self.result(rollout=rollout, omitted=omitted)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, tzinfo
 
+from reconciler.spec.artifacts import Artifact, Drain, Stage, Warmup
 from reconciler.spec.health import Health
 
 API_VERSION = "reconciler/v1"
@@ -112,6 +113,11 @@ class RolloutSpec:
     # version 3: capacity (docs/capacity.md)
     spread_by: SpreadBy | None = None
     failure_budget: int | str | None = None  # as written: 3, or "5%" of the frozen nodes
+    # version 3: model artifacts (docs/rollouts.md)
+    artifacts: tuple[Artifact, ...] = ()  # target.artifacts
+    stage: Stage | None = None  # set whenever there are artifacts
+    drain: Drain | None = None  # live only
+    warmup: tuple[Warmup, ...] = ()  # live only
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from reconciler.spec import artifact_records
 from reconciler.spec import health as health_rules
+from reconciler.spec.artifact_records import StageRecord
+from reconciler.spec.artifacts import Artifact, Drain, Stage, Warmup
 from reconciler.spec.batch_shapes import batch_sizes, batch_starts
 from reconciler.spec.durations import format_duration, parse_duration
 from reconciler.spec.model import API_VERSION, RolloutSpec, SpreadBy, Target
@@ -36,6 +39,8 @@ TERMINAL_PHASES = frozenset({"completed", "failed", "aborted"})
 
 NODE_STATES = (
     "pending",
+    "staging",
+    "staged",
     "dispatched",
     "succeeded",
     "failed",
@@ -62,11 +67,14 @@ HOLD_REASONS = (
     "rollback_unavailable",
     "dispatch_refused",
     "failure_budget_exceeded",
+    "stage_failed",
 )
 
 VERDICTS = ("passed", "failed", "unknown")
 BATCH_STATES = ("pending", "running", "done")
-JOB_KINDS = ("apply", "restore")
+JOB_KINDS = ("apply", "restore", "stage")
+# Where a node's stage of the rollout's artifacts stands (docs/rollouts.md).
+STAGE_STATES = ("staging", "staged", "failed", "unknown")
 
 # Outcomes of one node in one rollback request.
 ROLLBACK_OUTCOMES = (
@@ -209,6 +217,10 @@ class NodeRecord:
     restore: RestoreRecord | None = None
     checks: tuple[CheckOutcome, ...] = ()  # health checks' last outcomes, once decided
     evidence: NodeEvidence | None = None  # signed answers the verdict used
+    # version 3, model artifacts (docs/rollouts.md)
+    stage: StageRecord | None = None
+    timings: Mapping[str, str | None] | None = field(default=None, hash=False)
+    out_of_service: float | None = None  # seconds, from timings
 
 
 @dataclass(frozen=True)
@@ -272,6 +284,10 @@ class FrozenSpec:
     ignore_windows: bool = False
     spread_by: SpreadBy | None = None  # batches spread across a label's values
     failure_budget: int | str | None = None  # as written
+    artifacts: tuple[Artifact, ...] = ()  # files staged before each node's apply
+    stage: Stage | None = None  # set whenever there are artifacts
+    drain: Drain | None = None
+    warmup: tuple[Warmup, ...] = ()
 
     @property
     def mode(self) -> str:
@@ -326,6 +342,10 @@ FROZEN_FIELDS: tuple[tuple[str, str], ...] = (
     ("ignore_windows", "ignoreWindows"),
     ("spread_by", "spreadBy"),
     ("failure_budget", "failureBudget"),
+    ("artifacts", "target.artifacts"),
+    ("stage", "stage"),
+    ("drain", "drain"),
+    ("warmup", "warmup"),
 )
 assert {attr for attr, _ in FROZEN_FIELDS} == set(FrozenSpec.__dataclass_fields__)
 
@@ -474,6 +494,9 @@ def _frozen_record(frozen: FrozenSpec, nodes: tuple[NodeRecord, ...] | None) -> 
         }
     if frozen.failure_budget is not None:
         record["failureBudget"] = frozen.failure_budget
+    record.update(
+        artifact_records.frozen_record(frozen.artifacts, frozen.stage, frozen.drain, frozen.warmup)
+    )
     if nodes is not None:
         record["nodes"] = [n.name for n in nodes]
     return record
@@ -500,6 +523,7 @@ def _frozen_from(record: Mapping[str, Any]) -> FrozenSpec:
         if (spread := record.get("spreadBy")) is None
         else SpreadBy(spread["label"], spread["maxPerBatch"]),
         failure_budget=record.get("failureBudget"),
+        **artifact_records.frozen_from(record),
     )
 
 
@@ -559,6 +583,8 @@ def node_to_record(n: NodeRecord) -> dict[str, Any]:
     record = _node_record(n)
     if n.evidence is not None:  # absent, not null: unsigned records stay as in version 1
         record["evidence"] = _evidence_record(n.evidence)
+    if n.stage is not None or n.timings is not None:  # absent without artifacts and timings
+        record.update(artifact_records.node_record(n.stage, n.timings, n.out_of_service))
     return record
 
 
@@ -614,6 +640,7 @@ def node_from_record(d: Mapping[str, Any]) -> NodeRecord:
             CheckOutcome(c["name"], c["ok"], c.get("detail", "")) for c in d.get("checks", ())
         ),
         evidence=None if d.get("evidence") is None else evidence_from(d["evidence"]),
+        **artifact_records.node_from(d),
     )
 
 
@@ -930,6 +957,7 @@ __all__ = [
     "RollbackNode",
     "RollbackRecord",
     "RolloutStatus",
+    "StageRecord",
     "TransitionRecord",
     "Waiting",
     "batch_members",

@@ -28,7 +28,7 @@ from urllib.parse import quote
 from reconciler.spec.batch_shapes import describe_sizes
 from reconciler.spec.paths import DASHBOARD_PATH
 from reconciler.spec.rollout_status import OperatorAct, RolloutStatus, recorded_sizes
-from reconciler.views import markdown
+from reconciler.views import artifact_text, markdown
 from reconciler.views.health_text import failing_summary
 from reconciler.views.status_text import (
     PHASE_ORDER,
@@ -523,6 +523,10 @@ def _diagram(active: list[RolloutStatus]) -> list[str]:
                 label = f"{which} · {_group_sizes(sizes, group.first, group.last)}<br/>" + (
                     f"{group.ok}/{group.total} ok{failed} · {group.state}"
                 )
+            staged = artifact_text.batch_words(
+                n for n in status.nodes if group.first <= n.batch <= group.last
+            )
+            label += f"<br/>{_label(staged)}" if staged else ""
             lines.append(f'    {bid}["{label}"]:::{group.state}')
         if len(ids) > 1:
             lines.append("    " + " --> ".join(ids))

@@ -33,6 +33,7 @@ from reconciler.engine.step import (
 )
 from reconciler.protocol.observations import Observations
 from reconciler.spec import documents
+from reconciler.spec.artifacts import Artifact, Drain, Warmup
 from reconciler.spec.batch_shapes import describe_sizes
 from reconciler.spec.documents import DAY_NUMBERS
 from reconciler.spec.durations import format_duration
@@ -40,7 +41,7 @@ from reconciler.spec.model import Fleet, Problem, RolloutSpec, Settings, SpreadB
 from reconciler.spec.paths import rollout_path
 from reconciler.spec.rollout_status import FROZEN_FIELDS, TERMINAL_PHASES, RolloutStatus, freeze
 from reconciler.spec.times import format_time
-from reconciler.views import markdown
+from reconciler.views import artifact_text, markdown
 from reconciler.views.health_text import health_lines
 from reconciler.views.settings_changes import SettingChange, change_words, settings_changes
 
@@ -93,6 +94,11 @@ class AddedRollout:
     spread_by: SpreadBy | None = None
     labels: Mapping[str, str] = field(default_factory=dict)  # node -> its spreadBy value
     failure_budget: int | str | None = None
+    # version 3, model artifacts (docs/rollouts.md)
+    artifacts: tuple[Artifact, ...] = ()
+    to_stage: int = 0  # nodes that still download them
+    drain: Drain | None = None
+    warmup: tuple[Warmup, ...] = ()
 
     @property
     def node_count(self) -> int:
@@ -421,6 +427,10 @@ def _added(
         spread_by=spec.spread_by,
         labels=_spread_values(spec, docs.fleet, mine),
         failure_budget=spec.failure_budget,
+        artifacts=spec.artifacts,
+        to_stage=artifact_text.not_staged(mine, new.nodes if new is not None else ()),
+        drain=spec.drain,
+        warmup=spec.warmup,
     )
 
 
@@ -744,6 +754,10 @@ def headline(plan: Plan) -> list[str]:
         )
         if r.left_out:
             lines.append(f"left out of {r.name}: {_left_out_words(r.left_out)}")
+        if r.artifacts:
+            lines.append(
+                artifact_text.headline_words(r.name, r.artifacts, r.to_stage, r.drain, r.warmup)
+            )
         if r.ignore_windows:
             lines.append(
                 f"ignoreWindows: {r.name} starts batches whatever the deploy windows "
@@ -839,6 +853,10 @@ def _added_facts(r: AddedRollout) -> list[str]:
             f"failureBudget {r.failure_budget}: holds once more nodes than that end failed, "
             "timed out or unknown"
         )
+    if r.artifacts:
+        facts.append(artifact_text.artifact_words(r.artifacts, r.to_stage))
+    if r.artifacts or r.drain is not None or r.warmup:
+        facts += [artifact_text.drain_words(r.drain), artifact_text.warmup_words(r.warmup)]
     facts.append(f"start: {_start_words(r)}" + (f" (startAt {r.start_at})" if r.start_at else ""))
     if r.jobs_at_merge:
         facts.append(f"{r.jobs_at_merge} job(s) sent as soon as the merge is seen")

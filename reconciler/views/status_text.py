@@ -29,6 +29,7 @@ from reconciler.spec.rollout_status import (
     to_record,
 )
 from reconciler.spec.times import format_time
+from reconciler.views import artifact_text
 from reconciler.views.health_text import failing_checks, health_lines
 
 WIDTH = 80
@@ -413,6 +414,7 @@ def _summary_lines(status: RolloutStatus, now: datetime, colour: bool) -> list[s
         if frozen.ignore_windows:
             out.append("  windows   ignored (ignoreWindows: true)")
         out += capacity_lines(frozen, status.nodes)
+        out += artifact_text.detail_lines(frozen)
     out.append(f"  progress  {progress_text(s)}  batch {batch_text(s)}")
     counts = ", ".join(f"{n} {state}" for state, n in count_progress(status.nodes))
     if counts:
@@ -515,8 +517,10 @@ def _attention_first(nodes: Sequence[NodeRecord]) -> list[NodeRecord]:
 
 def _batch_lines(status: RolloutStatus, colour: bool) -> list[str]:
     names: dict[int, list[str]] = {}
+    records: dict[int, list[NodeRecord]] = {}
     for node in status.nodes:
         names.setdefault(node.batch, []).append(node.name)
+        records.setdefault(node.batch, []).append(node)
     lines = []
     for group in batch_groups(status):
         which = str(group.first) if group.first == group.last else f"{group.first}-{group.last}"
@@ -524,6 +528,10 @@ def _batch_lines(status: RolloutStatus, colour: bool) -> list[str]:
         listed = names.get(group.first, []) if group.first == group.last else []
         line = prefix + (f"  {clip(', '.join(listed), WIDTH - len(prefix) - 2)}" if listed else "")
         lines.append(line.replace(group.state, paint(group.state, group.state, colour), 1))
+        group_nodes = (n for b in range(group.first, group.last + 1) for n in records.get(b, ()))
+        words = artifact_text.batch_words(group_nodes)
+        if words:
+            lines.append(f"  {'':>9}  {words}")
     return lines
 
 

@@ -12,12 +12,15 @@ import argparse
 import asyncio
 import re
 import signal
+import ssl
 import sys
 from pathlib import Path
+from typing import Any
 
 from reconciler.node.activation import inherited_socket
 from reconciler.node.agent import (
     DEFAULT_AFTER_APPLY_TIMEOUT,
+    DEFAULT_KEEP_ARTIFACTS,
     DEFAULT_KEEP_FIRST_BACKUPS,
     DEFAULT_RETENTION,
     Agent,
@@ -26,6 +29,7 @@ from reconciler.node.agent import (
     serve,
 )
 from reconciler.node.agent_log import AgentLog
+from reconciler.node.artifact_download import tls_context
 from reconciler.node.http_server import parse_listen
 from reconciler.node.state_dir import StateDir
 from reconciler.protocol.signing import load_private_key, load_trusted_keys
@@ -113,6 +117,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="one line per job accepted, finished or refused on stderr: text for people "
         "(default), json for machines",
     )
+    _add_retention_arguments(parser)
+    _add_artifact_arguments(parser)
+
+
+def _add_retention_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--keep-first-backups",
         default=f"{DEFAULT_KEEP_FIRST_BACKUPS // 3600}h",
@@ -120,6 +129,62 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="keep a rollout's first backup beyond --backup-retention until the rollout "
         "has had no job here for this long (default 720h, 30 days)",
     )
+
+
+def _add_artifact_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--drain-command",
+        metavar="CMD",
+        help="shell command run before a live apply that declares drain, to stop the "
+        "runtime taking new requests (job fields in RECONCILER_* variables)",
+    )
+    parser.add_argument(
+        "--undrain-command",
+        metavar="CMD",
+        help="shell command run once a drained node may take requests again "
+        "(after warm-up, or after the previous config was put back)",
+    )
+    parser.add_argument(
+        "--stage-rate",
+        type=int,
+        metavar="BYTES_PER_S",
+        help="cap the download rate of stage jobs (default: uncapped)",
+    )
+    parser.add_argument(
+        "--ca-file",
+        metavar="FILE",
+        help="PEM CA certificates trusted for https artifact downloads, besides the system store",
+    )
+    parser.add_argument(
+        "--keep-artifacts",
+        type=int,
+        default=DEFAULT_KEEP_ARTIFACTS,
+        metavar="N",
+        help="artifacts kept per runtime beyond those the current and previous config "
+        "and jobs not yet applied need (default 2)",
+    )
+
+
+def _artifact_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The AgentConfig fields of the artifact options, checked."""
+    if args.stage_rate is not None and args.stage_rate < 1:
+        raise UsageError("--stage-rate must be a positive number of bytes per second")
+    if args.keep_artifacts < 0:
+        raise UsageError("--keep-artifacts must be 0 or more")
+    if args.ca_file is not None:
+        try:
+            tls_context(args.ca_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise UsageError(
+                f"--ca-file {args.ca_file}: cannot load it as PEM CAs ({exc})"
+            ) from None
+    return {
+        "drain_command": args.drain_command,
+        "undrain_command": args.undrain_command,
+        "stage_rate": args.stage_rate,
+        "ca_file": args.ca_file,
+        "keep_artifacts": args.keep_artifacts,
+    }
 
 
 def run(args: argparse.Namespace) -> int:
@@ -132,6 +197,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     if args.backup_retention < 1:
         raise UsageError("--backup-retention must be at least 1")
+    artifact_settings = _artifact_settings(args)
     for runtime in args.runtime or ():
         if not RUNTIME_NAME.fullmatch(runtime):
             raise UsageError(
@@ -161,6 +227,7 @@ def run(args: argparse.Namespace) -> int:
                 backup_retention=args.backup_retention,
                 key=key,
                 keep_first_backups=keep_first,
+                **artifact_settings,
             ),
             state,
             log=AgentLog(args.log_format),

@@ -1,0 +1,379 @@
+"""Running one accepted job on the agent's worker thread: a live apply or
+restore writes a backup of the old config, then the new config, then runs
+``--after-apply`` (putting the old bytes back if it fails); a dry run only
+says what it would change. Every verdict goes through the journal.
+
+Must not: answer HTTP, or admit jobs (``agent`` does both); run a job id
+twice (the journal's "accepted" record is the only way in).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import sys
+from collections.abc import Callable, Mapping
+from datetime import datetime, timedelta
+from typing import Any
+
+from reconciler.node.agent_config import AgentConfig
+from reconciler.node.agent_log import AgentLog
+from reconciler.node.agent_metrics import AgentMetrics
+from reconciler.node.artifact_download import DownloadSettings
+from reconciler.node.artifact_retention import (
+    artifacts_to_prune,
+    config_artifacts,
+    job_artifacts,
+    pinned_by_jobs,
+)
+from reconciler.node.artifact_store import ArtifactStore
+from reconciler.node.journal import Journal
+from reconciler.node.live_switch import LiveSwitch
+from reconciler.node.node_command import run_command
+from reconciler.node.probes import Prober
+from reconciler.node.runtime_config import (
+    TARGET_FIELDS,
+    JobFailed,
+    ParsedConfigs,
+    describe_change,
+    parse_config,
+)
+from reconciler.node.stage_job import Stager
+from reconciler.node.state_dir import (
+    CONFIG_MODE,
+    BackupInfo,
+    JobRecord,
+    StateDir,
+    UnsafePath,
+    backups_to_prune,
+    digest,
+)
+from reconciler.node.switchover import Timings
+from reconciler.spec.safe_yaml import dump_yaml
+from reconciler.spec.times import format_time
+
+
+class JobRunner:
+    """Runs jobs one at a time (``run``, on the worker thread)."""
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        state: StateDir,
+        journal: Journal,
+        configs: ParsedConfigs,
+        prober: Prober,
+        log: AgentLog,
+        metrics: AgentMetrics,
+        store: ArtifactStore,
+    ) -> None:
+        self.config = config
+        self.state = state
+        self.journal = journal
+        self.clock: Callable[[], datetime] = journal.clock
+        self.configs = configs
+        self.prober = prober
+        self.log = log
+        self.metrics = metrics
+        self.store = store
+        self.stager = Stager(
+            store, DownloadSettings(rate=config.stage_rate, ca_file=config.ca_file)
+        )
+        # The after-apply command's environment, to which each job adds its own:
+        # read once (``os.environ`` decodes every entry each time it is copied).
+        self._environment = dict(os.environ)
+
+    def close(self) -> None:
+        self.stager.close()
+
+    def probe_after(self, runtime: str, record: JobRecord) -> None:
+        """Probe the checks of ``record`` when it was a successful live apply carrying them."""
+        payload = record.payload
+        if (
+            record.state == "succeeded"
+            and payload.get("kind") == "apply"
+            and payload.get("mode") == "live"
+            and payload.get("checks")
+        ):
+            self.prober.start(runtime, record.job_id, payload["checks"])
+
+    def run(self, job_id: str) -> None:
+        with self.journal.lock:
+            record = self.journal.jobs[job_id]
+        try:
+            record = self._execute(record)
+            runtime = record.payload["target"]["runtime"]
+            with self.journal.lock:
+                newest = self.journal.newest_job.get(runtime) == record.job_id
+            if newest:  # a job accepted since ends this one's checks
+                self.probe_after(runtime, record)
+        except JobFailed as exc:
+            with self.journal.lock:
+                record = self.journal.jobs[job_id]
+            # A backup taken before the failure stays (and is reported): it holds
+            # the config as it was before this job, whatever happened next.
+            planned = record.planned_backup
+            kept = planned if planned and self.state.find_backup(planned) else None
+            extra = {"timings": exc.timings} if exc.timings is not None else {}
+            record = self.journal.failed(
+                record, error=exc.message, detail=exc.detail, backup_id=kept, **extra
+            )
+        except Exception as exc:  # the job fails, the agent carries on
+            print(f"agent: job {job_id} failed unexpectedly: {exc!r}", file=sys.stderr)
+            record = self.journal.failed(self.journal.jobs[job_id], error=f"agent error: {exc}")
+        payload = record.payload
+        self.log.finished(payload, record.state, record.error or "")
+        self.metrics.jobs.labels(kind=payload["kind"], outcome=record.state).inc()
+        try:
+            self.journal.compact()
+        except OSError as exc:  # the journal stays longer; the next job tries again
+            print(f"agent: journal compaction failed: {exc}", file=sys.stderr)
+
+    def _execute(self, record: JobRecord) -> JobRecord:
+        payload = record.payload
+        runtime = payload["target"]["runtime"]
+        if payload["kind"] == "stage":
+            return self._stage(record)
+        try:
+            self.state.refuse_config_symlink(runtime)
+        except UnsafePath as exc:
+            raise JobFailed(f"{exc.message}; nothing was changed: {exc.hint}") from None
+        current = self.state.read_config(runtime)
+        before_values = self.configs.values(runtime, current[0]) if current is not None else None
+        if payload["kind"] == "restore":
+            new_data, new_mode, change = self._restored(payload, runtime)
+        else:
+            planned = self._planned(payload, current, before_values)
+            if isinstance(planned, str):  # nothing to write: a dry run, or already in place
+                return self.journal.update(
+                    record, state="succeeded", detail=planned, finished_at=format_time(self.clock())
+                )
+            new_data, new_mode, change = planned
+        return self._write(record, current, before_values, (new_data, new_mode), change)
+
+    def _restored(self, payload: Mapping[str, Any], runtime: str) -> tuple[bytes, int, str]:
+        """The bytes, mode and description of the backup a restore puts back."""
+        backup = self.state.find_backup(payload["backupId"])
+        if backup is None or backup.runtime != runtime:
+            raise JobFailed(
+                f"backup {payload['backupId']} of runtime {runtime} is not on this node "
+                "(GET /v1/nodes/NODE/backups lists what it holds)"
+            )
+        data = self.state.read_backup(backup)
+        if digest(data) != backup.digest:
+            raise JobFailed(f"backup {backup.backup_id} is damaged (digest mismatch)")
+        return (
+            data,
+            backup.mode,
+            f"restore backup {backup.backup_id} ({backup.provider} {backup.model})",
+        )
+
+    def _planned(
+        self,
+        payload: Mapping[str, Any],
+        current: tuple[bytes, int] | None,
+        before_values: Mapping[str, Any] | None,
+    ) -> tuple[bytes, int, str] | str:
+        """What an apply writes (bytes, mode, description), or the detail of
+        one that writes nothing."""
+        target = payload["target"]
+        wanted: dict[str, Any] = {k: target[k] for k in TARGET_FIELDS}
+        change = describe_change(before_values, wanted)
+        artifacts = payload.get("artifacts")
+        if artifacts:
+            wanted["artifacts"] = self.store.config_entries(artifacts)
+            if (before_values or {}).get("artifacts") != wanted["artifacts"]:
+                names = ", ".join(a["name"] for a in artifacts)
+                change = (change + "; " if change else "") + f"point to artifacts {names}"
+        if payload["mode"] == "dry_run":
+            return f"would {change}" if change else "no change: already in place"
+        if not change:
+            return "no change: already in place; nothing written, no backup"
+        if artifacts:
+            self.stager.require_held(artifacts)
+        new_values = {**(before_values or {}), **wanted}
+        return dump_yaml(new_values), current[1] if current is not None else CONFIG_MODE, change
+
+    def _write(
+        self,
+        record: JobRecord,
+        current: tuple[bytes, int] | None,
+        before_values: Mapping[str, Any] | None,
+        new: tuple[bytes, int],
+        change: str,
+    ) -> JobRecord:
+        """Back up the current config, write the new one, run after-apply
+        (and drain and warm up around it when the job says so)."""
+        payload = record.payload
+        runtime = payload["target"]["runtime"]
+        old_data = current[0] if current is not None else None
+        old_mode = current[1] if current is not None else CONFIG_MODE
+        backup_id = self._backup_id(runtime, payload) if current is not None else None
+        # In memory only, for GET: recovery reads the same from the backup
+        # (``_recovered_accepted``), so the journal keeps "accepted" until the verdict.
+        record = record.with_changes(
+            state="running",
+            before=digest(old_data),
+            after=digest(new[0]),
+            planned_backup=backup_id,
+        )
+        with self.journal.lock:
+            self.journal.keep(record)
+        switch = LiveSwitch.begin(
+            payload, before_values or {}, self.config, self.command_environment, Timings(self.clock)
+        )
+        if current is not None and backup_id is not None:
+            self._take_backup(backup_id, runtime, payload, current[0], current[1], before_values)
+        written = self.configs.values(runtime, new[0])
+        self.state.write_config(runtime, new[0], new[1])
+        switch.activated()
+        failure = self._after_apply(payload, written) if self.config.after_apply else None
+        if failure is None:
+            failure = switch.warm_up()
+        if failure is not None:
+            # Put the previous bytes (and mode) back exactly, or no file if none.
+            self.state.write_config(runtime, old_data, old_mode)
+            what, tail = failure
+            what += switch.put_back(self._after_apply if self.config.after_apply else None)
+            last = tail.strip()[-300:]
+            raise JobFailed(
+                what + (f"; output: {last}" if last else ""), detail=tail, timings=switch.timings()
+            )
+        switch.serving(written)
+        self._prune(runtime)
+        self.prune_artifacts(runtime, payload)
+        return self.journal.update(
+            record,
+            state="succeeded",
+            backup_id=backup_id,
+            detail=change[0].upper() + change[1:] if change else "",
+            finished_at=format_time(self.clock()),
+            timings=switch.timings(),
+        )
+
+    def _stage(self, record: JobRecord) -> JobRecord:
+        payload = record.payload
+        artifacts = payload["artifacts"]
+        if payload["mode"] == "dry_run":
+            detail = self.stager.dry_run(artifacts)
+        else:
+            self.store.note_use([a["sha256"] for a in artifacts], payload["target"]["runtime"])
+            self.prune_artifacts(payload["target"]["runtime"], payload)  # room for these
+            detail = self.stager.stage(artifacts)
+        return self.journal.update(
+            record, state="succeeded", detail=detail, finished_at=format_time(self.clock())
+        )
+
+    def prune_artifacts(self, runtime: str, payload: Mapping[str, Any]) -> None:
+        """Delete the artifacts retention no longer keeps (``artifact_retention``)."""
+        pinned: set[str] = set()
+        newest_backup: dict[str, BackupInfo] = {}
+        for backup in self.state.list_backups():
+            known = newest_backup.get(backup.runtime)
+            if known is None or backup.seq > known.seq:
+                newest_backup[backup.runtime] = backup
+        for name in self.config.runtimes:
+            current = self.state.read_config(name)
+            previous = newest_backup.get(name)
+            for data in (
+                current[0] if current is not None else None,
+                self.state.read_backup(previous) if previous is not None else None,
+            ):
+                if data is not None:
+                    with contextlib.suppress(JobFailed):
+                        pinned |= config_artifacts(parse_config(name, data))
+        with self.journal.lock:
+            pinned |= pinned_by_jobs(list(self.journal.jobs.values()))
+        pinned |= job_artifacts(payload)
+        doomed = artifacts_to_prune(
+            self.store.uses, self.store.held(), pinned, self.config.keep_artifacts
+        )
+        if doomed:
+            self.store.delete(doomed)
+
+    def _backup_id(self, runtime: str, payload: Mapping[str, Any]) -> str:
+        stamp = self.clock().strftime("%Y%m%dT%H%M%SZ")
+        # A job id runs once, so its digest makes the id unique on this node.
+        return f"{runtime}-{stamp}-{hashlib.sha256(payload['jobId'].encode()).hexdigest()[:8]}"
+
+    def _take_backup(
+        self,
+        backup_id: str,
+        runtime: str,
+        payload: Mapping[str, Any],
+        data: bytes,
+        mode: int,
+        values: Mapping[str, Any] | None,
+    ) -> None:
+        values = values or {}
+        info = BackupInfo(
+            backup_id=backup_id,
+            runtime=runtime,
+            created_at=format_time(self.clock()),
+            seq=self.state.next_seq(),
+            job_id=payload["jobId"],
+            rollout=payload["rollout"],
+            provider=str(values.get("provider", "")),
+            model=str(values.get("model", "")),
+            profile=str(values.get("profile", "")),
+            mode=mode,
+            digest=digest(data) or "",
+        )
+        self.state.save_backup(info, data)
+
+    def _prune(self, runtime: str) -> None:
+        with self.journal.lock:
+            busy = {r.payload.get("backupId") for r in self.journal.in_flight.values()}
+        every = self.state.list_backups()
+        # A rollout with nothing done here for ``keep_first_backups`` no
+        # longer keeps its first backups beyond ``backup_retention``.
+        horizon = self.clock() - timedelta(seconds=self.config.keep_first_backups)
+        backups = [b for b in every if b.runtime == runtime]
+        for backup_id in backups_to_prune(
+            backups,
+            self.config.backup_retention,
+            {b for b in busy if b},
+            self.journal.finished_rollouts(every, horizon),
+        ):
+            self.state.delete_backup(backup_id)
+
+    def _after_apply(
+        self, payload: Mapping[str, Any], written: Mapping[str, Any]
+    ) -> tuple[str, str] | None:
+        """None when the command succeeded, else (what happened, output tail).
+        Provider, model and profile are those of the config just written: for
+        a restore, the restored ones, not the target rolled back from."""
+        command = self.config.after_apply
+        assert command is not None
+        return run_command(
+            "after-apply command",
+            command,
+            self.command_environment(payload, written),
+            self.config.after_apply_timeout,
+        )
+
+    def command_environment(
+        self, payload: Mapping[str, Any], written: Mapping[str, Any]
+    ) -> dict[str, str]:
+        """The environment node-local commands run with for ``payload``."""
+        target = payload["target"]
+        env = dict(self._environment)
+        env.update(
+            {
+                "RECONCILER_JOB_ID": payload["jobId"],
+                "RECONCILER_KIND": payload["kind"],
+                "RECONCILER_NODE": payload["node"],
+                "RECONCILER_ROLLOUT": payload["rollout"],
+                "RECONCILER_ATTEMPT": str(payload["attempt"]),
+                "RECONCILER_MODE": payload["mode"],
+                "RECONCILER_RUNTIME": target["runtime"],
+                "RECONCILER_PROVIDER": str(written.get("provider", "")),
+                "RECONCILER_MODEL": str(written.get("model", "")),
+                "RECONCILER_PROFILE": str(written.get("profile", "")),
+                "RECONCILER_BACKUP_ID": payload.get("backupId") or "",
+                "RECONCILER_SOURCE_COMMIT": payload["sourceCommit"],
+                "RECONCILER_CONFIG": self.state.config_location(target["runtime"]),
+            }
+        )
+        return env

@@ -1,0 +1,160 @@
+"""One live apply's way out of service and back: drain (the agent's
+``--drain-command``, then the wait for idle), the moment the config is
+activated, the warm-up, the undrain (``--undrain-command``), and, when the
+after-apply or the warm-up failed, the way back to the previous config
+(after-apply run again for it, then undrain).
+
+An apply that carries no artifacts, drain or warm-up is a version 2 apply:
+no timings, no undrain, and a failure restores the bytes only, as before.
+
+Must not: write the config (``job_runner`` does, between these steps), or
+run a command a job names (the commands are the agent's options).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from reconciler.node.agent_config import AgentConfig
+from reconciler.node.node_command import run_command
+from reconciler.node.runtime_config import JobFailed
+from reconciler.node.switchover import SwitchFailed, Timings, wait_idle, warm_up
+
+AfterApply = Callable[[Mapping[str, Any], Mapping[str, Any]], "tuple[str, str] | None"]
+Environment = Callable[[Mapping[str, Any], Mapping[str, Any]], dict[str, str]]
+
+SWITCH_FIELDS = ("artifacts", "drain", "warmup")
+
+
+class LiveSwitch:
+    """Begun (and drained) by ``begin``; then ``activated``, ``warm_up``,
+    and ``serving`` or ``put_back``."""
+
+    def __init__(
+        self,
+        payload: Mapping[str, Any],
+        before: Mapping[str, Any],
+        config: AgentConfig,
+        environment: Environment,
+        timings: Timings | None,
+    ) -> None:
+        self.payload = payload
+        self.before = before
+        self.config = config
+        self.environment = environment
+        self._timings = timings
+        self.drained = False
+
+    @classmethod
+    def begin(
+        cls,
+        payload: Mapping[str, Any],
+        before: Mapping[str, Any],
+        config: AgentConfig,
+        environment: Environment,
+        timings: Timings,
+    ) -> LiveSwitch:
+        """Drain when the job says so; ``JobFailed`` (``drain_timeout``,
+        undrained, nothing changed) when the node is not idle in time."""
+        versioned = any(payload.get(k) for k in SWITCH_FIELDS)
+        switch = cls(payload, before, config, environment, timings if versioned else None)
+        if payload.get("drain"):
+            switch._drain(payload["drain"], timings)
+        return switch
+
+    def _drain(self, drain: Mapping[str, Any], timings: Timings) -> None:
+        deadline = time.monotonic() + drain["timeoutSeconds"]
+        timings.mark("drainStartedAt")
+        self.drained = True
+        command = self.config.drain_command
+        try:
+            if command:
+                outcome = run_command(
+                    "drain command",
+                    command,
+                    self.environment(self.payload, self.before),
+                    max(0.1, deadline - time.monotonic()),
+                )
+                if outcome is not None:
+                    raise SwitchFailed("drain_timeout", f"{outcome[0]}; nothing was changed")
+            wait_idle(drain, deadline)
+        except SwitchFailed as exc:
+            said = exc.text + self._undrained(self.before)
+            self._serving_now()
+            raise JobFailed(said, timings=timings.record()) from None
+        timings.mark("drainedAt")
+
+    def activated(self) -> None:
+        if self._timings is not None:
+            self._timings.mark("activatedAt")
+
+    def warm_up(self) -> tuple[str, str] | None:
+        """None when every warm-up request answered as expected, else
+        (what happened, output)."""
+        try:
+            warm_up(self.payload.get("warmup") or ())
+        except SwitchFailed as exc:
+            return exc.text, ""
+        if self._timings is not None:
+            self._timings.mark("warmedAt")
+        return None
+
+    def put_back(self, after_apply: AfterApply | None) -> str:
+        """Called once the previous bytes are back: after-apply again for
+        them and undrain (a version 3 apply); what to add to the error."""
+        if self._timings is None:
+            return "; previous config restored"
+        said = "; previous config restored"
+        if after_apply is not None:
+            again = after_apply(self.payload, self.before)
+            said += (
+                ", after-apply run again for it"
+                if again is None
+                else f", but after-apply for it failed too ({again[0]})"
+            )
+        said += self._undrained(self.before)
+        self._serving_now()
+        return said
+
+    def serving(self, written: Mapping[str, Any]) -> None:
+        """The node takes requests again on the new config."""
+        problem = self._undrain(written)
+        if problem is not None:
+            raise JobFailed(
+                f"the new config is active and warmed up, but the {problem}: "
+                "the node may not take requests until it is undrained by hand",
+                timings=self.timings(),
+            )
+        self._serving_now()
+
+    def _serving_now(self) -> None:
+        if self._timings is not None:
+            self._timings.mark("servingAt")
+
+    def _undrained(self, values: Mapping[str, Any]) -> str:
+        """Undrain when drained; what to add to an error."""
+        if not self.drained:
+            return ""
+        problem = self._undrain(values)
+        return "; undrained" if problem is None else f"; the {problem}"
+
+    def _undrain(self, values: Mapping[str, Any]) -> str | None:
+        """Run the undrain command when drained; None, or what went wrong."""
+        if not self.drained:
+            return None
+        self.drained = False
+        command = self.config.undrain_command
+        if not command:
+            return None
+        outcome = run_command(
+            "undrain command",
+            command,
+            self.environment(self.payload, values),
+            self.config.after_apply_timeout,
+        )
+        return None if outcome is None else outcome[0]
+
+    def timings(self) -> dict[str, str | None] | None:
+        return self._timings.record() if self._timings is not None else None

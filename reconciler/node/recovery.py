@@ -1,0 +1,111 @@
+"""Start-up recovery: every job a previous run of the agent left unfinished
+ends ``failed``, saying whether the config was left old or new. A job id is
+never run again, so nothing here runs one.
+
+Must not: change a runtime's config or a backup (it only reads them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from reconciler.node.artifact_store import config_entries
+from reconciler.node.journal import Journal
+from reconciler.node.runtime_config import TARGET_FIELDS, JobFailed, parse_config
+from reconciler.node.state_dir import BackupInfo, JobRecord, StateDir, digest
+from reconciler.spec.safe_yaml import dump_yaml
+from reconciler.spec.times import format_time
+
+
+def recover(journal: Journal, state: StateDir) -> None:
+    """Fail every job a previous run left unfinished; never run it again."""
+    now = format_time(journal.clock())
+    for record in list(journal.jobs.values()):
+        if record.state == "accepted":
+            journal.save(_recovered_accepted(state, record, now))
+        elif record.state == "running":  # journalled by agents before 2.x
+            journal.save(_recovered(state, record, now))
+
+
+def _recovered_accepted(state: StateDir, record: JobRecord, now: str) -> JobRecord:
+    """A job the journal holds as "accepted": it never ran, or it was
+    running. "running" is not journalled, since that would cost two
+    fsyncs per job for what this reads back instead: the backup, durable
+    before the config is replaced and naming its job, holds the bytes
+    before; the bytes after follow from them and the payload. A job with
+    no backup of its own replaced no config (it may have created one).
+    The one case told less exactly than from a journalled "running": with
+    no config before, a job still queued behind one that created exactly
+    its own target config is also reported as having left it new."""
+    payload = record.payload
+    if payload["kind"] == "stage":
+        return record.with_changes(
+            state="failed",
+            finished_at=now,
+            error="agent restarted while staging; no config was changed, and what was "
+            "downloaded is kept for the next stage job to resume",
+        )
+    runtime = payload["target"]["runtime"]
+    # The job's own backup is the newest of its runtime, so no prune
+    # (retention is at least 1) removes it before the job's verdict.
+    taken = next((b for b in state.list_backups() if b.job_id == record.job_id), None)
+    before = taken.digest if taken is not None else None
+    after = _planned_digest(state, payload, taken)
+    current = state.read_config(runtime)
+    if taken is None and (current is None or after is None or digest(current[0]) != after):
+        return record.with_changes(
+            state="failed",
+            finished_at=now,
+            error="agent restarted before the job ran; nothing was changed",
+        )
+    planned = taken.backup_id if taken is not None else None
+    running = record.with_changes(before=before, after=after, planned_backup=planned)
+    return _recovered(state, running, now)
+
+
+def _planned_digest(
+    state: StateDir, payload: Mapping[str, Any], taken: BackupInfo | None
+) -> str | None:
+    """The digest of the config a live job writes, given the backup it
+    took (None: there was no config); None when it cannot be told."""
+    if payload.get("mode") != "live":
+        return None
+    if payload["kind"] == "restore":
+        source = state.find_backup(str(payload.get("backupId")))
+        return source.digest if source is not None else None
+    wanted: dict[str, Any] = {k: payload["target"][k] for k in TARGET_FIELDS}
+    if payload.get("artifacts"):
+        wanted["artifacts"] = config_entries(state.root, payload["artifacts"])
+    try:
+        values = (
+            parse_config(payload["target"]["runtime"], state.read_backup(taken))
+            if taken is not None
+            else {}
+        )
+    except (JobFailed, OSError):
+        return None
+    return digest(dump_yaml({**values, **wanted}))
+
+
+def _recovered(state: StateDir, record: JobRecord, now: str) -> JobRecord:
+    runtime = record.payload["target"]["runtime"]
+    current = state.read_config(runtime)
+    now_digest = digest(current[0]) if current else None
+    if record.before is None and record.after is None:
+        left = "untouched (the job was a dry run)"
+    elif now_digest == record.after and now_digest != record.before:
+        left = "new"
+    elif now_digest == record.before:
+        left = "old"
+    else:
+        left = "neither old nor new (changed by something else)"
+    backup = record.planned_backup
+    if backup is not None and state.find_backup(backup) is None:
+        backup = None
+    return record.with_changes(
+        state="failed",
+        finished_at=now,
+        backup_id=backup,
+        error=f"agent restarted during apply; config left as {left}",
+    )

@@ -1,0 +1,98 @@
+"""The ``stage`` job: every artifact it names is brought into the store, or
+(a dry run) the server is asked for its size. A stage changes no config;
+an artifact already held is not fetched again.
+
+Must not: touch a runtime's config, or run any command.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from reconciler.node.artifact_download import Downloader, DownloadSettings
+from reconciler.node.artifact_store import ArtifactStore, StageFailed
+from reconciler.node.runtime_config import JobFailed
+
+
+class Stager:
+    """Runs stage jobs on the job thread, into ``store``."""
+
+    def __init__(self, store: ArtifactStore, settings: DownloadSettings) -> None:
+        self.store = store
+        self.settings = settings
+        self._downloader: Downloader | None = None
+
+    @property
+    def downloader(self) -> Downloader:
+        """Made at the first stage job: an agent that never stages loads no CA store."""
+        if self._downloader is None:
+            self._downloader = Downloader(self.settings)
+        return self._downloader
+
+    def close(self) -> None:
+        if self._downloader is not None:
+            self._downloader.close()
+
+    def stage(self, artifacts: Sequence[Mapping[str, Any]]) -> str:
+        """Fetch what is not held; the job's detail, or ``JobFailed`` with
+        the code of the first artifact that could not be staged."""
+        try:
+            self.store.check_space(artifacts)
+        except StageFailed as exc:
+            raise JobFailed(f"{exc.text()}; nothing was downloaded") from None
+        said = []
+        for artifact in artifacts:
+            name, sha256, size = artifact["name"], artifact["sha256"], int(artifact["size"])
+            if self.store.holds(sha256, size):
+                said.append(f"{name}: already held")
+                continue
+            partial = self.store.partial(sha256)
+            resumed = partial.size
+            try:
+                self.downloader.fetch(artifact["url"], partial, size)
+                partial.finish(size)
+            except StageFailed as exc:
+                raise JobFailed(f"{exc.code}: {name}: {exc.message}") from None
+            finally:
+                partial.close()
+            said.append(
+                f"{name}: downloaded {size} bytes"
+                + (f" (resumed from byte {resumed})" if resumed else "")
+            )
+        return "; ".join(said)
+
+    def require_held(self, artifacts: Sequence[Mapping[str, Any]]) -> None:
+        """``not_staged`` unless every artifact is held with its digest."""
+        missing = [
+            a["name"] for a in artifacts if not self.store.holds(a["sha256"], int(a["size"]))
+        ]
+        if missing:
+            raise JobFailed(
+                f"not_staged: {', '.join(missing)} not held on this node; "
+                "a stage job brings them first; nothing was changed"
+            )
+
+    def dry_run(self, artifacts: Sequence[Mapping[str, Any]]) -> str:
+        """What a live stage would fetch: the size each server reports, and
+        whether the file is held already. Downloads nothing."""
+        said = []
+        for artifact in artifacts:
+            name, sha256, size = artifact["name"], artifact["sha256"], int(artifact["size"])
+            if self.store.holds(sha256, size):
+                said.append(f"{name}: already held")
+                continue
+            try:
+                reported = self.downloader.remote_size(artifact["url"])
+            except StageFailed as exc:
+                raise JobFailed(f"{exc.code}: {name}: {exc.message}") from None
+            if reported is None:
+                said.append(f"{name}: not held; the server does not say its size")
+            elif reported != size:
+                said.append(
+                    f"{name}: not held; the server reports {reported} bytes, not the "
+                    f"declared {size}: a live stage would fail with digest_mismatch"
+                )
+            else:
+                said.append(f"{name}: not held; the server reports {reported} bytes")
+        return "would stage: " + "; ".join(said)

@@ -1,0 +1,150 @@
+"""Taking a live node out of service and back for a switch: the drain
+command and the wait until the runtime is idle (its Prometheus text on
+loopback, the metric summed over its series), the warm-up requests after
+the new config is active, the undrain command, and the moments each step
+ended (``timings`` in the job record, agent clock).
+
+Only the node itself is asked: a URL must resolve to loopback or an
+address of this machine, as for the agent's http checks.
+
+Must not: write configs or run ``--after-apply`` (``job_runner`` does, in
+between these steps); take a command from a job.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from reconciler.node.probes import ProbeFailed, own_addresses
+from reconciler.spec.times import format_time
+
+
+def _local_client() -> httpx.Client:
+    """A client for the node's own endpoints. Their certificate, when they
+    have one, is often self-signed: locality is what is relied on, as for
+    the http checks; and loading a CA store would cost more than the call."""
+    return httpx.Client(verify=False)
+
+
+IDLE_POLL = 0.05  # seconds between reads of the idle metric (a loopback GET)
+TIMING_FIELDS = ("drainStartedAt", "drainedAt", "activatedAt", "warmedAt", "servingAt")
+
+
+class SwitchFailed(Exception):
+    """A drain or warm-up that did not hold, as ``code: message``."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.text = f"{code}: {message}"
+
+
+@dataclass
+class Timings:
+    """When each step of a live switch ended (RFC 3339, agent clock)."""
+
+    clock: Callable[[], datetime]
+    moments: dict[str, str | None] = field(default_factory=lambda: dict.fromkeys(TIMING_FIELDS))
+
+    def mark(self, step: str) -> None:
+        self.moments[step] = format_time(self.clock())
+
+    def record(self) -> dict[str, str | None]:
+        return dict(self.moments)
+
+
+def _local(url: str, code: str) -> None:
+    parts = urlsplit(url)
+    try:
+        own_addresses(parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80))
+    except ProbeFailed as exc:
+        raise SwitchFailed(code, f"{exc}; nothing was changed") from None
+
+
+def metric_sum(text: str, metric: str) -> float | None:
+    """The sum of ``metric``'s samples in Prometheus text; None when absent."""
+    found = None
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == metric:
+                found = (found or 0.0) + float(sample.value)
+    return found
+
+
+def idle_reading(client: httpx.Client, url: str, metric: str, timeout: float) -> float:
+    """The idle metric now; ValueError saying why it cannot be read."""
+    try:
+        answer = client.get(url, timeout=timeout)
+    except httpx.HTTPError as exc:
+        raise ValueError(f"GET {url}: {exc}") from None
+    if answer.status_code != 200:
+        raise ValueError(f"GET {url} answered {answer.status_code}")
+    try:
+        value = metric_sum(answer.text, metric)
+    except ValueError as exc:
+        raise ValueError(f"{url} is not Prometheus text: {exc}") from None
+    if value is None:
+        raise ValueError(f"{url} has no metric {metric}")
+    return value
+
+
+def wait_idle(drain: Mapping[str, Any], deadline: float) -> None:
+    """Until the idle metric is at most its ``max``, or ``drain_timeout``
+    at ``deadline`` (``time.monotonic``)."""
+    idle = drain["idle"]
+    url, metric, most = idle["url"], idle["metric"], float(idle["max"])
+    _local(url, "drain_timeout")
+    last = "not read yet"
+    with _local_client() as client:
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                value = idle_reading(client, url, metric, max(0.1, min(left, 5.0)))
+                if value <= most:
+                    return
+                last = f"{metric} was {value:g}, more than {most:g}"
+            except ValueError as exc:
+                last = str(exc)
+            if time.monotonic() + IDLE_POLL > deadline:
+                raise SwitchFailed(
+                    "drain_timeout",
+                    f"not idle within {drain['timeoutSeconds']}s ({last}); nothing was changed",
+                )
+            time.sleep(IDLE_POLL)
+
+
+def warm_up(warmups: Sequence[Mapping[str, Any]]) -> None:
+    """Send each warm-up request ``times`` times; ``warmup_failed`` at the
+    first that does not answer its ``expectStatus`` in time."""
+    with _local_client() as client:
+        for warmup in warmups:
+            _local(warmup["url"], "warmup_failed")
+            method, url = warmup["method"], warmup["url"]
+            for turn in range(1, warmup["times"] + 1):
+                where = f"{method} {url} (time {turn} of {warmup['times']})"
+                try:
+                    answer = client.request(
+                        method,
+                        url,
+                        content=warmup["body"].encode() or None,
+                        timeout=float(warmup["timeoutSeconds"]),
+                    )
+                except httpx.TimeoutException:
+                    raise SwitchFailed(
+                        "warmup_failed", f"{where}: no answer within {warmup['timeoutSeconds']}s"
+                    ) from None
+                except httpx.HTTPError as exc:
+                    raise SwitchFailed("warmup_failed", f"{where}: {exc}") from None
+                if answer.status_code != warmup["expectStatus"]:
+                    raise SwitchFailed(
+                        "warmup_failed",
+                        f"{where} answered {answer.status_code} "
+                        f"(expected {warmup['expectStatus']})",
+                    )

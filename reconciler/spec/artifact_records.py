@@ -1,0 +1,166 @@
+"""Model artifacts in status records: the frozen ``artifacts``, ``stage``,
+``drain`` and ``warmup`` of a started rollout, and a node's ``stage``,
+``timings`` and ``outOfService``, as plain data and back.
+
+Each is written only when set, so the status of a rollout without artifacts
+stays byte for byte what it was. Pure; must not read or write files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from reconciler.spec.artifacts import Artifact, Drain, Stage, Warmup
+from reconciler.spec.durations import format_duration, parse_duration
+from reconciler.spec.times import format_time, parse_time
+
+TIMING_KEYS = ("drainStartedAt", "drainedAt", "activatedAt", "warmedAt", "servingAt")
+
+
+@dataclass(frozen=True)
+class StageRecord:
+    """A node's latest stage job: its artifacts downloaded and checked ahead
+    of its apply. ``attempt`` counts the node's stage jobs in the rollout;
+    ``state`` is one of ``rollout_status.STAGE_STATES``."""
+
+    job_id: str
+    attempt: int
+    state: str
+    started_at: datetime
+    finished_at: datetime | None = None
+    error: str = ""
+
+
+def node_record(
+    stage: StageRecord | None,
+    timings: Mapping[str, str | None] | None,
+    out_of_service: float | None,
+) -> dict[str, Any]:
+    """A node record's keys for these values (none when unset)."""
+    record: dict[str, Any] = {}
+    if stage is not None:
+        record["stage"] = {
+            "jobId": stage.job_id,
+            "attempt": stage.attempt,
+            "state": stage.state,
+            "startedAt": format_time(stage.started_at),
+            "finishedAt": None if stage.finished_at is None else format_time(stage.finished_at),
+            "error": stage.error,
+        }
+    if timings is not None:
+        record["timings"] = {key: timings.get(key) for key in TIMING_KEYS}
+    if out_of_service is not None:
+        record["outOfService"] = out_of_service
+    return record
+
+
+def node_from(record: Mapping[str, Any]) -> dict[str, Any]:
+    """``NodeRecord`` keyword arguments from a node record."""
+    values: dict[str, Any] = {}
+    stage = record.get("stage")
+    if stage is not None:
+        finished = stage.get("finishedAt")
+        values["stage"] = StageRecord(
+            job_id=stage["jobId"],
+            attempt=stage["attempt"],
+            state=stage["state"],
+            started_at=parse_time(stage["startedAt"]),
+            finished_at=None if finished is None else parse_time(finished),
+            error=stage.get("error", ""),
+        )
+    if record.get("timings") is not None:
+        values["timings"] = dict(record["timings"])
+    if record.get("outOfService") is not None:
+        values["out_of_service"] = record["outOfService"]
+    return values
+
+
+def frozen_record(
+    artifacts: tuple[Artifact, ...],
+    stage: Stage | None,
+    drain: Drain | None,
+    warmup: tuple[Warmup, ...],
+) -> dict[str, Any]:
+    """The frozen record's keys for these values (none when unset)."""
+    record: dict[str, Any] = {}
+    if artifacts:
+        record["artifacts"] = [
+            {"name": a.name, "url": a.url, "sha256": a.sha256, "size": a.size} for a in artifacts
+        ]
+    if stage is not None:
+        record["stage"] = {
+            "ahead": stage.ahead,
+            "maxConcurrent": stage.max_concurrent,
+            "timeout": format_duration(stage.timeout_seconds),
+        }
+    if drain is not None:
+        record["drain"] = {
+            "timeout": format_duration(drain.timeout_seconds),
+            "idle": {"url": drain.idle_url, "metric": drain.idle_metric, "max": drain.idle_max},
+        }
+    if warmup:
+        record["warmup"] = [
+            {
+                "http": {
+                    "url": w.url,
+                    "method": w.method,
+                    "body": w.body,
+                    "expectStatus": w.expect_status,
+                    "timeout": format_duration(w.timeout_seconds),
+                },
+                "times": w.times,
+            }
+            for w in warmup
+        ]
+    return record
+
+
+def frozen_from(record: Mapping[str, Any]) -> dict[str, Any]:
+    """``FrozenSpec`` keyword arguments from a frozen record."""
+    values: dict[str, Any] = {}
+    if "artifacts" in record:
+        values["artifacts"] = tuple(
+            Artifact(a["name"], a["url"], a["sha256"], a["size"]) for a in record["artifacts"]
+        )
+    stage = record.get("stage")
+    if stage is not None:
+        values["stage"] = Stage(
+            stage["ahead"], stage["maxConcurrent"], parse_duration(stage["timeout"])
+        )
+    drain = record.get("drain")
+    if drain is not None:
+        idle = drain["idle"]
+        values["drain"] = Drain(
+            parse_duration(drain["timeout"]), idle["url"], idle["metric"], idle["max"]
+        )
+    if "warmup" in record:
+        values["warmup"] = tuple(
+            Warmup(
+                w["http"]["url"],
+                w["http"]["method"],
+                w["http"]["body"],
+                w["http"]["expectStatus"],
+                parse_duration(w["http"]["timeout"]),
+                w["times"],
+            )
+            for w in record["warmup"]
+        )
+    return values
+
+
+def out_of_service(timings: Mapping[str, str | None]) -> float | None:
+    """Seconds a node did not serve: ``servingAt`` minus ``drainStartedAt``
+    (or ``activatedAt`` without drain); None when the times do not say.
+    Both are the agent's clock, compared only with each other."""
+    serving = timings.get("servingAt")
+    start = timings.get("drainStartedAt") or timings.get("activatedAt")
+    if serving is None or start is None:
+        return None
+    try:
+        seconds = (parse_time(serving) - parse_time(start)).total_seconds()
+    except ValueError:
+        return None
+    return round(seconds, 3) if seconds >= 0 else None
