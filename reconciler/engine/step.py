@@ -44,6 +44,7 @@ from reconciler.engine import (
     attempts,
     batches,
     budget,
+    comparisons,
     conditions,
     evidence,
     intents,
@@ -626,16 +627,14 @@ class RolloutStep(StatusDraft):
         self.set_condition("unverified_evidence", conditions.unverified_words(asked, ctx.obs))
 
     def health_conditions(self) -> None:
-        """Conditions for prometheus checks nothing can answer: no server in
-        settings, or a query the server refuses (docs/health.md)."""
-        f = self.frozen
+        """Conditions of checks, comparisons and alerts nothing can answer (docs/health.md)."""
+        f, obs = self.frozen, self.ctx.obs
+        found = comparisons.condition_words(f, self.nodes, self.ctx.node, obs.alerts.get(self.name))
         checks = f.health.prometheus_checks if f is not None and f.health is not None else ()
-        if not checks or f is None or not f.live:
-            return
-        configured = self.ctx.settings.prometheus_url is not None
-        for type_, words in conditions.prometheus_words(
-            checks, configured, self.nodes, self.ctx.obs
-        ):
+        if checks and f is not None and f.live:
+            configured = self.ctx.settings.prometheus_url is not None
+            found += conditions.prometheus_words(checks, configured, self.nodes, obs)
+        for type_, words in found:
             self.set_condition(type_, words)
 
     def seen(self) -> evidence.Seen:
@@ -650,6 +649,7 @@ class RolloutStep(StatusDraft):
             self.now,
             self.frozen.health,
             self.ctx.settings.prometheus_url is not None,
+            self.ctx.obs.alerts.get(self.name),
         )
 
     # -- rollback requests and restores
@@ -863,6 +863,7 @@ class RolloutStep(StatusDraft):
         settings = self.ctx.settings
         gated = not self.frozen.ignore_windows and (settings.windows or settings.freezes)
         waiting = batch_gate(settings.windows, settings.freezes, self.now) if gated else None
+        waiting = waiting or comparisons.batch_wait(self.frozen, self.ctx.obs.alerts.get(self.name))
         # An unchanged wait keeps its value, so an idle pass writes nothing.
         self.waiting = self.waiting if waiting == self.waiting else waiting
         return self.waiting is None

@@ -171,3 +171,81 @@ def to_document(compare: tuple[Comparison, ...]) -> list[dict[str, Any]]:
 
 def alerts_to_document(alerts: Alerts) -> dict[str, Any]:
     return {"matchers": list(alerts.matchers), "nodeLabel": alerts.node_label}
+
+
+@dataclass(frozen=True)
+class FiringAlert:
+    """An active alert as Alertmanager showed it."""
+
+    alertname: str
+    labels: tuple[tuple[str, str], ...]
+    starts_at: str  # RFC 3339, as Alertmanager gave it
+
+
+def alert_record(alert: FiringAlert) -> dict[str, Any]:
+    return {"alertname": alert.alertname, "labels": dict(alert.labels), "startsAt": alert.starts_at}
+
+
+def alert_from(record: Mapping[str, Any]) -> FiringAlert:
+    return FiringAlert(
+        record.get("alertname", ""),
+        tuple(sorted(record.get("labels", {}).items())),
+        record.get("startsAt", ""),
+    )
+
+
+# -- what decided a comparison, as recorded in a node's checks ----------------
+
+
+@dataclass(frozen=True)
+class Measured:
+    """The numbers a decided comparison rests on: each side's median (a
+    ``query``) or rate (``errors``), its sample count, the baseline's nodes
+    (the node itself when compared with its own window before dispatch,
+    ``own_window``), the change (how much worse) and the p-value."""
+
+    kind: str  # median | rate
+    canary: float | None
+    canary_samples: int
+    baseline: float | None
+    baseline_samples: int
+    baseline_nodes: tuple[str, ...]
+    change: float | None
+    p_value: float | None
+    own_window: bool = False
+
+
+def measured_record(m: Measured) -> dict[str, Any]:
+    """``{canary: {median|rate, samples}, baseline: {median|rate, samples,
+    nodes[, ownWindow]}, change, pValue}``."""
+    baseline: dict[str, Any] = {
+        m.kind: m.baseline,
+        "samples": m.baseline_samples,
+        "nodes": list(m.baseline_nodes),
+    }
+    if m.own_window:
+        baseline["ownWindow"] = True
+    return {
+        "canary": {m.kind: m.canary, "samples": m.canary_samples},
+        "baseline": baseline,
+        "change": m.change,
+        "pValue": m.p_value,
+    }
+
+
+def measured_from(record: Mapping[str, Any]) -> Measured | None:
+    canary, baseline = record.get("canary"), record.get("baseline")
+    if not isinstance(canary, dict) or not isinstance(baseline, dict):
+        return None
+    kind = "rate" if "rate" in canary else "median"
+    return Measured(
+        kind=kind,
+        canary=canary.get(kind),
+        canary_samples=canary.get("samples", 0),
+        baseline=baseline.get(kind),
+        baseline_samples=baseline.get("samples", 0),
+        baseline_nodes=tuple(baseline.get("nodes", ())),
+        change=record.get("change"),
+        p_value=record.get("pValue"),
+        own_window=baseline.get("ownWindow", False),
+    )

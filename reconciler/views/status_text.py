@@ -150,7 +150,13 @@ def ended_message(status: RolloutStatus) -> str:
 
 
 def waiting_text(waiting: Waiting) -> str:
-    """``freeze until 2026-12-27 00:00Z``: why a due batch waits (not a hold)."""
+    """``freeze until 2026-12-27 00:00Z``: why a due batch waits (not a hold);
+    ``alert_firing: GpuHot since ...`` for a fleet-wide alert."""
+    if waiting.reason == "alert_firing":
+        alerts = ", ".join(f"{a.alertname} since {a.starts_at}" for a in waiting.alerts)
+        return f"alert_firing: {alerts}; the next batch starts once it resolves"
+    if waiting.reason == "alertmanager_unreachable":
+        return "alertmanager_unreachable: no new batch until Alertmanager answers"
     until = waiting.until.strftime("%Y-%m-%d %H:%MZ") if waiting.until else "no opening in sight"
     return f"{waiting.reason} until {until}" if waiting.until else f"{waiting.reason}: {until}"
 
