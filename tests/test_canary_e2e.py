@@ -217,3 +217,21 @@ def test_alertmanager_stopped_means_no_new_batch(tmp_path: Path) -> None:
         assert set(node_map(w.fleet.statuses()["r"])) == set(NODES)
         assert all(state(w.fleet.statuses(), n) == "pending" for n in NODES)
         assert statuses["r"]["phase"] == "running"
+
+
+def test_a_matcher_alertmanager_rejects_is_a_condition_naming_it(tmp_path: Path) -> None:
+    with world(tmp_path, alerts=True) as w:
+        w.start("{soak: 2m, interval: 1s, alerts: {matchers: ['severity=~\"(']}}")
+
+        statuses = w.run_until(
+            lambda s: any(
+                c["type"] == "alert_matchers_rejected" for c in s.get("r", {}).get("conditions", ())
+            )
+        )
+
+        condition = next(
+            c for c in statuses["r"]["conditions"] if c["type"] == "alert_matchers_rejected"
+        )
+        assert condition["message"].startswith(
+            'Alertmanager rejects the matchers severity=~"(: matcher value contains unescaped'
+        )

@@ -29,7 +29,7 @@ from reconciler.spec.rollout_status import (
     to_record,
 )
 from reconciler.spec.times import format_time
-from reconciler.views.health_text import failing_checks, health_lines
+from reconciler.views.health_text import comparison_lines, failing_checks, health_lines
 
 WIDTH = 80
 BAR_WIDTH = 10
@@ -478,6 +478,11 @@ def _section_lines(status: RolloutStatus, colour: bool, transitions: int) -> lis
         out.append("failing checks")
         for node, check, detail in failing:
             out += _wrapped(f"{node} {check}: {detail}", "  ")
+    compared = comparison_lines(status.nodes)
+    if compared:
+        out += ["", "comparisons"]
+        for line in compared:
+            out += _wrapped(line, "  ")
     if status.conditions:
         out.append("")
         out.append("conditions")
