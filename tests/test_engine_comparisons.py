@@ -41,8 +41,10 @@ from reconciler.spec.rollout_status import (
     Waiting,
     node_from_record,
     node_to_record,
+    to_record,
 )
 from reconciler.views.health_text import comparison_lines
+from reconciler.views.status_text import waiting_text
 from tests.kit.documents import make_status
 
 NOW = datetime(2026, 12, 2, 9, 0, tzinfo=UTC)
@@ -262,3 +264,18 @@ def test_a_prometheus_error_on_either_side_is_inconclusive() -> None:
 def _with_health(status: RolloutStatus) -> RolloutStatus:
     assert status.frozen is not None
     return replace(status, frozen=replace(status.frozen, health=HEALTH))
+
+
+def test_status_says_why_a_batch_waits_for_alerts() -> None:
+    assert waiting_text(Waiting("alert_firing", None, (hot(),))) == (
+        "alert_firing: GpuHot since T0; the next batch starts once it resolves"
+    )
+    assert waiting_text(Waiting("alertmanager_unreachable", None)) == (
+        "alertmanager_unreachable: no new batch until Alertmanager answers"
+    )
+    record = {
+        "reason": "alert_firing",
+        "alerts": [{"alertname": "GpuHot", "labels": {"alertname": "GpuHot"}, "startsAt": "T0"}],
+    }
+    status = replace(make_status("r", "running"), waiting=Waiting("alert_firing", None, (hot(),)))
+    assert to_record(status)["waiting"] == record

@@ -445,7 +445,10 @@ def _hold_lines(status: RolloutStatus, colour: bool) -> list[str]:
         out.append(f"  reason    {status.reason}")
         out += _wrapped(ended_message(status), "            ")
     if status.waiting is not None:
-        out.append(f"  waiting   {waiting_text(status.waiting)} (deploy windows and freezes)")
+        why = (
+            "alerts" if status.waiting.reason.startswith("alert") else "deploy windows and freezes"
+        )
+        out.append(f"  waiting   {waiting_text(status.waiting)} ({why})")
     if status.operator_paused:
         by = status.paused_by.describe() if status.paused_by else "the operator"
         out += _wrapped(f"by {by} (spec.paused: true)", "            ", "  paused    ")
