@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
+from typing import Any
 
 from reconciler.daemon import canary_statistics as stats
 from reconciler.daemon.range_queries import RangeAnswer, RangeQueries, RangeQuery
@@ -129,8 +130,9 @@ class CanaryVerdicts:
             for q in (d.own(text), *(d.queries(text, b) for b in d.baseline))
         ]
         answers = self.queries.ask_all(url, asked)
+        pooled: dict[tuple[str, ...], Any] = {}  # a batch shares its baseline: pooled once
         for d in due:
-            self._record(d, judge(d, answers))
+            self._record(d, judge(d, answers, pooled))
 
     def _record(self, d: _Due, verdict: ComparisonVerdict) -> None:
         watch = self.watches[d.node]
@@ -163,36 +165,55 @@ def _due(
     return _Due(node.name, comparison, health, start, end, (node.name,), before, dispatched, True)
 
 
-def judge(d: _Due, answers: Mapping[RangeQuery, RangeAnswer]) -> ComparisonVerdict:
-    """One comparison's verdict from Prometheus's answers."""
+def judge(
+    d: _Due,
+    answers: Mapping[RangeQuery, RangeAnswer],
+    pooled: dict[tuple[str, ...], Any] | None = None,
+) -> ComparisonVerdict:
+    """One comparison's verdict from Prometheus's answers; ``pooled`` keeps
+    the baselines pooled so far, by query text, window and nodes."""
+    pooled = {} if pooled is None else pooled
     if not d.baseline:
         return _unknown(
             d, "no baseline: the baseline selector matches none of this rollout's nodes"
         )
-    wanted = [d.own(t) for t in d.texts()] + [
-        d.queries(t, b) for t in d.texts() for b in d.baseline
-    ]
-    failed = next((answers[q] for q in wanted if answers[q].error), None)
-    if failed is not None:
-        return _unknown(d, f"no answer from Prometheus: {failed.error}")
+    key = (*d.texts(), d.base_start.isoformat(), d.base_end.isoformat(), *d.baseline)
+    if key not in pooled:  # the baseline's answers, looked at once per batch
+        wanted = [d.queries(t, b) for t in d.texts() for b in d.baseline]
+        pooled[key] = next((answers[q].error for q in wanted if answers[q].error), "")
+    failed = next((answers[q].error for q in map(d.own, d.texts()) if answers[q].error), "")
+    failed = failed or pooled[key]
+    if failed:
+        return _unknown(d, f"no answer from Prometheus: {failed}")
     c = d.comparison
+    key = ("pooled", *key)
     if c.query:
         mine = answers[d.own(c.query)].values()
-        theirs = [v for b in d.baseline for v in answers[d.queries(c.query, b)].values()]
+        if key not in pooled:
+            pooled[key] = [v for b in d.baseline for v in answers[d.queries(c.query, b)].values()]
         judged = stats.compare_quantity(
-            mine, theirs, worse=c.worse, tolerance=c.tolerance, min_samples=c.min_samples
+            mine, pooled[key], worse=c.worse, tolerance=c.tolerance, min_samples=c.min_samples
         )
     else:
         ours = _aligned(answers[d.own(c.errors)], answers[d.own(c.total)])
-        base: tuple[list[float], list[float]] = ([], [])
-        for b in d.baseline:
-            errors, total = _aligned(
-                answers[d.queries(c.errors, b)], answers[d.queries(c.total, b)]
-            )
-            base[0].extend(errors)
-            base[1].extend(total)
-        judged = stats.compare_rate(ours, base, tolerance=c.tolerance, min_samples=c.min_samples)
+        if key not in pooled:
+            pooled[key] = _pooled_rate(d, answers)
+        judged = stats.compare_rate(
+            ours, pooled[key], tolerance=c.tolerance, min_samples=c.min_samples
+        )
     return _verdict(d, judged)
+
+
+def _pooled_rate(
+    d: _Due, answers: Mapping[RangeQuery, RangeAnswer]
+) -> tuple[list[float], list[float]]:
+    c = d.comparison
+    base: tuple[list[float], list[float]] = ([], [])
+    for b in d.baseline:
+        errors, total = _aligned(answers[d.queries(c.errors, b)], answers[d.queries(c.total, b)])
+        base[0].extend(errors)
+        base[1].extend(total)
+    return base
 
 
 def _aligned(errors: RangeAnswer, total: RangeAnswer) -> tuple[list[float], list[float]]:
