@@ -48,7 +48,7 @@ class World:
         self.fleet.push({"rollouts/r.yaml": rollout})
 
     def run_until(
-        self, done: Callable[[dict[str, Any]], bool], timeout: float = 60
+        self, done: Callable[[dict[str, Any]], bool], timeout: float = 120
     ) -> dict[str, Any]:
         return self.fleet.run_until(self.daemon, done, timeout=timeout, pause=PAUSE)
 

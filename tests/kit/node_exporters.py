@@ -15,7 +15,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 LATENCY = 0.1  # seconds: the baseline's mean
-SPREAD = 0.05  # the standard deviation, as a share of the mean
+SPREAD = 0.03  # the standard deviation, as a share of the mean
 REQUESTS_PER_SCRAPE = 1000
 
 
