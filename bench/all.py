@@ -69,6 +69,7 @@ SCRIPTS = (
     Script("branch_watch", ("--samples", "300", "--idle", "60"), ("--quick",)),
     Script("cli_completion", (), ("--quick",)),
     Script("api", (), ("--quick",)),
+    Script("canary", (), ("--nodes", "200", "--soak", "10")),
 )
 
 

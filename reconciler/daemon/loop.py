@@ -54,6 +54,7 @@ from reconciler.daemon.prometheus_client import PrometheusClient
 from reconciler.daemon.reader import Delta, Reader, Snapshot
 from reconciler.daemon.state import DaemonState
 from reconciler.daemon.status_files import StatusFiles, commit_message
+from reconciler.engine import canary_queries
 from reconciler.engine import fleet as fleet_rules
 from reconciler.engine import step as engine
 from reconciler.engine.memo import StepMemo
@@ -327,15 +328,15 @@ class Daemon:
         return None
 
     def _observe(self, p: _Pass) -> PassOutcome | None:
-        """Ask the agents (unfinished jobs, resending those they do not know;
-        heartbeats, backup lists) and Prometheus about the statuses that are
-        not inert. Touches: the agents over HTTP; the observer's soft state."""
+        """Ask the agents, Prometheus and Alertmanager about the statuses that
+        are not inert. Touches: the agents over HTTP; the observer's soft state."""
         snapshot = p.snapshot
         p.seen = self.observer.observe(
             snapshot.statuses,
             p.delta.since_pass,
-            snapshot.documents.settings.prometheus_url,
+            snapshot.documents.settings,
             every=self.plain,
+            starting_alerts=canary_queries.starting_alerts(p.inputs),
         )
         return None
 

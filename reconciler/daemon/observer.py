@@ -21,11 +21,15 @@ from datetime import datetime, timedelta
 
 from reconciler.daemon import crashpoints
 from reconciler.daemon.agent_client import AgentClient, HeartbeatWatch
+from reconciler.daemon.alertmanager_client import AlertmanagerClient
 from reconciler.daemon.answer_check import AnswerCheck
+from reconciler.daemon.canary_verdicts import CanaryVerdicts
 from reconciler.daemon.inert import InertStatuses
 from reconciler.daemon.logs import EventLog
 from reconciler.daemon.metrics import Metrics
 from reconciler.daemon.prometheus_client import PrometheusClient
+from reconciler.daemon.range_queries import RangeQueries
+from reconciler.engine import canary_queries
 from reconciler.engine import step as engine
 from reconciler.engine.health_evidence import fold_metric_answer
 from reconciler.engine.queries import stage_deadlines
@@ -39,7 +43,7 @@ from reconciler.protocol.observations import (
     Observations,
 )
 from reconciler.spec.health import for_node
-from reconciler.spec.model import Fleet, Node
+from reconciler.spec.model import Fleet, Node, Settings
 from reconciler.spec.rollout_status import RolloutStatus
 from reconciler.spec.times import parse_time
 
@@ -85,6 +89,8 @@ class Observer:
         metrics: Metrics,
         report: Report,
         prometheus: PrometheusClient,
+        alertmanager: AlertmanagerClient | None = None,
+        range_queries: RangeQueries | None = None,
     ) -> None:
         self.client = client
         self.clock = clock
@@ -92,6 +98,8 @@ class Observer:
         self.metrics = metrics
         self.report = report
         self.prometheus = prometheus
+        self.alertmanager = alertmanager or AlertmanagerClient()
+        self.canary = CanaryVerdicts(range_queries or RangeQueries(), clock)
         # Soft state: forgotten on restart, at no cost but a read.
         self.unreachable: dict[str, datetime] = {}  # node -> first failed contact
         # (node, check) -> what Prometheus has shown for the node's current job
@@ -142,9 +150,10 @@ class Observer:
         self,
         statuses: Mapping[str, RolloutStatus],
         changed: Iterable[str] | None,
-        prometheus_url: str | None,
+        settings: Settings,
         *,
         every: bool = False,
+        starting_alerts: Mapping[str, tuple[str, ...]] | None = None,
     ) -> Observed:
         """Ask about the statuses that are not inert (judged again only for
         ``changed``, None: all; ``every``: look at all of them): unfinished
@@ -185,10 +194,15 @@ class Observer:
             backups=backups,
             unverified=reads.unverified,
         )
+        prometheus_url = settings.prometheus_url
         metric_checks = self._ask_prometheus(lively, observations, prometheus_url)
         if metric_checks:
             observations = replace(observations, metric_checks=metric_checks)
-        watching = bool(asked or wanted_heartbeats or wanted_backups)
+        observations = self._ask_canary(
+            lively, observations, prometheus_url, settings.alertmanager_url, starting_alerts or {}
+        )
+        # Alerts asked change by themselves: no pass is quiet while any are.
+        watching = bool(asked or wanted_heartbeats or wanted_backups or observations.alerts)
         return Observed(observations, lively, unfinished, watching, held_until)
 
     def _address(self, node: str) -> str | None:
@@ -391,6 +405,26 @@ class Observer:
                     url=url,
                 )
         return dict(memory)
+
+    def _ask_canary(
+        self,
+        statuses: Sequence[RolloutStatus],
+        observed: Observations,
+        prometheus_url: str | None,
+        alertmanager_url: str | None,
+        starting: Mapping[str, tuple[str, ...]],
+    ) -> Observations:
+        """The comparisons' soaks and verdicts, and Alertmanager's answers
+        for every rollout declaring alerts that runs or may start now."""
+        watches = self.canary.observe(statuses, observed, self.nodes, prometheus_url)
+        wanted = {**starting, **canary_queries.wanted_alerts(statuses)}
+        alerts = {}
+        if wanted and alertmanager_url is not None:
+            answers = self.alertmanager.ask_all(alertmanager_url, wanted.values())
+            alerts = {name: answers[matchers] for name, matchers in wanted.items()}
+        if not watches and not alerts:
+            return observed
+        return replace(observed, canary=watches, alerts=alerts)
 
     # -- send ----------------------------------------------------------------
 

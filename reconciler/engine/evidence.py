@@ -8,7 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from reconciler.engine import health_evidence
+from reconciler.engine import comparisons, health_evidence
+from reconciler.protocol.canary_observations import AlertAnswer
 from reconciler.protocol.observations import NO_EVIDENCE, Heartbeat, JobObservation, Observations
 from reconciler.spec.durations import format_duration
 from reconciler.spec.health import Health
@@ -42,11 +43,13 @@ class Seen:
     # and whether settings name a Prometheus server for prometheus checks
     health: Health | None = None
     prometheus_configured: bool = True
+    alerts: AlertAnswer | None = None  # Alertmanager's answer for this rollout's alerts
 
     @property
     def checks_apply(self) -> bool:
         """Dry runs ignore health: nothing was applied."""
-        return self.live and self.health is not None and bool(self.health.checks)
+        h = self.health
+        return self.live and h is not None and bool(h.checks or h.compare or h.alerts)
 
 
 def judge_apply(node: NodeRecord, seen: Seen, in_fleet: bool) -> Judgement | None:
@@ -60,6 +63,9 @@ def judge_apply(node: NodeRecord, seen: Seen, in_fleet: bool) -> Judgement | Non
     assert node.deadline is not None and node.dispatched_at is not None
     obs, now = seen.observations, seen.now
     job = obs.jobs.get(node.job_id)
+    alerted = comparisons.alert_failure(seen.health, seen.alerts, node.name) if seen.live else ""
+    if alerted:  # an alert naming the node fails it at once, whatever its job says
+        return "failed", "failed", alerted, job
     drift = ""
     if job is not None:
         if job.state in ("failed", "refused"):
@@ -121,6 +127,13 @@ def judge_node_health(node: NodeRecord, seen: Seen) -> health_evidence.HealthJud
         seen.now,
         seen.offline_after,
         seen.prometheus_configured,
+    ) + comparisons.standings(
+        seen.health,
+        node.name,
+        node.job_id,
+        seen.observations.canary.get(node.name),
+        seen.alerts,
+        seen.now,
     )
     return health_evidence.judge_health(found, deadline_passed=seen.now >= node.deadline)
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from reconciler.protocol.observations import CheckReport, MetricAnswer, MetricCheck
+from reconciler.spec.compare import Measured
 from reconciler.spec.durations import format_duration
 from reconciler.spec.health import Health, HealthCheck
 from reconciler.spec.rollout_status import CheckOutcome
@@ -51,10 +52,11 @@ class Standing:
     name: str
     standing: str
     detail: str
+    measured: Measured | None = None  # a comparison's numbers
 
     @property
     def outcome(self) -> CheckOutcome:
-        return CheckOutcome(self.name, self.standing == HELD, self.detail)
+        return CheckOutcome(self.name, self.standing == HELD, self.detail, self.measured)
 
 
 @dataclass(frozen=True)

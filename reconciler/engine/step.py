@@ -44,6 +44,7 @@ from reconciler.engine import (
     attempts,
     batches,
     budget,
+    comparisons,
     conditions,
     evidence,
     intents,
@@ -628,16 +629,14 @@ class RolloutStep(StagedDraft):
         self.set_condition("unverified_evidence", conditions.unverified_words(asked, ctx.obs))
 
     def health_conditions(self) -> None:
-        """Conditions for prometheus checks nothing can answer: no server in
-        settings, or a query the server refuses (docs/health.md)."""
-        f = self.frozen
+        """Conditions of checks, comparisons and alerts nothing can answer (docs/health.md)."""
+        f, obs = self.frozen, self.ctx.obs
+        found = comparisons.condition_words(f, self.nodes, self.ctx.node, obs.alerts.get(self.name))
         checks = f.health.prometheus_checks if f is not None and f.health is not None else ()
-        if not checks or f is None or not f.live:
-            return
-        configured = self.ctx.settings.prometheus_url is not None
-        for type_, words in conditions.prometheus_words(
-            checks, configured, self.nodes, self.ctx.obs
-        ):
+        if checks and f is not None and f.live:
+            configured = self.ctx.settings.prometheus_url is not None
+            found += conditions.prometheus_words(checks, configured, self.nodes, obs)
+        for type_, words in found:
             self.set_condition(type_, words)
 
     # -- rollback requests and restores
@@ -851,6 +850,7 @@ class RolloutStep(StagedDraft):
         settings = self.ctx.settings
         gated = not self.frozen.ignore_windows and (settings.windows or settings.freezes)
         waiting = batch_gate(settings.windows, settings.freezes, self.now) if gated else None
+        waiting = waiting or comparisons.batch_wait(self.frozen, self.ctx.obs.alerts.get(self.name))
         # An unchanged wait keeps its value, so an idle pass writes nothing.
         self.waiting = self.waiting if waiting == self.waiting else waiting
         return self.waiting is None
@@ -913,4 +913,5 @@ def _seen(step: RolloutStep) -> evidence.Seen:
         step.now,
         frozen.health,
         ctx.settings.prometheus_url is not None,
+        ctx.obs.alerts.get(step.name),
     )

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from reconciler.protocol.canary_observations import AlertAnswer, CanaryWatch
+
 
 @dataclass(frozen=True)
 class SignedAnswer:
@@ -224,3 +226,7 @@ class Observations:
     unverified: Mapping[str, str] = field(default_factory=dict)
     # by (node, check name): the daemon's prometheus checks of the current job
     metric_checks: Mapping[tuple[str, str], MetricCheck] = field(default_factory=dict)
+    # by node: the soak and comparisons of its current job (docs/health.md)
+    canary: Mapping[str, CanaryWatch] = field(default_factory=dict)
+    # by rollout: what Alertmanager showed for its health.alerts matchers
+    alerts: Mapping[str, AlertAnswer] = field(default_factory=dict)

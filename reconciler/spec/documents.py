@@ -28,7 +28,7 @@ import os
 import re
 import threading
 import zoneinfo
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field, replace
@@ -38,6 +38,7 @@ from types import MappingProxyType
 from typing import Any, TypeVar
 
 from reconciler.spec import artifact_rules, safe_yaml, schemas
+from reconciler.spec import compare as compare_rules
 from reconciler.spec import health as health_rules
 from reconciler.spec.agent_url import is_usable_agent_url
 from reconciler.spec.batch_shapes import check_batch_entry, check_budget, check_share
@@ -507,6 +508,7 @@ class _Checker:
                 self.add(["spec", "health", "soak"], str(exc))
         self._duration(["spec", "health", "interval"], health.get("interval"))
         checks = health.get("checks")
+        _compare_problems(health.get("compare"), checks, self.add, self._ok)
         if not isinstance(checks, list):
             return
         for index, name in health_rules.duplicate_names(checks):
@@ -716,6 +718,7 @@ class _Checker:
                 ),
                 fleet_check_interval=sweep if sweep is not None else DEFAULT_FLEET_CHECK_INTERVAL,
                 prometheus_url=(spec.get("prometheus") or {}).get("url"),
+                alertmanager_url=(spec.get("alertmanager") or {}).get("url"),
                 windows=windows,
                 freezes=freezes,
                 notifications=receivers,
@@ -1139,9 +1142,8 @@ def assemble(files: Iterable[ParsedFile]) -> Documents:
 
     rollouts: dict[str, RolloutSpec] = {}
     invalid: dict[str, tuple[Problem, ...]] = {}
-    defaults = settings.defaults
     for item in rollout_files:
-        spec, own = _rollout_result(item, defaults, nodes, node_files, rollout_files)
+        spec, own = _rollout_result(item, settings, nodes, node_files, rollout_files)
         problems.extend(own[len(item.problems) :])
         if own or spec is None:
             if NAME_RE.fullmatch(item.name):
@@ -1160,7 +1162,7 @@ def assemble(files: Iterable[ParsedFile]) -> Documents:
 
 def _rollout_result(
     item: ParsedFile,
-    defaults: Defaults,
+    settings: Settings,
     nodes: Mapping[str, Node],
     node_files: Mapping[str, ParsedFile],
     rollout_files: Sequence[ParsedFile],
@@ -1170,7 +1172,7 @@ def _rollout_result(
     own = list(item.problems)
     spec = item.rollout
     if spec is not None:
-        spec = _with_defaults(spec, item.omitted, defaults)
+        spec = _with_defaults(spec, item.omitted, settings.defaults)
         for index, name in enumerate(spec.node_ids or ()):
             if name in nodes:
                 continue
@@ -1192,7 +1194,35 @@ def _rollout_result(
             own.append(Problem(item.path, line, column, f"spec.nodeIds[{index_in_file}]", message))
         own.extend(_after_problems(item, spec, rollout_files))
         own.extend(_budget_problems(item, spec))
+        own.extend(_alerts_problems(item, spec, settings))
     return spec, own
+
+
+def _compare_problems(
+    compare: Any,
+    checks: Any,
+    add: Callable[[Sequence[str | int], str], None],
+    ok: Callable[[str], bool],
+) -> None:
+    """``health.compare``'s problems, each at its field (names must not
+    repeat those of ``health.checks``)."""
+    names = {c["name"] for c in checks or () if isinstance(c, dict) and "name" in c}
+    for under, message in compare_rules.problems(compare, names):
+        field_path: list[str | int] = ["spec", "health", "compare", *under]
+        if ok(safe_yaml.format_field(field_path)):
+            add(field_path, message)
+
+
+def _alerts_problems(item: ParsedFile, spec: RolloutSpec, settings: Settings) -> list[Problem]:
+    """``health.alerts`` with no Alertmanager to ask in reconciler.yaml."""
+    if spec.health is None or spec.health.alerts is None or settings.alertmanager_url:
+        return []
+    line, column = safe_yaml.locate(item.path, item.source, ["spec", "health", "alerts"])
+    message = (
+        f"alerts need an Alertmanager to ask: set spec.alertmanager.url in {SETTINGS_PATH}, "
+        "such as http://127.0.0.1:9093, or remove alerts"
+    )
+    return [Problem(item.path, line, column, "spec.health.alerts", message)]
 
 
 def _budget_problems(item: ParsedFile, spec: RolloutSpec) -> list[Problem]:
@@ -1273,7 +1303,7 @@ class Assembly:
             if new is None:
                 continue
             self._rollout_paths[new.name] = path
-            spec, own = _rollout_result(new, settings.defaults, self._nodes, self._node_files, ())
+            spec, own = _rollout_result(new, settings, self._nodes, self._node_files, ())
             if own:
                 self._problems[path] = tuple(own)
             if own or spec is None:

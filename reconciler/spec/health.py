@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from reconciler.spec import compare as compare_rules
+from reconciler.spec.compare import Alerts, Comparison
 from reconciler.spec.durations import format_duration, parse_duration
 
 DEFAULT_SOAK = 0  # seconds
@@ -107,6 +109,8 @@ class Health:
     failure_threshold: int = DEFAULT_FAILURE_THRESHOLD
     interval: int = DEFAULT_INTERVAL  # seconds
     checks: tuple[HealthCheck, ...] = ()
+    compare: tuple[Comparison, ...] = ()  # against the node's own fleet
+    alerts: Alerts | None = None
 
     @property
     def agent_checks(self) -> tuple[HealthCheck, ...]:
@@ -223,6 +227,8 @@ def from_document(value: Mapping[str, Any]) -> Health:
         failure_threshold=value.get("failureThreshold", DEFAULT_FAILURE_THRESHOLD),
         interval=_seconds(value.get("interval"), DEFAULT_INTERVAL),
         checks=tuple(checks),
+        compare=compare_rules.from_document(value.get("compare")),
+        alerts=compare_rules.alerts_from_document(value.get("alerts")),
     )
 
 
@@ -265,12 +271,18 @@ def to_document(health: Health) -> dict[str, Any]:
                 prom["min"] = c.prometheus.min
             item["prometheus"] = prom
         checks.append(item)
-    return {
+    out: dict[str, Any] = {
         "soak": format_duration(health.soak),
         "failureThreshold": health.failure_threshold,
         "interval": format_duration(health.interval),
         "checks": checks,
     }
+    # Written only when declared, so version 2's records stay as they were.
+    if health.compare:
+        out["compare"] = compare_rules.to_document(health.compare)
+    if health.alerts is not None:
+        out["alerts"] = compare_rules.alerts_to_document(health.alerts)
+    return out
 
 
 def to_payload(health: Health, node: str) -> list[dict[str, Any]]:

@@ -208,6 +208,7 @@ class Settings:
     defaults: Defaults = field(default_factory=Defaults)
     fleet_check_interval: int = DEFAULT_FLEET_CHECK_INTERVAL  # seconds; 0: off
     prometheus_url: str | None = None  # spec.prometheus.url (docs/health.md)
+    alertmanager_url: str | None = None  # spec.alertmanager.url (docs/health.md)
     windows: tuple[Window, ...] = ()  # empty: any time is inside a window
     freezes: tuple[Freeze, ...] = ()
     notifications: tuple[Receiver, ...] = ()

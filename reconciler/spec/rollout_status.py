@@ -26,6 +26,14 @@ from reconciler.spec import health as health_rules
 from reconciler.spec.artifact_records import StageRecord
 from reconciler.spec.artifacts import Artifact, Drain, Stage, Warmup
 from reconciler.spec.batch_shapes import batch_sizes, batch_starts
+from reconciler.spec.compare import (
+    FiringAlert,
+    Measured,
+    alert_from,
+    alert_record,
+    measured_from,
+    measured_record,
+)
 from reconciler.spec.durations import format_duration, parse_duration
 from reconciler.spec.model import API_VERSION, RolloutSpec, SpreadBy, Target
 from reconciler.spec.paths import status_page_path, status_path
@@ -98,7 +106,7 @@ PAGE_SIZE = 200
 
 
 # Why a batch that is due does not start yet (docs/rollouts.md): not a hold.
-WAITING_REASONS = ("outside_window", "freeze")
+WAITING_REASONS = ("outside_window", "freeze", "alert_firing", "alertmanager_unreachable")
 
 
 @dataclass(frozen=True)
@@ -119,10 +127,13 @@ class Hold:
 @dataclass(frozen=True)
 class Waiting:
     """A batch is due but a deploy window or a freeze keeps it from starting
-    until ``until`` (None: no opening within a week)."""
+    until ``until`` (None: no opening within a week), or a rollout's alerts
+    do (a fleet-wide alert fires, or Alertmanager cannot be asked) until
+    they change (docs/health.md)."""
 
     reason: str  # one of WAITING_REASONS
     until: datetime | None
+    alerts: tuple[FiringAlert, ...] = ()  # alert_firing: the fleet-wide alerts
 
 
 @dataclass(frozen=True)
@@ -172,6 +183,7 @@ class CheckOutcome:
     name: str
     ok: bool
     detail: str = ""
+    measured: Measured | None = None  # a comparison's numbers (docs/health.md)
 
 
 @dataclass(frozen=True)
@@ -608,11 +620,21 @@ def _node_record(n: NodeRecord) -> dict[str, Any]:
         "autoRetried": n.auto_retried,
         "held": n.held,
         "restore": None if n.restore is None else _restore_record(n.restore),
-    } | (
-        {"checks": [{"name": c.name, "ok": c.ok, "detail": c.detail} for c in n.checks]}
-        if n.checks
-        else {}
-    )
+    } | ({"checks": [_check_record(c) for c in n.checks]} if n.checks else {})
+
+
+def _waiting_record(waiting: Waiting) -> dict[str, Any]:
+    """A window's wait says until when; an alert's wait lasts while the alerts fire."""
+    if waiting.reason in ("outside_window", "freeze"):
+        return {"reason": waiting.reason, "until": _t(waiting.until)}
+    if waiting.reason == "alert_firing":
+        return {"reason": waiting.reason, "alerts": [alert_record(a) for a in waiting.alerts]}
+    return {"reason": waiting.reason}
+
+
+def _check_record(c: CheckOutcome) -> dict[str, Any]:
+    record: dict[str, Any] = {"name": c.name, "ok": c.ok, "detail": c.detail}
+    return record if c.measured is None else record | measured_record(c.measured)
 
 
 def node_from_record(d: Mapping[str, Any]) -> NodeRecord:
@@ -637,7 +659,8 @@ def node_from_record(d: Mapping[str, Any]) -> NodeRecord:
         held=d.get("held"),
         restore=None if restore is None else _restore_from(restore),
         checks=tuple(
-            CheckOutcome(c["name"], c["ok"], c.get("detail", "")) for c in d.get("checks", ())
+            CheckOutcome(c["name"], c["ok"], c.get("detail", ""), measured_from(c))
+            for c in d.get("checks", ())
         ),
         evidence=None if d.get("evidence") is None else evidence_from(d["evidence"]),
         **artifact_records.node_from(d),
@@ -755,10 +778,7 @@ def to_record(status: RolloutStatus, *, inline_nodes: bool = True) -> dict[str, 
         "nodeCount": len(status.nodes),
     }
     if status.waiting is not None:
-        record["waiting"] = {
-            "reason": status.waiting.reason,
-            "until": _t(status.waiting.until),
-        }
+        record["waiting"] = _waiting_record(status.waiting)
     if inline_nodes:
         record["nodes"] = [node_to_record(n) for n in status.nodes]
     else:
@@ -808,7 +828,13 @@ def from_record(
         reason=record.get("reason", ""),
         message=record.get("message", ""),
         hold=None if hold is None else _hold_from(hold),
-        waiting=None if waiting is None else Waiting(waiting["reason"], _pt(waiting.get("until"))),
+        waiting=None
+        if waiting is None
+        else Waiting(
+            waiting["reason"],
+            _pt(waiting.get("until")),
+            tuple(alert_from(a) for a in waiting.get("alerts", ())),
+        ),
         operator_paused=record.get("operatorPaused", False),
         spec_commit=record.get("specCommit", ""),
         start_commit=record.get("startCommit"),

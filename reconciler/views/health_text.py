@@ -18,7 +18,32 @@ def health_lines(health: Health, live: bool, indent: str = "  ") -> list[str]:
     head = health.describe()
     if not live:
         head += " (ignored: a dry run applies nothing)"
-    return [head] + [f"{indent}{check.describe()}" for check in health.checks]
+    lines = [head] + [f"{indent}{check.describe()}" for check in health.checks]
+    lines += [f"{indent}{c.describe()}" for c in health.compare]
+    if health.alerts is not None:
+        label = health.alerts.node_label
+        shown = ", ".join(health.alerts.matchers)
+        lines.append(f"{indent}alerts: Alertmanager alerts matching {shown} (node label {label})")
+    return lines
+
+
+def comparison_lines(nodes: Sequence[NodeRecord]) -> list[str]:
+    """One line per decided comparison of every node: the verdict, what
+    decided it, and the baseline's nodes."""
+    out = []
+    for n in nodes:
+        for c in n.checks:
+            m = c.measured
+            if m is None:
+                continue
+            base = (
+                f"{n.name}'s own window before its dispatch"
+                if m.own_window
+                else ", ".join(m.baseline_nodes)
+            )
+            verdict = "passed" if c.ok else "failed"
+            out.append(f"{n.name} {c.name} {verdict}: {c.detail}; baseline {base}")
+    return out
 
 
 def failing_checks(nodes: Sequence[NodeRecord]) -> list[tuple[str, str, str]]:

@@ -84,6 +84,7 @@ FIELDS: dict[str, tuple[str, Callable[[Settings], Any]]] = {
         lambda s: {"interval": format_duration(s.fleet_check_interval)},
     ),
     "prometheus_url": ("prometheus", lambda s: {"url": s.prometheus_url}),
+    "alertmanager_url": ("alertmanager", lambda s: {"url": s.alertmanager_url}),
     "windows": ("windows", lambda s: [_window(w) for w in s.windows]),
     "freezes": ("freezes", lambda s: [_freeze(f) for f in s.freezes]),
     "notifications": ("notifications", lambda s: {r.name: _receiver(r) for r in s.notifications}),

@@ -30,7 +30,7 @@ from reconciler.spec.rollout_status import (
 )
 from reconciler.spec.times import format_time
 from reconciler.views import artifact_text
-from reconciler.views.health_text import failing_checks, health_lines
+from reconciler.views.health_text import comparison_lines, failing_checks, health_lines
 
 WIDTH = 80
 BAR_WIDTH = 10
@@ -151,7 +151,13 @@ def ended_message(status: RolloutStatus) -> str:
 
 
 def waiting_text(waiting: Waiting) -> str:
-    """``freeze until 2026-12-27 00:00Z``: why a due batch waits (not a hold)."""
+    """``freeze until 2026-12-27 00:00Z``: why a due batch waits (not a hold);
+    ``alert_firing: GpuHot since ...`` for a fleet-wide alert."""
+    if waiting.reason == "alert_firing":
+        alerts = ", ".join(f"{a.alertname} since {a.starts_at}" for a in waiting.alerts)
+        return f"alert_firing: {alerts}; the next batch starts once it resolves"
+    if waiting.reason == "alertmanager_unreachable":
+        return "alertmanager_unreachable: no new batch until Alertmanager answers"
     until = waiting.until.strftime("%Y-%m-%d %H:%MZ") if waiting.until else "no opening in sight"
     return f"{waiting.reason} until {until}" if waiting.until else f"{waiting.reason}: {until}"
 
@@ -441,7 +447,10 @@ def _hold_lines(status: RolloutStatus, colour: bool) -> list[str]:
         out.append(f"  reason    {status.reason}")
         out += _wrapped(ended_message(status), "            ")
     if status.waiting is not None:
-        out.append(f"  waiting   {waiting_text(status.waiting)} (deploy windows and freezes)")
+        why = (
+            "alerts" if status.waiting.reason.startswith("alert") else "deploy windows and freezes"
+        )
+        out.append(f"  waiting   {waiting_text(status.waiting)} ({why})")
     if status.operator_paused:
         by = status.paused_by.describe() if status.paused_by else "the operator"
         out += _wrapped(f"by {by} (spec.paused: true)", "            ", "  paused    ")
@@ -474,6 +483,11 @@ def _section_lines(status: RolloutStatus, colour: bool, transitions: int) -> lis
         out.append("failing checks")
         for node, check, detail in failing:
             out += _wrapped(f"{node} {check}: {detail}", "  ")
+    compared = comparison_lines(status.nodes)
+    if compared:
+        out += ["", "comparisons"]
+        for line in compared:
+            out += _wrapped(line, "  ")
     if status.conditions:
         out.append("")
         out.append("conditions")

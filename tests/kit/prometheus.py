@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import threading
 import time
+from collections.abc import Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -99,18 +100,24 @@ class PrometheusServer:
     (prometheus cannot bind port 0 and say which it got, so it starts on a
     port held until then, and on another if it lost that one)."""
 
-    def __init__(self, root: Path, exporter: Exporter) -> None:
+    def __init__(
+        self, root: Path, exporter: Exporter | None = None, *, targets: Sequence[Any] = ()
+    ) -> None:
+        """``exporter`` scraped as is, and each of ``targets`` (with
+        ``address`` and ``node``) with the label ``node`` set to its node."""
         self.binary = require_prometheus()
         self.root = root / "prometheus"
         self.root.mkdir(parents=True, exist_ok=True)
         self.config = self.root / "prometheus.yml"
+        static = [f"{{targets: ['{exporter.address}']}}"] if exporter is not None else []
+        static += [f"{{targets: ['{t.address}'], labels: {{node: {t.node}}}}}" for t in targets]
         self.config.write_text(
             "global:\n"
             "  scrape_interval: 1s\n"
             "  evaluation_interval: 1s\n"
             "scrape_configs:\n"
             "  - job_name: exporter\n"
-            f"    static_configs: [{{targets: ['{exporter.address}']}}]\n"
+            f"    static_configs: [{', '.join(static)}]\n"
         )
         self.process: subprocess.Popen[bytes] | None = None
         self.port = start_on_free_port(self._start)

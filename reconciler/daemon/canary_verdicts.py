@@ -1,0 +1,252 @@
+"""The daemon's side of a rollout's comparisons (docs/health.md): it keeps
+each live node's soak on the daemon's clock, and once the soak has elapsed
+asks Prometheus for the node's window and its baseline's, and judges each
+comparison with ``canary_statistics``. The verdicts go to the engine as
+observations (``CanaryWatch``); the engine decides what they mean.
+
+The soak starts at the pass that first sees the node's apply succeed with
+a fresh heartbeat naming the target. The baseline is the rollout's nodes
+not yet dispatched (those the comparison's selector picks, if it has one);
+when none is left, the node's own window of the same length before its
+dispatch.
+
+Soft state only: the watches, forgotten on restart, so a restarted daemon
+starts a soak again (never shortens one).
+
+Must not: decide a node's verdict, read Git, or keep rollout state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from typing import Any
+
+from reconciler.daemon import canary_statistics as stats
+from reconciler.daemon.range_queries import RangeAnswer, RangeQueries, RangeQuery
+from reconciler.engine import canary_queries, comparisons
+from reconciler.engine.evidence import heartbeat_problem
+from reconciler.protocol.canary_observations import CanaryWatch, ComparisonVerdict
+from reconciler.protocol.observations import Observations
+from reconciler.spec.compare import Comparison, Measured
+from reconciler.spec.health import Health, for_node
+from reconciler.spec.model import Node
+from reconciler.spec.rollout_status import NodeRecord, RolloutStatus
+
+
+@dataclass(frozen=True)
+class _Due:
+    """One comparison of one node to judge now, and the windows it needs."""
+
+    node: str
+    comparison: Comparison
+    health: Health
+    start: datetime
+    end: datetime
+    baseline: tuple[str, ...]  # empty: no baseline at all
+    base_start: datetime
+    base_end: datetime
+    own_window: bool
+
+    def queries(self, text: str, who: str) -> RangeQuery:
+        """``text`` for node ``who``, over the node's window (or the
+        baseline's, for a baseline node)."""
+        mine = who == self.node and not self.own_window
+        start, end = (self.start, self.end) if mine else (self.base_start, self.base_end)
+        return RangeQuery(for_node(text, who), start, end, self.health.interval)
+
+    def own(self, text: str) -> RangeQuery:
+        return RangeQuery(for_node(text, self.node), self.start, self.end, self.health.interval)
+
+    def texts(self) -> tuple[str, ...]:
+        c = self.comparison
+        return (c.query,) if c.query else (c.errors, c.total)
+
+
+class CanaryVerdicts:
+    """Keeps the live nodes' soaks and judges their comparisons."""
+
+    def __init__(self, queries: RangeQueries, clock: Callable[[], datetime]) -> None:
+        self.queries = queries
+        self.clock = clock
+        self.watches: dict[str, CanaryWatch] = {}  # by node
+
+    def observe(
+        self,
+        statuses: Iterable[RolloutStatus],
+        observed: Observations,
+        fleet: Mapping[str, Node],
+        prometheus_url: str | None,
+    ) -> dict[str, CanaryWatch]:
+        """Start the soaks this pass sees begin, judge the comparisons whose
+        soak has elapsed, and return every node's watch."""
+        now = self.clock()
+        wanted = list(canary_queries.wanted_nodes(statuses))
+        keep = {node.name: node.job_id for _, node in wanted}
+        for name in [n for n, w in self.watches.items() if keep.get(n) != w.job_id]:
+            del self.watches[name]
+        due: list[_Due] = []
+        for status, node in wanted:
+            assert status.frozen is not None and status.frozen.health is not None
+            watch = self.watches.get(node.name) or self._begun(status, node, observed, now)
+            if watch is None:
+                continue
+            self.watches[node.name] = watch
+            health = status.frozen.health
+            if now < watch.soak_since + timedelta(seconds=health.soak):
+                continue
+            due.extend(
+                _due(status, node, c, watch, fleet)
+                for c in health.compare
+                if c.name not in watch.verdicts
+            )
+        if due:
+            self._judge(due, prometheus_url)
+        return dict(self.watches)
+
+    def _begun(
+        self, status: RolloutStatus, node: NodeRecord, observed: Observations, now: datetime
+    ) -> CanaryWatch | None:
+        """A new watch when this pass sees the apply succeed with a fresh
+        heartbeat naming the target."""
+        assert status.frozen is not None and node.job_id is not None
+        job = observed.jobs.get(node.job_id)
+        if job is None or job.state != "succeeded":
+            return None
+        if heartbeat_problem(observed.heartbeats.get(node.name), job, status.frozen.target):
+            return None
+        return CanaryWatch(node.job_id, now)
+
+    def _judge(self, due: Sequence[_Due], url: str | None) -> None:
+        if url is None:
+            for d in due:
+                self._record(d, _unknown(d, "settings.spec.prometheus is not set"))
+            return
+        asked = [
+            q
+            for d in due
+            for text in d.texts()
+            for q in (d.own(text), *(d.queries(text, b) for b in d.baseline))
+        ]
+        answers = self.queries.ask_all(url, asked)
+        pooled: dict[tuple[str, ...], Any] = {}  # a batch shares its baseline: pooled once
+        for d in due:
+            self._record(d, judge(d, answers, pooled))
+
+    def _record(self, d: _Due, verdict: ComparisonVerdict) -> None:
+        watch = self.watches[d.node]
+        self.watches[d.node] = replace(watch, verdicts={**watch.verdicts, verdict.name: verdict})
+
+
+def _due(
+    status: RolloutStatus,
+    node: NodeRecord,
+    comparison: Comparison,
+    watch: CanaryWatch,
+    fleet: Mapping[str, Node],
+) -> _Due:
+    assert status.frozen is not None and status.frozen.health is not None
+    health = status.frozen.health
+    start = watch.soak_since
+    end = start + timedelta(seconds=health.soak)
+    chosen = [
+        n
+        for n in status.nodes
+        if comparison.baseline is None
+        or comparisons.selects(comparison.baseline, fleet.get(n.name))
+    ]
+    baseline = tuple(n.name for n in chosen if n.state == "pending" and n.name in fleet)
+    if baseline or not chosen:
+        return _Due(node.name, comparison, health, start, end, baseline, start, end, False)
+    # None left: the node's own window of the same length before its dispatch.
+    dispatched = node.dispatched_at or start
+    before = dispatched - timedelta(seconds=health.soak)
+    return _Due(node.name, comparison, health, start, end, (node.name,), before, dispatched, True)
+
+
+def judge(
+    d: _Due,
+    answers: Mapping[RangeQuery, RangeAnswer],
+    pooled: dict[tuple[str, ...], Any] | None = None,
+) -> ComparisonVerdict:
+    """One comparison's verdict from Prometheus's answers; ``pooled`` keeps
+    the baselines pooled so far, by query text, window and nodes."""
+    pooled = {} if pooled is None else pooled
+    if not d.baseline:
+        return _unknown(
+            d, "no baseline: the baseline selector matches none of this rollout's nodes"
+        )
+    key = (*d.texts(), d.base_start.isoformat(), d.base_end.isoformat(), *d.baseline)
+    if key not in pooled:  # the baseline's answers, looked at once per batch
+        wanted = [d.queries(t, b) for t in d.texts() for b in d.baseline]
+        pooled[key] = next((answers[q].error for q in wanted if answers[q].error), "")
+    failed = next((answers[q].error for q in map(d.own, d.texts()) if answers[q].error), "")
+    failed = failed or pooled[key]
+    if failed:
+        return _unknown(d, f"no answer from Prometheus: {failed}")
+    c = d.comparison
+    key = ("pooled", *key)
+    if c.query:
+        mine = answers[d.own(c.query)].values()
+        if key not in pooled:
+            pooled[key] = [v for b in d.baseline for v in answers[d.queries(c.query, b)].values()]
+        judged = stats.compare_quantity(
+            mine, pooled[key], worse=c.worse, tolerance=c.tolerance, min_samples=c.min_samples
+        )
+    else:
+        ours = _aligned(answers[d.own(c.errors)], answers[d.own(c.total)])
+        if key not in pooled:
+            pooled[key] = _pooled_rate(d, answers)
+        judged = stats.compare_rate(
+            ours, pooled[key], tolerance=c.tolerance, min_samples=c.min_samples
+        )
+    return _verdict(d, judged)
+
+
+def _pooled_rate(
+    d: _Due, answers: Mapping[RangeQuery, RangeAnswer]
+) -> tuple[list[float], list[float]]:
+    c = d.comparison
+    base: tuple[list[float], list[float]] = ([], [])
+    for b in d.baseline:
+        errors, total = _aligned(answers[d.queries(c.errors, b)], answers[d.queries(c.total, b)])
+        base[0].extend(errors)
+        base[1].extend(total)
+    return base
+
+
+def _aligned(errors: RangeAnswer, total: RangeAnswer) -> tuple[list[float], list[float]]:
+    """Errors and totals at the steps the total has; a step without errors
+    is 0 (a counter that never moved has no series)."""
+    counted, steps = errors.by_time(), total.by_time()
+    times = sorted(steps)
+    return [counted.get(t, 0.0) for t in times], [steps[t] for t in times]
+
+
+def _verdict(d: _Due, judged: stats.Judgement) -> ComparisonVerdict:
+    kind = "median" if d.comparison.query else "rate"
+    pick = (lambda s: s.median) if kind == "median" else (lambda s: s.rate)
+    measured = Measured(
+        kind=kind,
+        canary=pick(judged.canary),
+        canary_samples=judged.canary.samples,
+        baseline=pick(judged.baseline),
+        baseline_samples=judged.baseline.samples,
+        baseline_nodes=d.baseline,
+        change=judged.change,
+        p_value=judged.p_value,
+        own_window=d.own_window,
+    )
+    against = (
+        "against its own window before its dispatch"
+        if d.own_window
+        else f"against {len(d.baseline)} baseline node(s)"
+    )
+    return ComparisonVerdict(
+        d.comparison.name, judged.verdict, f"{judged.detail}, {against}", measured
+    )
+
+
+def _unknown(d: _Due, why: str) -> ComparisonVerdict:
+    return ComparisonVerdict(d.comparison.name, stats.UNKNOWN, why)

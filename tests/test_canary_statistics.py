@@ -1,0 +1,164 @@
+"""The statistics of a comparison: pinned against SciPy on fixed samples,
+and, with hypothesis over fixed seeds, a shifted distribution fails far more
+often than the 0.05 level allows while an identical one fails rarely."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import stats
+
+from reconciler.daemon.canary_statistics import (
+    FAILED,
+    LEVEL,
+    PASSED,
+    UNKNOWN,
+    compare_quantity,
+    compare_rate,
+)
+
+BASELINE = [0.101, 0.098, 0.103, 0.097, 0.1, 0.102, 0.099, 0.104, 0.096, 0.1, 0.101, 0.098]
+SLOWER = [v * 1.3 for v in BASELINE[:10]]
+
+
+def test_a_canary_30_percent_slower_fails_with_scipys_p_value_and_both_medians() -> None:
+    judged = compare_quantity(SLOWER, BASELINE, worse="higher", tolerance=0.1, min_samples=10)
+
+    expected = stats.mannwhitneyu(SLOWER, BASELINE, alternative="greater").pvalue
+    assert judged.verdict == FAILED
+    assert judged.p_value == pytest.approx(float(expected)) and judged.p_value < LEVEL
+    assert judged.canary.median == pytest.approx(float(np.median(SLOWER)))
+    assert judged.baseline.median == pytest.approx(float(np.median(BASELINE)))
+    assert (judged.canary.samples, judged.baseline.samples) == (10, 12)
+    assert judged.change == pytest.approx(np.median(SLOWER) / np.median(BASELINE) - 1)
+
+
+def test_a_canary_3_percent_slower_passes_a_10_percent_tolerance_though_significant() -> None:
+    slower = [v * 1.03 for v in BASELINE]
+    judged = compare_quantity(slower, BASELINE, worse="higher", tolerance=0.1, min_samples=10)
+
+    assert judged.p_value is not None and judged.p_value < LEVEL
+    assert judged.verdict == PASSED
+    assert judged.change == pytest.approx(0.03)
+
+
+def test_worse_lower_turns_the_test_around() -> None:
+    faster = [v * 0.7 for v in BASELINE]
+
+    lower = compare_quantity(faster, BASELINE, worse="lower", tolerance=0.1, min_samples=10)
+    higher = compare_quantity(faster, BASELINE, worse="higher", tolerance=0.1, min_samples=10)
+
+    expected = stats.mannwhitneyu(faster, BASELINE, alternative="less").pvalue
+    assert lower.verdict == FAILED and lower.p_value == pytest.approx(float(expected))
+    assert lower.change == pytest.approx(0.3)
+    assert higher.verdict == PASSED and higher.change == pytest.approx(-0.3)
+
+
+def test_an_error_rate_from_a_tenth_of_a_percent_to_two_percent_fails() -> None:
+    total = [1000.0] * 10
+    judged = compare_rate(
+        ([20.0] * 10, total), ([1.0] * 10, total), tolerance=0.005, min_samples=10
+    )
+
+    expected = stats.poisson_means_test(200, 10000, 10, 10000, alternative="greater").pvalue
+    assert judged.verdict == FAILED
+    assert judged.p_value == pytest.approx(float(expected)) and judged.p_value < LEVEL
+    assert (judged.canary.rate, judged.baseline.rate) == (0.02, 0.001)
+    assert judged.change == pytest.approx(0.019)
+
+
+def test_an_error_rate_within_the_tolerance_passes() -> None:
+    total = [1000.0] * 10
+    judged = compare_rate(([3.0] * 10, total), ([1.0] * 10, total), tolerance=0.005, min_samples=3)
+
+    assert judged.p_value is not None and judged.p_value < LEVEL
+    assert judged.verdict == PASSED and judged.change == pytest.approx(0.002)
+
+
+@pytest.mark.parametrize(
+    ("canary", "baseline", "why"),
+    [
+        (SLOWER[:9], BASELINE, "too few samples to judge: 9 from the node and 12"),
+        (SLOWER, BASELINE[:4], "too few samples to judge: 10 from the node and 4"),
+        (SLOWER + [float("nan")] * 5, BASELINE[:9], "10 from the node and 9"),
+        (SLOWER, [0.0] * 12, "the baseline's median is 0"),
+    ],
+)
+def test_a_quantity_without_enough_to_judge_is_unknown(
+    canary: list[float], baseline: list[float], why: str
+) -> None:
+    judged = compare_quantity(canary, baseline, worse="higher", tolerance=0.1, min_samples=10)
+    assert judged.verdict == UNKNOWN and why in judged.detail
+    assert judged.p_value is None
+
+
+def test_a_rate_with_a_total_of_zero_or_too_few_steps_is_unknown() -> None:
+    zero = compare_rate(
+        ([0.0] * 10, [0.0] * 10), ([1.0] * 10, [9.0] * 10), tolerance=0.01, min_samples=3
+    )
+    short = compare_rate(
+        ([1.0] * 2, [9.0] * 2), ([1.0] * 10, [9.0] * 10), tolerance=0.01, min_samples=3
+    )
+
+    assert zero.verdict == UNKNOWN and "the node's total is 0" in zero.detail
+    assert short.verdict == UNKNOWN and "2 from the node and 10" in short.detail
+
+
+TRIALS = 200
+
+
+def failures_of_quantity(seed: int, factor: float, n: int) -> float:
+    rng = np.random.default_rng(seed)
+    failed = 0
+    for _ in range(TRIALS):
+        baseline = rng.normal(0.1, 0.01, n)
+        canary = rng.normal(0.1 * factor, 0.01 * factor, n)
+        judged = compare_quantity(
+            list(canary), list(baseline), worse="higher", tolerance=0.01, min_samples=n
+        )
+        failed += judged.verdict == FAILED
+    return failed / TRIALS
+
+
+@settings(derandomize=True, max_examples=10, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(10, 40))
+def test_an_identical_distribution_fails_no_more_often_than_the_level(seed: int, n: int) -> None:
+    # 0.05 and three standard errors of 200 trials: a test at a looser
+    # level (0.1), or one that ignores the direction, goes over it.
+    assert failures_of_quantity(seed, 1.0, n) <= LEVEL + 3 * (LEVEL * (1 - LEVEL) / TRIALS) ** 0.5
+
+
+@settings(derandomize=True, max_examples=10, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    n=st.integers(10, 40),
+    factor=st.floats(1.2, 2.0),
+)
+def test_a_shifted_distribution_fails_far_more_often_than_the_level(
+    seed: int, n: int, factor: float
+) -> None:
+    assert failures_of_quantity(seed, factor, n) >= 0.5
+
+
+def failures_of_rate(seed: int, before: float, after: float) -> float:
+    rng = np.random.default_rng(seed)
+    total = [1000.0] * 10
+    failed = 0
+    for _ in range(TRIALS):
+        ours = [float(e) for e in rng.binomial(1000, after, 10)]
+        theirs = [float(e) for e in rng.binomial(1000, before, 10)]
+        judged = compare_rate((ours, total), (theirs, total), tolerance=0.0001, min_samples=10)
+        failed += judged.verdict == FAILED
+    return failed / TRIALS
+
+
+@settings(derandomize=True, max_examples=10, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), rate=st.floats(0.001, 0.05))
+def test_an_unchanged_error_rate_fails_rarely_and_a_doubled_one_mostly(
+    seed: int, rate: float
+) -> None:
+    bound = LEVEL + 3 * (LEVEL * (1 - LEVEL) / TRIALS) ** 0.5
+    assert failures_of_rate(seed, rate, rate) <= bound
+    assert failures_of_rate(seed, rate, rate * 3) >= 0.5

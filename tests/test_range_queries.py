@@ -1,0 +1,43 @@
+"""The daemon's range-query client against a real Prometheus (Debian's
+package, on loopback): one series per node, each step's sample, identical
+queries asked once, a query Prometheus rejects and a server that is gone
+as errors (no evidence), never exceptions."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from reconciler.daemon.range_queries import RangeQueries, RangeQuery
+from tests.kit.prometheus import Exporter, PrometheusServer
+
+
+def test_series_by_step_errors_and_a_stopped_server(tmp_path: Path) -> None:
+    client = RangeQueries(concurrency=2, timeout=2)
+    with Exporter() as exporter, PrometheusServer(tmp_path, exporter) as prom:
+        exporter.set("latency_seconds", 0.1, node="gpu-a1")
+        exporter.set("latency_seconds", 0.2, node="gpu-a2")
+        prom.wait_for_value('latency_seconds{node="gpu-a2"}', 0.2)
+        time.sleep(3)  # a few scrapes to ask for
+        end = datetime.now(UTC)
+        start = end - timedelta(seconds=2)
+        one = RangeQuery('latency_seconds{node="gpu-a1"}', start, end, 1)
+        both = RangeQuery("latency_seconds", start, end, 1)
+        bad = RangeQuery("sum(rate(latency_seconds[1m]", start, end, 1)
+
+        answers = client.ask_all(prom.url, [one, both, one, bad])
+
+        assert len(answers) == 3  # the same query twice is asked once
+        assert answers[one].error == "" and answers[one].values() == [0.1, 0.1, 0.1]
+        times = [t for t, _ in answers[one].series[0]]
+        assert times == sorted(times) and len(times) == 3
+        assert sorted(answers[both].values()) == [0.1] * 3 + [0.2] * 3
+        assert answers[both].by_time() == pytest.approx({t: 0.3 for t in times})
+        assert "bad_data" in answers[bad].error
+        prom.stop()
+        gone = client.ask_all(prom.url, [one])[one]
+        assert gone.error.startswith("cannot reach ") and gone.series == ()
+    client.close()
