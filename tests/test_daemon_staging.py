@@ -198,3 +198,41 @@ def _daemon_process(kit: FleetKit) -> subprocess.Popen[str]:
         stderr=subprocess.DEVNULL,
         text=True,
     )  # fmt: skip
+
+
+def test_a_dry_run_with_artifacts_stages_as_a_dry_run_and_completes(tmp_path: Path) -> None:
+    kit = FleetKit.create(tmp_path, THREE)
+    try:
+        kit.push(staged_rollout(live=False, batchSize=2))
+        done = kit.run_until(kit.daemon(), phase("llama", "completed", "failed"))
+        stats = kit.fleet.stats()
+    finally:
+        kit.close()
+
+    assert done["llama"]["phase"] == "completed"
+    assert all(n["stage"]["state"] == "staged" for n in done["llama"]["nodes"])
+    assert all("outOfService" not in n for n in done["llama"]["nodes"])  # nothing switched
+    assert stats["totals"]["executed"] == 6 and stats["maxExecuted"] == 1
+
+
+def test_an_agent_gone_while_it_stages_is_unknown_and_holds_health_unknown(
+    tmp_path: Path,
+) -> None:
+    settings = "apiVersion: reconciler/v1\nkind: Settings\nspec:\n  offlineAfter: 2s\n"
+    slow = "default: succeed\nnodes:\n  gpu-1: {stage: {rate: 1000}}\n"  # 50 MB: 14 hours
+    kit = FleetKit.create(tmp_path, THREE, behaviour=slow, files={"reconciler.yaml": settings})
+    try:
+        kit.push(staged_rollout())
+        daemon = kit.daemon()
+        kit.run_until(daemon, lambda s: nodes_of(s)["gpu-1"]["state"] == "staging" if "llama" in s else False)  # fmt: skip
+        kit.fleet.set_behaviour(
+            "names: [gpu-1, gpu-2, gpu-3]\ndefault: succeed\nnodes:\n  gpu-1: unreachable\n"
+        )
+        held = kit.run_until(daemon, phase("llama", "paused"), pause=0.2)
+    finally:
+        kit.close()
+
+    node = nodes_of(held)["gpu-1"]
+    assert held["llama"]["hold"]["reason"] == "health_unknown"
+    assert node["state"] == "unknown" and node["stage"]["state"] == "unknown"
+    assert "unreachable" in node["error"]
