@@ -40,6 +40,14 @@ def phase(name: str, *phases: str) -> Any:
     return lambda s: s.get(name, {}).get("phase") in phases
 
 
+def held_for(reason: str) -> Any:
+    return lambda s: (s.get("llama", {}).get("hold") or {}).get("reason") == reason
+
+
+def in_state(node: str, state: str) -> Any:
+    return lambda s: "llama" in s and nodes_of(s)[node]["state"] == state
+
+
 def test_the_next_node_stages_while_the_previous_applies_and_each_is_out_of_service_briefly(
     tmp_path: Path,
 ) -> None:
@@ -86,8 +94,7 @@ def test_a_failed_stage_holds_stage_failed_under_pause_stop_and_rollback(
     try:
         kit.push(staged_rollout(onFailure=policy))
         daemon = kit.daemon()
-        held = kit.run_until(daemon, lambda s: (s.get("llama", {}).get("hold") or {}).get(
-            "reason") == "stage_failed")  # fmt: skip
+        held = kit.run_until(daemon, held_for("stage_failed"))
         stats = kit.fleet.stats()
     finally:
         kit.close()
@@ -224,7 +231,7 @@ def test_an_agent_gone_while_it_stages_is_unknown_and_holds_health_unknown(
     try:
         kit.push(staged_rollout())
         daemon = kit.daemon()
-        kit.run_until(daemon, lambda s: nodes_of(s)["gpu-1"]["state"] == "staging" if "llama" in s else False)  # fmt: skip
+        kit.run_until(daemon, in_state("gpu-1", "staging"))
         kit.fleet.set_behaviour(
             "names: [gpu-1, gpu-2, gpu-3]\ndefault: succeed\nnodes:\n  gpu-1: unreachable\n"
         )
