@@ -228,6 +228,8 @@ def test_bash_completes_verbs_and_every_verbs_flags() -> None:
     assert "--require-approvals" in bash_completes("reconciler run --req")
     assert bash_completes("reconciler keys gen") == ["generate"]
     assert bash_completes("reconciler keys generate --o") == ["--out"]
+    assert bash_completes("reconciler unfr") == ["unfreeze"]
+    assert bash_completes("reconciler freeze --f") == ["--for"]
 
 
 @pytest.mark.parametrize("shell", ["bash", "zsh", "fish"])
