@@ -33,7 +33,7 @@ def add_arguments_for(verb: str, parser: argparse.ArgumentParser) -> None:
         )
         until = parser.add_mutually_exclusive_group(required=True)
         until.add_argument(
-            "--for", dest="duration", metavar="DURATION", help="how long, such as 30m, 2h or 1h30m"
+            "--for", dest="lasting", metavar="DURATION", help="how long, such as 30m, 2h or 1h30m"
         )
         until.add_argument(
             "--until", metavar="TIME", help="when it ends, RFC 3339, such as 2026-12-24T18:00:00Z"
@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     now = datetime.now(UTC).replace(microsecond=0)
     if args.verb == "freeze":
         reason = _reason(args.reason)
-        until = _until(args.duration, args.until, now)
+        until = _until(args.lasting, args.until, now)
     root, up = prepare(args, "reconciler.yaml")
     if args.verb == "freeze":
         edit = freeze_edits.freeze(root, now=now, until=until, reason=reason)
