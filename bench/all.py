@@ -31,8 +31,8 @@ from pathlib import Path
 from _common import Row, fmt, machine, parse_rows
 
 HERE = Path(__file__).resolve().parent
-# reliability, model_check: chaos scenarios and the engine's exhaustive check, not speed
-NOT_BENCHMARKS = {"all", "_common", "reliability", "model_check"}
+# reliability, model_check: chaos scenarios and the engine's exhaustive check, not speed; shortcuts: the runner of benches with and without each shortcut
+NOT_BENCHMARKS = {"all", "_common", "_without", "shortcuts", "reliability", "model_check"}
 
 
 @dataclass(frozen=True)

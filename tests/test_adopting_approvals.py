@@ -1,12 +1,14 @@
 """Turning verification and approvals on for a fleet already in use: the
-daemon's own finished statuses stay as they are, claim no nodes, and a new
-rollout on the same nodes starts once signed and approved. Real `git`,
+daemon's own finished statuses stay as they are, claim no nodes, the
+fleet's desired state (``status/fleet.yaml``) stays, and a new rollout on
+the same nodes starts once signed and approved. Real `git`,
 `ssh-keygen` signatures and approvals, the daemon's ``run --once`` (a
 restart every pass) against the simulated fleet.
 """
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
@@ -15,11 +17,15 @@ from reconciler.cli.main import main
 from reconciler.daemon.state import DaemonState, default_state_root
 from reconciler.git.approval import Approver, load_allowed_signers
 from reconciler.git.store import GitStore
+from reconciler.git.watch import BranchWatcher
+from reconciler.spec.fleet_status import FleetStatus
+from reconciler.views.fleet_reader import read_fleet_status
 from tests.kit.documents import rollout_yaml
-from tests.kit.fleets import FleetKit
+from tests.kit.fleets import AgentFleet, FleetKit
 from tests.kit.git import git
 from tests.kit.keys import make_key
 from tests.kit.signed import NEW, NODES, OLD, Repo
+from tests.kit.waiting import wait_for
 
 
 def test_turning_approvals_on_keeps_finished_rollouts_and_starts_a_new_one(
@@ -106,3 +112,99 @@ def test_an_approval_that_arrives_later_releases_a_rollout_started_before_approv
         kit.run_until(daemon, lambda s: s["r"]["phase"] == "completed", timeout=60)
     finally:
         kit.close()
+
+
+FLEET_SETTINGS = (
+    "apiVersion: reconciler/v1\nkind: Settings\n"
+    "spec:\n  offlineAfter: 3s\n  fleetCheck: {interval: 1s}\n"
+)
+AGENT_CONFIG = b"provider: ollama\nmodel: llama3-8b\nprofile: default\n"
+HAND_EDITED = b"provider: ollama\nmodel: hand-edited\nprofile: default\n"
+
+
+def _fleet_status(fleet: AgentFleet) -> FleetStatus | None:
+    listed = git("ls-tree", "--name-only", "main", "status/", cwd=fleet.bare).split()
+    if "status/fleet.yaml" not in listed:
+        return None
+    data = git("show", "main:status/fleet.yaml", cwd=fleet.bare).encode()
+    return read_fleet_status("status/fleet.yaml", data)
+
+
+def _desired(fleet: AgentFleet) -> dict[str, tuple[str, str, str] | None]:
+    status = _fleet_status(fleet)
+    found: dict[str, tuple[str, str, str] | None] = {}
+    for node in status.nodes if status is not None else ():
+        wanted = node.runtimes[0].desired if node.runtimes else None
+        found[node.name] = None if wanted is None else (node.state, wanted.model, wanted.rollout)
+    return found
+
+
+class _Serving:
+    """One long-running daemon loop (``Daemon.serve`` with its branch watch
+    and fleet watch) in a thread, as ``reconciler run`` runs it."""
+
+    def __init__(self, fleet: AgentFleet, approver: Approver) -> None:
+        state = DaemonState.for_branch(default_state_root(), str(fleet.bare), "main")
+        self.daemon = fleet.daemon(approver=approver, state=state)
+        self.watcher = BranchWatcher.local(fleet.bare, ["main"])
+        self.thread = threading.Thread(
+            target=self.daemon.serve, args=(self.watcher,), kwargs={"interval": 0.2}
+        )
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.daemon.stop()
+        self.thread.join(30)
+        self.watcher.close()
+        assert not self.thread.is_alive()
+
+
+def test_the_fleets_desired_state_survives_turning_on_approvals_on_a_running_fleet(
+    tmp_path: Path,
+) -> None:
+    nodes = {name: {"config": AGENT_CONFIG} for name in ("gpu-a1", "gpu-a2")}
+    fleet = AgentFleet.create(tmp_path, nodes, files={"reconciler.yaml": FLEET_SETTINGS})
+    ada = make_key(tmp_path / "ada", comment="ada").private
+    signers = tmp_path / "allowed_signers"
+    signers.write_text(f"ada@example.com {ada.with_suffix('.pub').read_text()}")
+    store = GitStore.open(str(fleet.bare), "main")
+    allowed = load_allowed_signers(signers)
+    serving: _Serving | None = None
+    try:
+        # In use with signed commits: a live rollout, and the fleet watch's desired state.
+        serving = _Serving(fleet, Approver(store.repository(), allowed))
+        spec = rollout_yaml("llama", nodeIds=["gpu-a1", "gpu-a2"], batchSize=2, live=True)
+        (fleet.work / "rollouts").mkdir()
+        (fleet.work / "rollouts" / "llama.yaml").write_text(spec)
+        # Signed as ada's git config says, the replay onto the daemon's commits too.
+        for key, value in (("gpg.format", "ssh"), ("user.signingKey", str(ada))):
+            git("config", key, value, cwd=fleet.work)
+        git("config", "commit.gpgsign", "true", cwd=fleet.work)
+        git("add", "-A", cwd=fleet.work)
+        git("commit", "-q", "-m", "Roll out llama", cwd=fleet.work)
+        fleet.git_push()
+        settled = dict.fromkeys(nodes, ("ok", "llama3.1-8b", "llama"))
+        wait_for(lambda: _desired(fleet) == settled, 90, "every node ok as llama left it")
+        serving.stop()
+
+        # The same daemon restarted asking for an approval of every spec commit.
+        serving = _Serving(fleet, Approver(store.repository(), allowed, required_approvals=1))
+        wait_for(lambda: serving.daemon.fleet_watch.sweeps >= 3, 60, "three sweeps")
+        kept = _desired(fleet)
+        phase = fleet.statuses()["llama"]["phase"]
+
+        # Drift is still told from the desired state.
+        fleet.agents["gpu-a1"].config_path.write_bytes(HAND_EDITED)
+        drifted = wait_for(
+            lambda: (d := _desired(fleet)).get("gpu-a1", ("",))[0] == "drift" and d,
+            60,
+            "gpu-a1 to drift",
+        )
+    finally:
+        if serving is not None:
+            serving.stop()
+        fleet.close()
+
+    assert kept == settled
+    assert phase == "completed"
+    assert drifted == {"gpu-a1": ("drift", "llama3.1-8b", "llama"), "gpu-a2": settled["gpu-a2"]}

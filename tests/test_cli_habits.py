@@ -228,6 +228,63 @@ def test_bash_completes_verbs_and_every_verbs_flags() -> None:
     assert "--require-approvals" in bash_completes("reconciler run --req")
     assert bash_completes("reconciler keys gen") == ["generate"]
     assert bash_completes("reconciler keys generate --o") == ["--out"]
+    assert bash_completes("reconciler unfr") == ["unfreeze"]
+    assert bash_completes("reconciler freeze --f") == ["--for"]
+
+
+# zsh's completion system runs only inside its line editor, so the sourced
+# script's entry point is called with the words the editor would set, and
+# zsh's own ``_describe`` (what it hands the candidates to) prints them.
+ZSH_COMPLETE = """
+autoload -Uz compinit is-at-least
+compinit -u -D
+eval "$(reconciler completion zsh)"
+_describe() { local -a items; items=("${(@P)2}"); printf '%s\\n' "${items[@]}"; }
+BUFFER="$LINE"; CURSOR=${#BUFFER}
+words=(${=BUFFER}); [[ "$BUFFER" == *" " ]] && words+=("")
+_python_argcomplete
+"""
+
+# fish completes a command line given to ``complete -C`` as it would at the
+# prompt, with the sourced script's own ``complete`` rule.
+FISH_COMPLETE = """
+reconciler completion fish | source
+complete -C "$LINE"
+"""
+
+
+def shell_completes(shell: str, line: str) -> list[str]:
+    """What a real zsh or fish, with ``reconciler completion SHELL`` sourced,
+    offers for ``line``: the candidates alone, without their descriptions."""
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        "LINE": line,
+    }
+    env.pop("_ARGCOMPLETE", None)
+    argv = ["zsh", "-f", "-c", ZSH_COMPLETE] if shell == "zsh" else ["fish", "--no-config"]
+    done = subprocess.run(
+        argv,
+        input=FISH_COMPLETE if shell == "fish" else None,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    split = ":" if shell == "zsh" else "\t"
+    return sorted(w.split(split, 1)[0].strip() for w in done.stdout.splitlines() if w.strip())
+
+
+@pytest.mark.parametrize("shell", ["zsh", "fish"])
+def test_zsh_and_fish_complete_verbs_and_every_verbs_flags(shell: str) -> None:
+    assert shell_completes(shell, "reconciler sta") == ["status"]
+    assert shell_completes(shell, "reconciler unfr") == ["unfreeze"]
+    assert shell_completes(shell, "reconciler status --for") == ["--format"]
+    assert shell_completes(shell, "reconciler freeze --f") == ["--for"]
+    assert shell_completes(shell, "reconciler plan -o ") == ["json", "markdown", "text", "yaml"]
+    assert "--require-approvals" in shell_completes(shell, "reconciler run --req")
+    assert shell_completes(shell, "reconciler keys generate --o") == ["--out"]
 
 
 @pytest.mark.parametrize("shell", ["bash", "zsh", "fish"])

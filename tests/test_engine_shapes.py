@@ -214,6 +214,19 @@ def test_a_freeze_mid_rollout_lets_the_batch_finish_and_starts_no_other() -> Non
     assert w.sent_now() == ["b"]
 
 
+def test_a_freeze_without_windows_keeps_the_first_batch_back_until_it_ends() -> None:
+    freeze = Freeze(T0, T0 + timedelta(minutes=30), "incident 7")
+    w = World(["a", "b"], settings=Settings(freezes=(freeze,)))
+    w.rollout()
+    w.step(0)
+    status = w.status()
+    assert w.phase() == "scheduled" and w.last.effects == ()
+    assert status.waiting is not None and status.waiting.reason == "freeze"
+    assert status.waiting.until == freeze.end
+    w.step(30 * 60)
+    assert w.phase() == "running" and w.sent_now() == ["a"]
+
+
 def test_a_window_across_the_spring_change_in_berlin_lasts_two_hours() -> None:
     # 2026-03-29, a Sunday: clocks go from 02:00 CET to 03:00 CEST.
     sunday = window({6}, "01:00", "04:00")

@@ -78,3 +78,46 @@ def test_pause_and_abort_record_who_and_why_from_their_commits(
     assert "pausedBy" not in aborted
     assert "aborted   by Alice Operator" in shown_aborted
     assert "`aborted` by Alice Operator" in dashboard_aborted
+
+
+def test_a_rollout_paused_before_it_starts_records_who_paused_it(
+    tmp_path: Path, identity: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    kit = FleetKit.create(tmp_path, {"web-1": {"role": "web"}})
+    try:
+        (kit.work / "rollouts").mkdir()
+        (kit.work / "rollouts" / "web.yaml").write_text(
+            rollout_yaml("web", selector={"role": "web"}, batchSize=1, paused=True)
+        )
+        git("add", "-A", cwd=kit.work, env=identity)
+        git("commit", "-q", "-m", "Roll out web, paused: wait for the change window",
+            cwd=kit.work, env=identity)  # fmt: skip
+        git("push", "-q", "origin", "HEAD:main", cwd=kit.work, env=identity)
+        pause_commit = git("rev-parse", "HEAD", cwd=kit.work)
+        daemon = kit.daemon()
+        pending = kit.run_until(daemon, lambda s: s.get("web", {}).get("reason") == "paused")["web"]
+        again = kit.run_until(daemon, lambda s: True)["web"]  # a later pass keeps the record
+        capsys.readouterr()
+        assert cli.main(["status", "web", "--repo", str(kit.bare)]) == 0
+        shown = " ".join(capsys.readouterr().out.split())
+        dashboard = git("show", "main:status/README.md", cwd=kit.bare)
+
+        # Unpaused, it starts, and the record goes with the pause.
+        git("pull", "-q", "--rebase", "origin", "main", cwd=kit.work)
+        assert cli.main(["resume", "web", "--repo", str(kit.work), "--push"]) == 0
+        started = kit.run_until(daemon, lambda s: s["web"]["phase"] != "pending")["web"]
+    finally:
+        kit.close()
+
+    assert pending["phase"] == "pending" and pending["operatorPaused"] is False
+    assert pending["pausedBy"] == {
+        "author": "Alice Operator <alice@example.com>",
+        "commit": pause_commit,
+        "message": "Roll out web, paused: wait for the change window",
+    }
+    assert pending["message"].startswith("paused by the operator (spec.paused is true) before")
+    assert "(by Alice Operator <alice@example.com> in " in pending["message"]
+    assert again["pausedBy"] == pending["pausedBy"]
+    assert "by Alice Operator <alice@example.com> in " in shown
+    assert "by Alice Operator" in dashboard
+    assert "pausedBy" not in started

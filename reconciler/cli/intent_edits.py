@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
@@ -101,12 +101,28 @@ class Rollout:
         return self.path.relative_to(self.root).as_posix()
 
 
+class EditedFile(Protocol):
+    """A file of the fleet working tree that an edit rewrites: a rollout
+    file, or ``reconciler.yaml`` for ``freeze``."""
+
+    @property
+    def root(self) -> Path: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def path(self) -> Path: ...
+    @property
+    def text(self) -> str: ...
+    @property
+    def relpath(self) -> str: ...
+
+
 @dataclass(frozen=True)
 class Edit:
     """One intent, ready to be written: the file before and after, and what
     changed in words (``spec.paused: false -> true``)."""
 
-    rollout: Rollout
+    rollout: EditedFile
     verb: str
     after: str
     changes: tuple[str, ...]
@@ -479,8 +495,8 @@ def _edit(
 ) -> Edit:
     after = set_spec_fields(rollout.text, values, source=rollout.relpath)
     changes = tuple(
-        f"spec.{key}: {_render(rollout.spec[key]) if key in rollout.spec else '(absent)'}"
-        f" -> {_render(value)}"
+        f"spec.{key}: {flow_text(rollout.spec[key]) if key in rollout.spec else '(absent)'}"
+        f" -> {flow_text(value)}"
         for key, value in values.items()
     )
     return Edit(rollout=rollout, verb=verb, after=after, changes=changes, notes=tuple(notes))
@@ -597,17 +613,17 @@ def _set_one(text: str, key: str, value: object, source: str) -> str:
             continue
         if _is_empty(value_node):
             colon = text.index(":", key_node.end_mark.index) + 1
-            return text[:colon] + " " + _render(value) + text[colon:]
+            return text[:colon] + " " + flow_text(value) + text[colon:]
         if isinstance(value_node, ScalarNode) or value_node.flow_style:
-            start, end = value_node.start_mark.index, _end(value_node, text)
-            return text[:start] + _render(value, value_node) + text[end:]
+            start, end = value_node.start_mark.index, node_end(value_node, text)
+            return text[:start] + flow_text(value, value_node) + text[end:]
         # A block collection becomes one flow line; a comment on the key line stays.
         colon = text.index(":", key_node.end_mark.index) + 1
-        line_end = _line_end(text, colon)
-        comment = text[colon:line_end].strip()
+        eol = line_end(text, colon)
+        comment = text[colon:eol].strip()
         tail = "  " + comment if comment.startswith("#") else ""
-        return text[:colon] + " " + _render(value) + tail + text[_end(value_node, text) :]
-    line = f"{key}: {_render(value)}"
+        return text[:colon] + " " + flow_text(value) + tail + text[node_end(value_node, text) :]
+    line = f"{key}: {flow_text(value)}"
     if spec.flow_style:
         close = spec.end_mark.index - 1
         separator = ", " if spec.value else ""
@@ -616,9 +632,9 @@ def _set_one(text: str, key: str, value: object, source: str) -> str:
     end = (
         text.index(":", last_key.end_mark.index) + 1
         if _is_empty(last_value)
-        else _end(last_value, text)
+        else node_end(last_value, text)
     )
-    at = _line_end(text, end)
+    at = line_end(text, end)
     indent = " " * spec.value[0][0].start_mark.column
     return text[:at] + newline + indent + line + text[at:]
 
@@ -643,7 +659,7 @@ def _is_empty(node: Node) -> bool:
     return isinstance(node, ScalarNode) and node.value == "" and not node.style
 
 
-def _end(node: Node, text: str) -> int:
+def node_end(node: Node, text: str) -> int:
     """Index just after the last character of ``node``'s own text. Block
     collections end where their last item ends (their end mark lies after
     any comments that follow)."""
@@ -659,20 +675,20 @@ def _end(node: Node, text: str) -> int:
         last_key, last_value = node.value[-1]
         if _is_empty(last_value):
             return text.index(":", last_key.end_mark.index) + 1
-        return _end(last_value, text)
+        return node_end(last_value, text)
     if isinstance(node, SequenceNode) and node.value:
-        return _end(node.value[-1], text)
+        return node_end(node.value[-1], text)
     return int(node.end_mark.index)
 
 
-def _line_end(text: str, index: int) -> int:
+def line_end(text: str, index: int) -> int:
     at = text.find("\n", index)
     if at == -1:
         return len(text)
     return at - 1 if at > 0 and text[at - 1] == "\r" else at
 
 
-def _render(value: object, old: Node | None = None) -> str:
+def flow_text(value: object, old: Node | None = None) -> str:
     """``value`` as a one-line YAML flow text; strings keep the quote style
     of the value they replace."""
     if value is True:
@@ -691,9 +707,9 @@ def _render(value: object, old: Node | None = None) -> str:
             return value
         return json.dumps(value, ensure_ascii=False)
     if isinstance(value, Mapping):
-        return "{" + ", ".join(f"{k}: {_render(v)}" for k, v in value.items()) + "}"
+        return "{" + ", ".join(f"{k}: {flow_text(v)}" for k, v in value.items()) + "}"
     if isinstance(value, list | tuple):
-        return "[" + ", ".join(_render(v) for v in value) + "]"
+        return "[" + ", ".join(flow_text(v) for v in value) + "]"
     raise TypeError(f"cannot render {value!r}")
 
 

@@ -1,5 +1,5 @@
-"""What the intent verbs (``pause``, ``resume``, ``abort``, ``rollback``)
-share: their common options, and writing, committing, pushing and reporting
+"""What the intent verbs (``pause``, ``resume``, ``abort``, ``rollback``,
+``skip``, and ``freeze``/``unfreeze`` for ``reconciler.yaml``) share: their common options, and writing, committing, pushing and reporting
 an edit."""
 
 from __future__ import annotations
@@ -30,11 +30,13 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     add_remote_arguments(parser)
 
 
-def prepare(args: argparse.Namespace) -> tuple[Path, intent_push.Upstream | None]:
+def prepare(
+    args: argparse.Namespace, what: str = "a rollout file"
+) -> tuple[Path, intent_push.Upstream | None]:
     """The clone's root, brought up to date first with ``--push`` so the
-    edit is made against the newest status."""
+    edit is made against the newest status (``what``: the file it edits)."""
     verb = args.verb or "this verb"
-    where = local_repo(args.repo, verb, "edits a rollout file in a working clone")
+    where = local_repo(args.repo, verb, f"edits {what} in a working clone")
     root = intent_edits.find_root(Path(where))
     if not args.push:
         return root, None

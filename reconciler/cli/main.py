@@ -33,6 +33,8 @@ COMMANDS: dict[str, str] = {
     "abort": "intents",
     "rollback": "rollback",
     "skip": "skip",
+    "freeze": "freeze",
+    "unfreeze": "freeze",
     "backups": "backups",
     "verify": "verify",
     "approve": "approve",

@@ -383,10 +383,15 @@ def _paused_by(
     spec_commit: str | None,
 ) -> OperatorAct | None:
     """Who set ``paused: true``, while it is true: the status's record once
-    it has one, else the commit that set it (searched once)."""
+    it has one (as operator pause, or paused before start), else the commit
+    that set it (searched once)."""
     if spec is None or not spec.paused or not spec_commit:
         return None
-    if recorded is not None and recorded.operator_paused and recorded.paused_by is not None:
+    if (
+        recorded is not None
+        and recorded.paused_by is not None
+        and (recorded.operator_paused or not recorded.started)
+    ):
         return recorded.paused_by
     return _act(context, name, spec_commit, lambda r: r.paused)
 

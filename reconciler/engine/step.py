@@ -87,6 +87,7 @@ from reconciler.protocol.observations import Observations
 from reconciler.spec.model import Fleet, Node, RolloutSpec, Settings
 from reconciler.spec.rollout_status import (
     NodeRecord,
+    OperatorAct,
     RolloutStatus,
     freeze,
     frozen_changes,
@@ -411,6 +412,16 @@ class _Rounds:
 # --- one rollout's step ------------------------------------------------------------
 
 
+def naming_who_paused(wait: tuple[str, str], by: OperatorAct | None) -> tuple[str, str]:
+    """A pending rollout's (reason, message), the message naming who paused
+    it when that is the reason. Who paused is recorded before start too,
+    while ``operatorPaused`` stays false until start (the reason says it)."""
+    reason, message = wait
+    if reason == "paused" and by is not None:
+        message += f" (by {by.describe()})"
+    return reason, message
+
+
 class RolloutStep(StagedDraft):
     """One rollout's step: the rules, applied to its status draft."""
 
@@ -479,6 +490,7 @@ class RolloutStep(StagedDraft):
         if spec.abort:
             self.abort(inp.aborted_by, " before start")
             return False
+        self.paused_by = inp.paused_by if spec.paused else None  # see naming_who_paused
         ctx = self.ctx
         decision = starts.decide_start(
             spec,
@@ -497,7 +509,7 @@ class RolloutStep(StagedDraft):
             self.reason, self.message = decision.reason, decision.message
             self.set_phase("scheduled", decision.why)
             return False
-        return self.wait(*decision)
+        return self.wait(*naming_who_paused(decision, self.paused_by))
 
     def wait(self, reason: str, message: str) -> bool:
         self.waiting = None

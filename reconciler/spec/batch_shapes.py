@@ -17,7 +17,6 @@ import heapq
 import re
 from collections import Counter, deque
 from collections.abc import Sequence
-from functools import lru_cache
 
 _PERCENT = re.compile(r"^([0-9]{1,3})%$")
 
@@ -52,12 +51,7 @@ def entry_size(entry: int | str, count: int) -> int:
 
 def batch_sizes(batches: Sequence[int | str], batch_size: int, count: int) -> tuple[int, ...]:
     """The size of every batch of ``count`` nodes; the last may be smaller."""
-    return _sizes(tuple(batches), batch_size, count)
-
-
-@lru_cache(maxsize=4096)
-def _sizes(batches: tuple[int | str, ...], batch_size: int, count: int) -> tuple[int, ...]:
-    entries = batches or (batch_size,)
+    entries = tuple(batches) or (batch_size,)
     sizes: list[int] = []
     placed = 0
     k = 0
@@ -72,13 +66,8 @@ def _sizes(batches: tuple[int | str, ...], batch_size: int, count: int) -> tuple
 
 def batch_starts(batches: Sequence[int | str], batch_size: int, count: int) -> tuple[int, ...]:
     """Index of each batch's first node, plus ``count`` at the end."""
-    return _starts(tuple(batches), batch_size, count)
-
-
-@lru_cache(maxsize=4096)
-def _starts(batches: tuple[int | str, ...], batch_size: int, count: int) -> tuple[int, ...]:
     starts = [0]
-    for size in _sizes(batches, batch_size, count):
+    for size in batch_sizes(batches, batch_size, count):
         starts.append(starts[-1] + size)
     return tuple(starts)
 

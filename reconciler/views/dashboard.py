@@ -276,8 +276,8 @@ def _row(status: RolloutStatus) -> str:
 
 
 def _operator_act(status: RolloutStatus) -> OperatorAct | None:
-    """Who paused the rollout (while paused) or aborted it."""
-    if status.operator_paused and status.paused_by is not None:
+    """Who paused the rollout (while paused, before start too) or aborted it."""
+    if status.paused_by is not None and (status.operator_paused or not status.started):
         return status.paused_by
     return status.aborted_by if status.phase == "aborted" else None
 
