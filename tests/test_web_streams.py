@@ -1,10 +1,12 @@
 """The read API's server with real sockets (docs/web.md): an event stream
 whose reader stops reading is dropped once its unsent bytes pass the bound,
 while a reader that keeps up gets every event; a view published never
-waits for either."""
+waits for either; and a flood of one-byte connections at the cap gives
+way to clients that send their requests."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 
 import httpx
@@ -85,3 +87,36 @@ def test_a_head_that_never_ends_gets_408_and_one_too_large_431() -> None:
             assert b'"error": "bad_request"' in answer
     finally:
         server.close()
+
+
+def _one_byte(host: str, port: int) -> socket.socket | None:
+    """A connection that sent the first byte of a request and nothing more."""
+    try:
+        sock = socket.create_connection((host, port), timeout=5)
+    except OSError:
+        return None
+    with contextlib.suppress(OSError):
+        sock.sendall(b"G")
+    return sock
+
+
+def test_one_byte_connections_at_the_cap_give_way_to_whole_requests() -> None:
+    server = WebServer(Routes(), "127.0.0.1", 0, max_connections=32)
+    host, port = server.start()
+    slow: list[socket.socket] = []
+    answered = 0
+    try:
+        server.publish(_view(0))
+        slow += filter(None, (_one_byte(host, port) for _ in range(32)))
+        wait_for(lambda: server.call(lambda: len(server.connections)) == 32, what="the cap full")
+        for _ in range(10):
+            # The flood goes on between requests.
+            slow += filter(None, (_one_byte(host, port) for _ in range(8)))
+            reply = httpx.get(f"http://{host}:{port}/api/v1/rollouts", timeout=10)
+            answered += reply.status_code == 200
+        assert server.call(lambda: len(server.connections)) <= 32
+    finally:
+        for sock in slow:
+            sock.close()
+        server.close()
+    assert answered == 10

@@ -8,9 +8,11 @@ The daemon's pass never waits for it: ``publish`` hands a view over with
 this server's thread. Its limits, so that no client can hold the daemon:
 
     connections  at most ``max_connections`` at once (descriptors stay
-                 well under the process's limit); at the cap an idle
-                 keep-alive connection is closed to make room, else the
-                 new one is closed at once
+                 well under the process's limit); at the cap the
+                 connection that has waited longest for a whole request
+                 (idle, or its request still incomplete) is closed to make
+                 room, so slow clients cannot lock out others; with only
+                 event streams open the new one is closed at once
     requests     a head must arrive within ``request_timeout`` of its first
                  byte, and over ``MAX_HEAD_BYTES`` is refused; bodies are
                  refused (this server only reads)
@@ -67,6 +69,7 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.peer = ""
         self.deadline = 0.0
+        self.waiting_since = 0.0  # when it last began waiting for a request
         self.started = False  # bytes of a request have arrived
         self.streaming = False  # answering with an event stream
         self.next_keepalive = 0.0
@@ -268,7 +271,9 @@ class _Connection(asyncio.Protocol):
             self._close()
 
     def _wait(self, seconds: float) -> None:
-        self.deadline = self.server.clock() + seconds
+        now = self.server.clock()
+        self.deadline = now + seconds
+        self.waiting_since = now
 
     @property
     def idle(self) -> bool:
@@ -315,12 +320,15 @@ class WebServer:
             self._on_error(exc)
 
     def evict_idle(self) -> bool:
-        """Close one idle keep-alive connection to make room; False if none is."""
-        for conn in self.connections:
-            if conn.idle:
-                conn._close()
-                return True
-        return False
+        """Close the connection that has waited longest for a whole request
+        (idle, or its request still incomplete) to make room; False if every
+        connection is an event stream. A client that sends its request at
+        once is never the longest waiting, whatever slow ones send."""
+        waiting = [c for c in self.connections if not c.streaming]
+        if not waiting:
+            return False
+        min(waiting, key=lambda c: c.waiting_since)._close()
+        return True
 
     # -- the thread ---------------------------------------------------------------
 
