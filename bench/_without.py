@@ -61,12 +61,6 @@ def _job_fast_path() -> None:
     job_payload._plainly_valid = plainly_valid  # type: ignore[assignment]
 
 
-def _job_send_times_cache() -> None:
-    from reconciler.protocol import job_payload
-
-    _uncached(job_payload, "_send_times")
-
-
 def _agent_head_cache() -> None:
     from reconciler.node import http_server
 
@@ -145,7 +139,6 @@ SHORTCUTS: dict[str, Callable[[], None]] = {
     "yaml-scalar-caches": _yaml_scalar_caches,
     "schema-fast-check": _schema_fast_check,
     "job-fast-path": _job_fast_path,
-    "job-send-times-cache": _job_send_times_cache,
     "agent-head-cache": _agent_head_cache,
     "agent-stored-time-cache": _agent_stored_time_cache,
     "fleet-index-cache": _fleet_index_cache,

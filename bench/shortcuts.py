@@ -56,7 +56,6 @@ SERVES: dict[str, tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...]] = {
     "yaml-scalar-caches": (VALIDATE, PASSES, FLEET),
     "schema-fast-check": (VALIDATE, PASSES),
     "job-fast-path": (DISPATCH,),
-    "job-send-times-cache": (DISPATCH,),
     "agent-head-cache": (DISPATCH, AGENT),
     "agent-stored-time-cache": (AGENT,),
     "fleet-index-cache": (ENGINE,),

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
-from functools import cache, lru_cache
+from functools import cache
 from typing import Any
 
 from jsonschema import Draft202012Validator  # type: ignore[import-untyped]
@@ -50,7 +50,8 @@ def build_payload(job: SendJob, issued_at: datetime) -> dict[str, Any]:
         },
         "sourceCommit": job.source_commit,
     }
-    payload["issuedAt"], payload["expiresAt"] = _send_times(issued_at)
+    payload["issuedAt"] = format_time(issued_at)
+    payload["expiresAt"] = format_time(issued_at + JOB_TTL)
     if job.kind == "restore":
         payload["backupId"] = job.backup_id
     if job.health is not None and job.health.agent_checks:
@@ -83,13 +84,6 @@ def _warmup_payload(warmup: Warmup, node: str) -> dict[str, Any]:
         "timeoutSeconds": warmup.timeout_seconds,
         "times": warmup.times,
     }
-
-
-@lru_cache(maxsize=8)
-def _send_times(issued_at: datetime) -> tuple[str, str]:
-    """issuedAt and expiresAt as text: formatted once per send time, since
-    a pass signs every job of a batch with the same one."""
-    return format_time(issued_at), format_time(issued_at + JOB_TTL)
 
 
 def same_job(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
