@@ -78,6 +78,9 @@ class CanaryVerdicts:
         self.queries = queries
         self.clock = clock
         self.watches: dict[str, CanaryWatch] = {}  # by node
+        # The earliest soak still under way at the last observe ends then:
+        # the daemon's next pass is due at that moment, not at its interval.
+        self.next_soak_end: datetime | None = None
 
     def observe(
         self,
@@ -99,6 +102,7 @@ class CanaryVerdicts:
         ):
             stats.prepare()
         due: list[_Due] = []
+        ahead: list[datetime] = []
         baselines: dict[tuple[str, str], _Baseline] = {}
         for status, node in wanted:
             assert status.frozen is not None and status.frozen.health is not None
@@ -109,12 +113,14 @@ class CanaryVerdicts:
             health = status.frozen.health
             soak_end = watch.soak_since + timedelta(seconds=health.soak)
             if now < soak_end:
+                ahead.append(soak_end)
                 continue
             due.extend(
                 _due(status, node, c, watch, fleet, baselines)
                 for c in health.compare
                 if c.name not in watch.verdicts
             )
+        self.next_soak_end = min(ahead, default=None)
         if due:
             self._judge(due, prometheus_url)
         return dict(self.watches)
