@@ -15,12 +15,17 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from reconciler.spec.compare import Measured
-from reconciler.spec.rollout_status import CheckOutcome, NodeRecord, RolloutStatus
+from reconciler.spec.rollout_status import (
+    ALERT_WAITING_REASONS,
+    CheckOutcome,
+    NodeRecord,
+    RolloutStatus,
+)
 from reconciler.views import markdown
 from reconciler.views.status_text import current_batch
 
 SHOWN = 20  # comparisons listed per rollout; failed ones first
-ALERT_WAITS = ("alert_firing", "alertmanager_unreachable")
+ALERT_WAITS = ALERT_WAITING_REASONS
 
 _HEAD = (
     "| Rollout | Node | Comparison | Verdict | Node's | Baseline's | Change | p-value |",
