@@ -15,6 +15,7 @@ soak's start comes first, as in the daemon: it starts the soaks and loads
 SciPy. Targets: under 5 s of wall time and under 1 s of daemon CPU.
 
     .venv/bin/python bench/canary.py --profile       # and where the CPU went
+    .venv/bin/python bench/canary.py --clients       # and h11 against httpx
 
 ``--profile`` runs the judging pass under cProfile (slower: its overhead
 is in the figures) and prints the CPU split by where it was spent.
@@ -46,7 +47,7 @@ from _common import emit, row
 
 from reconciler.daemon import range_queries
 from reconciler.daemon.canary_verdicts import CanaryVerdicts
-from reconciler.daemon.range_queries import RangeQueries
+from reconciler.daemon.range_queries import RangeQueries, RangeQuery
 from reconciler.protocol.canary_observations import CanaryWatch
 from reconciler.protocol.observations import Observations
 from reconciler.spec.documents import parse_file
@@ -104,6 +105,36 @@ class FleetExporter:
             lines.append(f'requests_total{{node="{name}"}} {self.scrapes * 1000}')
             lines.append(f'errors_total{{node="{name}"}} {self.scrapes}')
         return "\n".join(lines) + "\n"
+
+
+def compare_clients(url: str, queries: list[RangeQuery], rounds: int = 2) -> None:
+    """The judging pass's queries asked again by each client and
+    concurrency, alternately, against the same Prometheus: wall and CPU."""
+    ways = {
+        "h11, 8 at once": (8, False),
+        "h11, 16 at once": (16, False),
+        "h11, 32 at once": (32, False),
+        "httpx, 8 threads": (8, True),
+        "httpx, 16 threads": (16, True),
+    }
+    figures: dict[str, list[tuple[float, float]]] = {name: [] for name in ways}
+    for _ in range(rounds):
+        for name, (concurrency, httpx) in ways.items():
+            client = RangeQueries(concurrency=concurrency)
+            wall, cpu = time.perf_counter(), time.process_time()
+            # httpx is the https path: asked here over http, the same server
+            ask = client._ask_all_httpx if httpx else client.ask_all
+            answers = ask(url, queries)
+            wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+            client.close()
+            assert not any(a.error for a in answers.values())
+            figures[name].append((wall, cpu))
+    print(f"the same {len(queries):,} range queries, best of {rounds}:")
+    for name, runs in figures.items():
+        wall = min(w for w, _ in runs)
+        cpu = min(c for _, c in runs)
+        per = cpu / len(queries) * 1e6
+        print(f"  {name:20} wall {wall:6.2f} s  CPU {cpu:6.2f} s  ({per:.0f} µs a query)")
 
 
 class Spent:
@@ -199,6 +230,9 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=2000)
     parser.add_argument("--soak", type=int, default=15)
     parser.add_argument("--profile", action="store_true", help="print where the CPU went")
+    parser.add_argument(
+        "--clients", action="store_true", help="then the same queries by each client, alternately"
+    )
     args = parser.parse_args()
     names = [f"n{i:05d}" for i in range(args.nodes)]
     batch = args.nodes // 2
@@ -241,9 +275,12 @@ def main() -> None:
                 spent.wrap(scipy.stats, test, f"SciPy {test}")
             ask_all = queries.ask_all
 
+            asked_queries: list[RangeQuery] = []
+
             def counted(url, qs):  # type: ignore[no-untyped-def]
                 qs = list(dict.fromkeys(qs))
                 asked.append(len(qs))
+                asked_queries.extend(qs)
                 with spent.timing("range queries (HTTP client, JSON, parsing)"):
                     return ask_all(url, qs)
 
@@ -258,11 +295,13 @@ def main() -> None:
             wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
             verdicts = [v.verdict for w in watches.values() for v in w.verdicts.values()]
             queries.close()
+            spent.show(cpu)  # before the clients are compared, through the same wrappers
+            if args.clients:
+                compare_clients(prom.url, asked_queries)
         exporter.close()
     judged = len(verdicts)
     print(f"{batch} nodes judged, {judged} comparisons, {sum(asked)} range queries")
     print(f"verdicts: {sorted(set(verdicts))}")
-    spent.show(cpu)
     if profile is not None:
         print_split(profile, cpu)
     emit(
