@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from reconciler.daemon.range_queries import RangeQueries, RangeQuery
+from tests.kit.ports import HeldPort
 from tests.kit.prometheus import Exporter, PrometheusServer
 
 
@@ -71,3 +72,21 @@ def test_a_prometheus_that_never_answers_costs_one_timeout_a_round() -> None:
     # than each waiting its second (at most the 4 already waiting time out).
     assert 1 <= len(timed_out) <= 4
     assert all("not waited for until it answers" in e for e in errors if e not in timed_out)
+
+
+def test_a_url_that_is_not_one_and_a_refused_connection_are_errors_that_say_so(
+    held_port: HeldPort,
+) -> None:
+    end = datetime.now(UTC)
+    query = RangeQuery("up", end - timedelta(seconds=5), end, 1)
+    client = RangeQueries(timeout=2)
+
+    for url, error in (
+        ("prometheus:9090", "settings.spec.prometheus.url 'prometheus:9090' is not an http(s) URL"),
+        ("http://127.0.0.1:99999", "settings.spec.prometheus.url 'http://127.0.0.1:99999': Port"),
+        (held_port.url, f"cannot reach {held_port.url}/api/v1/query_range: cannot connect"),
+        # https goes through httpx, which checks certificates against the system's trust
+        (held_port.url.replace("http:", "https:"), "cannot reach https://"),
+    ):
+        assert client.ask_all(url, [query])[query].error.startswith(error), url
+    client.close()

@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
-from urllib.parse import quote_plus
+from urllib.parse import quote_plus, urlsplit
 
 import httpx
 
@@ -82,12 +82,12 @@ class RangeQueries:
         distinct = list(dict.fromkeys(queries))
         if not distinct:
             return {}
+        why = _url_problem(base_url)
+        if why:
+            return {q: RangeAnswer(error=why) for q in distinct}
         if base_url.startswith("https:"):
             return self._ask_all_httpx(base_url, distinct)
-        try:
-            answers = asyncio.run(self._ask_all_h11(base_url, distinct))
-        except ValueError as exc:  # a URL the client cannot take apart
-            return {q: RangeAnswer(error=f"cannot ask {base_url}: {exc}") for q in distinct}
+        answers = asyncio.run(self._ask_all_h11(base_url, distinct))
         return dict(zip(distinct, answers, strict=True))
 
     async def _ask_all_h11(
@@ -146,6 +146,17 @@ class RangeQueries:
         if self._client is not None:
             self._client.close()
             self._client = None
+
+
+def _url_problem(url: str) -> str:
+    parts = urlsplit(url)
+    try:
+        parts.port  # noqa: B018 (raises on a port that is not one)
+    except ValueError as exc:
+        return f"settings.spec.prometheus.url {url!r}: {exc}"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return f"settings.spec.prometheus.url {url!r} is not an http(s) URL"
+    return ""
 
 
 def _params(query: RangeQuery) -> dict[str, str]:
