@@ -40,6 +40,14 @@ def phase(name: str, *phases: str) -> Any:
     return lambda s: s.get(name, {}).get("phase") in phases
 
 
+def held_for(reason: str) -> Any:
+    return lambda s: (s.get("llama", {}).get("hold") or {}).get("reason") == reason
+
+
+def in_state(node: str, state: str) -> Any:
+    return lambda s: "llama" in s and nodes_of(s)[node]["state"] == state
+
+
 def test_the_next_node_stages_while_the_previous_applies_and_each_is_out_of_service_briefly(
     tmp_path: Path,
 ) -> None:
@@ -86,8 +94,7 @@ def test_a_failed_stage_holds_stage_failed_under_pause_stop_and_rollback(
     try:
         kit.push(staged_rollout(onFailure=policy))
         daemon = kit.daemon()
-        held = kit.run_until(daemon, lambda s: (s.get("llama", {}).get("hold") or {}).get(
-            "reason") == "stage_failed")  # fmt: skip
+        held = kit.run_until(daemon, held_for("stage_failed"))
         stats = kit.fleet.stats()
     finally:
         kit.close()
@@ -198,3 +205,41 @@ def _daemon_process(kit: FleetKit) -> subprocess.Popen[str]:
         stderr=subprocess.DEVNULL,
         text=True,
     )  # fmt: skip
+
+
+def test_a_dry_run_with_artifacts_stages_as_a_dry_run_and_completes(tmp_path: Path) -> None:
+    kit = FleetKit.create(tmp_path, THREE)
+    try:
+        kit.push(staged_rollout(live=False, batchSize=2))
+        done = kit.run_until(kit.daemon(), phase("llama", "completed", "failed"))
+        stats = kit.fleet.stats()
+    finally:
+        kit.close()
+
+    assert done["llama"]["phase"] == "completed"
+    assert all(n["stage"]["state"] == "staged" for n in done["llama"]["nodes"])
+    assert all("outOfService" not in n for n in done["llama"]["nodes"])  # nothing switched
+    assert stats["totals"]["executed"] == 6 and stats["maxExecuted"] == 1
+
+
+def test_an_agent_gone_while_it_stages_is_unknown_and_holds_health_unknown(
+    tmp_path: Path,
+) -> None:
+    settings = "apiVersion: reconciler/v1\nkind: Settings\nspec:\n  offlineAfter: 2s\n"
+    slow = "default: succeed\nnodes:\n  gpu-1: {stage: {rate: 1000}}\n"  # 50 MB: 14 hours
+    kit = FleetKit.create(tmp_path, THREE, behaviour=slow, files={"reconciler.yaml": settings})
+    try:
+        kit.push(staged_rollout())
+        daemon = kit.daemon()
+        kit.run_until(daemon, in_state("gpu-1", "staging"))
+        kit.fleet.set_behaviour(
+            "names: [gpu-1, gpu-2, gpu-3]\ndefault: succeed\nnodes:\n  gpu-1: unreachable\n"
+        )
+        held = kit.run_until(daemon, phase("llama", "paused"), pause=0.2)
+    finally:
+        kit.close()
+
+    node = nodes_of(held)["gpu-1"]
+    assert held["llama"]["hold"]["reason"] == "health_unknown"
+    assert node["state"] == "unknown" and node["stage"]["state"] == "unknown"
+    assert "unreachable" in node["error"]

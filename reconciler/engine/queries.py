@@ -69,7 +69,10 @@ def open_nodes(status: RolloutStatus) -> Iterable[NodeRecord]:
         if node.state in RESTORE_STATES and status.batches[node.batch - 1].state != "running":
             yield node
     ahead = staging.window(status.frozen, status.batches)
-    if ahead:
+    if ahead and status.frozen.spread_by is None:
+        starts = status.frozen.batch_starts(len(status.nodes))
+        yield from status.nodes[starts[ahead.start - 1] : starts[ahead.stop - 1]]
+    elif ahead:
         yield from (node for node in status.nodes if node.batch in ahead)
 
 
