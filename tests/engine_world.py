@@ -14,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from reconciler.engine.step import FleetStep, RolloutInput, step_fleet
+from reconciler.protocol.canary_observations import AlertAnswer
 from reconciler.protocol.effects import SendJob
 from reconciler.protocol.observations import (
     Backup,
@@ -56,6 +57,7 @@ class World:
         self.heartbeats: dict[str, Heartbeat] = {}
         self.unreachable: dict[str, datetime] = {}
         self.backups: dict[str, tuple[Backup, ...]] = {}
+        self.alerts: dict[str, AlertAnswer] = {}  # Alertmanager's answers, by rollout
         self.sent: list[SendJob] = []
         self.last: FleetStep = FleetStep()
         self._commit_no = 0
@@ -217,6 +219,7 @@ class World:
             heartbeats=dict(self.heartbeats),
             unreachable_since=dict(self.unreachable),
             backups=dict(self.backups),
+            alerts=dict(self.alerts),
         )
 
     def step(self, at: float | None = None) -> FleetStep:

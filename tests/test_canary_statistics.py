@@ -11,12 +11,15 @@ from hypothesis import strategies as st
 from scipy import stats
 
 from reconciler.daemon.canary_statistics import (
+    E_TEST_MAX_EVENTS,
     FAILED,
     LEVEL,
     PASSED,
     UNKNOWN,
     compare_quantity,
     compare_rate,
+    pool,
+    rate_p_value,
 )
 
 BASELINE = [0.101, 0.098, 0.103, 0.097, 0.1, 0.102, 0.099, 0.104, 0.096, 0.1, 0.101, 0.098]
@@ -67,6 +70,63 @@ def test_an_error_rate_from_a_tenth_of_a_percent_to_two_percent_fails() -> None:
     assert judged.p_value == pytest.approx(float(expected)) and judged.p_value < LEVEL
     assert (judged.canary.rate, judged.baseline.rate) == (0.02, 0.001)
     assert judged.change == pytest.approx(0.019)
+
+
+def test_a_large_baseline_is_judged_with_the_conditional_binomial_test() -> None:
+    # A batch of 1,000 nodes' baseline: 15 steps of 1,000 requests and one
+    # error each, 15,000 errors pooled; the node has 2% errors.
+    total = [1000.0] * 15
+    judged = compare_rate(
+        ([20.0] * 15, total), ([1000.0] * 15, [1_000_000.0] * 15), tolerance=0.005, min_samples=10
+    )
+
+    share = 15_000 / (15_000 + 15_000_000)
+    expected = stats.binomtest(300, 15_300, share, alternative="greater").pvalue
+    assert judged.verdict == FAILED
+    assert judged.p_value == pytest.approx(float(expected)) and judged.p_value < LEVEL
+    assert (judged.canary.rate, judged.baseline.rate) == (0.02, 0.001)
+
+
+@pytest.mark.parametrize(
+    ("counts", "test"),
+    [
+        ((200, 10_000, 10, 10_000), "e-test"),
+        ((15, 15_000, 985, 1_500_000), "e-test"),  # E_TEST_MAX_EVENTS exactly
+        ((15, 15_000, 986, 1_500_000), "binomial"),
+        ((15, 15_000, 15_000, 15_000_000), "binomial"),
+        ((30, 15_000, 15_000, 15_000_000), "binomial"),
+        ((900, 10_000, 900, 10_000), "binomial"),
+    ],
+)
+def test_the_rate_test_is_the_e_test_up_to_a_thousand_errors_and_binomial_above(
+    counts: tuple[int, int, int, int], test: str
+) -> None:
+    k1, n1, k2, n2 = counts
+    assert (k1 + k2 <= E_TEST_MAX_EVENTS) == (test == "e-test")
+    if test == "e-test":
+        expected = stats.poisson_means_test(k1, n1, k2, n2, alternative="greater").pvalue
+    else:
+        expected = stats.binomtest(k1, k1 + k2, n1 / (n1 + n2), alternative="greater").pvalue
+    assert rate_p_value(*counts) == pytest.approx(float(expected))
+
+
+def test_the_two_rate_tests_agree_where_they_meet() -> None:
+    # Either side of the switch, the two tests tell the same: no evidence
+    # of a higher rate at equal rates, strong evidence at double the rate.
+    for k1, k2 in ((500, 500), (1000, 500)):
+        e = stats.poisson_means_test(k1, 100_000, k2, 100_000, alternative="greater").pvalue
+        b = stats.binomtest(k1, k1 + k2, 0.5, alternative="greater").pvalue
+        assert (e < LEVEL) == (b < LEVEL)
+        assert b == pytest.approx(e, abs=0.02)
+
+
+def test_a_pooled_baseline_judges_as_its_samples_do() -> None:
+    pooled = pool([*BASELINE, float("nan")])
+    once = compare_quantity(SLOWER, pooled, worse="higher", tolerance=0.1, min_samples=10)
+    each = compare_quantity(SLOWER, BASELINE, worse="higher", tolerance=0.1, min_samples=10)
+
+    assert pooled.samples == len(BASELINE) and pooled.median == float(np.median(BASELINE))
+    assert once == each
 
 
 def test_an_error_rate_within_the_tolerance_passes() -> None:

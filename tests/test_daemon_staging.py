@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from reconciler.spec.times import parse_time
+from tests.kit.alertmanager import AlertmanagerServer
 from tests.kit.documents import rollout_yaml
 from tests.kit.fleets import FleetKit
 
@@ -243,3 +244,43 @@ def test_an_agent_gone_while_it_stages_is_unknown_and_holds_health_unknown(
     assert held["llama"]["hold"]["reason"] == "health_unknown"
     assert node["state"] == "unknown" and node["stage"]["state"] == "unknown"
     assert "unreachable" in node["error"]
+
+
+def test_a_fleet_wide_alert_starts_no_stage_job_until_silenced(tmp_path: Path) -> None:
+    # The daemon, the simulated fleet and Debian's prometheus-alertmanager:
+    # an alert without a node label fires before the rollout starts.
+    with AlertmanagerServer(tmp_path) as am:
+        settings = (
+            "apiVersion: reconciler/v1\nkind: Settings\nspec:\n"
+            f"  alertmanager: {{url: '{am.url}'}}\n"
+        )
+        behaviour = "default: {action: succeed, delay: 0.2, stage: {rate: 100000000}}\n"
+        kit = FleetKit.create(
+            tmp_path, THREE, behaviour=behaviour, files={"reconciler.yaml": settings}
+        )
+        try:
+            am.post_alert("DatacenterHot", severity="page")
+            health = "{soak: 1s, interval: 1s, alerts: {matchers: ['severity=\"page\"']}}"
+            kit.push(staged_rollout(stage="{ahead: 1, maxConcurrent: 1}", health=health))
+            daemon = kit.daemon()
+            waiting = kit.run_until(daemon, waits_for("alert_firing"), timeout=60)
+            for _ in range(4):  # passes go by: still nothing staged
+                daemon.run_pass()
+            held = kit.statuses()
+            executed_while_firing = list(kit.fleet.stats()["executed"])
+
+            am.silence(alertname="DatacenterHot")
+            done = kit.run_until(daemon, phase("llama", "completed"), timeout=60)
+        finally:
+            kit.close()
+
+    alerts = waiting["llama"]["waiting"]["alerts"]
+    assert [a["alertname"] for a in alerts] == ["DatacenterHot"]
+    assert executed_while_firing == []
+    assert all(n["state"] == "pending" and not n.get("stage") for n in nodes_of(held).values())
+    assert all(n["stage"]["state"] == "staged" for n in nodes_of(done).values())
+    assert done["llama"].get("waiting") is None
+
+
+def waits_for(reason: str) -> Any:
+    return lambda s: (s.get("llama", {}).get("waiting") or {}).get("reason") == reason

@@ -11,7 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from reconciler.engine.holds import hold_message
-from reconciler.spec.rollout_status import Condition, RolloutStatus
+from reconciler.spec.compare import FiringAlert, Measured
+from reconciler.spec.rollout_status import CheckOutcome, Condition, RolloutStatus, Waiting
 from reconciler.views.dashboard import (
     DashboardOrder,
     DashboardParts,
@@ -19,7 +20,7 @@ from reconciler.views.dashboard import (
     render_dashboard,
 )
 from tests.kit.documents import make_status
-from tests.markdown_render import plain_text
+from tests.markdown_render import constructs, plain_text
 
 CANARY = make_status(
     "llama-canary",
@@ -282,3 +283,104 @@ def test_parts_extended_are_the_text_stripped_and_extended(
     parts = DashboardParts(head, tuple(row.encode() for row in rows), tail)
     assert parts.extended(more).text() == parts.text().rstrip("\n") + more
     assert parts.extended(more).blocks == parts.blocks or not parts.blocks
+
+
+# --- comparisons and alerts ------------------------------------------------------
+
+
+def measured(canary: float, baseline: float, change: float, p: float | None) -> Measured:
+    return Measured("median", canary, 13, baseline, 26, ("gpu-c3", "gpu-c4"), change, p)
+
+
+def compared() -> RolloutStatus:
+    """A running rollout whose first batch (two nodes) is decided: its
+    comparisons passed and failed, and an agent check that is no comparison."""
+    status = make_status(
+        "canary",
+        "running",
+        [("gpu-c1", 1, "succeeded"), ("gpu-c2", 1, "failed"), ("gpu-c3", 2, "pending")],
+        transitions=[("pending", "running", "started")],
+    )
+    rate = Measured("rate", 0.02, 10, 0.001, 20, ("gpu-c3",), 0.019, 1.5e-9)
+    checks = {
+        "gpu-c1": (
+            CheckOutcome("latency-p95", True, "median 0.103 …", measured(0.103, 0.1, 0.03, 0.02)),
+            CheckOutcome("errors", True, "rate …", replace(rate, canary=0.0011, change=0.0001)),
+        ),
+        "gpu-c2": (
+            CheckOutcome("latency-p95", False, "median 0.13 …", measured(0.13, 0.1, 0.3, 1.2e-5)),
+            CheckOutcome("disk", False, "agent check failed"),  # not a comparison
+        ),
+    }
+    nodes = tuple(replace(n, checks=checks.get(n.name, ())) for n in status.nodes)
+    return replace(status, nodes=nodes)
+
+
+def comparison_rows(text: str) -> list[list[str]]:
+    section = text.split("## Comparisons")[1].split("\n## ")[0]
+    lines = [line for line in section.splitlines() if line.startswith("| **")]
+    return [[cell.strip() for cell in line.split("|")[1:-1]] for line in lines]
+
+
+def test_every_decided_comparison_of_the_batch_is_shown_with_its_numbers() -> None:
+    text = render_dashboard({"canary": compared(), **ALL})
+
+    table = comparison_rows(text)
+    assert [row[1:4] for row in table] == [
+        ["gpu-c2", "latency-p95", "❌ failed"],  # failed first
+        ["gpu-c1", "latency-p95", "✅ passed"],
+        ["gpu-c1", "errors", "✅ passed"],
+    ]
+    failed = table[0]
+    assert failed[4:] == [
+        "median 0.13 (13 samples)",
+        "median 0.1 (26 samples), 2 nodes",
+        "+30.0%",
+        "1.2e-05",
+    ]
+    assert table[2][4:] == [
+        "rate 0.110% (10 steps)",
+        "rate 0.100% (20 steps), 1 node",
+        "+0.01 points",
+        "1.5e-09",
+    ]
+    assert "disk" not in text.split("## Comparisons")[1]
+    assert constructs(text.split("## Comparisons")[1].split("\n## ")[0])["table_open"] == 1
+
+
+def test_a_batch_without_decided_comparisons_has_no_comparisons_section() -> None:
+    assert "## Comparisons" not in render_dashboard(ALL)
+
+
+def test_an_inconclusive_comparison_and_a_long_batch_say_so() -> None:
+    status = compared()
+    inconclusive = CheckOutcome("latency-p95", False, "inconclusive", measured(0.1, 0.1, 0, None))
+    many = tuple(
+        replace(status.nodes[0], name=f"gpu-x{i:02d}", checks=(inconclusive,)) for i in range(25)
+    )
+    text = render_dashboard({"canary": replace(status, nodes=many)})
+
+    table = comparison_rows(text)
+    assert len(table) == 21 and table[0][3] == "❔ unknown" and table[0][7] == ""
+    assert "and 5 more of batch 1" in table[-1][1]
+
+
+def test_an_alert_wait_names_the_alerts_and_alertmanager_unreachable_says_so() -> None:
+    hot = FiringAlert("GpuHot", (("severity", "page"),), "2026-12-01T09:00:00Z")
+    nasty = FiringAlert("<b>x</b>|y", (), "2026-12-01T09:05:00Z")
+    firing = replace(WIDE, waiting=Waiting("alert_firing", None, (hot, nasty)))
+    gone = replace(WIDE, name="gone", waiting=Waiting("alertmanager_unreachable", None))
+    text = render_dashboard({"qwen-wide": firing, "gone": gone})
+
+    assert rows(text)["qwen-wide"][3] == "`alert_firing`"
+    assert rows(text)["gone"][3] == "`alertmanager_unreachable`"
+    attention = text.split("## Needs attention")[1].split("\n## ")[0]
+    line = next(x for x in attention.splitlines() if "qwen-wide" in x)
+    assert plain_text(line) == (
+        "⏳ qwen-wide waiting alert_firing: GpuHot (firing since 2026-12-01T09:00:00Z), "
+        "<b>x</b>|y (firing since 2026-12-01T09:05:00Z); the next batch starts by itself "
+        "once the alert resolves or is silenced."
+    )
+    assert "<b>" not in text
+    line = next(x for x in attention.splitlines() if "gone" in x)
+    assert "waiting `alertmanager_unreachable`: no new batch until Alertmanager answers" in line

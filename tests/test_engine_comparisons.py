@@ -6,8 +6,11 @@ window before its dispatch)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
@@ -279,3 +282,34 @@ def test_status_says_why_a_batch_waits_for_alerts() -> None:
     }
     status = replace(make_status("r", "running"), waiting=Waiting("alert_firing", None, (hot(),)))
     assert to_record(status)["waiting"] == record
+
+
+SOAK_START = """
+import sys
+from dataclasses import replace
+from datetime import timedelta
+from reconciler.daemon.canary_verdicts import CanaryVerdicts
+from reconciler.daemon.range_queries import RangeQueries
+from reconciler.protocol.observations import Observations
+from tests.test_engine_comparisons import HEALTH, NOW, fleet_of, watch
+from tests.kit.documents import make_status
+
+status = make_status("r", "running", [("gpu-a1", 1, "dispatched"), ("gpu-a2", 2, "pending")])
+status = replace(status, frozen=replace(status.frozen, health=HEALTH))
+now = [NOW + timedelta(seconds=10)]
+verdicts = CanaryVerdicts(RangeQueries(), lambda: now[0])
+verdicts.watches["gpu-a1"] = replace(watch(), job_id=status.nodes[0].job_id)
+assert "scipy.stats" not in sys.modules
+verdicts.observe([status], Observations(), fleet_of("gpu-a1", "gpu-a2"), None)
+print("scipy.stats" in sys.modules, verdicts.next_soak_end == NOW + timedelta(seconds=60))
+"""
+
+
+def test_scipy_is_loaded_during_the_soak_and_the_soak_end_is_when_a_pass_is_due() -> None:
+    # In a fresh interpreter: this one has SciPy loaded already.
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        [sys.executable, "-c", SOAK_START], cwd=root, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "True"]

@@ -9,7 +9,10 @@ import pytest
 
 from reconciler.engine.queries import in_flight, next_wakeup
 from reconciler.engine.staging import STAGE_RULES, decide, render_stage_table
+from reconciler.protocol.canary_observations import AlertAnswer
 from reconciler.spec.artifacts import Artifact, Drain, Stage, Warmup
+from reconciler.spec.compare import Alerts, FiringAlert
+from reconciler.spec.health import Health
 from tests.engine_world import World
 
 WEIGHTS = Artifact("weights", "https://mirror.example/m.gguf", "0f" * 32, 4_920_734_976)
@@ -241,3 +244,69 @@ def test_the_stage_table_has_one_decision_per_verdict_and_policy() -> None:
     assert decide("observe", "unknown", auto_retried=False).action == "continue"
     assert not any(r.decision.action in ("stop", "rollback") for r in STAGE_RULES)
     assert "| failed |" in render_stage_table()
+
+
+PAGES = Health(soak=60, interval=1, alerts=Alerts(('severity="page"',)))
+FLEET_WIDE = FiringAlert("GpuFleetHot", (("severity", "page"),), "2026-12-01T09:00:00Z")
+
+
+def alerted_world() -> World:
+    return staged_world(live=True, health=PAGES)
+
+
+def test_a_fleet_wide_alert_starts_no_stage_job_until_it_resolves() -> None:
+    w = alerted_world()
+    w.alerts["r"] = AlertAnswer(alerts=(FLEET_WIDE,))
+
+    w.step(0)
+
+    assert w.last.effects == () and set(w.states().values()) == {"pending"}
+    waiting = w.status().waiting
+    assert waiting is not None and waiting.reason == "alert_firing"
+    assert waiting.alerts == (FLEET_WIDE,)
+
+    w.alerts["r"] = AlertAnswer()  # silenced
+    w.step(10)
+
+    assert kinds(w) == {"n1": "stage", "n2": "stage", "n3": "stage", "n4": "stage"}
+    assert w.status().waiting is None
+
+
+def test_an_alert_while_a_batch_applies_stops_the_stages_ahead() -> None:
+    w = staged_world(live=True, health=PAGES, stage=Stage(ahead=2, max_concurrent=2))
+    w.alerts["r"] = AlertAnswer()
+    w.step(0)
+    stage_all(w, "n1", "n2")
+    w.step(10)
+    assert kinds(w) == {"n1": "apply", "n2": "apply", "n3": "stage", "n4": "stage"}
+    stage_all(w, "n3", "n4")
+    w.alerts["r"] = AlertAnswer(alerts=(FLEET_WIDE,))
+
+    w.step(20)  # two stage slots free, batch 3 in the window
+
+    assert w.last.effects == () and (w.state("n5"), w.state("n6")) == ("pending", "pending")
+    waiting = w.status().waiting
+    assert waiting is not None and waiting.reason == "alert_firing"
+
+    w.alerts["r"] = AlertAnswer()
+    w.step(30)
+    assert kinds(w) == {"n5": "stage", "n6": "stage"}
+
+
+def test_alertmanager_unreachable_starts_no_stage_job() -> None:
+    w = alerted_world()
+    w.alerts["r"] = AlertAnswer(error="cannot reach http://127.0.0.1:9093: refused")
+
+    w.step(0)
+
+    assert w.last.effects == ()
+    waiting = w.status().waiting
+    assert waiting is not None and waiting.reason == "alertmanager_unreachable"
+
+    del w.alerts["r"]  # not asked at all: the same, no evidence
+    w.step(10)
+    assert w.last.effects == ()
+
+    w.alerts["r"] = AlertAnswer()
+    w.step(20)
+    assert set(kinds(w).values()) == {"stage"}

@@ -1,10 +1,12 @@
 """The daemon's range-query client against a real Prometheus (Debian's
 package, on loopback): one series per node, each step's sample, identical
 queries asked once, a query Prometheus rejects and a server that is gone
-as errors (no evidence), never exceptions."""
+as errors (no evidence), never exceptions; and a server that never answers
+stalls the rest of the round rather than costing a timeout per query."""
 
 from __future__ import annotations
 
+import socket
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -12,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from reconciler.daemon.range_queries import RangeQueries, RangeQuery
+from tests.kit.ports import HeldPort
 from tests.kit.prometheus import Exporter, PrometheusServer
 
 
@@ -40,4 +43,50 @@ def test_series_by_step_errors_and_a_stopped_server(tmp_path: Path) -> None:
         prom.stop()
         gone = client.ask_all(prom.url, [one])[one]
         assert gone.error.startswith("cannot reach ") and gone.series == ()
+    client.close()
+
+
+def test_a_prometheus_that_never_answers_costs_one_timeout_a_round() -> None:
+    # Listening, never accepting: connections complete, requests are sent,
+    # nothing ever answers.
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(64)
+    url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+    end = datetime.now(UTC)
+    queries = [
+        RangeQuery(f'latency_seconds{{node="n{i}"}}', end - timedelta(seconds=5), end, 1)
+        for i in range(40)
+    ]
+    client = RangeQueries(concurrency=4, timeout=1)
+    try:
+        answers = client.ask_all(url, queries)
+    finally:
+        client.close()
+        silent.close()
+
+    errors = [answers[q].error for q in queries]
+    assert all(e.startswith(f"cannot reach {url}/api/v1/query_range: ") for e in errors)
+    timed_out = [e for e in errors if e.endswith("no answer within 1s")]
+    # The first to time out stalls the server: the rest fail at once rather
+    # than each waiting its second (at most the 4 already waiting time out).
+    assert 1 <= len(timed_out) <= 4
+    assert all("not waited for until it answers" in e for e in errors if e not in timed_out)
+
+
+def test_a_url_that_is_not_one_and_a_refused_connection_are_errors_that_say_so(
+    held_port: HeldPort,
+) -> None:
+    end = datetime.now(UTC)
+    query = RangeQuery("up", end - timedelta(seconds=5), end, 1)
+    client = RangeQueries(timeout=2)
+
+    for url, error in (
+        ("prometheus:9090", "settings.spec.prometheus.url 'prometheus:9090' is not an http(s) URL"),
+        ("http://127.0.0.1:99999", "settings.spec.prometheus.url 'http://127.0.0.1:99999': Port"),
+        (held_port.url, f"cannot reach {held_port.url}/api/v1/query_range: cannot connect"),
+        # https goes through httpx, which checks certificates against the system's trust
+        (held_port.url.replace("http:", "https:"), "cannot reach https://"),
+    ):
+        assert client.ask_all(url, [query])[query].error.startswith(error), url
     client.close()

@@ -63,6 +63,13 @@ class _Due:
         c = self.comparison
         return (c.query,) if c.query else (c.errors, c.total)
 
+    def baseline_key(self) -> tuple[object, ...]:
+        """The same for every node of a batch that shares this baseline."""
+        return (self.texts(), self.base_start, self.base_end, self.baseline)
+
+    def baseline_queries(self) -> list[RangeQuery]:
+        return [self.queries(t, b) for t in self.texts() for b in self.baseline]
+
 
 class CanaryVerdicts:
     """Keeps the live nodes' soaks and judges their comparisons."""
@@ -71,6 +78,9 @@ class CanaryVerdicts:
         self.queries = queries
         self.clock = clock
         self.watches: dict[str, CanaryWatch] = {}  # by node
+        # The earliest soak still under way at the last observe ends then:
+        # the daemon's next pass is due at that moment, not at its interval.
+        self.next_soak_end: datetime | None = None
 
     def observe(
         self,
@@ -86,7 +96,14 @@ class CanaryVerdicts:
         keep = {node.name: node.job_id for _, node in wanted}
         for name in [n for n, w in self.watches.items() if keep.get(n) != w.job_id]:
             del self.watches[name]
+        if any(
+            s.frozen is not None and s.frozen.health is not None and s.frozen.health.compare
+            for s, _ in wanted
+        ):
+            stats.prepare()
         due: list[_Due] = []
+        ahead: list[datetime] = []
+        baselines: dict[tuple[str, str], _Baseline] = {}
         for status, node in wanted:
             assert status.frozen is not None and status.frozen.health is not None
             watch = self.watches.get(node.name) or self._begun(status, node, observed, now)
@@ -94,13 +111,16 @@ class CanaryVerdicts:
                 continue
             self.watches[node.name] = watch
             health = status.frozen.health
-            if now < watch.soak_since + timedelta(seconds=health.soak):
+            soak_end = watch.soak_since + timedelta(seconds=health.soak)
+            if now < soak_end:
+                ahead.append(soak_end)
                 continue
             due.extend(
-                _due(status, node, c, watch, fleet)
+                _due(status, node, c, watch, fleet, baselines)
                 for c in health.compare
                 if c.name not in watch.verdicts
             )
+        self.next_soak_end = min(ahead, default=None)
         if due:
             self._judge(due, prometheus_url)
         return dict(self.watches)
@@ -123,14 +143,15 @@ class CanaryVerdicts:
             for d in due:
                 self._record(d, _unknown(d, "settings.spec.prometheus is not set"))
             return
-        asked = [
-            q
-            for d in due
-            for text in d.texts()
-            for q in (d.own(text), *(d.queries(text, b) for b in d.baseline))
-        ]
+        asked: dict[RangeQuery, None] = {}
+        shared: set[tuple[object, ...]] = set()  # a batch's baseline: its queries once
+        for d in due:
+            asked.update(dict.fromkeys(d.own(text) for text in d.texts()))
+            if d.baseline_key() not in shared:
+                shared.add(d.baseline_key())
+                asked.update(dict.fromkeys(d.baseline_queries()))
         answers = self.queries.ask_all(url, asked)
-        pooled: dict[tuple[str, ...], Any] = {}  # a batch shares its baseline: pooled once
+        pooled: dict[tuple[object, ...], Any] = {}  # a batch shares its baseline: pooled once
         for d in due:
             self._record(d, judge(d, answers, pooled))
 
@@ -139,25 +160,51 @@ class CanaryVerdicts:
         self.watches[d.node] = replace(watch, verdicts={**watch.verdicts, verdict.name: verdict})
 
 
+@dataclass(frozen=True)
+class _Baseline:
+    """A comparison's baseline in a rollout this pass: its nodes not yet
+    dispatched, and whether its selector picks any node at all."""
+
+    pending: tuple[str, ...]
+    chosen_any: bool
+
+
+def _baseline_of(
+    found: dict[tuple[str, str], _Baseline],
+    status: RolloutStatus,
+    comparison: Comparison,
+    fleet: Mapping[str, Node],
+) -> _Baseline:
+    """The baseline, worked out once per rollout and comparison a pass."""
+    key = (status.name, comparison.name)
+    if key not in found:
+        chosen = [
+            n
+            for n in status.nodes
+            if comparison.baseline is None
+            or comparisons.selects(comparison.baseline, fleet.get(n.name))
+        ]
+        pending = tuple(n.name for n in chosen if n.state == "pending" and n.name in fleet)
+        found[key] = _Baseline(pending, bool(chosen))
+    return found[key]
+
+
 def _due(
     status: RolloutStatus,
     node: NodeRecord,
     comparison: Comparison,
     watch: CanaryWatch,
     fleet: Mapping[str, Node],
+    baselines: dict[tuple[str, str], _Baseline] | None = None,
 ) -> _Due:
+    """``baselines`` keeps the baselines worked out so far this pass."""
     assert status.frozen is not None and status.frozen.health is not None
+    chosen = _baseline_of({} if baselines is None else baselines, status, comparison, fleet)
     health = status.frozen.health
     start = watch.soak_since
     end = start + timedelta(seconds=health.soak)
-    chosen = [
-        n
-        for n in status.nodes
-        if comparison.baseline is None
-        or comparisons.selects(comparison.baseline, fleet.get(n.name))
-    ]
-    baseline = tuple(n.name for n in chosen if n.state == "pending" and n.name in fleet)
-    if baseline or not chosen:
+    baseline = chosen.pending
+    if baseline or not chosen.chosen_any:
         return _Due(node.name, comparison, health, start, end, baseline, start, end, False)
     # None left: the node's own window of the same length before its dispatch.
     dispatched = node.dispatched_at or start
@@ -168,7 +215,7 @@ def _due(
 def judge(
     d: _Due,
     answers: Mapping[RangeQuery, RangeAnswer],
-    pooled: dict[tuple[str, ...], Any] | None = None,
+    pooled: dict[tuple[object, ...], Any] | None = None,
 ) -> ComparisonVerdict:
     """One comparison's verdict from Prometheus's answers; ``pooled`` keeps
     the baselines pooled so far, by query text, window and nodes."""
@@ -177,9 +224,9 @@ def judge(
         return _unknown(
             d, "no baseline: the baseline selector matches none of this rollout's nodes"
         )
-    key = (*d.texts(), d.base_start.isoformat(), d.base_end.isoformat(), *d.baseline)
+    key = d.baseline_key()
     if key not in pooled:  # the baseline's answers, looked at once per batch
-        wanted = [d.queries(t, b) for t in d.texts() for b in d.baseline]
+        wanted = d.baseline_queries()
         pooled[key] = next((answers[q].error for q in wanted if answers[q].error), "")
     failed = next((answers[q].error for q in map(d.own, d.texts()) if answers[q].error), "")
     failed = failed or pooled[key]
@@ -190,7 +237,9 @@ def judge(
     if c.query:
         mine = answers[d.own(c.query)].values()
         if key not in pooled:
-            pooled[key] = [v for b in d.baseline for v in answers[d.queries(c.query, b)].values()]
+            pooled[key] = stats.pool(
+                [v for b in d.baseline for v in answers[d.queries(c.query, b)].values()]
+            )
         judged = stats.compare_quantity(
             mine, pooled[key], worse=c.worse, tolerance=c.tolerance, min_samples=c.min_samples
         )
@@ -204,16 +253,14 @@ def judge(
     return _verdict(d, judged)
 
 
-def _pooled_rate(
-    d: _Due, answers: Mapping[RangeQuery, RangeAnswer]
-) -> tuple[list[float], list[float]]:
+def _pooled_rate(d: _Due, answers: Mapping[RangeQuery, RangeAnswer]) -> stats.Counts:
     c = d.comparison
     base: tuple[list[float], list[float]] = ([], [])
     for b in d.baseline:
         errors, total = _aligned(answers[d.queries(c.errors, b)], answers[d.queries(c.total, b)])
         base[0].extend(errors)
         base[1].extend(total)
-    return base
+    return stats.count(*base)
 
 
 def _aligned(errors: RangeAnswer, total: RangeAnswer) -> tuple[list[float], list[float]]:

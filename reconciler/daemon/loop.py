@@ -90,6 +90,12 @@ class PassOutcome:
     job_ids: tuple[str, ...] = ()  # the jobs it recorded and sent, in order
 
 
+def _earliest(*moments: datetime | None) -> datetime | None:
+    """A pass is due at the first of these: a deadline or start time, or the
+    end of a soak that the daemon's clock keeps (the comparisons')."""
+    return min((m for m in moments if m is not None), default=None)
+
+
 @dataclass(frozen=True)
 class _Quiet:
     """A pass that changed nothing and had nothing to observe. Until the
@@ -529,7 +535,7 @@ class Daemon:
             # and then the thousands of unchanged ones need not be looked at.
             active=any(needs_passes(s) for s in step.statuses.values())
             or any(needs_passes(s) for s in lively),
-            wakeup=engine.next_wakeup(lively),
+            wakeup=_earliest(engine.next_wakeup(lively), p.seen.soak_end),
             job_ids=tuple(job.job_id for job in step.effects),
         )
         if p.commit is None and not p.sent and not step.transitions and not p.seen.watching:

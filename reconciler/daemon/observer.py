@@ -66,6 +66,7 @@ class Observed:
     unfinished: list[tuple[str, SendJob]]  # jobs the agents said are not finished yet
     watching: bool  # there were jobs, heartbeats or backups to read
     held_until: datetime | None  # when the first job left to its held read is asked again
+    soak_end: datetime | None = None  # when the first comparison's soak under way ends
 
 
 @dataclass
@@ -203,7 +204,8 @@ class Observer:
         )
         # Alerts asked change by themselves: no pass is quiet while any are.
         watching = bool(asked or wanted_heartbeats or wanted_backups or observations.alerts)
-        return Observed(observations, lively, unfinished, watching, held_until)
+        soak_end = self.canary.next_soak_end
+        return Observed(observations, lively, unfinished, watching, held_until, soak_end)
 
     def _address(self, node: str) -> str | None:
         spec = self.nodes.get(node)

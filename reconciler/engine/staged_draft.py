@@ -19,6 +19,7 @@ from reconciler.engine.evidence import Seen
 from reconciler.engine.inputs import NodeChange
 from reconciler.engine.records import evolve
 from reconciler.spec.model import Node, RolloutSpec
+from reconciler.spec.rollout_status import ALERT_WAITING_REASONS, Waiting
 
 NodeOf = Callable[[str], Node | None]
 Dispatch = Callable[[int, str], None]
@@ -69,9 +70,15 @@ class StagedDraft(StatusDraft):
             progressed = True
         return progressed
 
-    def stage_ahead(self, spec: RolloutSpec, node_of: NodeOf) -> bool:
-        """Start stage jobs down the pipeline, unless the rollout is held."""
+    def stage_ahead(
+        self, spec: RolloutSpec, node_of: NodeOf, alert_wait: Waiting | None = None
+    ) -> bool:
+        """Start stage jobs down the pipeline, unless the rollout is held or
+        ``alert_wait`` stands (a fleet-wide alert fires, or Alertmanager
+        cannot be asked: as for a new batch, recorded as the wait)."""
         if not self.staged_rollout() or self.restores_in_flight() or self.any_held():
+            return False
+        if not self.alerts_let_stages_start(alert_wait):
             return False
         if batches.paused_after(self.batches, spec.pause_after) is not None:
             return False
@@ -82,6 +89,15 @@ class StagedDraft(StatusDraft):
         for i in picked:
             self.start_stage(i, f"staging batch {self.nodes[i].batch}", node_of)
         return bool(picked)
+
+    def alerts_let_stages_start(self, alert_wait: Waiting | None) -> bool:
+        if alert_wait is not None:
+            # An unchanged wait keeps its value, so an idle pass writes nothing.
+            self.waiting = self.waiting if alert_wait == self.waiting else alert_wait
+            return False
+        if self.waiting is not None and self.waiting.reason in ALERT_WAITING_REASONS:
+            self.waiting = None  # resolved; a due batch's gate records its own wait
+        return True
 
     def start_stage(self, i: int, reason: str, node_of: NodeOf, auto_retry: bool = False) -> None:
         """Send the node's next stage job, or record why the daemon cannot."""

@@ -570,10 +570,12 @@ class RolloutStep(StagedDraft):
         self.handle_rollback_request()
         if spec is not None and not spec.paused:
             self.apply(intents.skips(spec, self.nodes, self.index))
+            alert_wait = comparisons.batch_wait(self.frozen, self.ctx.obs.alerts.get(self.name))
             for _ in range(len(self.batches) + 3):
                 progressed = self.decide_verdicts() | self.decide_stages(self.policy, self.ctx.node)
                 progressed |= self.handle_resume(spec)
-                progressed |= self.stage_ahead(spec, self.ctx.node) | self.advance(spec)
+                progressed |= self.stage_ahead(spec, self.ctx.node, alert_wait)
+                progressed |= self.advance(spec)
                 progressed |= self.dispatch_staged(self.dispatch)
                 if not progressed:
                     break

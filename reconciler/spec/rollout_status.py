@@ -107,6 +107,7 @@ PAGE_SIZE = 200
 
 # Why a batch that is due does not start yet (docs/rollouts.md): not a hold.
 WAITING_REASONS = ("outside_window", "freeze", "alert_firing", "alertmanager_unreachable")
+ALERT_WAITING_REASONS = ("alert_firing", "alertmanager_unreachable")  # for the rollout's alerts
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,9 @@ One table row per rollout (phase, progress bar, current batch, hold), a list
 of what needs a person (holds, pending rollouts only a person can unblock,
 conditions), and a Mermaid flowchart of the active rollouts' batches
 coloured by state. Consecutive batches in the same state are drawn as one
-box, so a rollout of 10,000 batches is still a handful of boxes.
+box, so a rollout of 10,000 batches is still a handful of boxes. Between
+them, the decided comparisons of the active rollouts' current batches
+(``dashboard_comparisons``).
 
 Text that comes from agents and people (errors inside hold messages,
 condition messages) goes through ``markdown.text``: it renders as text,
@@ -29,6 +31,7 @@ from reconciler.spec.batch_shapes import describe_sizes
 from reconciler.spec.paths import DASHBOARD_PATH
 from reconciler.spec.rollout_status import OperatorAct, RolloutStatus, recorded_sizes
 from reconciler.views import artifact_text, markdown
+from reconciler.views.dashboard_comparisons import ALERT_WAITS, alert_wait_line, comparison_section
 from reconciler.views.health_text import failing_summary
 from reconciler.views.status_text import (
     PHASE_ORDER,
@@ -38,6 +41,7 @@ from reconciler.views.status_text import (
     progress_text,
     rollback_text,
     summarize,
+    waiting_text,
 )
 
 PATH = DASHBOARD_PATH
@@ -200,6 +204,7 @@ def dashboard_parts(
         active = [s for s in rollouts if _is_drawn(s)]
     if attention:
         after += ["", "## Needs attention", "", *attention]
+    after += comparison_section(active)
     if active:
         after += ["", "## Active rollouts", "", *_diagram(active)]
     if not blocks:
@@ -257,6 +262,9 @@ def _row(status: RolloutStatus) -> str:
     s = summarize(status)
     since = s.since.strftime("%Y-%m-%d %H:%MZ").replace(" ", _NBSP) if s.since else ""
     why = f"`{s.why}`" if s.why else ""  # a reason code or a date: ours
+    waiting = status.waiting
+    if waiting is not None and waiting.reason in ALERT_WAITS and s.why == waiting_text(waiting):
+        why = f"`{waiting.reason}`"  # the alerts' names, from Alertmanager, are listed below
     if waits_for_approval(status):
         why = f"⏳ {markdown.text(approval_wait(status))}"
     else:
@@ -315,9 +323,10 @@ def _notes_of(status: RolloutStatus) -> tuple[str, ...]:
     conditions = status.conditions
     if status.terminal:
         conditions = tuple(c for c in conditions if c.type in _TERMINAL_CONDITIONS)
-    if status.hold is None and not conditions and status.phase != "pending":
+    wait = alert_wait_line(status)
+    if status.hold is None and not conditions and status.phase != "pending" and not wait:
         return ()
-    lines: list[str] = []
+    lines: list[str] = [wait] if wait else []
     name = markdown.text(status.name)
     if status.hold is not None:
         # The message names the held nodes and ends with what to do; the
