@@ -35,7 +35,6 @@ import time
 from collections.abc import Iterator
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +54,7 @@ from reconciler.spec.model import Node
 from reconciler.spec.rollout_status import NodeRecord
 from tests.kit.documents import make_status
 from tests.kit.prometheus import PrometheusServer
+from tests.kit.servers import metrics_server
 
 HEALTH = (
     "  health:\n    soak: {soak}s\n    interval: 1s\n    compare:\n"
@@ -71,21 +71,7 @@ class FleetExporter:
         self.names = names
         self.scrapes = 0
         self.random = random.Random(1)
-        exporter = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                body = exporter.text().encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = metrics_server(self.text)
         self.address = f"127.0.0.1:{self.server.server_address[1]}"
         # A child process: the exporter's CPU is not the daemon's.
         fork = multiprocessing.get_context("fork")

@@ -13,89 +13,48 @@ fails instead.
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 
-from tests.kit.ports import start_on_free_port, wait_listening
-
-ALERTMANAGER = os.environ.get("RECONCILER_ALERTMANAGER", "/usr/bin/prometheus-alertmanager")
+from tests.kit.ports import start_on_free_port
+from tests.kit.servers import ReadyServer, require_binary
 
 
 def require_alertmanager() -> str:
-    found = (
-        ALERTMANAGER
-        if os.access(ALERTMANAGER, os.X_OK)
-        else shutil.which("prometheus-alertmanager")
+    return require_binary(
+        "RECONCILER_ALERTMANAGER",
+        "/usr/bin/prometheus-alertmanager",
+        "prometheus-alertmanager",
+        "to run the alert tests against a real server",
     )
-    if found:
-        return found
-    reason = (
-        f"prometheus-alertmanager is not installed ({ALERTMANAGER} is missing): "
-        "apt-get install prometheus-alertmanager to run the alert tests against a real server"
-    )
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(reason + "; .ci/run should have installed it")
-    pytest.skip(reason)
 
 
 def _time(at: datetime) -> str:
     return at.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
-class AlertmanagerServer:
+class AlertmanagerServer(ReadyServer):
+    name = "alertmanager"
+
     def __init__(self, root: Path) -> None:
         self.binary = require_alertmanager()
-        self.root = root / "alertmanager"
-        self.root.mkdir(parents=True, exist_ok=True)
+        super().__init__(root)
         self.config = self.root / "alertmanager.yml"
         self.config.write_text("route: {receiver: nobody}\nreceivers: [{name: nobody}]\n")
-        self.process: subprocess.Popen[bytes] | None = None
-        self.port = start_on_free_port(self._start)
-        self.url = f"http://127.0.0.1:{self.port}"
-        self._wait_ready()
+        self.port = start_on_free_port(self.start)
+        self.wait_ready()
 
-    def _start(self, port: int) -> int:
-        self.port = port
-        log_path = self.root / "alertmanager.log"
-        log_path.write_bytes(b"")
-        log = open(log_path, "ab")  # noqa: SIM115 - owned by the child
-        self.process = subprocess.Popen(
-            [
-                self.binary,
-                f"--config.file={self.config}",
-                f"--storage.path={self.root / 'data'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-                "--cluster.listen-address=",
-            ],
-            stdout=log,
-            stderr=log,
-        )
-        log.close()
-        wait_listening(self.process, port, log_path, "alertmanager")
-        return port
-
-    def _wait_ready(self) -> None:
-        assert self.process is not None
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                log = (self.root / "alertmanager.log").read_text()[-2000:]
-                raise AssertionError("alertmanager exited: " + log)
-            try:
-                if httpx.get(f"{self.url}/-/ready", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise AssertionError("alertmanager did not become ready in 30 s")
+    def arguments(self, port: int) -> list[str]:
+        return [
+            self.binary,
+            f"--config.file={self.config}",
+            f"--storage.path={self.root / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--cluster.listen-address=",
+        ]
 
     def post_alert(self, alertname: str, **labels: str) -> None:
         """A firing alert, through API v2, for the next hour."""
@@ -129,16 +88,6 @@ class AlertmanagerServer:
         params = [("active", "true"), ("silenced", "false"), ("inhibited", "false")]
         params += [("filter", m) for m in matchers]
         return httpx.get(f"{self.url}/api/v2/alerts", params=params, timeout=5).json()
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self.process = None
 
     def __enter__(self) -> AlertmanagerServer:
         return self

@@ -18,30 +18,22 @@ from __future__ import annotations
 import datetime as dt
 import ipaddress
 import os
-import shutil
 import socket
 import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
-import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-NGINX = os.environ.get("RECONCILER_NGINX", "/usr/sbin/nginx")
+from tests.kit.servers import require_binary
 
 
 def require_nginx() -> str:
-    found = NGINX if os.access(NGINX, os.X_OK) else shutil.which("nginx")
-    if found:
-        return found
-    reason = f"nginx is not installed ({NGINX} is missing): apt-get install nginx"
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(reason + "; .ci/run should have installed it")
-    pytest.skip(reason)
+    return require_binary("RECONCILER_NGINX", "/usr/sbin/nginx", "nginx", "to serve the artifacts")
 
 
 class NginxServer:

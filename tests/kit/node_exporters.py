@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import random
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from tests.kit.servers import metrics_server
 
 LATENCY = 0.1  # seconds: the baseline's mean
 SPREAD = 0.03  # the standard deviation, as a share of the mean
@@ -30,21 +31,7 @@ class NodeExporter:
         self.requests = 0.0
         self.errors = 0.0
         self.lock = threading.Lock()
-        exporter = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                body = exporter.scrape().encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = metrics_server(self.scrape)
         self.address = f"127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
