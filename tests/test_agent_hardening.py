@@ -9,7 +9,6 @@ import dataclasses
 import json
 import os
 import signal
-import subprocess
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
@@ -23,6 +22,7 @@ from reconciler.protocol.effects import SendJob
 from reconciler.protocol.signing import SigningKey
 from reconciler.spec.model import Target
 from tests.kit.agents import AgentThread
+from tests.kit.disks import small_tmpfs
 from tests.kit.jobs import envelope, job
 from tests.kit.keys import make_key
 
@@ -459,17 +459,8 @@ def test_a_rollout_whose_newest_record_was_compacted_is_judged_by_what_is_left(
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A 256 KiB tmpfs, where a state directory runs out of space for real."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)], capture_output=True
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
-    try:
+    with small_tmpfs(tmp_path / "disk", "256k") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def test_a_full_disk_ends_the_job_failed_and_the_agent_carries_on(

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +15,7 @@ import pytest
 
 from reconciler.node.artifact_download import Downloader, DownloadSettings
 from reconciler.node.artifact_store import ArtifactStore, StageFailed
+from tests.kit.disks import small_tmpfs
 from tests.kit.file_faults import FaultyFileServer
 from tests.kit.nginx import NginxServer, make_ca_and_cert
 from tests.kit.ports import HeldPort
@@ -199,17 +199,8 @@ def test_space_counts_only_what_is_still_to_fetch(tmp_path: Path) -> None:
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A 2 MiB tmpfs, where this machine lets the test mount one (as root)."""
-    where = tmp_path / "small"
-    where.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(where)], capture_output=True
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
-    try:
+    with small_tmpfs(tmp_path / "small", "2m") as where:
         yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], check=True)
 
 
 def test_a_disk_that_fills_during_a_download_is_insufficient_space(
