@@ -3,6 +3,7 @@ commit pushed by the daemon shows up without the operator doing anything."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pty
 import select
@@ -46,10 +47,19 @@ class Terminal:
                 self.screen += chunk.decode("utf-8", "replace")
         return self.screen[start:]
 
-    def close(self) -> int:
+    def close(self, timeout: float = 30.0) -> int:
+        """Ctrl-C, reading the screen until the process ends: a watch that
+        redrew while nobody read blocks writing to a full pty, and would
+        never get to exit (a real terminal always reads)."""
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGINT)
-        code = self.process.wait(timeout=10)
+        deadline = time.monotonic() + timeout
+        while self.process.poll() is None and time.monotonic() < deadline:
+            ready, _, _ = select.select([self.master], [], [], 0.1)
+            if ready:
+                with contextlib.suppress(OSError):  # the child closed the pty
+                    os.read(self.master, 65536)
+        code = self.process.wait(timeout=1)
         os.close(self.master)
         return code
 
