@@ -176,6 +176,9 @@ def watch_latency(statuses: dict[str, RolloutStatus], pushes: int = 5) -> None:
             stdout=slave,
             stderr=slave,
             env={**os.environ, "TERM": "xterm"},
+            # Ctrl-C as in a terminal's foreground, even when the bench was
+            # started in the background, where SIGINT is ignored and inherited.
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
         os.close(slave)
         screen = b""
