@@ -106,11 +106,12 @@ def compare_clients(url: str, queries: list[RangeQuery], rounds: int = 2) -> Non
     figures: dict[str, list[tuple[float, float]]] = {name: [] for name in ways}
     for _ in range(rounds):
         for name, (concurrency, httpx) in ways.items():
-            client = RangeQueries(concurrency=concurrency)
+            # One request a query, as run --plain asks them: the clients' cost
+            client = RangeQueries(concurrency=concurrency, batched=False)
+            if httpx:  # the https path: asked here over http, the same server
+                client._send_all = client._send_all_httpx  # type: ignore[method-assign]
             wall, cpu = time.perf_counter(), time.process_time()
-            # httpx is the https path: asked here over http, the same server
-            ask = client._ask_all_httpx if httpx else client.ask_all
-            answers = ask(url, queries)
+            answers = client.ask_all(url, queries)
             wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
             client.close()
             assert not any(a.error for a in answers.values())
@@ -217,6 +218,9 @@ def main() -> None:
     parser.add_argument("--soak", type=int, default=15)
     parser.add_argument("--profile", action="store_true", help="print where the CPU went")
     parser.add_argument(
+        "--plain", action="store_true", help="each range query a request (run --plain)"
+    )
+    parser.add_argument(
         "--clients", action="store_true", help="then the same queries by each client, alternately"
     )
     args = parser.parse_args()
@@ -246,7 +250,7 @@ def main() -> None:
             assert status.frozen is not None
             status = replace(status, frozen=replace(status.frozen, health=spec.health))
             fleet = {n: Node(n, "http://127.0.0.1:1", (("role", "gpu"),)) for n in names}
-            queries = RangeQueries()
+            queries = RangeQueries(batched=not args.plain)
             now = [began]
             judge = CanaryVerdicts(queries, lambda: now[0])
             for record in status.nodes[:batch]:
@@ -256,7 +260,7 @@ def main() -> None:
             now[0] = began + timedelta(seconds=args.soak)
             asked: list[int] = []
             spent = Spent()
-            spent.wrap(range_queries, "_answer", "JSON parsing and matrices")
+            spent.wrap(range_queries, "_split", "JSON parsing and matrices")
             for test in ("mannwhitneyu", "poisson_means_test", "binomtest"):
                 spent.wrap(scipy.stats, test, f"SciPy {test}")
             ask_all = queries.ask_all
@@ -271,6 +275,14 @@ def main() -> None:
                     return ask_all(url, qs)
 
             queries.ask_all = counted  # type: ignore[method-assign]
+            requests: list[int] = []
+            send_all = queries._send_all
+
+            def sent(url, asks):  # type: ignore[no-untyped-def]
+                requests.append(len(asks))
+                return send_all(url, asks)
+
+            queries._send_all = sent  # type: ignore[method-assign]
             profile = cProfile.Profile(time.process_time) if args.profile else None
             wall, cpu = time.perf_counter(), time.process_time()
             if profile is not None:
@@ -286,7 +298,10 @@ def main() -> None:
                 compare_clients(prom.url, asked_queries)
         exporter.close()
     judged = len(verdicts)
-    print(f"{batch} nodes judged, {judged} comparisons, {sum(asked)} range queries")
+    print(
+        f"{batch} nodes judged, {judged} comparisons, {sum(asked)} range queries "
+        f"in {sum(requests)} requests"
+    )
     print(f"verdicts: {sorted(set(verdicts))}")
     if profile is not None:
         print_split(profile, cpu)

@@ -242,8 +242,8 @@ def test_with_none_left_the_node_is_compared_with_its_own_window_before_dispatch
     assert (own.start, own.end) == (NOW, NOW + timedelta(seconds=60)) and own != before
     samples = tuple((float(i), 0.1) for i in range(12))
     slow = tuple((float(i), 0.13 + i / 1000) for i in range(12))
-    verdict = canary_verdicts.judge(
-        due, {own: RangeAnswer((slow,)), before: RangeAnswer((samples,))}
+    [verdict] = canary_verdicts.judge_all(
+        [due], {own: RangeAnswer((slow,)), before: RangeAnswer((samples,))}
     )
     assert verdict.verdict == "failed"
     assert verdict.measured is not None and verdict.measured.own_window
@@ -258,10 +258,45 @@ def test_a_prometheus_error_on_either_side_is_inconclusive() -> None:
         status, status.nodes[0], LATENCY, watch(), fleet_of("gpu-a1", "gpu-a2")
     )
     own, base = due.own(LATENCY.query), due.queries(LATENCY.query, "gpu-a2")
-    verdict = canary_verdicts.judge(
-        due, {own: RangeAnswer(((1.0, 0.1),)), base: RangeAnswer(error="HTTP 503")}
+    [verdict] = canary_verdicts.judge_all(
+        [due], {own: RangeAnswer(((1.0, 0.1),)), base: RangeAnswer(error="HTTP 503")}
     )
     assert verdict.verdict == "unknown" and "HTTP 503" in verdict.detail
+
+
+def test_nodes_judged_together_keep_each_comparisons_own_settings() -> None:
+    # The same query under two tolerances, for two nodes against one
+    # baseline: tested together, each verdict by its own comparison.
+    loose = replace(LATENCY, name="latency-loose", tolerance=0.5)
+    status = _with_health(
+        make_status(
+            "r",
+            "running",
+            [("gpu-a1", 1, "dispatched"), ("gpu-a2", 1, "dispatched"), ("gpu-a3", 2, "pending")],
+        )
+    )
+    fleet = fleet_of("gpu-a1", "gpu-a2", "gpu-a3")
+    due = [
+        canary_verdicts._due(status, node, c, watch(), fleet)
+        for node in status.nodes[:2]
+        for c in (LATENCY, loose)
+    ]
+    base = tuple((float(i), 0.1 + i / 10_000) for i in range(12))
+    slow = tuple((float(i), 0.13 + i / 10_000) for i in range(12))
+    answers = {
+        due[0].own(LATENCY.query): RangeAnswer((slow,)),
+        due[2].own(LATENCY.query): RangeAnswer((base,)),
+        due[0].queries(LATENCY.query, "gpu-a3"): RangeAnswer((base,)),
+    }
+
+    verdicts = canary_verdicts.judge_all(due, answers)
+
+    assert [(v.name, v.verdict) for v in verdicts] == [
+        ("latency-p95", "failed"),
+        ("latency-loose", "passed"),
+        ("latency-p95", "passed"),
+        ("latency-loose", "passed"),
+    ]
 
 
 def _with_health(status: RolloutStatus) -> RolloutStatus:

@@ -6,14 +6,17 @@ stalls the rest of the round rather than costing a timeout per query."""
 
 from __future__ import annotations
 
+import math
 import socket
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
-from reconciler.daemon.range_queries import RangeQueries, RangeQuery
+from reconciler.daemon.range_queries import BATCH_PARTS, RangeAnswer, RangeQueries, RangeQuery
 from tests.kit.ports import HeldPort
 from tests.kit.prometheus import Exporter, PrometheusServer
 
@@ -46,7 +49,8 @@ def test_series_by_step_errors_and_a_stopped_server(tmp_path: Path) -> None:
     client.close()
 
 
-def test_a_prometheus_that_never_answers_costs_one_timeout_a_round() -> None:
+@pytest.mark.parametrize("batched", [False, True])
+def test_a_prometheus_that_never_answers_costs_one_timeout_a_round(batched: bool) -> None:
     # Listening, never accepting: connections complete, requests are sent,
     # nothing ever answers.
     silent = socket.socket()
@@ -58,7 +62,8 @@ def test_a_prometheus_that_never_answers_costs_one_timeout_a_round() -> None:
         RangeQuery(f'latency_seconds{{node="n{i}"}}', end - timedelta(seconds=5), end, 1)
         for i in range(40)
     ]
-    client = RangeQueries(concurrency=4, timeout=1)
+    client = RangeQueries(concurrency=4, timeout=1, batched=batched)
+    began = time.monotonic()
     try:
         answers = client.ask_all(url, queries)
     finally:
@@ -68,6 +73,9 @@ def test_a_prometheus_that_never_answers_costs_one_timeout_a_round() -> None:
     errors = [answers[q].error for q in queries]
     assert all(e.startswith(f"cannot reach {url}/api/v1/query_range: ") for e in errors)
     timed_out = [e for e in errors if e.endswith("no answer within 1s")]
+    if batched:  # one window and step: one request, one timeout
+        assert len(timed_out) == len(queries) and time.monotonic() - began < 3
+        return
     # The first to time out stalls the server: the rest fail at once rather
     # than each waiting its second (at most the 4 already waiting time out).
     assert 1 <= len(timed_out) <= 4
@@ -90,3 +98,60 @@ def test_a_url_that_is_not_one_and_a_refused_connection_are_errors_that_say_so(
     ):
         assert client.ask_all(url, [query])[query].error.startswith(error), url
     client.close()
+
+
+def _requests_answered(prom: PrometheusServer) -> float:
+    """Prometheus's own count of the range queries it has answered, from its
+    ``/metrics``."""
+    text = httpx.get(prom.url + "/metrics").text
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "prometheus_http_requests_total"
+        and sample.labels.get("handler") == "/api/v1/query_range"
+    )
+
+
+def test_combined_queries_answer_exactly_what_each_alone_does(tmp_path: Path) -> None:
+    with Exporter() as exporter, PrometheusServer(tmp_path, exporter) as prom:
+        for i in range(30):
+            exporter.set("latency_seconds", 0.1 + i / 100, node=f"n{i}", zone="a" if i % 2 else "b")
+            exporter.set("requests_total", 10.0 * i, node=f"n{i}")
+        prom.wait_for_value('latency_seconds{node="n29"}', 0.39)
+        time.sleep(3)
+        end = datetime.now(UTC)
+        start = end - timedelta(seconds=2)
+        texts = [f'latency_seconds{{node="n{i}"}}' for i in range(30)] + [
+            'sum(increase(requests_total{node="n3"}[1m]))',
+            "latency_seconds",  # many series
+            'latency_seconds{node="gone"}',  # no series
+            'latency_seconds{node="n1"} / 0 - latency_seconds{node="n1"} / 0',  # NaN, left out
+            'latency_seconds{node="n2"} # a comment to the end of the line',
+            'label_replace(latency_seconds{node="n4"}, "reconciler_query_part", "x", "", "")',
+        ]
+        queries = [RangeQuery(t, start, end, 1) for t in texts]
+        queries.append(RangeQuery('latency_seconds{node="n0"}', start, end, 2))  # another step
+        # Another window, combined with what cannot be: a scalar, a query refused
+        queries += [RangeQuery(t, start, end, 3) for t in ("1 + 1", "sum(rate(x[1m]", "up")]
+        plain, combined = RangeQueries(batched=False), RangeQueries()
+
+        before = _requests_answered(prom)
+        alone = plain.ask_all(prom.url, queries)
+        asked_alone = _requests_answered(prom) - before
+        together = combined.ask_all(prom.url, queries)
+        asked_together = _requests_answered(prom) - before - asked_alone
+
+        def shown(answer: RangeAnswer) -> tuple[object, ...]:
+            return (sorted(answer.series), answer.error)
+
+        assert {q: shown(a) for q, a in together.items()} == {q: shown(a) for q, a in alone.items()}
+        assert alone[queries[0]].values() and len(alone[queries[31]].series) == 30
+        assert "bad_data" in alone[queries[-2]].error
+        assert alone[queries[-3]].values() == [2.0]
+        assert asked_alone == len(queries)
+        # One combined request per window and step; the one Prometheus
+        # refused (a scalar, a parse error) is asked again part by part.
+        assert asked_together == math.ceil(len(texts) / BATCH_PARTS) + 1 + (1 + 3)
+        plain.close()
+        combined.close()

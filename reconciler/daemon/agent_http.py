@@ -55,6 +55,9 @@ USER_AGENT = b"reconciler-daemon"
 _END = h11.EndOfMessage()
 
 
+_Body = tuple[bytes | None, bytes]  # a request's body and its Content-Type
+
+
 class Unreachable(Exception):
     """No usable HTTP answer; the message says why."""
 
@@ -268,6 +271,7 @@ class HttpClient:
         *,
         node: str = "",
         timeout: float | None = None,
+        content_type: bytes = b"application/json",
     ) -> tuple[int, bytes]:
         """(status, body) of one request about ``node``; Unreachable when no
         usable answer came within ``timeout`` (the client's by default)."""
@@ -276,18 +280,20 @@ class HttpClient:
         stall = self.stalled.get((origin, node))
         if stall is not None:
             if stall.probe is None:
-                probe = self._probe(origin, node, method, path, body, max(limit, PROBE_SECONDS))
+                probe = self._probe(
+                    origin, node, method, path, (body, content_type), max(limit, PROBE_SECONDS)
+                )
                 stall.probe = asyncio.ensure_future(probe)
             raise Unreachable(f"{stall.reason}; not waited for until it answers")
         try:
-            return await self._request(origin, method, path, body, limit)
+            return await self._request(origin, method, path, (body, content_type), limit)
         except _TimedOut as exc:
             self.stalled[(origin, node)] = _Stall(str(exc))
             log.warning("agent at %s (node %s) stalled: %s", base_url, node or "-", exc)
             raise Unreachable(str(exc)) from None
 
     async def _probe(
-        self, origin: Origin, node: str, method: str, path: str, body: bytes | None, limit: float
+        self, origin: Origin, node: str, method: str, path: str, body: _Body, limit: float
     ) -> object:
         """Ask a stalled node once more, waiting up to ``limit``: any end but
         another timeout ends the stall, answered or not (a refused
@@ -306,15 +312,13 @@ class HttpClient:
         return None
 
     async def _request(
-        self, origin: Origin, method: str, path: str, body: bytes | None, limit: float
+        self, origin: Origin, method: str, path: str, typed: _Body, limit: float
     ) -> tuple[int, bytes]:
         # Bytes, and only the headers an agent reads: h11 validates each one.
         headers = [(b"Host", origin.host_bytes), (b"User-Agent", USER_AGENT)]
+        body, content_type = typed
         if body is not None:
-            headers += [
-                (b"Content-Type", b"application/json"),
-                (b"Content-Length", b"%d" % len(body)),
-            ]
+            headers += [(b"Content-Type", content_type), (b"Content-Length", b"%d" % len(body))]
         try:
             request = h11.Request(method=method, target=origin.prefix + path, headers=headers)
         except h11.LocalProtocolError as exc:

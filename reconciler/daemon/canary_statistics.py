@@ -95,24 +95,49 @@ def compare_quantity(
     min_samples: int,
 ) -> Judgement:
     """A ``query`` comparison; samples that are not numbers (NaN) are left out."""
-    ours = canary if isinstance(canary, Pooled) else pool(canary)
-    theirs = baseline if isinstance(baseline, Pooled) else pool(baseline)
-    mine = Side(ours.samples, median=ours.median)
-    base = Side(theirs.samples, median=theirs.median)
-    short = _too_few(ours.samples, theirs.samples, min_samples)
-    if short:
-        return Judgement(UNKNOWN, short, mine, base)
-    assert mine.median is not None and base.median is not None
-    if base.median == 0:
-        return Judgement(
-            UNKNOWN, "the baseline's median is 0: a relative change means nothing", mine, base
-        )
-    # Imported here: SciPy costs half a second to import, paid only by a
-    # daemon that judges a comparison (prepare pays it at the soak's start).
-    from scipy.stats import mannwhitneyu
+    return compare_quantities(
+        [canary], baseline, worse=worse, tolerance=tolerance, min_samples=min_samples
+    )[0]
 
-    alternative = "greater" if worse == "higher" else "less"
-    p_value = float(mannwhitneyu(ours.values, theirs.values, alternative=alternative).pvalue)
+
+def compare_quantities(
+    canaries: Sequence[Sequence[float] | Pooled],
+    baseline: Sequence[float] | Pooled,
+    *,
+    worse: str,
+    tolerance: float,
+    min_samples: int,
+) -> list[Judgement]:
+    """Each node's ``query`` comparison against one baseline: the nodes of a
+    batch tested together (``mann_whitney``)."""
+    theirs = baseline if isinstance(baseline, Pooled) else pool(baseline)
+    base = Side(theirs.samples, median=theirs.median)
+    pooled = [c if isinstance(c, Pooled) else pool(c) for c in canaries]
+    judged: list[Judgement | None] = []
+    tested: list[Pooled] = []
+    for ours in pooled:
+        mine = Side(ours.samples, median=ours.median)
+        short = _too_few(ours.samples, theirs.samples, min_samples)
+        if short:
+            judged.append(Judgement(UNKNOWN, short, mine, base))
+        elif base.median == 0:
+            why = "the baseline's median is 0: a relative change means nothing"
+            judged.append(Judgement(UNKNOWN, why, mine, base))
+        else:
+            judged.append(None)
+            tested.append(ours)
+    p_values = iter(mann_whitney(tested, theirs, worse=worse))
+    return [
+        j if j is not None else _quantity_judgement(c, base, next(p_values), worse, tolerance)
+        for j, c in zip(judged, pooled, strict=True)
+    ]
+
+
+def _quantity_judgement(
+    ours: Pooled, base: Side, p_value: float, worse: str, tolerance: float
+) -> Judgement:
+    mine = Side(ours.samples, median=ours.median)
+    assert mine.median is not None and base.median is not None
     sign = 1.0 if worse == "higher" else -1.0
     change = sign * (mine.median - base.median) / abs(base.median)
     shown = (
@@ -122,6 +147,56 @@ def compare_quantity(
     if p_value < LEVEL and change > tolerance:
         return Judgement(FAILED, shown, mine, base, change, p_value)
     return Judgement(PASSED, shown, mine, base, change, p_value)
+
+
+# A baseline pooled from more samples than this many times a node's is
+# tested through that many of its quantiles (see ``baseline_quantiles``).
+BASELINE_PER_NODE_SAMPLE = 50
+BASELINE_FLOOR = 2000
+# Values in one vectorized call: bounds the arrays SciPy builds at once.
+CALL_VALUES = 500_000
+
+
+def baseline_quantiles(baseline: Pooled, samples: int) -> Any:
+    """The baseline values a node of ``samples`` samples is tested against:
+    all of them, or, when there are more than
+    max(``BASELINE_FLOOR``, ``BASELINE_PER_NODE_SAMPLE`` x samples), that
+    many of its order statistics evenly spaced, from the least to the
+    greatest. The test's cost grows with the baseline; its power, once the
+    baseline has many times the node's samples, comes from the node's
+    (docs/health.md shows how little the p-value moves)."""
+    import numpy as np  # see prepare
+
+    size = max(BASELINE_FLOOR, BASELINE_PER_NODE_SAMPLE * samples)
+    if baseline.samples <= size:
+        return baseline.values
+    picks = np.linspace(0, baseline.samples - 1, size).round().astype(np.intp)
+    return baseline.values[picks]
+
+
+def mann_whitney(canaries: Sequence[Pooled], baseline: Pooled, *, worse: str) -> list[float]:
+    """SciPy's one-sided Mann-Whitney U p-value of each node's samples
+    against the baseline's: the nodes with the same number of samples in
+    one vectorized call (``axis=1``), as a call costs far more than its
+    arithmetic at a batch's sizes; ``tests/test_canary_statistics.py``
+    proves it equal to a call per node."""
+    import numpy as np  # see prepare
+    from scipy.stats import mannwhitneyu  # see prepare
+
+    alternative = "greater" if worse == "higher" else "less"
+    by_size: dict[int, list[int]] = {}
+    for i, canary in enumerate(canaries):
+        by_size.setdefault(canary.samples, []).append(i)
+    found: dict[int, float] = {}
+    for size, members in by_size.items():
+        base = baseline_quantiles(baseline, size)
+        rows = max(1, CALL_VALUES // (size + len(base)))
+        for at in range(0, len(members), rows):
+            chunk = members[at : at + rows]
+            stacked = np.stack([canaries[i].values for i in chunk])
+            result = mannwhitneyu(stacked, base[None, :], alternative=alternative, axis=1)
+            found.update(zip(chunk, map(float, np.atleast_1d(result.pvalue)), strict=True))
+    return [found[i] for i in range(len(canaries))]
 
 
 Steps = tuple[Sequence[float], Sequence[float]]  # (errors per step, total per step)

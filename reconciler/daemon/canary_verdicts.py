@@ -21,7 +21,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import Any
 
 from reconciler.daemon import canary_statistics as stats
 from reconciler.daemon.range_queries import RangeAnswer, RangeQueries, RangeQuery
@@ -151,9 +150,8 @@ class CanaryVerdicts:
                 shared.add(d.baseline_key())
                 asked.update(dict.fromkeys(d.baseline_queries()))
         answers = self.queries.ask_all(url, asked)
-        pooled: dict[tuple[object, ...], Any] = {}  # a batch shares its baseline: pooled once
-        for d in due:
-            self._record(d, judge(d, answers, pooled))
+        for d, verdict in zip(due, judge_all(due, answers), strict=True):
+            self._record(d, verdict)
 
     def _record(self, d: _Due, verdict: ComparisonVerdict) -> None:
         watch = self.watches[d.node]
@@ -212,45 +210,71 @@ def _due(
     return _Due(node.name, comparison, health, start, end, (node.name,), before, dispatched, True)
 
 
-def judge(
-    d: _Due,
-    answers: Mapping[RangeQuery, RangeAnswer],
-    pooled: dict[tuple[object, ...], Any] | None = None,
-) -> ComparisonVerdict:
-    """One comparison's verdict from Prometheus's answers; ``pooled`` keeps
-    the baselines pooled so far, by query text, window and nodes."""
-    pooled = {} if pooled is None else pooled
-    if not d.baseline:
-        return _unknown(
-            d, "no baseline: the baseline selector matches none of this rollout's nodes"
-        )
-    key = d.baseline_key()
-    if key not in pooled:  # the baseline's answers, looked at once per batch
-        wanted = d.baseline_queries()
-        pooled[key] = next((answers[q].error for q in wanted if answers[q].error), "")
-    failed = next((answers[q].error for q in map(d.own, d.texts()) if answers[q].error), "")
-    failed = failed or pooled[key]
-    if failed:
-        return _unknown(d, f"no answer from Prometheus: {failed}")
-    c = d.comparison
-    key = ("pooled", *key)
-    if c.query:
-        mine = answers[d.own(c.query)].values()
-        if key not in pooled:
-            pooled[key] = stats.pool(
-                [v for b in d.baseline for v in answers[d.queries(c.query, b)].values()]
+def judge_all(
+    due: Sequence[_Due], answers: Mapping[RangeQuery, RangeAnswer]
+) -> list[ComparisonVerdict]:
+    """Each comparison's verdict from Prometheus's answers. A batch shares
+    its baseline: its answers are looked at, pooled or counted once, and the
+    nodes' quantities against it are tested together."""
+    verdicts: dict[int, ComparisonVerdict] = {}
+    failed: dict[tuple[object, ...], str] = {}  # a baseline's first error
+    quantities: dict[tuple[object, ...], list[int]] = {}  # by comparison and baseline
+    counted: dict[tuple[object, ...], stats.Counts] = {}
+    for i, d in enumerate(due):
+        why = _unanswered(d, answers, failed)
+        if why:
+            verdicts[i] = _unknown(d, why)
+        elif d.comparison.query:
+            quantities.setdefault((d.comparison, *d.baseline_key()), []).append(i)
+        else:
+            c = d.comparison
+            key = d.baseline_key()
+            if key not in counted:
+                counted[key] = _pooled_rate(d, answers)
+            ours = _aligned(answers[d.own(c.errors)], answers[d.own(c.total)])
+            judged = stats.compare_rate(
+                ours, counted[key], tolerance=c.tolerance, min_samples=c.min_samples
             )
-        judged = stats.compare_quantity(
-            mine, pooled[key], worse=c.worse, tolerance=c.tolerance, min_samples=c.min_samples
-        )
-    else:
-        ours = _aligned(answers[d.own(c.errors)], answers[d.own(c.total)])
-        if key not in pooled:
-            pooled[key] = _pooled_rate(d, answers)
-        judged = stats.compare_rate(
-            ours, pooled[key], tolerance=c.tolerance, min_samples=c.min_samples
-        )
-    return _verdict(d, judged)
+            verdicts[i] = _verdict(d, judged)
+    for members in quantities.values():
+        verdicts.update(zip(members, _quantities([due[i] for i in members], answers), strict=True))
+    return [verdicts[i] for i in range(len(due))]
+
+
+def _unanswered(
+    d: _Due, answers: Mapping[RangeQuery, RangeAnswer], failed: dict[tuple[object, ...], str]
+) -> str:
+    """Why ``d`` cannot be judged: no baseline, or an error from Prometheus
+    for the node or its baseline (``failed`` keeps each baseline's)."""
+    if not d.baseline:
+        return "no baseline: the baseline selector matches none of this rollout's nodes"
+    key = d.baseline_key()
+    if key not in failed:
+        wanted = d.baseline_queries()
+        failed[key] = next((answers[q].error for q in wanted if answers[q].error), "")
+    error = next((answers[q].error for q in map(d.own, d.texts()) if answers[q].error), "")
+    error = error or failed[key]
+    return f"no answer from Prometheus: {error}" if error else ""
+
+
+def _quantities(
+    due: Sequence[_Due], answers: Mapping[RangeQuery, RangeAnswer]
+) -> list[ComparisonVerdict]:
+    """The verdicts of one ``query`` comparison for nodes that share one
+    baseline."""
+    first = due[0]
+    c = first.comparison
+    pooled = stats.pool(
+        [v for b in first.baseline for v in answers[first.queries(c.query, b)].values()]
+    )
+    judged = stats.compare_quantities(
+        [answers[d.own(c.query)].values() for d in due],
+        pooled,
+        worse=c.worse,
+        tolerance=c.tolerance,
+        min_samples=c.min_samples,
+    )
+    return [_verdict(d, j) for d, j in zip(due, judged, strict=True)]
 
 
 def _pooled_rate(d: _Due, answers: Mapping[RangeQuery, RangeAnswer]) -> stats.Counts:

@@ -51,6 +51,7 @@ from reconciler.daemon.metrics import Metrics
 from reconciler.daemon.notifications import Notifier
 from reconciler.daemon.observer import Observed, Observer
 from reconciler.daemon.prometheus_client import PrometheusClient
+from reconciler.daemon.range_queries import RangeQueries
 from reconciler.daemon.reader import Delta, Reader, Snapshot
 from reconciler.daemon.state import DaemonState
 from reconciler.daemon.status_files import StatusFiles, commit_message
@@ -202,6 +203,7 @@ class Daemon:
             metrics=self.metrics,
             report=self._report,
             prometheus=prometheus or PrometheusClient(),
+            range_queries=RangeQueries(batched=not plain),
         )
         self.memo = StepMemo()  # finished rollouts at rest
         self.files = StatusFiles()

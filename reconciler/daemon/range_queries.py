@@ -4,7 +4,13 @@ many at once with bounded concurrency and a timeout; identical queries
 (same text, window and step) in one round are asked once.
 
 A judging pass asks thousands (three per node of a batch and of its
-baseline), so over ``http`` a round goes through the daemon's own h11
+baseline). Queries over the same window and step are combined, up to
+``BATCH_PARTS`` a request (``_Ask``: each part tagged with a label of its
+own, joined with PromQL's ``or``, sent as a form ``POST``), so a batch of a
+thousand nodes is some sixty requests, not six thousand; a combined query
+Prometheus refuses is asked again part by part, so every error is the
+part's own. ``run --plain`` asks each query on its own. Over ``http`` a
+round goes through the daemon's own h11
 client (``agent_http``) on one event loop: ``concurrency`` keep-alive
 connections, each reused for the whole round, at a fraction of httpx's CPU
 per request. A round in which one query times out asks no more, as
@@ -68,11 +74,21 @@ class RangeAnswer:
 
 
 class RangeQueries:
+    """``batched``: queries over the same window and step go to Prometheus
+    combined, up to ``BATCH_PARTS`` in one request (``_Ask``); off, each is
+    a request of its own (``run --plain``). The answers are the same:
+    ``tests/test_range_queries.py`` asks both ways."""
+
     def __init__(
-        self, *, concurrency: int = DEFAULT_CONCURRENCY, timeout: float = DEFAULT_TIMEOUT
+        self,
+        *,
+        concurrency: int = DEFAULT_CONCURRENCY,
+        timeout: float = DEFAULT_TIMEOUT,
+        batched: bool = True,
     ) -> None:
         self.concurrency = concurrency
         self.timeout = timeout
+        self.batched = batched
         self._client: httpx.Client | None = None
 
     def ask_all(
@@ -85,67 +101,151 @@ class RangeQueries:
         why = _url_problem(base_url)
         if why:
             return {q: RangeAnswer(error=why) for q in distinct}
-        if base_url.startswith("https:"):
-            return self._ask_all_httpx(base_url, distinct)
-        answers = asyncio.run(self._ask_all_h11(base_url, distinct))
-        return dict(zip(distinct, answers, strict=True))
+        endpoint = base_url.rstrip("/") + "/api/v1/query_range"
+        asks = _combined(distinct) if self.batched else [_Ask((q,)) for q in distinct]
+        answers: dict[RangeQuery, RangeAnswer] = {}
+        alone: list[RangeQuery] = []
+        for ask, reply in zip(asks, self._send_all(base_url, asks), strict=True):
+            split = _split(endpoint, ask, reply)
+            if split is None:  # Prometheus refused the combined query: each on its own
+                alone.extend(ask.parts)
+            else:
+                answers.update(split)
+        if alone:
+            asks = [_Ask((q,)) for q in alone]
+            for ask, reply in zip(asks, self._send_all(base_url, asks), strict=True):
+                answers.update(_split(endpoint, ask, reply) or {})
+        return {q: answers[q] for q in distinct}
 
-    async def _ask_all_h11(
-        self, base_url: str, distinct: Sequence[RangeQuery]
-    ) -> list[RangeAnswer]:
+    def _send_all(self, base_url: str, asks: Sequence[_Ask]) -> list[_Reply]:
+        if base_url.startswith("https:"):
+            return self._send_all_httpx(base_url, asks)
+        return asyncio.run(self._send_all_h11(base_url, asks))
+
+    async def _send_all_h11(self, base_url: str, asks: Sequence[_Ask]) -> list[_Reply]:
         # A client for this round only: its connections belong to this loop.
         client = HttpClient(self.timeout, self.concurrency)
-        answers: list[RangeAnswer] = [RangeAnswer()] * len(distinct)
-        todo: Iterator[tuple[int, RangeQuery]] = iter(enumerate(distinct))
+        replies: list[_Reply] = [""] * len(asks)
+        todo: Iterator[tuple[int, _Ask]] = iter(enumerate(asks))
+        base = base_url.rstrip("/")
 
         async def worker() -> None:
-            for i, query in todo:
-                answers[i] = await self._ask_h11(client, base_url, query)
+            for i, ask in todo:
+                try:
+                    if ask.combined:
+                        replies[i] = await client.request(
+                            base, "POST", PATH, ask.form().encode(), content_type=FORM
+                        )
+                    else:
+                        replies[i] = await client.request(base, "GET", f"{PATH}?{ask.form()}")
+                except Unreachable as exc:
+                    replies[i] = f"cannot reach {base}{PATH}: {exc}"
 
-        workers = min(self.concurrency, len(distinct))
+        workers = min(self.concurrency, len(asks))
         try:
             await asyncio.gather(*(worker() for _ in range(workers)))
         finally:
             client.close()
-        return answers
+        return replies
 
-    async def _ask_h11(self, client: HttpClient, base_url: str, query: RangeQuery) -> RangeAnswer:
-        endpoint = base_url.rstrip("/") + "/api/v1/query_range"
-        path = "/api/v1/query_range?" + _query_string(query)
-        try:
-            status, body = await client.request(base_url.rstrip("/"), "GET", path)
-        except Unreachable as exc:
-            return RangeAnswer(error=f"cannot reach {endpoint}: {exc}")
-        return _answer(endpoint, status, body)
-
-    def _ask_all_httpx(
-        self, base_url: str, distinct: Sequence[RangeQuery]
-    ) -> dict[RangeQuery, RangeAnswer]:
+    def _send_all_httpx(self, base_url: str, asks: Sequence[_Ask]) -> list[_Reply]:
         if self._client is None:
             limits = httpx.Limits(max_connections=self.concurrency)
             self._client = httpx.Client(timeout=self.timeout, limits=limits)
-        endpoint = base_url.rstrip("/") + "/api/v1/query_range"
+        endpoint = base_url.rstrip("/") + PATH
         # Threads for this round only: nothing is left running between passes.
-        workers = min(self.concurrency, len(distinct))
+        workers = min(self.concurrency, len(asks))
         with ThreadPoolExecutor(workers, thread_name_prefix="query-range") as pool:
-            answers = list(pool.map(lambda q: self.ask(endpoint, q), distinct))
-        return dict(zip(distinct, answers, strict=True))
+            return list(pool.map(lambda ask: self._send_httpx(endpoint, ask), asks))
 
-    def ask(self, endpoint: str, query: RangeQuery) -> RangeAnswer:
-        """One query through httpx (https)."""
+    def _send_httpx(self, endpoint: str, ask: _Ask) -> _Reply:
         assert self._client is not None
         try:
-            response = self._client.get(endpoint, params=_params(query))
+            if ask.combined:
+                headers = {"Content-Type": FORM.decode()}
+                response = self._client.post(endpoint, content=ask.form(), headers=headers)
+            else:
+                response = self._client.get(f"{endpoint}?{ask.form()}")
         except httpx.TimeoutException:
-            return RangeAnswer(error=f"no answer from {endpoint} within {self.timeout:g}s")
+            return f"no answer from {endpoint} within {self.timeout:g}s"
         except httpx.HTTPError as exc:
-            return RangeAnswer(error=f"cannot reach {endpoint}: {exc}")
-        return _answer(endpoint, response.status_code, response.content)
+            return f"cannot reach {endpoint}: {exc}"
+        return response.status_code, response.content
 
     def close(self) -> None:
         if self._client is not None:
             self._client.close()
             self._client = None
+
+
+PATH = "/api/v1/query_range"
+FORM = b"application/x-www-form-urlencoded"
+# Each part of a combined query is tagged with its index in this label, so
+# its series can be told apart in the answer.
+PART_LABEL = "reconciler_query_part"
+BATCH_PARTS = 25
+BATCH_POINTS = 200_000  # steps x parts in one combined query, far under Prometheus's sample cap
+
+_Reply = tuple[int, bytes] | str  # (status, body), or why there is none
+
+
+@dataclass(frozen=True)
+class _Ask:
+    """One request to Prometheus: a query on its own, or several over the
+    same window and step combined into one expression, each part's result
+    tagged with ``PART_LABEL`` and joined with ``or`` (its series never
+    collide: their tags differ). Each part stands on lines of its own, so a
+    comment in one (``#`` to the end of the line) ends there."""
+
+    parts: tuple[RangeQuery, ...]
+
+    @property
+    def combined(self) -> bool:
+        return len(self.parts) > 1
+
+    def form(self) -> str:
+        first = self.parts[0]
+        text = first.query
+        if self.combined:
+            text = "\nor\n".join(
+                f'label_replace(\n(\n{q.query}\n),\n"{PART_LABEL}", "{i}", "", "")'
+                for i, q in enumerate(self.parts)
+            )
+        return (
+            f"query={quote_plus(text)}&start={first.start.timestamp():.3f}"
+            f"&end={first.end.timestamp():.3f}&step={first.step}"
+        )
+
+
+def _combined(queries: Sequence[RangeQuery]) -> list[_Ask]:
+    """The queries grouped by window and step, in requests of at most
+    ``BATCH_PARTS`` parts and ``BATCH_POINTS`` steps in all."""
+    by_window: dict[tuple[datetime, datetime, int], list[RangeQuery]] = {}
+    for q in queries:
+        by_window.setdefault((q.start, q.end, q.step), []).append(q)
+    asks: list[_Ask] = []
+    for (start, end, step), group in by_window.items():
+        steps = max(1, int((end - start).total_seconds() // max(step, 1)) + 1)
+        size = max(1, min(BATCH_PARTS, BATCH_POINTS // steps))
+        asks.extend(_Ask(tuple(group[i : i + size])) for i in range(0, len(group), size))
+    return asks
+
+
+def _split(endpoint: str, ask: _Ask, reply: _Reply) -> dict[RangeQuery, RangeAnswer] | None:
+    """Each part's answer; None when Prometheus answered a combined query
+    with an error (a part it cannot combine, such as a scalar)."""
+    if isinstance(reply, str):
+        return {q: RangeAnswer(error=reply) for q in ask.parts}
+    status, content = reply
+    if not ask.combined:
+        return {ask.parts[0]: _answer(endpoint, status, content)}
+    body = _body(content)
+    if status != 200 or body is None or body.get("status") != "success":
+        return None
+    parts = parse_parts(body)
+    if parts is None:
+        return None
+    return {q: RangeAnswer(series=parts.get(str(i), ())) for i, q in enumerate(ask.parts)}
 
 
 def _url_problem(url: str) -> str:
@@ -159,29 +259,17 @@ def _url_problem(url: str) -> str:
     return ""
 
 
-def _params(query: RangeQuery) -> dict[str, str]:
-    return {
-        "query": query.query,
-        "start": f"{query.start.timestamp():.3f}",
-        "end": f"{query.end.timestamp():.3f}",
-        "step": str(query.step),
-    }
-
-
-def _query_string(query: RangeQuery) -> str:
-    # The same as urlencode(_params(query)), quoting only the query's text.
-    return (
-        f"query={quote_plus(query.query)}&start={query.start.timestamp():.3f}"
-        f"&end={query.end.timestamp():.3f}&step={query.step}"
-    )
+def _body(content: bytes) -> dict[str, Any] | None:
+    try:
+        body = json.loads(content)
+    except ValueError:  # not JSON, or not UTF-8
+        return None
+    return body if isinstance(body, dict) else None
 
 
 def _answer(endpoint: str, status: int, content: bytes) -> RangeAnswer:
-    try:
-        body: Any = json.loads(content)
-    except ValueError:  # not JSON, or not UTF-8
-        body = None
-    if status != 200 or not isinstance(body, dict):
+    body = _body(content)
+    if status != 200 or body is None:
         why = _error_text(body) or f"HTTP {status}"
         return RangeAnswer(error=f"{endpoint} answered {why}")
     return parse_matrix(body)
@@ -194,6 +282,9 @@ def _error_text(body: Any) -> str:
     return ""
 
 
+Series = tuple[tuple[float, float], ...]
+
+
 def parse_matrix(body: dict[str, Any]) -> RangeAnswer:
     """A successful ``/api/v1/query_range`` body as series of samples;
     samples that are not numbers (NaN, as a quantile of nothing gives) are
@@ -203,11 +294,32 @@ def parse_matrix(body: dict[str, Any]) -> RangeAnswer:
         return RangeAnswer(error=_error_text(body) or "an answer without data")
     if data.get("resultType") != "matrix" or not isinstance(data.get("result"), list):
         return RangeAnswer(error=f"a {data.get('resultType')} result: expected a matrix")
-    series = []
     try:
-        for one in data["result"]:
-            points = ((float(t), float(v)) for t, v in one["values"])
-            series.append(tuple(p for p in points if math.isfinite(p[1])))
+        series = tuple(_samples(one) for one in data["result"])
     except (KeyError, TypeError, ValueError, AttributeError):
         return RangeAnswer(error="a result whose samples are not numbers")
-    return RangeAnswer(series=tuple(series))
+    return RangeAnswer(series=series)
+
+
+def parse_parts(body: dict[str, Any]) -> dict[str, tuple[Series, ...]] | None:
+    """A combined query's answer: each part's series, by its ``PART_LABEL``;
+    None when it is not a matrix of numbers."""
+    data = body.get("data")
+    if not isinstance(data, dict) or data.get("resultType") != "matrix":
+        return None
+    parts: dict[str, list[Series]] = {}
+    try:
+        for one in data["result"]:
+            parts.setdefault(one["metric"][PART_LABEL], []).append(_samples(one))
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+    return {part: tuple(series) for part, series in parts.items()}
+
+
+def _samples(one: dict[str, Any]) -> Series:
+    found = []
+    for t, v in one["values"]:  # a loop, not generators: a round parses 100,000 samples
+        value = float(v)
+        if math.isfinite(value):
+            found.append((float(t), value))
+    return tuple(found)
