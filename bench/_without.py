@@ -131,6 +131,17 @@ def _read_shortcuts() -> None:
     loop.Daemon.__init__ = init  # type: ignore[method-assign]
 
 
+def _combined_range_queries() -> None:
+    from reconciler.daemon import range_queries
+
+    original = range_queries.RangeQueries.__init__
+
+    def init(self: Any, **kwargs: Any) -> None:
+        original(self, **{**kwargs, "batched": False})
+
+    range_queries.RangeQueries.__init__ = init  # type: ignore[method-assign]
+
+
 SHORTCUTS: dict[str, Callable[[], None]] = {
     # Turns nothing off: both sides are the same, so its change is the noise.
     "nothing": lambda: None,
@@ -146,6 +157,7 @@ SHORTCUTS: dict[str, Callable[[], None]] = {
     "inert-statuses": _inert_statuses,
     "git-write-shortcuts": _git_write_shortcuts,
     "read-shortcuts": _read_shortcuts,
+    "combined-range-queries": _combined_range_queries,
 }
 
 

@@ -47,6 +47,7 @@ GITSTORE = (
 )
 AGENT = ("agent_cpu", ("--quick",), ("CPU per live apply",))
 FLEET = ("fleet", ("--quick",), ("daemon overhead per node", "daemon CPU per node"))
+CANARY = ("canary", (), ("two comparisons, wall", "daemon CPU"))
 
 # shortcut -> the benches (script, arguments, figures by part of their name) it serves
 SERVES: dict[str, tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...]] = {
@@ -63,6 +64,7 @@ SERVES: dict[str, tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...]] = {
     "inert-statuses": (PASSES,),
     "git-write-shortcuts": (GITSTORE,),
     "read-shortcuts": (PASSES,),
+    "combined-range-queries": (CANARY,),
 }
 
 RATE_UNITS = ("/s", "jobs/s", "files/s")
