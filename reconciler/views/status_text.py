@@ -93,9 +93,12 @@ class Summary:
 
 
 def summarize(status: RolloutStatus) -> Summary:
-    done = sum(1 for n in status.nodes if n.state == "succeeded")
-    unknown = sum(1 for n in status.nodes if n.state == UNKNOWN)
-    trouble = sum(1 for n in status.nodes if n.state in TROUBLE_STATES) - unknown
+    done = unknown = trouble = 0
+    for node in status.nodes:  # one read of the nodes for all three counts
+        state = node.state
+        done += state == "succeeded"
+        unknown += state == UNKNOWN
+        trouble += state in TROUBLE_STATES and state != UNKNOWN
     return Summary(
         name=status.name,
         phase=status.phase,
