@@ -560,23 +560,16 @@ class Daemon:
 
     def _report(self, event: str, message: str, **fields: Any) -> None:
         """Log a standing problem once, not on every pass."""
-        if message in self._reported:
-            return
-        self._reported.add(message)
-        if len(self._reported) > 10_000:
-            self._reported.clear()
-        self.log.warning(event, message, **fields)
+        if _first_time(self._reported, message):
+            self.log.warning(event, message, **fields)
 
     def _log_refusals(self, refusals: Sequence[Refusal]) -> None:
         """A pushed spec commit not acted on (unsigned, short of approvals):
         one warning per commit, with who made it and why, besides the
         status that says so. A move backwards is ``verified_moved_back``."""
         for refusal in refusals:
-            if not refusal.author or refusal.commit in self._refused:
+            if not refusal.author or not _first_time(self._refused, refusal.commit):
                 continue
-            if len(self._refused) > 10_000:
-                self._refused.clear()
-            self._refused.add(refusal.commit)
             self.log.warning(
                 "push_refused",
                 f"commit {refusal.commit[:12]} by {refusal.author} is not acted on: "
@@ -650,6 +643,17 @@ class Daemon:
         if self._watcher is not None:
             self._watcher.stop()
         self.fleet_watch.stop(timeout=0)
+
+
+def _first_time(seen: set[str], key: str) -> bool:
+    """Whether ``key`` is new to ``seen``, soft state that forgets all it
+    holds at 10,000 keys rather than grow for the daemon's life."""
+    if key in seen:
+        return False
+    if len(seen) >= 10_000:
+        seen.clear()
+    seen.add(key)
+    return True
 
 
 def _freeze_long_lived() -> None:

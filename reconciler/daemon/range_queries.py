@@ -101,7 +101,7 @@ class RangeQueries:
         why = _url_problem(base_url)
         if why:
             return {q: RangeAnswer(error=why) for q in distinct}
-        endpoint = base_url.rstrip("/") + "/api/v1/query_range"
+        endpoint = base_url.rstrip("/") + PATH
         asks = _combined(distinct) if self.batched else [_Ask((q,)) for q in distinct]
         answers: dict[RangeQuery, RangeAnswer] = {}
         alone: list[RangeQuery] = []
