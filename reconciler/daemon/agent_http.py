@@ -55,9 +55,6 @@ USER_AGENT = b"reconciler-daemon"
 _END = h11.EndOfMessage()
 
 
-_Body = tuple[bytes | None, bytes]  # a request's body and its Content-Type
-
-
 class Unreachable(Exception):
     """No usable HTTP answer; the message says why."""
 
@@ -280,27 +277,33 @@ class HttpClient:
         stall = self.stalled.get((origin, node))
         if stall is not None:
             if stall.probe is None:
-                probe = self._probe(
-                    origin, node, method, path, (body, content_type), max(limit, PROBE_SECONDS)
-                )
+                wait = max(limit, PROBE_SECONDS)
+                probe = self._probe(origin, node, method, path, body, wait, content_type)
                 stall.probe = asyncio.ensure_future(probe)
             raise Unreachable(f"{stall.reason}; not waited for until it answers")
         try:
-            return await self._request(origin, method, path, (body, content_type), limit)
+            return await self._request(origin, method, path, body, limit, content_type)
         except _TimedOut as exc:
             self.stalled[(origin, node)] = _Stall(str(exc))
             log.warning("agent at %s (node %s) stalled: %s", base_url, node or "-", exc)
             raise Unreachable(str(exc)) from None
 
     async def _probe(
-        self, origin: Origin, node: str, method: str, path: str, body: _Body, limit: float
+        self,
+        origin: Origin,
+        node: str,
+        method: str,
+        path: str,
+        body: bytes | None,
+        limit: float,
+        content_type: bytes,
     ) -> object:
         """Ask a stalled node once more, waiting up to ``limit``: any end but
         another timeout ends the stall, answered or not (a refused
         connection is quick to find again)."""
         key = (origin, node)
         try:
-            await self._request(origin, method, path, body, limit)
+            await self._request(origin, method, path, body, limit, content_type)
         except _TimedOut:
             stall = self.stalled.get(key)
             if stall is not None:
@@ -312,11 +315,16 @@ class HttpClient:
         return None
 
     async def _request(
-        self, origin: Origin, method: str, path: str, typed: _Body, limit: float
+        self,
+        origin: Origin,
+        method: str,
+        path: str,
+        body: bytes | None,
+        limit: float,
+        content_type: bytes,
     ) -> tuple[int, bytes]:
         # Bytes, and only the headers an agent reads: h11 validates each one.
         headers = [(b"Host", origin.host_bytes), (b"User-Agent", USER_AGENT)]
-        body, content_type = typed
         if body is not None:
             headers += [(b"Content-Type", content_type), (b"Content-Length", b"%d" % len(body))]
         try:
