@@ -295,3 +295,34 @@ def test_held_reads_start_once_every_job_is_out(tmp_path: Path, key: SigningKey)
     assert asked.count("POST") == 12 and asked.count("held") >= 1 and taken
     last_post = max(i for i, what in enumerate(asked) if what == "POST")
     assert all(what != "held" for what in asked[:last_post])
+
+
+def test_a_second_batch_of_held_reads_opens_no_new_connections(
+    tmp_path: Path, key: SigningKey
+) -> None:
+    """The pool keeps as many idle connections as there are held reads: the
+    second batch's POSTs and held reads go on the first batch's connections.
+    600 jobs a batch (fewer under a low open files limit), more than a pool
+    capped at 512 would keep."""
+    client = AgentClient(key, concurrency=8)
+    names = [f"n{i:03d}" for i in range(min(600, client.max_watches))]
+    fleet = FleetThread(tmp_path / "reuse", [key], names=names)
+    fleet.server.max_connections = 2 * len(names)  # the agent's own cap is not under test
+    opened = []
+    try:
+        for batch in ("a", "b"):
+            finished = threading.Event()
+            jobs = [(fleet.url, job(f"apply-{batch}-{n}", node=n)) for n in names]
+            client.send_jobs(jobs, datetime.now(UTC), on_finished=finished.set)
+            wait_for(
+                lambda jobs=jobs: not client.watching() & {j.job_id for _, j in jobs},
+                timeout=30,
+                what="every held read to end",
+            )
+            opened.append(client.connections_opened)
+    finally:
+        client.close()
+        fleet.close()
+
+    assert opened[0] >= len(names)  # the first batch's held reads each need one
+    assert opened[1] == opened[0], opened

@@ -22,7 +22,6 @@ import pytest
 from test_event_driven import serving, status_commit_messages, wait_for
 
 from reconciler.daemon import agent_reads, observer
-from reconciler.daemon.agent_http import MAX_IDLE_CONNECTIONS
 from reconciler.daemon.agent_reads import watch_limit
 from reconciler.daemon.loop import Daemon
 from reconciler.protocol.evidence import derived_agent_key
@@ -320,7 +319,8 @@ def gathered_commits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, limit: flo
 
 def test_held_reads_are_limited_by_the_open_files_limit() -> None:
     assert watch_limit(1 << 20) == agent_reads.MAX_WATCHES
-    assert watch_limit(1024) == (1024 - MAX_IDLE_CONNECTIONS - agent_reads.FD_RESERVE) // 2
+    # a third each for held job reads, held heartbeat reads and idle connections
+    assert watch_limit(1024) == (1024 - agent_reads.FD_RESERVE) // 3
     assert watch_limit(0) == 16  # never none: an agent's jobs are held, or polled past it
 
 

@@ -37,7 +37,6 @@ from reconciler.daemon.agent_answers import (
     transient,
 )
 from reconciler.daemon.agent_http import (
-    MAX_IDLE_CONNECTIONS,
     HttpClient,
     PinMismatch,
     Unreachable,
@@ -77,12 +76,11 @@ class AgentClient:
         self.key = key
         self.concurrency = concurrency
         self.timeout = timeout
-        idle = max(MAX_IDLE_CONNECTIONS, concurrency)
-        self._http = HttpClient(timeout, idle)
-        # Held reads of each kind at once, within the open files limit.
-        self._observer = AgentReads(
-            self._http, timeout, watch_limit(raise_open_files_limit(), MAX_IDLE_CONNECTIONS)
-        )
+        # Held reads of each kind at once, within the open files limit, and
+        # as many idle connections kept: one per held read to come.
+        watches = watch_limit(raise_open_files_limit())
+        self._http = HttpClient(timeout, max(watches, concurrency))
+        self._observer = AgentReads(self._http, timeout, watches)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="agent-client", daemon=True
@@ -100,6 +98,11 @@ class AgentClient:
     @on_signed.setter
     def on_signed(self, check: Callable[[str, SignedAnswer], object] | None) -> None:
         self._observer.on_signed = check
+
+    @property
+    def connections_opened(self) -> int:
+        """Connections opened to agents so far (for tests and benches)."""
+        return self._http.opened
 
     @property
     def max_watches(self) -> int:

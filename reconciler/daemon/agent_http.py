@@ -46,7 +46,6 @@ log = logging.getLogger(__name__)
 
 MAX_ANSWER_BYTES = 8 * 1024 * 1024  # bytes read off the wire for one answer
 MAX_HEAD_BYTES = 64 * 1024
-MAX_IDLE_CONNECTIONS = 512  # across all origins; a fleet of 10,000 agents must not pin 10,000 fds
 # How long a probe of a stalled node waits: as long as a held read, so a
 # node that stays silent is asked a few times a minute, not once a pass.
 PROBE_SECONDS = float(DAEMON_WAIT_SECONDS)
@@ -242,6 +241,7 @@ class HttpClient:
     def __init__(self, timeout: float, idle_limit: int) -> None:
         self.timeout = timeout
         self.pool = _Pool(idle_limit)
+        self.opened = 0  # connections opened so far (soft: for tests and benches)
         self._origins: dict[str, Origin] = {}
         self._ssl: ssl.SSLContext | None = None
         # https agents: (host, port) -> SHA-256 of the one certificate accepted
@@ -373,6 +373,7 @@ class HttpClient:
             ) from None
         except (OSError, ssl.SSLError) as exc:
             raise Unreachable(f"cannot connect to {origin.host}:{origin.port}: {exc}") from None
+        self.opened += 1
         if pin is not None:
             ssl_object = transport.get_extra_info("ssl_object")
             der = ssl_object.getpeercert(True) if ssl_object is not None else None

@@ -30,7 +30,7 @@ from reconciler.daemon.agent_answers import (
     heartbeat_of,
     job_observation,
 )
-from reconciler.daemon.agent_http import MAX_IDLE_CONNECTIONS, HttpClient, Origin, Unreachable
+from reconciler.daemon.agent_http import HttpClient, Origin, Unreachable
 from reconciler.protocol.effects import SendJob
 from reconciler.protocol.long_poll import (
     DAEMON_WAIT_SECONDS,
@@ -81,11 +81,14 @@ class HeartbeatWatch:
     wait: float = DAEMON_WAIT_SECONDS
 
 
-def watch_limit(open_files: int, idle_connections: int = MAX_IDLE_CONNECTIONS) -> int:
+def watch_limit(open_files: int) -> int:
     """Held reads of each kind (jobs, heartbeats) allowed at once with
-    ``open_files`` descriptors: what is left after the idle connections and
-    FD_RESERVE, shared by the two kinds, up to MAX_WATCHES."""
-    return max(16, min(MAX_WATCHES, (open_files - idle_connections - FD_RESERVE) // 2))
+    ``open_files`` descriptors, up to MAX_WATCHES. Past FD_RESERVE, a third
+    each goes to held job reads, held heartbeat reads and the idle
+    connections kept for them: a job's held read takes the connection its
+    POST came back on, so the pool keeps as many idle as there are held
+    reads, and a batch's jobs open no connection twice."""
+    return max(16, min(MAX_WATCHES, (open_files - FD_RESERVE) // 3))
 
 
 class AgentReads:
