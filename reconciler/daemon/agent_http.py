@@ -40,6 +40,7 @@ from urllib.parse import urlsplit
 import h11
 
 from reconciler.protocol.long_poll import DAEMON_WAIT_SECONDS
+from reconciler.protocol.read_buffer import ReadBuffer
 from reconciler.protocol.tls import client_context, pin_problem
 
 log = logging.getLogger(__name__)
@@ -99,11 +100,12 @@ def parse_base(url: str) -> Origin:
     return Origin(parts.scheme, parts.hostname, port, parts.path.rstrip("/"))
 
 
-class _Connection(asyncio.Protocol):
+class _Connection(asyncio.BufferedProtocol):
     """One HTTP/1.1 connection, one request at a time; h11 reads the answer
     as its bytes arrive, and this class keeps the size bound."""
 
-    def __init__(self) -> None:
+    def __init__(self, reads: ReadBuffer) -> None:
+        self.reads = reads
         self.transport: asyncio.Transport | None = None
         self.wire = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD_BYTES)
         self.waiter: asyncio.Future[tuple[int, bytes, bool]] | None = None
@@ -133,7 +135,11 @@ class _Connection(asyncio.Protocol):
         if not waiter.done():
             waiter.set_exception(Unreachable("connection closed in the middle of the answer"))
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.reads.view
+
+    def buffer_updated(self, nbytes: int) -> None:
+        data = self.reads.take(nbytes)
         waiter = self.waiter
         if waiter is None or waiter.done():
             self.close()  # bytes nobody asked for: this connection cannot be trusted
@@ -241,6 +247,7 @@ class HttpClient:
     def __init__(self, timeout: float, idle_limit: int) -> None:
         self.timeout = timeout
         self.pool = _Pool(idle_limit)
+        self._reads = ReadBuffer()  # for every connection of this client, on its one loop
         self.opened = 0  # connections opened so far (soft: for tests and benches)
         self._origins: dict[str, Origin] = {}
         self._ssl: ssl.SSLContext | None = None
@@ -364,7 +371,12 @@ class HttpClient:
             context = self._ssl
         try:
             transport, conn = await asyncio.wait_for(
-                loop.create_connection(_Connection, origin.host, origin.port, ssl=context),
+                loop.create_connection(
+                    functools.partial(_Connection, self._reads),
+                    origin.host,
+                    origin.port,
+                    ssl=context,
+                ),
                 max(deadline - loop.time(), 0.001),
             )
         except TimeoutError:

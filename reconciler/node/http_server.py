@@ -58,6 +58,7 @@ from reconciler.protocol.h11_serving import (
     shown_address,
     whole_answer,
 )
+from reconciler.protocol.read_buffer import ReadBuffer
 
 MAX_HEAD_BYTES = 64 * 1024
 MAX_BODY_BYTES = 1024 * 1024
@@ -116,7 +117,7 @@ def _head(status: int, length: int, close: bool) -> h11.Response:
     return h11.Response(status_code=status, headers=headers, reason=REASONS.get(status, b""))
 
 
-class _Connection(asyncio.Protocol):
+class _Connection(asyncio.BufferedProtocol):
     """One client connection: h11 parses, this class enforces the limits."""
 
     __slots__ = (
@@ -192,7 +193,11 @@ class _Connection(asyncio.Protocol):
             self.reading_paused = False
             self.transport.resume_reading()
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.server.reads.view
+
+    def buffer_updated(self, nbytes: int) -> None:
+        data = self.server.reads.take(nbytes)
         if not self.started:
             # The first byte of a request starts its deadline; later bytes do not move it.
             self.started = True
@@ -398,6 +403,7 @@ class HttpServer:
         self.request_timeout = request_timeout
         self.idle_timeout = idle_timeout
         self.connections: set[_Connection] = set()
+        self.reads = ReadBuffer()  # for every connection, all on the loop that serves
         self._server: asyncio.Server | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self._on_error = on_error
