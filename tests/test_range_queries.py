@@ -12,9 +12,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from reconciler.daemon.range_queries import BATCH_PARTS, RangeAnswer, RangeQueries, RangeQuery
 from tests.kit.ports import HeldPort
@@ -100,19 +98,6 @@ def test_a_url_that_is_not_one_and_a_refused_connection_are_errors_that_say_so(
     client.close()
 
 
-def _requests_answered(prom: PrometheusServer) -> float:
-    """Prometheus's own count of the range queries it has answered, from its
-    ``/metrics``."""
-    text = httpx.get(prom.url + "/metrics").text
-    return sum(
-        sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == "prometheus_http_requests_total"
-        and sample.labels.get("handler") == "/api/v1/query_range"
-    )
-
-
 def test_combined_queries_answer_exactly_what_each_alone_does(tmp_path: Path) -> None:
     with Exporter() as exporter, PrometheusServer(tmp_path, exporter) as prom:
         for i in range(30):
@@ -136,11 +121,11 @@ def test_combined_queries_answer_exactly_what_each_alone_does(tmp_path: Path) ->
         queries += [RangeQuery(t, start, end, 3) for t in ("1 + 1", "sum(rate(x[1m]", "up")]
         plain, combined = RangeQueries(batched=False), RangeQueries()
 
-        before = _requests_answered(prom)
+        before = prom.range_queries_answered()
         alone = plain.ask_all(prom.url, queries)
-        asked_alone = _requests_answered(prom) - before
+        asked_alone = prom.range_queries_answered() - before
         together = combined.ask_all(prom.url, queries)
-        asked_together = _requests_answered(prom) - before - asked_alone
+        asked_together = prom.range_queries_answered() - before - asked_alone
 
         def shown(answer: RangeAnswer) -> tuple[object, ...]:
             return (sorted(answer.series), answer.error)

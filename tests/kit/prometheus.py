@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.kit.ports import start_on_free_port
 from tests.kit.servers import ReadyServer, metrics_server, require_binary
@@ -111,6 +112,18 @@ class PrometheusServer(ReadyServer):
     def query(self, query: str) -> Any:
         answer = httpx.get(f"{self.url}/api/v1/query", params={"query": query}, timeout=5)
         return answer.json()
+
+    def range_queries_answered(self) -> float:
+        """Prometheus's own count of the range queries it has answered, from
+        its ``/metrics``."""
+        text = httpx.get(self.url + "/metrics", timeout=5).text
+        return sum(
+            sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == "prometheus_http_requests_total"
+            and sample.labels.get("handler") == "/api/v1/query_range"
+        )
 
     def wait_for_value(self, query: str, value: float, timeout: float = 20) -> None:
         """Until the query's first sample shows ``value`` (scrapes take a second)."""
