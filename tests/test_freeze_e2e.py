@@ -47,9 +47,12 @@ def accepted(kit: FleetKit) -> list[str]:
     return [e["payload"]["node"] for e in events if e.get("e") == "accept"]
 
 
-def test_a_signed_freeze_stops_the_next_batch_and_unfreeze_lets_it_go_on(
-    tmp_path: Path, identity: dict[str, str]
-) -> None:
+FREEZE = ["freeze", "--reason", "incident 7", "--for", "1h", "--push"]
+
+
+def signed_rollout(tmp_path: Path) -> tuple[FleetKit, Path]:
+    """A fleet whose clone signs its commits as alice (an allowed signer),
+    with a signed rollout of three batches pushed; the allowed signers file."""
     kit = FleetKit.create(tmp_path, NODES, behaviour=BEHAVIOUR)
     alice = make_key(tmp_path / "alice", comment="alice").private
     signers = tmp_path / "allowed_signers"
@@ -60,33 +63,26 @@ def test_a_signed_freeze_stops_the_next_batch_and_unfreeze_lets_it_go_on(
         ("commit.gpgsign", "true"),
     ):
         git("config", key, value, cwd=kit.work)
+    (kit.work / "rollouts").mkdir()
+    (kit.work / "rollouts" / "web.yaml").write_text(
+        rollout_yaml("web", selector={"role": "web"}, batchSize=1)
+    )
+    git("add", "-A", cwd=kit.work)
+    git("commit", "-q", "-m", "Roll out web", cwd=kit.work)
+    git("push", "-q", "origin", "HEAD:main", cwd=kit.work)
+    return kit, signers
+
+
+def test_a_signed_freeze_stops_the_next_batch_and_unfreeze_lets_it_go_on(
+    tmp_path: Path, identity: dict[str, str]
+) -> None:
+    kit, signers = signed_rollout(tmp_path)
     try:
-        (kit.work / "rollouts").mkdir()
-        (kit.work / "rollouts" / "web.yaml").write_text(
-            rollout_yaml("web", selector={"role": "web"}, batchSize=1)
-        )
-        git("add", "-A", cwd=kit.work)
-        git("commit", "-q", "-m", "Roll out web", cwd=kit.work)
-        git("push", "-q", "origin", "HEAD:main", cwd=kit.work)
         with DaemonProcess(
             kit.bare, kit.key_path, "--allowed-signers", str(signers), "--interval", "1s"
         ) as daemon:
             wait_for(lambda: accepted(kit) == ["web-1"], 60, "the first batch's job")
-            assert (
-                cli.main(
-                    [
-                        "freeze",
-                        "--reason",
-                        "incident 7",
-                        "--for",
-                        "1h",
-                        "--repo",
-                        str(kit.work),
-                        "--push",
-                    ]
-                )
-                == 0
-            )
+            assert cli.main([*FREEZE, "--repo", str(kit.work)]) == 0
             freeze_commit = git("rev-parse", "HEAD", cwd=kit.work)
             settings = load_yaml("reconciler.yaml", (kit.work / "reconciler.yaml").read_bytes())
 
@@ -116,3 +112,36 @@ def test_a_signed_freeze_stops_the_next_batch_and_unfreeze_lets_it_go_on(
     for commit in (freeze_commit, unfreeze_commit):
         assert "gpgsig" in git("cat-file", "commit", commit, cwd=kit.bare)
     assert not [line for line in log if "unverified" in line or "Traceback" in line]
+
+
+def test_an_unsigned_freeze_is_not_acted_on_and_the_rollout_goes_on(
+    tmp_path: Path, identity: dict[str, str]
+) -> None:
+    """Under verification a freeze is a change to reconciler.yaml like any
+    other: pushed unsigned, the daemon says it does not act on it, and the
+    rollout's next batches go out as if it were not there."""
+    kit, signers = signed_rollout(tmp_path)
+    try:
+        with DaemonProcess(
+            kit.bare, kit.key_path, "--allowed-signers", str(signers), "--interval", "1s"
+        ) as daemon:
+            wait_for(lambda: accepted(kit) == ["web-1"], 60, "the first batch's job")
+            git("config", "commit.gpgsign", "false", cwd=kit.work)
+            assert cli.main([*FREEZE, "--repo", str(kit.work)]) == 0
+            freeze_commit = git("rev-parse", "HEAD", cwd=kit.work)
+            done = wait_for(
+                lambda: (s := status(kit)).get("phase") == "completed" and s,
+                90,
+                "the rollout to complete",
+            )
+            log = list(daemon.lines)
+    finally:
+        kit.close()
+
+    assert "gpgsig" not in git("cat-file", "commit", freeze_commit, cwd=kit.bare)
+    assert "freeze" in git("show", "main:reconciler.yaml", cwd=kit.bare)
+    assert states(done) == dict.fromkeys(NODES, "succeeded")
+    assert "waiting" not in done or not done["waiting"]
+    assert accepted(kit) == ["web-1", "web-2", "web-3"]
+    refused = [line for line in log if "push_refused" in line]
+    assert refused and freeze_commit[:12] in refused[0], log
