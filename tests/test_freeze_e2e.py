@@ -7,6 +7,8 @@ the clone signs its commits as the person's git config says."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -73,15 +75,22 @@ def signed_rollout(tmp_path: Path) -> tuple[FleetKit, Path]:
     return kit, signers
 
 
+@contextmanager
+def first_batch_running(kit: FleetKit, signers: Path) -> Iterator[DaemonProcess]:
+    """The daemon verifying signatures, once the first batch's job is out."""
+    with DaemonProcess(
+        kit.bare, kit.key_path, "--allowed-signers", str(signers), "--interval", "1s"
+    ) as daemon:
+        wait_for(lambda: accepted(kit) == ["web-1"], 60, "the first batch's job")
+        yield daemon
+
+
 def test_a_signed_freeze_stops_the_next_batch_and_unfreeze_lets_it_go_on(
     tmp_path: Path, identity: dict[str, str]
 ) -> None:
     kit, signers = signed_rollout(tmp_path)
     try:
-        with DaemonProcess(
-            kit.bare, kit.key_path, "--allowed-signers", str(signers), "--interval", "1s"
-        ) as daemon:
-            wait_for(lambda: accepted(kit) == ["web-1"], 60, "the first batch's job")
+        with first_batch_running(kit, signers) as daemon:
             assert cli.main([*FREEZE, "--repo", str(kit.work)]) == 0
             freeze_commit = git("rev-parse", "HEAD", cwd=kit.work)
             settings = load_yaml("reconciler.yaml", (kit.work / "reconciler.yaml").read_bytes())
@@ -122,10 +131,7 @@ def test_an_unsigned_freeze_is_not_acted_on_and_the_rollout_goes_on(
     rollout's next batches go out as if it were not there."""
     kit, signers = signed_rollout(tmp_path)
     try:
-        with DaemonProcess(
-            kit.bare, kit.key_path, "--allowed-signers", str(signers), "--interval", "1s"
-        ) as daemon:
-            wait_for(lambda: accepted(kit) == ["web-1"], 60, "the first batch's job")
+        with first_batch_running(kit, signers) as daemon:
             git("config", "commit.gpgsign", "false", cwd=kit.work)
             assert cli.main([*FREEZE, "--repo", str(kit.work)]) == 0
             freeze_commit = git("rev-parse", "HEAD", cwd=kit.work)
