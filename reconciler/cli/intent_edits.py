@@ -139,18 +139,10 @@ def find_root(directory: Path) -> Path:
     directory = directory.resolve()
     if (directory / ROLLOUTS_DIR).is_dir():
         return directory
-    try:
-        top = subprocess.run(
-            ["git", "-C", str(directory), "rev-parse", "--show-toplevel"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        top = ""
+    top = _rev_parse(directory, "--show-toplevel")
     if top and (Path(top) / ROLLOUTS_DIR).is_dir():
         return Path(top)
-    if not top and _is_bare(directory):
+    if not top and _rev_parse(directory, "--is-bare-repository") == "true":
         raise ReconcilerError(
             f"{directory} is a bare repository: the intent verbs edit a rollout file, "
             "which needs a working clone",
@@ -163,17 +155,17 @@ def find_root(directory: Path) -> Path:
     )
 
 
-def _is_bare(directory: Path) -> bool:
+def _rev_parse(directory: Path, flag: str) -> str:
+    """What ``git rev-parse FLAG`` says in ``directory``; "" when git cannot say."""
     try:
-        answer = subprocess.run(
-            ["git", "-C", str(directory), "rev-parse", "--is-bare-repository"],
+        return subprocess.run(
+            ["git", "-C", str(directory), "rev-parse", flag],
             capture_output=True,
             text=True,
             check=True,
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
-        return False
-    return answer == "true"
+        return ""
 
 
 def rollout_names(root: Path) -> list[str]:
