@@ -51,6 +51,7 @@ SCRIPTS = (
     Script("gitstore", (), ("--files", "2000", "--commits", "50", "--runs", "3")),
     Script("engine", (), ("--nodes", "1000", "--batch", "100")),
     Script("dispatch", (), ("--nodes", "1000")),
+    Script("job_parts", (), ("--quick",)),
     Script("fleet_watch", (), ("--quick",)),
     Script("validate", ("--runs", "3"), ("--nodes", "1000", "--rollouts", "100", "--runs", "1")),
     Script("sshsig", (), ("--commits", "20", "--git-sample", "3", "--status", "200")),
