@@ -85,9 +85,9 @@ def watch_limit(open_files: int) -> int:
     """Held reads of each kind (jobs, heartbeats) allowed at once with
     ``open_files`` descriptors, up to MAX_WATCHES. Past FD_RESERVE, a third
     each goes to held job reads, held heartbeat reads and the idle
-    connections kept for them, so that a held read finds an idle
-    connection to its agent: the one its job's POST came back on, or one
-    that a finished held read left."""
+    connections kept for them: a job's held read takes the connection its
+    POST came back on, so the pool keeps as many idle as there are held
+    reads, and a batch's jobs open no connection twice."""
     return max(16, min(MAX_WATCHES, (open_files - FD_RESERVE) // 3))
 
 
@@ -108,10 +108,6 @@ class AgentReads:
         self._no_wait: set[Origin] = set()
         self._gathering: asyncio.TimerHandle | None = None
         self._gathering_since = 0.0  # loop time of the first finish it gathers
-        # A gather ended since the last ``take_held``: the pass it woke takes
-        # everything, even while the next gather has begun (so no finish
-        # waits longer than one gather).
-        self._gather_ended = False
         self._last_finish = 0.0  # loop time of the newest finish it gathers
         self._on_gathered: Callable[[], None] = lambda: None
         # Finished records that held reads brought, until a pass takes them
@@ -200,22 +196,19 @@ class AgentReads:
         """``take_finished``, and which of the other ``job_ids`` still have a
         held read in flight, both at one instant (on the loop thread)."""
         wanted = list(job_ids)
-        if self._deferring():
+        if self._gathering is not None:
             # A gather under way keeps its finishes, as if still held, for
             # the pass it wakes: one pass and one commit for the batch.
             with self._lock:
                 gathered = self._finished.keys() | self._watches.keys()
             return {}, {j for j in wanted if j in gathered}
-        self._news = self._gather_ended = False
+        self._news = False
         return self.take_finished(wanted), {j for j in wanted if j in self._watches}
 
     def has_news(self) -> bool:
         """A held read ended since the last ``take_held``, and no gather of
         finishes is under way (it wakes a pass when it ends)."""
-        return self._news and not self._deferring()
-
-    def _deferring(self) -> bool:
-        return self._gathering is not None and not self._gather_ended
+        return self._news and self._gathering is None
 
     def take_finished(self, job_ids: Iterable[str]) -> dict[str, JobObservation]:
         """The finished records of ``job_ids`` that held reads brought since
@@ -297,7 +290,6 @@ class AgentReads:
             if self._gathering is not None:
                 self._gathering.cancel()
                 self._gathering = None
-            self._gather_ended = True
             on_finished()
             return
         loop = asyncio.get_running_loop()
@@ -317,7 +309,6 @@ class AgentReads:
             self._gathering = loop.call_at(due, self._gathered)
             return
         self._gathering = None
-        self._gather_ended = True
         self._on_gathered()
 
     # -- held heartbeat reads ---------------------------------------------------------
