@@ -287,17 +287,6 @@ def test_a_batch_finishing_over_longer_than_the_gather_is_one_status_commit(
     assert len(commits) == 1, commits
 
 
-def test_passes_on_the_interval_wait_for_a_gather_in_progress(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The same finishes with a pass due every 0.2 s: a pass on the interval
-    while the gather still waits for the batch's other answers is quiet, so
-    the three verdicts still make one commit."""
-    monkeypatch.setattr(agent_reads, "GATHER_SECONDS", 1.5)
-    commits = gathered_commits(tmp_path, monkeypatch, limit=10, interval=0.2)
-    assert len(commits) == 1, commits
-
-
 def test_the_gather_ends_at_its_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The same finishes with the gather limited to 1.5 s from the first:
     the last verdict comes in a later pass."""
@@ -306,9 +295,7 @@ def test_the_gather_ends_at_its_limit(tmp_path: Path, monkeypatch: pytest.Monkey
     assert len(commits) >= 2, commits
 
 
-def gathered_commits(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, limit: float, interval: float = 120.0
-) -> list[str]:
+def gathered_commits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, limit: float) -> list[str]:
     monkeypatch.setattr(agent_reads, "GATHER_LIMIT", limit)
     behaviour = (
         "default: succeed\nnodes:\n"
@@ -319,7 +306,7 @@ def gathered_commits(
     try:
         kit.push({"rollouts/r.yaml": rollout_yaml("r", selector={"role": "web"}, batchSize=3)})
         daemon = kit.daemon()
-        with serving(kit, daemon, interval=interval, reread=120.0):
+        with serving(kit, daemon, interval=120.0, reread=120.0):
             done = wait_for(kit, lambda s: s.get("r", {}).get("phase") == "completed", 60)
         assert set(node_states(done["r"]).values()) == {"succeeded"}
         return [m for m in status_commit_messages(kit) if "-> succeeded" in m]

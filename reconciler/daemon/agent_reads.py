@@ -196,19 +196,11 @@ class AgentReads:
         """``take_finished``, and which of the other ``job_ids`` still have a
         held read in flight, both at one instant (on the loop thread)."""
         wanted = list(job_ids)
-        if self._gathering is not None:
-            # A gather under way keeps its finishes, as if still held, for
-            # the pass it wakes: one pass and one commit for the batch.
-            with self._lock:
-                gathered = self._finished.keys() | self._watches.keys()
-            return {}, {j for j in wanted if j in gathered}
         self._news = False
         return self.take_finished(wanted), {j for j in wanted if j in self._watches}
 
     def has_news(self) -> bool:
-        """A held read ended since the last ``take_held``, and no gather of
-        finishes is under way (it wakes a pass when it ends)."""
-        return self._news and self._gathering is None
+        return self._news
 
     def take_finished(self, job_ids: Iterable[str]) -> dict[str, JobObservation]:
         """The finished records of ``job_ids`` that held reads brought since
