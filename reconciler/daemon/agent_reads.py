@@ -85,9 +85,9 @@ def watch_limit(open_files: int) -> int:
     """Held reads of each kind (jobs, heartbeats) allowed at once with
     ``open_files`` descriptors, up to MAX_WATCHES. Past FD_RESERVE, a third
     each goes to held job reads, held heartbeat reads and the idle
-    connections kept for them: a job's held read takes the connection its
-    POST came back on, so the pool keeps as many idle as there are held
-    reads, and a batch's jobs open no connection twice."""
+    connections kept for them, so that a held read finds an idle
+    connection to its agent: the one its job's POST came back on, or one
+    that a finished held read left."""
     return max(16, min(MAX_WATCHES, (open_files - FD_RESERVE) // 3))
 
 
