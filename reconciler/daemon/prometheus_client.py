@@ -62,10 +62,10 @@ class PrometheusClient:
         except (ValueError, json.JSONDecodeError):
             body = None
         if response.status_code in (400, 422):
-            why = _error_text(body) or response.text[:200]
+            why = error_text(body) or response.text[:200]
             return MetricAnswer(error=why, rejected=True)
         if response.status_code != 200 or not isinstance(body, dict):
-            why = _error_text(body) or f"HTTP {response.status_code}"
+            why = error_text(body) or f"HTTP {response.status_code}"
             return MetricAnswer(error=f"{endpoint} answered {why}")
         return parse_result(body)
 
@@ -75,7 +75,8 @@ class PrometheusClient:
             self._client = None
 
 
-def _error_text(body: Any) -> str:
+def error_text(body: Any) -> str:
+    """Prometheus's own words for an error answer (``errorType: error``), or ""."""
     if isinstance(body, dict) and isinstance(body.get("error"), str):
         kind = body.get("errorType")
         return f"{kind}: {body['error']}" if isinstance(kind, str) else str(body["error"])
@@ -94,7 +95,7 @@ def parse_result(body: dict[str, Any]) -> MetricAnswer:
     or a scalar; anything else is no evidence, saying why."""
     data = body.get("data")
     if body.get("status") != "success" or not isinstance(data, dict):
-        return MetricAnswer(error=_error_text(body) or "an answer without data")
+        return MetricAnswer(error=error_text(body) or "an answer without data")
     kind, result = data.get("resultType"), data.get("result")
     try:
         if kind == "vector" and isinstance(result, list):

@@ -40,6 +40,7 @@ from urllib.parse import quote_plus, urlsplit
 import httpx
 
 from reconciler.daemon.agent_http import HttpClient, Unreachable
+from reconciler.daemon.prometheus_client import error_text
 
 DEFAULT_CONCURRENCY = 16  # Prometheus is the wait: it evaluates queries on all its cores
 DEFAULT_TIMEOUT = 5.0  # seconds per query
@@ -104,17 +105,15 @@ class RangeQueries:
         endpoint = base_url.rstrip("/") + PATH
         asks = _combined(distinct) if self.batched else [_Ask((q,)) for q in distinct]
         answers: dict[RangeQuery, RangeAnswer] = {}
-        alone: list[RangeQuery] = []
-        for ask, reply in zip(asks, self._send_all(base_url, asks), strict=True):
-            split = _split(endpoint, ask, reply)
-            if split is None:  # Prometheus refused the combined query: each on its own
-                alone.extend(ask.parts)
-            else:
-                answers.update(split)
-        if alone:
-            asks = [_Ask((q,)) for q in alone]
+        while asks:  # two rounds at most: a query on its own always has its answer
+            alone: list[RangeQuery] = []
             for ask, reply in zip(asks, self._send_all(base_url, asks), strict=True):
-                answers.update(_split(endpoint, ask, reply) or {})
+                split = _split(endpoint, ask, reply)
+                if split is None:  # Prometheus refused the combined query: each on its own
+                    alone.extend(ask.parts)
+                else:
+                    answers.update(split)
+            asks = [_Ask((q,)) for q in alone]
         return {q: answers[q] for q in distinct}
 
     def _send_all(self, base_url: str, asks: Sequence[_Ask]) -> list[_Reply]:
@@ -270,16 +269,9 @@ def _body(content: bytes) -> dict[str, Any] | None:
 def _answer(endpoint: str, status: int, content: bytes) -> RangeAnswer:
     body = _body(content)
     if status != 200 or body is None:
-        why = _error_text(body) or f"HTTP {status}"
+        why = error_text(body) or f"HTTP {status}"
         return RangeAnswer(error=f"{endpoint} answered {why}")
     return parse_matrix(body)
-
-
-def _error_text(body: Any) -> str:
-    if isinstance(body, dict) and isinstance(body.get("error"), str):
-        kind = body.get("errorType")
-        return f"{kind}: {body['error']}" if isinstance(kind, str) else str(body["error"])
-    return ""
 
 
 Series = tuple[tuple[float, float], ...]
@@ -291,7 +283,7 @@ def parse_matrix(body: dict[str, Any]) -> RangeAnswer:
     left out."""
     data = body.get("data")
     if body.get("status") != "success" or not isinstance(data, dict):
-        return RangeAnswer(error=_error_text(body) or "an answer without data")
+        return RangeAnswer(error=error_text(body) or "an answer without data")
     if data.get("resultType") != "matrix" or not isinstance(data.get("result"), list):
         return RangeAnswer(error=f"a {data.get('resultType')} result: expected a matrix")
     try:
