@@ -93,12 +93,9 @@ class Summary:
 
 
 def summarize(status: RolloutStatus) -> Summary:
-    done = unknown = trouble = 0
-    for node in status.nodes:  # one read of the nodes for all three counts
-        state = node.state
-        done += state == "succeeded"
-        unknown += state == UNKNOWN
-        trouble += state in TROUBLE_STATES and state != UNKNOWN
+    done = sum(1 for n in status.nodes if n.state == "succeeded")
+    unknown = sum(1 for n in status.nodes if n.state == UNKNOWN)
+    trouble = sum(1 for n in status.nodes if n.state in TROUBLE_STATES) - unknown
     return Summary(
         name=status.name,
         phase=status.phase,
