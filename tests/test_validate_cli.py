@@ -224,3 +224,104 @@ def test_a_selector_that_matches_no_node_is_a_warning_naming_the_values_in_use(
     ) in err
     assert "fine.yaml" not in err
     assert "ok: 2 nodes, 2 rollouts" in err
+
+
+ARTIFACT_ROLLOUT = """\
+apiVersion: reconciler/v1
+kind: Rollout
+metadata: {{name: {name}}}
+spec:
+  target:
+    runtime: hermes
+    provider: ollama
+    model: llama3.1-8b
+    artifacts:
+      - name: weights
+        url: https://mirror.example/m.gguf
+        sha256: "{digest}"
+        size: 4920734976
+  nodeIds: [gpu-a1]
+  live: true
+"""
+DIGEST = "0f3a" * 16
+
+# Each broken document's text and the one line validate must print for it.
+MISSING_KEYS = {
+    "drain-without-url": (
+        '  drain:\n    idle: {metric: "vllm:num_requests_running"}\n',
+        '17:5: spec.drain.idle.url: missing required field "url" (the metrics endpoint: '
+        "http:// or https:// on a loopback address or {node})",
+    ),
+    "drain-without-idle": (
+        "  drain:\n    timeout: 2m\n",
+        '16:3: spec.drain.idle: missing required field "idle" (when the node is idle: a '
+        "metric read from a Prometheus text endpoint on the node itself, summed over its "
+        "series)",
+    ),
+    "warmup-without-http": (
+        "  warmup:\n    - times: 2\n",
+        '17:7: spec.warmup[0].http: missing required field "http" (one HTTP request on the '
+        "node itself)",
+    ),
+    "warmup-without-url": (
+        "  warmup:\n    - http: {method: POST}\n",
+        '17:7: spec.warmup[0].http.url: missing required field "url" (http:// or https:// '
+        "on a loopback address or {node})",
+    ),
+    "artifact-without-url": (
+        None,
+        '10:9: spec.target.artifacts[0].url: missing required field "url" (where the node '
+        "downloads it: http:// or https://)",
+    ),
+    "spread-without-label": (
+        "  spreadBy: {maxPerBatch: 1}\n",
+        '16:3: spec.spreadBy.label: missing required field "label" (the label key whose '
+        "values are the failure domains, such as zone or rack)",
+    ),
+    "digest-as-number": (
+        "digits",
+        "12:17: spec.target.artifacts[0].sha256: must be text, but "
+        + "1" * 64
+        + " without quotes is read as a number; put it in quotes: "
+        + '"'
+        + "1" * 64
+        + '"',
+    ),
+}
+
+
+def test_documents_missing_keys_give_file_line_field_and_exit_1_never_a_traceback(
+    tmp_path: Path,
+) -> None:
+    """The real command, as a process, on documents the schema rejects for a
+    missing key the rules would need."""
+    (tmp_path / "nodes").mkdir()
+    (tmp_path / "rollouts").mkdir()
+    (tmp_path / "nodes" / "gpu-a1.yaml").write_text(
+        "apiVersion: reconciler/v1\nkind: Node\nmetadata: {name: gpu-a1}\n"
+        "spec:\n  agent: http://127.0.0.1:8710\n  labels: {zone: a}\n"
+    )
+    expected = []
+    for name, (tail, line) in MISSING_KEYS.items():
+        text = ARTIFACT_ROLLOUT.format(name=name, digest=DIGEST)
+        if tail is None:
+            text = text.replace("        url: https://mirror.example/m.gguf\n", "")
+        elif tail == "digits":
+            text = text.replace(f'"{DIGEST}"', "1" * 64)
+        else:
+            text += tail
+        (tmp_path / "rollouts" / f"{name}.yaml").write_text(text)
+        expected.append(f"rollouts/{name}.yaml:{line}")
+
+    done = subprocess.run(
+        [sys.executable, "-m", "reconciler", "validate"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        check=False,
+    )
+
+    assert "Traceback" not in done.stderr
+    assert done.returncode == 1
+    assert sorted(done.stdout.splitlines()) == sorted(expected)
+    assert done.stderr.strip() == f"{len(expected)} problems in {len(expected)} files"
