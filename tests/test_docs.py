@@ -9,10 +9,12 @@ spans are not Markdown, and a heading's anchor is its GitHub slug."""
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from reconciler.cli.main import COMMANDS, build_parser
 from reconciler.daemon.loop import PASS_STEPS
@@ -204,6 +206,32 @@ def test_the_command_line_page_names_every_verb_and_flag() -> None:
     assert not missing, f"docs/cli.md does not describe: {', '.join(missing)}"
 
 
+def undocumented_fields(page: str, schema: dict[str, Any]) -> list[str]:
+    """The fields of a document's ``spec`` that ``page`` has no table row for
+    (a row starting ``| `spec.FIELD``), and the fields of an object field (or
+    of a list's entries) that its row does not name."""
+    rows = [line for line in page.splitlines() if line.startswith("| `spec.")]
+    missing = []
+    for field, rule in schema["properties"]["spec"]["properties"].items():
+        row = " ".join(r for r in rows if re.match(rf"\| `spec\.{field}[`.\[]", r))
+        if not row:
+            missing.append(f"spec.{field}")
+            continue
+        inner = rule.get("properties") or rule.get("items", {}).get("properties", {})
+        missing += [f"spec.{field}.{name}" for name in inner if name not in row]
+    return missing
+
+
+def test_the_configuration_page_names_every_field_of_every_document() -> None:
+    page = (DOCS / "configuration.md").read_text(encoding="utf-8")
+    missing = []
+    for kind in ("settings", "node", "rollout"):
+        schema = json.loads((ROOT / "schemas" / f"{kind}.schema.json").read_text())
+        missing += [f"{kind}: {field}" for field in undocumented_fields(page, schema)]
+
+    assert not missing, f"docs/configuration.md does not describe: {', '.join(missing)}"
+
+
 def test_the_checks_find_what_they_look_for(tmp_path: Path) -> None:
     """Each rule fails on a tree that breaks it, and passes what is fine."""
     (tmp_path / "docs").mkdir()
@@ -224,4 +252,13 @@ def test_the_checks_find_what_they_look_for(tmp_path: Path) -> None:
     assert missing_mentions("x.py", mentions, root=tmp_path) == [
         f"x.py:1: names {MISSING_DESIGN_NOTE}, which is not here",
         "x.py:1: docs/nothing.md is not in the repository",
+    ]
+    schema = {
+        "properties": {
+            "spec": {"properties": {"a": {}, "b": {"properties": {"c": {}, "d": {}}}, "e": {}}}
+        }
+    }
+    assert undocumented_fields("| `spec.a` | x |\n| `spec.b` | `{c}` |\n", schema) == [
+        "spec.b.d",
+        "spec.e",
     ]
