@@ -12,7 +12,7 @@ import argparse
 import json
 import re
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,8 @@ CODE_SPAN = re.compile(r"(`+)(?:(?!\1).)+?\1")
 LINK = re.compile(r"!?\[(?:[^\]\\]|\\.)*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 HEADING = re.compile(r"^ {0,3}(#{1,6})\s+(.*?)\s*#*\s*$")
 # A path ending in .md, not part of a longer path or a URL.
+# A YAML key ending in sha256 whose value is a plain scalar, not quoted.
+UNQUOTED_DIGEST = re.compile(r"(?i)\b\w*sha256\s*:[ \t]+(?![\"'\s#])\S")
 MD_MENTION = re.compile(r"(?<![\w/.:-])((?:[\w.-]+/)*[\w-]+\.md)\b")
 # A fleet repository's own files (status/README.md is its dashboard):
 # paths in the repository a user keeps, not in this one.
@@ -70,6 +72,30 @@ def prose_lines(text: str) -> Iterator[tuple[int, str]]:
             fence = None
         elif fence is None:
             yield number, CODE_SPAN.sub(lambda m: " " * len(m.group(0)), line)
+
+
+def code_lines(text: str) -> Iterator[tuple[int, str]]:
+    """(line number, line) of Markdown inside fenced code blocks."""
+    fence: str | None = None
+    for number, line in enumerate(text.splitlines(), start=1):
+        opening = FENCE.match(line)
+        if fence is None and opening:
+            fence = opening.group(1)
+        elif fence is not None and line.lstrip().startswith(fence):
+            fence = None
+        elif fence is not None:
+            yield number, line
+
+
+def unquoted_digests(name: str, lines: Iterable[tuple[int, str]]) -> list[str]:
+    """Lines that give a ``sha256`` (or ``...Sha256``) field a plain
+    scalar: a digest of digits only is read as a number, so write it in
+    quotes."""
+    return [
+        f"{name}:{number}: {line.strip()}"
+        for number, line in lines
+        if UNQUOTED_DIGEST.search(line)
+    ]
 
 
 def slug(heading: str) -> str:
@@ -206,6 +232,18 @@ def test_the_command_line_page_names_every_verb_and_flag() -> None:
     assert not missing, f"docs/cli.md does not describe: {', '.join(missing)}"
 
 
+def test_every_digest_in_an_example_is_quoted() -> None:
+    problems: list[str] = []
+    for page in markdown_pages():
+        name = str(page.relative_to(ROOT))
+        problems += unquoted_digests(name, code_lines(page.read_text(encoding="utf-8")))
+    for path in sorted((ROOT / "example-repo").rglob("*.y*ml")):
+        lines = enumerate(path.read_text(encoding="utf-8").splitlines(), start=1)
+        problems += unquoted_digests(str(path.relative_to(ROOT)), lines)
+
+    assert not problems, "write each digest in quotes:\n" + "\n".join(problems)
+
+
 def undocumented_fields(page: str, schema: dict[str, Any]) -> list[str]:
     """The fields of a document's ``spec`` that ``page`` has no table row for
     (a row starting ``| `spec.FIELD``), and the fields of an object field (or
@@ -262,3 +300,5 @@ def test_the_checks_find_what_they_look_for(tmp_path: Path) -> None:
         "spec.b.d",
         "spec.e",
     ]
+    example = "```yaml\nsha256: 0123\nagentCertSha256: \"ab\"\n```\nsha256: 1 in prose\n"
+    assert unquoted_digests("a.md", code_lines(example)) == ["a.md:2: sha256: 0123"]
