@@ -84,7 +84,9 @@ def run(args: argparse.Namespace) -> int:
         print(f'agentCertSha256: "{pin}"')
         print(f"certificate: {crt} (agent --tls-cert)")
         print(f"private key: {key_path} (mode 0600; agent --tls-key)")
-        print(f"in nodes/{args.name}.yaml: agent: https://ADDRESS:PORT and agentCertSha256: \"{pin}\"")
+        print(
+            f'in nodes/{args.name}.yaml: agent: https://ADDRESS:PORT and agentCertSha256: "{pin}"'
+        )
         return 0
     if args.keys_action == "id":
         path = Path(args.file)
