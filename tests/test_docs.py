@@ -92,9 +92,7 @@ def unquoted_digests(name: str, lines: Iterable[tuple[int, str]]) -> list[str]:
     scalar: a digest of digits only is read as a number, so write it in
     quotes."""
     return [
-        f"{name}:{number}: {line.strip()}"
-        for number, line in lines
-        if UNQUOTED_DIGEST.search(line)
+        f"{name}:{number}: {line.strip()}" for number, line in lines if UNQUOTED_DIGEST.search(line)
     ]
 
 
@@ -174,7 +172,7 @@ def missing_mentions(name: str, text: str, root: Path = ROOT) -> list[str]:
 
 
 def markdown_pages() -> list[Path]:
-    return [README, *sorted(DOCS.glob("*.md"))]
+    return [README, ROOT / "CHANGELOG.md", *sorted(DOCS.glob("*.md"))]
 
 
 def test_no_tracked_file_refers_to_a_document_the_repository_lacks() -> None:
@@ -300,5 +298,5 @@ def test_the_checks_find_what_they_look_for(tmp_path: Path) -> None:
         "spec.b.d",
         "spec.e",
     ]
-    example = "```yaml\nsha256: 0123\nagentCertSha256: \"ab\"\n```\nsha256: 1 in prose\n"
+    example = '```yaml\nsha256: 0123\nagentCertSha256: "ab"\n```\nsha256: 1 in prose\n'
     assert unquoted_digests("a.md", code_lines(example)) == ["a.md:2: sha256: 0123"]
