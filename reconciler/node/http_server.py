@@ -257,9 +257,7 @@ class _Connection(asyncio.BufferedProtocol):
             self._refuse(413, f"request body over {MAX_BODY_BYTES} bytes")
             return False
         if self.conn.they_are_waiting_for_100_continue and self.transport is not None:
-            self.transport.write(
-                self.conn.send(continue_head()) or b""
-            )
+            self.transport.write(self.conn.send(continue_head()) or b"")
         return True
 
     def _handle(self) -> None:
