@@ -2,9 +2,11 @@
 ``warmup`` that its schema cannot say, and the values they become
 (``reconciler.spec.artifacts``).
 
-``read`` runs after the schema: it skips a field the schema already found
-wrong (``ok``) and reports each further problem through ``add``, so every
-problem keeps its file, line, column and field. Pure: no IO. Must not
+``read`` runs after the schema, whether it passed the document or not: it
+skips a field the schema already found wrong (``ok``), builds values only
+from parts with no problem inside them (``whole``), and reports each
+further problem through ``add``, so every problem keeps its file, line,
+column and field, and no document makes it raise. Pure: no IO. Must not
 decide anything about a started rollout (the engine does).
 """
 
