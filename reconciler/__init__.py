@@ -18,4 +18,5 @@ import; ``lint-imports`` checks it):
 - ``cli``: ``reconciler VERB``, one module per verb under ``cli.commands``.
 """
 
-__version__ = "0.1.0"
+# Versions 1 to 3 are released (CHANGELOG.md); pyproject.toml reads it from here.
+__version__ = "3.0.0"

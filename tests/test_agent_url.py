@@ -74,7 +74,7 @@ def test_validate_accepts_a_path_prefix_and_an_underscored_host(
     (tmp_path / "rollouts" / "web.yaml").write_text(rollout_yaml("web", selector={"r": "w"}))
 
     assert cli.main(["validate", str(tmp_path)]) == 0
-    assert "ok: 2 nodes, 1 rollout" in capsys.readouterr().err
+    assert capsys.readouterr().out == "ok: 2 nodes, 1 rollout\n"
 
 
 @pytest.mark.parametrize("url", [PREFIXED, UNDERSCORED])

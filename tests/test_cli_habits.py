@@ -201,7 +201,7 @@ printf '%s\\n' "${COMPREPLY[@]}"
 """
 
 
-def bash_completes(line: str) -> list[str]:
+def bash_completes(line: str, cwd: Path | None = None) -> list[str]:
     """What a real bash, with the script ``reconciler completion bash``
     prints sourced, offers for ``line`` with the cursor at its end."""
     env = {
@@ -210,8 +210,10 @@ def bash_completes(line: str) -> list[str]:
         "LINE": line,
     }
     env.pop("_ARGCOMPLETE", None)
+    env.pop("RECONCILER_REPO", None)
     done = subprocess.run(
         ["bash", "--norc", "--noprofile", "-c", COMPLETE],
+        cwd=cwd,
         env=env,
         capture_output=True,
         text=True,
@@ -230,6 +232,49 @@ def test_bash_completes_verbs_and_every_verbs_flags() -> None:
     assert bash_completes("reconciler keys generate --o") == ["--out"]
     assert bash_completes("reconciler unfr") == ["unfreeze"]
     assert bash_completes("reconciler freeze --f") == ["--for"]
+
+
+NAMED_FLEET = {
+    "rollouts/llama-canary.yaml": "",
+    "rollouts/qwen-serving.yaml": "",
+    "rollouts/README.md": "",
+    "nodes/gpu-a1.yaml": "",
+    "nodes/gpu-a2.yaml": "",
+    "nodes/gpu-b1.yaml": "",
+}
+
+
+def test_bash_completes_rollout_and_node_names_from_the_working_tree(
+    tmp_path: Path, identity: dict[str, str]
+) -> None:
+    work = make_repo(tmp_path / "fleet", NAMED_FLEET)
+
+    assert bash_completes("reconciler pause l", work) == ["llama-canary"]
+    assert bash_completes("reconciler resume q", work) == ["qwen-serving"]
+    assert bash_completes("reconciler status --active q", work) == ["qwen-serving"]
+    assert bash_completes("reconciler attest ll", work) == ["llama-canary"]
+    assert bash_completes("reconciler verify --evidence q", work) == ["qwen-serving"]
+    assert bash_completes("reconciler backups gpu-b", work) == ["gpu-b1"]
+    assert bash_completes("reconciler skip llama-canary gpu-a1 gpu-", work) == ["gpu-a2", "gpu-b1"]
+    assert bash_completes("reconciler rollback llama-canary --nodes gpu-a1,gpu-", work) == [
+        "gpu-a1,gpu-a2",
+        "gpu-a1,gpu-b1",
+    ]
+    # --repo names the repository the verb would use, wherever the shell is
+    assert bash_completes(f"reconciler abort --repo {work} ll", tmp_path) == ["llama-canary"]
+    assert bash_completes("reconciler abort ll", tmp_path) == []
+
+
+def test_bash_completes_names_from_a_bare_repositorys_branch(
+    tmp_path: Path, identity: dict[str, str]
+) -> None:
+    work = make_repo(tmp_path / "seed", NAMED_FLEET)
+    bare = tmp_path / "fleet.git"
+    git("clone", "--quiet", "--bare", str(work), str(bare), cwd=tmp_path)
+
+    assert bash_completes(f"reconciler status --repo {bare} q") == ["qwen-serving"]
+    assert bash_completes(f"reconciler backups --repo {bare} gpu-a") == ["gpu-a1", "gpu-a2"]
+    assert bash_completes(f"reconciler status --repo {bare} --branch nowhere q") == []
 
 
 # zsh's completion system runs only inside its line editor, so the sourced
@@ -253,7 +298,7 @@ complete -C "$LINE"
 """
 
 
-def shell_completes(shell: str, line: str) -> list[str]:
+def shell_completes(shell: str, line: str, cwd: Path | None = None) -> list[str]:
     """What a real zsh or fish, with ``reconciler completion SHELL`` sourced,
     offers for ``line``: the candidates alone, without their descriptions."""
     env = {
@@ -262,9 +307,11 @@ def shell_completes(shell: str, line: str) -> list[str]:
         "LINE": line,
     }
     env.pop("_ARGCOMPLETE", None)
+    env.pop("RECONCILER_REPO", None)
     argv = ["zsh", "-f", "-c", ZSH_COMPLETE] if shell == "zsh" else ["fish", "--no-config"]
     done = subprocess.run(
         argv,
+        cwd=cwd,
         input=FISH_COMPLETE if shell == "fish" else None,
         env=env,
         capture_output=True,
@@ -285,6 +332,16 @@ def test_zsh_and_fish_complete_verbs_and_every_verbs_flags(shell: str) -> None:
     assert shell_completes(shell, "reconciler plan -o ") == ["json", "markdown", "text", "yaml"]
     assert "--require-approvals" in shell_completes(shell, "reconciler run --req")
     assert shell_completes(shell, "reconciler keys generate --o") == ["--out"]
+
+
+@pytest.mark.parametrize("shell", ["zsh", "fish"])
+def test_zsh_and_fish_complete_rollout_and_node_names(
+    shell: str, tmp_path: Path, identity: dict[str, str]
+) -> None:
+    work = make_repo(tmp_path / "fleet", NAMED_FLEET)
+
+    assert shell_completes(shell, "reconciler pause l", work) == ["llama-canary"]
+    assert shell_completes(shell, "reconciler backups gpu-a", work) == ["gpu-a1", "gpu-a2"]
 
 
 @pytest.mark.parametrize("shell", ["bash", "zsh", "fish"])

@@ -202,7 +202,7 @@ def test_with_an_alertmanager_in_the_settings_the_alerts_validate(
     root = fleet(tmp_path / "fleet", ALERTS, '  alertmanager: {url: "http://127.0.0.1:9093"}\n')
 
     assert cli.main(["validate", str(root)]) == 0
-    assert capsys.readouterr().out == ""
+    assert capsys.readouterr().out == "ok: 1 node, 1 rollout\n"
 
 
 def test_the_alertmanager_url_is_checked_by_the_settings_schema(

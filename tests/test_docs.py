@@ -9,10 +9,12 @@ spans are not Markdown, and a heading's anchor is its GitHub slug."""
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 from reconciler.cli.main import COMMANDS, build_parser
 from reconciler.daemon.loop import PASS_STEPS
@@ -30,6 +32,8 @@ CODE_SPAN = re.compile(r"(`+)(?:(?!\1).)+?\1")
 LINK = re.compile(r"!?\[(?:[^\]\\]|\\.)*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 HEADING = re.compile(r"^ {0,3}(#{1,6})\s+(.*?)\s*#*\s*$")
 # A path ending in .md, not part of a longer path or a URL.
+# A YAML key ending in sha256 whose value is a plain scalar, not quoted.
+UNQUOTED_DIGEST = re.compile(r"(?i)\b\w*sha256\s*:[ \t]+(?![\"'\s#])\S")
 MD_MENTION = re.compile(r"(?<![\w/.:-])((?:[\w.-]+/)*[\w-]+\.md)\b")
 # A fleet repository's own files (status/README.md is its dashboard):
 # paths in the repository a user keeps, not in this one.
@@ -68,6 +72,28 @@ def prose_lines(text: str) -> Iterator[tuple[int, str]]:
             fence = None
         elif fence is None:
             yield number, CODE_SPAN.sub(lambda m: " " * len(m.group(0)), line)
+
+
+def code_lines(text: str) -> Iterator[tuple[int, str]]:
+    """(line number, line) of Markdown inside fenced code blocks."""
+    fence: str | None = None
+    for number, line in enumerate(text.splitlines(), start=1):
+        opening = FENCE.match(line)
+        if fence is None and opening:
+            fence = opening.group(1)
+        elif fence is not None and line.lstrip().startswith(fence):
+            fence = None
+        elif fence is not None:
+            yield number, line
+
+
+def unquoted_digests(name: str, lines: Iterable[tuple[int, str]]) -> list[str]:
+    """Lines that give a ``sha256`` (or ``...Sha256``) field a plain
+    scalar: a digest of digits only is read as a number, so write it in
+    quotes."""
+    return [
+        f"{name}:{number}: {line.strip()}" for number, line in lines if UNQUOTED_DIGEST.search(line)
+    ]
 
 
 def slug(heading: str) -> str:
@@ -146,7 +172,7 @@ def missing_mentions(name: str, text: str, root: Path = ROOT) -> list[str]:
 
 
 def markdown_pages() -> list[Path]:
-    return [README, *sorted(DOCS.glob("*.md"))]
+    return [README, ROOT / "CHANGELOG.md", *sorted(DOCS.glob("*.md"))]
 
 
 def test_no_tracked_file_refers_to_a_document_the_repository_lacks() -> None:
@@ -204,6 +230,44 @@ def test_the_command_line_page_names_every_verb_and_flag() -> None:
     assert not missing, f"docs/cli.md does not describe: {', '.join(missing)}"
 
 
+def test_every_digest_in_an_example_is_quoted() -> None:
+    problems: list[str] = []
+    for page in markdown_pages():
+        name = str(page.relative_to(ROOT))
+        problems += unquoted_digests(name, code_lines(page.read_text(encoding="utf-8")))
+    for path in sorted((ROOT / "example-repo").rglob("*.y*ml")):
+        lines = enumerate(path.read_text(encoding="utf-8").splitlines(), start=1)
+        problems += unquoted_digests(str(path.relative_to(ROOT)), lines)
+
+    assert not problems, "write each digest in quotes:\n" + "\n".join(problems)
+
+
+def undocumented_fields(page: str, schema: dict[str, Any]) -> list[str]:
+    """The fields of a document's ``spec`` that ``page`` has no table row for
+    (a row starting ``| `spec.FIELD``), and the fields of an object field (or
+    of a list's entries) that its row does not name."""
+    rows = [line for line in page.splitlines() if line.startswith("| `spec.")]
+    missing = []
+    for field, rule in schema["properties"]["spec"]["properties"].items():
+        row = " ".join(r for r in rows if re.match(rf"\| `spec\.{field}[`.\[]", r))
+        if not row:
+            missing.append(f"spec.{field}")
+            continue
+        inner = rule.get("properties") or rule.get("items", {}).get("properties", {})
+        missing += [f"spec.{field}.{name}" for name in inner if name not in row]
+    return missing
+
+
+def test_the_configuration_page_names_every_field_of_every_document() -> None:
+    page = (DOCS / "configuration.md").read_text(encoding="utf-8")
+    missing = []
+    for kind in ("settings", "node", "rollout"):
+        schema = json.loads((ROOT / "schemas" / f"{kind}.schema.json").read_text())
+        missing += [f"{kind}: {field}" for field in undocumented_fields(page, schema)]
+
+    assert not missing, f"docs/configuration.md does not describe: {', '.join(missing)}"
+
+
 def test_the_checks_find_what_they_look_for(tmp_path: Path) -> None:
     """Each rule fails on a tree that breaks it, and passes what is fine."""
     (tmp_path / "docs").mkdir()
@@ -225,3 +289,14 @@ def test_the_checks_find_what_they_look_for(tmp_path: Path) -> None:
         f"x.py:1: names {MISSING_DESIGN_NOTE}, which is not here",
         "x.py:1: docs/nothing.md is not in the repository",
     ]
+    schema = {
+        "properties": {
+            "spec": {"properties": {"a": {}, "b": {"properties": {"c": {}, "d": {}}}, "e": {}}}
+        }
+    }
+    assert undocumented_fields("| `spec.a` | x |\n| `spec.b` | `{c}` |\n", schema) == [
+        "spec.b.d",
+        "spec.e",
+    ]
+    example = '```yaml\nsha256: 0123\nagentCertSha256: "ab"\n```\nsha256: 1 in prose\n'
+    assert unquoted_digests("a.md", code_lines(example)) == ["a.md:2: sha256: 0123"]

@@ -204,7 +204,8 @@ def test_keys_tls_writes_a_private_key_and_prints_the_certificates_pin(tmp_path:
     assert (tmp_path / "gpu-a1.key").stat().st_mode & 0o777 == 0o600
     pem = (tmp_path / "gpu-a1.crt").read_bytes()
     der = ssl.PEM_cert_to_DER_cert(pem.decode())
-    assert f"agentCertSha256: {hashlib.sha256(der).hexdigest()}" in done.stdout
+    # quoted, as it is pasted into a node file: a digest of digits only would be a number
+    assert f'agentCertSha256: "{hashlib.sha256(der).hexdigest()}"' in done.stdout.splitlines()
     assert parse_pin(hashlib.sha256(der).hexdigest()) == hashlib.sha256(der).digest()
     b64 = "sha256:" + base64.b64encode(hashlib.sha256(der).digest()).decode()
     assert parse_pin(b64) == hashlib.sha256(der).digest()

@@ -162,3 +162,20 @@ def test_the_simulated_fleet_answers_bare_lf_heads_as_crlf_ones(
 
     assert got[0] == got[1] and got[0][0] == 404
     assert beat[0][0] == 200 and json.loads(beat[0][1])["node"] == "n1"
+
+
+def test_the_agent_s_status_lines_carry_their_reason_phrases(echoing: Served) -> None:
+    port = echoing.server.port
+    with socket.create_connection(("127.0.0.1", port), timeout=REQUEST_TIMEOUT * 2) as sock:
+        sock.sendall(
+            b"POST /echo HTTP/1.1\r\nHost: a\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 2\r\nExpect: 100-continue\r\n\r\n"
+        )
+        interim = sock.recv(4096)
+        sock.sendall(b"{}")
+        answer = b""
+        while b"\r\n" not in answer and (chunk := sock.recv(4096)):
+            answer += chunk
+
+    assert interim.split(b"\r\n", 1)[0] == b"HTTP/1.1 100 Continue"
+    assert answer.split(b"\r\n", 1)[0] == b"HTTP/1.1 200 OK"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -9,8 +10,10 @@ import pytest
 
 from reconciler.cli import main as cli
 from reconciler.cli.examples import example_dir
+from reconciler.spec.documents import parse_file
 from tests.kit.git import git
 
+REPO = Path(__file__).resolve().parent.parent
 LIVE = re.compile(r"^\s*live:\s*true\b", re.MULTILINE)
 
 
@@ -170,3 +173,21 @@ def test_init_piped_into_head_ends_without_a_traceback(tmp_path: Path) -> None:
     assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
     assert done.returncode == 0
     assert (tmp_path / "lab" / "fleet.git").is_dir()
+
+
+def test_the_seeded_settings_file_shows_every_settings_field() -> None:
+    """A new user reads the file init writes to learn what settings exist:
+    each field of the settings schema is in it, set or as a commented
+    example, and uncommenting every example still validates."""
+    text = (example_dir() / "reconciler.yaml").read_text()
+    schema = json.loads((REPO / "schemas" / "settings.schema.json").read_text())
+    fields = schema["properties"]["spec"]["properties"]
+
+    missing = [f for f in fields if not re.search(rf"(?m)^  #? ?{f}:", text)]
+
+    assert missing == []
+    uncommented = re.sub(r"(?m)^  # ([a-zA-Z]+:|  -|    [a-zA-Z]+:)", r"  \1", text)
+    assert uncommented != text
+    parsed = parse_file("reconciler.yaml", uncommented.encode())
+    assert parsed.problems == ()
+    assert parsed.settings is not None and len(parsed.settings.approval_rules) == 2

@@ -8,6 +8,8 @@ import sys
 import zipfile
 from pathlib import Path
 
+from reconciler import __version__
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -30,6 +32,7 @@ def test_the_wheel_carries_schemas_examples_and_the_console_script(tmp_path: Pat
     # The distribution is fleet-rollout-reconciler (`reconciler` on PyPI is
     # someone else's); the import package and the command keep their name.
     (wheel,) = tmp_path.glob("fleet_rollout_reconciler-*.whl")
+    assert wheel.name.startswith(f"fleet_rollout_reconciler-{__version__}-")
     names = set(zipfile.ZipFile(wheel).namelist())
 
     for schema in (

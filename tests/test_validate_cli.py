@@ -42,8 +42,8 @@ def broken_repo(root: Path) -> Path:
 def test_the_example_repository_validates_clean(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["validate", str(EXAMPLE)]) == 0
     captured = capsys.readouterr()
-    assert captured.out == ""
-    assert "ok: 8 nodes, 5 rollouts" in captured.err
+    assert captured.out == "ok: 8 nodes, 5 rollouts\n"
+    assert "ok:" not in captured.err
 
 
 def test_problems_print_one_line_each_and_exit_1(
@@ -158,7 +158,7 @@ def test_the_installed_command_runs_as_a_process(tmp_path: Path) -> None:
         check=False,
     )
 
-    assert (clean.returncode, clean.stdout) == (0, "")
+    assert (clean.returncode, clean.stdout) == (0, "ok: 8 nodes, 5 rollouts\n")
     assert broken.returncode == 1
     assert broken.stdout.startswith("::error file=rollouts/llama.yaml,line=7,col=14,")
 
@@ -178,12 +178,12 @@ def test_a_node_id_in_maintenance_is_a_warning_and_exits_0(
     )
 
     assert cli.main(["validate", str(root)]) == 0
-    err = capsys.readouterr().err
+    out, err = capsys.readouterr()
     assert (
         f"{root}/rollouts/llama.yaml: spec.nodeIds: warning: gpu-a5 is in maintenance and is "
         "left out; set includeMaintenance: true to include it, or take it out of maintenance"
     ) in err
-    assert "ok: 2 nodes, 1 rollout" in err
+    assert out == "ok: 2 nodes, 1 rollout\n"
 
     assert cli.main(["validate", str(root), "--format", "github"]) == 0
     assert capsys.readouterr().out.startswith(
@@ -216,11 +216,112 @@ def test_a_selector_that_matches_no_node_is_a_warning_naming_the_values_in_use(
 
     assert cli.main(["validate", str(root)]) == 0
 
-    err = capsys.readouterr().err
+    out, err = capsys.readouterr()
     assert (
         f"{root}/rollouts/typo.yaml: spec.selector: warning: the selector {{role: servng}} "
         "matches no node, so the rollout stays pending until one does "
         "(in nodes/: role is canary, serving)"
     ) in err
     assert "fine.yaml" not in err
-    assert "ok: 2 nodes, 2 rollouts" in err
+    assert out == "ok: 2 nodes, 2 rollouts\n"
+
+
+ARTIFACT_ROLLOUT = """\
+apiVersion: reconciler/v1
+kind: Rollout
+metadata: {{name: {name}}}
+spec:
+  target:
+    runtime: hermes
+    provider: ollama
+    model: llama3.1-8b
+    artifacts:
+      - name: weights
+        url: https://mirror.example/m.gguf
+        sha256: "{digest}"
+        size: 4920734976
+  nodeIds: [gpu-a1]
+  live: true
+"""
+DIGEST = "0f3a" * 16
+
+# Each broken document's text and the one line validate must print for it.
+MISSING_KEYS = {
+    "drain-without-url": (
+        '  drain:\n    idle: {metric: "vllm:num_requests_running"}\n',
+        '17:5: spec.drain.idle.url: missing required field "url" (the metrics endpoint: '
+        "http:// or https:// on a loopback address or {node})",
+    ),
+    "drain-without-idle": (
+        "  drain:\n    timeout: 2m\n",
+        '16:3: spec.drain.idle: missing required field "idle" (when the node is idle: a '
+        "metric read from a Prometheus text endpoint on the node itself, summed over its "
+        "series)",
+    ),
+    "warmup-without-http": (
+        "  warmup:\n    - times: 2\n",
+        '17:7: spec.warmup[0].http: missing required field "http" (one HTTP request on the '
+        "node itself)",
+    ),
+    "warmup-without-url": (
+        "  warmup:\n    - http: {method: POST}\n",
+        '17:7: spec.warmup[0].http.url: missing required field "url" (http:// or https:// '
+        "on a loopback address or {node})",
+    ),
+    "artifact-without-url": (
+        None,
+        '10:9: spec.target.artifacts[0].url: missing required field "url" (where the node '
+        "downloads it: http:// or https://)",
+    ),
+    "spread-without-label": (
+        "  spreadBy: {maxPerBatch: 1}\n",
+        '16:3: spec.spreadBy.label: missing required field "label" (the label key whose '
+        "values are the failure domains, such as zone or rack)",
+    ),
+    "digest-as-number": (
+        "digits",
+        "12:17: spec.target.artifacts[0].sha256: must be text, but "
+        + "1" * 64
+        + " without quotes is read as a number; put it in quotes: "
+        + '"'
+        + "1" * 64
+        + '"',
+    ),
+}
+
+
+def test_documents_missing_keys_give_file_line_field_and_exit_1_never_a_traceback(
+    tmp_path: Path,
+) -> None:
+    """The real command, as a process, on documents the schema rejects for a
+    missing key the rules would need."""
+    (tmp_path / "nodes").mkdir()
+    (tmp_path / "rollouts").mkdir()
+    (tmp_path / "nodes" / "gpu-a1.yaml").write_text(
+        "apiVersion: reconciler/v1\nkind: Node\nmetadata: {name: gpu-a1}\n"
+        "spec:\n  agent: http://127.0.0.1:8710\n  labels: {zone: a}\n"
+    )
+    expected = []
+    for name, (tail, line) in MISSING_KEYS.items():
+        text = ARTIFACT_ROLLOUT.format(name=name, digest=DIGEST)
+        if tail is None:
+            text = text.replace("        url: https://mirror.example/m.gguf\n", "")
+        elif tail == "digits":
+            text = text.replace(f'"{DIGEST}"', "1" * 64)
+        else:
+            text += tail
+        (tmp_path / "rollouts" / f"{name}.yaml").write_text(text)
+        expected.append(f"rollouts/{name}.yaml:{line}")
+
+    done = subprocess.run(
+        [sys.executable, "-m", "reconciler", "validate"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        check=False,
+    )
+
+    assert "Traceback" not in done.stderr
+    assert done.returncode == 1
+    assert sorted(done.stdout.splitlines()) == sorted(expected)
+    assert done.stderr.strip() == f"{len(expected)} problems in {len(expected)} files"

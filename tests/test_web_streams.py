@@ -120,3 +120,28 @@ def test_one_byte_connections_at_the_cap_give_way_to_whole_requests() -> None:
             sock.close()
         server.close()
     assert answered == 10
+
+
+def _first_line(host: str, port: int, request: bytes) -> bytes:
+    with socket.create_connection((host, port), timeout=30) as sock:
+        sock.sendall(request)
+        answer = b""
+        while b"\r\n" not in answer and (chunk := sock.recv(4096)):
+            answer += chunk
+    return answer.split(b"\r\n", 1)[0]
+
+
+def test_every_answer_s_status_line_carries_its_reason_phrase() -> None:
+    server = WebServer(Routes(), "127.0.0.1", 0)
+    host, port = server.start()
+    try:
+        server.publish(_view(0))
+        ask = b"%s %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        assert _first_line(host, port, ask % (b"GET", b"/api/v1/rollouts")) == b"HTTP/1.1 200 OK"
+        assert _first_line(host, port, ask % (b"GET", b"/nowhere")) == b"HTTP/1.1 404 Not Found"
+        assert _first_line(host, port, ask % (b"POST", b"/api/v1/rollouts")) == (
+            b"HTTP/1.1 405 Method Not Allowed"
+        )
+        assert _first_line(host, port, ask % (b"GET", b"/api/v1/events")) == b"HTTP/1.1 200 OK"
+    finally:
+        server.close()

@@ -44,6 +44,7 @@ from reconciler.protocol.h11_serving import (
     closing_refusal,
     head_size,
     next_request,
+    response_head,
     shown_address,
     whole_answer,
 )
@@ -176,7 +177,7 @@ class _Connection(asyncio.Protocol):
             return
         headers = [*reply.headers, ("Content-Length", str(len(reply.body)))]
         try:
-            head = h11.Response(status_code=reply.status, headers=headers)
+            head = response_head(reply.status, headers)
         except h11.LocalProtocolError:
             self._close()
             return
@@ -211,7 +212,7 @@ class _Connection(asyncio.Protocol):
             )
             return
         try:
-            data = self.conn.send(h11.Response(status_code=200, headers=list(stream.headers)))
+            data = self.conn.send(response_head(200, list(stream.headers)))
             data = (data or b"") + (self.conn.send(h11.Data(data=stream.opening)) or b"")
         except h11.LocalProtocolError:
             self._close()

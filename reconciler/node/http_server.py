@@ -51,10 +51,11 @@ from typing import Any
 import h11
 
 from reconciler.protocol.h11_serving import (
-    REASONS,
     closing_refusal,
+    continue_head,
     head_size,
     next_request,
+    response_head,
     shown_address,
     whole_answer,
 )
@@ -114,7 +115,7 @@ def _head(status: int, length: int, close: bool) -> h11.Response:
     headers = [(b"Content-Type", b"application/json"), (b"Content-Length", b"%d" % length)]
     if close:
         headers.append((b"Connection", b"close"))
-    return h11.Response(status_code=status, headers=headers, reason=REASONS.get(status, b""))
+    return response_head(status, headers)
 
 
 class _Connection(asyncio.BufferedProtocol):
@@ -256,9 +257,7 @@ class _Connection(asyncio.BufferedProtocol):
             self._refuse(413, f"request body over {MAX_BODY_BYTES} bytes")
             return False
         if self.conn.they_are_waiting_for_100_continue and self.transport is not None:
-            self.transport.write(
-                self.conn.send(h11.InformationalResponse(status_code=100, headers=[])) or b""
-            )
+            self.transport.write(self.conn.send(continue_head()) or b"")
         return True
 
     def _handle(self) -> None:

@@ -1,7 +1,7 @@
 """What the two h11 servers do alike, the node agent's
 (``node.http_server``) and the daemon's read API (``daemon.web_server``):
-the size of a request head, a whole answer and a closing refusal as
-bytes, the step to a connection's next request, an address as shown.
+an answer's head with its reason phrase, the size of a request head, a
+whole answer and a closing refusal as bytes, the step to a connection's next request, an address as shown.
 
 Each server keeps its own limits, routing and connections; this module
 only turns h11 events into bytes and back.
@@ -18,6 +18,19 @@ import h11
 
 REASONS = {s.value: s.phrase.encode("latin-1") for s in HTTPStatus}
 _END = h11.EndOfMessage()
+
+
+def response_head(
+    status: int, headers: list[tuple[bytes, bytes]] | list[tuple[str, str]]
+) -> h11.Response:
+    """An answer's head with the standard reason phrase (``200 OK``): h11
+    writes an empty one unless given it."""
+    return h11.Response(status_code=status, headers=headers, reason=REASONS.get(status, b""))
+
+
+def continue_head() -> h11.InformationalResponse:
+    """``100 Continue``, with its reason phrase."""
+    return h11.InformationalResponse(status_code=100, headers=[], reason=REASONS[100])
 
 
 def head_size(headers: Iterable[tuple[bytes, bytes]]) -> int:

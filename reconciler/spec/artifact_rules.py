@@ -2,9 +2,11 @@
 ``warmup`` that its schema cannot say, and the values they become
 (``reconciler.spec.artifacts``).
 
-``read`` runs after the schema: it skips a field the schema already found
-wrong (``ok``) and reports each further problem through ``add``, so every
-problem keeps its file, line, column and field. Pure: no IO. Must not
+``read`` runs after the schema, whether it passed the document or not: it
+skips a field the schema already found wrong (``ok``), builds values only
+from parts with no problem inside them (``whole``), and reports each
+further problem through ``add``, so every problem keeps its file, line,
+column and field, and no document makes it raise. Pure: no IO. Must not
 decide anything about a started rollout (the engine does).
 """
 
@@ -37,6 +39,7 @@ _URL = re.compile(
 )
 
 Path = Sequence[str | int]
+Check = Callable[[str], bool]
 
 
 class Add(Protocol):
@@ -53,50 +56,93 @@ class Declared:
     warmup: tuple[Warmup, ...] = ()
 
 
-def read(spec: Mapping[str, Any], add: Add, ok: Callable[[str], bool]) -> Declared:
+class _Unread(Exception):
+    """A key the values need is absent from a part no problem was found in:
+    the schema allows a form these rules do not read."""
+
+    def __init__(self, field_path: Path) -> None:
+        super().__init__(safe_yaml.format_field(field_path))
+        self.field_path = field_path
+
+
+def read(spec: Mapping[str, Any], add: Add, ok: Check, whole: Check) -> Declared:
     """The declared values of ``spec`` (a rollout's spec mapping), adding a
     problem for each rule it breaks; the values are meaningless when a
-    problem was added."""
+    problem was added.
+
+    The schema may have rejected any part, so a rule looks at a field only
+    when ``ok`` (no problem at it or around it) and only through ``get`` and
+    a type check; a value is built only from a part that is ``whole`` (no
+    problem inside it either: a missing required key is reported inside its
+    mapping), and even then a missing key becomes a problem, not a KeyError.
+    """
     target = spec.get("target")
     written = target.get("artifacts") if isinstance(target, dict) else None
-    artifacts = _artifacts(written, add, ok) if isinstance(written, list) else ()
-    stage = _stage(spec.get("stage"), bool(written), add, ok)
-    live = spec.get("live") is True
-    drain = _drain(spec.get("drain"), live, add, ok)
-    warmup = _warmups(spec.get("warmup"), live, add, ok)
+    try:
+        artifacts = _artifacts(written, add, ok, whole) if isinstance(written, list) else ()
+        stage = _stage(spec.get("stage"), bool(written), add, ok)
+        live = spec.get("live") is True
+        drain = _drain(spec.get("drain"), live, add, ok, whole)
+        warmup = _warmups(spec.get("warmup"), live, add, ok, whole)
+    except _Unread as gap:
+        add(
+            gap.field_path,
+            "missing: this form is allowed by the schema but this version of reconciler "
+            "cannot read it; give the field, or upgrade reconciler",
+        )
+        return Declared()
     return Declared(artifacts, stage, drain, warmup)
 
 
-def _artifacts(items: list[Any], add: Add, ok: Callable[[str], bool]) -> tuple[Artifact, ...]:
+def _need(part: Mapping[str, Any], key: str, field_path: Path) -> Any:
+    """``part[key]`` of a whole part; ``_Unread`` when the key is absent."""
+    if key not in part:
+        raise _Unread([*field_path, key])
+    return part[key]
+
+
+def _artifacts(items: list[Any], add: Add, ok: Check, whole: Check) -> tuple[Artifact, ...]:
     found: list[Artifact] = []
     seen: dict[str, int] = {}
     for index, item in enumerate(items):
         where: list[str | int] = ["spec", "target", "artifacts", index]
-        if not isinstance(item, dict) or not ok(f"spec.target.artifacts[{index}]"):
+        if not isinstance(item, dict) or not ok(safe_yaml.format_field(where)):
             continue
-        name, url, size = item["name"], item["url"], item["size"]
-        if name in seen:
-            add(
-                [*where, "name"],
-                f"artifact name {name!r} is used twice (also entry {seen[name] + 1}): "
-                "give each artifact its own name",
-            )
-        seen.setdefault(name, index)
-        why = _url_problem(url) if ok(safe_yaml.format_field([*where, "url"])) else ""
+        name, url, size = item.get("name"), item.get("url"), item.get("size")
+        if isinstance(name, str) and ok(safe_yaml.format_field([*where, "name"])):
+            if name in seen:
+                add(
+                    [*where, "name"],
+                    f"artifact name {name!r} is used twice (also entry {seen[name] + 1}): "
+                    "give each artifact its own name",
+                )
+            seen.setdefault(name, index)
+        why = _url_problem(url) if isinstance(url, str) and _ok_at(ok, where, "url") else ""
         if why:
             add([*where, "url"], why)
-        if isinstance(size, float) and ok(safe_yaml.format_field([*where, "size"])):
+        if isinstance(size, float) and _ok_at(ok, where, "size"):
             add(
                 [*where, "size"],
                 f"must be a whole number of bytes, got {size!r}: write it without a "
                 "decimal point or exponent, such as 4920734976",
             )
-            continue
-        found.append(Artifact(name, url, item["sha256"], size))
+        if whole(safe_yaml.format_field(where)):
+            found.append(
+                Artifact(
+                    _need(item, "name", where),
+                    _need(item, "url", where),
+                    _need(item, "sha256", where),
+                    _need(item, "size", where),
+                )
+            )
     return tuple(found)
 
 
-def _stage(value: Any, has_artifacts: bool, add: Add, ok: Callable[[str], bool]) -> Stage | None:
+def _ok_at(ok: Check, where: Path, key: str) -> bool:
+    return ok(safe_yaml.format_field([*where, key]))
+
+
+def _stage(value: Any, has_artifacts: bool, add: Add, ok: Check) -> Stage | None:
     if value is None:
         return Stage() if has_artifacts else None
     if not has_artifacts:
@@ -127,7 +173,7 @@ def _only_live(field: str, what: str, add: Add) -> None:
     )
 
 
-def _drain(value: Any, live: bool, add: Add, ok: Callable[[str], bool]) -> Drain | None:
+def _drain(value: Any, live: bool, add: Add, ok: Check, whole: Check) -> Drain | None:
     if value is None:
         return None
     if not live:
@@ -136,19 +182,23 @@ def _drain(value: Any, live: bool, add: Add, ok: Callable[[str], bool]) -> Drain
     if not isinstance(value, dict) or not ok("spec.drain"):
         return None
     timeout = _duration(["spec", "drain", "timeout"], value.get("timeout"), add, ok)
-    idle = value["idle"]
-    why = local_url_problem(idle["url"]) if ok("spec.drain.idle.url") else ""
+    idle = value.get("idle")
+    url = idle.get("url") if isinstance(idle, dict) else None
+    why = local_url_problem(url) if isinstance(url, str) and ok("spec.drain.idle.url") else ""
     if why:
         add(["spec", "drain", "idle", "url"], why)
+    if not whole("spec.drain"):
+        return None
+    idle = _need(value, "idle", ["spec", "drain"])
     return Drain(
         timeout_seconds=DEFAULT_DRAIN_TIMEOUT if timeout is None else timeout,
-        idle_url=idle["url"],
-        idle_metric=idle["metric"],
+        idle_url=_need(idle, "url", ["spec", "drain", "idle"]),
+        idle_metric=_need(idle, "metric", ["spec", "drain", "idle"]),
         idle_max=idle.get("max", 0),
     )
 
 
-def _warmups(value: Any, live: bool, add: Add, ok: Callable[[str], bool]) -> tuple[Warmup, ...]:
+def _warmups(value: Any, live: bool, add: Add, ok: Check, whole: Check) -> tuple[Warmup, ...]:
     if value is None:
         return ()
     if not live:
@@ -158,17 +208,24 @@ def _warmups(value: Any, live: bool, add: Add, ok: Callable[[str], bool]) -> tup
         return ()
     found: list[Warmup] = []
     for index, item in enumerate(value):
-        where: list[str | int] = ["spec", "warmup", index, "http"]
-        if not isinstance(item, dict) or not ok(f"spec.warmup[{index}]"):
+        entry: list[str | int] = ["spec", "warmup", index]
+        where: list[str | int] = [*entry, "http"]
+        if not isinstance(item, dict) or not ok(safe_yaml.format_field(entry)):
             continue
-        http = item["http"]
-        why = local_url_problem(http["url"]) if ok(safe_yaml.format_field([*where, "url"])) else ""
+        http = item.get("http")
+        url = http.get("url") if isinstance(http, dict) else None
+        why = local_url_problem(url) if isinstance(url, str) and _ok_at(ok, where, "url") else ""
         if why:
             add([*where, "url"], why)
-        timeout = _duration([*where, "timeout"], http.get("timeout"), add, ok)
+        timeout = None
+        if isinstance(http, dict):
+            timeout = _duration([*where, "timeout"], http.get("timeout"), add, ok)
+        if not whole(safe_yaml.format_field(entry)):
+            continue
+        http = _need(item, "http", entry)
         found.append(
             Warmup(
-                url=http["url"],
+                url=_need(http, "url", where),
                 method=http.get("method", DEFAULT_WARMUP_METHOD),
                 body=http.get("body", ""),
                 expect_status=http.get("expectStatus", DEFAULT_WARMUP_EXPECT_STATUS),
@@ -179,7 +236,7 @@ def _warmups(value: Any, live: bool, add: Add, ok: Callable[[str], bool]) -> tup
     return tuple(found)
 
 
-def _duration(field_path: Path, value: Any, add: Add, ok: Callable[[str], bool]) -> int | None:
+def _duration(field_path: Path, value: Any, add: Add, ok: Check) -> int | None:
     if not isinstance(value, str) or not ok(safe_yaml.format_field(field_path)):
         return None
     try:

@@ -345,9 +345,14 @@ class _Checker:
 
     def _ok(self, name: str) -> bool:
         """No problem reported yet at ``name`` or around it."""
+        return not any(_at_or_under(name, bad) for bad in self.bad_fields)
+
+    def whole(self, name: str) -> bool:
+        """No problem reported yet at ``name``, around it or inside it. A
+        missing required key is reported at the key's own path, inside its
+        mapping: only a whole part may be read by indexing."""
         return not any(
-            bad == name or name.startswith(bad + ".") or name.startswith(bad + "[")
-            for bad in self.bad_fields
+            _at_or_under(name, bad) or _at_or_under(bad, name) for bad in self.bad_fields
         )
 
     def _check_stem(self) -> None:
@@ -444,7 +449,7 @@ class _Checker:
             self._check_health(checks)
         shapes = self._rollout_shapes(spec)
         spread_by, budget = self._capacity(spec)
-        declared = artifact_rules.read(spec, self.add, self._ok)
+        declared = artifact_rules.read(spec, self.add, self._ok, self.whole)
         if self.problems:
             return self.result()
         target = spec["target"]
@@ -594,7 +599,7 @@ class _Checker:
             why = check_share(share, "node")
             if why is not None:
                 self.add(["spec", "spreadBy", "maxPerBatch"], why)
-            elif isinstance(share, int | str):
+            elif isinstance(share, int | str) and self.whole("spec.spreadBy"):
                 spread_by = SpreadBy(spread["label"], share)
         budget = spec.get("failureBudget")
         if budget is not None and self._ok("spec.failureBudget"):
@@ -767,6 +772,11 @@ class _Checker:
         return tuple(receivers)
 
 
+def _at_or_under(name: str, part: str) -> bool:
+    """``name`` is the field ``part`` or a field inside it."""
+    return name == part or name.startswith(part + ".") or name.startswith(part + "[")
+
+
 def _approval_rules(check: _Checker, entries: Any) -> tuple[ApprovalRule, ...]:
     """``spec.approvalRules`` (docs/approval-rules.md) of the settings that
     ``check`` reads, after the schema:
@@ -777,8 +787,7 @@ def _approval_rules(check: _Checker, entries: Any) -> tuple[ApprovalRule, ...]:
     rules: list[ApprovalRule] = []
     seen: dict[str, int] = {}
     for index, entry in enumerate(entries):
-        where = f"spec.approvalRules[{index}]"
-        if not isinstance(entry, dict) or any(b.startswith(where) for b in check.bad_fields):
+        if not isinstance(entry, dict) or not check.whole(f"spec.approvalRules[{index}]"):
             continue  # the schema's problem is reported already
         at: list[str | int] = ["spec", "approvalRules", index]
         name = entry["name"]

@@ -16,6 +16,7 @@ import os
 import sys
 from pathlib import Path
 
+from reconciler.cli.completers import complete_with, rollout_names
 from reconciler.cli.remote_options import add_branch_source_arguments
 from reconciler.git.branch import open_branch
 from reconciler.protocol.signing import load_private_key
@@ -26,7 +27,7 @@ HELP = "write a signed in-toto attestation of a finished rollout, from its commi
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("name", metavar="NAME", help="the rollout")
+    complete_with(parser.add_argument("name", metavar="NAME", help="the rollout"), rollout_names)
     add_branch_source_arguments(parser)
     parser.add_argument(
         "--key",

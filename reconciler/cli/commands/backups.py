@@ -21,6 +21,7 @@ import json
 import sys
 from pathlib import Path
 
+from reconciler.cli.completers import complete_with, node_names
 from reconciler.cli.output_format import add_format_argument, structured
 from reconciler.cli.remote_options import add_branch_source_arguments
 from reconciler.daemon.agent_client import fetch_backups
@@ -39,7 +40,10 @@ TIMEOUT = 10.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("node", metavar="NODE", help="the node (nodes/NODE.yaml)")
+    complete_with(
+        parser.add_argument("node", metavar="NODE", help="the node (nodes/NODE.yaml)"),
+        node_names,
+    )
     add_branch_source_arguments(parser)
     add_format_argument(
         parser,

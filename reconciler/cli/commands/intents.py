@@ -7,6 +7,7 @@ import argparse
 from datetime import UTC, datetime
 
 from reconciler.cli import intent_edits
+from reconciler.cli.completers import complete_with, rollout_names
 from reconciler.cli.intent_verbs import add_common_arguments, finish, prepare
 from reconciler.spec.errors import UsageError
 
@@ -21,7 +22,10 @@ HELP_BY_VERB = {
 
 def add_arguments_for(verb: str, parser: argparse.ArgumentParser) -> None:
     parser.description = HELP_BY_VERB.get(verb, HELP)
-    parser.add_argument("name", metavar="NAME", help="the rollout (rollouts/NAME.yaml)")
+    complete_with(
+        parser.add_argument("name", metavar="NAME", help="the rollout (rollouts/NAME.yaml)"),
+        rollout_names,
+    )
     add_common_arguments(parser)
 
 

@@ -79,10 +79,14 @@ def run(args: argparse.Namespace) -> int:
         if not NAME_RE.fullmatch(args.name):
             raise UsageError(f"--name {args.name!r} is not a node name")
         crt, key_path, pin = generate_cert(Path(args.out), args.name)
-        print(f"agentCertSha256: {pin}")
+        # Quoted: the line is pasted into a node file, where a digest of
+        # digits only would be read as a number.
+        print(f'agentCertSha256: "{pin}"')
         print(f"certificate: {crt} (agent --tls-cert)")
         print(f"private key: {key_path} (mode 0600; agent --tls-key)")
-        print(f"in nodes/{args.name}.yaml: agent: https://ADDRESS:PORT and agentCertSha256: {pin}")
+        print(
+            f'in nodes/{args.name}.yaml: agent: https://ADDRESS:PORT and agentCertSha256: "{pin}"'
+        )
         return 0
     if args.keys_action == "id":
         path = Path(args.file)

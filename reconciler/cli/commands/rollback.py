@@ -8,6 +8,7 @@ import argparse
 from datetime import UTC, datetime
 
 from reconciler.cli import intent_edits
+from reconciler.cli.completers import complete_with, node_list, rollout_names
 from reconciler.cli.intent_verbs import add_common_arguments, finish, prepare
 from reconciler.spec.errors import UsageError
 
@@ -15,9 +16,17 @@ HELP = "ask the daemon to restore nodes from this rollout's backups (live rollou
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("name", metavar="NAME", help="the rollout (rollouts/NAME.yaml)")
+    complete_with(
+        parser.add_argument("name", metavar="NAME", help="the rollout (rollouts/NAME.yaml)"),
+        rollout_names,
+    )
     which = parser.add_mutually_exclusive_group(required=True)
-    which.add_argument("--nodes", metavar="A,B", help="comma-separated node names of this rollout")
+    complete_with(
+        which.add_argument(
+            "--nodes", metavar="A,B", help="comma-separated node names of this rollout"
+        ),
+        node_list,
+    )
     which.add_argument("--all", action="store_true", help="every node this rollout changed")
     add_common_arguments(parser)
 

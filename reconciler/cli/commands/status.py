@@ -19,6 +19,7 @@ import sys
 import time
 from datetime import UTC, datetime
 
+from reconciler.cli.completers import complete_with, rollout_names
 from reconciler.cli.output_format import add_format_argument, structured
 from reconciler.cli.remote_options import add_branch_source_arguments
 from reconciler.daemon.logs import EventLog
@@ -35,7 +36,10 @@ REMOTE_REFETCH = 30.0  # a full fetch at least this often, in case a hint was mi
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("name", metavar="NAME", nargs="?", help="one rollout in full")
+    complete_with(
+        parser.add_argument("name", metavar="NAME", nargs="?", help="one rollout in full"),
+        rollout_names,
+    )
     add_branch_source_arguments(parser)
     parser.add_argument("--watch", action="store_true", help="redraw as status commits arrive")
     parser.add_argument(

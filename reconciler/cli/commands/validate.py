@@ -191,9 +191,9 @@ def run(args: argparse.Namespace) -> int:
         return 1
     rollouts = len(documents.rollouts)
     nodes = len(documents.fleet.nodes)
+    # The result, like the problems, is the command's output: stdout.
     print(
         f"ok: {nodes} node{'s' if nodes != 1 else ''}, "
-        f"{rollouts} rollout{'s' if rollouts != 1 else ''}",
-        file=sys.stderr,
+        f"{rollouts} rollout{'s' if rollouts != 1 else ''}"
     )
     return 0

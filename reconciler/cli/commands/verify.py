@@ -29,6 +29,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from reconciler.cli.completers import complete_with, rollout_names
 from reconciler.cli.remote_options import add_repo_argument
 from reconciler.daemon.acted import read_acted
 from reconciler.daemon.reader import unverified_only, unverified_rollouts
@@ -81,11 +82,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--branch", default="main", help="branch whose tip is checked when REV is omitted"
     )
     what = parser.add_mutually_exclusive_group()
-    what.add_argument(
-        "--evidence",
-        metavar="NAME",
-        help="check the signed agent answers recorded in rollout NAME's status "
-        "against the nodes' agentKey at its specCommit",
+    complete_with(
+        what.add_argument(
+            "--evidence",
+            metavar="NAME",
+            help="check the signed agent answers recorded in rollout NAME's status "
+            "against the nodes' agentKey at its specCommit",
+        ),
+        rollout_names,
     )
     what.add_argument(
         "--attestation",
