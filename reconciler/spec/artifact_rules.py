@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from reconciler.spec import safe_yaml
+from reconciler.spec import runtime_presets, safe_yaml
 from reconciler.spec.artifacts import (
     DEFAULT_WARMUP_EXPECT_STATUS,
     DEFAULT_WARMUP_METHOD,
@@ -82,6 +82,7 @@ def _artifacts(items: list[Any], add: Add, ok: Callable[[str], bool]) -> tuple[A
                 "give each artifact its own name",
             )
         seen.setdefault(name, index)
+        _path_clash(item, where, found, add, ok)
         why = _url_problem(url) if ok(safe_yaml.format_field([*where, "url"])) else ""
         if why:
             add([*where, "url"], why)
@@ -92,8 +93,37 @@ def _artifacts(items: list[Any], add: Add, ok: Callable[[str], bool]) -> tuple[A
                 "decimal point or exponent, such as 4920734976",
             )
             continue
-        found.append(Artifact(name, url, item["sha256"], size))
+        found.append(Artifact(name, url, item["sha256"], size, item.get("path", "")))
     return tuple(found)
+
+
+def _path_clash(
+    item: Mapping[str, Any],
+    where: list[str | int],
+    earlier: Sequence[Artifact],
+    add: Add,
+    ok: Callable[[str], bool],
+) -> None:
+    """A problem when this artifact's place in the model directory is taken
+    by an earlier one, or is a folder of one or inside one."""
+    field = [*where, "path"] if "path" in item else [*where, "name"]
+    if not ok(safe_yaml.format_field(field)):
+        return
+    mine = item.get("path") or item["name"]
+    for other in earlier:
+        theirs = other.layout_path
+        if mine == theirs:
+            add(
+                field,
+                f"the model directory path {mine!r} is taken by artifact {other.name!r}: "
+                "give each artifact its own path",
+            )
+        elif theirs.startswith(mine + "/") or mine.startswith(theirs + "/"):
+            add(
+                field,
+                f"the model directory path {mine!r} and {theirs!r} (artifact {other.name!r}) "
+                "would make one file a folder of the other: change one of them",
+            )
 
 
 def _stage(value: Any, has_artifacts: bool, add: Add, ok: Callable[[str], bool]) -> Stage | None:
@@ -136,16 +166,67 @@ def _drain(value: Any, live: bool, add: Add, ok: Callable[[str], bool]) -> Drain
     if not isinstance(value, dict) or not ok("spec.drain"):
         return None
     timeout = _duration(["spec", "drain", "timeout"], value.get("timeout"), add, ok)
-    idle = value["idle"]
+    idle = value.get("idle")
+    if not isinstance(idle, dict) or not ok("spec.drain.idle"):
+        return None
+    seconds = DEFAULT_DRAIN_TIMEOUT if timeout is None else timeout
+    where = ["spec", "drain", "idle"]
+    if "runtime" in idle:
+        if not _preset_fields(idle, where, ("url", "metric"), add):
+            return None
+        runtime = idle["runtime"]
+        return Drain(
+            seconds,
+            runtime_presets.metrics_url(idle["port"]),
+            runtime_presets.PRESETS[runtime].idle_metrics,
+            idle.get("max", 0),
+            runtime,
+        )
+    if not _needs(idle, where, "url", "metric", add) or not _needs(
+        idle, where, "metric", "url", add
+    ):
+        return None
     why = local_url_problem(idle["url"]) if ok("spec.drain.idle.url") else ""
     if why:
-        add(["spec", "drain", "idle", "url"], why)
+        add([*where, "url"], why)
+    metric = idle["metric"]
     return Drain(
-        timeout_seconds=DEFAULT_DRAIN_TIMEOUT if timeout is None else timeout,
+        timeout_seconds=seconds,
         idle_url=idle["url"],
-        idle_metric=idle["metric"],
+        idle_metric=tuple(metric) if isinstance(metric, list) else metric,
         idle_max=idle.get("max", 0),
     )
+
+
+def _needs(
+    value: Mapping[str, Any], where: list[str | int], given: str, wanted: str, add: Add
+) -> bool:
+    """False (with a problem) when ``given`` is there without ``wanted``."""
+    if given in value and wanted not in value:
+        add(where, f"{given} needs {wanted}: add {wanted}")
+        return False
+    return True
+
+
+def _preset_fields(
+    value: Mapping[str, Any], where: list[str | int], refused: Sequence[str], add: Add
+) -> bool:
+    """A preset (``runtime``) needs ``port`` and takes none of ``refused``,
+    which it sets itself; False (with problems) when that is not so."""
+    fine = True
+    for field in refused:
+        if field in value:
+            add(
+                [*where, field],
+                f"runtime {value['runtime']} sets {field} itself: remove {field}, "
+                "or write it out without runtime",
+                at_key=True,
+            )
+            fine = False
+    if "port" not in value:
+        add(where, "runtime needs port: add the runtime's port on this node, such as port: 8000")
+        fine = False
+    return fine and value["runtime"] in runtime_presets.PRESETS and isinstance(value["port"], int)
 
 
 def _warmups(value: Any, live: bool, add: Add, ok: Callable[[str], bool]) -> tuple[Warmup, ...]:
@@ -161,7 +242,22 @@ def _warmups(value: Any, live: bool, add: Add, ok: Callable[[str], bool]) -> tup
         where: list[str | int] = ["spec", "warmup", index, "http"]
         if not isinstance(item, dict) or not ok(f"spec.warmup[{index}]"):
             continue
-        http = item["http"]
+        if "runtime" in item:
+            preset = _preset_warmup(item, where[:-1], add, ok)
+            if preset is not None:
+                found.append(preset)
+            continue
+        if "port" in item or "timeout" in item:
+            wrong = "port" if "port" in item else "timeout"
+            instead = "write the port in http.url" if wrong == "port" else "write it under http"
+            add(
+                [*where[:-1], wrong],
+                f"{wrong} goes with runtime; for an http warm-up {instead}",
+                at_key=True,
+            )
+        http = item.get("http")
+        if not isinstance(http, dict):
+            continue
         why = local_url_problem(http["url"]) if ok(safe_yaml.format_field([*where, "url"])) else ""
         if why:
             add([*where, "url"], why)
@@ -177,6 +273,23 @@ def _warmups(value: Any, live: bool, add: Add, ok: Callable[[str], bool]) -> tup
             )
         )
     return tuple(found)
+
+
+def _preset_warmup(
+    item: Mapping[str, Any], where: list[str | int], add: Add, ok: Callable[[str], bool]
+) -> Warmup | None:
+    if not _preset_fields(item, where, ("http",), add):
+        return None
+    timeout = _duration([*where, "timeout"], item.get("timeout"), add, ok)
+    return Warmup(
+        url=runtime_presets.warmup_url(item["port"]),
+        method=runtime_presets.WARMUP_METHOD,
+        body=runtime_presets.WARMUP_BODY,
+        expect_status=runtime_presets.WARMUP_EXPECT_STATUS,
+        timeout_seconds=DEFAULT_WARMUP_TIMEOUT if timeout is None else timeout,
+        times=item.get("times", DEFAULT_WARMUP_TIMES),
+        runtime=item["runtime"],
+    )
 
 
 def _duration(field_path: Path, value: Any, add: Add, ok: Callable[[str], bool]) -> int | None:
