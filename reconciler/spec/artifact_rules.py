@@ -170,7 +170,7 @@ def _drain(value: Any, live: bool, add: Add, ok: Callable[[str], bool]) -> Drain
     if not isinstance(idle, dict) or not ok("spec.drain.idle"):
         return None
     seconds = DEFAULT_DRAIN_TIMEOUT if timeout is None else timeout
-    where = ["spec", "drain", "idle"]
+    where: list[str | int] = ["spec", "drain", "idle"]
     if "runtime" in idle:
         if not _preset_fields(idle, where, ("url", "metric"), add):
             return None
