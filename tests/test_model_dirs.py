@@ -226,3 +226,37 @@ def test_an_agent_sigkilled_between_laying_out_and_activating_recovers_and_the_j
         assert (model_dir / artifact.layout_path).read_bytes() == (
             store / artifact.sha256
         ).read_bytes()
+
+
+def test_an_agent_sigkilled_after_activating_tells_the_config_was_left_new(
+    tmp_path: Path, owner: Key, nginx: NginxServer, files: Path
+) -> None:
+    artifacts = _model(nginx, files, 0)
+    started = tmp_path / "after-apply-started"
+    agent = start_agent(
+        tmp_path / "a1",
+        "node-a",
+        owner.public,
+        config=OLD_CONFIG,
+        keep_port=True,
+        after_apply=f"touch {started}; sleep 120",
+    )
+    try:
+        jobs = f"{agent.url}/v1/nodes/node-a/jobs"
+        stage = envelope(job("stage-1", kind="stage", artifacts=artifacts), owner.signing)
+        httpx.post(jobs, json=stage, timeout=10)
+        wait_for(lambda: agent.get("jobs/stage-1")["state"] == "succeeded", what="staged")
+        apply = envelope(job("apply-1", artifacts=artifacts), owner.signing)
+        httpx.post(jobs, json=apply, timeout=10)
+        wait_for(started.exists, what="the after-apply command")
+        agent.process.send_signal(signal.SIGKILL)
+        agent.process.wait()
+        agent.restart()
+        failed = agent.get("jobs/apply-1")
+    finally:
+        agent.close()
+    # The config written holds modelDir: recovery tells it from the old one.
+    assert failed["error"] == "agent restarted during apply; config left as new"
+    assert load_yaml("hermes.yaml", agent.config_bytes() or b"")["modelDir"] == str(
+        agent.state.absolute() / "models" / _model_id(artifacts)
+    )
