@@ -157,15 +157,14 @@ def test_every_single_key_dropped_from_every_example_never_raises() -> None:
     assert raised == []
 
 
-def test_a_drain_form_the_rules_do_not_read_is_a_problem_not_a_key_error() -> None:
-    """A schema that allows another form of drain.idle (such as a runtime
-    preset without url) must not make the rules raise: the document reaches
-    them whole, and the missing key becomes a problem at its field."""
+def test_a_form_the_rules_do_not_read_is_a_problem_not_a_key_error() -> None:
+    """Even when the schema check finds nothing (here: every field passes),
+    a document missing a key the rules need must not make them raise: the
+    missing key becomes a problem at its field."""
     spec = {
         "target": {"runtime": "hermes", "provider": "ollama", "model": "m"},
         "live": True,
-        "drain": {"idle": {"runtime": "vllm", "port": 8000}},
-        "warmup": [{"runtime": "vllm", "port": 8000, "times": 2}],
+        "warmup": [{"times": 2}],
     }
     added: list[tuple[str, str]] = []
 
@@ -175,5 +174,22 @@ def test_a_drain_form_the_rules_do_not_read_is_a_problem_not_a_key_error() -> No
     declared = artifact_rules.read(spec, add, lambda name: True, lambda name: True)
 
     assert declared == artifact_rules.Declared()
-    assert [field for field, _ in added] == ["spec.drain.idle.url"]
+    assert [field for field, _ in added] == ["spec.warmup.0.http"]
     assert "cannot read it" in added[0][1]
+
+
+def test_a_drain_preset_without_url_is_read_as_its_runtime() -> None:
+    spec = {
+        "target": {"runtime": "hermes", "provider": "ollama", "model": "m"},
+        "live": True,
+        "drain": {"idle": {"runtime": "vllm", "port": 8000}},
+    }
+    added: list[str] = []
+
+    declared = artifact_rules.read(
+        spec, lambda path, msg, **_: added.append(msg), lambda name: True, lambda name: True
+    )
+
+    assert added == []
+    assert declared.drain is not None
+    assert declared.drain.idle_url == "http://127.0.0.1:8000/metrics"

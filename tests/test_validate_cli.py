@@ -249,19 +249,19 @@ DIGEST = "0f3a" * 16
 MISSING_KEYS = {
     "drain-without-url": (
         '  drain:\n    idle: {metric: "vllm:num_requests_running"}\n',
-        '17:5: spec.drain.idle.url: missing required field "url" (the metrics endpoint: '
-        "http:// or https:// on a loopback address or {node})",
+        "17:11: spec.drain.idle: give url and metric, or runtime and port (a preset such as "
+        "{runtime: vllm, port: 8000}); neither is given",
     ),
     "drain-without-idle": (
         "  drain:\n    timeout: 2m\n",
-        '16:3: spec.drain.idle: missing required field "idle" (when the node is idle: a '
-        "metric read from a Prometheus text endpoint on the node itself, summed over its "
+        '16:3: spec.drain.idle: missing required field "idle" (when the node is idle: '
+        "metrics read from a Prometheus text endpoint on the node itself, summed over their "
         "series)",
     ),
     "warmup-without-http": (
         "  warmup:\n    - times: 2\n",
-        '17:7: spec.warmup[0].http: missing required field "http" (one HTTP request on the '
-        "node itself)",
+        "17:7: spec.warmup[0]: give http, or runtime and port (a preset such as "
+        "{runtime: vllm, port: 8000, times: 2}); neither is given",
     ),
     "warmup-without-url": (
         "  warmup:\n    - http: {method: POST}\n",

@@ -1,9 +1,11 @@
 """Which artifacts the agent keeps: those the current and the previous
 config of each runtime point to (a restore must not need a download), those
 of jobs accepted and not yet applied, and past those the newest
-``keep`` per runtime; the rest go, oldest first.
+``keep`` per runtime; the rest go, oldest first. A model directory goes
+with its files: it is removed when any of them is, so every directory kept
+has all its files.
 
-Pure: configs, journal records and uses in, digests out.
+Pure: configs, journal records and uses in, digests and model ids out.
 
 Must not: read or delete files (``artifact_store`` does).
 """
@@ -83,3 +85,9 @@ def artifacts_to_prune(
         return max(uses.get(sha256, {}).values(), default=-1)
 
     return sorted((s for s in set(held) if s not in kept), key=lambda s: (last_use(s), s))
+
+
+def model_dirs_to_remove(dirs: Mapping[str, Iterable[str]], doomed: Iterable[str]) -> list[str]:
+    """Model ids (of ``dirs``: id -> its digests) that hold a doomed file."""
+    doomed = set(doomed)
+    return sorted(ident for ident, digests in dirs.items() if doomed & set(digests))

@@ -139,6 +139,10 @@ class ArtifactStore:
     def config_entries(self, artifacts: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         return config_entries(self.root.parent, artifacts)
 
+    def size(self, sha256: str) -> int:
+        """The checked file's size; OSError when it is not held."""
+        return os.stat(self.path(sha256)).st_size
+
     def holds(self, sha256: str, size: int) -> bool:
         """Is the checked file there with that size?"""
         try:

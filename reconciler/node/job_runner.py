@@ -25,11 +25,13 @@ from reconciler.node.artifact_retention import (
     artifacts_to_prune,
     config_artifacts,
     job_artifacts,
+    model_dirs_to_remove,
     pinned_by_jobs,
 )
 from reconciler.node.artifact_store import ArtifactStore
 from reconciler.node.journal import Journal
 from reconciler.node.live_switch import LiveSwitch
+from reconciler.node.model_dirs import ModelDirs
 from reconciler.node.node_command import run_command
 from reconciler.node.probes import Prober
 from reconciler.node.runtime_config import (
@@ -77,6 +79,7 @@ class JobRunner:
         self.log = log
         self.metrics = metrics
         self.store = store
+        self.models = ModelDirs(state.root, store)
         self.stager = Stager(
             store, DownloadSettings(rate=config.stage_rate, ca_file=config.ca_file)
         )
@@ -183,15 +186,22 @@ class JobRunner:
         artifacts = payload.get("artifacts")
         if artifacts:
             wanted["artifacts"] = self.store.config_entries(artifacts)
-            if (before_values or {}).get("artifacts") != wanted["artifacts"]:
-                names = ", ".join(a["name"] for a in artifacts)
-                change = (change + "; " if change else "") + f"point to artifacts {names}"
+            wanted["modelDir"] = str(self.models.location(artifacts))
+            before = before_values or {}
+            pointed = ""
+            if before.get("artifacts") != wanted["artifacts"]:
+                pointed = "point to artifacts " + ", ".join(a["name"] for a in artifacts)
+            elif before.get("modelDir") != wanted["modelDir"]:
+                pointed = f"point to model directory {wanted['modelDir']}"
+            if pointed:
+                change = (change + "; " if change else "") + pointed
         if payload["mode"] == "dry_run":
             return f"would {change}" if change else "no change: already in place"
         if not change:
             return "no change: already in place; nothing written, no backup"
         if artifacts:
             self.stager.require_held(artifacts)
+            self.models.lay_out(artifacts)
         new_values = {**(before_values or {}), **wanted}
         return dump_yaml(new_values), current[1] if current is not None else CONFIG_MODE, change
 
@@ -261,6 +271,7 @@ class JobRunner:
             self.store.note_use([a["sha256"] for a in artifacts], payload["target"]["runtime"])
             self.prune_artifacts(payload["target"]["runtime"], payload)  # room for these
             detail = self.stager.stage(artifacts)
+            self.models.lay_out(artifacts)  # ahead, so the apply finds it ready
         return self.journal.update(
             record, state="succeeded", detail=detail, finished_at=format_time(self.clock())
         )
@@ -290,6 +301,9 @@ class JobRunner:
             self.store.uses, self.store.held(), pinned, self.config.keep_artifacts
         )
         if doomed:
+            # The directories first: a crash in between leaves files, not a
+            # directory missing some.
+            self.models.delete(model_dirs_to_remove(self.models.held(), doomed))
             self.store.delete(doomed)
 
     def _backup_id(self, runtime: str, payload: Mapping[str, Any]) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from reconciler.node import model_dirs
 from reconciler.node.artifact_store import config_entries
 from reconciler.node.journal import Journal
 from reconciler.node.runtime_config import TARGET_FIELDS, JobFailed, parse_config
@@ -77,6 +78,7 @@ def _planned_digest(
     wanted: dict[str, Any] = {k: payload["target"][k] for k in TARGET_FIELDS}
     if payload.get("artifacts"):
         wanted["artifacts"] = config_entries(state.root, payload["artifacts"])
+        wanted["modelDir"] = str(model_dirs.location(state.root, payload["artifacts"]))
     try:
         values = (
             parse_config(payload["target"]["runtime"], state.read_backup(taken))

@@ -1,6 +1,6 @@
 """Taking a live node out of service and back for a switch: the drain
 command and the wait until the runtime is idle (its Prometheus text on
-loopback, the metric summed over its series), the warm-up requests after
+loopback, the metrics summed over their series), the warm-up requests after
 the new config is active, the undrain command, and the moments each step
 ended (``timings`` in the job record, agent clock).
 
@@ -13,6 +13,7 @@ between these steps); take a command from a job.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from reconciler.node.probes import ProbeFailed, own_addresses
+from reconciler.spec import runtime_presets
 from reconciler.spec.times import format_time
 
 
@@ -68,31 +70,48 @@ def _local(url: str, code: str) -> None:
         raise SwitchFailed(code, f"{exc}; nothing was changed") from None
 
 
-def metric_sum(text: str, metric: str) -> float | None:
-    """The sum of ``metric``'s samples in Prometheus text; None when absent."""
-    found = None
+def metric_sums(text: str, metrics: Sequence[str]) -> dict[str, float]:
+    """Each of ``metrics`` summed over its samples in Prometheus text; a
+    metric absent from the text is absent from the answer."""
+    wanted = set(metrics)
+    found: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name == metric:
-                found = (found or 0.0) + float(sample.value)
+            if sample.name in wanted:
+                found[sample.name] = found.get(sample.name, 0.0) + float(sample.value)
     return found
 
 
-def idle_reading(client: httpx.Client, url: str, metric: str, timeout: float) -> float:
-    """The idle metric now; ValueError saying why it cannot be read."""
+def idle_reading(
+    client: httpx.Client, url: str, metrics: str | Sequence[str], timeout: float
+) -> float:
+    """The sum of the idle metrics now; ValueError saying why it cannot be
+    read. Every metric must be there: one missing is no reading, since a
+    runtime that does not publish it may well be busy."""
+    names = (metrics,) if isinstance(metrics, str) else tuple(metrics)
     try:
         answer = client.get(url, timeout=timeout)
     except httpx.HTTPError as exc:
         raise ValueError(f"GET {url}: {exc}") from None
     if answer.status_code != 200:
-        raise ValueError(f"GET {url} answered {answer.status_code}")
+        raise ValueError(
+            f"GET {url} answered {answer.status_code}, so {', '.join(names)} could not be read"
+            + _hints(names)
+        )
     try:
-        value = metric_sum(answer.text, metric)
+        values = metric_sums(answer.text, names)
     except ValueError as exc:
         raise ValueError(f"{url} is not Prometheus text: {exc}") from None
-    if value is None:
-        raise ValueError(f"{url} has no metric {metric}")
-    return value
+    missing = [m for m in names if m not in values]
+    if missing:
+        raise ValueError(f"{', '.join(missing)} absent from {url}" + _hints(missing))
+    return sum(values.values())
+
+
+def _hints(metrics: Sequence[str]) -> str:
+    """How to switch on the runtimes that publish ``metrics`` (presets only)."""
+    hints = dict.fromkeys(h for m in metrics if (h := runtime_presets.metrics_hint(m)))
+    return "".join(f": {h}" for h in hints)
 
 
 def wait_idle(drain: Mapping[str, Any], deadline: float) -> None:
@@ -109,7 +128,8 @@ def wait_idle(drain: Mapping[str, Any], deadline: float) -> None:
                 value = idle_reading(client, url, metric, max(0.1, min(left, 5.0)))
                 if value <= most:
                     return
-                last = f"{metric} was {value:g}, more than {most:g}"
+                last = f"{' + '.join(metric) if isinstance(metric, list) else metric} was "
+                last += f"{value:g}, more than {most:g}"
             except ValueError as exc:
                 last = str(exc)
             if time.monotonic() + IDLE_POLL > deadline:
@@ -118,6 +138,18 @@ def wait_idle(drain: Mapping[str, Any], deadline: float) -> None:
                     f"not idle within {drain['timeoutSeconds']}s ({last}); nothing was changed",
                 )
             time.sleep(IDLE_POLL)
+
+
+def _content_type(body: str) -> dict[str, str]:
+    """A JSON body says so: some runtimes (TGI) refuse JSON sent without
+    ``Content-Type: application/json``."""
+    if not body.lstrip().startswith(("{", "[")):
+        return {}
+    try:
+        json.loads(body)
+    except ValueError:
+        return {}
+    return {"Content-Type": "application/json"}
 
 
 def warm_up(warmups: Sequence[Mapping[str, Any]]) -> None:
@@ -134,6 +166,7 @@ def warm_up(warmups: Sequence[Mapping[str, Any]]) -> None:
                         method,
                         url,
                         content=warmup["body"].encode() or None,
+                        headers=_content_type(warmup["body"]),
                         timeout=float(warmup["timeoutSeconds"]),
                     )
                 except httpx.TimeoutException:

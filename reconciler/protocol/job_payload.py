@@ -23,7 +23,7 @@ from referencing import Registry, Resource
 
 from reconciler.protocol.effects import SendJob
 from reconciler.spec import health, schemas
-from reconciler.spec.artifacts import WARMUP_METHODS, Warmup
+from reconciler.spec.artifacts import WARMUP_METHODS, Artifact, Warmup
 from reconciler.spec.times import format_time, parse_time
 
 SCHEMA_ID = "reconciler.job/v1"
@@ -57,22 +57,37 @@ def build_payload(job: SendJob, issued_at: datetime) -> dict[str, Any]:
     if job.health is not None and job.health.agent_checks:
         payload["checks"] = health.to_payload(job.health, job.node)
     if job.artifacts:
-        payload["artifacts"] = [
-            {"name": a.name, "url": a.url, "sha256": a.sha256, "size": a.size}
-            for a in job.artifacts
-        ]
+        payload["artifacts"] = [_artifact_payload(a) for a in job.artifacts]
     if job.drain is not None:
+        # A preset arrives expanded (url and metrics): the agent reads the
+        # same fields either way. One metric stays a name, as agents before
+        # lists read it.
+        metrics = job.drain.idle_metrics
         payload["drain"] = {
             "timeoutSeconds": job.drain.timeout_seconds,
             "idle": {
                 "url": health.for_node(job.drain.idle_url, job.node),
-                "metric": job.drain.idle_metric,
+                "metric": metrics[0] if len(metrics) == 1 else list(metrics),
                 "max": job.drain.idle_max,
             },
         }
     if job.warmup:
         payload["warmup"] = [_warmup_payload(w, job.node) for w in job.warmup]
     return payload
+
+
+def _artifact_payload(artifact: Artifact) -> dict[str, Any]:
+    """Its fields; ``path`` only when one was written, so the payloads of a
+    rollout without paths stay what agents before model directories read."""
+    entry: dict[str, Any] = {
+        "name": artifact.name,
+        "url": artifact.url,
+        "sha256": artifact.sha256,
+        "size": artifact.size,
+    }
+    if artifact.path:
+        entry["path"] = artifact.path
+    return entry
 
 
 def _warmup_payload(warmup: Warmup, node: str) -> dict[str, Any]:
@@ -262,6 +277,7 @@ def _plain_checks(checks: Any) -> bool:
 
 _HTTP_URL = re.compile(r"https?://[^\n]*\Z")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+_MODEL_PATH = re.compile(r"(?!\.\.?(/|$))(?!.*/\.\.?(/|$))[a-z0-9._-]{1,63}(/[a-z0-9._-]{1,63})*")
 _METRIC = re.compile(r"[A-Za-z_:][A-Za-z0-9_:]{0,199}")
 _ARTIFACT_KEYS = frozenset(("name", "url", "sha256", "size"))
 _DRAIN_KEYS = frozenset(("timeoutSeconds", "idle"))
@@ -283,8 +299,17 @@ def _items(value: Any, keys: frozenset[str]) -> bool:
 
 
 def _plain_artifacts(artifacts: Any) -> bool:
-    return _items(artifacts, _ARTIFACT_KEYS) and all(
+    return (
+        type(artifacts) is list
+        and 1 <= len(artifacts) <= 32
+        and all(
+            type(a) is dict
+            and (a.keys() == _ARTIFACT_KEYS or a.keys() == _ARTIFACT_KEYS | {"path"})
+            for a in artifacts
+        )
+    ) and all(
         _matches(_NAME, a["name"])
+        and ("path" not in a or (_matches(_MODEL_PATH, a["path"]) and len(a["path"]) <= 255))
         and _url(a["url"])
         and _matches(_SHA256, a["sha256"])
         and type(a["size"]) is int
@@ -303,10 +328,17 @@ def _plain_drain(drain: Any) -> bool:
     return (
         _count(drain["timeoutSeconds"], 1, 86400)
         and _url(idle["url"])
-        and _matches(_METRIC, idle["metric"])
+        and _metrics(idle["metric"])
         and type(most) in (int, float)
         and most >= 0
     )
+
+
+def _metrics(value: Any) -> bool:
+    """One metric name, or a list of 1 to 16."""
+    if type(value) is list:
+        return 1 <= len(value) <= 16 and all(_matches(_METRIC, m) for m in value)
+    return _matches(_METRIC, value)
 
 
 def _plain_warmups(warmups: Any) -> bool:

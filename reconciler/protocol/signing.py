@@ -270,7 +270,7 @@ def load_trusted_keys(paths: list[Path]) -> dict[str, TrustedKey]:
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
-def canonical_json(payload: Mapping[str, Any]) -> bytes:
+def canonical_json(payload: Mapping[str, Any] | list[Any]) -> bytes:
     """The signed bytes: keys sorted, no spaces, UTF-8 not escaped; the same as
     ``json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)``."""
     return _CANONICAL.encode(payload).encode("utf-8")

@@ -87,9 +87,7 @@ def frozen_record(
     """The frozen record's keys for these values (none when unset)."""
     record: dict[str, Any] = {}
     if artifacts:
-        record["artifacts"] = [
-            {"name": a.name, "url": a.url, "sha256": a.sha256, "size": a.size} for a in artifacts
-        ]
+        record["artifacts"] = [_artifact_record(a) for a in artifacts]
     if stage is not None:
         record["stage"] = {
             "ahead": stage.ahead,
@@ -97,10 +95,15 @@ def frozen_record(
             "timeout": format_duration(stage.timeout_seconds),
         }
     if drain is not None:
-        record["drain"] = {
-            "timeout": format_duration(drain.timeout_seconds),
-            "idle": {"url": drain.idle_url, "metric": drain.idle_metric, "max": drain.idle_max},
+        metric = drain.idle_metric
+        idle = {
+            "url": drain.idle_url,
+            "metric": metric if isinstance(metric, str) else list(metric),
+            "max": drain.idle_max,
         }
+        if drain.runtime:
+            idle["runtime"] = drain.runtime
+        record["drain"] = {"timeout": format_duration(drain.timeout_seconds), "idle": idle}
     if warmup:
         record["warmup"] = [
             {
@@ -112,9 +115,22 @@ def frozen_record(
                     "timeout": format_duration(w.timeout_seconds),
                 },
                 "times": w.times,
+                **({"runtime": w.runtime} if w.runtime else {}),
             }
             for w in warmup
         ]
+    return record
+
+
+def _artifact_record(artifact: Artifact) -> dict[str, Any]:
+    record: dict[str, Any] = {
+        "name": artifact.name,
+        "url": artifact.url,
+        "sha256": artifact.sha256,
+        "size": artifact.size,
+    }
+    if artifact.path:
+        record["path"] = artifact.path
     return record
 
 
@@ -123,7 +139,8 @@ def frozen_from(record: Mapping[str, Any]) -> dict[str, Any]:
     values: dict[str, Any] = {}
     if "artifacts" in record:
         values["artifacts"] = tuple(
-            Artifact(a["name"], a["url"], a["sha256"], a["size"]) for a in record["artifacts"]
+            Artifact(a["name"], a["url"], a["sha256"], a["size"], a.get("path", ""))
+            for a in record["artifacts"]
         )
     stage = record.get("stage")
     if stage is not None:
@@ -133,8 +150,13 @@ def frozen_from(record: Mapping[str, Any]) -> dict[str, Any]:
     drain = record.get("drain")
     if drain is not None:
         idle = drain["idle"]
+        metric = idle["metric"]
         values["drain"] = Drain(
-            parse_duration(drain["timeout"]), idle["url"], idle["metric"], idle["max"]
+            parse_duration(drain["timeout"]),
+            idle["url"],
+            metric if isinstance(metric, str) else tuple(metric),
+            idle["max"],
+            idle.get("runtime", ""),
         )
     if "warmup" in record:
         values["warmup"] = tuple(
@@ -145,6 +167,7 @@ def frozen_from(record: Mapping[str, Any]) -> dict[str, Any]:
                 w["http"]["expectStatus"],
                 parse_duration(w["http"]["timeout"]),
                 w["times"],
+                w.get("runtime", ""),
             )
             for w in record["warmup"]
         )

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from reconciler.spec import safe_yaml
+from reconciler.spec import runtime_presets, safe_yaml
 from reconciler.spec.artifacts import (
     DEFAULT_WARMUP_EXPECT_STATUS,
     DEFAULT_WARMUP_METHOD,
@@ -109,7 +109,7 @@ def _artifacts(items: list[Any], add: Add, ok: Check, whole: Check) -> tuple[Art
         if not isinstance(item, dict) or not ok(safe_yaml.format_field(where)):
             continue
         name, url, size = item.get("name"), item.get("url"), item.get("size")
-        if isinstance(name, str) and ok(safe_yaml.format_field([*where, "name"])):
+        if isinstance(name, str) and _ok_at(ok, where, "name"):
             if name in seen:
                 add(
                     [*where, "name"],
@@ -117,6 +117,7 @@ def _artifacts(items: list[Any], add: Add, ok: Check, whole: Check) -> tuple[Art
                     "give each artifact its own name",
                 )
             seen.setdefault(name, index)
+            _path_clash(item, where, found, add, ok)
         why = _url_problem(url) if isinstance(url, str) and _ok_at(ok, where, "url") else ""
         if why:
             add([*where, "url"], why)
@@ -133,6 +134,7 @@ def _artifacts(items: list[Any], add: Add, ok: Check, whole: Check) -> tuple[Art
                     _need(item, "url", where),
                     _need(item, "sha256", where),
                     _need(item, "size", where),
+                    item.get("path", ""),
                 )
             )
     return tuple(found)
@@ -140,6 +142,37 @@ def _artifacts(items: list[Any], add: Add, ok: Check, whole: Check) -> tuple[Art
 
 def _ok_at(ok: Check, where: Path, key: str) -> bool:
     return ok(safe_yaml.format_field([*where, key]))
+
+
+def _path_clash(
+    item: Mapping[str, Any],
+    where: list[str | int],
+    earlier: Sequence[Artifact],
+    add: Add,
+    ok: Check,
+) -> None:
+    """A problem when this artifact's place in the model directory is taken
+    by an earlier one, or is a folder of one or inside one."""
+    field = [*where, "path"] if "path" in item else [*where, "name"]
+    if not ok(safe_yaml.format_field(field)):
+        return
+    mine = item.get("path") or item.get("name")
+    if not isinstance(mine, str):
+        return
+    for other in earlier:
+        theirs = other.layout_path
+        if mine == theirs:
+            add(
+                field,
+                f"the model directory path {mine!r} is taken by artifact {other.name!r}: "
+                "give each artifact its own path",
+            )
+        elif theirs.startswith(mine + "/") or mine.startswith(theirs + "/"):
+            add(
+                field,
+                f"the model directory path {mine!r} and {theirs!r} (artifact {other.name!r}) "
+                "would make one file a folder of the other: change one of them",
+            )
 
 
 def _stage(value: Any, has_artifacts: bool, add: Add, ok: Check) -> Stage | None:
@@ -183,19 +216,69 @@ def _drain(value: Any, live: bool, add: Add, ok: Check, whole: Check) -> Drain |
         return None
     timeout = _duration(["spec", "drain", "timeout"], value.get("timeout"), add, ok)
     idle = value.get("idle")
-    url = idle.get("url") if isinstance(idle, dict) else None
+    if not isinstance(idle, dict) or not ok("spec.drain.idle"):
+        return None
+    url = None if "runtime" in idle else idle.get("url")
     why = local_url_problem(url) if isinstance(url, str) and ok("spec.drain.idle.url") else ""
     if why:
         add(["spec", "drain", "idle", "url"], why)
     if not whole("spec.drain"):
         return None
-    idle = _need(value, "idle", ["spec", "drain"])
+    seconds = DEFAULT_DRAIN_TIMEOUT if timeout is None else timeout
+    where: list[str | int] = ["spec", "drain", "idle"]
+    if "runtime" in idle:
+        if not _preset_fields(idle, where, ("url", "metric"), add):
+            return None
+        runtime = idle["runtime"]
+        return Drain(
+            seconds,
+            runtime_presets.metrics_url(_need(idle, "port", where)),
+            runtime_presets.PRESETS[runtime].idle_metrics,
+            idle.get("max", 0),
+            runtime,
+        )
+    if not _needs(idle, where, "url", "metric", add) or not _needs(
+        idle, where, "metric", "url", add
+    ):
+        return None
+    metric = _need(idle, "metric", where)
     return Drain(
-        timeout_seconds=DEFAULT_DRAIN_TIMEOUT if timeout is None else timeout,
-        idle_url=_need(idle, "url", ["spec", "drain", "idle"]),
-        idle_metric=_need(idle, "metric", ["spec", "drain", "idle"]),
+        timeout_seconds=seconds,
+        idle_url=_need(idle, "url", where),
+        idle_metric=tuple(metric) if isinstance(metric, list) else metric,
         idle_max=idle.get("max", 0),
     )
+
+
+def _needs(
+    value: Mapping[str, Any], where: list[str | int], given: str, wanted: str, add: Add
+) -> bool:
+    """False (with a problem) when ``given`` is there without ``wanted``."""
+    if given in value and wanted not in value:
+        add(where, f"{given} needs {wanted}: add {wanted}")
+        return False
+    return True
+
+
+def _preset_fields(
+    value: Mapping[str, Any], where: list[str | int], refused: Sequence[str], add: Add
+) -> bool:
+    """A preset (``runtime``) needs ``port`` and takes none of ``refused``,
+    which it sets itself; False (with problems) when that is not so."""
+    fine = True
+    for field in refused:
+        if field in value:
+            add(
+                [*where, field],
+                f"runtime {value['runtime']} sets {field} itself: remove {field}, "
+                "or write it out without runtime",
+                at_key=True,
+            )
+            fine = False
+    if "port" not in value:
+        add(where, "runtime needs port: add the runtime's port on this node, such as port: 8000")
+        fine = False
+    return fine and value["runtime"] in runtime_presets.PRESETS and isinstance(value["port"], int)
 
 
 def _warmups(value: Any, live: bool, add: Add, ok: Check, whole: Check) -> tuple[Warmup, ...]:
@@ -212,6 +295,19 @@ def _warmups(value: Any, live: bool, add: Add, ok: Check, whole: Check) -> tuple
         where: list[str | int] = [*entry, "http"]
         if not isinstance(item, dict) or not ok(safe_yaml.format_field(entry)):
             continue
+        if "runtime" in item:
+            preset = _preset_warmup(item, entry, add, ok)
+            if preset is not None and whole(safe_yaml.format_field(entry)):
+                found.append(preset)
+            continue
+        if "port" in item or "timeout" in item:
+            wrong = "port" if "port" in item else "timeout"
+            instead = "write the port in http.url" if wrong == "port" else "write it under http"
+            add(
+                [*entry, wrong],
+                f"{wrong} goes with runtime; for an http warm-up {instead}",
+                at_key=True,
+            )
         http = item.get("http")
         url = http.get("url") if isinstance(http, dict) else None
         why = local_url_problem(url) if isinstance(url, str) and _ok_at(ok, where, "url") else ""
@@ -234,6 +330,23 @@ def _warmups(value: Any, live: bool, add: Add, ok: Check, whole: Check) -> tuple
             )
         )
     return tuple(found)
+
+
+def _preset_warmup(
+    item: Mapping[str, Any], where: list[str | int], add: Add, ok: Check
+) -> Warmup | None:
+    if not _preset_fields(item, where, ("http",), add):
+        return None
+    timeout = _duration([*where, "timeout"], item.get("timeout"), add, ok)
+    return Warmup(
+        url=runtime_presets.warmup_url(item["port"]),
+        method=runtime_presets.WARMUP_METHOD,
+        body=runtime_presets.WARMUP_BODY,
+        expect_status=runtime_presets.WARMUP_EXPECT_STATUS,
+        timeout_seconds=DEFAULT_WARMUP_TIMEOUT if timeout is None else timeout,
+        times=item.get("times", DEFAULT_WARMUP_TIMES),
+        runtime=item["runtime"],
+    )
 
 
 def _duration(field_path: Path, value: Any, add: Add, ok: Check) -> int | None:

@@ -32,6 +32,12 @@ class Artifact:
     url: str
     sha256: str  # 64 lowercase hex digits
     size: int  # bytes, at least 1
+    path: str = ""  # where it lies in the model directory; empty: the name
+
+    @property
+    def layout_path(self) -> str:
+        """Its relative path in the node's model directory."""
+        return self.path or self.name
 
 
 @dataclass(frozen=True)
@@ -47,18 +53,27 @@ class Stage:
 class Drain:
     """Before a live node switches: its drain command, then a wait until the
     metric ``idle_metric`` at ``idle_url`` (Prometheus text, summed over its
-    series) is at most ``idle_max``, all within ``timeout_seconds``."""
+    series; several metrics are summed together) is at most ``idle_max``,
+    all within ``timeout_seconds``. ``runtime`` names the preset it was
+    expanded from, if any."""
 
     timeout_seconds: int
     idle_url: str  # may hold {node}
-    idle_metric: str
+    idle_metric: str | tuple[str, ...]  # one name as written, or several
     idle_max: float
+    runtime: str = ""
+
+    @property
+    def idle_metrics(self) -> tuple[str, ...]:
+        metric = self.idle_metric
+        return (metric,) if isinstance(metric, str) else metric
 
 
 @dataclass(frozen=True)
 class Warmup:
     """One warm-up request, sent ``times`` times after the switch and before
-    the node takes requests again."""
+    the node takes requests again. ``runtime`` names the preset it was
+    expanded from, if any."""
 
     url: str  # may hold {node}
     method: str = DEFAULT_WARMUP_METHOD
@@ -66,6 +81,7 @@ class Warmup:
     expect_status: int = DEFAULT_WARMUP_EXPECT_STATUS
     timeout_seconds: int = DEFAULT_WARMUP_TIMEOUT
     times: int = DEFAULT_WARMUP_TIMES
+    runtime: str = ""  # the preset it was expanded from, if any
 
 
 def total_size(artifacts: tuple[Artifact, ...]) -> int:

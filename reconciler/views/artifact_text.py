@@ -27,7 +27,10 @@ def size_words(count: int) -> str:
 def artifact_words(artifacts: Sequence[Artifact], to_stage: int) -> str:
     """``artifacts weights (4.6 GiB), tokenizer (1.0 KiB): 9.2 GiB to download
     (2 artifact(s) x 2 node(s) not staged)``."""
-    each = ", ".join(f"{a.name} ({size_words(a.size)})" for a in artifacts)
+    each = ", ".join(
+        f"{a.name}{f' as {a.path}' if a.path and a.path != a.name else ''} ({size_words(a.size)})"
+        for a in artifacts
+    )
     total = sum(a.size for a in artifacts) * to_stage
     return (
         f"artifacts {each}: {size_words(total)} to download "
@@ -55,8 +58,10 @@ def headline_words(
 def drain_words(drain: Drain | None) -> str:
     if drain is None:
         return "no drain: nodes switch while serving"
+    metrics = " + ".join(drain.idle_metrics)
+    preset = f" ({drain.runtime} preset)" if drain.runtime else ""
     return (
-        f"drain: within {format_duration(drain.timeout_seconds)}, until {drain.idle_metric} "
+        f"drain{preset}: within {format_duration(drain.timeout_seconds)}, until {metrics} "
         f"at {drain.idle_url} is at most {drain.idle_max:g}"
     )
 
@@ -64,7 +69,10 @@ def drain_words(drain: Drain | None) -> str:
 def warmup_words(warmup: Sequence[Warmup]) -> str:
     if not warmup:
         return "no warm-up"
-    requests = ", ".join(f"{w.method} {w.url} x{w.times}" for w in warmup)
+    requests = ", ".join(
+        f"{w.method} {w.url} x{w.times}" + (f" ({w.runtime} preset)" if w.runtime else "")
+        for w in warmup
+    )
     return f"warm-up: {requests}"
 
 
