@@ -142,6 +142,7 @@ def test_a_rollout_s_nodes_come_in_pages_with_a_link_to_the_next(served: WebDaem
         ("DELETE", "/api/v1/rollouts/web", 405, "method_not_allowed"),
         ("GET", "/api/v1/rollouts/web?limit=0", 400, "bad_query"),
         ("GET", "/api/v1/rollouts/web?offset=-1", 400, "bad_query"),
+        ("GET", "/api/v1/rollouts/web?limit=%C2%B2", 400, "bad_query"),
     ],
 )
 def test_errors_are_json_with_a_code_and_a_message(

@@ -214,7 +214,9 @@ def _paging(query: str) -> tuple[int, int] | Reply:
     found = []
     for key, default, low in (("offset", 0, 0), ("limit", DEFAULT_LIMIT, 1)):
         text = values.get(key, [str(default)])[-1]
-        if not text.isdigit() or not low <= int(text) <= (MAX_LIMIT if key == "limit" else 10**9):
+        high = MAX_LIMIT if key == "limit" else 10**9
+        # ASCII only: str.isdigit also says yes to "²", which int() refuses
+        if not (text.isascii() and text.isdigit()) or not low <= int(text) <= high:
             top = MAX_LIMIT if key == "limit" else "1000000000"
             return Routes.error(400, "bad_query", f"{key} must be an integer from {low} to {top}")
         found.append(int(text))

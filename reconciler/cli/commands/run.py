@@ -329,7 +329,7 @@ def _web_server(args: argparse.Namespace, log: EventLog, metrics: Metrics) -> We
 
     host, sep, port = args.http.rpartition(":")
     host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or int(port) > 65535:
+    if not sep or not host or not (port.isascii() and port.isdigit()) or int(port) > 65535:
         raise UsageError(f"--http must be HOST:PORT, got {args.http!r}")
     token = None
     if args.http_token_file is not None:
