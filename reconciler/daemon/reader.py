@@ -194,7 +194,7 @@ class Reader:
         self._read_everything = False
         history = store.history()
         history.advance(tip)
-        approval = self._forward_only(self.approver.approve(tip)) if self.approver else None
+        approval = self._forward_only(self._approve(tip)) if self.approver else None
         spec_commit = tip if approval is None else approval.verified_commit
         documents, spec_changed = self._read_documents(spec_commit)
         status_branch = documents.settings.status_branch or store.branch
@@ -390,6 +390,13 @@ class Reader:
             else:
                 self.report("unverified_rollout", unverified_only(name), rollout=name)
         return frozenset(held)
+
+    def _approve(self, tip: str) -> Approval:
+        """The walk's verdict at ``tip``, judging what follows the commit
+        last acted on by that tree's rules (``Approver.judge_after``)."""
+        assert self.approver is not None
+        self.approver.judge_after(self.acted.get())
+        return self.approver.approve(tip)
 
     def _forward_only(self, approval: Approval) -> Approval:
         """Refuse a verified commit that does not descend by first parent from
