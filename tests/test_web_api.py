@@ -22,6 +22,7 @@ import pytest
 from tests.kit.documents import rollout_yaml
 from tests.kit.fleets import FleetKit
 from tests.kit.git import git
+from tests.kit.signed import Repo
 from tests.kit.waiting import wait_for
 from tests.kit.web import WebDaemon, check_answer
 
@@ -310,3 +311,67 @@ def test_a_thousand_idle_connections_do_not_stop_a_pass(
         for conn in idle:
             conn.close()
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+# --- only the daemon's own fleet status ----------------------------------------------
+
+PUSHED_FLEET = (
+    "apiVersion: reconciler/v1\nkind: FleetStatus\nmetadata: {name: fleet}\nnodes:\n"
+    "  - {name: pushed-node, state: ok, since: '2026-12-01T09:00:00Z', runtimes: []}\n"
+)
+
+
+def _fleet_after(daemon: WebDaemon, kit: FleetKit, commit: str) -> dict[str, Any]:
+    """The fleet answer once the daemon answers from ``commit`` or a commit after it."""
+
+    def answered() -> dict[str, Any] | None:
+        answer = _get(daemon.url + "/api/v1/fleet")
+        at = answer.headers.get("X-Status-Commit", "") if answer.status_code == 200 else ""
+        if not at:
+            return None
+        after = subprocess.run(
+            ["git", "merge-base", "--is-ancestor", commit, at], cwd=kit.bare, check=False
+        )
+        return answer.json() if after.returncode == 0 else None
+
+    return wait_for(answered, timeout=60, what=f"the fleet answer after {commit[:12]}")
+
+
+def test_a_pushed_fleet_status_is_not_served_with_the_fleet_check_off(tmp_path: Path) -> None:
+    off = "apiVersion: reconciler/v1\nkind: Settings\nspec:\n  fleetCheck: {interval: 0s}\n"
+    kit = FleetKit.create(tmp_path, NODES, files={"reconciler.yaml": off})
+    daemon = None
+    try:
+        pushed = kit.push({"status/fleet.yaml": PUSHED_FLEET}, "a fleet status by hand")
+        daemon = WebDaemon.start(kit, tmp_path)
+
+        assert _fleet_after(daemon, kit, pushed)["nodes"] is None
+    finally:
+        if daemon is not None:
+            daemon.stop()
+        kit.close()
+
+
+def test_a_pushed_fleet_status_is_not_served_under_signed_status_commits(
+    tmp_path: Path,
+) -> None:
+    hourly = "apiVersion: reconciler/v1\nkind: Settings\nspec:\n  fleetCheck: {interval: 1h}\n"
+    kit = FleetKit.create(tmp_path, NODES)
+    daemon = None
+    try:
+        repo = Repo(kit, tmp_path)
+        signers = repo.signers
+        signers.write_text(
+            signers.read_text() + f"daemon {kit.key_path.with_suffix('.pub').read_text()}"
+        )
+        repo.push({"reconciler.yaml": hourly}, "check the fleet hourly", signed=True)
+        extra = ("--allowed-signers", str(signers), "--sign-commits")
+        daemon = WebDaemon.start(kit, tmp_path, extra=extra)
+        pushed = repo.push({"status/fleet.yaml": PUSHED_FLEET}, "by hand", signed=False)
+
+        assert _fleet_after(daemon, kit, pushed)["nodes"] is None
+        assert "fleet_status_unwritten" in daemon.log.read_text()
+    finally:
+        if daemon is not None:
+            daemon.stop()
+        kit.close()
