@@ -280,6 +280,50 @@ def test_with_a_token_file_every_request_needs_that_token(kit: FleetKit, tmp_pat
         daemon.stop()
 
 
+def test_only_the_served_address_and_the_names_allowed_are_answered(
+    kit: FleetKit, tmp_path: Path
+) -> None:
+    extra = ("--http-allow-host", "rollouts.example.internal")
+    daemon = WebDaemon.start(kit, tmp_path, extra=extra)
+    try:
+        rebound = _get(daemon.url + "/", headers={"Host": "rebound.attacker.example"})
+        proxied = _get(daemon.url + "/", headers={"Host": "rollouts.example.internal"})
+        direct = _get(daemon.url + "/")  # Host: 127.0.0.1:PORT
+
+        assert rebound.status_code == 421 and rebound.json()["error"] == "unknown_host"
+        assert proxied.status_code == direct.status_code == 200
+    finally:
+        daemon.stop()
+
+
+def test_with_a_token_and_metrics_on_one_address_healthz_stays_open(
+    kit: FleetKit, tmp_path: Path
+) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text("s3cret-token-value\n")
+    with socket.socket() as probe:  # an address only this test names: the daemon binds it
+        probe.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{probe.getsockname()[1]}"
+    extra = ("--metrics", address, "--http-token-file", str(token_file))
+    daemon = WebDaemon.start(kit, tmp_path, http=address, extra=extra)
+    try:
+        health = wait_for(
+            lambda: a if (a := _get(daemon.url + "/healthz")).status_code == 200 else None,
+            timeout=30,
+            what="a healthy answer without the token",
+        )
+        closed = _get(daemon.url + "/metrics")
+        metrics = _get(
+            daemon.url + "/metrics", headers={"Authorization": "Bearer s3cret-token-value"}
+        )
+
+        assert health.json()["status"] == "ok"
+        assert closed.status_code == 401
+        assert metrics.status_code == 200 and "reconciler_passes_total" in metrics.text
+    finally:
+        daemon.stop()
+
+
 # --- clients that cannot hold the daemon ------------------------------------------
 
 
