@@ -92,6 +92,9 @@ class Refusal:
     commit: str
     reason: str
     author: str  # "Name <email>"
+    # signed by an allowed signer and short only of approvals: the ordinary
+    # wait of a reviewed change, not a push to be alarmed about
+    awaits_approval: bool = False
 
 
 @dataclass(frozen=True)
@@ -276,7 +279,12 @@ class Approver:
                 if judgement.ok:
                     approval = Approval(commit_id, commit_id, ())
                 else:
-                    refusal = Refusal(commit_id, judgement.reason, _author(self._commit(commit_id)))
+                    refusal = Refusal(
+                        commit_id,
+                        judgement.reason,
+                        _author(self._commit(commit_id)),
+                        judgement.signature.ok,
+                    )
                     approval = Approval(
                         approval.verified_commit,
                         commit_id,
