@@ -155,19 +155,16 @@ class Routes:
         path, _, query = target.partition("?")
         if not self.hosts.allows(headers.get("host")):
             return self._wrong_host(headers.get("host", ""))
-        if method != "GET":
-            refused = self._refusal(headers, peer)
-            if refused is not None:
-                return refused
-            reply = self.error(
-                405, "method_not_allowed", f"{method} is not allowed: this API only reads"
-            )
-            return Reply(reply.status, reply.body, (*reply.headers, ("Allow", "GET")))
-        if path == "/healthz" and self.health is not None:
+        if method == "GET" and path == "/healthz" and self.health is not None:
             return self._health()  # a probe: open, it tells nothing but alive or not
         refused = self._refusal(headers, peer)
         if refused is not None:
             return refused
+        if method != "GET":
+            reply = self.error(
+                405, "method_not_allowed", f"{method} is not allowed: this API only reads"
+            )
+            return Reply(reply.status, reply.body, (*reply.headers, ("Allow", "GET")))
         asset = self.assets.get(path)
         if asset is not None:
             headers_: tuple[tuple[str, str], ...] = (*_COMMON, ("Content-Type", asset[1]))
