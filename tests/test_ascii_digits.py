@@ -12,6 +12,7 @@ import pytest
 
 from reconciler.cli.main import main
 from reconciler.daemon.web_routes import Reply, Routes
+from reconciler.git.sshsig import parse_validity_time
 from reconciler.node.http_server import parse_listen
 from reconciler.spec.durations import parse_duration
 from reconciler.spec.rollout_status import NodeRecord, RolloutStatus
@@ -54,3 +55,9 @@ def test_listen_and_http_addresses_in_other_digits_are_refused(
 def test_durations_in_other_digits_are_refused(digits: str) -> None:
     with pytest.raises(ValueError, match="not a duration"):
         parse_duration(f"{digits}s")
+
+
+def test_a_signer_s_validity_time_in_other_digits_is_refused_as_ssh_keygen_does() -> None:
+    assert parse_validity_time("20260101Z").year == 2026
+    with pytest.raises(ValueError, match="is not YYYYMMDD"):
+        parse_validity_time("٢٠٢٦٠١٠١Z")
