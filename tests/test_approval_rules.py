@@ -366,3 +366,46 @@ def test_after_settings_that_cannot_be_read_a_commit_is_judged_by_its_own_rules(
     judgement = fleet.approver().judgement(mended)
     assert judgement.base == broken
     assert [r.rule for r in judgement.rules] == ["serving-owners", "settings-owners"]
+
+
+def test_a_signer_leaving_hands_no_commit_the_rules_before_the_one_acted_on(
+    tmp_path: Path, keys: dict[str, Path]
+) -> None:
+    # bob's commit verifies under the new signers; alice's rules after it,
+    # which the daemon acted on, do not: what follows is judged by hers
+    signers = tmp_path / "allowed_signers"
+    signers.write_text("".join(f"{n}@example.com {public(k)}\n" for n, k in keys.items()))
+    work = tmp_path / "w"
+    work.mkdir()
+    git("init", "-q", "-b", "main", cwd=work)
+    kit = Fleet(work, keys, signers)
+    kit.commit(
+        {
+            "nodes/s1.yaml": node_yaml("s1", "http://127.0.0.1:9", {"role": "serving"}),
+            "nodes/r1.yaml": node_yaml("r1", "http://127.0.0.1:9", {"role": "research"}),
+        },
+        who="bob",
+    )
+    acted = kit.commit({"reconciler.yaml": RULES})
+    assert kit.approver().approve(acted).verified_commit == acted
+    signers.write_text(
+        "".join(f"{n}@example.com {public(k)}\n" for n, k in keys.items() if n != "alice")
+    )
+    loose = kit.commit(
+        {"reconciler.yaml": "apiVersion: reconciler/v1\nkind: Settings\nspec: {}\n",
+         "rollouts/srv.yaml": serving()},
+        who="bob",
+    )  # fmt: skip
+    kit.approve(loose, "res-1")
+
+    approver = kit.approver()
+    approver.judge_after(acted)
+    judgement = approver.judgement(loose)
+
+    assert judgement.base == acted and not judgement.ok
+    assert [r.rule for r in judgement.rules] == ["serving-owners", "settings-owners"]
+    assert approver.approve(loose).verified_commit != loose
+    kit.approve(loose, "sre-1", "carol")
+    approver = kit.approver()
+    approver.judge_after(acted)
+    assert approver.approve(loose).verified_commit == loose

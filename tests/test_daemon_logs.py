@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -134,6 +135,51 @@ def test_a_refused_push_is_one_warning_naming_the_commit_and_why(
     assert [r["commit"] for r in mine] == [unsigned, second]
     assert all(r["level"] == "warning" and r["author"] for r in mine)
     assert "not signed" in mine[0]["message"] or "signature" in mine[0]["message"]
+
+
+@pytest.mark.slow
+def test_a_signed_push_waiting_for_approval_is_no_push_refused_warning(
+    tmp_path: Path, held_port: HeldPort
+) -> None:
+    key = make_key(tmp_path / "keys" / "reconciler")
+    alice = make_key(tmp_path / "people" / "alice")
+    signers = tmp_path / "allowed_signers"
+    signers.write_text(f"alice@example.com {Key(alice.private).text}\n")
+    bare = make_bare_repo(
+        tmp_path,
+        {"nodes/web-1.yaml": node_yaml("web-1", f"http://127.0.0.1:{held_port.port}")},
+        message="Seed the fleet",
+    )
+    work = clone(bare, tmp_path / "work")
+    with DaemonProcess(
+        bare, key.private, "--log-format", "json", "--allowed-signers", str(signers),
+        "--require-approvals", "1", "--interval", "0.1s",
+    ) as daemon:  # fmt: skip
+        daemon.wait_line(lambda line: '"start"' in line)
+        signing = ("-c", "gpg.format=ssh", "-c", f"user.signingKey={alice.private}")
+        for _ in range(10):  # made again on the tip when a status commit came first
+            git("fetch", "-q", "origin", cwd=work)
+            git("reset", "-q", "--hard", "origin/main", cwd=work)
+            (work / "rollouts").mkdir(exist_ok=True)
+            (work / "rollouts" / "web.yaml").write_text(rollout_yaml("web", nodeIds=["web-1"]))
+            git("add", "-A", cwd=work)
+            git(*signing, "commit", "-q", "-S", "-m", "Roll out web, signed", cwd=work)
+            pushed = subprocess.run(["git", "push", "-q", "origin", "HEAD:main"], cwd=work)
+            if pushed.returncode == 0:
+                break
+        signed = git("rev-parse", "HEAD", cwd=work)
+        daemon.wait_line(lambda line: signed in line and "awaiting_approval" in line, 60)
+        commit_and_push(work, {"nodes/web-2.yaml": node_yaml("web-2")}, "Another, unsigned")
+        unsigned = git("rev-parse", "HEAD", cwd=work)
+        daemon.wait_line(lambda line: unsigned in line and "push_refused" in line, 60)
+
+    waiting = [json.loads(line) for line in daemon.seen(lambda line: signed in line)]
+    refused = [json.loads(line) for line in daemon.seen(lambda line: "push_refused" in line)]
+    assert [r["commit"] for r in refused if r["commit"] in (signed, unsigned)] == [unsigned]
+    assert [(w["event"], w["level"]) for w in waiting if "author" in w] == [
+        ("awaiting_approval", "info")
+    ]
+    assert "needs 1 approval" in next(w["message"] for w in waiting if "author" in w)
 
 
 def test_a_flood_of_distinct_lines_is_written_whole_and_not_kept_past_the_bound() -> None:

@@ -22,6 +22,7 @@ import pytest
 from tests.kit.documents import rollout_yaml
 from tests.kit.fleets import FleetKit
 from tests.kit.git import git
+from tests.kit.signed import Repo
 from tests.kit.waiting import wait_for
 from tests.kit.web import WebDaemon, check_answer
 
@@ -142,6 +143,7 @@ def test_a_rollout_s_nodes_come_in_pages_with_a_link_to_the_next(served: WebDaem
         ("DELETE", "/api/v1/rollouts/web", 405, "method_not_allowed"),
         ("GET", "/api/v1/rollouts/web?limit=0", 400, "bad_query"),
         ("GET", "/api/v1/rollouts/web?offset=-1", 400, "bad_query"),
+        ("GET", "/api/v1/rollouts/web?limit=%C2%B2", 400, "bad_query"),
     ],
 )
 def test_errors_are_json_with_a_code_and_a_message(
@@ -278,6 +280,50 @@ def test_with_a_token_file_every_request_needs_that_token(kit: FleetKit, tmp_pat
         daemon.stop()
 
 
+def test_only_the_served_address_and_the_names_allowed_are_answered(
+    kit: FleetKit, tmp_path: Path
+) -> None:
+    extra = ("--http-allow-host", "rollouts.example.internal")
+    daemon = WebDaemon.start(kit, tmp_path, extra=extra)
+    try:
+        rebound = _get(daemon.url + "/", headers={"Host": "rebound.attacker.example"})
+        proxied = _get(daemon.url + "/", headers={"Host": "rollouts.example.internal"})
+        direct = _get(daemon.url + "/")  # Host: 127.0.0.1:PORT
+
+        assert rebound.status_code == 421 and rebound.json()["error"] == "unknown_host"
+        assert proxied.status_code == direct.status_code == 200
+    finally:
+        daemon.stop()
+
+
+def test_with_a_token_and_metrics_on_one_address_healthz_stays_open(
+    kit: FleetKit, tmp_path: Path
+) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text("s3cret-token-value\n")
+    with socket.socket() as probe:  # an address only this test names: the daemon binds it
+        probe.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{probe.getsockname()[1]}"
+    extra = ("--metrics", address, "--http-token-file", str(token_file))
+    daemon = WebDaemon.start(kit, tmp_path, http=address, extra=extra)
+    try:
+        health = wait_for(
+            lambda: a if (a := _get(daemon.url + "/healthz")).status_code == 200 else None,
+            timeout=30,
+            what="a healthy answer without the token",
+        )
+        closed = _get(daemon.url + "/metrics")
+        metrics = _get(
+            daemon.url + "/metrics", headers={"Authorization": "Bearer s3cret-token-value"}
+        )
+
+        assert health.json()["status"] == "ok"
+        assert closed.status_code == 401
+        assert metrics.status_code == 200 and "reconciler_passes_total" in metrics.text
+    finally:
+        daemon.stop()
+
+
 # --- clients that cannot hold the daemon ------------------------------------------
 
 
@@ -309,3 +355,67 @@ def test_a_thousand_idle_connections_do_not_stop_a_pass(
         for conn in idle:
             conn.close()
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+# --- only the daemon's own fleet status ----------------------------------------------
+
+PUSHED_FLEET = (
+    "apiVersion: reconciler/v1\nkind: FleetStatus\nmetadata: {name: fleet}\nnodes:\n"
+    "  - {name: pushed-node, state: ok, since: '2026-12-01T09:00:00Z', runtimes: []}\n"
+)
+
+
+def _fleet_after(daemon: WebDaemon, kit: FleetKit, commit: str) -> dict[str, Any]:
+    """The fleet answer once the daemon answers from ``commit`` or a commit after it."""
+
+    def answered() -> dict[str, Any] | None:
+        answer = _get(daemon.url + "/api/v1/fleet")
+        at = answer.headers.get("X-Status-Commit", "") if answer.status_code == 200 else ""
+        if not at:
+            return None
+        after = subprocess.run(
+            ["git", "merge-base", "--is-ancestor", commit, at], cwd=kit.bare, check=False
+        )
+        return answer.json() if after.returncode == 0 else None
+
+    return wait_for(answered, timeout=60, what=f"the fleet answer after {commit[:12]}")
+
+
+def test_a_pushed_fleet_status_is_not_served_with_the_fleet_check_off(tmp_path: Path) -> None:
+    off = "apiVersion: reconciler/v1\nkind: Settings\nspec:\n  fleetCheck: {interval: 0s}\n"
+    kit = FleetKit.create(tmp_path, NODES, files={"reconciler.yaml": off})
+    daemon = None
+    try:
+        pushed = kit.push({"status/fleet.yaml": PUSHED_FLEET}, "a fleet status by hand")
+        daemon = WebDaemon.start(kit, tmp_path)
+
+        assert _fleet_after(daemon, kit, pushed)["nodes"] is None
+    finally:
+        if daemon is not None:
+            daemon.stop()
+        kit.close()
+
+
+def test_a_pushed_fleet_status_is_not_served_under_signed_status_commits(
+    tmp_path: Path,
+) -> None:
+    hourly = "apiVersion: reconciler/v1\nkind: Settings\nspec:\n  fleetCheck: {interval: 1h}\n"
+    kit = FleetKit.create(tmp_path, NODES)
+    daemon = None
+    try:
+        repo = Repo(kit, tmp_path)
+        signers = repo.signers
+        signers.write_text(
+            signers.read_text() + f"daemon {kit.key_path.with_suffix('.pub').read_text()}"
+        )
+        repo.push({"reconciler.yaml": hourly}, "check the fleet hourly", signed=True)
+        extra = ("--allowed-signers", str(signers), "--sign-commits")
+        daemon = WebDaemon.start(kit, tmp_path, extra=extra)
+        pushed = repo.push({"status/fleet.yaml": PUSHED_FLEET}, "by hand", signed=False)
+
+        assert _fleet_after(daemon, kit, pushed)["nodes"] is None
+        assert "fleet_status_unwritten" in daemon.log.read_text()
+    finally:
+        if daemon is not None:
+            daemon.stop()
+        kit.close()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+from collections import Counter
 
 import httpx
 
@@ -33,7 +34,7 @@ def test_a_stalled_event_stream_is_dropped_and_publishing_never_waits() -> None:
         server.publish(_view(0))
         stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         stalled.connect((host, port))
-        stalled.sendall(b"GET /api/v1/events HTTP/1.1\r\nHost: x\r\n\r\n")
+        stalled.sendall(b"GET /api/v1/events HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         wait_for(lambda: server.call(lambda: len(server.streams)) == 1, what="the stream open")
 
         for round_ in range(1, 2000):
@@ -76,10 +77,14 @@ def test_a_head_that_never_ends_gets_408_and_one_too_large_431() -> None:
     host, port = server.start()
     try:
         with socket.create_connection((host, port), timeout=30) as slow:
-            slow.sendall(b"GET /api/v1/rollouts HTTP/1.1\r\nHost: x\r\n")  # never the blank line
+            slow.sendall(
+                b"GET /api/v1/rollouts HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            )  # never the blank line
             assert slow.recv(4096).startswith(b"HTTP/1.1 408 Request Timeout\r\n")
         with socket.create_connection((host, port), timeout=30) as big:
-            big.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 20_000 + b"\r\n\r\n")
+            big.sendall(
+                b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Pad: " + b"a" * 20_000 + b"\r\n\r\n"
+            )
             answer = b""
             while chunk := big.recv(4096):
                 answer += chunk
@@ -136,7 +141,7 @@ def test_every_answer_s_status_line_carries_its_reason_phrase() -> None:
     host, port = server.start()
     try:
         server.publish(_view(0))
-        ask = b"%s %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        ask = b"%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
         assert _first_line(host, port, ask % (b"GET", b"/api/v1/rollouts")) == b"HTTP/1.1 200 OK"
         assert _first_line(host, port, ask % (b"GET", b"/nowhere")) == b"HTTP/1.1 404 Not Found"
         assert _first_line(host, port, ask % (b"POST", b"/api/v1/rollouts")) == (
@@ -144,4 +149,91 @@ def test_every_answer_s_status_line_carries_its_reason_phrase() -> None:
         )
         assert _first_line(host, port, ask % (b"GET", b"/api/v1/events")) == b"HTTP/1.1 200 OK"
     finally:
+        server.close()
+
+
+def _stream(
+    host: str, port: int, *, source: str = "127.0.0.1", small: bool = False
+) -> socket.socket:
+    """An event stream asked for and never read."""
+    sock = socket.socket()
+    if small:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.bind((source, 0))
+    sock.connect((host, port))
+    sock.sendall(
+        b"GET /api/v1/events HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer t\r\n\r\n"
+    )
+    return sock
+
+
+def test_a_stream_whose_bytes_wait_unsent_too_long_is_dropped_below_the_byte_bound() -> None:
+    # 40 views of about 18 KB each stay far below the 1 MiB bound on unsent bytes
+    server = WebServer(Routes(), "127.0.0.1", 0, stream_stall=1.0)
+    host, port = server.start()
+    stalled = None
+    try:
+        server.publish(_view(0))
+        stalled = _stream(host, port, small=True)
+        wait_for(lambda: server.call(lambda: len(server.streams)) == 1, what="the stream open")
+
+        for round_ in range(1, 41):
+            server.publish(_view(round_))
+
+        wait_for(
+            lambda: server.call(lambda: server.dropped) == 1, what="the stalled stream dropped"
+        )
+        assert server.call(lambda: len(server.streams)) == 0
+    finally:
+        if stalled is not None:
+            stalled.close()
+        server.close()
+
+
+def test_streams_that_are_never_read_cannot_lock_a_new_reader_out() -> None:
+    server = WebServer(Routes(), "127.0.0.1", 0)  # 128 streams, 32 from one address
+    host, port = server.start()
+    flood: list[socket.socket] = []
+    try:
+        server.publish(_view(0))
+        for _ in range(server.max_streams):
+            flood.append(_stream(host, port))
+        wait_for(
+            lambda: server.call(lambda: server.evicted) == server.max_streams - 32,
+            what="the flood held to its share",
+        )
+        assert server.call(lambda: len(server.streams)) == 32
+
+        with httpx.stream("GET", f"http://{host}:{port}/api/v1/events", timeout=30) as page:
+            assert page.status_code == 200
+            server.publish(_view(1))
+            assert any(line == "event: commit" for line in page.iter_lines())
+    finally:
+        for sock in flood:
+            sock.close()
+        server.close()
+
+
+def test_one_client_address_holds_its_share_and_a_new_address_gets_in() -> None:
+    server = WebServer(Routes(token="t"), "127.0.0.1", 0, max_streams=8, max_streams_per_client=4)
+    host, port = server.start()
+    opened: list[socket.socket] = []
+
+    def per_client() -> dict[str, int]:
+        return server.call(lambda: dict(Counter(c.peer for c in server.streams)))
+
+    try:
+        server.publish(_view(0))
+        opened += [_stream(host, port, source="127.0.0.2") for _ in range(5)]
+        wait_for(lambda: server.call(lambda: server.evicted) == 1, what="its own oldest closed")
+        opened += [_stream(host, port, source="127.0.0.1") for _ in range(4)]
+        wait_for(lambda: per_client() == {"127.0.0.2": 4, "127.0.0.1": 4}, what="both shares")
+
+        opened.append(_stream(host, port, source="127.0.0.3"))
+
+        wait_for(lambda: per_client().get("127.0.0.3") == 1, what="the new address served")
+        assert sum(per_client().values()) == 8
+    finally:
+        for sock in opened:
+            sock.close()
         server.close()

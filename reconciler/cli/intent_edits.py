@@ -54,7 +54,7 @@ from reconciler.views.status_reader import StatusCache
 RESTORING_STATES = frozenset({"rollback_pending", "restoring"})
 
 _PLAIN_SAFE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")
-_ROLLBACK_ID = re.compile(r"^r(\d+)$")
+_ROLLBACK_ID = re.compile(r"^r([0-9]+)$")
 
 
 # --------------------------------------------------------------------------

@@ -564,14 +564,22 @@ class Daemon:
             self.log.warning(event, message, **fields)
 
     def _log_refusals(self, refusals: Sequence[Refusal]) -> None:
-        """A pushed spec commit not acted on (unsigned, short of approvals):
-        one warning per commit, with who made it and why, besides the
-        status that says so. A move backwards is ``verified_moved_back``."""
+        """A pushed spec commit not acted on: one line per commit, with who
+        made it and why, besides the status that says so. A commit without
+        a valid signature is a ``push_refused`` warning, worth an alert; a
+        signed one waiting for its approvals is the ordinary course of
+        review, ``awaiting_approval`` at info. A move backwards is
+        ``verified_moved_back``."""
         for refusal in refusals:
             if not refusal.author or not _first_time(self._refused, refusal.commit):
                 continue
-            self.log.warning(
-                "push_refused",
+            log, event = (
+                (self.log.info, "awaiting_approval")
+                if refusal.awaits_approval
+                else (self.log.warning, "push_refused")
+            )
+            log(
+                event,
                 f"commit {refusal.commit[:12]} by {refusal.author} is not acted on: "
                 f"{refusal.reason}",
                 commit=refusal.commit,

@@ -41,6 +41,7 @@ from reconciler.spec.errors import StoreError
 from reconciler.spec.fleet_status import FleetStatus
 from reconciler.spec.paths import (
     DASHBOARD_PATH,
+    FLEET_PAGES_DIR,
     FLEET_STATUS_PATH,
     ROLLOUTS_DIR,
     SETTINGS_PATH,
@@ -194,7 +195,7 @@ class Reader:
         self._read_everything = False
         history = store.history()
         history.advance(tip)
-        approval = self._forward_only(self.approver.approve(tip)) if self.approver else None
+        approval = self._forward_only(self._approve(tip)) if self.approver else None
         spec_commit = tip if approval is None else approval.verified_commit
         documents, spec_changed = self._read_documents(spec_commit)
         status_branch = documents.settings.status_branch or store.branch
@@ -227,7 +228,7 @@ class Reader:
             unverified=self._unverified_names(
                 history, approval, spec_commit, statuses.keys() | broken
             ),
-            fleet_status=self._fleet_at(status_tip),
+            fleet_status=self._own_fleet(status_tip, documents.settings.fleet_check_interval),
             refusal=_refusal_text(approval),
             approved_by=self._approved_by(approval),
             held_by_unreadable=self._held_by_unreadable(
@@ -390,6 +391,13 @@ class Reader:
             else:
                 self.report("unverified_rollout", unverified_only(name), rollout=name)
         return frozenset(held)
+
+    def _approve(self, tip: str) -> Approval:
+        """The walk's verdict at ``tip``, judging what follows the commit
+        last acted on by that tree's rules (``Approver.judge_after``)."""
+        assert self.approver is not None
+        self.approver.judge_after(self.acted.get())
+        return self.approver.approve(tip)
 
     def _forward_only(self, approval: Approval) -> Approval:
         """Refuse a verified commit that does not descend by first parent from
@@ -559,6 +567,34 @@ class Reader:
                 rollout=name,
             )
         return statuses, broken, reader.changed_names
+
+    def _own_fleet(self, commit: str | None, check_interval: int) -> FleetStatus | None:
+        """The fleet status at ``commit`` when it is the daemon's own
+        record: none while the fleet check is off (no sweep of the daemon's
+        stands behind any file then), and with signed status commits only
+        files as the newest daemon-signed commit left them, as for rollout
+        statuses (docs/trust.md). A pushed ``status/fleet.yaml`` is a
+        person's claim: not served, and replaced by the next decision."""
+        if commit is None or check_interval == 0:
+            return None
+        fleet = self._fleet_at(commit)
+        writes = self.trust.writes if self.trust is not None else None
+        if fleet is None or writes is None:
+            return fleet
+        store = self.store
+        files = dict(store.files(commit, FLEET_PAGES_DIR))
+        files[FLEET_STATUS_PATH] = store.file_blob(commit, FLEET_STATUS_PATH) or ""
+        wrong = writes.unwritten(commit, files)
+        if not wrong:
+            return fleet
+        path, why = min(wrong.items())
+        self.report(
+            "fleet_status_unwritten",
+            f"{path}: {why}; the fleet status is not served or used until the next sweep's "
+            "decision replaces it",
+            path=path,
+        )
+        return None
 
     def _fleet_at(self, commit: str | None) -> FleetStatus | None:
         """``status/fleet.yaml`` at ``commit``, parsed once per blob. A file

@@ -1,14 +1,17 @@
 """What ``run --http`` answers (docs/web.md): who may ask, which path is
 which answer, and the views the answers come from.
 
-Access: with a token file, every request (the page included) needs
-``Authorization: Bearer TOKEN``, compared in constant time; without one,
-only clients whose address is 127.0.0.1 or ::1 are served (any other
-source address, the rest of 127.0.0.0/8 included, gets 401). Errors are
-JSON, ``{"error", "message"}``: 401, 404 (unknown paths and rollouts),
-405 (any method but GET), 400 (bad ``offset``/``limit``), 503 (before the
-first view). Nothing secret is served: answers are the committed status
-files and the page's own assets.
+Access: a request whose ``Host`` is not the served address or a name the
+operator allows (``HostRule``) gets 421, so a page from a DNS-rebound name
+cannot read the answers. With a token file, every request but the
+``/healthz`` probe (the page included) needs ``Authorization: Bearer
+TOKEN``, compared in constant time; without one, only clients whose
+address is 127.0.0.1 or ::1 are served (any other source address, the rest
+of 127.0.0.0/8 included, gets 401). Errors are JSON, ``{"error",
+"message"}``: 401, 404 (unknown paths and rollouts), 405 (any method but
+GET), 400 (bad ``offset``/``limit``), 421 (a Host not served), 503 (before
+the first view). Nothing secret is served: answers are the committed
+status files and the page's own assets.
 
 Must not: read Git or touch sockets (``web_server`` does), or change
 anything: actions stay commits.
@@ -19,9 +22,10 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qs, quote, unquote
 
 from reconciler.spec.paths import NAME_RE
@@ -67,14 +71,52 @@ class Stream:
 
 
 Metrics = Callable[[], bytes]  # the Prometheus text, when /metrics shares the address
+Health = Callable[[], tuple[bool, dict[str, Any]]]  # /healthz: (healthy, why), likewise
+
+LOOPBACK_NAMES = frozenset({"127.0.0.1", "::1", "localhost"})
+_ANY_ADDRESS = frozenset({"0.0.0.0", "::", ""})
+
+
+@dataclass(frozen=True)
+class HostRule:
+    """Which ``Host`` headers are answered: the served address (bound to a
+    loopback address, ``localhost`` too), the names the operator allows
+    (``run --http-allow-host``), and when bound to every address any IP
+    address written as such. A DNS-rebinding page always sends a name."""
+
+    names: frozenset[str] = LOOPBACK_NAMES
+    any_address: bool = False
+
+    @classmethod
+    def served(cls, bound: str, allowed: Iterable[str] = ()) -> HostRule:
+        bound = bound.strip("[]").lower()
+        names = {bound} | {_host_name(name) for name in allowed}
+        if bound in LOOPBACK_NAMES or _loopback(bound):
+            names |= LOOPBACK_NAMES
+        return cls(frozenset(names - _ANY_ADDRESS), bound in _ANY_ADDRESS)
+
+    def allows(self, header: str | None) -> bool:
+        if header is None:  # HTTP/1.0 without a Host: no browser sends that
+            return True
+        name = _host_name(header)
+        return name in self.names or (self.any_address and _ip_address(name))
 
 
 class Routes:
     """The answers of the latest view, and who gets them."""
 
-    def __init__(self, *, token: str | None = None, metrics: Metrics | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        token: str | None = None,
+        metrics: Metrics | None = None,
+        health: Health | None = None,
+        hosts: HostRule = HostRule(),
+    ) -> None:
         self.token = token
         self.metrics = metrics
+        self.health = health
+        self.hosts = hosts
         self.answers: Answers | None = None
         self.assets = {
             path: (ASSETS_DIR.joinpath(name).read_bytes(), kind)
@@ -110,10 +152,14 @@ class Routes:
         self, method: str, target: str, headers: dict[str, str], peer: str
     ) -> Reply | Stream:
         """The answer to one request; ``headers`` by lower-case name."""
+        path, _, query = target.partition("?")
+        if not self.hosts.allows(headers.get("host")):
+            return self._wrong_host(headers.get("host", ""))
+        if method == "GET" and path == "/healthz" and self.health is not None:
+            return self._health()  # a probe: open, it tells nothing but alive or not
         refused = self._refusal(headers, peer)
         if refused is not None:
             return refused
-        path, _, query = target.partition("?")
         if method != "GET":
             reply = self.error(
                 405, "method_not_allowed", f"{method} is not allowed: this API only reads"
@@ -169,6 +215,22 @@ class Routes:
             headers += (("Link", f'{link}; rel="next"'),)
         return Reply(200, body, headers)
 
+    def _health(self) -> Reply:
+        assert self.health is not None
+        healthy, body = self.health()
+        data = json.dumps(body).encode() + b"\n"
+        return Reply(200 if healthy else 503, data, (*_COMMON, ("Content-Type", _JSON)))
+
+    def _wrong_host(self, host: str) -> Reply:
+        shown = ", ".join(sorted(self.hosts.names)) or "an IP address"
+        return self.error(
+            421,
+            "unknown_host",
+            f"this server does not answer for Host {host!r}, only for {shown}: behind a "
+            "reverse proxy that passes its own name, start the daemon with "
+            "--http-allow-host NAME",
+        )
+
     def _refusal(self, headers: dict[str, str], peer: str) -> Reply | None:
         if self.token is None:
             if _loopback(peer):
@@ -208,13 +270,34 @@ def _loopback(peer: str) -> bool:
     return str(address) in ("127.0.0.1", "::1")
 
 
+def _host_name(header: str) -> str:
+    """The name in a ``Host`` header: no port, no brackets, lower case."""
+    value = header.strip().lower()
+    if value.startswith("["):
+        return value[1 : value.find("]")] if "]" in value else value
+    name, sep, port = value.rpartition(":")
+    if sep and ":" not in name and ((port.isascii() and port.isdigit()) or not port):
+        value = name
+    return value.rstrip(".")
+
+
+def _ip_address(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
 def _paging(query: str) -> tuple[int, int] | Reply:
     """``offset`` and ``limit`` of a rollout's nodes (defaults 0 and 500)."""
     values = parse_qs(query, keep_blank_values=True)
     found = []
     for key, default, low in (("offset", 0, 0), ("limit", DEFAULT_LIMIT, 1)):
         text = values.get(key, [str(default)])[-1]
-        if not text.isdigit() or not low <= int(text) <= (MAX_LIMIT if key == "limit" else 10**9):
+        high = MAX_LIMIT if key == "limit" else 10**9
+        # ASCII only: str.isdigit also says yes to "²", which int() refuses
+        if not (text.isascii() and text.isdigit()) or not low <= int(text) <= high:
             top = MAX_LIMIT if key == "limit" else "1000000000"
             return Routes.error(400, "bad_query", f"{key} must be an integer from {low} to {top}")
         found.append(int(text))
@@ -229,4 +312,4 @@ def read_token(path: Path) -> str:
     return token
 
 
-__all__ = ["ASSETS_DIR", "Reply", "Routes", "Stream", "read_token"]
+__all__ = ["ASSETS_DIR", "HostRule", "Reply", "Routes", "Stream", "read_token"]

@@ -20,9 +20,16 @@ this server's thread. Its limits, so that no client can hold the daemon:
                  ``idle_timeout`` is closed
     writes       reading pauses while answers wait in the write buffer;
                  an event stream whose unsent bytes pass
-                 ``stream_buffer`` is dropped, and every stream gets a
-                 comment line every ``keepalive`` seconds, so a stalled or
-                 vanished reader is found even when nothing happens
+                 ``stream_buffer``, or whose oldest unsent byte waited
+                 ``stream_stall`` seconds (in our buffer or the kernel's),
+                 is dropped, and every stream gets a comment line every
+                 ``keepalive`` seconds, so a stalled or vanished reader is
+                 found even when nothing happens
+    streams      at most ``max_streams``, and ``max_streams_per_client``
+                 from one client address; a new stream closes that
+                 client's oldest at its share, or with every slot taken
+                 the oldest of the client holding most, so streams that
+                 are never read cannot lock the page out
 
 Must not: read Git, or decide anything; routing and access are ``web_routes``.
 """
@@ -31,9 +38,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import socket
+import struct
+import termios
 import threading
 import time
+from collections import Counter, deque
 from collections.abc import Callable
 from typing import Any
 
@@ -56,6 +67,7 @@ REQUEST_TIMEOUT = 10.0  # seconds from a request's first byte to its last
 IDLE_TIMEOUT = 60.0  # seconds a keep-alive connection may sit unused
 WRITE_HIGH_WATER = 256 * 1024  # bytes unsent before reading pauses
 STREAM_BUFFER = 1024 * 1024  # bytes unsent on an event stream before it is dropped
+STREAM_STALL = 30.0  # seconds an event stream's oldest unsent byte may wait
 KEEPALIVE = 15.0  # seconds between comment lines on an event stream
 SWEEP_INTERVAL = 0.5  # seconds between checks of the deadlines
 BACKLOG = 128
@@ -74,6 +86,11 @@ class _Connection(asyncio.Protocol):
         self.started = False  # bytes of a request have arrived
         self.streaming = False  # answering with an event stream
         self.next_keepalive = 0.0
+        self.stream_started = 0.0
+        # an event stream's bytes written so far, and (total after a write,
+        # when) for each write not known to have left yet
+        self.written = 0
+        self.unsent: deque[tuple[int, float]] = deque()
         self.request: h11.Request | None = None  # read, answered at its end
 
     # -- asyncio callbacks ------------------------------------------------------
@@ -206,11 +223,7 @@ class _Connection(asyncio.Protocol):
         if transport is None:
             return
         server = self.server
-        if len(server.streams) >= server.max_streams:
-            self._send_reply(
-                Routes.error(503, "too_many_streams", "too many open event streams; retry later")
-            )
-            return
+        server.make_room_for_stream(self.peer)
         try:
             data = self.conn.send(response_head(200, list(stream.headers)))
             data = (data or b"") + (self.conn.send(h11.Data(data=stream.opening)) or b"")
@@ -219,9 +232,10 @@ class _Connection(asyncio.Protocol):
             return
         self.streaming = True
         transport.pause_reading()
-        transport.write(data)
+        self.stream_started = server.clock()
+        self._write_stream(transport, data)
         server.streams.add(self)
-        self.next_keepalive = server.clock() + server.keepalive
+        self.next_keepalive = self.stream_started + server.keepalive
 
     def send_event(self, frame: bytes) -> None:
         """Write one event; a reader that lets ``stream_buffer`` bytes pile up is dropped."""
@@ -233,9 +247,27 @@ class _Connection(asyncio.Protocol):
             transport.abort()
             return
         try:
-            transport.write(self.conn.send(h11.Data(data=frame)) or b"")
+            self._write_stream(transport, self.conn.send(h11.Data(data=frame)) or b"")
         except h11.LocalProtocolError:
             self._close()
+
+    def _write_stream(self, transport: asyncio.Transport, data: bytes) -> None:
+        transport.write(data)
+        self.written += len(data)
+        self.unsent.append((self.written, self.server.clock()))
+
+    def stalled(self, now: float) -> bool:
+        """Has a byte written to this stream waited unsent longer than
+        ``stream_stall``? Bytes in the kernel's send queue count as unsent:
+        a reader that stopped reading shuts its window, and they stay there."""
+        transport = self.transport
+        if transport is None:
+            return False
+        left = self.written - transport.get_write_buffer_size() - kernel_unsent(transport)
+        unsent = self.unsent
+        while unsent and unsent[0][0] <= left:
+            unsent.popleft()
+        return bool(unsent) and now - unsent[0][1] > self.server.stream_stall
 
     # -- endings ------------------------------------------------------------------
 
@@ -249,6 +281,15 @@ class _Connection(asyncio.Protocol):
         transport.write(closing_refusal(status, reply.body, reply.headers))
         self._close()
 
+    def _abort(self) -> None:
+        """Drop at once: what is unsent will never be read."""
+        transport = self.transport
+        if transport is not None:
+            self.transport = None
+            self.server.connections.discard(self)
+            self.server.streams.discard(self)
+            transport.abort()
+
     def _close(self) -> None:
         transport = self.transport
         if transport is not None:
@@ -260,6 +301,10 @@ class _Connection(asyncio.Protocol):
     def tick(self, now: float) -> None:
         """Deadlines: a request not complete, an idle connection, a keepalive due."""
         if self.streaming:
+            if self.stalled(now):
+                self.server.dropped += 1
+                self._abort()
+                return
             if now >= self.next_keepalive:
                 self.next_keepalive = now + self.server.keepalive
                 self.send_event(b": keepalive\n\n")
@@ -294,22 +339,27 @@ class WebServer:
         on_error: Callable[[BaseException], None] | None = None,
         max_connections: int = MAX_CONNECTIONS,
         max_streams: int = MAX_CONNECTIONS // 2,
+        max_streams_per_client: int = MAX_CONNECTIONS // 8,
         request_timeout: float = REQUEST_TIMEOUT,
         idle_timeout: float = IDLE_TIMEOUT,
         stream_buffer: int = STREAM_BUFFER,
+        stream_stall: float = STREAM_STALL,
         keepalive: float = KEEPALIVE,
     ) -> None:
         self.routes = routes
         self.host, self.port = host, port
         self.max_connections = max_connections
         self.max_streams = max_streams
+        self.max_streams_per_client = max_streams_per_client
         self.request_timeout = request_timeout
         self.idle_timeout = idle_timeout
         self.stream_buffer = stream_buffer
+        self.stream_stall = stream_stall
         self.keepalive = keepalive
         self.connections: set[_Connection] = set()
         self.streams: set[_Connection] = set()
         self.dropped = 0  # event streams dropped for not reading
+        self.evicted = 0  # event streams closed to make room for a newer one
         self.clock = time.monotonic
         self._on_error = on_error
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -330,6 +380,24 @@ class WebServer:
             return False
         min(waiting, key=lambda c: c.waiting_since)._close()
         return True
+
+    def make_room_for_stream(self, peer: str) -> None:
+        """Close one stream when a new one from ``peer`` would pass a cap:
+        ``peer``'s oldest when it holds its share, else, with every slot
+        taken, the oldest of the client that holds the most. A client that
+        opens streams and never reads them holds its share at most, and a
+        new reader always gets in."""
+        mine = [c for c in self.streams if c.peer == peer]
+        if len(mine) >= self.max_streams_per_client:
+            candidates = mine
+        elif len(self.streams) >= self.max_streams:
+            held = Counter(c.peer for c in self.streams)
+            most = max(held.values())
+            candidates = [c for c in self.streams if held[c.peer] == most]
+        else:
+            return
+        self.evicted += 1
+        min(candidates, key=lambda c: c.stream_started)._close()
 
     # -- the thread ---------------------------------------------------------------
 
@@ -424,6 +492,17 @@ class WebServer:
         if not thread.is_alive():
             loop.close()
         self._loop = None
+
+
+def kernel_unsent(transport: asyncio.Transport) -> int:
+    """Bytes in the socket's send queue, not yet taken by the peer (Linux's
+    SIOCOUTQ); 0 where that cannot be asked."""
+    sock = transport.get_extra_info("socket")
+    try:
+        answer = fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0")
+    except (AttributeError, OSError, ValueError):
+        return 0
+    return int(struct.unpack("i", answer)[0])
 
 
 __all__ = ["WebServer"]

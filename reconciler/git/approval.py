@@ -5,7 +5,10 @@ different from any of its parents' (a root commit: holds any of them). Only
 spec commits need a signature; a commit touching only a README or
 ``status/`` never blocks anything. Walking first-parent history from the
 root to a tip, each spec commit is judged on its change from the *verified
-commit* before it (none yet: from nothing, with its own rules); the newest
+commit* before it (none yet: from nothing, with its own rules), or from the
+commit the daemon last acted on (``judge_after``) when that one lies between
+and no longer verifies, so that a signer leaving the allowed-signers file
+never hands the next commit its own rules; the newest
 one that passes is the verified commit, whose spec paths are what the
 daemon acts on. Every newer spec commit is a refusal, kept with its reason,
 and ignored entirely (an ``abort`` included). The daemon also never moves
@@ -38,7 +41,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from functools import cached_property
 from pathlib import Path
@@ -89,6 +92,9 @@ class Refusal:
     commit: str
     reason: str
     author: str  # "Name <email>"
+    # signed by an allowed signer and short only of approvals: the ordinary
+    # wait of a reviewed change, not a push to be alarmed about
+    awaits_approval: bool = False
 
 
 @dataclass(frozen=True)
@@ -100,6 +106,15 @@ class Approval:
     newest_spec_commit: str | None
     # the unverified spec commits newer than verified_commit, newest first
     refusals: tuple[Refusal, ...]
+    # the commit the daemon last acted on, when it lies on this chain after
+    # verified_commit (it no longer verifies: its signer left the allowed
+    # signers): later spec commits are judged against it, never from nothing
+    acted_floor: str | None = None
+
+    @property
+    def base(self) -> str | None:
+        """The commit the next spec commit on this chain is judged against."""
+        return self.acted_floor or self.verified_commit
 
     @property
     def acted_on(self) -> bool:
@@ -197,6 +212,7 @@ class Approver:
         self.required_approvals = required_approvals
         self.pgp = pgp
         self.clock = clock
+        self._acted: str | None = None  # the commit the daemon last acted on
         self._approvals: dict[str, Approval] = {}
         # first-parent distance from the root of each commit in _approvals
         self._depth: dict[str, int] = {}
@@ -222,6 +238,16 @@ class Approver:
         """Can approvals change a verdict here? With a global minimum, or
         with allowed signers whose approvals a tree's rules may ask for."""
         return bool(self.required_approvals or self.allowed)
+
+    def judge_after(self, acted: str | None) -> None:
+        """Judge what follows ``acted``, the commit the daemon last acted on
+        (its state directory's record), by that tree's rules even when it no
+        longer verifies: a signer who leaves the allowed-signers file must
+        not leave the next commit to be judged by the rules it writes."""
+        if acted != self._acted:
+            self._acted = acted
+            self._approvals.clear()
+            self._depth.clear()
 
     def approve(self, tip: str) -> Approval:
         if self.counts_approvals:
@@ -249,22 +275,33 @@ class Approver:
         for commit_id, spec in reversed(pending):
             depth += 1
             if spec:
-                judgement = self.judge(commit_id, approval.verified_commit)
+                judgement = self.judge(commit_id, approval.base)
                 if judgement.ok:
                     approval = Approval(commit_id, commit_id, ())
                 else:
-                    refusal = Refusal(commit_id, judgement.reason, _author(self._commit(commit_id)))
-                    approval = Approval(
-                        approval.verified_commit, commit_id, (refusal, *approval.refusals)
+                    refusal = Refusal(
+                        commit_id,
+                        judgement.reason,
+                        _author(self._commit(commit_id)),
+                        judgement.signature.ok,
                     )
+                    approval = Approval(
+                        approval.verified_commit,
+                        commit_id,
+                        (refusal, *approval.refusals),
+                        approval.acted_floor,
+                    )
+            if commit_id == self._acted and approval.verified_commit != commit_id:
+                approval = replace(approval, acted_floor=commit_id)
             self._remember(commit_id, approval, depth)
         return approval
 
     def base_of(self, commit: str) -> str | None:
-        """The verified commit before ``commit`` on its first-parent chain:
+        """The verified commit before ``commit`` on its first-parent chain,
+        or the commit last acted on when that is newer (``judge_after``):
         the tree ``commit`` is judged against (None: none yet)."""
         parents = self._commit(commit).parent_ids
-        return self.approve(str(parents[0])).verified_commit if parents else None
+        return self.approve(str(parents[0])).base if parents else None
 
     def check_commit(self, commit: str) -> SignatureCheck:
         """The commit's signature verdict and, when approvals are asked

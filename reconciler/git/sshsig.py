@@ -222,7 +222,7 @@ def _parse_options(token: str) -> dict[str, str | None]:
     return options
 
 
-_VALIDITY = re.compile(r"(\d{8})(\d{4})?(\d{2})?(Z)?", re.IGNORECASE)
+_VALIDITY = re.compile(r"([0-9]{8})([0-9]{4})?([0-9]{2})?(Z)?", re.IGNORECASE)
 
 
 def parse_validity_time(text: str) -> datetime:

@@ -471,6 +471,11 @@ class HttpServer:
 def parse_listen(text: str) -> tuple[str, int]:
     """``HOST:PORT`` (``[::1]:PORT`` for IPv6) -> (host, port); ValueError otherwise."""
     host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+    if (
+        not sep
+        or not host
+        or not (port.isascii() and port.isdigit())
+        or not 0 <= int(port) <= 65535
+    ):
         raise ValueError(f"listen address must be HOST:PORT, got {text!r}")
     return host.strip("[]"), int(port)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import re
 
-_PART = re.compile(r"(\d+)([smh])")
-_WHOLE = re.compile(r"^(?:\d+[smh])+$")
+_PART = re.compile(r"([0-9]+)([smh])")
+_WHOLE = re.compile(r"^(?:[0-9]+[smh])+$")
 _UNIT = {"s": 1, "m": 60, "h": 3600}
 
 

@@ -7,7 +7,7 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from reconciler.cli.remote_options import REPO_ENV, add_remote_arguments, repo_default
 from reconciler.spec.errors import UsageError, redact_url
@@ -130,8 +130,17 @@ def _add_running_arguments(parser: argparse.ArgumentParser) -> None:
         "--http-token-file",
         type=Path,
         metavar="FILE",
-        help="with --http: every request needs Authorization: Bearer and the token in FILE; "
-        "without it only 127.0.0.1 and ::1 are served",
+        help="with --http: every request but /healthz needs Authorization: Bearer and the "
+        "token in FILE; without it only 127.0.0.1 and ::1 are served",
+    )
+    parser.add_argument(
+        "--http-allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="with --http: answer requests whose Host header names NAME too (a reverse "
+        "proxy that passes its own name); repeatable. Without it only the served address "
+        "(and localhost, when that is a loopback address) is answered",
     )
     parser.add_argument(
         "--log-format",
@@ -322,14 +331,12 @@ def _web_server(args: argparse.Namespace, log: EventLog, metrics: Metrics) -> We
     without --http."""
     if not args.http:
         return None
-    from prometheus_client import generate_latest
-
-    from reconciler.daemon.web_routes import Routes, read_token
+    from reconciler.daemon.web_routes import HostRule, Routes, read_token
     from reconciler.daemon.web_server import WebServer
 
     host, sep, port = args.http.rpartition(":")
     host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or int(port) > 65535:
+    if not sep or not host or not (port.isascii() and port.isdigit()) or int(port) > 65535:
         raise UsageError(f"--http must be HOST:PORT, got {args.http!r}")
     token = None
     if args.http_token_file is not None:
@@ -337,8 +344,12 @@ def _web_server(args: argparse.Namespace, log: EventLog, metrics: Metrics) -> We
             token = read_token(args.http_token_file)
         except (OSError, ValueError) as exc:
             raise UsageError(f"--http-token-file: {exc}") from None
-    shared = (lambda: generate_latest(metrics.registry)) if args.metrics == args.http else None
-    routes = Routes(token=token, metrics=shared)
+    routes = Routes(
+        token=token,
+        hosts=HostRule.served(host, args.http_allow_host),
+        **_shared_metrics(args, metrics),
+    )
+    shared = routes.metrics is not None
     server = WebServer(
         routes,
         host,
@@ -352,10 +363,26 @@ def _web_server(args: argparse.Namespace, log: EventLog, metrics: Metrics) -> We
     log.info(
         "http",
         f"serving the read API and the page on http://{server.address}/"
-        + (" (and /metrics)" if shared else ""),
+        + (" (and /metrics, /healthz)" if shared else ""),
         access="token" if token else "127.0.0.1 and ::1 only",
+        hosts=",".join(sorted(routes.hosts.names))
+        + (",any IP" if routes.hosts.any_address else ""),
     )
     return server
+
+
+def _shared_metrics(args: argparse.Namespace, metrics: Metrics) -> dict[str, Any]:
+    """When --metrics names the --http address: ``/metrics`` behind the
+    read API's access rules, ``/healthz`` open to any client as a probe."""
+    if args.metrics != args.http:
+        return {}
+    from prometheus_client import generate_latest
+
+    metrics.health.stale_after = _stale_after(args)
+    return {
+        "metrics": lambda: generate_latest(metrics.registry),
+        "health": metrics.health.answer,
+    }
 
 
 def _check_arguments(args: argparse.Namespace) -> None:
@@ -364,6 +391,8 @@ def _check_arguments(args: argparse.Namespace) -> None:
         raise UsageError("--concurrency must be at least 1")
     if args.http_token_file is not None and not args.http:
         raise UsageError("--http-token-file needs --http")
+    if args.http_allow_host and not args.http:
+        raise UsageError("--http-allow-host needs --http")
     if args.require_approvals < 0:
         raise UsageError("--require-approvals must be 0 or more")
     if args.require_approvals and args.allowed_signers is None:

@@ -162,6 +162,7 @@ def run(args: argparse.Namespace) -> int:
         args.state_dir or default_state_root(), args.repo or ".", args.branch
     )
     acted, where = _acted_position(repo, state, args.branch)
+    approver.judge_after(_kept_position(state))
     approval = _forward_only(repo, approver.approve(tip), acted)
     report = describe(repo, approver, approval, label, tip) + f"\n  {where}"
     held = _tampered_statuses(
@@ -415,6 +416,15 @@ def _acted_position(repo: Any, state: DaemonState, branch: str) -> tuple[str | N
         f"last acted on {old[:_SHORT]} by the ref {ACTED_REF}{branch}, which anyone "
         f"who may push can change; {unknown}"
     )
+
+
+def _kept_position(state: DaemonState) -> str | None:
+    """The daemon's own record of the commit it last acted on, whose rules
+    judge what follows it; never the repository's ref, which pushers move."""
+    try:
+        return read_acted(state)
+    except ReconcilerError:
+        return None
 
 
 def _forward_only(repo: Any, approval: Approval, acted: str | None) -> Approval:
