@@ -33,10 +33,11 @@ from reconciler.daemon.loop import Daemon
 from reconciler.git.approval import Approver, load_allowed_signers
 from reconciler.git.store import GitStore
 from reconciler.protocol.signing import generate_key, load_private_key
-from reconciler.views.attestation import PREDICATE_TYPE, sign
+from reconciler.views.attestation import PREDICATE_TYPE, reported_digest, sign
 from tests.kit.documents import node_map, rollout_yaml
 from tests.kit.fleets import AgentFleet
 from tests.kit.git import git, git_env
+from tests.kit.nginx import NginxServer
 
 REPO = Path(__file__).resolve().parent.parent
 SCHEMA = REPO / "schemas" / "deployment-attestation.schema.json"
@@ -531,3 +532,70 @@ def test_an_attestation_records_the_signed_commit_and_the_approval_that_counted(
     public = fleet.key_path.with_name("reconciler.pub")
     args = ["verify", "--attestation", str(out), "--key", str(public), "--repo", str(fleet.bare)]
     assert cli(args) == 0, capsys.readouterr().out
+
+
+# -- a model rollout -------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_model_rollouts_attestation_names_the_models_digest_per_node(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The status is the one the daemon wrote for a rollout whose target
+    declares artifacts, downloaded from Debian's nginx by the real agents."""
+    files = tmp_path / "mirror"
+    files.mkdir()
+    data = hashlib.sha256(b"model weights").digest() * 4096
+    (files / "model.gguf").write_bytes(data)
+    digest = hashlib.sha256(data).hexdigest()
+    fleet = signed_fleet(tmp_path)
+    with NginxServer(tmp_path / "nginx", files) as nginx:
+        try:
+            artifact = (
+                f"{{name: weights, url: '{nginx.url('model.gguf')}', "
+                f"sha256: '{digest}', size: {len(data)}}}"
+            )
+            target = (
+                "{runtime: hermes, provider: vllm, model: llama3.1-8b, profile: default, "
+                f"artifacts: [{artifact}]}}"
+            )
+            status = complete(fleet, "model", live=True, target=target)
+            assert status["frozen"]["artifacts"][0]["sha256"] == digest  # where status keeps them
+            out = tmp_path / "model.json"
+            code, err = attest(fleet, "model", out, capsys)
+            assert code == 0, err
+            statement = json.loads(base64.b64decode(json.loads(out.read_text())["payload"]))
+            assert statement["subject"] == [
+                {
+                    "name": f"{node}/hermes",
+                    "digest": {"sha256": digest},
+                    "annotations": {"artifact": "weights"},
+                }
+                for node in NODES
+            ]
+            # verify derives the subject from the record the same way, and so
+            # refuses the config digests the attestation once carried instead.
+            public = fleet.key_path.with_name("reconciler.pub")
+            capsys.readouterr()
+            args = ["verify", "--attestation", str(out), "--key", str(public)]
+            assert cli([*args, "--repo", str(fleet.bare)]) == 0, capsys.readouterr().out
+            config_digests = dict(
+                statement,
+                subject=[
+                    {
+                        "name": f"{n['name']}/hermes",
+                        "digest": {"sha256": reported_digest(n["evidence"], "hermes")},
+                    }
+                    for n in statement["predicate"]["nodes"]
+                ],
+            )
+            wrong = tmp_path / "config-digests.json"
+            wrong.write_text(json.dumps(sign(config_digests, load_private_key(fleet.key_path))))
+            capsys.readouterr()
+            assert cli(["verify", "--attestation", str(wrong), "--key", str(public)]) == 1
+            assert (
+                f"but its record shows gpu-a1/hermes sha256:{digest[:12]}"
+                in capsys.readouterr().out
+            )
+        finally:
+            fleet.close()

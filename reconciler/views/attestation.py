@@ -86,7 +86,7 @@ def subjects_of(predicate: Mapping[str, Any]) -> list[dict[str, Any]]:
         return []  # a dry-run changed nothing on any node
     target = frozen.get("target") or {}
     runtime = str(target.get("runtime", ""))
-    artifacts = target.get("artifacts") or ()
+    artifacts = frozen.get("artifacts") or ()  # status keeps them beside the target
     subjects: list[dict[str, Any]] = []
     for node in predicate.get("nodes") or ():
         if node.get("state") != "succeeded" or not node.get("evidence"):
