@@ -34,6 +34,7 @@ from reconciler.git.approval import Approver, load_allowed_signers
 from reconciler.git.store import GitStore
 from reconciler.protocol.signing import generate_key, load_private_key
 from reconciler.views.attestation import PREDICATE_TYPE, reported_digest, sign
+from tests.kit.alertmanager import AlertmanagerServer
 from tests.kit.documents import node_map, rollout_yaml
 from tests.kit.fleets import AgentFleet
 from tests.kit.git import git, git_env
@@ -44,6 +45,7 @@ SCHEMA = REPO / "schemas" / "deployment-attestation.schema.json"
 OLD = b"provider: ollama\nmodel: llama3-8b\nprofile: default\n"
 FAST_OFFLINE = "apiVersion: reconciler/v1\nkind: Settings\nspec: {offlineAfter: 5s}\n"
 NODES = ("gpu-a1", "gpu-a2")
+TERMINAL = ("completed", "failed", "aborted")
 
 
 @dataclass
@@ -597,5 +599,67 @@ def test_a_model_rollouts_attestation_names_the_models_digest_per_node(
                 f"but its record shows gpu-a1/hermes sha256:{digest[:12]}"
                 in capsys.readouterr().out
             )
+        finally:
+            fleet.close()
+
+
+# -- a node failed by an alert ---------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_node_an_alert_failed_is_attested_as_failed_by_that_alert(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Debian's Alertmanager has an alert naming gpu-a1 firing when its job
+    is sent: the daemon fails it on that alert, before any agent answer,
+    and the rollout goes on (observe) to gpu-a2."""
+    with AlertmanagerServer(tmp_path) as alertmanager:
+        settings = (
+            "apiVersion: reconciler/v1\nkind: Settings\n"
+            f"spec: {{offlineAfter: 5s, alertmanager: {{url: '{alertmanager.url}'}}}}\n"
+        )
+        fleet = AgentFleet.create(
+            tmp_path,
+            {name: {"config": OLD, "agent_key": "own"} for name in NODES},
+            files={"reconciler.yaml": settings},
+        )
+        try:
+            alertmanager.post_alert("GpuHot", node="gpu-a1", severity="page")  # before it starts
+            health = "{soak: 3s, interval: 1s, alerts: {matchers: ['severity=\"page\"']}}"
+            fleet.push(
+                {
+                    "rollouts/r.yaml": rollout_yaml(
+                        "r", nodeIds=list(NODES), live=True, batchSize=1, onFailure="observe",
+                        health=health,
+                    )
+                }
+            )  # fmt: skip
+            daemon = fleet.daemon()
+            statuses = fleet.run_until(
+                daemon, lambda s: s.get("r", {}).get("phase") in TERMINAL, timeout=120
+            )
+            nodes = node_map(statuses["r"])
+            assert nodes["gpu-a1"]["state"] == "failed"
+            alert = nodes["gpu-a1"]["failedByAlert"]
+            assert alert["alertname"] == "GpuHot"
+            assert alert["labels"] == {"alertname": "GpuHot", "node": "gpu-a1", "severity": "page"}
+            assert nodes["gpu-a2"]["state"] == "succeeded"
+
+            capsys.readouterr()
+            assert cli(["verify", "--evidence", "r", "--repo", str(fleet.bare)]) == 0
+            report = capsys.readouterr().out
+            assert "gpu-a1 ok: failed by alert GpuHot (labels node=gpu-a1, severity=page" in re.sub(
+                " {2,}", " ", report
+            )
+            out = tmp_path / "r.json"
+            code, err = attest(fleet, "r", out, capsys)
+            assert code == 0, err
+            statement = json.loads(base64.b64decode(json.loads(out.read_text())["payload"]))
+            assert [s["name"] for s in statement["subject"]] == ["gpu-a2/hermes"]
+            attested = node_map(statement["predicate"])
+            assert attested["gpu-a1"]["failedByAlert"] == alert
+            public = fleet.key_path.with_name("reconciler.pub")
+            args = ["verify", "--attestation", str(out), "--key", str(public)]
+            assert cli([*args, "--repo", str(fleet.bare)]) == 0, capsys.readouterr().out
         finally:
             fleet.close()
