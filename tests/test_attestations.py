@@ -431,7 +431,8 @@ def test_attest_refuses_a_dry_run_and_an_unfinished_rollout(
     complete(fleet, "dry")
     code, err = attest(fleet, "dry", tmp_path / "dry.json", capsys)
     assert code == 1
-    assert "rollout dry: no node succeeded on signed evidence of what it now runs" in err
+    assert "rollout dry: nothing to attest: it was a dry-run, which changes nothing" in err
+    assert "agentKey" not in err
 
     fleet.push(
         {"rollouts/held.yaml": rollout_yaml("held", nodeIds=list(NODES), live=True, pauseAfter=[1])}
@@ -663,3 +664,38 @@ def test_a_node_an_alert_failed_is_attested_as_failed_by_that_alert(
             assert cli([*args, "--repo", str(fleet.bare)]) == 0, capsys.readouterr().out
         finally:
             fleet.close()
+
+
+def test_attest_refusing_a_rollout_where_no_node_succeeded_says_so_not_agent_keys(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every agent signs with its key, and every apply fails: the
+    after-apply command exits 1, so the agent restores the old config."""
+    fleet = AgentFleet.create(
+        tmp_path,
+        {name: {"config": OLD, "agent_key": "own", "after_apply": "false"} for name in NODES},
+        files={"reconciler.yaml": FAST_OFFLINE},
+    )
+    try:
+        fleet.push(
+            {
+                "rollouts/r.yaml": rollout_yaml(
+                    "r", nodeIds=list(NODES), live=True, onFailure="observe"
+                )
+            }
+        )
+        statuses = fleet.run_until(
+            fleet.daemon(), lambda s: s.get("r", {}).get("phase") in TERMINAL
+        )
+        assert {n["state"] for n in statuses["r"]["nodes"]} == {"failed"}
+
+        code, err = attest(fleet, "r", tmp_path / "r.json", capsys)
+
+        assert code == 1
+        assert (
+            "rollout r: nothing to attest: no node succeeded (gpu-a1 failed, gpu-a2 failed)" in err
+        )
+        assert "agentKey" not in err and "--key" not in err
+        assert "reconciler status r" in err
+    finally:
+        fleet.close()

@@ -166,13 +166,35 @@ def attest(source: Branch, name: str, key: SigningKey) -> dict[str, Any]:
             "the status file is not one the daemon wrote; see: reconciler status " + name,
         )
     if not statement["subject"]:
-        raise AttestationError(
-            f"rollout {name}: no node succeeded on signed evidence of what it now runs, "
-            "so there is nothing to attest",
-            "attestations cover live rollouts on nodes whose spec.agentKey the agent signs "
-            "with (reconciler agent --key)",
-        )
+        raise AttestationError(*_nothing_deployed(status))
     return sign(statement, key)
+
+
+def _nothing_deployed(status: RolloutStatus) -> tuple[str, str]:
+    """Why ``status`` has no subject, and what to do: the reason that holds,
+    a dry-run, no node that succeeded, or succeeded nodes without signed
+    evidence (only then are agent keys the cause)."""
+    name = status.name
+    head = f"rollout {name}: nothing to attest: "
+    if status.frozen is not None and not status.frozen.live:
+        return (
+            head + "it was a dry-run, which changes nothing on any node",
+            "attestations describe live rollouts",
+        )
+    succeeded = [n.name for n in status.nodes if n.state == "succeeded"]
+    if not succeeded:
+        states = ", ".join(f"{n.name} {n.state}" for n in status.nodes[:10])
+        more = f" and {len(status.nodes) - 10} more" if len(status.nodes) > 10 else ""
+        return (
+            head + f"no node succeeded ({states}{more}), so nothing was deployed",
+            f"see why with: reconciler status {name}",
+        )
+    return (
+        head + f"no node that succeeded has signed evidence of what it now runs "
+        f"({', '.join(succeeded[:10])}{' ...' if len(succeeded) > 10 else ''})",
+        "attestations cover nodes whose spec.agentKey the agent signs with "
+        "(reconciler agent --key)",
+    )
 
 
 def _refuse_unfinished(status: RolloutStatus) -> None:
