@@ -208,3 +208,42 @@ def test_the_fleets_desired_state_survives_turning_on_approvals_on_a_running_fle
     assert kept == settled
     assert phase == "completed"
     assert drifted == {"gpu-a1": ("drift", "llama3.1-8b", "llama"), "gpu-a2": settled["gpu-a2"]}
+
+
+def test_verify_from_an_operators_clone_reads_the_daemons_state_of_the_bare_repository(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The daemon runs on the bare repository; a person checks from a clone
+    of it, on the same machine, as the docs' step 4 says."""
+    kit = FleetKit.create(tmp_path, NODES)
+    try:
+        repo = Repo(kit, tmp_path)
+        plain = ["run", "--once", "--repo", str(kit.bare), "--key", str(kit.key_path)]
+        spec = rollout_yaml("old", target=OLD, nodeIds=["web-1", "web-2"], live=True)
+        repo.push({"rollouts/old.yaml": spec}, "Roll out old", signed=False)
+        wait_for(lambda: main(plain) == 0 and repo.phase("old") == "completed", 60, "old to end")
+        state = DaemonState.for_branch(default_state_root(), str(kit.bare), "main")
+        assert state.folder.is_dir()
+
+        # The state directory exists, but the daemon never acted under verification.
+        signed = repo.push(
+            {"rollouts/new.yaml": rollout_yaml("new", target=NEW, nodeIds=["web-1"], live=True)},
+            "Roll out new", signed=True,
+        )  # fmt: skip
+        code, out = repo.verify(capsys)
+        assert "not on this machine" not in out, out
+        assert f"the daemon's state ({state.folder}) holds no verified commit yet" in out, out
+
+        repo.run_once()  # verification on: the daemon records its position
+        clone_dir = kit.work
+        git("fetch", "-q", "origin", cwd=clone_dir)
+        git("reset", "-q", "--hard", "origin/main", cwd=clone_dir)
+        for where in (kit.bare, clone_dir):
+            capsys.readouterr()
+            code = main(["verify", "--repo", str(where), "--allowed-signers", str(repo.signers)])
+            out = capsys.readouterr().out
+            assert code == 0, (where, out)
+            assert "status_tampered" not in out and "would NOT" not in out, (where, out)
+            assert f"last acted on {signed[:12]} (the daemon's state, {state.folder})" in out
+    finally:
+        kit.close()

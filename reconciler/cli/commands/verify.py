@@ -48,7 +48,12 @@ from reconciler.git.approval_notes import read_note
 from reconciler.git.branch import open_branch
 from reconciler.git.history import History
 from reconciler.git.openpgp import PgpKeyring
-from reconciler.git.revisions import describe_commit, open_local_repository, resolve_or_branch_tip
+from reconciler.git.revisions import (
+    describe_commit,
+    open_local_repository,
+    resolve_or_branch_tip,
+    upstream_locations,
+)
 from reconciler.git.sshsig import AllowedSigner, parse_allowed_signers
 from reconciler.git.status_writes import DaemonWrites
 from reconciler.git.store import GitStore
@@ -154,9 +159,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--require-approvals must be 0 or more")
     pgp = _pgp_keys(args.allowed_pgp_keys)
     approver = Approver(repo, allowed, required_approvals=args.require_approvals, pgp=pgp)
-    state = DaemonState.for_branch(
-        args.state_dir or default_state_root(), args.repo or ".", args.branch
-    )
+    state = _daemon_state(args, repo)
     acted, where = _acted_position(repo, state, args.branch)
     approval = _forward_only(repo, approver.approve(tip), acted)
     report = describe(repo, approver, approval, label, tip) + f"\n  {where}"
@@ -389,6 +392,13 @@ def _unverified_rollouts(
     ]
 
 
+def _daemon_state(args: argparse.Namespace, repo: Any) -> DaemonState:
+    """The state folder of the daemon serving ``--repo``: the bare
+    repository's when ``--repo`` is a clone of it."""
+    root = args.state_dir or default_state_root()
+    return DaemonState.of_daemon(root, args.repo or ".", args.branch, upstream_locations(repo))
+
+
 def _acted_position(repo: Any, state: DaemonState, branch: str) -> tuple[str | None, str]:
     """The verified commit the daemon last acted on, as far as this machine
     can know it, and a line saying where that came from. The daemon keeps
@@ -405,6 +415,13 @@ def _acted_position(repo: Any, state: DaemonState, branch: str) -> tuple[str | N
         f"the daemon's state ({state.folder}) is not on this machine or not readable, "
         "so whether it already acted on a newer verified commit cannot be known here"
     )
+    if state.exists():
+        # The daemon has run here, never under verification: it takes the
+        # old ref, if any, as its position at its first verified pass.
+        unknown = (
+            f"the daemon's state ({state.folder}) holds no verified commit yet: the daemon "
+            "has not acted under verification, and takes the branch as it is when it first does"
+        )
     if old is None:
         return None, f"last acted on: not known; {unknown}"
     return old, (
