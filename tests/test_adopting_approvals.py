@@ -247,3 +247,60 @@ def test_verify_from_an_operators_clone_reads_the_daemons_state_of_the_bare_repo
             assert f"last acted on {signed[:12]} (the daemon's state, {state.folder})" in out
     finally:
         kit.close()
+
+
+def test_turning_on_signed_status_commits_as_the_docs_say_keeps_the_daemons_earlier_statuses(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """docs/trust.md, "Turning on verification and approvals", step by
+    step, with ``run --once`` against the simulated fleet: a fleet in use
+    without any of it, then --allowed-signers and --sign-commits at once."""
+    kit = FleetKit.create(tmp_path, NODES)
+    try:
+        repo = Repo(kit, tmp_path)
+        plain = ["run", "--once", "--repo", str(kit.bare), "--key", str(kit.key_path)]
+        spec = rollout_yaml("old", target=OLD, nodeIds=["web-1", "web-2"], live=True)
+        repo.push({"rollouts/old.yaml": spec}, "Roll out old", signed=False)
+        wait_for(lambda: main(plain) == 0 and repo.phase("old") == "completed", 60, "old to end")
+        assert main(plain) == 0
+
+        # Step 2: the daemon's key joins the people's in the allowed-signers
+        # file, and a signed commit changes a spec path.
+        daemon_pub = kit.root / "keys" / "reconciler.pub"
+        repo.signers.write_text(
+            repo.signers.read_text() + f"reconciler@fleet {daemon_pub.read_text()}"
+        )
+        spec = rollout_yaml("new", target=NEW, nodeIds=["web-1"], live=True)
+        repo.push({"rollouts/new.yaml": spec}, "Roll out new", signed=True)
+
+        # Step 3: restart with --allowed-signers FILE --sign-commits.
+        repo.extra = ["--sign-commits"]
+        capsys.readouterr()
+        repo.run_until(lambda: repo.phase("new") == "completed")
+        err = capsys.readouterr().err
+        assert "status_tampered" not in err, err
+        titles = git("log", "--format=%s", "main", cwd=kit.bare).splitlines()
+        assert not [t for t in titles if t.startswith("unreadable status of")], titles
+        dashboard = git("show", "main:status/README.md", cwd=kit.bare)
+        assert "status_tampered" not in dashboard and "old" in dashboard
+        assert repo.phase("old") == "completed"
+        capsys.readouterr()
+        assert main(["status", "--repo", str(kit.bare), "-o", "json"]) == 0
+        listed = capsys.readouterr().out
+        assert '"old"' in listed and '"new"' in listed
+
+        # Step 4: verify on the daemon's machine, as the daemon judges.
+        code, out = repo.verify(capsys, "--daemon-key", str(daemon_pub))
+        assert code == 0, out
+        assert "status_tampered" not in out
+
+        # A person's unsigned edit of the adopted status is still held.
+        text = git("show", "main:status/old.yaml", cwd=kit.bare)
+        repo.push(
+            {"status/old.yaml": text.rstrip("\n") + "\n# edited by hand\n"}, "Edit", signed=False
+        )
+        capsys.readouterr()
+        repo.run_once()
+        assert "status_tampered: status/old.yaml is not verified" in capsys.readouterr().err
+    finally:
+        kit.close()

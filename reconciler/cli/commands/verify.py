@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from reconciler.cli.remote_options import add_repo_argument
-from reconciler.daemon.acted import read_acted
+from reconciler.daemon.acted import read_acted, read_unsigned_status
 from reconciler.daemon.reader import unverified_only, unverified_rollouts
 from reconciler.daemon.started import StartedRollouts, gone_reason
 from reconciler.daemon.state import DaemonState, default_state_root
@@ -323,7 +323,7 @@ def _tampered_statuses(
         store = GitStore.open(str(repo.path), branch, read_only=True)
     except StoreError:
         return {}
-    writes = DaemonWrites(repo, status_signers) if status_signers else None
+    writes = DaemonWrites(repo, status_signers, _unsigned_status(state)) if status_signers else None
     trust = StatusTrust(store, approver, writes)
     settings = trust.documents_at(approval.verified_commit, {}).settings
     status_tip = tip if not settings.status_branch else store.tip(settings.status_branch)
@@ -341,6 +341,17 @@ def _tampered_statuses(
     held = trust.hold_unwritten(statuses, status_tip)
     held.update(trust.hold_tampered(statuses, history, wrote=started.wrote))
     return held
+
+
+def _unsigned_status(state: DaemonState | None) -> str | None:
+    """The status commit the daemon acted on last before it signed, when
+    its state is on this machine (``daemon.acted``)."""
+    if state is None:
+        return None
+    try:
+        return read_unsigned_status(state)
+    except ReconcilerError:
+        return None
 
 
 def _gone_statuses(
