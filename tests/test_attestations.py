@@ -32,13 +32,16 @@ from reconciler.daemon.logs import EventLog
 from reconciler.daemon.loop import Daemon
 from reconciler.git.approval import Approver, load_allowed_signers
 from reconciler.git.store import GitStore
-from reconciler.protocol.signing import generate_key, load_private_key
+from reconciler.protocol.signing import SigningKey, canonical_json, generate_key, load_private_key
+from reconciler.spec.safe_yaml import load_yaml
 from reconciler.views.attestation import PREDICATE_TYPE, reported_digest, sign
 from tests.kit.alertmanager import AlertmanagerServer
 from tests.kit.documents import node_map, rollout_yaml
 from tests.kit.fleets import AgentFleet
 from tests.kit.git import git, git_env
+from tests.kit.keys import make_key
 from tests.kit.nginx import NginxServer
+from tests.kit.waiting import wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 SCHEMA = REPO / "schemas" / "deployment-attestation.schema.json"
@@ -394,12 +397,25 @@ def fleet(tmp_path: Path) -> Iterator[AgentFleet]:
         made.close()
 
 
-def attest(fleet: AgentFleet, name: str, out: Path, capsys: pytest.CaptureFixture[str]) -> Any:
+def attest(
+    fleet: AgentFleet, name: str, out: Path, capsys: pytest.CaptureFixture[str], *more: str
+) -> Any:
     capsys.readouterr()
     code = cli(
-        ["attest", name, "--repo", str(fleet.bare), "--key", str(fleet.key_path), "--out", str(out)]
-    )
+        [
+            "attest", name, "--repo", str(fleet.bare), "--key", str(fleet.key_path),
+            "--out", str(out), *more,
+        ]
+    )  # fmt: skip
     return code, capsys.readouterr().err
+
+
+def phase(fleet: AgentFleet, name: str) -> str | None:
+    try:
+        text = git("show", f"main:status/{name}.yaml", cwd=fleet.bare)
+    except Exception:
+        return None
+    return str(load_yaml(name, text.encode())["phase"])
 
 
 def test_attest_refuses_a_status_whose_recorded_evidence_was_edited(
@@ -699,3 +715,110 @@ def test_attest_refusing_a_rollout_where_no_node_succeeded_says_so_not_agent_key
         assert "reconciler status r" in err
     finally:
         fleet.close()
+
+
+# -- a deployment that never happened ------------------------------------------
+
+
+def run_once(fleet: AgentFleet, signers: Path) -> None:
+    """One pass of the real daemon, as it runs: verification and signed status commits."""
+    argv = ["run", "--once", "--repo", str(fleet.bare), "--key", str(fleet.key_path)]
+    assert cli([*argv, "--allowed-signers", str(signers), "--sign-commits"]) == 0
+
+
+def forged_status(fleet: AgentFleet, spec_commit: str, key: SigningKey) -> str:
+    """status/r.yaml as a pusher rewrites it: ``specCommit`` names their
+    node-file commit, and gpu-a1's evidence says it runs a config it never
+    ran, signed by their key."""
+    status = load_yaml("r", git("show", "main:status/r.yaml", cwd=fleet.bare).encode())
+    status["specCommit"] = spec_commit
+    evidence = node_map(status)["gpu-a1"]["evidence"]
+    for runtime in evidence["heartbeat"]["runtimes"]:
+        runtime["configDigest"] = "sha256:" + "ee" * 32
+    evidence["keyId"] = key.key_id
+    evidence["signatures"] = {
+        part: base64.b64encode(key.sign(canonical_json(evidence[part]))).decode()
+        for part in ("jobRecord", "heartbeat")
+    }
+    return json.dumps(status, indent=1) + "\n"
+
+
+@pytest.mark.slow
+def test_attest_and_verify_refuse_a_deployment_two_unsigned_pushes_made_up(
+    fleet: AgentFleet, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "people").mkdir()
+    alice, _ = person(tmp_path / "people", "alice")
+    daemon_pub = fleet.key_path.with_name("reconciler.pub")
+    signers = tmp_path / "allowed_signers"
+    signers.write_text(
+        f"alice@example.com {Path(f'{alice}.pub').read_text()}"
+        f"reconciler@fleet {daemon_pub.read_text()}"
+    )
+    env = git_env("Alice", "alice@example.com")
+    fleet.pull()
+    (fleet.work / "rollouts").mkdir()
+    (fleet.work / "rollouts" / "r.yaml").write_text(
+        rollout_yaml("r", nodeIds=list(NODES), live=True)
+    )
+    git("add", "-A", cwd=fleet.work, env=env)
+    git(
+        "-c", "gpg.format=ssh", "-c", f"user.signingKey={alice}",
+        "commit", "-q", "-S", "-m", "Roll out r", cwd=fleet.work, env=env,
+    )  # fmt: skip
+    git("push", "-q", "origin", "HEAD:main", cwd=fleet.work)
+    wait_for(
+        lambda: run_once(fleet, signers) is None and phase(fleet, "r") == "completed",
+        60,
+        "r to complete",
+    )
+    as_run = ["--allowed-signers", str(signers), "--sign-commits"]
+    real = tmp_path / "real.json"
+    code, err = attest(fleet, "r", real, capsys, *as_run)
+    assert code == 0, err  # the daemon's own status is attested under its own flags
+
+    # A pusher without a key: their agent key in gpu-a1's node file, then
+    # the status rewritten to name that commit and carry their signatures.
+    theirs = load_private_key(make_key(tmp_path / "mallory" / "agent").private)
+    fleet.pull()
+    node_file = fleet.work / "nodes" / "gpu-a1.yaml"
+    node_file.write_text(
+        re.sub(r"agentKey: .*", f'agentKey: "{theirs.public_openssh}"', node_file.read_text())
+    )
+    git("commit", "-qam", "Rotate gpu-a1's key", cwd=fleet.work)
+    fleet.git_push()
+    pushed = git("rev-parse", "HEAD", cwd=fleet.work).strip()
+    (fleet.work / "status" / "r.yaml").write_text(forged_status(fleet, pushed, theirs))
+    git("commit", "-qam", "Record gpu-a1", cwd=fleet.work)
+    fleet.git_push()
+    capsys.readouterr()
+    run_once(fleet, signers)
+    assert "status_tampered: status/r.yaml is not verified" in capsys.readouterr().err
+
+    forged = tmp_path / "forged.json"
+    code, err = attest(fleet, "r", forged, capsys)  # as before: no flags
+    assert code == 1
+    assert "the daemon serving this repository acts under verification" in err
+    code, err = attest(fleet, "r", forged, capsys, *as_run)
+    assert code == 1
+    assert "rollout r: the daemon would not act on status/r.yaml at " in err
+    assert "not the daemon's: it differs from what the newest daemon-signed commit wrote" in err
+    assert f"specCommit {pushed[:12]} is not a verified commit of main" in err
+    assert not forged.exists()
+    # Each of the daemon's settings is enough on its own (the first away
+    # from the daemon's state, as on another machine).
+    elsewhere = ["--state-dir", str(tmp_path / "elsewhere")]
+    for alone in (["--sign-commits", *elsewhere], ["--allowed-signers", str(signers)]):
+        code, err = attest(fleet, "r", forged, capsys, *alone)
+        assert code == 1 and "the daemon would not act on status/r.yaml" in err, (alone, err)
+    assert not forged.exists()
+
+    capsys.readouterr()
+    repo = ["--repo", str(fleet.bare), "--allowed-signers", str(signers)]
+    assert cli(["verify", "--evidence", "r", *repo, "--daemon-key", str(daemon_pub)]) == 1
+    out = capsys.readouterr().out
+    assert "evidence NOT checked" in out and "not the daemon's" in out, out
+    # The attestation of the real deployment still verifies against the
+    # status it was made from, under the daemon's flags.
+    args = ["verify", "--attestation", str(real), "--key", str(daemon_pub), *repo]
+    assert cli([*args, "--daemon-key", str(daemon_pub)]) == 0, capsys.readouterr().out

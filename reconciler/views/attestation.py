@@ -22,7 +22,7 @@ rollouts and never writes a file.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from jsonschema.exceptions import best_match  # type: ignore[import-untyped]
@@ -135,12 +135,18 @@ def reported_digest(evidence: Mapping[str, Any], runtime: str) -> str:
 # -- making one --------------------------------------------------------------
 
 
-def attest(source: Branch, name: str, key: SigningKey) -> dict[str, Any]:
+Unacted = Callable[[RolloutStatus, str], list[str]]  # (status, its commit) -> why not acted on
+
+
+def attest(
+    source: Branch, name: str, key: SigningKey, unacted: Unacted | None = None
+) -> dict[str, Any]:
     """The signed envelope (as JSON data) attesting rollout ``name`` as the
     branch's committed status holds it. Refuses, with what to do, an
-    unfinished rollout, evidence that does not verify against the agent
-    keys at its specCommit (the daemon's key would vouch for it), and a
-    rollout that deployed nothing on signed evidence."""
+    unfinished rollout, a status the daemon would not act on (``unacted``
+    says why, under the daemon's policy), evidence that does not verify
+    against the agent keys at its specCommit (the daemon's key would vouch
+    for it), and a rollout that deployed nothing on signed evidence."""
     snapshot = read_snapshot(source)
     status = snapshot.statuses.get(name)
     if status is None or snapshot.commit is None:
@@ -149,6 +155,16 @@ def attest(source: Branch, name: str, key: SigningKey) -> dict[str, Any]:
             "check the name with: reconciler status",
         )
     _refuse_unfinished(status)
+    reasons = unacted(status, snapshot.commit) if unacted is not None else []
+    if reasons:
+        raise AttestationError(
+            f"rollout {name}: the daemon would not act on {status_path(name)} at "
+            f"{snapshot.commit[:12]}: "
+            + "; ".join(reasons)
+            + "; the attestation would vouch for a deployment the daemon never made",
+            f"see: reconciler verify --evidence {name} --repo {source.label} with the "
+            "daemon's own flags",
+        )
     failed = [v for v in check_evidence(source, status) if not v.ok]
     if failed:
         raise AttestationError(

@@ -1,11 +1,14 @@
 """``reconciler attest NAME [--repo PATH_OR_URL] [--branch main] --key FILE
-[--out FILE]``: a signed in-toto attestation of a finished rollout.
+[--out FILE] [--allowed-signers FILE [--require-approvals N]] [--sign-commits]``:
+a signed in-toto attestation of a finished rollout.
 
 Writes a DSSE envelope around an in-toto Statement v1 built from the
 rollout's committed status (docs/attestations.md), signed by the daemon's
-key, to ``--out`` or standard output. Refuses an unfinished rollout, one
-whose recorded evidence does not verify, and one that deployed nothing on
-signed evidence; exit 1 then, and nothing is written.
+key, to ``--out`` or standard output. Refuses an unfinished rollout, a
+status the daemon would not act on under the flags it runs with (the same
+flags here: ``daemon.status_provenance``), one whose recorded evidence does
+not verify, and one that deployed nothing on signed evidence; exit 1 then,
+and nothing is written.
 """
 
 from __future__ import annotations
@@ -16,11 +19,14 @@ import os
 import sys
 from pathlib import Path
 
+from reconciler.cli.daemon_policy import add_policy_arguments, policy_of
 from reconciler.cli.remote_options import add_branch_source_arguments
+from reconciler.daemon.acted import read_acted
+from reconciler.daemon.status_provenance import DaemonPolicy, unacted_reasons
 from reconciler.git.branch import open_branch
 from reconciler.protocol.signing import load_private_key
 from reconciler.spec.errors import ReconcilerError
-from reconciler.views.attestation import attest
+from reconciler.views.attestation import AttestationError, attest
 
 HELP = "write a signed in-toto attestation of a finished rollout, from its committed status"
 
@@ -38,12 +44,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--out", type=Path, metavar="FILE", help="write the envelope here (default: stdout)"
     )
+    add_policy_arguments(parser)
+    parser.add_argument(
+        "--sign-commits",
+        action="store_true",
+        help="as the daemon runs with it: the status counts only as a commit signed by --key "
+        "(or another daemon key in --allowed-signers) wrote it",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     key = load_private_key(args.key)
     source = open_branch(args.repo, args.branch, ssh_key=args.ssh_key, known_hosts=args.known_hosts)
-    envelope = attest(source, args.name, key)
+    daemon_key = key.public_openssh if args.sign_commits else None
+    policy = policy_of(args, source, args.repo or ".", daemon_key)
+    _refuse_a_looser_policy(policy, args.name)
+    unacted = (
+        (lambda status, commit: unacted_reasons(source, status, commit, policy))
+        if policy.checks_anything
+        else None
+    )
+    envelope = attest(source, args.name, key, unacted)
     text = json.dumps(envelope, indent=2) + "\n"
     if args.out is None:
         sys.stdout.write(text)
@@ -51,6 +72,26 @@ def run(args: argparse.Namespace) -> int:
     _write(args.out, text)
     print(f"attestation of rollout {args.name} written to {args.out}", file=sys.stderr)
     return 0
+
+
+def _refuse_a_looser_policy(policy: DaemonPolicy, name: str) -> None:
+    """The daemon's key must not vouch for what the daemon itself would
+    refuse: when its state on this machine shows it acts under verification,
+    attest needs the same flags."""
+    if policy.approver is not None or policy.state is None:
+        return
+    try:
+        acted = read_acted(policy.state)
+    except ReconcilerError:
+        acted = None
+    if acted is not None:
+        raise AttestationError(
+            f"rollout {name}: the daemon serving this repository acts under verification "
+            f"(its state in {policy.state.folder} holds the verified commit {acted[:12]}), so "
+            "an attestation made without it could vouch for what the daemon refused",
+            "pass the daemon's own flags: --allowed-signers FILE (with --require-approvals N) "
+            "and, if it signs its status commits, --sign-commits",
+        )
 
 
 def _write(path: Path, text: str) -> None:

@@ -29,11 +29,13 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from reconciler.cli.daemon_policy import policy_of
 from reconciler.cli.remote_options import add_repo_argument
 from reconciler.daemon.acted import read_acted, read_unsigned_status
 from reconciler.daemon.reader import unverified_only, unverified_rollouts
 from reconciler.daemon.started import StartedRollouts, gone_reason
 from reconciler.daemon.state import DaemonState, default_state_root
+from reconciler.daemon.status_provenance import DaemonPolicy, unacted_reasons
 from reconciler.daemon.status_trust import StatusTrust
 from reconciler.git.approval import (
     ACTED_REF,
@@ -45,7 +47,7 @@ from reconciler.git.approval import (
     refuse_backwards,
 )
 from reconciler.git.approval_notes import read_note
-from reconciler.git.branch import open_branch
+from reconciler.git.branch import Branch, open_branch
 from reconciler.git.history import History
 from reconciler.git.openpgp import PgpKeyring
 from reconciler.git.revisions import (
@@ -101,9 +103,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--allowed-signers",
         metavar="FILE",
-        help="git allowed-signers file (as for gpg.ssh.allowedSignersFile); with --evidence: "
-        "take the agent keys from the verified spec and check the status's commits against "
-        "verified history",
+        help="git allowed-signers file (as for gpg.ssh.allowedSignersFile); with --evidence or "
+        "--attestation: take the agent keys from the verified spec and check the status's "
+        "commits against verified history",
     )
     parser.add_argument(
         "--require-approvals",
@@ -136,17 +138,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=Path,
         metavar="PUB",
         help="the daemon's public key (reconciler.pub), as for a daemon run with "
-        "--sign-commits: a status file then counts only as a daemon-signed commit wrote it",
+        "--sign-commits: a status file then counts only as a daemon-signed commit wrote it "
+        "(with --evidence and --attestation too)",
     )
 
 
 def run(args: argparse.Namespace) -> int:
     if args.attestation is not None:
-        return verify_attestation(args.attestation, args.key, args.repo, args.branch)
+        return verify_attestation(args)
     if args.key is not None:
         raise UsageError("--key goes with --attestation", "for status commits use --daemon-key")
     if args.evidence is not None:
-        return verify_evidence(args.repo or ".", args.branch, args.evidence, _evidence_trust(args))
+        return verify_evidence(args)
     if args.allowed_signers is None:
         raise UsageError(
             "verify needs --allowed-signers FILE, --evidence NAME or --attestation FILE",
@@ -185,39 +188,33 @@ def run(args: argparse.Namespace) -> int:
     return 0 if approval.acted_on and not held else 1
 
 
-def _evidence_trust(args: argparse.Namespace) -> Approver | None:
-    """With ``--allowed-signers``: the judge of the status's commits."""
-    if args.allowed_signers is None:
-        return None
-    allowed = _allowed_signers(Path(args.allowed_signers))
-    repo = open_local_repository(args.repo or ".")
-    return Approver(
-        repo,
-        allowed,
-        required_approvals=args.require_approvals,
-        pgp=_pgp_keys(args.allowed_pgp_keys),
-    )
+def _policy(args: argparse.Namespace, source: Branch) -> DaemonPolicy:
+    """The daemon's flags as given: --allowed-signers (with approvals and
+    PGP keys), --daemon-key for signed status commits, --state-dir."""
+    return policy_of(args, source, args.repo or ".", _daemon_key_line(args.daemon_key))
 
 
-def verify_evidence(repo: str, branch: str, name: str, approver: Approver | None = None) -> int:
-    """Print each node's evidence check for rollout ``name``; 1 if any fails.
-    With ``approver``, the status's ``specCommit`` and ``startCommit`` must
-    be verified commits of the branch's first-parent history first: the
-    agent keys come from the verified spec, never from an unsigned one."""
+def verify_evidence(args: argparse.Namespace) -> int:
+    """Print each node's evidence check for rollout ``--evidence``; 1 if any
+    fails. Under the daemon's flags, the status must first be one the daemon
+    would act on (``daemon.status_provenance``): the agent keys come from
+    the verified spec, never from an unsigned one."""
+    repo, branch, name = args.repo or ".", args.branch, args.evidence
     source = open_branch(repo, branch)
-    status = read_snapshot(source).statuses.get(name)
-    if status is None:
+    snapshot = read_snapshot(source)
+    status = snapshot.statuses.get(name)
+    if status is None or snapshot.commit is None:
         raise UsageError(
             f"no readable status for rollout {name!r} on branch {branch} of {repo}",
             "check the name with: reconciler status",
         )
-    if approver is not None:
-        wrong = _unverified_commits(repo, branch, approver, status)
-        if wrong:
-            print(f"rollout {name}: evidence NOT checked: " + "; ".join(wrong))
-            return 1
+    policy = _policy(args, source)
+    wrong = unacted_reasons(source, status, snapshot.commit, policy)
+    if wrong:
+        print(f"rollout {name}: evidence NOT checked: " + "; ".join(wrong))
+        return 1
     verdicts = check_evidence(source, status)
-    where = "the verified spec at" if approver is not None else "agentKey at"
+    where = "the verified spec at" if policy.approver is not None else "agentKey at"
     print(f"rollout {name}: evidence checked against {where} specCommit {status.spec_commit}")
     width = max((len(v.node) for v in verdicts), default=0)
     for v in verdicts:
@@ -229,33 +226,11 @@ def verify_evidence(repo: str, branch: str, name: str, approver: Approver | None
     return 0
 
 
-def _unverified_commits(repo: str, branch: str, approver: Approver, status: Any) -> list[str]:
-    """Why the status's commits are not what verified history says, if so:
-    each must be a verified commit on the branch's first-parent history up
-    to the verified commit at its tip, and the status must agree with the
-    verified spec at ``startCommit``."""
-    git_repo = open_local_repository(repo)
-    _, tip = resolve_or_branch_tip(git_repo, None, branch)
-    verified = approver.approve(tip).verified_commit
-    if verified is None:
-        return [f"no commit of branch {branch} verifies"]
-    history = History(git_repo)
-    history.advance(verified)
-    wrong = []
-    for field, commit in (("specCommit", status.spec_commit), ("startCommit", status.start_commit)):
-        if not commit:
-            continue
-        if commit not in history or approver.approve(commit).verified_commit != commit:
-            wrong.append(f"{field} {commit[:_SHORT]} is not a verified commit of {branch}")
-    if not wrong:
-        store = GitStore.open(str(git_repo.path), branch, read_only=True)
-        held = StatusTrust(store, approver).hold_tampered({status.name: status}, history)
-        wrong.extend(held.values())
-    return wrong
-
-
-def verify_attestation(path: Path, key_path: Path | None, repo: str | None, branch: str) -> int:
-    """Print each check of the attestation at ``path``; 1 if any fails."""
+def verify_attestation(args: argparse.Namespace) -> int:
+    """Print each check of the attestation file; 1 if any fails. With
+    ``--repo`` and the daemon's flags, the status at its ``statusCommit``
+    must also be one the daemon would act on."""
+    path, key_path, repo = args.attestation, args.key, args.repo
     if key_path is None:
         raise UsageError(
             "--attestation needs --key",
@@ -266,8 +241,13 @@ def verify_attestation(path: Path, key_path: Path | None, repo: str | None, bran
         data = path.read_bytes()
     except OSError as exc:
         raise UsageError(f"cannot read {path}: {exc.strerror}") from None
-    source = None if repo is None else open_branch(repo, branch)
-    report = check_attestation(data, key, source)
+    source = None if repo is None else open_branch(repo, args.branch)
+    unacted = None
+    if source is not None:
+        policy = _policy(args, source)
+        if policy.checks_anything:
+            unacted = lambda status, commit: unacted_reasons(source, status, commit, policy)  # noqa: E731
+    report = check_attestation(data, key, source, unacted)
     print(f"attestation {path}" + (f" of rollout {report.rollout}" if report.rollout else ""))
     width = max((len(f.about) for f in report.findings), default=0)
     for f in report.findings:
@@ -290,17 +270,26 @@ def _status_signers(
 ) -> tuple[AllowedSigner, ...]:
     """The keys whose status commits count, as ``reconciler run`` with
     ``--sign-commits`` takes them: the daemon's and the allowed signers'."""
-    if daemon_key is None:
+    line = _daemon_key_line(daemon_key)
+    if line is None:
         return ()
+    own = parse_allowed_signers(f'reconciler namespaces="git" {line}\n')
+    return (*own, *allowed)
+
+
+def _daemon_key_line(daemon_key: Path | None) -> str | None:
+    """The daemon's public key line from ``--daemon-key``, checked; None without."""
+    if daemon_key is None:
+        return None
     try:
         line = daemon_key.read_text(encoding="utf-8").strip()
-        own = parse_allowed_signers(f'reconciler namespaces="git" {line}\n')
+        parse_allowed_signers(f'reconciler namespaces="git" {line}\n')
     except (OSError, UnicodeDecodeError, ReconcilerError) as exc:
         raise UsageError(
             f"cannot read the daemon's public key {daemon_key}: {exc}",
             "pass the daemon's OpenSSH public key file (reconciler.pub)",
         ) from None
-    return (*own, *allowed)
+    return line
 
 
 def _tampered_statuses(
