@@ -822,3 +822,77 @@ def test_attest_and_verify_refuse_a_deployment_two_unsigned_pushes_made_up(
     # status it was made from, under the daemon's flags.
     args = ["verify", "--attestation", str(real), "--key", str(daemon_pub), *repo]
     assert cli([*args, "--daemon-key", str(daemon_pub)]) == 0, capsys.readouterr().out
+
+
+# -- -o on verify, attest and approve ------------------------------------------
+
+
+def printed(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
+    capsys.readouterr()
+    code = cli(list(argv))
+    return code, capsys.readouterr().out
+
+
+def test_o_is_format_on_verify_and_attest_and_yaml_holds_the_json(
+    attested: Attested, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bare, public = str(attested.fleet.bare), str(attested.public)
+    key = str(attested.fleet.key_path)
+    for argv in (
+        ["verify", "--evidence", "r", "--repo", bare],
+        ["verify", "--attestation", str(attested.path), "--key", public, "--repo", bare],
+        ["attest", "r", "--repo", bare, "--key", key],
+    ):
+        code, as_json = printed(capsys, *argv, "-o", "json")
+        assert code == 0, as_json
+        same, as_yaml = printed(capsys, *argv, "-o", "yaml")
+        assert same == 0
+        assert load_yaml("out", as_yaml.encode()) == json.loads(as_json), argv
+    _, evidence = printed(capsys, "verify", "--evidence", "r", "--repo", bare, "-o", "json")
+    record = json.loads(evidence)
+    assert record["ok"] is True and [n["name"] for n in record["nodes"]] == list(NODES)
+    _, envelope = printed(capsys, "attest", "r", "--repo", bare, "--key", key, "-o", "json")
+    assert json.loads(envelope) == attested.envelope
+
+
+def test_o_is_format_on_approve_and_on_verify_of_a_commit(
+    fleet: AgentFleet, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "people").mkdir()
+    alice, _ = person(tmp_path / "people", "alice")
+    bob, bob_id = person(tmp_path / "people", "bob")
+    signers = tmp_path / "allowed_signers"
+    signers.write_text(
+        "".join(
+            f"{who} {Path(f'{k}.pub').read_text()}"
+            for who, k in (("alice@example.com", alice), ("bob@example.com", bob))
+        )
+    )
+    env = git_env("Alice", "alice@example.com")
+    fleet.pull()
+    (fleet.work / "rollouts").mkdir()
+    (fleet.work / "rollouts" / "r.yaml").write_text(rollout_yaml("r", nodeIds=list(NODES)))
+    git("add", "-A", cwd=fleet.work, env=env)
+    git(
+        "-c", "gpg.format=ssh", "-c", f"user.signingKey={alice}",
+        "commit", "-q", "-S", "-m", "Roll out r", cwd=fleet.work, env=env,
+    )  # fmt: skip
+    change = git("rev-parse", "HEAD", cwd=fleet.work).strip()
+    approve = ["approve", change, "--key", str(bob), "--repo", str(fleet.work)]
+
+    code, as_json = printed(capsys, *approve, "-o", "json")
+    assert code == 0
+    record = json.loads(as_json)
+    assert record["commit"] == change and record["keyId"] == bob_id and record["added"] is True
+    code, as_yaml = printed(capsys, *approve, "-o", "yaml")
+    assert code == 0
+    assert load_yaml("out", as_yaml.encode()) == dict(record, added=False)  # approved already
+
+    verify = ["verify", "--repo", str(fleet.work), "--allowed-signers", str(signers)]
+    verify += ["--require-approvals", "1", "HEAD"]
+    code, as_json = printed(capsys, *verify, "-o", "json")
+    record = json.loads(as_json)
+    assert code == 0, as_json
+    assert record["actedOn"] is True and record["newestSpecCommit"] == change
+    code, as_yaml = printed(capsys, *verify, "-o", "yaml")
+    assert load_yaml("out", as_yaml.encode()) == record

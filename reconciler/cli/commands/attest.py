@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 from reconciler.cli.daemon_policy import add_policy_arguments, policy_of
+from reconciler.cli.output_format import add_format_argument, structured
 from reconciler.cli.remote_options import add_branch_source_arguments
 from reconciler.daemon.acted import read_acted
 from reconciler.daemon.status_provenance import DaemonPolicy, unacted_reasons
@@ -45,6 +46,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--out", type=Path, metavar="FILE", help="write the envelope here (default: stdout)"
     )
     add_policy_arguments(parser)
+    add_format_argument(
+        parser,
+        ("json", "yaml"),
+        "json: the DSSE envelope as in-toto's tools read it (default); yaml: the same data",
+    )
     parser.add_argument(
         "--sign-commits",
         action="store_true",
@@ -65,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
         else None
     )
     envelope = attest(source, args.name, key, unacted)
-    text = json.dumps(envelope, indent=2) + "\n"
+    text = structured(json.dumps(envelope, indent=2) + "\n", args.format)
     if args.out is None:
         sys.stdout.write(text)
         return 0

@@ -26,10 +26,13 @@ Reads a local repository (``git.revisions``); decides nothing itself (``approval
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 from pathlib import Path
 from typing import Any
 
 from reconciler.cli.daemon_policy import policy_of
+from reconciler.cli.output_format import add_format_argument, structured
 from reconciler.cli.remote_options import add_repo_argument
 from reconciler.daemon.acted import read_acted, read_unsigned_status
 from reconciler.daemon.reader import unverified_only, unverified_rollouts
@@ -133,6 +136,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the daemon's state directory, as given to run --state-dir, where it keeps the "
         "verified commit it last acted on (default: $XDG_STATE_HOME/reconciler)",
     )
+    add_format_argument(
+        parser,
+        ("text", "json", "yaml"),
+        "text: the report in words (default); json or yaml: the same as one record",
+    )
     parser.add_argument(
         "--daemon-key",
         type=Path,
@@ -184,8 +192,31 @@ def run(args: argparse.Namespace) -> int:
         report = report.replace(": would be acted on", ": would NOT be acted on", 1)
         report += "\n  statuses held, nothing sent for them:"
         report += "".join(f"\n    {reason}" for _, reason in sorted(held.items()))
-    print(report)
-    return 0 if approval.acted_on and not held else 1
+    acted_on = approval.acted_on and not held
+    _print(
+        args.format,
+        report,
+        {
+            "rev": label,
+            "commit": tip,
+            "actedOn": acted_on,
+            "newestSpecCommit": approval.newest_spec_commit,
+            "verifiedCommit": approval.verified_commit,
+            "refusals": [{"commit": r.commit, "reason": r.reason} for r in approval.refusals],
+            "lastActed": {"commit": acted, "known": where},
+            "heldStatuses": dict(sorted(held.items())),
+            "unverifiedRollouts": list(unverified),
+        },
+    )
+    return 0 if acted_on else 1
+
+
+def _print(fmt: str, text: str, record: dict[str, Any]) -> None:
+    """``text`` for a terminal, or ``record`` as json or yaml (``-o``)."""
+    if fmt == "text":
+        print(text)
+        return
+    sys.stdout.write(structured(json.dumps(record, indent=2) + "\n", fmt))
 
 
 def _policy(args: argparse.Namespace, source: Branch) -> DaemonPolicy:
@@ -209,21 +240,27 @@ def verify_evidence(args: argparse.Namespace) -> int:
             "check the name with: reconciler status",
         )
     policy = _policy(args, source)
+    record: dict[str, Any] = {"rollout": name, "specCommit": status.spec_commit}
     wrong = unacted_reasons(source, status, snapshot.commit, policy)
     if wrong:
-        print(f"rollout {name}: evidence NOT checked: " + "; ".join(wrong))
+        text = f"rollout {name}: evidence NOT checked: " + "; ".join(wrong)
+        _print(args.format, text, record | {"checked": False, "ok": False, "reasons": wrong})
         return 1
     verdicts = check_evidence(source, status)
     where = "the verified spec at" if policy.approver is not None else "agentKey at"
-    print(f"rollout {name}: evidence checked against {where} specCommit {status.spec_commit}")
+    lines = [f"rollout {name}: evidence checked against {where} specCommit {status.spec_commit}"]
     width = max((len(v.node) for v in verdicts), default=0)
-    for v in verdicts:
-        print(f"  {v.node:<{width}}  {'ok' if v.ok else 'FAILED'}: {v.message}")
+    lines += [f"  {v.node:<{width}}  {'ok' if v.ok else 'FAILED'}: {v.message}" for v in verdicts]
     failed = [v.node for v in verdicts if not v.ok]
     if failed:
-        print(f"evidence does not verify for: {', '.join(failed)}")
-        return 1
-    return 0
+        lines.append(f"evidence does not verify for: {', '.join(failed)}")
+    nodes = [{"name": v.node, "ok": v.ok, "message": v.message} for v in verdicts]
+    _print(
+        args.format,
+        "\n".join(lines),
+        record | {"checked": True, "ok": not failed, "nodes": nodes},
+    )
+    return 1 if failed else 0
 
 
 def verify_attestation(args: argparse.Namespace) -> int:
@@ -248,14 +285,22 @@ def verify_attestation(args: argparse.Namespace) -> int:
         if policy.checks_anything:
             unacted = lambda status, commit: unacted_reasons(source, status, commit, policy)  # noqa: E731
     report = check_attestation(data, key, source, unacted)
-    print(f"attestation {path}" + (f" of rollout {report.rollout}" if report.rollout else ""))
+    lines = [f"attestation {path}" + (f" of rollout {report.rollout}" if report.rollout else "")]
     width = max((len(f.about) for f in report.findings), default=0)
-    for f in report.findings:
-        print(f"  {f.about:<{width}}  {f.verdict}: {f.message}")
+    lines += [f"  {f.about:<{width}}  {f.verdict}: {f.message}" for f in report.findings]
     if report.failed:
-        print(f"attestation does not verify: {', '.join(f.about for f in report.failed)}")
-        return 1
-    return 0
+        lines.append(f"attestation does not verify: {', '.join(f.about for f in report.failed)}")
+    findings = [
+        {"about": f.about, "verdict": f.verdict, "message": f.message} for f in report.findings
+    ]
+    record = {
+        "attestation": str(path),
+        "rollout": report.rollout or None,
+        "ok": not report.failed,
+        "findings": findings,
+    }
+    _print(args.format, "\n".join(lines), record)
+    return 1 if report.failed else 0
 
 
 def _public_key(path: Path) -> TrustedKey:
