@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from reconciler.cli.main import main
 from reconciler.daemon.state import DaemonState, default_state_root
 from reconciler.git.approval import Approver, load_allowed_signers
+from reconciler.git.sshsig import parse_allowed_signers, sign_commit_payload
 from reconciler.git.store import GitStore
 from reconciler.git.watch import BranchWatcher
+from reconciler.protocol.signing import load_private_key
 from reconciler.spec.fleet_status import FleetStatus
 from reconciler.views.fleet_reader import read_fleet_status
 from tests.kit.documents import rollout_yaml
@@ -143,9 +146,9 @@ class _Serving:
     """One long-running daemon loop (``Daemon.serve`` with its branch watch
     and fleet watch) in a thread, as ``reconciler run`` runs it."""
 
-    def __init__(self, fleet: AgentFleet, approver: Approver) -> None:
+    def __init__(self, fleet: AgentFleet, approver: Approver, **daemon: Any) -> None:
         state = DaemonState.for_branch(default_state_root(), str(fleet.bare), "main")
-        self.daemon = fleet.daemon(approver=approver, state=state)
+        self.daemon = fleet.daemon(approver=approver, state=state, **daemon)
         self.watcher = BranchWatcher.local(fleet.bare, ["main"])
         self.thread = threading.Thread(
             target=self.daemon.serve, args=(self.watcher,), kwargs={"interval": 0.2}
@@ -304,3 +307,64 @@ def test_turning_on_signed_status_commits_as_the_docs_say_keeps_the_daemons_earl
         assert "status_tampered: status/old.yaml is not verified" in capsys.readouterr().err
     finally:
         kit.close()
+
+
+def test_the_fleets_desired_state_and_drift_survive_turning_on_signed_status_commits(
+    tmp_path: Path,
+) -> None:
+    """As the audit found it: a fleet under --allowed-signers, its daemon
+    restarted with --sign-commits; drift must stay drift."""
+    nodes = {name: {"config": AGENT_CONFIG} for name in ("gpu-a1", "gpu-a2")}
+    fleet = AgentFleet.create(tmp_path, nodes, files={"reconciler.yaml": FLEET_SETTINGS})
+    ada = make_key(tmp_path / "ada", comment="ada").private
+    signers = tmp_path / "allowed_signers"
+    daemon_key = load_private_key(fleet.key_path)
+    signers.write_text(
+        f"ada@example.com {ada.with_suffix('.pub').read_text()}"
+        f"reconciler@fleet {daemon_key.public_openssh}\n"
+    )
+    store = GitStore.open(str(fleet.bare), "main")
+    approver = Approver(store.repository(), load_allowed_signers(signers))
+    serving: _Serving | None = None
+    try:
+        serving = _Serving(fleet, approver)
+        spec = rollout_yaml("llama", nodeIds=["gpu-a1", "gpu-a2"], batchSize=2, live=True)
+        (fleet.work / "rollouts").mkdir()
+        (fleet.work / "rollouts" / "llama.yaml").write_text(spec)
+        for key, value in (("gpg.format", "ssh"), ("user.signingKey", str(ada))):
+            git("config", key, value, cwd=fleet.work)
+        git("config", "commit.gpgsign", "true", cwd=fleet.work)
+        git("add", "-A", cwd=fleet.work)
+        git("commit", "-q", "-m", "Roll out llama", cwd=fleet.work)
+        fleet.git_push()
+        settled = dict.fromkeys(nodes, ("ok", "llama3.1-8b", "llama"))
+        wait_for(lambda: _desired(fleet) == settled, 90, "every node ok as llama left it")
+        serving.stop()
+
+        # The same daemon restarted with --sign-commits.
+        own = parse_allowed_signers(f'reconciler namespaces="git" {daemon_key.public_openssh}\n')
+        serving = _Serving(
+            fleet,
+            Approver(store.repository(), load_allowed_signers(signers)),
+            sign=lambda payload: sign_commit_payload(daemon_key.private_key, payload),
+            status_signers=(*own, *approver.allowed),
+        )
+        wait_for(lambda: serving.daemon.fleet_watch.sweeps >= 3, 60, "three sweeps")
+        kept = _desired(fleet)
+        assert kept == settled, kept  # the desired state drawn from the daemon's own status
+        phase = fleet.statuses()["llama"]["phase"]
+        fleet.agents["gpu-a1"].config_path.write_bytes(HAND_EDITED)
+        drifted = wait_for(
+            lambda: (d := _desired(fleet)).get("gpu-a1", ("",))[0] == "drift" and d,
+            60,
+            "gpu-a1 to drift",
+        )
+    finally:
+        if serving is not None:
+            serving.stop()
+        fleet.close()
+
+    titles = git("log", "--format=%s", "main", cwd=fleet.bare).splitlines()
+    assert not [t for t in titles if t.startswith("unreadable status of")], titles
+    assert phase == "completed"
+    assert drifted == {"gpu-a1": ("drift", "llama3.1-8b", "llama"), "gpu-a2": settled["gpu-a2"]}
