@@ -51,17 +51,17 @@ def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def approver_of(
-    source: Branch, allowed_signers: Path | None, required: int, pgp_keys: Path | None
+    source: Branch, signers_file: Path | None, required: int, pgp_file: Path | None
 ) -> Approver | None:
     """The judge of spec commits the daemon runs with; None without verification."""
     if required < 0:
         raise UsageError("--require-approvals must be 0 or more")
-    if allowed_signers is None and pgp_keys is None:
+    if signers_file is None and pgp_file is None:
         if required:
             raise UsageError("--require-approvals needs --allowed-signers")
         return None
-    allowed = _allowed_signers(allowed_signers) if allowed_signers is not None else ()
-    pgp = _pgp_keys(pgp_keys)
+    allowed = allowed_signers(signers_file) if signers_file is not None else ()
+    pgp = pgp_keys(pgp_file)
     return Approver(source.reader.repository(), allowed, required_approvals=required, pgp=pgp)
 
 
@@ -88,7 +88,8 @@ def daemon_state(root: Path | None, source: Branch, location: str) -> DaemonStat
     return DaemonState.of_daemon(root or default_state_root(), location, source.branch, upstreams)
 
 
-def _allowed_signers(path: Path) -> tuple[AllowedSigner, ...]:
+def allowed_signers(path: Path) -> tuple[AllowedSigner, ...]:
+    """The allowed-signers file; a bad one is a usage error."""
     try:
         return load_allowed_signers(path)
     except UsageError:
@@ -97,7 +98,8 @@ def _allowed_signers(path: Path) -> tuple[AllowedSigner, ...]:
         raise UsageError(exc.message, exc.hint) from None
 
 
-def _pgp_keys(path: Path | None) -> PgpKeyring | None:
+def pgp_keys(path: Path | None) -> PgpKeyring | None:
+    """The armored OpenPGP keys, if given; a bad file is a usage error."""
     if path is None:
         return None
     try:

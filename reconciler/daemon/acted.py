@@ -79,8 +79,9 @@ class UnsignedStatusPosition:
     pushed after it still needs a daemon signature. Without a state
     directory nothing is kept."""
 
-    def __init__(self, state: DaemonState | None) -> None:
+    def __init__(self, state: DaemonState | None, *, recording: bool = True) -> None:
         self.state = state
+        self.recording = recording  # false while statuses must carry a daemon signature
         self._known: str | None = None
         self._loaded = False
 
@@ -91,8 +92,8 @@ class UnsignedStatusPosition:
         return self._known
 
     def record(self, commit: str) -> None:
-        """Keep ``commit`` (only when it moved)."""
-        if self.state is None or self.get() == commit:
+        """Keep ``commit`` (only when it moved, and only while recording)."""
+        if self.state is None or not self.recording or self.get() == commit:
             return
         self.state.write(UNSIGNED_STATUS_FILE, commit + "\n")
         self._known = commit

@@ -140,7 +140,8 @@ class Reader:
             VerifiedHistory(store.repository(), approver) if approver is not None else None
         )
         self.started = StartedRollouts(state)
-        self.unsigned_status = UnsignedStatusPosition(state)
+        signed = approver is not None and bool(status_signers)
+        self.unsigned_status = UnsignedStatusPosition(state, recording=not signed)
         writes = (
             DaemonWrites(store.repository(), status_signers, self.unsigned_status.get())
             if status_signers
@@ -203,7 +204,7 @@ class Reader:
             self.report("status_ignored", f"{path}: {reason}", path=path)
         since_pass = status_changed
         ended: set[str] = set()  # held rollouts that ended: they claim no node
-        if status_tip is not None and self._statuses_unsigned:
+        if status_tip is not None:
             self.unsigned_status.record(status_tip)
         if self.trust is None:
             self.started.note(statuses, status_changed)
@@ -274,11 +275,6 @@ class Reader:
             (delta.spec, delta.status),
             look_at_every=self.trust is not None,
         )
-
-    @property
-    def _statuses_unsigned(self) -> bool:
-        """Are statuses taken as committed, with no daemon signature asked for?"""
-        return self.trust is None or self.trust.writes is None
 
     def settle(self) -> None:
         """A pass ran to its end: every step saw the changes handed out."""
@@ -601,8 +597,7 @@ class Reader:
         what the next read finds there: not read again."""
         caches = self.caches
         self.started.note(statuses, [n for n in statuses if status_path(n) in written])
-        if self._statuses_unsigned:
-            self.unsigned_status.record(commit)
+        self.unsigned_status.record(commit)
         if snapshot.status_tip is not None and snapshot.status_tip == caches.status_reader.at:
             caches.own_status_write = (
                 snapshot.status_tip,

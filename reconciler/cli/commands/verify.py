@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from reconciler.cli.daemon_policy import policy_of
+from reconciler.cli.daemon_policy import allowed_signers, pgp_keys, policy_of
 from reconciler.cli.output_format import add_format_argument, structured
 from reconciler.cli.remote_options import add_repo_argument
 from reconciler.daemon.acted import read_acted, read_unsigned_status
@@ -46,13 +46,11 @@ from reconciler.git.approval import (
     Approver,
     descends_by_first_parent,
     last_acted,
-    load_allowed_signers,
     refuse_backwards,
 )
 from reconciler.git.approval_notes import read_note
 from reconciler.git.branch import Branch, open_branch
 from reconciler.git.history import History
-from reconciler.git.openpgp import PgpKeyring
 from reconciler.git.revisions import (
     describe_commit,
     open_local_repository,
@@ -163,12 +161,12 @@ def run(args: argparse.Namespace) -> int:
             "verify needs --allowed-signers FILE, --evidence NAME or --attestation FILE",
             "see reconciler verify --help",
         )
-    allowed = _allowed_signers(Path(args.allowed_signers))
+    allowed = allowed_signers(Path(args.allowed_signers))
     repo = open_local_repository(args.repo or ".")
     label, tip = resolve_or_branch_tip(repo, args.rev, args.branch)
     if args.require_approvals < 0:
         raise UsageError("--require-approvals must be 0 or more")
-    pgp = _pgp_keys(args.allowed_pgp_keys)
+    pgp = pgp_keys(args.allowed_pgp_keys)
     approver = Approver(repo, allowed, required_approvals=args.require_approvals, pgp=pgp)
     state = _daemon_state(args, repo)
     acted, where = _acted_position(repo, state, args.branch)
@@ -485,25 +483,6 @@ def _forward_only(repo: Any, approval: Approval, acted: str | None) -> Approval:
         and descends_by_first_parent(repo, verified, acted)
     )
     return refuse_backwards(approval, acted, moves_forward=forward)
-
-
-def _pgp_keys(path: Path | None) -> PgpKeyring | None:
-    if path is None:
-        return None
-    try:
-        return PgpKeyring.load(path)
-    except ReconcilerError as exc:
-        raise UsageError(exc.message, exc.hint) from None
-
-
-def _allowed_signers(path: Path) -> tuple[AllowedSigner, ...]:
-    # 1 must mean "refused", so a bad file is a usage error here.
-    try:
-        return load_allowed_signers(path)
-    except UsageError:
-        raise
-    except ReconcilerError as exc:
-        raise UsageError(exc.message, exc.hint) from None
 
 
 def describe(repo: Any, approver: Approver, approval: Approval, label: str, tip: str) -> str:
