@@ -814,6 +814,8 @@ def test_attest_and_verify_refuse_a_deployment_two_unsigned_pushes_made_up(
     assert not forged.exists()
 
     capsys.readouterr()
+    assert cli(["verify", "--evidence", "r", "--repo", str(fleet.bare)]) == 1  # as before: no flags
+    assert "the daemon serving this repository acts under verification" in capsys.readouterr().out
     repo = ["--repo", str(fleet.bare), "--allowed-signers", str(signers)]
     assert cli(["verify", "--evidence", "r", *repo, "--daemon-key", str(daemon_pub)]) == 1
     out = capsys.readouterr().out

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from reconciler.daemon.acted import read_acted
 from reconciler.daemon.state import DaemonState, default_state_root
 from reconciler.daemon.status_provenance import DaemonPolicy
 from reconciler.git.approval import Approver, load_allowed_signers
@@ -78,6 +79,26 @@ def policy_of(
         own = parse_allowed_signers(f'reconciler namespaces="git" {daemon_key}\n')
         signers = (*own, *(approver.allowed if approver is not None else ()))
     return DaemonPolicy(approver, signers, daemon_state(args.state_dir, source, location))
+
+
+def looser_than_the_daemon(policy: DaemonPolicy) -> str:
+    """Why ``policy`` is looser than the daemon's own, when its state on this
+    machine shows it acts under verification and ``policy`` has none; ""
+    otherwise. Checking without it could pass what the daemon refused."""
+    if policy.approver is not None or policy.state is None:
+        return ""
+    try:
+        acted = read_acted(policy.state)
+    except ReconcilerError:
+        return ""
+    if acted is None:
+        return ""
+    return (
+        "the daemon serving this repository acts under verification (its state in "
+        f"{policy.state.folder} holds the verified commit {acted[:12]}): pass its own flags, "
+        "--allowed-signers FILE (with --require-approvals N), or what the daemon refused could "
+        "pass"
+    )
 
 
 def daemon_state(root: Path | None, source: Branch, location: str) -> DaemonState:

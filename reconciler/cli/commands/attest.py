@@ -19,11 +19,10 @@ import os
 import sys
 from pathlib import Path
 
-from reconciler.cli.daemon_policy import add_policy_arguments, policy_of
+from reconciler.cli.daemon_policy import add_policy_arguments, looser_than_the_daemon, policy_of
 from reconciler.cli.output_format import add_format_argument, structured
 from reconciler.cli.remote_options import add_branch_source_arguments
-from reconciler.daemon.acted import read_acted
-from reconciler.daemon.status_provenance import DaemonPolicy, unacted_reasons
+from reconciler.daemon.status_provenance import unacted_reasons
 from reconciler.git.branch import open_branch
 from reconciler.protocol.signing import load_private_key
 from reconciler.spec.errors import ReconcilerError
@@ -64,7 +63,12 @@ def run(args: argparse.Namespace) -> int:
     source = open_branch(args.repo, args.branch, ssh_key=args.ssh_key, known_hosts=args.known_hosts)
     daemon_key = key.public_openssh if args.sign_commits else None
     policy = policy_of(args, source, args.repo or ".", daemon_key)
-    _refuse_a_looser_policy(policy, args.name)
+    looser = looser_than_the_daemon(policy)
+    if looser:
+        raise AttestationError(
+            f"rollout {args.name}: not attested: {looser}",
+            "and, if the daemon signs its status commits, --sign-commits",
+        )
     unacted = (
         (lambda status, commit: unacted_reasons(source, status, commit, policy))
         if policy.checks_anything
@@ -78,26 +82,6 @@ def run(args: argparse.Namespace) -> int:
     _write(args.out, text)
     print(f"attestation of rollout {args.name} written to {args.out}", file=sys.stderr)
     return 0
-
-
-def _refuse_a_looser_policy(policy: DaemonPolicy, name: str) -> None:
-    """The daemon's key must not vouch for what the daemon itself would
-    refuse: when its state on this machine shows it acts under verification,
-    attest needs the same flags."""
-    if policy.approver is not None or policy.state is None:
-        return
-    try:
-        acted = read_acted(policy.state)
-    except ReconcilerError:
-        acted = None
-    if acted is not None:
-        raise AttestationError(
-            f"rollout {name}: the daemon serving this repository acts under verification "
-            f"(its state in {policy.state.folder} holds the verified commit {acted[:12]}), so "
-            "an attestation made without it could vouch for what the daemon refused",
-            "pass the daemon's own flags: --allowed-signers FILE (with --require-approvals N) "
-            "and, if it signs its status commits, --sign-commits",
-        )
 
 
 def _write(path: Path, text: str) -> None:
