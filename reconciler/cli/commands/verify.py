@@ -206,7 +206,7 @@ def run(args: argparse.Namespace) -> int:
             "newestSpecCommit": approval.newest_spec_commit,
             "verifiedCommit": approval.verified_commit,
             "refusals": [{"commit": r.commit, "reason": r.reason} for r in approval.refusals],
-            "lastActed": {"commit": acted, "known": where},
+            "lastActed": {"commit": acted, "from": where},
             "heldStatuses": dict(sorted(held.items())),
             "unverifiedRollouts": list(unverified),
         },
