@@ -107,7 +107,7 @@ def test_a_dry_run_has_no_subject() -> None:
 
 def test_artifacts_are_the_subject_when_the_target_has_them() -> None:
     predicate = statement_of(status(node("a"), node("b", evidence=None)), STATUS)["predicate"]
-    predicate["frozen"]["target"]["artifacts"] = [
+    predicate["frozen"]["artifacts"] = [  # where status keeps them
         {"name": "weights", "url": "https://mirror.example/w", "sha256": "ab" * 32, "size": 9},
         {"name": "tokenizer", "url": "https://mirror.example/t", "sha256": "cd" * 32, "size": 1},
     ]

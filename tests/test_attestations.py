@@ -32,17 +32,23 @@ from reconciler.daemon.logs import EventLog
 from reconciler.daemon.loop import Daemon
 from reconciler.git.approval import Approver, load_allowed_signers
 from reconciler.git.store import GitStore
-from reconciler.protocol.signing import generate_key, load_private_key
-from reconciler.views.attestation import PREDICATE_TYPE, sign
+from reconciler.protocol.signing import SigningKey, canonical_json, generate_key, load_private_key
+from reconciler.spec.safe_yaml import load_yaml
+from reconciler.views.attestation import PREDICATE_TYPE, reported_digest, sign
+from tests.kit.alertmanager import AlertmanagerServer
 from tests.kit.documents import node_map, rollout_yaml
 from tests.kit.fleets import AgentFleet
 from tests.kit.git import git, git_env
+from tests.kit.keys import make_key
+from tests.kit.nginx import NginxServer
+from tests.kit.waiting import wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 SCHEMA = REPO / "schemas" / "deployment-attestation.schema.json"
 OLD = b"provider: ollama\nmodel: llama3-8b\nprofile: default\n"
 FAST_OFFLINE = "apiVersion: reconciler/v1\nkind: Settings\nspec: {offlineAfter: 5s}\n"
 NODES = ("gpu-a1", "gpu-a2")
+TERMINAL = ("completed", "failed", "aborted")
 
 
 @dataclass
@@ -391,12 +397,25 @@ def fleet(tmp_path: Path) -> Iterator[AgentFleet]:
         made.close()
 
 
-def attest(fleet: AgentFleet, name: str, out: Path, capsys: pytest.CaptureFixture[str]) -> Any:
+def attest(
+    fleet: AgentFleet, name: str, out: Path, capsys: pytest.CaptureFixture[str], *more: str
+) -> Any:
     capsys.readouterr()
     code = cli(
-        ["attest", name, "--repo", str(fleet.bare), "--key", str(fleet.key_path), "--out", str(out)]
-    )
+        [
+            "attest", name, "--repo", str(fleet.bare), "--key", str(fleet.key_path),
+            "--out", str(out), *more,
+        ]
+    )  # fmt: skip
     return code, capsys.readouterr().err
+
+
+def phase(fleet: AgentFleet, name: str) -> str | None:
+    try:
+        text = git("show", f"main:status/{name}.yaml", cwd=fleet.bare)
+    except Exception:
+        return None
+    return str(load_yaml(name, text.encode())["phase"])
 
 
 def test_attest_refuses_a_status_whose_recorded_evidence_was_edited(
@@ -428,7 +447,8 @@ def test_attest_refuses_a_dry_run_and_an_unfinished_rollout(
     complete(fleet, "dry")
     code, err = attest(fleet, "dry", tmp_path / "dry.json", capsys)
     assert code == 1
-    assert "rollout dry: no node succeeded on signed evidence of what it now runs" in err
+    assert "rollout dry: nothing to attest: it was a dry-run, which changes nothing" in err
+    assert "agentKey" not in err
 
     fleet.push(
         {"rollouts/held.yaml": rollout_yaml("held", nodeIds=list(NODES), live=True, pauseAfter=[1])}
@@ -531,3 +551,350 @@ def test_an_attestation_records_the_signed_commit_and_the_approval_that_counted(
     public = fleet.key_path.with_name("reconciler.pub")
     args = ["verify", "--attestation", str(out), "--key", str(public), "--repo", str(fleet.bare)]
     assert cli(args) == 0, capsys.readouterr().out
+
+
+# -- a model rollout -------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_model_rollouts_attestation_names_the_models_digest_per_node(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The status is the one the daemon wrote for a rollout whose target
+    declares artifacts, downloaded from Debian's nginx by the real agents."""
+    files = tmp_path / "mirror"
+    files.mkdir()
+    data = hashlib.sha256(b"model weights").digest() * 4096
+    (files / "model.gguf").write_bytes(data)
+    digest = hashlib.sha256(data).hexdigest()
+    fleet = signed_fleet(tmp_path)
+    with NginxServer(tmp_path / "nginx", files) as nginx:
+        try:
+            artifact = (
+                f"{{name: weights, url: '{nginx.url('model.gguf')}', "
+                f"sha256: '{digest}', size: {len(data)}}}"
+            )
+            target = (
+                "{runtime: hermes, provider: vllm, model: llama3.1-8b, profile: default, "
+                f"artifacts: [{artifact}]}}"
+            )
+            status = complete(fleet, "model", live=True, target=target)
+            assert status["frozen"]["artifacts"][0]["sha256"] == digest  # where status keeps them
+            out = tmp_path / "model.json"
+            code, err = attest(fleet, "model", out, capsys)
+            assert code == 0, err
+            statement = json.loads(base64.b64decode(json.loads(out.read_text())["payload"]))
+            assert statement["subject"] == [
+                {
+                    "name": f"{node}/hermes",
+                    "digest": {"sha256": digest},
+                    "annotations": {"artifact": "weights"},
+                }
+                for node in NODES
+            ]
+            # verify derives the subject from the record the same way, and so
+            # refuses the config digests the attestation once carried instead.
+            public = fleet.key_path.with_name("reconciler.pub")
+            capsys.readouterr()
+            args = ["verify", "--attestation", str(out), "--key", str(public)]
+            assert cli([*args, "--repo", str(fleet.bare)]) == 0, capsys.readouterr().out
+            config_digests = dict(
+                statement,
+                subject=[
+                    {
+                        "name": f"{n['name']}/hermes",
+                        "digest": {"sha256": reported_digest(n["evidence"], "hermes")},
+                    }
+                    for n in statement["predicate"]["nodes"]
+                ],
+            )
+            wrong = tmp_path / "config-digests.json"
+            wrong.write_text(json.dumps(sign(config_digests, load_private_key(fleet.key_path))))
+            capsys.readouterr()
+            assert cli(["verify", "--attestation", str(wrong), "--key", str(public)]) == 1
+            assert (
+                f"but its record shows gpu-a1/hermes sha256:{digest[:12]}"
+                in capsys.readouterr().out
+            )
+        finally:
+            fleet.close()
+
+
+# -- a node failed by an alert ---------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_node_an_alert_failed_is_attested_as_failed_by_that_alert(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Debian's Alertmanager has an alert naming gpu-a1 firing when its job
+    is sent: the daemon fails it on that alert, before any agent answer,
+    and the rollout goes on (observe) to gpu-a2."""
+    with AlertmanagerServer(tmp_path) as alertmanager:
+        settings = (
+            "apiVersion: reconciler/v1\nkind: Settings\n"
+            f"spec: {{offlineAfter: 5s, alertmanager: {{url: '{alertmanager.url}'}}}}\n"
+        )
+        fleet = AgentFleet.create(
+            tmp_path,
+            {name: {"config": OLD, "agent_key": "own"} for name in NODES},
+            files={"reconciler.yaml": settings},
+        )
+        try:
+            alertmanager.post_alert("GpuHot", node="gpu-a1", severity="page")  # before it starts
+            health = "{soak: 3s, interval: 1s, alerts: {matchers: ['severity=\"page\"']}}"
+            fleet.push(
+                {
+                    "rollouts/r.yaml": rollout_yaml(
+                        "r", nodeIds=list(NODES), live=True, batchSize=1, onFailure="observe",
+                        health=health,
+                    )
+                }
+            )  # fmt: skip
+            daemon = fleet.daemon()
+            statuses = fleet.run_until(
+                daemon, lambda s: s.get("r", {}).get("phase") in TERMINAL, timeout=120
+            )
+            nodes = node_map(statuses["r"])
+            assert nodes["gpu-a1"]["state"] == "failed"
+            alert = nodes["gpu-a1"]["failedByAlert"]
+            assert alert["alertname"] == "GpuHot"
+            assert alert["labels"] == {"alertname": "GpuHot", "node": "gpu-a1", "severity": "page"}
+            assert nodes["gpu-a2"]["state"] == "succeeded"
+
+            capsys.readouterr()
+            assert cli(["verify", "--evidence", "r", "--repo", str(fleet.bare)]) == 0
+            report = capsys.readouterr().out
+            assert "gpu-a1 ok: failed by alert GpuHot (labels node=gpu-a1, severity=page" in re.sub(
+                " {2,}", " ", report
+            )
+            out = tmp_path / "r.json"
+            code, err = attest(fleet, "r", out, capsys)
+            assert code == 0, err
+            statement = json.loads(base64.b64decode(json.loads(out.read_text())["payload"]))
+            assert [s["name"] for s in statement["subject"]] == ["gpu-a2/hermes"]
+            attested = node_map(statement["predicate"])
+            assert attested["gpu-a1"]["failedByAlert"] == alert
+            public = fleet.key_path.with_name("reconciler.pub")
+            args = ["verify", "--attestation", str(out), "--key", str(public)]
+            assert cli([*args, "--repo", str(fleet.bare)]) == 0, capsys.readouterr().out
+        finally:
+            fleet.close()
+
+
+def test_attest_refusing_a_rollout_where_no_node_succeeded_says_so_not_agent_keys(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every agent signs with its key, and every apply fails: the
+    after-apply command exits 1, so the agent restores the old config."""
+    fleet = AgentFleet.create(
+        tmp_path,
+        {name: {"config": OLD, "agent_key": "own", "after_apply": "false"} for name in NODES},
+        files={"reconciler.yaml": FAST_OFFLINE},
+    )
+    try:
+        fleet.push(
+            {
+                "rollouts/r.yaml": rollout_yaml(
+                    "r", nodeIds=list(NODES), live=True, onFailure="observe"
+                )
+            }
+        )
+        statuses = fleet.run_until(
+            fleet.daemon(), lambda s: s.get("r", {}).get("phase") in TERMINAL
+        )
+        assert {n["state"] for n in statuses["r"]["nodes"]} == {"failed"}
+
+        code, err = attest(fleet, "r", tmp_path / "r.json", capsys)
+
+        assert code == 1
+        assert (
+            "rollout r: nothing to attest: no node succeeded (gpu-a1 failed, gpu-a2 failed)" in err
+        )
+        assert "agentKey" not in err and "--key" not in err
+        assert "reconciler status r" in err
+    finally:
+        fleet.close()
+
+
+# -- a deployment that never happened ------------------------------------------
+
+
+def run_once(fleet: AgentFleet, signers: Path) -> None:
+    """One pass of the real daemon, as it runs: verification and signed status commits."""
+    argv = ["run", "--once", "--repo", str(fleet.bare), "--key", str(fleet.key_path)]
+    assert cli([*argv, "--allowed-signers", str(signers), "--sign-commits"]) == 0
+
+
+def forged_status(fleet: AgentFleet, spec_commit: str, key: SigningKey) -> str:
+    """status/r.yaml as a pusher rewrites it: ``specCommit`` names their
+    node-file commit, and gpu-a1's evidence says it runs a config it never
+    ran, signed by their key."""
+    status = load_yaml("r", git("show", "main:status/r.yaml", cwd=fleet.bare).encode())
+    status["specCommit"] = spec_commit
+    evidence = node_map(status)["gpu-a1"]["evidence"]
+    for runtime in evidence["heartbeat"]["runtimes"]:
+        runtime["configDigest"] = "sha256:" + "ee" * 32
+    evidence["keyId"] = key.key_id
+    evidence["signatures"] = {
+        part: base64.b64encode(key.sign(canonical_json(evidence[part]))).decode()
+        for part in ("jobRecord", "heartbeat")
+    }
+    return json.dumps(status, indent=1) + "\n"
+
+
+@pytest.mark.slow
+def test_attest_and_verify_refuse_a_deployment_two_unsigned_pushes_made_up(
+    fleet: AgentFleet, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "people").mkdir()
+    alice, _ = person(tmp_path / "people", "alice")
+    daemon_pub = fleet.key_path.with_name("reconciler.pub")
+    signers = tmp_path / "allowed_signers"
+    signers.write_text(
+        f"alice@example.com {Path(f'{alice}.pub').read_text()}"
+        f"reconciler@fleet {daemon_pub.read_text()}"
+    )
+    env = git_env("Alice", "alice@example.com")
+    fleet.pull()
+    (fleet.work / "rollouts").mkdir()
+    (fleet.work / "rollouts" / "r.yaml").write_text(
+        rollout_yaml("r", nodeIds=list(NODES), live=True)
+    )
+    git("add", "-A", cwd=fleet.work, env=env)
+    git(
+        "-c", "gpg.format=ssh", "-c", f"user.signingKey={alice}",
+        "commit", "-q", "-S", "-m", "Roll out r", cwd=fleet.work, env=env,
+    )  # fmt: skip
+    git("push", "-q", "origin", "HEAD:main", cwd=fleet.work)
+    wait_for(
+        lambda: run_once(fleet, signers) is None and phase(fleet, "r") == "completed",
+        60,
+        "r to complete",
+    )
+    as_run = ["--allowed-signers", str(signers), "--sign-commits"]
+    real = tmp_path / "real.json"
+    code, err = attest(fleet, "r", real, capsys, *as_run)
+    assert code == 0, err  # the daemon's own status is attested under its own flags
+
+    # A pusher without a key: their agent key in gpu-a1's node file, then
+    # the status rewritten to name that commit and carry their signatures.
+    theirs = load_private_key(make_key(tmp_path / "mallory" / "agent").private)
+    fleet.pull()
+    node_file = fleet.work / "nodes" / "gpu-a1.yaml"
+    node_file.write_text(
+        re.sub(r"agentKey: .*", f'agentKey: "{theirs.public_openssh}"', node_file.read_text())
+    )
+    git("commit", "-qam", "Rotate gpu-a1's key", cwd=fleet.work)
+    fleet.git_push()
+    pushed = git("rev-parse", "HEAD", cwd=fleet.work).strip()
+    (fleet.work / "status" / "r.yaml").write_text(forged_status(fleet, pushed, theirs))
+    git("commit", "-qam", "Record gpu-a1", cwd=fleet.work)
+    fleet.git_push()
+    capsys.readouterr()
+    run_once(fleet, signers)
+    assert "status_tampered: status/r.yaml is not verified" in capsys.readouterr().err
+
+    forged = tmp_path / "forged.json"
+    code, err = attest(fleet, "r", forged, capsys)  # as before: no flags
+    assert code == 1
+    assert "the daemon serving this repository acts under verification" in err
+    code, err = attest(fleet, "r", forged, capsys, *as_run)
+    assert code == 1
+    assert "rollout r: the daemon would not act on status/r.yaml at " in err
+    assert "not the daemon's: it differs from what the newest daemon-signed commit wrote" in err
+    assert f"specCommit {pushed[:12]} is not a verified commit of main" in err
+    assert not forged.exists()
+    # Each of the daemon's settings is enough on its own (the first away
+    # from the daemon's state, as on another machine).
+    elsewhere = ["--state-dir", str(tmp_path / "elsewhere")]
+    for alone in (["--sign-commits", *elsewhere], ["--allowed-signers", str(signers)]):
+        code, err = attest(fleet, "r", forged, capsys, *alone)
+        assert code == 1 and "the daemon would not act on status/r.yaml" in err, (alone, err)
+    assert not forged.exists()
+
+    capsys.readouterr()
+    assert cli(["verify", "--evidence", "r", "--repo", str(fleet.bare)]) == 1  # as before: no flags
+    assert "the daemon serving this repository acts under verification" in capsys.readouterr().out
+    repo = ["--repo", str(fleet.bare), "--allowed-signers", str(signers)]
+    assert cli(["verify", "--evidence", "r", *repo, "--daemon-key", str(daemon_pub)]) == 1
+    out = capsys.readouterr().out
+    assert "evidence NOT checked" in out and "not the daemon's" in out, out
+    # The attestation of the real deployment still verifies against the
+    # status it was made from, under the daemon's flags.
+    args = ["verify", "--attestation", str(real), "--key", str(daemon_pub), *repo]
+    assert cli([*args, "--daemon-key", str(daemon_pub)]) == 0, capsys.readouterr().out
+
+
+# -- -o on verify, attest and approve ------------------------------------------
+
+
+def printed(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
+    capsys.readouterr()
+    code = cli(list(argv))
+    return code, capsys.readouterr().out
+
+
+def test_o_is_format_on_verify_and_attest_and_yaml_holds_the_json(
+    attested: Attested, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bare, public = str(attested.fleet.bare), str(attested.public)
+    key = str(attested.fleet.key_path)
+    for argv in (
+        ["verify", "--evidence", "r", "--repo", bare],
+        ["verify", "--attestation", str(attested.path), "--key", public, "--repo", bare],
+        ["attest", "r", "--repo", bare, "--key", key],
+    ):
+        code, as_json = printed(capsys, *argv, "-o", "json")
+        assert code == 0, as_json
+        same, as_yaml = printed(capsys, *argv, "-o", "yaml")
+        assert same == 0
+        assert load_yaml("out", as_yaml.encode()) == json.loads(as_json), argv
+    _, evidence = printed(capsys, "verify", "--evidence", "r", "--repo", bare, "-o", "json")
+    record = json.loads(evidence)
+    assert record["ok"] is True and [n["name"] for n in record["nodes"]] == list(NODES)
+    _, envelope = printed(capsys, "attest", "r", "--repo", bare, "--key", key, "-o", "json")
+    assert json.loads(envelope) == attested.envelope
+
+
+def test_o_is_format_on_approve_and_on_verify_of_a_commit(
+    fleet: AgentFleet, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "people").mkdir()
+    alice, _ = person(tmp_path / "people", "alice")
+    bob, bob_id = person(tmp_path / "people", "bob")
+    signers = tmp_path / "allowed_signers"
+    signers.write_text(
+        "".join(
+            f"{who} {Path(f'{k}.pub').read_text()}"
+            for who, k in (("alice@example.com", alice), ("bob@example.com", bob))
+        )
+    )
+    env = git_env("Alice", "alice@example.com")
+    fleet.pull()
+    (fleet.work / "rollouts").mkdir()
+    (fleet.work / "rollouts" / "r.yaml").write_text(rollout_yaml("r", nodeIds=list(NODES)))
+    git("add", "-A", cwd=fleet.work, env=env)
+    git(
+        "-c", "gpg.format=ssh", "-c", f"user.signingKey={alice}",
+        "commit", "-q", "-S", "-m", "Roll out r", cwd=fleet.work, env=env,
+    )  # fmt: skip
+    change = git("rev-parse", "HEAD", cwd=fleet.work).strip()
+    approve = ["approve", change, "--key", str(bob), "--repo", str(fleet.work)]
+
+    code, as_json = printed(capsys, *approve, "-o", "json")
+    assert code == 0
+    record = json.loads(as_json)
+    assert record["commit"] == change and record["keyId"] == bob_id and record["added"] is True
+    code, as_yaml = printed(capsys, *approve, "-o", "yaml")
+    assert code == 0
+    assert load_yaml("out", as_yaml.encode()) == dict(record, added=False)  # approved already
+
+    verify = ["verify", "--repo", str(fleet.work), "--allowed-signers", str(signers)]
+    verify += ["--require-approvals", "1", "HEAD"]
+    code, as_json = printed(capsys, *verify, "-o", "json")
+    record = json.loads(as_json)
+    assert code == 0, as_json
+    assert record["actedOn"] is True and record["newestSpecCommit"] == change
+    code, as_yaml = printed(capsys, *verify, "-o", "yaml")
+    assert load_yaml("out", as_yaml.encode()) == record

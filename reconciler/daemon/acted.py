@@ -9,6 +9,10 @@ read once, to carry the position over on an upgrade, and never again.
 Without a state directory (a ``Daemon`` built by a test) the ref stays
 the record, as before.
 
+The status commit it last acted on before it signed its status commits
+is kept beside it (``UnsignedStatusPosition``), for the same reason: it
+tells the daemon's own unsigned statuses from a later push.
+
 Must not: judge commits (``git.approval`` does) or keep anything else.
 """
 
@@ -21,6 +25,7 @@ from reconciler.daemon.state import DaemonState
 from reconciler.git.approval import last_acted, record_acted
 
 ACTED_FILE = "acted-commit"
+UNSIGNED_STATUS_FILE = "unsigned-status-commit"
 _COMMIT = re.compile(r"[0-9a-f]{40}([0-9a-f]{24})?")
 
 
@@ -63,6 +68,44 @@ class ActedPosition:
         if old is not None:
             self.state.write(ACTED_FILE, old + "\n")
         return old
+
+
+class UnsignedStatusPosition:
+    """The status commit the daemon last acted on while it took statuses as
+    committed (no signed status commits checked): what it read there, and
+    what it wrote on top, are its own. Turning ``--sign-commits`` on later
+    adopts the status files as they are at that commit instead of holding
+    every status the daemon wrote unsigned (``git.status_writes``); anything
+    pushed after it still needs a daemon signature. Without a state
+    directory nothing is kept."""
+
+    def __init__(self, state: DaemonState | None, *, recording: bool = True) -> None:
+        self.state = state
+        self.recording = recording  # false while statuses must carry a daemon signature
+        self._known: str | None = None
+        self._loaded = False
+
+    def get(self) -> str | None:
+        if not self._loaded:
+            self._known = read_unsigned_status(self.state) if self.state is not None else None
+            self._loaded = True
+        return self._known
+
+    def record(self, commit: str) -> None:
+        """Keep ``commit`` (only when it moved, and only while recording)."""
+        if self.state is None or not self.recording or self.get() == commit:
+            return
+        self.state.write(UNSIGNED_STATUS_FILE, commit + "\n")
+        self._known = commit
+
+
+def read_unsigned_status(state: DaemonState) -> str | None:
+    """The status commit a daemon acted on last before it signed its status
+    commits, as kept in ``state`` (for the reader, ``verify`` and
+    ``attest``), or None."""
+    text = state.read(UNSIGNED_STATUS_FILE)
+    kept = text.strip() if text is not None else ""
+    return kept if _COMMIT.fullmatch(kept) else None
 
 
 def read_acted(state: DaemonState) -> str | None:

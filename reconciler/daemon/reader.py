@@ -10,7 +10,7 @@ did not write, are held. The steps after it read nothing from the tip.
 
 Forgetting the caches changes nothing but the cost (``run --plain`` reads
 with a new reader every pass). Must not: decide anything, write anything
-but the last-acted position (``daemon.acted``), or keep rollout state.
+but the last-acted positions (``daemon.acted``), or keep rollout state.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from reconciler.daemon.acted import ActedPosition
+from reconciler.daemon.acted import ActedPosition, UnsignedStatusPosition
 from reconciler.daemon.inputs import BuiltInputs, Context, InputCache
 from reconciler.daemon.started import StartedRollouts, gone_reason, rewound_reason
 from reconciler.daemon.state import DaemonState
@@ -141,15 +141,14 @@ class Reader:
             VerifiedHistory(store.repository(), approver) if approver is not None else None
         )
         self.started = StartedRollouts(state)
-        self.trust = (
-            StatusTrust(
-                store,
-                approver,
-                DaemonWrites(store.repository(), status_signers) if status_signers else None,
-            )
-            if approver is not None
+        signed = approver is not None and bool(status_signers)
+        self.unsigned_status = UnsignedStatusPosition(state, recording=not signed)
+        writes = (
+            DaemonWrites(store.repository(), status_signers, self.unsigned_status.get())
+            if status_signers
             else None
         )
+        self.trust = StatusTrust(store, approver, writes) if approver is not None else None
         self._read_everything = False
 
     # -- the tip -------------------------------------------------------------
@@ -206,6 +205,8 @@ class Reader:
             self.report("status_ignored", f"{path}: {reason}", path=path)
         since_pass = status_changed
         ended: set[str] = set()  # held rollouts that ended: they claim no node
+        if status_tip is not None:
+            self.unsigned_status.record(status_tip)
         if self.trust is None:
             self.started.note(statuses, status_changed)
         else:
@@ -632,6 +633,7 @@ class Reader:
         what the next read finds there: not read again."""
         caches = self.caches
         self.started.note(statuses, [n for n in statuses if status_path(n) in written])
+        self.unsigned_status.record(commit)
         if snapshot.status_tip is not None and snapshot.status_tip == caches.status_reader.at:
             caches.own_status_write = (
                 snapshot.status_tip,

@@ -53,6 +53,29 @@ class DaemonState:
         stem = _UNSAFE.sub("-", Path(where.rstrip("/")).name or "repo")[:40]
         return cls(root / f"{stem}-{_UNSAFE.sub('-', branch)[:40]}-{digest}")
 
+    @classmethod
+    def of_daemon(
+        cls, root: Path, repo: str, branch: str, upstreams: tuple[str, ...] = ()
+    ) -> DaemonState:
+        """The folder of the daemon that serves ``repo``, for the commands a
+        person runs beside it (``verify``, ``attest``): ``repo``'s own when a
+        daemon keeps one (it runs on ``repo``), else that of the first of
+        ``upstreams`` (the repositories ``repo`` was cloned from) that has
+        one, as when a person checks from a clone of the bare repository the
+        daemon serves; ``repo``'s own when none has."""
+        own = cls.for_branch(root, repo, branch)
+        if own.exists():
+            return own
+        for upstream in upstreams:
+            theirs = cls.for_branch(root, upstream, branch)
+            if theirs.exists():
+                return theirs
+        return own
+
+    def exists(self) -> bool:
+        """Has a daemon kept anything here yet?"""
+        return self.folder.is_dir()
+
     def read(self, name: str) -> str | None:
         """The text kept under ``name``, or None when there is none yet."""
         try:

@@ -59,6 +59,7 @@ def next_apply(
         backup_id=None,
         held=None,
         evidence=None,
+        failed_by_alert=None,
         auto_retried=node.auto_retried or auto_retry,
         timings=None,
         out_of_service=None,

@@ -188,12 +188,19 @@ def standings(
     return tuple(found)
 
 
+def failing_alert(
+    health: Health | None, answer: AlertAnswer | None, node: str
+) -> FiringAlert | None:
+    """The first matching alert that names ``node`` (None: none does)."""
+    if health is None or health.alerts is None or answer is None:
+        return None
+    label = health.alerts.node_label
+    return next((a for a in answer.alerts if dict(a.labels).get(label) == node), None)
+
+
 def alert_failure(health: Health | None, answer: AlertAnswer | None, node: str) -> str:
     """The error of a node a matching alert names (empty: none does)."""
-    if health is None or health.alerts is None or answer is None:
-        return ""
-    label = health.alerts.node_label
-    alert = next((a for a in answer.alerts if dict(a.labels).get(label) == node), None)
+    alert = failing_alert(health, answer, node)
     if alert is None:
         return ""
     return f"health check {ALERTS_CHECK} failed: {alert_words(alert)}"

@@ -14,6 +14,7 @@ from datetime import datetime
 
 from reconciler.engine import evidence
 from reconciler.engine.backups import first_backup_after
+from reconciler.engine.comparisons import failing_alert
 from reconciler.engine.holds import RESTORE_STATES, VERDICT_STATES
 from reconciler.engine.inputs import NodeChange
 from reconciler.engine.policy import Decision, decide
@@ -90,6 +91,9 @@ def with_verdict(
     first_backup_id, known, first_attempt = first_backup_after(node, job)
     beat = seen.observations.heartbeats.get(node.name) if seen.live else None
     ran = seen.checks_apply and job is not None and job.state == "succeeded"
+    # judge_apply fails a node an alert names before anything else: that alert
+    # is what the verdict rests on, so the record keeps it.
+    alert = failing_alert(seen.health, seen.alerts, node.name) if seen.live else None
     timings = job.timings if job is not None and seen.live else None
     return evolve(
         node,
@@ -100,6 +104,7 @@ def with_verdict(
         error=error,
         finished_at=seen.now,
         evidence=evidence.recorded(verdict, job, beat),
+        failed_by_alert=alert if verdict == "failed" else None,
         backup_id=job.backup_id if job is not None else None,
         first_backup_id=first_backup_id,
         first_backup_known=known,

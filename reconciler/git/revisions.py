@@ -4,6 +4,8 @@ errors that say what to pass instead."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pygit2
 
 from reconciler.git.store import discover_repository
@@ -29,6 +31,24 @@ def open_local_repository(where: str) -> pygit2.Repository:
         return discover_repository(where, "pass the fleet repository with --repo")
     except StoreError as exc:
         raise UsageError(exc.message, exc.hint) from None
+
+
+def upstream_locations(repo: pygit2.Repository) -> tuple[str, ...]:
+    """Where a clone came from: its remotes' URLs, ``origin`` first, a local
+    path made absolute against the clone as git reads it, so that it names
+    the repository a daemon on this machine may serve."""
+    base = Path(repo.workdir or repo.path)
+    remotes = sorted(repo.remotes, key=lambda r: r.name != "origin")
+    found: list[str] = []
+    for remote in remotes:
+        url = remote.url or ""
+        if url.startswith("file://"):
+            url = url[len("file://") :]
+        if url and "://" not in url and ":" not in url.split("/")[0]:
+            url = str((base / url).resolve())
+        if url:
+            found.append(url)
+    return tuple(found)
 
 
 def commit_of(repo: pygit2.Repository, rev: str) -> pygit2.Commit | None:

@@ -41,11 +41,22 @@ class DaemonWrites:
     for other daemons on the same branch), namespace ``git``. Built by one
     walk back from the first tip (until every current status file has its
     daemon write, or the root), then advanced over new commits only.
+
+    ``adopted``: the status commit the daemon last acted on before it
+    signed (its state directory keeps it): the status files as they are
+    there are its own writes, so turning signing on keeps them. It counts
+    only on the first-parent history below the tip.
     """
 
-    def __init__(self, repo: pygit2.Repository, signers: Sequence[AllowedSigner]) -> None:
+    def __init__(
+        self,
+        repo: pygit2.Repository,
+        signers: Sequence[AllowedSigner],
+        adopted: str | None = None,
+    ) -> None:
         self.repo = repo
         self.signers = tuple(signers)
+        self.adopted = adopted
         self._tip: str | None = None
         self._written: dict[str, str | None] = {}  # path -> blob id (None: deleted)
         self._signed: dict[str, bool] = {}  # commit -> signed by a daemon key
@@ -92,6 +103,12 @@ class DaemonWrites:
         commit: str | None = tip
         while commit is not None and pending:
             obj = self.repo[commit].peel(pygit2.Commit)
+            if commit == self.adopted:
+                there = status_files_at(self.repo, commit)
+                for path in pending:
+                    written[path] = there.get(path)
+                pending = set()
+                break
             changes = self._changes(obj)
             if changes and self._daemon_signed(obj):
                 for path in pending & changes.keys():

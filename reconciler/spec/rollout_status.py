@@ -234,6 +234,9 @@ class NodeRecord:
     stage: StageRecord | None = None
     timings: Mapping[str, str | None] | None = field(default=None, hash=False)
     out_of_service: float | None = None  # seconds, from timings
+    # The Alertmanager alert that failed the node: the daemon's own verdict,
+    # resting on Alertmanager's answer, not on any agent's (docs/health.md).
+    failed_by_alert: FiringAlert | None = None
 
 
 @dataclass(frozen=True)
@@ -598,6 +601,8 @@ def node_to_record(n: NodeRecord) -> dict[str, Any]:
         record["evidence"] = _evidence_record(n.evidence)
     if n.stage is not None or n.timings is not None:  # absent without artifacts and timings
         record.update(artifact_records.node_record(n.stage, n.timings, n.out_of_service))
+    if n.failed_by_alert is not None:  # absent otherwise, as in records before it
+        record["failedByAlert"] = alert_record(n.failed_by_alert)
     return record
 
 
@@ -664,6 +669,7 @@ def node_from_record(d: Mapping[str, Any]) -> NodeRecord:
             for c in d.get("checks", ())
         ),
         evidence=None if d.get("evidence") is None else evidence_from(d["evidence"]),
+        failed_by_alert=None if d.get("failedByAlert") is None else alert_from(d["failedByAlert"]),
         **artifact_records.node_from(d),
     )
 

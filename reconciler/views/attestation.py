@@ -22,7 +22,7 @@ rollouts and never writes a file.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from jsonschema.exceptions import best_match  # type: ignore[import-untyped]
@@ -86,7 +86,7 @@ def subjects_of(predicate: Mapping[str, Any]) -> list[dict[str, Any]]:
         return []  # a dry-run changed nothing on any node
     target = frozen.get("target") or {}
     runtime = str(target.get("runtime", ""))
-    artifacts = target.get("artifacts") or ()
+    artifacts = frozen.get("artifacts") or ()  # status keeps them beside the target
     subjects: list[dict[str, Any]] = []
     for node in predicate.get("nodes") or ():
         if node.get("state") != "succeeded" or not node.get("evidence"):
@@ -135,12 +135,18 @@ def reported_digest(evidence: Mapping[str, Any], runtime: str) -> str:
 # -- making one --------------------------------------------------------------
 
 
-def attest(source: Branch, name: str, key: SigningKey) -> dict[str, Any]:
+Unacted = Callable[[RolloutStatus, str], list[str]]  # (status, its commit) -> why not acted on
+
+
+def attest(
+    source: Branch, name: str, key: SigningKey, unacted: Unacted | None = None
+) -> dict[str, Any]:
     """The signed envelope (as JSON data) attesting rollout ``name`` as the
     branch's committed status holds it. Refuses, with what to do, an
-    unfinished rollout, evidence that does not verify against the agent
-    keys at its specCommit (the daemon's key would vouch for it), and a
-    rollout that deployed nothing on signed evidence."""
+    unfinished rollout, a status the daemon would not act on (``unacted``
+    says why, under the daemon's policy), evidence that does not verify
+    against the agent keys at its specCommit (the daemon's key would vouch
+    for it), and a rollout that deployed nothing on signed evidence."""
     snapshot = read_snapshot(source)
     status = snapshot.statuses.get(name)
     if status is None or snapshot.commit is None:
@@ -149,6 +155,16 @@ def attest(source: Branch, name: str, key: SigningKey) -> dict[str, Any]:
             "check the name with: reconciler status",
         )
     _refuse_unfinished(status)
+    reasons = unacted(status, snapshot.commit) if unacted is not None else []
+    if reasons:
+        raise AttestationError(
+            f"rollout {name}: the daemon would not act on {status_path(name)} at "
+            f"{snapshot.commit[:12]}: "
+            + "; ".join(reasons)
+            + "; the attestation would vouch for a deployment the daemon never made",
+            f"see: reconciler verify --evidence {name} --repo {source.label} with the "
+            "daemon's own flags",
+        )
     failed = [v for v in check_evidence(source, status) if not v.ok]
     if failed:
         raise AttestationError(
@@ -166,13 +182,35 @@ def attest(source: Branch, name: str, key: SigningKey) -> dict[str, Any]:
             "the status file is not one the daemon wrote; see: reconciler status " + name,
         )
     if not statement["subject"]:
-        raise AttestationError(
-            f"rollout {name}: no node succeeded on signed evidence of what it now runs, "
-            "so there is nothing to attest",
-            "attestations cover live rollouts on nodes whose spec.agentKey the agent signs "
-            "with (reconciler agent --key)",
-        )
+        raise AttestationError(*_nothing_deployed(status))
     return sign(statement, key)
+
+
+def _nothing_deployed(status: RolloutStatus) -> tuple[str, str]:
+    """Why ``status`` has no subject, and what to do: the reason that holds,
+    a dry-run, no node that succeeded, or succeeded nodes without signed
+    evidence (only then are agent keys the cause)."""
+    name = status.name
+    head = f"rollout {name}: nothing to attest: "
+    if status.frozen is not None and not status.frozen.live:
+        return (
+            head + "it was a dry-run, which changes nothing on any node",
+            "attestations describe live rollouts",
+        )
+    succeeded = [n.name for n in status.nodes if n.state == "succeeded"]
+    if not succeeded:
+        states = ", ".join(f"{n.name} {n.state}" for n in status.nodes[:10])
+        more = f" and {len(status.nodes) - 10} more" if len(status.nodes) > 10 else ""
+        return (
+            head + f"no node succeeded ({states}{more}), so nothing was deployed",
+            f"see why with: reconciler status {name}",
+        )
+    return (
+        head + f"no node that succeeded has signed evidence of what it now runs "
+        f"({', '.join(succeeded[:10])}{' ...' if len(succeeded) > 10 else ''})",
+        "attestations cover nodes whose spec.agentKey the agent signs with "
+        "(reconciler agent --key)",
+    )
 
 
 def _refuse_unfinished(status: RolloutStatus) -> None:

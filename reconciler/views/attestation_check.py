@@ -11,7 +11,9 @@ In order, each step trusting only what the one before proved:
    node, and each node's evidence is about that node and its job;
 4. with a repository: ``specCommit``, ``startCommit`` and ``statusCommit``
    exist, the predicate is what the rollout's status holds at
-   ``statusCommit``, and every node's evidence is signed by the
+   ``statusCommit``, the daemon would act on that status under the policy
+   given (its own flags: signed status commits, verified history), and
+   every node's evidence is signed by the
    ``agentKey`` of its node file at ``specCommit`` (the checks of
    ``reconciler verify --evidence``). Without one, the agent keys and the
    commits cannot be read, and the report says they were not checked.
@@ -38,6 +40,7 @@ from reconciler.views.attestation import (
     PAYLOAD_TYPE,
     PREDICATE_TYPE,
     STATEMENT_TYPE,
+    Unacted,
     predicate_problem,
     sslib_key,
     statement_of,
@@ -75,9 +78,13 @@ class AttestationReport:
         return tuple(f for f in self.findings if not f.ok)
 
 
-def check_attestation(data: bytes, key: TrustedKey, source: Branch | None) -> AttestationReport:
+def check_attestation(
+    data: bytes, key: TrustedKey, source: Branch | None, unacted: Unacted | None = None
+) -> AttestationReport:
     """Every check above of the envelope file's bytes ``data`` against the
-    daemon's public ``key``; the repository ones when ``source`` is given."""
+    daemon's public ``key``; the repository ones when ``source`` is given,
+    with ``unacted`` (the daemon's policy) whether it would act on the
+    status at ``statusCommit``."""
     statement, opened = open_envelope(data, key)
     if statement is None:
         return AttestationReport("", (opened,))
@@ -102,7 +109,8 @@ def check_attestation(data: bytes, key: TrustedKey, source: Branch | None) -> At
         problems = _merge(_subject_problems(statement), _evidence_consistency(predicate))
         findings += _node_findings(predicate, problems, {}, "consistent (keys not checked)")
         return AttestationReport(rollout, tuple(findings))
-    return AttestationReport(rollout, tuple(findings + _repository_findings(statement, source)))
+    findings += _repository_findings(statement, source, unacted)
+    return AttestationReport(rollout, tuple(findings))
 
 
 def open_envelope(data: bytes, key: TrustedKey) -> tuple[dict[str, Any] | None, Finding]:
@@ -278,7 +286,9 @@ def _node_findings(
 # -- against the repository ----------------------------------------------------
 
 
-def _repository_findings(statement: Mapping[str, Any], source: Branch) -> list[Finding]:
+def _repository_findings(
+    statement: Mapping[str, Any], source: Branch, unacted: Unacted | None
+) -> list[Finding]:
     predicate = statement["predicate"]
     findings: list[Finding] = []
     missing = [c for c in COMMITS if not _commit_exists(source, predicate[c])]
@@ -294,6 +304,8 @@ def _repository_findings(statement: Mapping[str, Any], source: Branch) -> list[F
         findings.append(Finding("commits", True, f"{', '.join(COMMITS)} found in {source.label}"))
     status_finding, node_diffs = _against_status(predicate, source, "statusCommit" in missing)
     findings.append(status_finding)
+    if unacted is not None and status_finding.ok:
+        findings.append(_acted_on(predicate, source, unacted))
     verdicts: dict[str, str] = {}
     evidence_problems: dict[str, list[str]] = {}
     if "specCommit" in missing:
@@ -313,6 +325,19 @@ def _repository_findings(statement: Mapping[str, Any], source: Branch) -> list[F
                 evidence_problems[verdict.node] = [f"evidence: {verdict.message}"]
     problems = _merge(_subject_problems(statement), node_diffs, evidence_problems)
     return findings + _node_findings(predicate, problems, verdicts, "")
+
+
+def _acted_on(predicate: Mapping[str, Any], source: Branch, unacted: Unacted) -> Finding:
+    """Whether the daemon, under the policy given, would act on the status
+    the predicate was made from (docs/trust.md)."""
+    name, commit = predicate["rollout"], predicate["statusCommit"]
+    status = read_statuses(source, commit).statuses[name]  # _against_status read it
+    reasons = unacted(status, commit)
+    if reasons:
+        return Finding("daemon", False, "would not act on this status: " + "; ".join(reasons))
+    return Finding(
+        "daemon", True, f"would act on {status_path(name)} at statusCommit {commit[:12]}"
+    )
 
 
 def _commit_exists(source: Branch, commit: str) -> bool:

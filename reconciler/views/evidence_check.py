@@ -6,7 +6,9 @@ Each node record that keeps ``evidence`` is checked against the
 answer's signature over its canonical JSON, and that the job record is about
 the node's recorded job. A node decided (passed or failed) without recorded
 evidence while its node file has an ``agentKey`` fails too: the daemon
-records evidence for every verdict it believed from such a node. A node's
+records evidence for every verdict it believed from such a node, except
+one an Alertmanager alert failed: that verdict is the daemon's own, and the
+record keeps the alert (``failedByAlert``) instead. A node's
 restore (a rollback) is checked the same way: its kept job record must be
 signed by the key and be about the restore job, and a restore decided by an
 answer without kept evidence fails when the node has an ``agentKey``.
@@ -22,6 +24,7 @@ from reconciler.engine.evidence import NO_RESTORE_EVIDENCE
 from reconciler.git.branch import Branch
 from reconciler.protocol.evidence import parse_agent_key, signature_problem
 from reconciler.protocol.signing import TrustedKey
+from reconciler.spec.compare import FiringAlert
 from reconciler.spec.documents import parse_file
 from reconciler.spec.paths import node_path
 from reconciler.spec.rollout_status import NodeEvidence, NodeRecord, RolloutStatus
@@ -78,8 +81,27 @@ def _check_node(record: NodeRecord, key: TrustedKey | str | None) -> NodeVerdict
 
 
 def _check_apply(record: NodeRecord, key: TrustedKey | str | None) -> NodeVerdict:
+    verdict = _check_answers(record, key)
+    alert = record.failed_by_alert
+    if alert is None or not verdict.ok or record.verdict != "failed":
+        return verdict
+    said = f"failed by alert {alert_said(alert)}: the daemon's verdict on Alertmanager's answer"
+    if record.evidence is None:
+        return NodeVerdict(record.name, True, f"{said}, before any agent answer")
+    return NodeVerdict(record.name, True, f"{said}; {verdict.message}")
+
+
+def alert_said(alert: FiringAlert) -> str:
+    """An alert in words: its name, labels and since when it fires."""
+    labels = ", ".join(f"{k}={v}" for k, v in alert.labels if k != "alertname")
+    return f"{alert.alertname} (labels {labels}; firing since {alert.starts_at})"
+
+
+def _check_answers(record: NodeRecord, key: TrustedKey | str | None) -> NodeVerdict:
     name, evidence = record.name, record.evidence
     if evidence is None:
+        if record.verdict == "failed" and record.failed_by_alert is not None:
+            return NodeVerdict(name, True, "no agent answer")
         if record.verdict not in DECIDED:
             return NodeVerdict(name, True, "no verdict on evidence (nothing to check)")
         if key is None:

@@ -1,4 +1,4 @@
-"""``reconciler approve [REV] --key FILE [--repo DIR] [--push]``: sign a
+"""``reconciler approve [REV] --key FILE [--repo DIR] [--push] [-o FORMAT]``: sign a
 reviewer's yes to a commit into the repository (docs/trust.md).
 
 Signs ``reconciler-approval v1\\ncommit <full id>\\n`` with the reviewer's
@@ -15,8 +15,11 @@ are ``git.approval_notes``; this module only reads arguments and reports.
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 from pathlib import Path
 
+from reconciler.cli.output_format import add_format_argument, structured
 from reconciler.cli.remote_options import add_repo_argument, local_repo
 
 HELP = "approve a commit: sign it into refs/notes/reconciler-approvals (a reviewer's yes)"
@@ -36,6 +39,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--push", action="store_true", help="push the approvals ref, merging others' approvals"
     )
     parser.add_argument("--remote", default="origin", help="where --push goes (default origin)")
+    add_format_argument(
+        parser,
+        ("text", "json", "yaml"),
+        "text: what was done, in words (default); json or yaml: the same as one record",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -55,8 +63,9 @@ def run(args: argparse.Namespace) -> int:
     repo = open_repository(where, "pass --repo with a clone of the fleet repository")
     found, passed = newest_spec_commit(repo, args.rev)
     commit = str(found.id)
+    lines: list[str] = []
     if passed:
-        print(
+        lines.append(
             f"{args.rev} is {describe_commit(repo, str(passed[0].id))}, which changes no "
             "rollout, node or reconciler.yaml"
             + (f" (nor do the {len(passed) - 1} before it)" if len(passed) > 1 else "")
@@ -67,12 +76,26 @@ def run(args: argparse.Namespace) -> int:
     who = identity(repo)
     added = append_approval(repo, commit, armored, who)
     what = "approved" if added else "already approved by this key:"
-    print(f"{what} {commit} with {key.key_id} ({NOTES_REF})")
+    lines.append(f"{what} {commit} with {key.key_id} ({NOTES_REF})")
+    merges: int | None = None
     if args.push:
         workdir = Path(repo.workdir or repo.path)
         merges = push_approvals(repo, workdir, args.remote, who)
         merged = f", merged with {merges} approval push(es) by others" if merges else ""
-        print(f"pushed {NOTES_REF} to {args.remote}{merged}")
+        lines.append(f"pushed {NOTES_REF} to {args.remote}{merged}")
     else:
-        print(f"next: git push {args.remote} {NOTES_REF} (or run again with --push)")
+        lines.append(f"next: git push {args.remote} {NOTES_REF} (or run again with --push)")
+    if args.format == "text":
+        print("\n".join(lines))
+        return 0
+    record = {
+        "rev": args.rev,
+        "commit": commit,
+        "passedOver": [str(c.id) for c in passed],
+        "keyId": key.key_id,
+        "added": added,
+        "notesRef": NOTES_REF,
+        "pushed": None if merges is None else {"remote": args.remote, "mergedPushes": merges},
+    }
+    sys.stdout.write(structured(json.dumps(record, indent=2) + "\n", args.format))
     return 0

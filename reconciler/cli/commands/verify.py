@@ -26,15 +26,25 @@ Reads a local repository (``git.revisions``); decides nothing itself (``approval
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 from pathlib import Path
 from typing import Any
 
 from reconciler.cli.completers import complete_with, rollout_names
+from reconciler.cli.daemon_policy import (
+    allowed_signers,
+    looser_than_the_daemon,
+    pgp_keys,
+    policy_of,
+)
+from reconciler.cli.output_format import add_format_argument, structured
 from reconciler.cli.remote_options import add_repo_argument
-from reconciler.daemon.acted import read_acted
+from reconciler.daemon.acted import read_acted, read_unsigned_status
 from reconciler.daemon.reader import unverified_only, unverified_rollouts
 from reconciler.daemon.started import StartedRollouts, gone_reason
 from reconciler.daemon.state import DaemonState, default_state_root
+from reconciler.daemon.status_provenance import DaemonPolicy, unacted_reasons
 from reconciler.daemon.status_trust import StatusTrust
 from reconciler.git.approval import (
     ACTED_REF,
@@ -42,14 +52,17 @@ from reconciler.git.approval import (
     Approver,
     descends_by_first_parent,
     last_acted,
-    load_allowed_signers,
     refuse_backwards,
 )
 from reconciler.git.approval_notes import read_note
-from reconciler.git.branch import open_branch
+from reconciler.git.branch import Branch, open_branch
 from reconciler.git.history import History
-from reconciler.git.openpgp import PgpKeyring
-from reconciler.git.revisions import describe_commit, open_local_repository, resolve_or_branch_tip
+from reconciler.git.revisions import (
+    describe_commit,
+    open_local_repository,
+    resolve_or_branch_tip,
+    upstream_locations,
+)
 from reconciler.git.sshsig import AllowedSigner, parse_allowed_signers
 from reconciler.git.status_writes import DaemonWrites
 from reconciler.git.store import GitStore
@@ -100,9 +113,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--allowed-signers",
         metavar="FILE",
-        help="git allowed-signers file (as for gpg.ssh.allowedSignersFile); with --evidence: "
-        "take the agent keys from the verified spec and check the status's commits against "
-        "verified history",
+        help="git allowed-signers file (as for gpg.ssh.allowedSignersFile); with --evidence or "
+        "--attestation: take the agent keys from the verified spec and check the status's "
+        "commits against verified history",
     )
     parser.add_argument(
         "--require-approvals",
@@ -130,37 +143,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the daemon's state directory, as given to run --state-dir, where it keeps the "
         "verified commit it last acted on (default: $XDG_STATE_HOME/reconciler)",
     )
+    add_format_argument(
+        parser,
+        ("text", "json", "yaml"),
+        "text: the report in words (default); json or yaml: the same as one record",
+    )
     parser.add_argument(
         "--daemon-key",
         type=Path,
         metavar="PUB",
         help="the daemon's public key (reconciler.pub), as for a daemon run with "
-        "--sign-commits: a status file then counts only as a daemon-signed commit wrote it",
+        "--sign-commits: a status file then counts only as a daemon-signed commit wrote it "
+        "(with --evidence and --attestation too)",
     )
 
 
 def run(args: argparse.Namespace) -> int:
     if args.attestation is not None:
-        return verify_attestation(args.attestation, args.key, args.repo, args.branch)
+        return verify_attestation(args)
     if args.key is not None:
         raise UsageError("--key goes with --attestation", "for status commits use --daemon-key")
     if args.evidence is not None:
-        return verify_evidence(args.repo or ".", args.branch, args.evidence, _evidence_trust(args))
+        return verify_evidence(args)
     if args.allowed_signers is None:
         raise UsageError(
             "verify needs --allowed-signers FILE, --evidence NAME or --attestation FILE",
             "see reconciler verify --help",
         )
-    allowed = _allowed_signers(Path(args.allowed_signers))
+    allowed = allowed_signers(Path(args.allowed_signers))
     repo = open_local_repository(args.repo or ".")
     label, tip = resolve_or_branch_tip(repo, args.rev, args.branch)
     if args.require_approvals < 0:
         raise UsageError("--require-approvals must be 0 or more")
-    pgp = _pgp_keys(args.allowed_pgp_keys)
+    pgp = pgp_keys(args.allowed_pgp_keys)
     approver = Approver(repo, allowed, required_approvals=args.require_approvals, pgp=pgp)
-    state = DaemonState.for_branch(
-        args.state_dir or default_state_root(), args.repo or ".", args.branch
-    )
+    state = _daemon_state(args, repo)
     acted, where = _acted_position(repo, state, args.branch)
     approver.judge_after(_kept_position(state))
     approval = _forward_only(repo, approver.approve(tip), acted)
@@ -183,81 +200,83 @@ def run(args: argparse.Namespace) -> int:
         report = report.replace(": would be acted on", ": would NOT be acted on", 1)
         report += "\n  statuses held, nothing sent for them:"
         report += "".join(f"\n    {reason}" for _, reason in sorted(held.items()))
-    print(report)
-    return 0 if approval.acted_on and not held else 1
-
-
-def _evidence_trust(args: argparse.Namespace) -> Approver | None:
-    """With ``--allowed-signers``: the judge of the status's commits."""
-    if args.allowed_signers is None:
-        return None
-    allowed = _allowed_signers(Path(args.allowed_signers))
-    repo = open_local_repository(args.repo or ".")
-    return Approver(
-        repo,
-        allowed,
-        required_approvals=args.require_approvals,
-        pgp=_pgp_keys(args.allowed_pgp_keys),
+    acted_on = approval.acted_on and not held
+    _print(
+        args.format,
+        report,
+        {
+            "rev": label,
+            "commit": tip,
+            "actedOn": acted_on,
+            "newestSpecCommit": approval.newest_spec_commit,
+            "verifiedCommit": approval.verified_commit,
+            "refusals": [{"commit": r.commit, "reason": r.reason} for r in approval.refusals],
+            "lastActed": {"commit": acted, "from": where},
+            "heldStatuses": dict(sorted(held.items())),
+            "unverifiedRollouts": list(unverified),
+        },
     )
+    return 0 if acted_on else 1
 
 
-def verify_evidence(repo: str, branch: str, name: str, approver: Approver | None = None) -> int:
-    """Print each node's evidence check for rollout ``name``; 1 if any fails.
-    With ``approver``, the status's ``specCommit`` and ``startCommit`` must
-    be verified commits of the branch's first-parent history first: the
-    agent keys come from the verified spec, never from an unsigned one."""
+def _print(fmt: str, text: str, record: dict[str, Any]) -> None:
+    """``text`` for a terminal, or ``record`` as json or yaml (``-o``)."""
+    if fmt == "text":
+        print(text)
+        return
+    sys.stdout.write(structured(json.dumps(record, indent=2) + "\n", fmt))
+
+
+def _policy(args: argparse.Namespace, source: Branch) -> DaemonPolicy:
+    """The daemon's flags as given: --allowed-signers (with approvals and
+    PGP keys), --daemon-key for signed status commits, --state-dir."""
+    return policy_of(args, source, args.repo or ".", _daemon_key_line(args.daemon_key))
+
+
+def verify_evidence(args: argparse.Namespace) -> int:
+    """Print each node's evidence check for rollout ``--evidence``; 1 if any
+    fails. Under the daemon's flags, the status must first be one the daemon
+    would act on (``daemon.status_provenance``): the agent keys come from
+    the verified spec, never from an unsigned one."""
+    repo, branch, name = args.repo or ".", args.branch, args.evidence
     source = open_branch(repo, branch)
-    status = read_snapshot(source).statuses.get(name)
-    if status is None:
+    snapshot = read_snapshot(source)
+    status = snapshot.statuses.get(name)
+    if status is None or snapshot.commit is None:
         raise UsageError(
             f"no readable status for rollout {name!r} on branch {branch} of {repo}",
             "check the name with: reconciler status",
         )
-    if approver is not None:
-        wrong = _unverified_commits(repo, branch, approver, status)
-        if wrong:
-            print(f"rollout {name}: evidence NOT checked: " + "; ".join(wrong))
-            return 1
+    policy = _policy(args, source)
+    record: dict[str, Any] = {"rollout": name, "specCommit": status.spec_commit}
+    looser = looser_than_the_daemon(policy)
+    wrong = [looser] if looser else unacted_reasons(source, status, snapshot.commit, policy)
+    if wrong:
+        text = f"rollout {name}: evidence NOT checked: " + "; ".join(wrong)
+        _print(args.format, text, record | {"checked": False, "ok": False, "reasons": wrong})
+        return 1
     verdicts = check_evidence(source, status)
-    where = "the verified spec at" if approver is not None else "agentKey at"
-    print(f"rollout {name}: evidence checked against {where} specCommit {status.spec_commit}")
+    where = "the verified spec at" if policy.approver is not None else "agentKey at"
+    lines = [f"rollout {name}: evidence checked against {where} specCommit {status.spec_commit}"]
     width = max((len(v.node) for v in verdicts), default=0)
-    for v in verdicts:
-        print(f"  {v.node:<{width}}  {'ok' if v.ok else 'FAILED'}: {v.message}")
+    lines += [f"  {v.node:<{width}}  {'ok' if v.ok else 'FAILED'}: {v.message}" for v in verdicts]
     failed = [v.node for v in verdicts if not v.ok]
     if failed:
-        print(f"evidence does not verify for: {', '.join(failed)}")
-        return 1
-    return 0
+        lines.append(f"evidence does not verify for: {', '.join(failed)}")
+    nodes = [{"name": v.node, "ok": v.ok, "message": v.message} for v in verdicts]
+    _print(
+        args.format,
+        "\n".join(lines),
+        record | {"checked": True, "ok": not failed, "nodes": nodes},
+    )
+    return 1 if failed else 0
 
 
-def _unverified_commits(repo: str, branch: str, approver: Approver, status: Any) -> list[str]:
-    """Why the status's commits are not what verified history says, if so:
-    each must be a verified commit on the branch's first-parent history up
-    to the verified commit at its tip, and the status must agree with the
-    verified spec at ``startCommit``."""
-    git_repo = open_local_repository(repo)
-    _, tip = resolve_or_branch_tip(git_repo, None, branch)
-    verified = approver.approve(tip).verified_commit
-    if verified is None:
-        return [f"no commit of branch {branch} verifies"]
-    history = History(git_repo)
-    history.advance(verified)
-    wrong = []
-    for field, commit in (("specCommit", status.spec_commit), ("startCommit", status.start_commit)):
-        if not commit:
-            continue
-        if commit not in history or approver.approve(commit).verified_commit != commit:
-            wrong.append(f"{field} {commit[:_SHORT]} is not a verified commit of {branch}")
-    if not wrong:
-        store = GitStore.open(str(git_repo.path), branch, read_only=True)
-        held = StatusTrust(store, approver).hold_tampered({status.name: status}, history)
-        wrong.extend(held.values())
-    return wrong
-
-
-def verify_attestation(path: Path, key_path: Path | None, repo: str | None, branch: str) -> int:
-    """Print each check of the attestation at ``path``; 1 if any fails."""
+def verify_attestation(args: argparse.Namespace) -> int:
+    """Print each check of the attestation file; 1 if any fails. With
+    ``--repo`` and the daemon's flags, the status at its ``statusCommit``
+    must also be one the daemon would act on."""
+    path, key_path, repo = args.attestation, args.key, args.repo
     if key_path is None:
         raise UsageError(
             "--attestation needs --key",
@@ -268,16 +287,32 @@ def verify_attestation(path: Path, key_path: Path | None, repo: str | None, bran
         data = path.read_bytes()
     except OSError as exc:
         raise UsageError(f"cannot read {path}: {exc.strerror}") from None
-    source = None if repo is None else open_branch(repo, branch)
-    report = check_attestation(data, key, source)
-    print(f"attestation {path}" + (f" of rollout {report.rollout}" if report.rollout else ""))
+    source = None if repo is None else open_branch(repo, args.branch)
+    unacted = None
+    if source is not None:
+        policy = _policy(args, source)
+        looser = looser_than_the_daemon(policy)
+        if looser:
+            unacted = lambda status, commit: [looser]  # noqa: E731
+        elif policy.checks_anything:
+            unacted = lambda status, commit: unacted_reasons(source, status, commit, policy)  # noqa: E731
+    report = check_attestation(data, key, source, unacted)
+    lines = [f"attestation {path}" + (f" of rollout {report.rollout}" if report.rollout else "")]
     width = max((len(f.about) for f in report.findings), default=0)
-    for f in report.findings:
-        print(f"  {f.about:<{width}}  {f.verdict}: {f.message}")
+    lines += [f"  {f.about:<{width}}  {f.verdict}: {f.message}" for f in report.findings]
     if report.failed:
-        print(f"attestation does not verify: {', '.join(f.about for f in report.failed)}")
-        return 1
-    return 0
+        lines.append(f"attestation does not verify: {', '.join(f.about for f in report.failed)}")
+    findings = [
+        {"about": f.about, "verdict": f.verdict, "message": f.message} for f in report.findings
+    ]
+    record = {
+        "attestation": str(path),
+        "rollout": report.rollout or None,
+        "ok": not report.failed,
+        "findings": findings,
+    }
+    _print(args.format, "\n".join(lines), record)
+    return 1 if report.failed else 0
 
 
 def _public_key(path: Path) -> TrustedKey:
@@ -292,17 +327,26 @@ def _status_signers(
 ) -> tuple[AllowedSigner, ...]:
     """The keys whose status commits count, as ``reconciler run`` with
     ``--sign-commits`` takes them: the daemon's and the allowed signers'."""
-    if daemon_key is None:
+    line = _daemon_key_line(daemon_key)
+    if line is None:
         return ()
+    own = parse_allowed_signers(f'reconciler namespaces="git" {line}\n')
+    return (*own, *allowed)
+
+
+def _daemon_key_line(daemon_key: Path | None) -> str | None:
+    """The daemon's public key line from ``--daemon-key``, checked; None without."""
+    if daemon_key is None:
+        return None
     try:
         line = daemon_key.read_text(encoding="utf-8").strip()
-        own = parse_allowed_signers(f'reconciler namespaces="git" {line}\n')
+        parse_allowed_signers(f'reconciler namespaces="git" {line}\n')
     except (OSError, UnicodeDecodeError, ReconcilerError) as exc:
         raise UsageError(
             f"cannot read the daemon's public key {daemon_key}: {exc}",
             "pass the daemon's OpenSSH public key file (reconciler.pub)",
         ) from None
-    return (*own, *allowed)
+    return line
 
 
 def _tampered_statuses(
@@ -325,7 +369,7 @@ def _tampered_statuses(
         store = GitStore.open(str(repo.path), branch, read_only=True)
     except StoreError:
         return {}
-    writes = DaemonWrites(repo, status_signers) if status_signers else None
+    writes = DaemonWrites(repo, status_signers, _unsigned_status(state)) if status_signers else None
     trust = StatusTrust(store, approver, writes)
     settings = trust.documents_at(approval.verified_commit, {}).settings
     status_tip = tip if not settings.status_branch else store.tip(settings.status_branch)
@@ -343,6 +387,17 @@ def _tampered_statuses(
     held = trust.hold_unwritten(statuses, status_tip)
     held.update(trust.hold_tampered(statuses, history, wrote=started.wrote))
     return held
+
+
+def _unsigned_status(state: DaemonState | None) -> str | None:
+    """The status commit the daemon acted on last before it signed, when
+    its state is on this machine (``daemon.acted``)."""
+    if state is None:
+        return None
+    try:
+        return read_unsigned_status(state)
+    except ReconcilerError:
+        return None
 
 
 def _gone_statuses(
@@ -394,6 +449,13 @@ def _unverified_rollouts(
     ]
 
 
+def _daemon_state(args: argparse.Namespace, repo: Any) -> DaemonState:
+    """The state folder of the daemon serving ``--repo``: the bare
+    repository's when ``--repo`` is a clone of it."""
+    root = args.state_dir or default_state_root()
+    return DaemonState.of_daemon(root, args.repo or ".", args.branch, upstream_locations(repo))
+
+
 def _acted_position(repo: Any, state: DaemonState, branch: str) -> tuple[str | None, str]:
     """The verified commit the daemon last acted on, as far as this machine
     can know it, and a line saying where that came from. The daemon keeps
@@ -410,6 +472,13 @@ def _acted_position(repo: Any, state: DaemonState, branch: str) -> tuple[str | N
         f"the daemon's state ({state.folder}) is not on this machine or not readable, "
         "so whether it already acted on a newer verified commit cannot be known here"
     )
+    if state.exists():
+        # The daemon has run here, never under verification: it takes the
+        # old ref, if any, as its position at its first verified pass.
+        unknown = (
+            f"the daemon's state ({state.folder}) holds no verified commit yet: the daemon "
+            "has not acted under verification, and takes the branch as it is when it first does"
+        )
     if old is None:
         return None, f"last acted on: not known; {unknown}"
     return old, (
@@ -437,25 +506,6 @@ def _forward_only(repo: Any, approval: Approval, acted: str | None) -> Approval:
         and descends_by_first_parent(repo, verified, acted)
     )
     return refuse_backwards(approval, acted, moves_forward=forward)
-
-
-def _pgp_keys(path: Path | None) -> PgpKeyring | None:
-    if path is None:
-        return None
-    try:
-        return PgpKeyring.load(path)
-    except ReconcilerError as exc:
-        raise UsageError(exc.message, exc.hint) from None
-
-
-def _allowed_signers(path: Path) -> tuple[AllowedSigner, ...]:
-    # 1 must mean "refused", so a bad file is a usage error here.
-    try:
-        return load_allowed_signers(path)
-    except UsageError:
-        raise
-    except ReconcilerError as exc:
-        raise UsageError(exc.message, exc.hint) from None
 
 
 def describe(repo: Any, approver: Approver, approval: Approval, label: str, tip: str) -> str:
