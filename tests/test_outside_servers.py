@@ -1,12 +1,13 @@
 """A slow or endless answer from a server outside the fleet (where the
-daemon expects Prometheus or Alertmanager) is no evidence for what was
-asked, within the client's deadline and its size cap: the pass never waits
-on it and the daemon's memory does not grow with it (docs/trust.md).
+daemon expects Prometheus, Alertmanager or a notification receiver) is no
+evidence for what was asked (for a receiver, a failed attempt), within the
+client's deadline and its size cap: the pass never waits on it and the
+daemon's memory does not grow with it (docs/trust.md).
 
 The servers are stand-ins (``tests/kit/hostile_servers.py``): a real
-Prometheus or Alertmanager cannot be made to drip a byte a second or send
-a body that never ends, which is the fault under test. The daemon, its
-clients and the simulated fleet are the real ones."""
+Prometheus, Alertmanager or chat webhook cannot be made to drip a byte a
+second or send a body that never ends, which is the fault under test. The
+daemon, its clients and the simulated fleet are the real ones."""
 
 from __future__ import annotations
 
@@ -20,13 +21,19 @@ import pytest
 from reconciler.daemon import outside_http
 from reconciler.daemon.agent_http import MAX_ANSWER_BYTES
 from reconciler.daemon.alertmanager_client import AlertmanagerClient
+from reconciler.daemon.metrics import Metrics
+from reconciler.daemon.notifications import Backoff, Notifier, resolve
 from reconciler.daemon.prometheus_client import PrometheusClient
 from reconciler.daemon.range_queries import RangeQueries, RangeQuery
+from reconciler.spec.model import Receiver
+from reconciler.spec.rollout_status import Hold, RolloutStatus
+from reconciler.views.notification_events import rollout_events
 from tests.kit.documents import rollout_yaml
 from tests.kit.fleets import FleetKit
-from tests.kit.hostile_servers import DripServer, EndlessServer
+from tests.kit.hostile_servers import DripServer, EndlessServer, NestedServer
 from tests.kit.waiting import wait_for
 
+NOW = datetime(2026, 12, 7, 9, 0, tzinfo=UTC)
 # Loopback sockets' buffers: what the kernel takes from the server before the
 # client reads it (tcp_rmem grows to 32 MiB here, plus the sender's 4 MiB).
 SOCKET_BUFFERS = 48 * 1024 * 1024
@@ -94,6 +101,16 @@ def test_an_endless_body_is_read_up_to_the_cap_and_no_further(
     assert "cut off" in error
 
 
+@pytest.mark.parametrize("ask", CLIENTS.values(), ids=CLIENTS.keys())
+def test_an_answer_nested_too_deep_to_parse_is_no_evidence_not_a_failed_pass(
+    ask: Callable[[str, float], str],
+) -> None:
+    with NestedServer(depth=1_000_000) as nested:
+        error = ask(nested.url, 30.0)
+
+    assert error and nested.requests >= 1
+
+
 def test_a_round_stops_asking_a_server_that_did_not_answer_in_time() -> None:
     queries = [f'up{{node="n{i}"}}' for i in range(12)]
     with DripServer(interval=0.5, give_up=30) as drip:
@@ -103,6 +120,32 @@ def test_a_round_stops_asking_a_server_that_did_not_answer_in_time() -> None:
     timed_out = [e for e in errors if e.endswith("within 1s")]
     assert 1 <= len(timed_out) <= 2 == drip.requests
     assert all(e.startswith("not asked: ") for e in errors if e not in timed_out)
+
+
+def test_a_receiver_dripping_its_answer_is_a_failed_attempt_not_a_stuck_queue() -> None:
+    with DripServer(interval=0.5, give_up=30) as drip:
+        spec = Receiver(name="ops", url_env="HOOK_URL")
+        metrics = Metrics()
+        notifier = Notifier(
+            resolve([spec], {"HOOK_URL": drip.url + "/hook"}),
+            metrics=metrics,
+            backoff=Backoff(first=0.05, cap=0.05, give_up=0.5),
+            timeout=1.0,
+        )
+        hold = Hold("health_failed", "health check failed on web-1", NOW, ("web-1",), 1)
+        (event,) = rollout_events(None, RolloutStatus("web", phase="paused", hold=hold), "c0ffee")
+        try:
+            notifier.publish([event])
+            wait_for(lambda: notifier.drain(0.1), 20, "the event dropped after its retries")
+        finally:
+            notifier.close()
+
+    def counted(what: str) -> float | None:
+        labels = {"receiver": "ops"}
+        return metrics.registry.get_sample_value(f"reconciler_notifications_{what}_total", labels)
+
+    assert counted("dropped") == 1 and counted("sent") == 0
+    assert drip.gave_up == 0 and drip.requests >= 1
 
 
 def _alerts_health() -> str:

@@ -13,14 +13,13 @@ Must not: decide anything (``engine.comparisons`` judges the alerts).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from typing import Any
 
 import httpx
 
 from reconciler.daemon import outside_http
-from reconciler.daemon.outside_http import Answered, Ask
+from reconciler.daemon.outside_http import Answered, Ask, OutsideHttp, json_of
 from reconciler.protocol.canary_observations import AlertAnswer, FiringAlert
 
 DEFAULT_TIMEOUT = 5.0  # seconds for a whole answer, connect to last byte
@@ -38,6 +37,7 @@ class AlertmanagerClient:
         self.timeout = timeout
         self.concurrency = concurrency
         self.max_bytes = max_bytes
+        self.http = OutsideHttp()
 
     def ask_all(
         self, base_url: str, matchers: Iterable[tuple[str, ...]]
@@ -51,7 +51,7 @@ class AlertmanagerClient:
             asks = [Ask(endpoint, str(httpx.URL(endpoint, params=_params(m)))) for m in distinct]
         except httpx.InvalidURL as exc:
             return {m: AlertAnswer(error=f"cannot reach {endpoint}: {exc}") for m in distinct}
-        replies = outside_http.ask_all(
+        replies = self.http.ask_all(
             asks, timeout=self.timeout, concurrency=self.concurrency, max_bytes=self.max_bytes
         )
         return {m: _answer(endpoint, r) for m, r in zip(distinct, replies, strict=True)}
@@ -72,16 +72,13 @@ def _answer(endpoint: str, reply: outside_http.Reply) -> AlertAnswer:
     if reply.status != 200:
         return AlertAnswer(error=f"{endpoint} answered HTTP {reply.status}")
     try:
-        return AlertAnswer(alerts=parse_alerts(json.loads(reply.body)))
+        return AlertAnswer(alerts=parse_alerts(json_of(reply.body)))
     except (ValueError, TypeError, KeyError, AttributeError):
         return AlertAnswer(error=f"{endpoint} answered a body that is not a list of alerts")
 
 
 def _message(content: bytes) -> str:
-    try:
-        body: Any = json.loads(content)
-    except ValueError:
-        body = None
+    body = json_of(content)
     if isinstance(body, dict) and isinstance(body.get("message"), str):
         return str(body["message"])
     if isinstance(body, str):

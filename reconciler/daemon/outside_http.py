@@ -1,7 +1,8 @@
-"""Requests to the servers outside the fleet that a pass asks (Prometheus,
-Alertmanager), each answer bounded in time and in size, so that a slow or
-endless answer costs the pass at most one deadline and the daemon at most
-one cap of memory, never a wait or a growing heap.
+"""Requests to the servers outside the fleet that the daemon asks
+(Prometheus and Alertmanager in the pass, notification receivers in their
+own threads), each answer bounded in time and in size, so that a slow or
+endless answer costs at most one deadline and one cap of memory, never a
+wait without end or a growing heap.
 
     time      one deadline per request, from connecting to the body's last
               byte; bytes do not extend it (httpx's own timeouts are per
@@ -15,17 +16,21 @@ one cap of memory, never a wait or a growing heap.
               one is refused, as inflating it could outgrow any cap
 
 Every failure is a ``NoAnswer`` naming the endpoint and why; the callers
-turn it into their own "no evidence" answer.
+turn it into their own "no evidence" answer. ``json_of`` reads a body
+whatever it holds.
 
-Must not: know what the requests mean, or outlive a round (its client and
-connections belong to the round's event loop).
+Must not: know what the requests mean, or keep a connection past its
+round (the client and its connections belong to the round's event loop).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 
@@ -36,13 +41,14 @@ CHUNK_BYTES = 64 * 1024
 @dataclass(frozen=True)
 class Ask:
     """One request: ``endpoint`` names it in messages (no query string: a
-    PromQL query can be long), ``url`` is what is asked."""
+    PromQL query can be long; for a receiver, its name: its URL may hold a
+    secret), ``url`` is what is asked."""
 
     endpoint: str
     url: str
     method: str = "GET"
     content: bytes | None = None
-    content_type: str = ""
+    headers: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -64,23 +70,35 @@ class _CutOff(Exception):
     """An answer we stop reading; the message says why."""
 
 
-def ask_all(
-    asks: Sequence[Ask],
-    *,
-    timeout: float,
-    concurrency: int,
-    max_bytes: int = MAX_BODY_BYTES,
-) -> list[Reply]:
-    """Each request's reply, in order; within about ``timeout`` per request
-    in flight, whatever the servers do. Called from the pass's thread,
-    which runs no event loop of its own."""
-    if not asks:
-        return []
-    return asyncio.run(_ask_all(asks, timeout, max(1, concurrency), max_bytes))
+class OutsideHttp:
+    """Asks servers outside the fleet, round by round. It keeps only the
+    TLS context between rounds: building one reads the CA bundle, which
+    costs more than a round of small requests."""
+
+    def __init__(self) -> None:
+        self._tls: ssl.SSLContext | None = None
+
+    def ask_all(
+        self,
+        asks: Sequence[Ask],
+        *,
+        timeout: float,
+        concurrency: int,
+        max_bytes: int = MAX_BODY_BYTES,
+    ) -> list[Reply]:
+        """Each request's reply, in order; within about ``timeout`` per
+        request in flight, whatever the servers do. Called from a thread
+        that runs no event loop of its own (the pass's, a receiver's)."""
+        if not asks:
+            return []
+        if self._tls is None:
+            # httpx's own default: the system's authorities, or SSL_CERT_FILE.
+            self._tls = httpx.create_ssl_context()
+        return asyncio.run(_ask_all(asks, self._tls, timeout, max(1, concurrency), max_bytes))
 
 
 async def _ask_all(
-    asks: Sequence[Ask], timeout: float, concurrency: int, max_bytes: int
+    asks: Sequence[Ask], tls: ssl.SSLContext, timeout: float, concurrency: int, max_bytes: int
 ) -> list[Reply]:
     replies: list[Reply] = [NoAnswer("not asked")] * len(asks)
     todo = iter(enumerate(asks))
@@ -89,7 +107,7 @@ async def _ask_all(
     limits = httpx.Limits(max_connections=concurrency)
 
     async with httpx.AsyncClient(
-        timeout=timeout, limits=limits, headers=headers, follow_redirects=False
+        verify=tls, timeout=timeout, limits=limits, headers=headers, follow_redirects=False
     ) as client:
 
         async def worker() -> None:
@@ -106,9 +124,10 @@ async def _ask_all(
 
 
 async def _ask(client: httpx.AsyncClient, ask: Ask, timeout: float, max_bytes: int) -> Reply:
-    headers = {"Content-Type": ask.content_type} if ask.content_type else None
     try:
-        request = client.build_request(ask.method, ask.url, content=ask.content, headers=headers)
+        request = client.build_request(
+            ask.method, ask.url, content=ask.content, headers=list(ask.headers)
+        )
         async with asyncio.timeout(timeout):
             response = await client.send(request, stream=True)
             try:
@@ -137,3 +156,12 @@ async def _read_capped(response: httpx.Response, max_bytes: int) -> bytes:
         if len(body) > max_bytes:
             raise _CutOff(f"a body over {max_bytes} bytes")
     return bytes(body)
+
+
+def json_of(body: bytes) -> Any:
+    """The body as JSON, or None when it is not: not UTF-8, not JSON, or
+    nested deeper than the parser recurses (a few kilobytes of ``[``)."""
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError):
+        return None

@@ -12,14 +12,13 @@ Must not: decide anything (``engine.health_evidence`` judges the answers).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from typing import Any
 
 import httpx
 
 from reconciler.daemon import outside_http
-from reconciler.daemon.outside_http import Answered, Ask
+from reconciler.daemon.outside_http import Answered, Ask, OutsideHttp, json_of
 from reconciler.protocol.observations import MetricAnswer
 
 DEFAULT_CONCURRENCY = 8
@@ -37,6 +36,7 @@ class PrometheusClient:
         self.concurrency = concurrency
         self.timeout = timeout
         self.max_bytes = max_bytes
+        self.http = OutsideHttp()
 
     def query_all(self, base_url: str, queries: Iterable[str]) -> dict[str, MetricAnswer]:
         """Each distinct query's answer, by query text."""
@@ -48,7 +48,7 @@ class PrometheusClient:
             asks = [Ask(endpoint, str(httpx.URL(endpoint, params={"query": q}))) for q in distinct]
         except httpx.InvalidURL as exc:
             return {q: MetricAnswer(error=f"cannot reach {endpoint}: {exc}") for q in distinct}
-        replies = outside_http.ask_all(
+        replies = self.http.ask_all(
             asks, timeout=self.timeout, concurrency=self.concurrency, max_bytes=self.max_bytes
         )
         return {q: _answer(endpoint, r) for q, r in zip(distinct, replies, strict=True)}
@@ -57,10 +57,7 @@ class PrometheusClient:
 def _answer(endpoint: str, reply: outside_http.Reply) -> MetricAnswer:
     if not isinstance(reply, Answered):
         return MetricAnswer(error=reply.reason)
-    try:
-        body: Any = json.loads(reply.body)
-    except ValueError:  # not JSON, or not UTF-8
-        body = None
+    body = json_of(reply.body)
     if reply.status in (400, 422):
         why = error_text(body) or reply.body[:200].decode(errors="replace")
         return MetricAnswer(error=why, rejected=True)

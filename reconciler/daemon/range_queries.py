@@ -29,7 +29,6 @@ Must not: decide anything (``canary_verdicts`` judges the samples).
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -37,9 +36,8 @@ from datetime import datetime
 from typing import Any
 from urllib.parse import quote_plus, urlsplit
 
-from reconciler.daemon import outside_http
 from reconciler.daemon.agent_http import MAX_ANSWER_BYTES, HttpClient, Unreachable
-from reconciler.daemon.outside_http import Answered, Ask
+from reconciler.daemon.outside_http import Answered, Ask, OutsideHttp, json_of
 from reconciler.daemon.prometheus_client import error_text
 
 DEFAULT_CONCURRENCY = 16  # Prometheus is the wait: it evaluates queries on all its cores
@@ -90,6 +88,7 @@ class RangeQueries:
         self.concurrency = concurrency
         self.timeout = timeout
         self.batched = batched
+        self.http = OutsideHttp()  # the https path
 
     def ask_all(
         self, base_url: str, queries: Iterable[RangeQuery]
@@ -149,12 +148,12 @@ class RangeQueries:
     def _send_all_httpx(self, base_url: str, asks: Sequence[_Ask]) -> list[_Reply]:
         endpoint = base_url.rstrip("/") + PATH
         sent = [
-            Ask(endpoint, endpoint, "POST", ask.form().encode(), FORM.decode())
+            Ask(endpoint, endpoint, "POST", ask.form().encode(), (("Content-Type", FORM.decode()),))
             if ask.combined
             else Ask(endpoint, f"{endpoint}?{ask.form()}")
             for ask in asks
         ]
-        replies = outside_http.ask_all(
+        replies = self.http.ask_all(
             sent, timeout=self.timeout, concurrency=self.concurrency, max_bytes=MAX_ANSWER_BYTES
         )
         return [(r.status, r.body) if isinstance(r, Answered) else r.reason for r in replies]
@@ -242,10 +241,7 @@ def _url_problem(url: str) -> str:
 
 
 def _body(content: bytes) -> dict[str, Any] | None:
-    try:
-        body = json.loads(content)
-    except ValueError:  # not JSON, or not UTF-8
-        return None
+    body = json_of(content)
     return body if isinstance(body, dict) else None
 
 

@@ -8,6 +8,8 @@ stand in for the faults only.
                     ending; after ``give_up`` seconds it ends the connection
                     itself and counts that in ``gave_up`` (a client that
                     waited that long would have waited for ever)
+    NestedServer    answers a 200 head and a body of ``[`` nested deeper
+                    than any JSON parser recurses
     EndlessServer   answers a 200 head, then a body as fast as the client
                     reads it, until the client hangs up or ``limit`` bytes
                     were sent on the connection; ``sent`` counts the body
@@ -119,8 +121,21 @@ class EndlessServer(_StandIn):
         while sent < self.limit and not self.stopping.is_set():
             conn.sendall(chunk)
             sent += len(chunk)
+            chunk = b" " * 65536  # an array that never closes
             with self._lock:
                 self.sent += len(chunk)
 
     def __enter__(self) -> EndlessServer:
         return self
+
+
+class NestedServer(_StandIn):
+    """Answers ``depth`` opening brackets: valid JSON's start, nested deeper
+    than Python's parser goes, well under any size cap."""
+
+    def __init__(self, depth: int) -> None:
+        super().__init__()
+        self.depth = depth
+
+    def answer(self, conn: socket.socket) -> None:
+        conn.sendall(b"[" * self.depth)
