@@ -118,7 +118,7 @@ def test_a_round_stops_asking_a_server_that_did_not_answer_in_time() -> None:
 
     errors = [answers[q].error for q in queries]
     timed_out = [e for e in errors if e.endswith("within 1s")]
-    assert 1 <= len(timed_out) <= 2 == drip.requests
+    assert 1 <= len(timed_out) <= 2 and 1 <= drip.requests <= 2  # the two first in flight
     assert all(e.startswith("not asked: ") for e in errors if e not in timed_out)
 
 
@@ -182,7 +182,7 @@ def test_a_dripping_alertmanager_stops_no_pass_and_a_pause_and_an_abort_are_acte
             executed = list(kit.fleet.stats()["executed"])
         finally:
             kit.close()
-    assert drip.gave_up == 0 and drip.requests >= 2
+    assert drip.gave_up == 0 and drip.requests >= 1  # no pass waited for the drip to end
     assert waiting["web"]["phase"] == "running"
     assert paused["web"]["hold"]["reason"] == "operator_paused"
     assert aborted["web"]["phase"] == "aborted"
