@@ -138,8 +138,8 @@ async def _ask(client: httpx.AsyncClient, ask: Ask, timeout: float, max_bytes: i
         return NoAnswer(f"no whole answer from {ask.endpoint} within {timeout:g}s", True)
     except _CutOff as exc:
         return NoAnswer(f"{ask.endpoint} answered {exc}; cut off")
-    except (httpx.HTTPError, httpx.InvalidURL, OSError) as exc:
-        return NoAnswer(f"cannot reach {ask.endpoint}: {exc or type(exc).__name__}")
+    except (httpx.HTTPError, httpx.InvalidURL, OSError, ValueError) as exc:  # ValueError: IDNA
+        return NoAnswer(f"cannot reach {ask.endpoint}: {str(exc) or type(exc).__name__}")
     return Answered(response.status_code, body)
 
 
