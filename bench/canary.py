@@ -113,7 +113,6 @@ def compare_clients(url: str, queries: list[RangeQuery], rounds: int = 2) -> Non
             wall, cpu = time.perf_counter(), time.process_time()
             answers = client.ask_all(url, queries)
             wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-            client.close()
             assert not any(a.error for a in answers.values())
             figures[name].append((wall, cpu))
     print(f"the same {len(queries):,} range queries, best of {rounds}:")
@@ -292,7 +291,6 @@ def main() -> None:
                 profile.disable()
             wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
             verdicts = [v.verdict for w in watches.values() for v in w.verdicts.values()]
-            queries.close()
             spent.show(cpu)  # before the clients are compared, through the same wrappers
             if args.clients:
                 compare_clients(prom.url, asked_queries)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from importlib.metadata import version
 from pathlib import Path
 
 import httpx
@@ -95,3 +96,6 @@ def test_the_agent_logs_text_lines_and_counts_jobs_refusals_and_backups(
     assert value('reconciler_agent_refusals_total{code="expired"}') == 0.0
     assert value('reconciler_agent_backups{runtime="hermes"}') == 1.0  # the live apply's
     assert value('reconciler_agent_checks{result="failing"}') == 0.0
+    # The installed distribution's version, as the daemon reports its own.
+    installed = version("fleet-rollout-reconciler")
+    assert value(f'reconciler_build_info{{version="{installed}"}}') == 1.0

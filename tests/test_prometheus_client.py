@@ -35,4 +35,3 @@ def test_answers_rejections_and_a_stopped_server(tmp_path: Path) -> None:
         prom.stop()
         gone = client.query_all(prom.url, ["errors_ratio"])["errors_ratio"]
         assert gone.error.startswith("cannot reach ") and not gone.rejected
-    client.close()

@@ -44,7 +44,6 @@ def test_series_by_step_errors_and_a_stopped_server(tmp_path: Path) -> None:
         prom.stop()
         gone = client.ask_all(prom.url, [one])[one]
         assert gone.error.startswith("cannot reach ") and gone.series == ()
-    client.close()
 
 
 @pytest.mark.parametrize("batched", [False, True])
@@ -65,7 +64,6 @@ def test_a_prometheus_that_never_answers_costs_one_timeout_a_round(batched: bool
     try:
         answers = client.ask_all(url, queries)
     finally:
-        client.close()
         silent.close()
 
     errors = [answers[q].error for q in queries]
@@ -95,7 +93,6 @@ def test_a_url_that_is_not_one_and_a_refused_connection_are_errors_that_say_so(
         (held_port.url.replace("http:", "https:"), "cannot reach https://"),
     ):
         assert client.ask_all(url, [query])[query].error.startswith(error), url
-    client.close()
 
 
 def test_combined_queries_answer_exactly_what_each_alone_does(tmp_path: Path) -> None:
@@ -138,5 +135,3 @@ def test_combined_queries_answer_exactly_what_each_alone_does(tmp_path: Path) ->
         # One combined request per window and step; the one Prometheus
         # refused (a scalar, a parse error) is asked again part by part.
         assert asked_together == math.ceil(len(texts) / BATCH_PARTS) + 1 + (1 + 3)
-        plain.close()
-        combined.close()

@@ -4,7 +4,8 @@ Each command module exposes ``HELP`` (one line; ``HELP_BY_VERB`` when it
 serves several verbs), ``add_arguments(parser)`` (or
 ``add_arguments_for(verb, parser)``) and ``run(args) -> int``. Errors from the ``ReconcilerError`` family are
 caught here, once, and become a message on stderr and a stable exit code:
-0 success, 1 the command's own failure, 2 usage error.
+0 success, 1 the command's own failure, 2 usage error. A command whose log
+is JSON (``--log-format json``) says its last words as a JSON line too.
 """
 
 from __future__ import annotations
@@ -13,10 +14,12 @@ import argparse
 import importlib
 import os
 import sys
+import traceback
 from collections.abc import Sequence
 
 from reconciler import __version__
-from reconciler.spec.errors import ReconcilerError
+from reconciler.protocol.log_lines import log_line, now_text
+from reconciler.spec.errors import ReconcilerError, redact_url
 
 # verb -> module under reconciler.cli.commands; imported only when used, so
 # `reconciler validate` never pays for httpx or pygit2.
@@ -116,9 +119,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except ReconcilerError as exc:
+        if _json_log(args):
+            _fatal_line(args, exc.message, hint=exc.hint, exitCode=exc.exit_code)
+            return exc.exit_code
         print(f"reconciler {args.verb}: {exc.message}", file=sys.stderr)
         if exc.hint:
             print(f"  {exc.hint}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:
+        if not _json_log(args):
+            raise  # the traceback, as Python prints it
+        # A log read by machines gets the traceback as a field of a JSON line.
+        trace = "".join(traceback.format_exception(exc))
+        _fatal_line(args, f"{type(exc).__name__}: {exc}", traceback=trace, exitCode=1)
+        return 1
+
+
+def _json_log(args: argparse.Namespace) -> bool:
+    """Whether the command writes its log as JSON lines (``run``, ``agent``):
+    then every line it writes, its last words included, must parse."""
+    return getattr(args, "log_format", "text") == "json"
+
+
+def _fatal_line(args: argparse.Namespace, message: str, **fields: object) -> None:
+    text = redact_url(f"reconciler {args.verb}: {message}")
+    line = log_line("json", now_text(), "error", "fatal", text, fields)
+    print(redact_url(line), file=sys.stderr, flush=True)

@@ -15,7 +15,6 @@ counted, and one ``repeated`` line says how many were left out.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import sys
 import threading
@@ -25,6 +24,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
+from reconciler.protocol.log_lines import FORMATS, log_line
 from reconciler.spec.errors import redact_url
 from reconciler.spec.times import format_time
 
@@ -77,7 +77,7 @@ class EventLog:
         repeats: int = REPEATS_SHOWN,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if fmt not in ("text", "json"):
+        if fmt not in FORMATS:
             raise ValueError(f"log format must be text or json, got {fmt!r}")
         self.fmt = fmt
         self.stream = stream or sys.stderr
@@ -132,16 +132,9 @@ class EventLog:
     def _line(
         self, now: str, level: str, event: str, message: str, fields: Mapping[str, Any]
     ) -> str:
-        fields = {k: v for k, v in fields.items() if v is not None and v != ""}
-        if self.fmt == "json":
-            record = {"time": now, "level": level, "event": event, "message": message, **fields}
-            line = json.dumps(record, ensure_ascii=False, default=str)
-        else:
-            pairs = " ".join(f"{k}={_text(v)}" for k, v in fields.items())
-            line = f"{now} {level:<7} {event:<16} {message}" + (f"  {pairs}" if pairs else "")
         # Last line of defence for a token in a --repo URL: whatever a message
         # or field repeats (a library's exception text), no log line shows it.
-        return redact_url(line)
+        return redact_url(log_line(self.fmt, now, level, event, message, fields))
 
     def _write(self, text: str) -> None:
         with self._lock:
@@ -157,6 +150,7 @@ class EventLog:
         self.event(event, message, level="error", **fields)
 
 
+QUIET_LOGGERS = ("httpx", "httpcore")  # libraries whose info lines are noise here
 _STDLIB_LEVELS = {logging.DEBUG: "debug", logging.INFO: "info", logging.WARNING: "warning"}
 
 
@@ -190,6 +184,12 @@ def routed_logging(log: EventLog) -> Iterator[None]:
     root.handlers[:] = [_Forward(log)]
     root.setLevel(logging.DEBUG if log.min_level == 0 else logging.INFO)
     logging.captureWarnings(True)
+    # httpx says every request it makes at info (each Alertmanager poll, each
+    # pass): only its warnings are worth a line.
+    quieted = {name: logging.getLogger(name) for name in QUIET_LOGGERS}
+    levels = {name: logger.level for name, logger in quieted.items()}
+    for logger in quieted.values():
+        logger.setLevel(logging.WARNING)
 
     def thread_failed(args: threading.ExceptHookArgs) -> None:
         name = args.thread.name if args.thread is not None else "a thread"
@@ -205,9 +205,6 @@ def routed_logging(log: EventLog) -> Iterator[None]:
     finally:
         root.handlers[:], level, threading.excepthook = saved
         root.setLevel(level)
+        for name, logger in quieted.items():
+            logger.setLevel(levels[name])
         logging.captureWarnings(False)
-
-
-def _text(value: Any) -> str:
-    text = str(value)
-    return json.dumps(text, ensure_ascii=False) if (" " in text or not text) else text

@@ -17,13 +17,13 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
-from importlib.metadata import PackageNotFoundError, version
 from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 
+from reconciler.protocol.build_info import BUILD_INFO, build_version
 from reconciler.spec.fleet_status import FLEET_STATES
 from reconciler.spec.rollout_status import HOLD_REASONS, JOB_KINDS, NODE_STATES, PHASES
 
@@ -34,19 +34,12 @@ UNVERIFIED_KINDS = ("job", "heartbeat", "backups")
 _StartResponse = Callable[[str, list[tuple[str, str]]], Any]
 
 
-def build_version() -> str:
-    try:
-        return version("reconciler")
-    except PackageNotFoundError:  # run from a source tree that was never installed
-        return "unknown"
-
-
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.build_info = Gauge(
-            "reconciler_build_info", "The running daemon's version (always 1)", ["version"],
+            BUILD_INFO, "The running daemon's version (always 1)", ["version"],
             registry=r,
         )  # fmt: skip
         self.build_info.labels(version=build_version()).set(1)

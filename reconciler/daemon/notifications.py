@@ -3,7 +3,8 @@
 The pass hands events (``views.notification_events``) to ``Notifier.publish``,
 which only puts them on each receiver's bounded queue: a slow or dead
 receiver never delays a pass. One thread per receiver sends them in order
-with httpx: a 2xx is sent; a connection error, a timeout or a 5xx is
+through ``outside_http`` (each answer whole within the timeout and under
+its size cap): a 2xx is sent; a connection error, a timeout or a 5xx is
 retried with exponential backoff (1 s doubling to 5 min) for up to 1 h,
 then dropped; any other answer (a 4xx) is logged and dropped. Every retry
 carries the same delivery id. Counters per receiver: sent, failed
@@ -43,6 +44,7 @@ from prometheus_client import Counter
 
 from reconciler.daemon.logs import EventLog
 from reconciler.daemon.metrics import Metrics
+from reconciler.daemon.outside_http import Ask, NoAnswer, OutsideHttp
 from reconciler.daemon.state import DaemonState
 from reconciler.spec.documents import parse_file
 from reconciler.spec.errors import ReconcilerError
@@ -245,7 +247,8 @@ class _Worker:
         self.queued: OrderedDict[str, None] = OrderedDict()  # delivery ids, oldest first
         self.stopping = threading.Event()
         self.busy = False
-        self.client = httpx.Client(timeout=timeout, follow_redirects=False)
+        self.timeout = timeout
+        self.http = OutsideHttp()
         self.thread = threading.Thread(target=self._run, name=f"notify-{self.name}", daemon=True)
         self.thread.start()
 
@@ -278,8 +281,6 @@ class _Worker:
 
     def join(self, timeout: float) -> None:
         self.thread.join(timeout)
-        if not self.thread.is_alive():
-            self.client.close()
 
     def _run(self) -> None:
         while not self.stopping.is_set():
@@ -309,6 +310,9 @@ class _Worker:
 
     def _deliver(self, event: Event) -> None:
         body, headers = self.destination.request(event)
+        # Named by the receiver, never by its URL, which may hold a secret.
+        where = f"receiver {self.name}"
+        ask = Ask(where, self.destination.url, "POST", body, tuple(headers.items()))
         fields = {"receiver": self.name, "notification": event.name, "delivery": event.delivery_id}
         if event.rollout:
             fields["rollout"] = event.rollout
@@ -317,26 +321,25 @@ class _Worker:
         attempt = 0
         while not self.stopping.is_set():
             attempt += 1
-            try:
-                answer = self.client.post(self.destination.url, content=body, headers=headers)
-            except httpx.HTTPError as exc:  # connection refused or reset, timeouts
-                why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            (answer,) = self.http.ask_all([ask], timeout=self.timeout, concurrency=1)
+            if isinstance(answer, NoAnswer):  # refused, reset, late, or too long
+                why = answer.reason
             else:
-                if answer.is_success:
+                if 200 <= answer.status < 300:
                     self.metrics.sent.labels(receiver=self.name).inc()
                     self._remember(event)
                     self.log.info("notified", f"{event.name} delivered", attempt=attempt, **fields)
                     return
-                if answer.status_code < 500:
+                if answer.status < 500:
                     self.metrics.dropped.labels(receiver=self.name).inc()
                     self.log.warning(
                         "notify_refused",
-                        f"the receiver answered {answer.status_code}: {event.name} dropped "
+                        f"the receiver answered {answer.status}: {event.name} dropped "
                         "(a 4xx is not retried; check the receiver's configuration)",
                         **fields,
                     )
                     return
-                why = f"HTTP {answer.status_code}"
+                why = f"HTTP {answer.status}"
             self.metrics.failed.labels(receiver=self.name).inc()
             if time.monotonic() - started + delay > self.backoff.give_up:
                 self.metrics.dropped.labels(receiver=self.name).inc()

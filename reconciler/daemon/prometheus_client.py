@@ -1,9 +1,10 @@
 """Asks Prometheus the rollouts' ``prometheus`` checks (docs/health.md): instant queries, ``GET URL/api/v1/query?query=...``, many at once with
-bounded concurrency and a timeout, each answered as a ``MetricAnswer``.
+bounded concurrency, each answer within a deadline and a size cap
+(``outside_http``), each answered as a ``MetricAnswer``.
 
-Every failure is an answer, never an exception: a connection error, a
-timeout, a 5xx or a body we cannot use is ``error`` (no evidence); a query
-Prometheus refuses (HTTP 400 or 422, ``bad_data``) is ``rejected`` as well,
+Every failure is an answer, never an exception: a connection error, an
+answer not whole within the deadline or over the cap, a 5xx or a body we
+cannot use is ``error`` (no evidence); a query Prometheus refuses (HTTP 400 or 422, ``bad_data``) is ``rejected`` as well,
 so status can name it. Identical queries in one round are asked once.
 
 Must not: decide anything (``engine.health_evidence`` judges the answers).
@@ -11,68 +12,59 @@ Must not: decide anything (``engine.health_evidence`` judges the answers).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
 
+from reconciler.daemon import outside_http
+from reconciler.daemon.outside_http import Answered, Ask, OutsideHttp, json_of
 from reconciler.protocol.observations import MetricAnswer
 
 DEFAULT_CONCURRENCY = 8
-DEFAULT_TIMEOUT = 5.0  # seconds per query
+DEFAULT_TIMEOUT = 5.0  # seconds for a whole answer, connect to last byte
 
 
 class PrometheusClient:
     def __init__(
-        self, *, concurrency: int = DEFAULT_CONCURRENCY, timeout: float = DEFAULT_TIMEOUT
+        self,
+        *,
+        concurrency: int = DEFAULT_CONCURRENCY,
+        timeout: float = DEFAULT_TIMEOUT,
+        max_bytes: int = outside_http.MAX_BODY_BYTES,
     ) -> None:
         self.concurrency = concurrency
         self.timeout = timeout
-        self._client: httpx.Client | None = None
+        self.max_bytes = max_bytes
+        self.http = OutsideHttp()
 
     def query_all(self, base_url: str, queries: Iterable[str]) -> dict[str, MetricAnswer]:
         """Each distinct query's answer, by query text."""
         distinct = list(dict.fromkeys(queries))
         if not distinct:
             return {}
-        if self._client is None:
-            limits = httpx.Limits(max_connections=self.concurrency)
-            self._client = httpx.Client(timeout=self.timeout, limits=limits)
         endpoint = base_url.rstrip("/") + "/api/v1/query"
-        if len(distinct) == 1:
-            return {distinct[0]: self.query(endpoint, distinct[0])}
-        # Threads for this round only: nothing is left running between passes.
-        workers = min(self.concurrency, len(distinct))
-        with ThreadPoolExecutor(workers, thread_name_prefix="prometheus") as pool:
-            answers = list(pool.map(lambda q: self.query(endpoint, q), distinct))
-        return dict(zip(distinct, answers, strict=True))
-
-    def query(self, endpoint: str, query: str) -> MetricAnswer:
-        assert self._client is not None
         try:
-            response = self._client.get(endpoint, params={"query": query})
-        except httpx.TimeoutException:
-            return MetricAnswer(error=f"no answer from {endpoint} within {self.timeout:g}s")
-        except httpx.HTTPError as exc:
-            return MetricAnswer(error=f"cannot reach {endpoint}: {exc}")
-        try:
-            body: Any = response.json()
-        except (ValueError, json.JSONDecodeError):
-            body = None
-        if response.status_code in (400, 422):
-            why = error_text(body) or response.text[:200]
-            return MetricAnswer(error=why, rejected=True)
-        if response.status_code != 200 or not isinstance(body, dict):
-            why = error_text(body) or f"HTTP {response.status_code}"
-            return MetricAnswer(error=f"{endpoint} answered {why}")
-        return parse_result(body)
+            asks = [Ask(endpoint, str(httpx.URL(endpoint, params={"query": q}))) for q in distinct]
+        except httpx.InvalidURL as exc:
+            return {q: MetricAnswer(error=f"cannot reach {endpoint}: {exc}") for q in distinct}
+        replies = self.http.ask_all(
+            asks, timeout=self.timeout, concurrency=self.concurrency, max_bytes=self.max_bytes
+        )
+        return {q: _answer(endpoint, r) for q, r in zip(distinct, replies, strict=True)}
 
-    def close(self) -> None:
-        if self._client is not None:
-            self._client.close()
-            self._client = None
+
+def _answer(endpoint: str, reply: outside_http.Reply) -> MetricAnswer:
+    if not isinstance(reply, Answered):
+        return MetricAnswer(error=reply.reason)
+    body = json_of(reply.body)
+    if reply.status in (400, 422):
+        why = error_text(body) or reply.body[:200].decode(errors="replace")
+        return MetricAnswer(error=why, rejected=True)
+    if reply.status != 200 or not isinstance(body, dict):
+        why = error_text(body) or f"HTTP {reply.status}"
+        return MetricAnswer(error=f"{endpoint} answered {why}")
+    return parse_result(body)
 
 
 def error_text(body: Any) -> str:

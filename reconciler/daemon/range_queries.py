@@ -15,8 +15,9 @@ client (``agent_http``) on one event loop: ``concurrency`` keep-alive
 connections, each reused for the whole round, at a fraction of httpx's CPU
 per request. A round in which one query times out asks no more, as
 Prometheus is then not answering (the rest are errors at once).
-``https`` goes through httpx, which checks the certificate against the
-system's trust store (the h11 client only knows pinned agent certificates).
+``https`` goes through ``outside_http`` (httpx, which checks the
+certificate against the system's trust store: the h11 client only knows
+pinned agent certificates). Both bound each answer's time and size.
 
 Every failure is an answer, never an exception: a connection error, a
 timeout, an HTTP error or a body we cannot use is a ``RangeAnswer`` with
@@ -28,18 +29,15 @@ Must not: decide anything (``canary_verdicts`` judges the samples).
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 from collections.abc import Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 from urllib.parse import quote_plus, urlsplit
 
-import httpx
-
-from reconciler.daemon.agent_http import HttpClient, Unreachable
+from reconciler.daemon.agent_http import MAX_ANSWER_BYTES, HttpClient, Unreachable
+from reconciler.daemon.outside_http import Answered, Ask, OutsideHttp, json_of
 from reconciler.daemon.prometheus_client import error_text
 
 DEFAULT_CONCURRENCY = 16  # Prometheus is the wait: it evaluates queries on all its cores
@@ -90,7 +88,7 @@ class RangeQueries:
         self.concurrency = concurrency
         self.timeout = timeout
         self.batched = batched
-        self._client: httpx.Client | None = None
+        self.http = OutsideHttp()  # the https path
 
     def ask_all(
         self, base_url: str, queries: Iterable[RangeQuery]
@@ -148,33 +146,17 @@ class RangeQueries:
         return replies
 
     def _send_all_httpx(self, base_url: str, asks: Sequence[_Ask]) -> list[_Reply]:
-        if self._client is None:
-            limits = httpx.Limits(max_connections=self.concurrency)
-            self._client = httpx.Client(timeout=self.timeout, limits=limits)
         endpoint = base_url.rstrip("/") + PATH
-        # Threads for this round only: nothing is left running between passes.
-        workers = min(self.concurrency, len(asks))
-        with ThreadPoolExecutor(workers, thread_name_prefix="query-range") as pool:
-            return list(pool.map(lambda ask: self._send_httpx(endpoint, ask), asks))
-
-    def _send_httpx(self, endpoint: str, ask: _Ask) -> _Reply:
-        assert self._client is not None
-        try:
-            if ask.combined:
-                headers = {"Content-Type": FORM.decode()}
-                response = self._client.post(endpoint, content=ask.form(), headers=headers)
-            else:
-                response = self._client.get(f"{endpoint}?{ask.form()}")
-        except httpx.TimeoutException:
-            return f"no answer from {endpoint} within {self.timeout:g}s"
-        except httpx.HTTPError as exc:
-            return f"cannot reach {endpoint}: {exc}"
-        return response.status_code, response.content
-
-    def close(self) -> None:
-        if self._client is not None:
-            self._client.close()
-            self._client = None
+        sent = [
+            Ask(endpoint, endpoint, "POST", ask.form().encode(), (("Content-Type", FORM.decode()),))
+            if ask.combined
+            else Ask(endpoint, f"{endpoint}?{ask.form()}")
+            for ask in asks
+        ]
+        replies = self.http.ask_all(
+            sent, timeout=self.timeout, concurrency=self.concurrency, max_bytes=MAX_ANSWER_BYTES
+        )
+        return [(r.status, r.body) if isinstance(r, Answered) else r.reason for r in replies]
 
 
 PATH = "/api/v1/query_range"
@@ -259,10 +241,7 @@ def _url_problem(url: str) -> str:
 
 
 def _body(content: bytes) -> dict[str, Any] | None:
-    try:
-        body = json.loads(content)
-    except ValueError:  # not JSON, or not UTF-8
-        return None
+    body = json_of(content)
     return body if isinstance(body, dict) else None
 
 

@@ -1,24 +1,19 @@
 """The agent's log: one line per job accepted, finished or refused, for
 people (text) or machines (JSON, one object per line), on stderr.
 
-Lines have the daemon's shape (``time level event message`` and fields, or
-those keys as JSON), so one log search covers both sides of a job. Must
-not: decide anything, or show a job's payload beyond its id, kind, rollout
-and target.
+Lines have the daemon's shape (``protocol.log_lines``), so one log search
+covers both sides of a job. Must not: decide anything, or show a job's
+payload beyond its id, kind, rollout and target.
 """
 
 from __future__ import annotations
 
-import json
 import sys
 import threading
 from collections.abc import Mapping
-from datetime import UTC, datetime
 from typing import Any, TextIO
 
-from reconciler.spec.times import format_time
-
-FORMATS = ("text", "json")
+from reconciler.protocol.log_lines import FORMATS, log_line, now_text
 
 
 class AgentLog:
@@ -41,15 +36,17 @@ class AgentLog:
         fields = {"code": code, "status": status, "job": job_id}
         self._write("warning", "job_refused", message, fields)
 
-    def _write(self, level: str, event: str, message: str, fields: Mapping[str, Any]) -> None:
-        now = format_time(datetime.now(UTC).replace(microsecond=0))
-        fields = {k: v for k, v in fields.items() if v not in (None, "")}
+    def ready(self, address: str) -> None:
+        """Serving: as a line of the log in JSON, as the bare words people
+        and scripts have read on stderr in text."""
         if self.fmt == "json":
-            record = {"time": now, "level": level, "event": event, "message": message, **fields}
-            line = json.dumps(record, ensure_ascii=False, default=str)
-        else:
-            pairs = " ".join(f"{k}={_text(v)}" for k, v in fields.items())
-            line = f"{now} {level:<7} {event:<16} {message}" + (f"  {pairs}" if pairs else "")
+            self._write("info", "ready", "agent: ready", {"address": address})
+            return
+        with self._lock:
+            print("agent: ready", file=self.stream, flush=True)
+
+    def _write(self, level: str, event: str, message: str, fields: Mapping[str, Any]) -> None:
+        line = log_line(self.fmt, now_text(), level, event, message, fields)
         with self._lock:
             print(line, file=self.stream, flush=True)
 
@@ -63,8 +60,3 @@ def _job_fields(payload: Mapping[str, Any]) -> dict[str, Any]:
         "runtime": target.get("runtime"),
         "mode": payload.get("mode"),
     }
-
-
-def _text(value: Any) -> str:
-    text = str(value)
-    return json.dumps(text, ensure_ascii=False) if (" " in text or not text) else text

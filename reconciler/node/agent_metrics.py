@@ -1,4 +1,5 @@
-"""The agent's Prometheus metrics, served on ``GET /metrics``: jobs by kind
+"""The agent's Prometheus metrics, served on ``GET /metrics``: its version
+(``reconciler_build_info``, as the daemon's), jobs by kind
 and outcome, refusals by code, the health checks' current results, and the
 backups it holds. Counters start at 0 for every known label value.
 
@@ -15,6 +16,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from reconciler.node.state_dir import BackupInfo
+from reconciler.protocol.build_info import BUILD_INFO, build_version
 from reconciler.spec.rollout_status import JOB_KINDS
 
 JOB_OUTCOMES = ("accepted", "succeeded", "failed")
@@ -42,6 +44,10 @@ class AgentMetrics:
     ) -> None:
         self.registry = r = CollectorRegistry()
         self._checks, self._backups = checks, backups
+        self.build_info = Gauge(
+            BUILD_INFO, "The running agent's version (always 1)", ["version"], registry=r
+        )
+        self.build_info.labels(version=build_version()).set(1)
         self.jobs = Counter(
             "reconciler_agent_jobs", "Jobs by kind and outcome", ["kind", "outcome"], registry=r
         )

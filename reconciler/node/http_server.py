@@ -42,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import os
 import socket
 import ssl
 import time
@@ -60,6 +61,7 @@ from reconciler.protocol.h11_serving import (
     whole_answer,
 )
 from reconciler.protocol.read_buffer import ReadBuffer
+from reconciler.spec.errors import ReconcilerError
 
 MAX_HEAD_BYTES = 64 * 1024
 MAX_BODY_BYTES = 1024 * 1024
@@ -440,14 +442,21 @@ class HttpServer:
                 connection, sock=self.sock, backlog=self.backlog, ssl=self.tls
             )
         else:
-            self._server = await loop.create_server(
-                connection,
-                self.host,
-                self.port,
-                backlog=self.backlog,
-                reuse_address=True,
-                ssl=self.tls,
-            )
+            try:
+                self._server = await loop.create_server(
+                    connection,
+                    self.host,
+                    self.port,
+                    backlog=self.backlog,
+                    reuse_address=True,
+                    ssl=self.tls,
+                )
+            except OSError as exc:
+                raise ReconcilerError(
+                    f"cannot listen on {shown_address(self.host, self.port)}: "
+                    f"{os.strerror(exc.errno) if exc.errno else exc}",
+                    hint="stop what holds that port, or pass another --listen",
+                ) from None
         sockname = self._server.sockets[0].getsockname()
         self.host, self.port = sockname[0], sockname[1]
         self._sweeper = asyncio.ensure_future(self._sweep())

@@ -49,6 +49,18 @@ from tests.kit.waiting import wait_for
 RUNTIME = "hermes"
 
 
+def listened_address(line: str) -> str | None:
+    """``HOST:PORT`` from a server's first line on stdout: ``listening on
+    HOST:PORT``, or with ``--log-format json`` a JSON line naming ``address``."""
+    if line.startswith("{"):
+        try:
+            address = json.loads(line).get("address")
+        except ValueError:
+            return None
+        return address if isinstance(address, str) else None
+    return line.split()[-1].strip() if line.startswith("listening on ") else None
+
+
 def start_process(
     args: Sequence[str], log: Path, held: HeldPort | None = None
 ) -> tuple[subprocess.Popen[bytes], str]:
@@ -62,12 +74,13 @@ def start_process(
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, pass_fds=fds)
     assert process.stdout is not None
     line = process.stdout.readline().decode()
-    if not line.startswith("listening on "):
+    address = listened_address(line)
+    if address is None:
         process.kill()
         process.wait()
         raise AssertionError(f"{args[0]} did not start: {line!r}\n{log.read_text()}")
     scheme = "https" if "--tls-cert" in args else "http"
-    url = f"{scheme}://" + line.split()[-1]
+    url = f"{scheme}://" + address
     if held is not None and not url.endswith(f":{held.port}"):
         process.kill()
         process.wait()

@@ -1,7 +1,8 @@
 """``reconciler agent``: the node agent (``reconciler.node.agent``) on one port.
 
 Prints ``listening on HOST:PORT`` as its first line on stdout once it
-accepts connections (useful with ``--listen 127.0.0.1:0``). Started by
+accepts connections (useful with ``--listen 127.0.0.1:0``); with
+``--log-format json``, that message as a JSON line with an ``address`` field. Started by
 systemd socket activation, it serves on the socket it was handed and
 ``--listen`` is not bound.
 """
@@ -13,7 +14,6 @@ import asyncio
 import re
 import signal
 import ssl
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ from reconciler.node.agent_log import AgentLog
 from reconciler.node.artifact_download import tls_context
 from reconciler.node.http_server import parse_listen
 from reconciler.node.state_dir import StateDir
+from reconciler.protocol.log_lines import log_line, now_text
 from reconciler.protocol.signing import load_private_key, load_trusted_keys
 from reconciler.protocol.tls import server_context
 from reconciler.spec.durations import parse_duration
@@ -115,7 +116,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=("text", "json"),
         default="text",
         help="one line per job accepted, finished or refused on stderr: text for people "
-        "(default), json for machines",
+        "(default), json for machines (then every line is JSON, the listening line on "
+        "stdout and a fatal error included)",
     )
     _add_retention_arguments(parser)
     _add_artifact_arguments(parser)
@@ -233,12 +235,16 @@ def run(args: argparse.Namespace) -> int:
             log=AgentLog(args.log_format),
         )
 
+        def ready(address: str) -> None:
+            print(listening_line(args.log_format, address), flush=True)
+            agent.log.ready(address)
+
         async def main() -> None:
             stop = asyncio.Event()
             loop = asyncio.get_running_loop()
             for signum in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(signum, stop.set)
-            await serve(agent, host, port, ready=_ready, stop=stop, tls=tls, sock=sock)
+            await serve(agent, host, port, ready=ready, stop=stop, tls=tls, sock=sock)
 
         try:
             asyncio.run(main())
@@ -249,6 +255,10 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _ready(address: str) -> None:
-    print(f"listening on {address}", flush=True)
-    print("agent: ready", file=sys.stderr, flush=True)
+def listening_line(fmt: str, address: str) -> str:
+    """The first line on stdout once the agent serves: ``listening on
+    HOST:PORT``, or that message as a JSON log line with ``address``."""
+    message = f"listening on {address}"
+    if fmt == "json":
+        return log_line("json", now_text(), "info", "listening", message, {"address": address})
+    return message

@@ -221,7 +221,11 @@ def run(args: argparse.Namespace) -> int:
         with routed_logging(log):  # every line of the process in one format
             return _run(args, start_up, log)
     except _StoppedEarly as stopped:
-        print(f"reconciler run: stopped by {stopped} during start-up", file=sys.stderr)
+        message = f"reconciler run: stopped by {stopped} during start-up"
+        if args.log_format == "json":
+            log.info("stopped", message)
+        else:
+            print(message, file=sys.stderr)
         return 0
     finally:
         start_up.restore()
@@ -310,7 +314,12 @@ NOTIFY_DRAIN = 10.0  # seconds `run --once` waits for its notifications
 
 
 def _serve_metrics(args: argparse.Namespace, log: EventLog, metrics: Metrics) -> None:
-    served = metrics.serve(args.metrics, stale_after=_stale_after(args))
+    try:
+        served = metrics.serve(args.metrics, stale_after=_stale_after(args))
+    except OSError as exc:
+        raise UsageError(
+            f"--metrics {args.metrics}: cannot listen: {exc.strerror or exc}"
+        ) from None
     port = served.server_address[1]
     host = args.metrics.rpartition(":")[0] or "127.0.0.1"  # [::1] keeps its brackets
     # Port 0 picks a free one: the line says which.
