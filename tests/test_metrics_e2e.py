@@ -5,12 +5,12 @@ health answer's rules on a real server in this process."""
 from __future__ import annotations
 
 import re
-from importlib.metadata import version as installed_version
 from pathlib import Path
 
 import httpx
 import pytest
 
+import reconciler
 from reconciler.daemon.metrics import Health, Metrics
 from reconciler.spec.rollout_status import HOLD_REASONS
 from tests.kit.daemons import DaemonProcess
@@ -53,7 +53,7 @@ def test_a_running_daemon_reports_its_build_its_last_pass_its_holds_and_its_heal
         kit.close()
 
     (version,) = re.findall(r'^reconciler_build_info\{version="([^"]+)"\} 1\.0$', text, re.M)
-    assert version == installed_version("fleet-rollout-reconciler")  # never "unknown"
+    assert version == reconciler.__version__  # never "unknown"
     assert (sample(text, "reconciler_last_successful_pass_timestamp_seconds") or 0) > 1e9
     assert sample(text, "reconciler_holds", reason="health_failed") == 1.0
     for reason in HOLD_REASONS:
