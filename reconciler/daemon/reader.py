@@ -96,6 +96,19 @@ class Delta:
 
 
 @dataclass
+class ReadMemory:
+    """The reader's soft state, forgotten on restart: kept by the daemon
+    across new readers (``run --plain`` makes one every pass)."""
+
+    # The tip acted on last (or the commit the daemon made on it): a tip
+    # that does not contain it is rewritten history, never acted on.
+    seen_tip: str | None = None
+    # The last readable status of each rollout, since start-up: the nodes
+    # a rollout whose status became unreadable may still hold.
+    last_readable: dict[str, RolloutStatus] = field(default_factory=dict)
+
+
+@dataclass
 class _Caches:
     parsed: dict[str, ParsedFile] = field(default_factory=dict)  # blob id -> parsed document
     documents: tuple[tuple[str | None, ...], Documents] | None = None  # spec tree ids -> them
@@ -123,16 +136,15 @@ class Reader:
         status_signers: Sequence[AllowedSigner],
         report: Report,
         info: Callable[[str, str], None],
+        memory: ReadMemory,
         state: DaemonState | None = None,
     ) -> None:
         self.store = store
+        self.memory = memory
         self.acted = ActedPosition(store.repository(), store.branch, state)
         self.approver = approver
         self.report = report
         self.info = info
-        self.seen_tip: str | None = None  # the tip acted on last (or the commit made on it)
-        # Soft state: the last readable status of each rollout, since start-up.
-        self.last_readable: dict[str, RolloutStatus] = {}
         self.caches = _Caches()
         self.input_cache = InputCache()  # engine inputs by rollout
         self._unsettled: set[str] | None = None  # status changes since the last full pass
@@ -166,7 +178,7 @@ class Reader:
 
     def rewritten(self, tip: str) -> str | None:
         """Why ``tip`` is refused, when it does not contain the tip seen last."""
-        seen, store = self.seen_tip, self.store
+        seen, store = self.memory.seen_tip, self.store
         if not seen or tip == seen or store.is_descendant(tip, seen):
             return None
         return (
@@ -279,6 +291,11 @@ class Reader:
         """A pass ran to its end: every step saw the changes handed out."""
         self._unsettled = set()
 
+    def acted_on(self, tip: str) -> None:
+        """A pass acted on ``tip`` (the tip it read, or the commit it made
+        on it): every later tip must contain it."""
+        self.memory.seen_tip = tip
+
     def _unsettle(self, names: frozenset[str] | None) -> None:
         if names is None:
             self._unsettled = None
@@ -351,16 +368,17 @@ class Reader:
         """The nodes each rollout with an unreadable status may hold: those
         of its last readable status (remembered since start-up) and those
         its spec selects. Nobody else starts on them until it is repaired."""
+        last_readable = self.memory.last_readable
         if changed is None:
-            self.last_readable.update(statuses)
+            last_readable.update(statuses)
         else:  # only the statuses read again can be new
             for name in changed:
                 status = statuses.get(name)
                 if status is not None:
-                    self.last_readable[name] = status
+                    last_readable[name] = status
         held: dict[str, tuple[str, ...]] = {}
         for name in broken:
-            last = self.last_readable.get(name)
+            last = last_readable.get(name)
             nodes = {n.name for n in last.nodes} if last is not None else set()
             spec = documents.rollouts.get(name)
             if spec is not None:

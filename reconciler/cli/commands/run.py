@@ -223,6 +223,7 @@ def _run(args: argparse.Namespace, start_up: _StartUp, log: EventLog) -> int:
     from reconciler.daemon.agent_client import AgentClient
     from reconciler.daemon.loop import Daemon
     from reconciler.daemon.metrics import Metrics
+    from reconciler.daemon.soft_state import SoftState
     from reconciler.daemon.state import DaemonState, default_state_root
     from reconciler.git.sshsig import sign_commit_payload
     from reconciler.git.store import GitStore
@@ -241,8 +242,8 @@ def _run(args: argparse.Namespace, start_up: _StartUp, log: EventLog) -> int:
         cache_dir=args.cache_dir,
         ssh_key=args.ssh_key,
         known_hosts=args.known_hosts,
+        crash_point=crashpoints.reach,
     )
-    store.crash_point = crashpoints.reach
     start_up.check()
     approver = _approver(store, args)
     sign = (
@@ -259,7 +260,15 @@ def _run(args: argparse.Namespace, start_up: _StartUp, log: EventLog) -> int:
     )
     state = DaemonState.for_branch(args.state_dir or default_state_root(), args.repo, args.branch)
     notifier = _notifier(store, approver, log, metrics, state)
-    client = AgentClient(key, concurrency=args.concurrency, timeout=args.agent_timeout)
+    soft = SoftState()
+    # Signatures of job records are checked as they arrive, by the same
+    # check the passes use.
+    client = AgentClient(
+        key,
+        concurrency=args.concurrency,
+        timeout=args.agent_timeout,
+        on_signed=soft.answers.prepare,
+    )
     daemon = Daemon(
         store,
         client,
@@ -273,6 +282,7 @@ def _run(args: argparse.Namespace, start_up: _StartUp, log: EventLog) -> int:
         plain=args.plain,
         state=state,
         publish=web.publish if web is not None else None,
+        soft=soft,
     )
     log.info(
         "start",
