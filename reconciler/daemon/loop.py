@@ -1,8 +1,9 @@
 """The reconcile pass and the loop around it (docs/architecture.md).
 
-One pass is the fixed list ``PASS_STEPS``, run in order by ``Daemon``;
-each step takes the values the steps before it returned (``_Pass``) and
-returns its own, and a step that returns an outcome ends the pass there:
+One pass is the fixed list ``PASS_STEPS``, run in order by
+``Daemon._attempt``, the frame: each step takes as arguments the values
+it reads, returns what it made, and writes nothing a later step reads;
+``read`` may end the pass there:
 
 - ``read``: the branch tip (fetching first from a remote); ends the pass
   when history was rewritten, or when the last pass was quiet and
@@ -21,9 +22,9 @@ returns its own, and a step that returns an outcome ends the pass there:
 - ``notify``: the events that commit made true, queued for the receivers;
 - ``send``: only then, the jobs just recorded.
 
-Between passes the daemon keeps only the reader's caches and the soft
-state a restart may forget (how long agents have been unreachable, metric
-answers, jobs in flight, the tip acted on last). Must not: decide anything
+Between passes the daemon keeps only caches (the reader's, the observer's,
+the engine's memo, the status writer's) and the soft state a restart may
+forget, declared in ``soft_state.SoftState``. Must not: decide anything
 (that is the engine's), or keep rollout state anywhere but the status files.
 """
 
@@ -78,7 +79,8 @@ MAX_RACES = 20  # passes lost in a row to other writers before giving up
 REREAD = 60.0  # seconds: the longest a serving daemon waits between passes
 
 # One pass (docs/architecture.md), as the steps ``Daemon._attempt`` runs in
-# this order; each step's docstring says what it touches.
+# this order; each step's signature says what it reads, its docstring what
+# it touches.
 PASS_STEPS = ("read", "verify", "observe", "step", "fleet", "commit", "notify", "send")
 
 
