@@ -138,6 +138,18 @@ class FleetDecided:
     sweep: Sweep | None
     files: Mapping[str, bytes | None] | None
 
+    def writes(
+        self, before: FleetStatus | None
+    ) -> tuple[FleetStatus | None, Mapping[str, bytes | None], tuple[fleet_rules.FleetChange, ...]]:
+        """What the commit writes of the fleet, given ``before`` at the
+        status tip: the fleet status (None: unchanged), its files that
+        differ, and the node changes for the commit message."""
+        fleet = self.fleet
+        if fleet is None or fleet == before:
+            return None, {}, ()
+        files = self.files if self.files is not None else fleet_file_changes(before, fleet)
+        return fleet, files, fleet_rules.fleet_changes(before, fleet)
+
 
 class Daemon:
     """Runs reconcile passes against one store; the loop is ``serve``.
@@ -383,17 +395,7 @@ class Daemon:
         sweep = self.fleet_watch.pending()
         if sweep is None:
             return FleetDecided(before, None, None)
-        files = None
-        if sweep.decided is not None and sweep.base is before:
-            new, files = sweep.decided, sweep.files  # decided in the sweep's thread
-        else:  # the fleet status changed since: decide against the one read now
-            new = fleet_rules.next_fleet(
-                before,
-                sweep.sightings,
-                fleet_rules.desired_state(merged.values()),
-                settings.offline_after,
-                sweep.finished,
-            )
+        new, files = _sweep_decision(sweep, before, merged, settings.offline_after)
         applies: Sweep | None = sweep
         if new is before or (before is None and not new.nodes):
             self.fleet_watch.applied(sweep)  # nothing to commit
@@ -430,16 +432,8 @@ class Daemon:
             current_dashboard,
         )
         changes = files.changes
-        before = snapshot.fleet_status
-        fleet_changes: tuple[fleet_rules.FleetChange, ...] = ()
-        fleet_written = fleet if fleet is not None and fleet != before else None
-        if fleet_written is not None:
-            changes.update(
-                decided.files
-                if decided.files is not None
-                else fleet_file_changes(before, fleet_written)
-            )
-            fleet_changes = fleet_rules.fleet_changes(before, fleet_written)
+        fleet_written, fleet_files, fleet_changes = decided.writes(snapshot.fleet_status)
+        changes.update(fleet_files)
         if changes:
             message = commit_message(step, snapshot.spec_commit, snapshot.broken, fleet_changes)
             commit = self.store.commit(
@@ -481,27 +475,9 @@ class Daemon:
         documents = snapshot.documents
         if not any(problem.path == SETTINGS_PATH for problem in documents.problems):
             notifier.reconfigure(documents.settings.notifications, self.environ)
-        before = snapshot.fleet_status
-        events: list[notification_events.Event] = []
         logged = self.soft.logged
-        if not logged.announced:
-            logged.announced = True
-            standing = commit or snapshot.status_tip or snapshot.tip
-            for status in snapshot.statuses.values():
-                events += notification_events.standing_rollout_events(
-                    status, stepped.now, standing
-                )
-            events += notification_events.standing_fleet_events(_fleet_states(before), standing)
-        if commit is not None:
-            for name, new in stepped.step.statuses.items():
-                events += notification_events.rollout_events(
-                    snapshot.statuses.get(name), new, commit
-                )
-            if fleet is not None and fleet != before:
-                events += notification_events.fleet_events(
-                    _fleet_states(before), _fleet_states(fleet), commit
-                )
-        notifier.publish(events)
+        standing, logged.announced = not logged.announced, True
+        notifier.publish(_pass_events(snapshot, stepped, fleet, commit, standing=standing))
 
     def notify_fleet(
         self,
@@ -683,6 +659,50 @@ def _freeze_long_lived() -> None:
     gc.unfreeze()
     gc.collect()
     gc.freeze()
+
+
+def _sweep_decision(
+    sweep: Sweep,
+    before: FleetStatus | None,
+    merged: Mapping[str, RolloutStatus],
+    offline_after: int,
+) -> tuple[FleetStatus, Mapping[str, bytes | None] | None]:
+    """The fleet status ``sweep`` shows against ``before``, and its files
+    when the sweep's thread decided them against the same ``before``
+    already; else decided now, with the desired state of ``merged``."""
+    if sweep.decided is not None and sweep.base is before:
+        return sweep.decided, sweep.files
+    desired = fleet_rules.desired_state(merged.values())
+    return fleet_rules.next_fleet(
+        before, sweep.sightings, desired, offline_after, sweep.finished
+    ), None
+
+
+def _pass_events(
+    snapshot: Snapshot,
+    stepped: Stepped,
+    fleet: FleetStatus | None,
+    commit: str | None,
+    *,
+    standing: bool,
+) -> list[notification_events.Event]:
+    """The events ``commit`` made true (docs/operating.md), after the
+    events still true when ``standing`` (the daemon's first pass)."""
+    before = snapshot.fleet_status
+    events: list[notification_events.Event] = []
+    if standing:
+        at = commit or snapshot.status_tip or snapshot.tip
+        for status in snapshot.statuses.values():
+            events += notification_events.standing_rollout_events(status, stepped.now, at)
+        events += notification_events.standing_fleet_events(_fleet_states(before), at)
+    if commit is not None:
+        for name, new in stepped.step.statuses.items():
+            events += notification_events.rollout_events(snapshot.statuses.get(name), new, commit)
+        if fleet is not None and fleet != before:
+            events += notification_events.fleet_events(
+                _fleet_states(before), _fleet_states(fleet), commit
+            )
+    return events
 
 
 def _fleet_states(fleet: FleetStatus | None) -> dict[str, notification_events.NodeState]:

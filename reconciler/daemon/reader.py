@@ -107,6 +107,35 @@ class ReadMemory:
     # a rollout whose status became unreadable may still hold.
     last_readable: dict[str, RolloutStatus] = field(default_factory=dict)
 
+    def held_by_unreadable(
+        self,
+        documents: Documents,
+        statuses: Mapping[str, RolloutStatus],
+        broken: Mapping[str, str],
+        changed: frozenset[str] | None,
+    ) -> dict[str, tuple[str, ...]]:
+        """The nodes each rollout with an unreadable status may hold: those
+        of its last readable status (remembered here, from ``statuses``:
+        those ``changed``, None: all) and those its spec selects. Nobody
+        else starts on them until it is repaired."""
+        last_readable = self.last_readable
+        if changed is None:
+            last_readable.update(statuses)
+        else:  # only the statuses read again can be new
+            for name in changed:
+                status = statuses.get(name)
+                if status is not None:
+                    last_readable[name] = status
+        held: dict[str, tuple[str, ...]] = {}
+        for name in broken:
+            last = last_readable.get(name)
+            nodes = {n.name for n in last.nodes} if last is not None else set()
+            spec = documents.rollouts.get(name)
+            if spec is not None:
+                nodes.update(engine.resolve_nodes(spec, documents.fleet))
+            held[name] = tuple(sorted(nodes))
+        return held
+
 
 @dataclass
 class _Caches:
@@ -242,7 +271,7 @@ class Reader:
             fleet_status=self._fleet_at(status_tip),
             refusal=_refusal_text(approval),
             approved_by=self._approved_by(approval),
-            held_by_unreadable=self._held_by_unreadable(
+            held_by_unreadable=self.memory.held_by_unreadable(
                 documents,
                 statuses,
                 {n: r for n, r in broken.items() if n not in ended},
@@ -357,34 +386,6 @@ class Reader:
         if approver is None or approval is None or approval.verified_commit is None:
             return ()
         return approved_by_records(approver, approval.verified_commit)
-
-    def _held_by_unreadable(
-        self,
-        documents: Documents,
-        statuses: Mapping[str, RolloutStatus],
-        broken: Mapping[str, str],
-        changed: frozenset[str] | None,
-    ) -> dict[str, tuple[str, ...]]:
-        """The nodes each rollout with an unreadable status may hold: those
-        of its last readable status (remembered since start-up) and those
-        its spec selects. Nobody else starts on them until it is repaired."""
-        last_readable = self.memory.last_readable
-        if changed is None:
-            last_readable.update(statuses)
-        else:  # only the statuses read again can be new
-            for name in changed:
-                status = statuses.get(name)
-                if status is not None:
-                    last_readable[name] = status
-        held: dict[str, tuple[str, ...]] = {}
-        for name in broken:
-            last = last_readable.get(name)
-            nodes = {n.name for n in last.nodes} if last is not None else set()
-            spec = documents.rollouts.get(name)
-            if spec is not None:
-                nodes.update(engine.resolve_nodes(spec, documents.fleet))
-            held[name] = tuple(sorted(nodes))
-        return held
 
     def _unverified_names(
         self,
