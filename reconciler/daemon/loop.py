@@ -303,8 +303,9 @@ class Daemon:
         self._notify(snapshot, stepped, decided.fleet, commit)
         sent = self._send(snapshot, stepped, seen)
         self.reader.settle()
-        own = commit is not None and snapshot.status_branch == self.store.branch
-        self.reader.acted_on(commit if own and commit is not None else tip)
+        # The next tip must contain this one, or our own commit on it.
+        own_commit = commit if snapshot.status_branch == self.store.branch else None
+        self.reader.acted_on(own_commit or tip)
         outcome = self._outcome(snapshot, delta, seen, stepped, commit, sent)
         return outcome, delta.read_everything
 
