@@ -175,11 +175,10 @@ def run_variant(
     label = "signed answers, each checked" if signed else "unsigned answers (version 1)"
     print(f"-- {label}")
     try:
-        client = AgentClient(key, concurrency=args.concurrency)
         # As the daemon does: signatures are checked as answers arrive, and
         # each answer is then believed or not by the same check.
+        client = AgentClient(key, concurrency=args.concurrency, on_signed=check.prepare)
         check.nodes = nodes
-        client.on_signed = check.prepare
         # warm up: connections and code paths
         client.read_heartbeats([(url, f"sim-{i:04d}") for i in range(1, 201)])
         for round_no in range(1, args.rounds + 1):

@@ -130,7 +130,7 @@ def main() -> None:
                 walls.append(sweep.seconds)
             assert sweep is not None
             answered = sum(1 for s in sweep.sightings if s.heartbeat is not None)
-            statuses = daemon.reader.last_readable.values()
+            statuses = daemon.soft.reading.last_readable.values()
             decide_cpu = []
             for _ in range(3):
                 cpu0 = time.process_time()

@@ -29,7 +29,7 @@ from prometheus_client import generate_latest
 from reconciler.daemon.agent_client import AgentClient
 from reconciler.daemon.inert import InertStatuses, needs_passes
 from reconciler.daemon.logs import EventLog
-from reconciler.daemon.loop import Daemon, _Pass
+from reconciler.daemon.loop import Daemon
 from reconciler.daemon.reader import Delta
 from reconciler.engine import step as engine
 from reconciler.engine.step import RolloutInput
@@ -81,19 +81,16 @@ class Read:
 def read_step(daemon: Daemon) -> Read:
     """The pass's read: the tip, then the verify step (documents, statuses,
     inputs). Called directly, so a rewind is read rather than refused."""
-    p = _Pass()
     tip = daemon.store.refresh()
     assert tip is not None
-    p.tip = tip
-    assert daemon._verify(p) is None
-    snapshot = p.snapshot
+    snapshot, delta, built = daemon._verify(tip)
     return Read(
         snapshot.documents,
         snapshot.statuses,
         snapshot.broken,
-        list(p.inputs),
-        p.input_changes,
-        p.delta,
+        list(built.inputs),
+        built.changes,
+        delta,
     )
 
 

@@ -70,7 +70,18 @@ class AgentClient:
     """Talks to node agents for the daemon. Thread-safe; one call at a time
     runs on the client's own event loop thread."""
 
-    def __init__(self, key: SigningKey, *, concurrency: int = 64, timeout: float = 5.0) -> None:
+    def __init__(
+        self,
+        key: SigningKey,
+        *,
+        concurrency: int = 64,
+        timeout: float = 5.0,
+        on_signed: Callable[[str, SignedAnswer], object] | None = None,
+    ) -> None:
+        """``on_signed`` is called on the client's thread with (node, signed
+        answer) for each signed job record read, so that its signature is
+        checked while other answers are still on the wire (the daemon's
+        ``AnswerCheck.prepare``)."""
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         self.key = key
@@ -80,24 +91,13 @@ class AgentClient:
         # as many idle connections kept: one per held read to come.
         watches = watch_limit(raise_open_files_limit())
         self._http = HttpClient(timeout, max(watches, concurrency))
-        self._observer = AgentReads(self._http, timeout, watches)
+        self._observer = AgentReads(self._http, timeout, watches, on_signed)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="agent-client", daemon=True
         )
         self._thread.start()
         self._closed = False
-
-    @property
-    def on_signed(self) -> Callable[[str, SignedAnswer], object] | None:
-        """Called on the client's thread with (node, signed answer) for each
-        signed job record read, so that its signature is checked while other
-        answers are still on the wire (the daemon's AnswerCheck.prepare)."""
-        return self._observer.on_signed
-
-    @on_signed.setter
-    def on_signed(self, check: Callable[[str, SignedAnswer], object] | None) -> None:
-        self._observer.on_signed = check
 
     @property
     def connections_opened(self) -> int:

@@ -94,14 +94,20 @@ def watch_limit(open_files: int) -> int:
 class AgentReads:
     """Polls and held reads of agents, over one ``HttpClient``."""
 
-    def __init__(self, http: HttpClient, timeout: float, max_watches: int) -> None:
+    def __init__(
+        self,
+        http: HttpClient,
+        timeout: float,
+        max_watches: int,
+        on_signed: Callable[[str, SignedAnswer], object] | None = None,
+    ) -> None:
         self.http = http
         self.timeout = timeout
         self.max_watches = max_watches
         # Called on the loop thread with (node, signed answer) for each signed
         # job record read, so its signature is checked while other answers
         # are still on the wire (the daemon's AnswerCheck.prepare).
-        self.on_signed: Callable[[str, SignedAnswer], object] | None = None
+        self.on_signed = on_signed
         # Loop thread only: job id -> its held read; origins that ignore
         # ``wait``; the pending gathered wake-up (see GATHER_SECONDS).
         self._watches: dict[str, asyncio.Task[None]] = {}

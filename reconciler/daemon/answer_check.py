@@ -43,7 +43,11 @@ class AnswerCheck:
     """Checks answers against the nodes' agentKeys; parsed keys are cached
     by their line, so a pass over 10,000 nodes parses each key once, and an
     answer already verified (same key, same signature, same signed bytes) is
-    not verified again."""
+    not verified again.
+
+    Part of the daemon's soft state, forgotten on restart: the newest
+    heartbeat believed of each node (a replay of an older one is refused),
+    shared by the passes, the agent client's thread and the fleet sweep's."""
 
     def __init__(self) -> None:
         self._keys: dict[str, TrustedKey | None] = {}
@@ -72,6 +76,16 @@ class AnswerCheck:
                 self._prepared[id(signed)] = signed
         except Exception:  # the pass's own check says what is wrong
             return
+
+    def believed_heartbeat(self, node: str, beat: Heartbeat) -> bool | None:
+        """The fleet sweep's agentKey check, from its thread: None for a
+        node without agentKey, else whether the heartbeat's evidence
+        verifies against it."""
+        spec = self.nodes.get(node)
+        if spec is None or spec.agent_key is None:
+            return None
+        _, problem = self.heartbeat(spec, beat)
+        return not problem
 
     def use_fleet(self, nodes: Mapping[str, Node]) -> None:
         """Check answers against these nodes from now on, their agentKeys

@@ -10,8 +10,8 @@ not yet dispatched (those the comparison's selector picks, if it has one);
 when none is left, the node's own window of the same length before its
 dispatch.
 
-Soft state only: the watches, forgotten on restart, so a restarted daemon
-starts a soak again (never shortens one).
+Soft state only: the watches (``SoakMemory``), forgotten on restart, so a
+restarted daemon starts a soak again (never shortens one).
 
 Must not: decide a node's verdict, read Git, or keep rollout state.
 """
@@ -19,7 +19,7 @@ Must not: decide a node's verdict, read Git, or keep rollout state.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from reconciler.daemon import canary_statistics as stats
@@ -70,13 +70,26 @@ class _Due:
         return [self.queries(t, b) for t in self.texts() for b in self.baseline]
 
 
+@dataclass
+class SoakMemory:
+    """Soft state, forgotten on restart: each live node's watch (when its
+    soak began, the comparisons judged), by node."""
+
+    watches: dict[str, CanaryWatch] = field(default_factory=dict)
+
+
 class CanaryVerdicts:
     """Keeps the live nodes' soaks and judges their comparisons."""
 
-    def __init__(self, queries: RangeQueries, clock: Callable[[], datetime]) -> None:
+    def __init__(
+        self,
+        queries: RangeQueries,
+        clock: Callable[[], datetime],
+        memory: SoakMemory | None = None,
+    ) -> None:
         self.queries = queries
         self.clock = clock
-        self.watches: dict[str, CanaryWatch] = {}  # by node
+        self.watches = (memory or SoakMemory()).watches  # by node; the soft state's own dict
         # The earliest soak still under way at the last observe ends then:
         # the daemon's next pass is due at that moment, not at its interval.
         self.next_soak_end: datetime | None = None

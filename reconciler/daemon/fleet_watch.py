@@ -17,9 +17,9 @@ How it stays out of the way of passes:
   nothing to commit); a pass that loses the compare-and-swap leaves it for
   the next attempt.
 
-Also keeps, in memory only, since when each node has given no answer
-(docs/rollouts.md allows that to be forgotten on restart: a restart can delay
-``offline``, never bring it forward).
+Its soft state (``SweepMemory``), handed in: since when each node has given
+no answer (docs/rollouts.md allows that to be forgotten on restart: a
+restart can delay ``offline``, never bring it forward).
 
 Must not decide anything (that is ``engine.fleet``) or touch Git.
 """
@@ -30,12 +30,11 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from reconciler.daemon.agent_client import AgentClient
 from reconciler.engine.fleet import (
-    FleetChange,
     NodeSighting,
     decide_nodes,
     desired_state,
@@ -53,6 +52,24 @@ EvidenceCheck = Callable[[str, Heartbeat], bool | None]
 
 def _not_checked(node: str, heartbeat: Heartbeat) -> bool | None:
     return None
+
+
+@dataclass
+class SweepMemory:
+    """The fleet watch's soft state, forgotten on restart."""
+
+    unreachable: dict[str, datetime] = field(default_factory=dict)  # node -> first failed contact
+
+
+@dataclass(frozen=True)
+class SweepBase:
+    """What a sweep decides against, as the last pass held it: the fleet
+    status at its status tip, the rollout statuses (the desired state) and
+    ``offlineAfter``. Values, not copies."""
+
+    fleet: FleetStatus | None
+    statuses: Mapping[str, RolloutStatus]
+    offline_after: int
 
 
 @dataclass(frozen=True)
@@ -99,23 +116,27 @@ def fleet_file_changes(before: FleetStatus | None, after: FleetStatus) -> dict[s
 class FleetWatch:
     """Runs sweeps for one daemon. ``tick`` (from each pass) starts one when
     due; ``pending``/``applied`` hand the result over; ``sweep`` runs one
-    in the calling thread (tests, benchmarks)."""
+    in the calling thread (tests, benchmarks). ``on_sweep`` is called with
+    each finished sweep (metrics)."""
 
     def __init__(
         self,
         client: AgentClient,
         *,
         clock: Callable[[], datetime],
+        memory: SweepMemory | None = None,
         evidence: EvidenceCheck = _not_checked,
+        on_sweep: Callable[[Sweep], None] = lambda sweep: None,
         chunk: int | None = None,
     ) -> None:
         self.client = client
         self.clock = clock
+        self.memory = memory or SweepMemory()
         self.evidence = evidence
+        self.on_sweep = on_sweep
         self.chunk = max(1, chunk or min(SWEEP_CHUNK, client.concurrency))
         self.enabled = False  # sweeps start only under ``Daemon.serve``
         self.wake: Callable[[], None] = lambda: None  # the loop's wake-up, on a result
-        self.on_sweep: Callable[[Sweep], None] = lambda sweep: None  # metrics, logs
         self._cond = threading.Condition()
         self._passes = 0  # passes running now
         self._thread: threading.Thread | None = None
@@ -127,10 +148,7 @@ class FleetWatch:
         self._interval = 0.0
         self._stopping = False
         self._count = 0
-        self._unreachable: dict[str, datetime] = {}  # node -> first failed contact
-        # What the last pass held: the fleet status at its status tip, the
-        # rollout statuses (desired state), offlineAfter.
-        self._context: tuple[FleetStatus | None, Mapping[str, RolloutStatus], int] | None = None
+        self._base: SweepBase | None = None  # what the last pass held (``tick``)
 
     # -- the pass's side -----------------------------------------------------
 
@@ -146,10 +164,17 @@ class FleetWatch:
                 self._passes -= 1
                 self._cond.notify_all()
 
-    def tick(self, nodes: Callable[[], Sequence[tuple[str, str]]], interval: int) -> None:
-        """Start a sweep of ``nodes()`` ((agent URL, node name) pairs) if the
-        watch is on, ``interval`` seconds (0: off) passed since the last one
-        started, and none is in flight."""
+    def tick(
+        self,
+        nodes: Callable[[], Sequence[tuple[str, str]]],
+        interval: int,
+        base: SweepBase,
+    ) -> None:
+        """From each pass: start a sweep of ``nodes()`` ((agent URL, node
+        name) pairs) if the watch is on, ``interval`` seconds (0: off)
+        passed since the last one started, and none is in flight; a sweep
+        decides against the ``base`` of the newest pass."""
+        self._base = base
         self._interval = float(interval)
         if not self.enabled or interval <= 0 or self._stopping:
             return
@@ -171,12 +196,6 @@ class FleetWatch:
                 target=self._run, args=(list(nodes()),), name="fleet-sweep", daemon=True
             )
             self._thread.start()
-
-    def context(
-        self, base: FleetStatus | None, statuses: Mapping[str, RolloutStatus], offline_after: int
-    ) -> None:
-        """From each pass: what a sweep decides against (values, not copied)."""
-        self._context = (base, statuses, offline_after)
 
     def seconds_until_due(self) -> float | None:
         """How long until the next sweep may start (None: the watch is off)."""
@@ -254,11 +273,11 @@ class FleetWatch:
                 continue  # not read: the sweep was stopped
             beat = beats[name]
             if beat is None:
-                unreachable[name] = self._unreachable.get(name, failed_at[name])
+                unreachable[name] = self.memory.unreachable.get(name, failed_at[name])
                 sightings.append(NodeSighting(name, None, unreachable[name]))
             else:
                 sightings.append(NodeSighting(name, beat, None, self.evidence(name, beat)))
-        self._unreachable = unreachable
+        self.memory.unreachable = unreachable
         base, decided, files = self._decide(sightings, finished)
         with self._cond:
             self._count += 1
@@ -289,11 +308,11 @@ class FleetWatch:
     ) -> tuple[FleetStatus | None, FleetStatus | None, Mapping[str, bytes | None] | None]:
         """``engine.fleet`` applied here, in slices that wait while a pass
         runs, so the pass that applies the sweep only commits."""
-        context = self._context
-        if context is None or not self._no_pass_running():
+        held = self._base
+        if held is None or not self._no_pass_running():
             return None, None, None
-        base, statuses, offline_after = context
-        desired = desired_state(statuses.values())
+        base, offline_after = held.fleet, held.offline_after
+        desired = desired_state(held.statuses.values())
         old = base.by_name() if base is not None else {}
         ordered = sorted(sightings, key=lambda s: s.name)
         nodes = []
@@ -316,33 +335,11 @@ class FleetWatch:
                 self.wake()
 
 
-# --- words for commit messages -------------------------------------------------
-
-
-def fleet_summary(changes: Sequence[FleetChange]) -> str:
-    """``fleet: gpu-a1 drift, gpu-a2 offline`` (the first three)."""
-    named = [f"{c.node} {c.to_state or 'gone'}" for c in changes[:3]]
-    more = f" and {len(changes) - 3} more" if len(changes) > 3 else ""
-    return "fleet: " + ", ".join(named) + more
-
-
-def fleet_lines(changes: Sequence[FleetChange], limit: int) -> list[str]:
-    """One commit message line per node state change, up to ``limit``."""
-    lines = [
-        f"fleet/{c.node}: {c.from_state or 'new'} -> {c.to_state or 'gone'}"
-        + (f" ({c.detail})" if c.detail else "")
-        for c in changes[:limit]
-    ]
-    if len(changes) > limit:
-        lines.append(f"... and {len(changes) - limit} more fleet changes")
-    return lines
-
-
 __all__ = [
     "EvidenceCheck",
     "FleetWatch",
     "Sweep",
+    "SweepBase",
+    "SweepMemory",
     "fleet_file_changes",
-    "fleet_lines",
-    "fleet_summary",
 ]

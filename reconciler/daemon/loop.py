@@ -1,8 +1,9 @@
 """The reconcile pass and the loop around it (docs/architecture.md).
 
-One pass is the fixed list ``PASS_STEPS``, run in order by ``Daemon``;
-each step takes the values the steps before it returned (``_Pass``) and
-returns its own, and a step that returns an outcome ends the pass there:
+One pass is the fixed list ``PASS_STEPS``, run in order by
+``Daemon._attempt``, the frame: each step takes as arguments the values
+it reads, returns what it made, and writes nothing a later step reads;
+``read`` may end the pass there:
 
 - ``read``: the branch tip (fetching first from a remote); ends the pass
   when history was rewritten, or when the last pass was quiet and
@@ -21,9 +22,9 @@ returns its own, and a step that returns an outcome ends the pass there:
 - ``notify``: the events that commit made true, queued for the receivers;
 - ``send``: only then, the jobs just recorded.
 
-Between passes the daemon keeps only the reader's caches and the soft
-state a restart may forget (how long agents have been unreachable, metric
-answers, jobs in flight, the tip acted on last). Must not: decide anything
+Between passes the daemon keeps only caches (the reader's, the observer's,
+the engine's memo, the status writer's) and the soft state a restart may
+forget, declared in ``soft_state.SoftState``. Must not: decide anything
 (that is the engine's), or keep rollout state anywhere but the status files.
 """
 
@@ -42,10 +43,12 @@ from typing import Any
 
 from reconciler.daemon import crashpoints
 from reconciler.daemon.agent_client import AgentClient
+from reconciler.daemon.alertmanager_client import AlertmanagerClient
 from reconciler.daemon.commit_log import log_commit
-from reconciler.daemon.fleet_watch import FleetWatch, Sweep, fleet_file_changes
+from reconciler.daemon.fleet_watch import FleetWatch, Sweep, SweepBase, fleet_file_changes
 from reconciler.daemon.gauges import PhaseGauges
 from reconciler.daemon.inert import needs_passes
+from reconciler.daemon.inputs import BuiltInputs
 from reconciler.daemon.logs import EventLog
 from reconciler.daemon.metrics import Metrics
 from reconciler.daemon.notifications import Notifier
@@ -53,6 +56,7 @@ from reconciler.daemon.observer import Observed, Observer
 from reconciler.daemon.prometheus_client import PrometheusClient
 from reconciler.daemon.range_queries import RangeQueries
 from reconciler.daemon.reader import Delta, Reader, Snapshot
+from reconciler.daemon.soft_state import SoftState
 from reconciler.daemon.state import DaemonState
 from reconciler.daemon.status_files import StatusFiles, commit_message
 from reconciler.engine import canary_queries
@@ -75,7 +79,8 @@ MAX_RACES = 20  # passes lost in a row to other writers before giving up
 REREAD = 60.0  # seconds: the longest a serving daemon waits between passes
 
 # One pass (docs/architecture.md), as the steps ``Daemon._attempt`` runs in
-# this order; each step's docstring says what it touches.
+# this order; each step's signature says what it reads, its docstring what
+# it touches.
 PASS_STEPS = ("read", "verify", "observe", "step", "fleet", "commit", "notify", "send")
 
 
@@ -113,40 +118,37 @@ class _Quiet:
     approvals_tip: str | None = None  # the approvals notes ref, when approvals are required
 
 
-class _Pass:
-    """The values one attempt's steps return, each set by one step and read
-    by the steps after it; lives for one attempt only."""
+@dataclass(frozen=True)
+class Stepped:
+    """What the ``step`` step made: one ``now``, the engine's step, and the
+    statuses read with the step's changes."""
 
-    __slots__ = (
-        "commit",
-        "delta",
-        "fleet",
-        "fleet_files",
-        "fleet_sweep",
-        "input_changes",
-        "inputs",
-        "merged",
-        "now",
-        "seen",
-        "sent",
-        "snapshot",
-        "step",
-        "tip",
-    )
-    tip: str  # read
-    snapshot: Snapshot  # verify
-    delta: Delta
-    inputs: Collection[RolloutInput]
-    input_changes: dict[str, RolloutInput | None] | None  # since the last build, for the memo
-    seen: Observed  # observe
-    now: datetime  # step
+    now: datetime
     step: FleetStep
-    merged: dict[str, RolloutStatus]  # the statuses read, with the step's changes
-    fleet: FleetStatus | None  # fleet: what the commit leaves at the status tip
-    fleet_sweep: Sweep | None  # the sweep this pass applies, if any
-    fleet_files: Mapping[str, bytes | None] | None  # its files, when decided already
-    commit: str | None  # commit
-    sent: int  # send
+    merged: dict[str, RolloutStatus]
+
+
+@dataclass(frozen=True)
+class FleetDecided:
+    """What the ``fleet`` step made: the fleet status the commit leaves at
+    the status tip, the sweep it applies (if any), and its files when the
+    sweep's thread decided them already."""
+
+    fleet: FleetStatus | None
+    sweep: Sweep | None
+    files: Mapping[str, bytes | None] | None
+
+    def writes(
+        self, before: FleetStatus | None
+    ) -> tuple[FleetStatus | None, Mapping[str, bytes | None], tuple[fleet_rules.FleetChange, ...]]:
+        """What the commit writes of the fleet, given ``before`` at the
+        status tip: the fleet status (None: unchanged), its files that
+        differ, and the node changes for the commit message."""
+        fleet = self.fleet
+        if fleet is None or fleet == before:
+            return None, {}, ()
+        files = self.files if self.files is not None else fleet_file_changes(before, fleet)
+        return fleet, files, fleet_rules.fleet_changes(before, fleet)
 
 
 class Daemon:
@@ -157,7 +159,9 @@ class Daemon:
     daemon signs its status commits), a status file counts only as the
     newest commit signed by one of those keys wrote it (``statustrust``).
     With ``plain``, every pass reads and steps everything afresh, keeping
-    only the soft state: the oracle the shortcuts are tested against."""
+    only the soft state: the oracle the shortcuts are tested against.
+    ``soft``: the soft state (``soft_state``); the agent client checks
+    signatures early with its ``answers`` when built with them."""
 
     def __init__(
         self,
@@ -176,6 +180,7 @@ class Daemon:
         plain: bool = False,
         state: DaemonState | None = None,
         publish: Callable[[StatusView], None] | None = None,
+        soft: SoftState | None = None,
     ) -> None:
         self.store = store
         self.client = client
@@ -191,59 +196,56 @@ class Daemon:
         self.state = state
         # Hands the read API each status commit made or read (docs/web.md); never waits.
         self.publish = publish or (lambda view: None)
+        self.soft = soft or SoftState()
         self._status_signers = tuple(status_signers)
-        self._announced = False  # standing events handed to the notifier once, on start
-        self._reported: set[str] = set()  # problems already logged, to log each once
-        self._refused: set[str] = set()  # refused spec commits already logged
-        self.reader = self._new_reader()
-        self.observer = Observer(
+        self._prometheus = prometheus or PrometheusClient()
+        # Clients with their connections: they outlive the observers built on them.
+        self._alertmanager = AlertmanagerClient()
+        self._range_queries = RangeQueries(batched=not plain)
+        self.fleet_watch = FleetWatch(
             client,
             clock=clock,
-            log=self.log,
-            metrics=self.metrics,
-            report=self._report,
-            prometheus=prometheus or PrometheusClient(),
-            range_queries=RangeQueries(batched=not plain),
+            memory=self.soft.sweeps,
+            evidence=self.soft.answers.believed_heartbeat,
+            on_sweep=self._swept,
         )
-        self.memo = StepMemo()  # finished rollouts at rest
-        self.files = StatusFiles()
-        self.gauges = PhaseGauges(self.metrics)
         self.quiet: _Quiet | None = None  # the last pass, if it changed and watched nothing
-        self.fleet_watch = FleetWatch(
-            client, clock=clock, evidence=self.observer.believed_heartbeat
-        )
-        self.fleet_watch.on_sweep = self._swept
+        self._forget_caches()
         # Set by ``stop``, never cleared: a signal that came before ``serve``
         # began still ends it.
         self._stopping = False
         self._wake: Callable[[], None] | None = None  # set while ``serve`` runs
         self._watcher: BranchWatcher | None = None  # likewise
-        self._steps: tuple[Callable[[_Pass], PassOutcome | None], ...] = tuple(
-            getattr(self, f"_{name}") for name in PASS_STEPS
-        )
 
-    def _new_reader(self) -> Reader:
-        return Reader(
+    def _forget_caches(self) -> None:
+        """A new reader and observer, the same soft state (``self.soft``):
+        every cache (of Git, of statuses, of the engine's memo, of the
+        status files written) is rebuilt by reading."""
+        soft = self.soft
+        self.store.forget_history()
+        self.reader = Reader(
             self.store,
             approver=self.approver,
             status_signers=self._status_signers,
             report=self._report,
             info=self.log.info,
+            memory=soft.reading,
             state=self.state,
         )
-
-    def _forget_caches(self) -> None:
-        """Start from the soft state alone: the tip acted on last (never
-        acting on rewritten history), the observer's soft state, the last
-        readable statuses and the problems logged. Everything else is a
-        cache and is rebuilt by reading."""
-        old = self.reader
-        self.store.forget_history()
-        self.reader = self._new_reader()
-        self.reader.seen_tip = old.seen_tip
-        self.reader.last_readable = old.last_readable
-        self.observer.forget_caches()
-        self.memo = StepMemo()
+        self.observer = Observer(
+            self.client,
+            clock=self.clock,
+            log=self.log,
+            metrics=self.metrics,
+            report=self._report,
+            prometheus=self._prometheus,
+            memory=soft.agents,
+            answers=soft.answers,
+            soaks=soft.soaks,
+            alertmanager=self._alertmanager,
+            range_queries=self._range_queries,
+        )
+        self.memo = StepMemo()  # finished rollouts at rest
         self.files = StatusFiles()
         self.gauges = PhaseGauges(self.metrics)
         self.quiet = None
@@ -277,36 +279,45 @@ class Daemon:
             self.metrics.pass_seconds.observe(time.perf_counter() - started)
 
     def _attempt(self) -> tuple[PassOutcome, bool]:
-        """One attempt at a pass: the steps of ``PASS_STEPS`` in order; a step
-        that returns an outcome ends the pass there (nothing to do, or a
-        refusal). ``RefMoved`` from ``commit`` ends it too: nothing is sent.
-        Also says whether it read some folder whole."""
+        """One attempt at a pass: the steps of ``PASS_STEPS`` in order, each
+        given what it reads and returning what it made; ``read`` may end the
+        pass there (nothing to do, or a refusal). ``RefMoved`` from
+        ``commit`` ends it too: nothing is sent. Also says whether it read
+        some folder whole."""
         if self.plain:
             self._forget_caches()
-        current = _Pass()
+        tip, ended = self._read()
+        if ended is not None:
+            return ended, False
+        snapshot, delta, built = self._verify(tip)
         try:
-            for step in self._steps:
-                outcome = step(current)
-                if outcome is not None:
-                    return outcome, False
+            seen = self._observe(snapshot, delta, built.inputs)
+            stepped = self._step(snapshot, built, seen)
         except Exception:
-            if hasattr(current, "inputs") and not hasattr(current, "step"):
-                # Inputs built and never stepped: the engine's memo has not
-                # seen what changed in them, so it is forgotten.
-                self.memo = StepMemo()
+            # Inputs built and never stepped: the engine's memo has not seen
+            # what changed in them, so it is forgotten.
+            self.memo = StepMemo()
             raise
+        decided = self._fleet(snapshot, stepped.merged)
+        commit = self._commit(snapshot, delta, stepped, decided)
+        self._notify(snapshot, stepped, decided.fleet, commit)
+        sent = self._send(snapshot, stepped, seen)
         self.reader.settle()
-        return self._outcome(current), current.delta.read_everything
+        # The next tip must contain this one, or our own commit on it.
+        own_commit = commit if snapshot.status_branch == self.store.branch else None
+        self.reader.acted_on(own_commit or tip)
+        outcome = self._outcome(snapshot, delta, seen, stepped, commit, sent)
+        return outcome, delta.read_everything
 
-    def _read(self, p: _Pass) -> PassOutcome | None:
-        """Read the branch tip. Touches: the store's refs. Ends the pass when
-        history was rewritten under us, or when the last pass was quiet and
-        nothing moved since."""
-        p.tip = tip = self.reader.tip()
+    def _read(self) -> tuple[str, PassOutcome | None]:
+        """Read the branch tip. Touches: the store's refs. Ends the pass (an
+        outcome besides the tip) when history was rewritten under us, or
+        when the last pass was quiet and nothing moved since."""
+        tip = self.reader.tip()
         refused = self.reader.rewritten(tip)
         if refused is not None:
             self._report("history_rewritten", refused, commit=tip)
-            return PassOutcome(tip, None, 0, 0, False, None, refused=refused)
+            return tip, PassOutcome(tip, None, 0, 0, False, None, refused=refused)
         quiet, self.quiet = self.quiet, None
         if (
             quiet is not None
@@ -318,99 +329,92 @@ class Daemon:
             and not self.client.has_news()
         ):
             self.quiet = quiet
-            return quiet.outcome
-        return None
+            return tip, quiet.outcome
+        return tip, None
 
-    def _verify(self, p: _Pass) -> PassOutcome | None:
-        """The snapshot to act on and what changed (``Reader.read``: under
-        verification, the verified tree and the statuses it backs), the new
-        fleet's keys and pins before any job, and each rollout's engine
-        input. Touches: the reader's caches and the last-acted marker."""
-        p.snapshot, p.delta = snapshot, delta = self.reader.read(p.tip)
+    def _verify(self, tip: str) -> tuple[Snapshot, Delta, BuiltInputs]:
+        """The snapshot of ``tip`` to act on and what changed (``Reader.read``:
+        under verification, the verified tree and the statuses it backs),
+        and each rollout's engine input. Touches: the reader's caches and
+        the last-acted marker."""
+        snapshot, delta = self.reader.read(tip)
         if snapshot.approval is not None:
             self._log_refusals(snapshot.approval.refusals)
         self.publish(StatusView(snapshot.status_tip, snapshot.statuses, snapshot.fleet_status))
-        self.observer.use_fleet(snapshot.documents.fleet)
-        built = self.reader.inputs(snapshot, delta)
-        p.inputs, p.input_changes = built.inputs, built.changes
-        return None
+        return snapshot, delta, self.reader.inputs(snapshot, delta)
 
-    def _observe(self, p: _Pass) -> PassOutcome | None:
-        """Ask the agents, Prometheus and Alertmanager about the statuses that
-        are not inert. Touches: the agents over HTTP; the observer's soft state."""
-        snapshot = p.snapshot
-        p.seen = self.observer.observe(
+    def _observe(
+        self, snapshot: Snapshot, delta: Delta, inputs: Collection[RolloutInput]
+    ) -> Observed:
+        """Ask the snapshot fleet's agents, Prometheus and Alertmanager about
+        the statuses that are not inert. Touches: the agents over HTTP; the
+        observer's soft state."""
+        documents = snapshot.documents
+        return self.observer.observe(
             snapshot.statuses,
-            p.delta.since_pass,
-            snapshot.documents.settings,
+            delta.since_pass,
+            documents.fleet,
+            documents.settings,
             every=self.plain,
-            starting_alerts=canary_queries.starting_alerts(p.inputs),
+            starting_alerts=canary_queries.starting_alerts(inputs),
         )
-        return None
 
-    def _step(self, p: _Pass) -> PassOutcome | None:
+    def _step(self, snapshot: Snapshot, built: BuiltInputs, seen: Observed) -> Stepped:
         """Step every rollout through the engine with one ``now``. Touches:
         nothing outside the engine's values (and its memo)."""
-        snapshot = p.snapshot
-        p.now = self.clock()
-        p.step = engine.step_fleet(
-            p.inputs,
+        now = self.clock()
+        step = engine.step_fleet(
+            built.inputs,
             snapshot.documents.fleet,
             snapshot.documents.settings,
-            p.seen.observations,
-            p.now,
+            seen.observations,
+            now,
             unreadable=snapshot.held_by_unreadable,
             memo=self.memo,
-            changed=p.input_changes,
+            changed=built.changes,
         )
         crashpoints.reach("after_step")
         # A copy updated, not {**a, **b}: the same dict, without inserting
         # thousands of statuses one by one.
-        p.merged = snapshot.statuses.copy()
-        p.merged.update(p.step.statuses)
-        return None
+        merged = snapshot.statuses.copy()
+        merged.update(step.statuses)
+        return Stepped(now, step, merged)
 
-    def _fleet(self, p: _Pass) -> PassOutcome | None:
+    def _fleet(self, snapshot: Snapshot, merged: Mapping[str, RolloutStatus]) -> FleetDecided:
         """Start a fleet sweep when one is due, and decide what the newest
         finished sweep shows (``engine.fleet``), with the desired state from
-        the statuses this pass holds. Touches: the fleet watch (a sweep
-        thread)."""
-        settings = p.snapshot.documents.settings
-        fleet = p.snapshot.documents.fleet
+        ``merged``, the statuses this pass holds. Touches: the fleet watch
+        (a sweep thread)."""
+        settings = snapshot.documents.settings
+        fleet = snapshot.documents.fleet
+        before = snapshot.fleet_status
         self.fleet_watch.tick(
-            lambda: [(n.agent, n.name) for n in fleet.nodes], settings.fleet_check_interval
+            lambda: [(n.agent, n.name) for n in fleet.nodes],
+            settings.fleet_check_interval,
+            SweepBase(before, merged, settings.offline_after),
         )
-        before = p.fleet = p.snapshot.fleet_status
-        p.fleet_files = None
-        self.fleet_watch.context(before, p.merged, settings.offline_after)
-        p.fleet_sweep = sweep = self.fleet_watch.pending()
+        sweep = self.fleet_watch.pending()
         if sweep is None:
-            return None
-        if sweep.decided is not None and sweep.base is before:
-            new, p.fleet_files = sweep.decided, sweep.files  # decided in the sweep's thread
-        else:  # the fleet status changed since: decide against the one read now
-            new = fleet_rules.next_fleet(
-                before,
-                sweep.sightings,
-                fleet_rules.desired_state(p.merged.values()),
-                settings.offline_after,
-                sweep.finished,
-            )
+            return FleetDecided(before, None, None)
+        new, files = _sweep_decision(sweep, before, merged, settings.offline_after)
+        applies: Sweep | None = sweep
         if new is before or (before is None and not new.nodes):
             self.fleet_watch.applied(sweep)  # nothing to commit
-            p.fleet_sweep = None
-        p.fleet = new
+            applies = None
         for state, count in new.counts().items():
             self.metrics.fleet_nodes.labels(state=state).set(count)
-        return None
+        return FleetDecided(new, applies, files)
 
-    def _commit(self, p: _Pass) -> PassOutcome | None:
+    def _commit(
+        self, snapshot: Snapshot, delta: Delta, stepped: Stepped, decided: FleetDecided
+    ) -> str | None:
         """If any status changed, write the changed status files and the
-        dashboard in one commit on the tip read, moving the branch only if it
-        still points there. Touches: the status branch (one commit, or
-        ``RefMoved``); the reader's caches of what it wrote; logs, metrics."""
-        snapshot, reader = p.snapshot, self.reader
-        p.commit = None
+        dashboard in one commit on the snapshot's status tip, moving the
+        branch only if it still points there; the commit made, if any.
+        Touches: the status branch (one commit, or ``RefMoved``); the
+        reader's caches of what it wrote; logs, metrics."""
+        reader, step, fleet = self.reader, stepped.step, decided.fleet
+        commit = None
         parent = snapshot.status_tip
 
         def current_dashboard() -> bytes | None:
@@ -419,28 +423,21 @@ class Daemon:
 
         files = self.files.files(
             snapshot.statuses,
-            p.step,
-            p.merged,
+            step,
+            stepped.merged,
             snapshot.broken,
             snapshot.ignored,
-            p.delta.since_pass,
-            p.fleet,
+            delta.since_pass,
+            fleet,
             snapshot.documents.fleet.nodes,
             current_dashboard,
         )
         changes = files.changes
-        before = snapshot.fleet_status
-        fleet_changes: tuple[fleet_rules.FleetChange, ...] = ()
-        fleet_written = p.fleet if p.fleet is not None and p.fleet != before else None
-        if fleet_written is not None:
-            decided = p.fleet_files
-            changes.update(
-                decided if decided is not None else fleet_file_changes(before, fleet_written)
-            )
-            fleet_changes = fleet_rules.fleet_changes(before, fleet_written)
+        fleet_written, fleet_files, fleet_changes = decided.writes(snapshot.fleet_status)
+        changes.update(fleet_files)
         if changes:
-            message = commit_message(p.step, snapshot.spec_commit, snapshot.broken, fleet_changes)
-            p.commit = commit = self.store.commit(
+            message = commit_message(step, snapshot.spec_commit, snapshot.broken, fleet_changes)
+            commit = self.store.commit(
                 snapshot.status_branch,
                 parent,
                 changes,
@@ -453,46 +450,35 @@ class Daemon:
                 # Before the ref's file event reaches the watcher: not a hint.
                 watcher.acted_on(snapshot.status_branch, commit)
             reader.remember_commit(
-                snapshot, commit, changes, files.written, p.step.statuses, fleet_written
+                snapshot, commit, changes, files.written, step.statuses, fleet_written
             )
-            log_commit(self.log, self.metrics, p.step, fleet_changes, commit)
-            self.publish(StatusView(commit, p.merged, p.fleet))
+            log_commit(self.log, self.metrics, step, fleet_changes, commit)
+            self.publish(StatusView(commit, stepped.merged, fleet))
             crashpoints.reach("after_push")
-        if p.fleet_sweep is not None:
-            self.fleet_watch.applied(p.fleet_sweep)
-        return None
+        if decided.sweep is not None:
+            self.fleet_watch.applied(decided.sweep)
+        return commit
 
-    def _notify(self, p: _Pass) -> PassOutcome | None:
-        """Hand the notifier the events the committed statuses made true
+    def _notify(
+        self,
+        snapshot: Snapshot,
+        stepped: Stepped,
+        fleet: FleetStatus | None,
+        commit: str | None,
+    ) -> None:
+        """Hand the notifier the events that ``commit`` made true
         (docs/operating.md), and on the first pass the events still true;
         it queues them and returns at once. Touches: the notifier's queues
         and, when the settings changed, its receivers."""
         notifier = self.notifier
         if notifier is None:
-            return None
-        snapshot = p.snapshot
+            return
         documents = snapshot.documents
         if not any(problem.path == SETTINGS_PATH for problem in documents.problems):
             notifier.reconfigure(documents.settings.notifications, self.environ)
-        before = snapshot.fleet_status
-        events: list[notification_events.Event] = []
-        if not self._announced:
-            self._announced = True
-            commit = p.commit or snapshot.status_tip or snapshot.tip
-            for status in snapshot.statuses.values():
-                events += notification_events.standing_rollout_events(status, p.now, commit)
-            events += notification_events.standing_fleet_events(_fleet_states(before), commit)
-        if p.commit is not None:
-            for name, new in p.step.statuses.items():
-                events += notification_events.rollout_events(
-                    snapshot.statuses.get(name), new, p.commit
-                )
-            if p.fleet is not None and p.fleet != before:
-                events += notification_events.fleet_events(
-                    _fleet_states(before), _fleet_states(p.fleet), p.commit
-                )
-        notifier.publish(events)
-        return None
+        logged = self.soft.logged
+        standing, logged.announced = not logged.announced, True
+        notifier.publish(_pass_events(snapshot, stepped, fleet, commit, standing=standing))
 
     def notify_fleet(
         self,
@@ -507,47 +493,55 @@ class Daemon:
         if self.notifier is not None:
             self.notifier.publish(notification_events.fleet_events(old, new, commit))
 
-    def _send(self, p: _Pass) -> PassOutcome | None:
-        """Only now, send the jobs the committed status records; while
-        ``serve`` runs, keep held reads in flight for what is not finished.
-        Touches: the agents over HTTP; logs and metrics."""
-        p.sent = self.observer.send(p.step.effects, p.now, self._wake)
+    def _send(self, snapshot: Snapshot, stepped: Stepped, seen: Observed) -> int:
+        """Only now, send the jobs the committed status records to the
+        snapshot fleet's agents; while ``serve`` runs, keep held reads in
+        flight for what is not finished. How many were sent. Touches: the
+        agents over HTTP; logs and metrics."""
+        step, fleet = stepped.step, snapshot.documents.fleet
+        sent = self.observer.send(step.effects, fleet, stepped.now, self._wake)
         if self._wake is not None:
-            self.observer.watch(p.seen, p.step.statuses, p.step.effects, self._wake)
-        return None
+            self.observer.watch(seen, step.statuses, step.effects, fleet, self._wake)
+        return sent
 
-    def _outcome(self, p: _Pass) -> PassOutcome:
+    def _outcome(
+        self,
+        snapshot: Snapshot,
+        delta: Delta,
+        seen: Observed,
+        stepped: Stepped,
+        commit: str | None,
+        sent: int,
+    ) -> PassOutcome:
         """What the pass did, for the loop; remembers a quiet pass."""
-        step, snapshot = p.step, p.snapshot
-        own = p.commit is not None and snapshot.status_branch == self.store.branch
-        self.reader.seen_tip = p.commit if own else p.tip
-        self.gauges.update(p.merged, step, p.delta.since_pass)
+        step = stepped.step
+        self.gauges.update(stepped.merged, step, delta.since_pass)
         # The statuses observed as lively, as the step left them, and those it changed.
-        lively = [s for s in p.seen.lively if s.name not in step.statuses]
+        lively = [s for s in seen.lively if s.name not in step.statuses]
         if self.plain:
             lively += step.statuses.values()
         else:
             lively += self.observer.inert.lively(step.statuses, every=False)
         outcome = PassOutcome(
-            tip=p.tip,
-            commit=p.commit,
+            tip=snapshot.tip,
+            commit=commit,
             transitions=len(step.transitions),
-            jobs_sent=p.sent,
+            jobs_sent=sent,
             # The statuses just changed first: usually one of them is active,
             # and then the thousands of unchanged ones need not be looked at.
             active=any(needs_passes(s) for s in step.statuses.values())
             or any(needs_passes(s) for s in lively),
-            wakeup=_earliest(engine.next_wakeup(lively), p.seen.soak_end),
+            wakeup=_earliest(engine.next_wakeup(lively), seen.soak_end),
             job_ids=tuple(job.job_id for job in step.effects),
         )
-        if p.commit is None and not p.sent and not step.transitions and not p.seen.watching:
+        if commit is None and not sent and not step.transitions and not seen.watching:
             # Jobs answered by held answers only: quiet until one of those
             # is too old to stand in for a read, or a held read ends.
-            wakeup, held_until = outcome.wakeup, p.seen.held_until
+            wakeup, held_until = outcome.wakeup, seen.held_until
             if held_until is not None and (wakeup is None or held_until < wakeup):
                 wakeup = held_until
             self.quiet = _Quiet(
-                p.tip,
+                snapshot.tip,
                 snapshot.status_branch,
                 snapshot.status_tip,
                 wakeup,
@@ -560,7 +554,7 @@ class Daemon:
 
     def _report(self, event: str, message: str, **fields: Any) -> None:
         """Log a standing problem once, not on every pass."""
-        if _first_time(self._reported, message):
+        if _first_time(self.soft.logged.problems, message):
             self.log.warning(event, message, **fields)
 
     def _log_refusals(self, refusals: Sequence[Refusal]) -> None:
@@ -571,7 +565,7 @@ class Daemon:
         review, ``awaiting_approval`` at info. A move backwards is
         ``verified_moved_back``."""
         for refusal in refusals:
-            if not refusal.author or not _first_time(self._refused, refusal.commit):
+            if not refusal.author or not _first_time(self.soft.logged.refused, refusal.commit):
                 continue
             log, event = (
                 (self.log.info, "awaiting_approval")
@@ -613,7 +607,7 @@ class Daemon:
                 continue
             backoff = 0.0
             # The pass's own status commit moves the branch too: not a hint.
-            watcher.acted_on(self.store.branch, self.reader.seen_tip)
+            watcher.acted_on(self.store.branch, self.soft.reading.seen_tip)
             sleep = interval if outcome.active else reread
             if outcome.wakeup is not None:
                 until = (outcome.wakeup - self.clock()).total_seconds()
@@ -674,6 +668,50 @@ def _freeze_long_lived() -> None:
     gc.unfreeze()
     gc.collect()
     gc.freeze()
+
+
+def _sweep_decision(
+    sweep: Sweep,
+    before: FleetStatus | None,
+    merged: Mapping[str, RolloutStatus],
+    offline_after: int,
+) -> tuple[FleetStatus, Mapping[str, bytes | None] | None]:
+    """The fleet status ``sweep`` shows against ``before``, and its files
+    when the sweep's thread decided them against the same ``before``
+    already; else decided now, with the desired state of ``merged``."""
+    if sweep.decided is not None and sweep.base is before:
+        return sweep.decided, sweep.files
+    desired = fleet_rules.desired_state(merged.values())
+    return fleet_rules.next_fleet(
+        before, sweep.sightings, desired, offline_after, sweep.finished
+    ), None
+
+
+def _pass_events(
+    snapshot: Snapshot,
+    stepped: Stepped,
+    fleet: FleetStatus | None,
+    commit: str | None,
+    *,
+    standing: bool,
+) -> list[notification_events.Event]:
+    """The events ``commit`` made true (docs/operating.md), after the
+    events still true when ``standing`` (the daemon's first pass)."""
+    before = snapshot.fleet_status
+    events: list[notification_events.Event] = []
+    if standing:
+        at = commit or snapshot.status_tip or snapshot.tip
+        for status in snapshot.statuses.values():
+            events += notification_events.standing_rollout_events(status, stepped.now, at)
+        events += notification_events.standing_fleet_events(_fleet_states(before), at)
+    if commit is not None:
+        for name, new in stepped.step.statuses.items():
+            events += notification_events.rollout_events(snapshot.statuses.get(name), new, commit)
+        if fleet is not None and fleet != before:
+            events += notification_events.fleet_events(
+                _fleet_states(before), _fleet_states(fleet), commit
+            )
+    return events
 
 
 def _fleet_states(fleet: FleetStatus | None) -> dict[str, notification_events.NodeState]:

@@ -2,11 +2,12 @@
 step, the ``send`` step's dispatch, and the held reads kept in flight
 between passes while ``serve`` runs.
 
-``Observer`` holds only soft state, which a restart may forget: how long
-each agent has been unreachable, the metric answers folded so far, the
-jobs whose held reads are in flight (and finished records, which an agent
-never changes), and the fleet's nodes and keys for checking answers. Each
-call takes the pass's values and returns what it saw.
+``Observer`` is handed its soft state (``AgentMemory``: how long each agent
+has been unreachable, the metric answers folded so far, the jobs whose held
+reads are in flight), which a restart may forget, and keeps only caches of
+its own (finished records, which an agent never changes; inert statuses;
+the fleet's nodes by name). Each call takes the pass's values, the fleet
+among them, and returns what it saw.
 
 Must not: decide anything (the engine judges what is seen), read Git, or
 keep rollout state.
@@ -23,7 +24,7 @@ from reconciler.daemon import crashpoints
 from reconciler.daemon.agent_client import AgentClient, HeartbeatWatch
 from reconciler.daemon.alertmanager_client import AlertmanagerClient
 from reconciler.daemon.answer_check import AnswerCheck
-from reconciler.daemon.canary_verdicts import CanaryVerdicts
+from reconciler.daemon.canary_verdicts import CanaryVerdicts, SoakMemory
 from reconciler.daemon.inert import InertStatuses
 from reconciler.daemon.logs import EventLog
 from reconciler.daemon.metrics import Metrics
@@ -78,8 +79,23 @@ class _JobReads:
     unverified: dict[str, str] = field(default_factory=dict)
 
 
+@dataclass
+class AgentMemory:
+    """The observer's soft state, forgotten on restart at no cost but a
+    read: a restart can delay a decision (an ``offline`` node, a check's
+    run of answers), never bring one forward."""
+
+    unreachable: dict[str, datetime] = field(default_factory=dict)  # node -> first failed contact
+    # (node, check) -> what Prometheus has shown for the node's current job
+    metric_checks: dict[tuple[str, str], MetricCheck] = field(default_factory=dict)
+    # job id -> when its agent last answered it accepted or running: not
+    # asked while its held read is in flight (see HELD_ANSWER_SECONDS)
+    held_jobs: dict[str, datetime] = field(default_factory=dict)
+
+
 class Observer:
-    """Asks the agents and Prometheus for one pass, and sends its jobs."""
+    """Asks the agents and Prometheus for one pass, and sends its jobs.
+    Every call takes the fleet it acts for; the soft state is handed in."""
 
     def __init__(
         self,
@@ -90,6 +106,9 @@ class Observer:
         metrics: Metrics,
         report: Report,
         prometheus: PrometheusClient,
+        memory: AgentMemory,
+        answers: AnswerCheck,
+        soaks: SoakMemory,
         alertmanager: AlertmanagerClient | None = None,
         range_queries: RangeQueries | None = None,
     ) -> None:
@@ -100,32 +119,30 @@ class Observer:
         self.report = report
         self.prometheus = prometheus
         self.alertmanager = alertmanager or AlertmanagerClient()
-        self.canary = CanaryVerdicts(range_queries or RangeQueries(), clock)
-        # Soft state: forgotten on restart, at no cost but a read.
-        self.unreachable: dict[str, datetime] = {}  # node -> first failed contact
-        # (node, check) -> what Prometheus has shown for the node's current job
-        self.metric_checks: dict[tuple[str, str], MetricCheck] = {}
-        # job id -> when its agent last answered it accepted or running: not
-        # asked while its held read is in flight (see HELD_ANSWER_SECONDS)
-        self.held_jobs: dict[str, datetime] = {}
+        self.memory = memory
+        self.answers = answers  # agentKeys parsed, by line; the newest heartbeat believed
+        self.canary = CanaryVerdicts(range_queries or RangeQueries(), clock, soaks)
+        # Caches, dropped with the observer (``run --plain``: every pass).
         # job id -> its record once succeeded: an agent never changes a
         # finished record, and a node soaking its checks would otherwise be
         # asked every pass
         self.finished_jobs: dict[str, JobObservation] = {}
-        self.answers = AnswerCheck()  # agentKeys parsed, by line
-        client.on_signed = self.answers.prepare  # signatures checked as answers arrive
         self.inert = InertStatuses()  # statuses that ask nothing
-        self._fleet: Fleet | None = None
-        self.nodes: Mapping[str, Node] = {}  # the fleet's nodes by name
+        self._fleet: Fleet | None = None  # the fleet of the call in progress
+        self.nodes: Mapping[str, Node] = {}  # its nodes by name
 
-    def forget_caches(self) -> None:
-        """Drop what is kept only for speed: the next pass asks everything."""
-        self.inert = InertStatuses()
-        self.finished_jobs = {}
+    @property
+    def unreachable(self) -> Mapping[str, datetime]:
+        return self.memory.unreachable
 
-    def use_fleet(self, fleet: Fleet) -> None:
-        """Take a new fleet's nodes, agent keys and certificate pins (before
-        any job goes to it); the same fleet again changes nothing."""
+    @property
+    def metric_checks(self) -> Mapping[tuple[str, str], MetricCheck]:
+        return self.memory.metric_checks
+
+    def _take(self, fleet: Fleet) -> None:
+        """The fleet this call acts for: a new one's agent keys and
+        certificate pins are taken before any job goes to it; the same
+        fleet again changes nothing."""
         if self._fleet is fleet:
             return
         self._fleet = fleet
@@ -135,31 +152,23 @@ class Observer:
         )
         self.answers.use_fleet(dict(self.nodes))
 
-    def believed_heartbeat(self, node: str, beat: Heartbeat) -> bool | None:
-        """The fleet watch's agentKey check, from the sweep's thread: None
-        for a node without agentKey, else whether the heartbeat's evidence
-        verifies against it."""
-        spec = self.nodes.get(node)
-        if spec is None or spec.agent_key is None:
-            return None
-        _, problem = self.answers.heartbeat(spec, beat)
-        return not problem
-
     # -- observe -------------------------------------------------------------
 
     def observe(
         self,
         statuses: Mapping[str, RolloutStatus],
         changed: Iterable[str] | None,
+        fleet: Fleet,
         settings: Settings,
         *,
         every: bool = False,
         starting_alerts: Mapping[str, tuple[str, ...]] | None = None,
     ) -> Observed:
-        """Ask about the statuses that are not inert (judged again only for
-        ``changed``, None: all; ``every``: look at all of them): unfinished
-        jobs (resending those the agents do not know), heartbeats, backup
-        lists, and Prometheus checks."""
+        """Ask ``fleet``'s agents about the statuses that are not inert
+        (judged again only for ``changed``, None: all; ``every``: look at
+        all of them): unfinished jobs (resending those the agents do not
+        know), heartbeats, backup lists, and Prometheus checks."""
+        self._take(fleet)
         if every:
             lively = list(statuses.values())
         elif changed is None:
@@ -174,11 +183,12 @@ class Observer:
         jobs, asked, waiting, held_until = self._read_jobs(lively, in_flight, now, reads)
         heartbeats = self._read_heartbeats(wanted_heartbeats, reads)
         backups = self._read_backups(wanted_backups, reads)
+        unreachable = self.memory.unreachable
         for node, ok in reads.reachable.items():
             if ok:
-                self.unreachable.pop(node, None)
+                unreachable.pop(node, None)
             else:
-                self.unreachable.setdefault(node, now)
+                unreachable.setdefault(node, now)
         unfinished = [
             (url, job)
             for url, job in jobs
@@ -191,7 +201,7 @@ class Observer:
         observations = Observations(
             jobs=reads.observed,
             heartbeats=heartbeats,
-            unreachable_since=dict(self.unreachable),
+            unreachable_since=dict(unreachable),
             backups=backups,
             unverified=reads.unverified,
         )
@@ -255,7 +265,7 @@ class Observer:
                 continue
             seen = self._believed(job.node, seen, reads)
             if seen.state in ("accepted", "running"):
-                self.held_jobs[job_id] = now
+                self.memory.held_jobs[job_id] = now
             observed[job_id] = seen
             reachable = reads.reachable.get(job.node, False) or seen.state != "unreachable"
             reads.reachable[job.node] = reachable
@@ -324,7 +334,7 @@ class Observer:
         either way); any other job is asked. Nothing is believed without a
         read: an answer that is not evidence is found when it is read, at
         its finish or once it is this old."""
-        kept = self.held_jobs
+        kept = self.memory.held_jobs
         for job_id in [j for j in kept if j not in in_wait]:
             del kept[job_id]
         if not kept:
@@ -347,7 +357,7 @@ class Observer:
                 or job.kind not in ("apply", "stage")
                 or deadline is None
                 or now >= deadline
-                or job.node in self.unreachable
+                or job.node in self.memory.unreachable
             ):
                 continue
             waiting.add(job.job_id)
@@ -380,7 +390,7 @@ class Observer:
             for node, job_id, check in engine.wanted_metric_checks(statuses)
             if (job := observed.jobs.get(job_id)) is not None and job.state == "succeeded"
         ]
-        memory = self.metric_checks
+        memory = self.memory.metric_checks
         keep = {(node, check.name) for node, _, check in wanted}
         for key in [k for k in memory if k not in keep]:
             del memory[key]
@@ -431,13 +441,18 @@ class Observer:
     # -- send ----------------------------------------------------------------
 
     def send(
-        self, effects: Iterable[SendJob], now: datetime, wake: Callable[[], None] | None
+        self,
+        effects: Iterable[SendJob],
+        fleet: Fleet,
+        now: datetime,
+        wake: Callable[[], None] | None,
     ) -> int:
-        """Send the jobs the committed status records, all at once. Their
+        """Send the jobs the committed status records to ``fleet``'s agents, all at once. Their
         answers are not needed: the next pass reads every unfinished job
         anyway, but one accepted or running spares that read while the
         job's held read is in flight (``held_jobs``).
         Crash point ``mid_send``: half of the answers are in."""
+        self._take(fleet)
         nodes = self.nodes
         jobs = [(nodes[job.node].agent, job) for job in effects if job.node in nodes]
         if not jobs:
@@ -450,7 +465,7 @@ class Observer:
             answer = answers.get(job.job_id)
             if answer is not None and answer.state in ("accepted", "running"):
                 # Taken: it need not be asked while its held read is in flight.
-                self.held_jobs[job.job_id] = now
+                self.memory.held_jobs[job.job_id] = now
             lines.append(
                 (
                     "sent",
@@ -477,6 +492,7 @@ class Observer:
         seen: Observed,
         changed: Mapping[str, RolloutStatus],
         effects: Sequence[SendJob],
+        fleet: Fleet,
         wake: Callable[[], None],
     ) -> None:
         """While ``serve`` runs, keep a held read in flight for every job
@@ -486,6 +502,7 @@ class Observer:
         verdict (checks and their soak, docs/health.md), so that a pass
         starts when its heartbeat changes, or when its soak should end.
         The passes still read those heartbeats as before."""
+        self._take(fleet)
         nodes = self.nodes
         sent = [(nodes[job.node].agent, job) for job in effects if job.node in nodes]
         self.client.watch_jobs(seen.unfinished + sent, wake)
@@ -546,4 +563,4 @@ def _until_soaked(beat: Heartbeat, job_id: str, soak: int) -> float:
     return min(max(left + SOAK_MARGIN, SOAK_MARGIN), float(DAEMON_WAIT_SECONDS))
 
 
-__all__ = ["HELD_ANSWER_SECONDS", "Observed", "Observer"]
+__all__ = ["HELD_ANSWER_SECONDS", "AgentMemory", "Observed", "Observer"]

@@ -97,6 +97,48 @@ class Delta:
 
 
 @dataclass
+class ReadMemory:
+    """The reader's soft state, forgotten on restart: kept by the daemon
+    across new readers (``run --plain`` makes one every pass)."""
+
+    # The tip acted on last (or the commit the daemon made on it): a tip
+    # that does not contain it is rewritten history, never acted on.
+    seen_tip: str | None = None
+    # The last readable status of each rollout, since start-up: the nodes
+    # a rollout whose status became unreadable may still hold.
+    last_readable: dict[str, RolloutStatus] = field(default_factory=dict)
+
+    def held_by_unreadable(
+        self,
+        documents: Documents,
+        statuses: Mapping[str, RolloutStatus],
+        broken: Mapping[str, str],
+        changed: frozenset[str] | None,
+    ) -> dict[str, tuple[str, ...]]:
+        """The nodes each rollout with an unreadable status may hold: those
+        of its last readable status (remembered here, from ``statuses``:
+        those ``changed``, None: all) and those its spec selects. Nobody
+        else starts on them until it is repaired."""
+        last_readable = self.last_readable
+        if changed is None:
+            last_readable.update(statuses)
+        else:  # only the statuses read again can be new
+            for name in changed:
+                status = statuses.get(name)
+                if status is not None:
+                    last_readable[name] = status
+        held: dict[str, tuple[str, ...]] = {}
+        for name in broken:
+            last = last_readable.get(name)
+            nodes = {n.name for n in last.nodes} if last is not None else set()
+            spec = documents.rollouts.get(name)
+            if spec is not None:
+                nodes.update(engine.resolve_nodes(spec, documents.fleet))
+            held[name] = tuple(sorted(nodes))
+        return held
+
+
+@dataclass
 class _Caches:
     parsed: dict[str, ParsedFile] = field(default_factory=dict)  # blob id -> parsed document
     documents: tuple[tuple[str | None, ...], Documents] | None = None  # spec tree ids -> them
@@ -124,16 +166,15 @@ class Reader:
         status_signers: Sequence[AllowedSigner],
         report: Report,
         info: Callable[[str, str], None],
+        memory: ReadMemory,
         state: DaemonState | None = None,
     ) -> None:
         self.store = store
+        self.memory = memory
         self.acted = ActedPosition(store.repository(), store.branch, state)
         self.approver = approver
         self.report = report
         self.info = info
-        self.seen_tip: str | None = None  # the tip acted on last (or the commit made on it)
-        # Soft state: the last readable status of each rollout, since start-up.
-        self.last_readable: dict[str, RolloutStatus] = {}
         self.caches = _Caches()
         self.input_cache = InputCache()  # engine inputs by rollout
         self._unsettled: set[str] | None = None  # status changes since the last full pass
@@ -166,7 +207,7 @@ class Reader:
 
     def rewritten(self, tip: str) -> str | None:
         """Why ``tip`` is refused, when it does not contain the tip seen last."""
-        seen, store = self.seen_tip, self.store
+        seen, store = self.memory.seen_tip, self.store
         if not seen or tip == seen or store.is_descendant(tip, seen):
             return None
         return (
@@ -232,7 +273,7 @@ class Reader:
             fleet_status=self._own_fleet(status_tip, documents.settings.fleet_check_interval),
             refusal=_refusal_text(approval),
             approved_by=self._approved_by(approval),
-            held_by_unreadable=self._held_by_unreadable(
+            held_by_unreadable=self.memory.held_by_unreadable(
                 documents,
                 statuses,
                 {n: r for n, r in broken.items() if n not in ended},
@@ -280,6 +321,11 @@ class Reader:
     def settle(self) -> None:
         """A pass ran to its end: every step saw the changes handed out."""
         self._unsettled = set()
+
+    def acted_on(self, tip: str) -> None:
+        """A pass acted on ``tip`` (the tip it read, or the commit it made
+        on it): every later tip must contain it."""
+        self.memory.seen_tip = tip
 
     def _unsettle(self, names: frozenset[str] | None) -> None:
         if names is None:
@@ -342,33 +388,6 @@ class Reader:
         if approver is None or approval is None or approval.verified_commit is None:
             return ()
         return approved_by_records(approver, approval.verified_commit)
-
-    def _held_by_unreadable(
-        self,
-        documents: Documents,
-        statuses: Mapping[str, RolloutStatus],
-        broken: Mapping[str, str],
-        changed: frozenset[str] | None,
-    ) -> dict[str, tuple[str, ...]]:
-        """The nodes each rollout with an unreadable status may hold: those
-        of its last readable status (remembered since start-up) and those
-        its spec selects. Nobody else starts on them until it is repaired."""
-        if changed is None:
-            self.last_readable.update(statuses)
-        else:  # only the statuses read again can be new
-            for name in changed:
-                status = statuses.get(name)
-                if status is not None:
-                    self.last_readable[name] = status
-        held: dict[str, tuple[str, ...]] = {}
-        for name in broken:
-            last = self.last_readable.get(name)
-            nodes = {n.name for n in last.nodes} if last is not None else set()
-            spec = documents.rollouts.get(name)
-            if spec is not None:
-                nodes.update(engine.resolve_nodes(spec, documents.fleet))
-            held[name] = tuple(sorted(nodes))
-        return held
 
     def _unverified_names(
         self,

@@ -16,7 +16,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from reconciler.daemon.fleet_watch import fleet_lines, fleet_summary
 from reconciler.engine import fleet as fleet_rules
 from reconciler.engine.step import FleetStep
 from reconciler.spec import rollout_status as status_values
@@ -152,6 +151,25 @@ def commit_message(
     if spec_commit:
         lines += ["", f"Spec-Commit: {spec_commit}"]
     return "\n".join(lines) + "\n"
+
+
+def fleet_summary(changes: Sequence[fleet_rules.FleetChange]) -> str:
+    """``fleet: gpu-a1 drift, gpu-a2 offline`` (the first three)."""
+    named = [f"{c.node} {c.to_state or 'gone'}" for c in changes[:3]]
+    more = f" and {len(changes) - 3} more" if len(changes) > 3 else ""
+    return "fleet: " + ", ".join(named) + more
+
+
+def fleet_lines(changes: Sequence[fleet_rules.FleetChange], limit: int) -> list[str]:
+    """One commit message line per node state change, up to ``limit``."""
+    lines = [
+        f"fleet/{c.node}: {c.from_state or 'new'} -> {c.to_state or 'gone'}"
+        + (f" ({c.detail})" if c.detail else "")
+        for c in changes[:limit]
+    ]
+    if len(changes) > limit:
+        lines.append(f"... and {len(changes) - limit} more fleet changes")
+    return lines
 
 
 def _summary(step: FleetStep, rollout: str) -> str:

@@ -106,6 +106,7 @@ class GitStore(TreeReader):
         name: str,
         email: str,
         known_hosts: Path | None = None,
+        crash_point: Callable[[str], None] = _no_crash_point,
     ) -> None:
         super().__init__(repo, location)
         self.branch = branch
@@ -122,7 +123,7 @@ class GitStore(TreeReader):
         self._pieces: PiecewiseBlobs | None = None
         # Called with "after_commit" between making a status commit and moving
         # the branch; the daemon passes its crash-point hook in (tests kill it there).
-        self.crash_point: Callable[[str], None] = _no_crash_point
+        self.crash_point = crash_point
 
     # -- opening -----------------------------------------------------------
 
@@ -138,6 +139,7 @@ class GitStore(TreeReader):
         name: str = DEFAULT_NAME,
         email: str = DEFAULT_EMAIL,
         read_only: bool = False,
+        crash_point: Callable[[str], None] = _no_crash_point,
     ) -> GitStore:
         """Open a local repository (path) or a mirror of a remote (URL).
 
@@ -148,7 +150,8 @@ class GitStore(TreeReader):
         remote that cannot be fetched, an SSH server whose host key
         `known_hosts` (default ``~/.ssh/known_hosts``) does not vouch for, an
         SSH key file that is missing or encrypted without
-        ``RECONCILER_SSH_KEY_PASSPHRASE``. A read-only store refuses to commit."""
+        ``RECONCILER_SSH_KEY_PASSPHRASE``. A read-only store refuses to commit.
+        ``crash_point`` is called at the daemon's named crash points."""
         if ssh_key is None and os.environ.get(SSH_KEY_ENV):
             ssh_key = Path(os.environ[SSH_KEY_ENV])
         if is_remote_location(location):
@@ -164,6 +167,7 @@ class GitStore(TreeReader):
                 name=name,
                 email=email,
                 known_hosts=known_hosts,
+                crash_point=crash_point,
             )
             store.read_only = read_only
             store.refresh()
@@ -177,6 +181,7 @@ class GitStore(TreeReader):
                 ssh_key=None,
                 name=name,
                 email=email,
+                crash_point=crash_point,
             )
             store.read_only = read_only
             if not read_only:

@@ -27,6 +27,7 @@ from typing import Any
 from reconciler.daemon.agent_client import AgentClient
 from reconciler.daemon.logs import EventLog
 from reconciler.daemon.loop import Daemon
+from reconciler.daemon.soft_state import SoftState
 from reconciler.git.store import GitStore
 from reconciler.protocol.signing import load_private_key
 from reconciler.protocol.tls import generate_cert
@@ -55,8 +56,14 @@ class RepoKit:
 
     def daemon(self, **kwargs: Any) -> Daemon:
         store = GitStore.open(str(self.bare), "main")
-        client = AgentClient(load_private_key(self.key_path), timeout=self.agent_timeout)
-        daemon = Daemon(store, client, log=EventLog(stream=sys.stderr), **kwargs)
+        # Wired as ``reconciler run`` wires it: signatures checked as they arrive.
+        soft = kwargs.pop("soft", None) or SoftState()
+        client = AgentClient(
+            load_private_key(self.key_path),
+            timeout=self.agent_timeout,
+            on_signed=soft.answers.prepare,
+        )
+        daemon = Daemon(store, client, log=EventLog(stream=sys.stderr), soft=soft, **kwargs)
         self.daemons.append(daemon)
         return daemon
 

@@ -232,13 +232,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, start_up: _StartUp, log: EventLog) -> int:
-    from reconciler.daemon import crashpoints
     from reconciler.daemon.agent_client import AgentClient
     from reconciler.daemon.loop import Daemon
     from reconciler.daemon.metrics import Metrics
+    from reconciler.daemon.soft_state import SoftState
     from reconciler.daemon.state import DaemonState, default_state_root
     from reconciler.git.sshsig import sign_commit_payload
-    from reconciler.git.store import GitStore
     from reconciler.protocol.signing import load_private_key
     from reconciler.spec.safe_yaml import loader_warning
 
@@ -248,14 +247,7 @@ def _run(args: argparse.Namespace, start_up: _StartUp, log: EventLog) -> int:
     if warning:
         log.warning("yaml_loader", warning)
     key = load_private_key(args.key)
-    store = GitStore.open(
-        args.repo,
-        args.branch,
-        cache_dir=args.cache_dir,
-        ssh_key=args.ssh_key,
-        known_hosts=args.known_hosts,
-    )
-    store.crash_point = crashpoints.reach
+    store = _open_store(args)
     start_up.check()
     approver = _approver(store, args)
     sign = (
@@ -272,7 +264,13 @@ def _run(args: argparse.Namespace, start_up: _StartUp, log: EventLog) -> int:
     )
     state = DaemonState.for_branch(args.state_dir or default_state_root(), args.repo, args.branch)
     notifier = _notifier(store, approver, log, metrics, state)
-    client = AgentClient(key, concurrency=args.concurrency, timeout=args.agent_timeout)
+    soft = SoftState()
+    client = AgentClient(  # signatures checked as answers arrive, by the passes' check
+        key,
+        concurrency=args.concurrency,
+        timeout=args.agent_timeout,
+        on_signed=soft.answers.prepare,
+    )
     daemon = Daemon(
         store,
         client,
@@ -286,6 +284,7 @@ def _run(args: argparse.Namespace, start_up: _StartUp, log: EventLog) -> int:
         plain=args.plain,
         state=state,
         publish=web.publish if web is not None else None,
+        soft=soft,
     )
     log.info(
         "start",
@@ -308,6 +307,22 @@ def _run(args: argparse.Namespace, start_up: _StartUp, log: EventLog) -> int:
             # exit this long at most (a restart delivers what is still true).
             notifier.drain(NOTIFY_DRAIN if args.once else 2.0)
             notifier.close()
+
+
+def _open_store(args: argparse.Namespace) -> GitStore:
+    """The fleet repository and branch the command line names, with the
+    daemon's crash points (``RECONCILER_CRASH_AT``, tests only)."""
+    from reconciler.daemon import crashpoints
+    from reconciler.git.store import GitStore
+
+    return GitStore.open(
+        args.repo,
+        args.branch,
+        cache_dir=args.cache_dir,
+        ssh_key=args.ssh_key,
+        known_hosts=args.known_hosts,
+        crash_point=crashpoints.reach,
+    )
 
 
 NOTIFY_DRAIN = 10.0  # seconds `run --once` waits for its notifications
