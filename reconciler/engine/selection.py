@@ -28,7 +28,7 @@ def resolve_nodes(spec: RolloutSpec, fleet: Fleet) -> tuple[str, ...]:
         sorted(
             node.name
             for node in fleet.nodes
-            if _eligible(spec, node) and all(node.label(k) == v for k, v in wanted)
+            if _eligible(spec, node) and node.matches(wanted)
         )
     )
 

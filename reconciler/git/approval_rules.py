@@ -224,11 +224,7 @@ def _selected(spec: RolloutSpec, fleet: Mapping[str, Node]) -> Iterable[str]:
     if spec.node_ids is not None:
         return spec.node_ids
     selector = spec.selector or ()
-    return [
-        name
-        for name, node in fleet.items()
-        if all(dict(node.labels).get(k) == v for k, v in selector)
-    ]
+    return [name for name, node in fleet.items() if node.matches(selector)]
 
 
 def _plain(blob: pygit2.Blob | None) -> Any:

@@ -54,6 +54,10 @@ class Target:
     profile: str = "default"
 
 
+# Labels a node must carry, as (key, value) pairs sorted by key.
+Selector = tuple[tuple[str, str], ...]
+
+
 @dataclass(frozen=True)
 class Node:
     name: str
@@ -65,6 +69,13 @@ class Node:
 
     def label(self, key: str) -> str | None:
         return dict(self.labels).get(key)
+
+    def matches(self, selector: Selector) -> bool:
+        """Does this node carry every label of ``selector``? The one rule
+        for a rollout's selector, a comparison's baseline and an approval
+        rule's selector (an empty selector matches every node)."""
+        labels = dict(self.labels)
+        return all(labels.get(key) == value for key, value in selector)
 
 
 @dataclass(frozen=True)
@@ -195,10 +206,7 @@ class ApprovalRule:
         """Is ``node`` one of the rule's nodes (in the tree it was read from)?"""
         if self.node_ids is not None:
             return node.name in self.node_ids
-        if self.selector is None:
-            return False
-        labels = dict(node.labels)
-        return all(labels.get(key) == value for key, value in self.selector)
+        return self.selector is not None and node.matches(self.selector)
 
 
 @dataclass(frozen=True)
