@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, tzinfo
+from functools import cached_property
 
 from reconciler.spec.artifacts import Artifact, Drain, Stage, Warmup
 from reconciler.spec.health import Health
@@ -231,3 +232,21 @@ class Fleet:
 
     def by_name(self) -> dict[str, Node]:
         return {node.name: node for node in self.nodes}
+
+    @cached_property
+    def index(self) -> FleetIndex:
+        """The nodes by name and by label, built once per fleet value and
+        forgotten with it: a pass (and the next, while the node files stay
+        the same) hands the same value to every call."""
+        return FleetIndex(self)
+
+
+class FleetIndex:
+    """A fleet's nodes by name and by label (read only)."""
+
+    def __init__(self, fleet: Fleet) -> None:
+        self.by_name = fleet.by_name()
+        self.by_label: dict[tuple[str, str], list[Node]] = {}
+        for node in fleet.nodes:
+            for pair in dict.fromkeys(node.labels):
+                self.by_label.setdefault(pair, []).append(node)
