@@ -40,9 +40,9 @@ from datetime import UTC, datetime
 from types import FrameType
 from typing import Any
 
-from reconciler.daemon import crashpoints
 from reconciler.daemon.agent_client import AgentClient
 from reconciler.daemon.commit_log import log_commit
+from reconciler.daemon.crashpoints import CrashPoints
 from reconciler.daemon.fleet_watch import FleetWatch, Sweep, fleet_file_changes
 from reconciler.daemon.gauges import PhaseGauges
 from reconciler.daemon.inert import needs_passes
@@ -176,6 +176,7 @@ class Daemon:
         plain: bool = False,
         state: DaemonState | None = None,
         publish: Callable[[StatusView], None] | None = None,
+        crash_points: CrashPoints | None = None,
     ) -> None:
         self.store = store
         self.client = client
@@ -187,6 +188,8 @@ class Daemon:
         self.notifier = notifier
         self.environ = environ if environ is not None else {}
         self.plain = plain
+        # Where a crash test kills the process (``daemon.crashpoints``); none by default.
+        self.crash_points = crash_points or CrashPoints()
         # Durable state outside Git; None (tests that build a Daemon) keeps none.
         self.state = state
         # Hands the read API each status commit made or read (docs/web.md); never waits.
@@ -204,6 +207,7 @@ class Daemon:
             report=self._report,
             prometheus=prometheus or PrometheusClient(),
             range_queries=RangeQueries(batched=not plain),
+            crash_points=self.crash_points,
         )
         self.memo = StepMemo()  # finished rollouts at rest
         self.files = StatusFiles()
@@ -239,6 +243,8 @@ class Daemon:
         cache and is rebuilt by reading."""
         old = self.reader
         self.store.forget_history()
+        if self.approver is not None:
+            self.approver = self.approver.fresh()
         self.reader = self._new_reader()
         self.reader.seen_tip = old.seen_tip
         self.reader.last_readable = old.last_readable
@@ -363,7 +369,7 @@ class Daemon:
             memo=self.memo,
             changed=p.input_changes,
         )
-        crashpoints.reach("after_step")
+        self.crash_points.reach("after_step")
         # A copy updated, not {**a, **b}: the same dict, without inserting
         # thousands of statuses one by one.
         p.merged = snapshot.statuses.copy()
@@ -457,7 +463,7 @@ class Daemon:
             )
             log_commit(self.log, self.metrics, p.step, fleet_changes, commit)
             self.publish(StatusView(commit, p.merged, p.fleet))
-            crashpoints.reach("after_push")
+            self.crash_points.reach("after_push")
         if p.fleet_sweep is not None:
             self.fleet_watch.applied(p.fleet_sweep)
         return None

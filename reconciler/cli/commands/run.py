@@ -219,8 +219,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, start_up: _StartUp, log: EventLog) -> int:
-    from reconciler.daemon import crashpoints
     from reconciler.daemon.agent_client import AgentClient
+    from reconciler.daemon.crashpoints import CrashPoints
     from reconciler.daemon.loop import Daemon
     from reconciler.daemon.metrics import Metrics
     from reconciler.daemon.state import DaemonState, default_state_root
@@ -242,7 +242,8 @@ def _run(args: argparse.Namespace, start_up: _StartUp, log: EventLog) -> int:
         ssh_key=args.ssh_key,
         known_hosts=args.known_hosts,
     )
-    store.crash_point = crashpoints.reach
+    crash_points = CrashPoints.from_environ(os.environ)
+    store.crash_point = crash_points.reach
     start_up.check()
     approver = _approver(store, args)
     sign = (
@@ -273,6 +274,7 @@ def _run(args: argparse.Namespace, start_up: _StartUp, log: EventLog) -> int:
         plain=args.plain,
         state=state,
         publish=web.publish if web is not None else None,
+        crash_points=crash_points,
     )
     log.info(
         "start",
