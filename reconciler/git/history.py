@@ -46,8 +46,6 @@ class History:
 
     def __init__(self, repo: pygit2.Repository) -> None:
         self._repo = repo
-        # Diffs kept for the store's other readers of the same two versions.
-        self.deltas = TreeDeltas()
         self._tip: str | None = None
         self._order: list[str] = []  # first-parent commits, oldest first
         self._position: dict[str, int] = {}
@@ -232,7 +230,7 @@ class History:
         for i, folder in enumerate(SPEC_FOLDERS):
             if old_key[i] == new_key[i]:
                 continue
-            changed.extend(_diff(self._repo, folder, old_subs[i], new_subs[i], self.deltas))
+            changed.extend(_diff(self._repo, folder, old_subs[i], new_subs[i]))
         for j, name in enumerate(SPEC_FILES, start=len(SPEC_FOLDERS)):
             if old_key[j] != new_key[j]:
                 changed.append((name, old_key[j] is None))
@@ -292,11 +290,7 @@ def _key(tree: pygit2.Tree) -> _Key:
 
 
 def _diff(
-    repo: pygit2.Repository,
-    folder: str,
-    old: pygit2.Tree | None,
-    new: pygit2.Tree | None,
-    deltas: TreeDeltas,
+    repo: pygit2.Repository, folder: str, old: pygit2.Tree | None, new: pygit2.Tree | None
 ) -> list[tuple[str, bool]]:
     """(path, added) for every blob that differs between two versions of a folder."""
     if old is None and new is None:
@@ -307,7 +301,7 @@ def _diff(
     if new is None:
         return [(p, False) for p in _walk(repo, old, folder)]
     out: list[tuple[str, bool]] = []
-    for status, old_path, new_path in deltas.between(old, new):
+    for status, old_path, new_path in tree_deltas(old, new):
         added = status == pygit2.enums.DeltaStatus.ADDED
         path = new_path if added else old_path
         out.append((f"{folder}/{path}", added))
@@ -316,39 +310,13 @@ def _diff(
     return out
 
 
-Deltas = tuple[tuple[int, str, str], ...]
-
-
-def tree_deltas(old: pygit2.Tree, new: pygit2.Tree) -> Deltas:
+def tree_deltas(old: pygit2.Tree, new: pygit2.Tree) -> tuple[tuple[int, str, str], ...]:
     """(libgit2 delta status, old path, new path) of every file that
     differs between two trees."""
     return tuple(
         (int(delta.status), delta.old_file.path, delta.new_file.path)
         for delta in old.diff_to_tree(new).deltas
     )
-
-
-class TreeDeltas:
-    """The last few diffs between two trees, by the trees' ids: after a
-    push, the history index and the daemon's read of the documents diff the
-    same two versions of rollouts/. A pure function of immutable objects:
-    forgetting it changes nothing but the cost."""
-
-    KEPT = 8
-
-    def __init__(self) -> None:
-        self._found: dict[tuple[pygit2.Oid, pygit2.Oid], Deltas] = {}
-
-    def between(self, old: pygit2.Tree, new: pygit2.Tree) -> Deltas:
-        kept = self._found
-        key = (old.id, new.id)
-        found = kept.get(key)
-        if found is None:
-            found = tree_deltas(old, new)
-            if len(kept) >= self.KEPT:
-                kept.pop(next(iter(kept)))
-            kept[key] = found
-        return found
 
 
 def _walk(repo: pygit2.Repository, tree: pygit2.Tree, prefix: str) -> Iterator[str]:
@@ -368,7 +336,6 @@ def changed_paths(
     new: pygit2.Tree | None,
     folders: Sequence[str],
     files: Sequence[str] = (),
-    deltas: TreeDeltas | None = None,
 ) -> frozenset[str]:
     """Every file path that differs between two root trees, under ``folders``
     (nested files included) and among the top-level ``files``: added,
@@ -378,9 +345,7 @@ def changed_paths(
     Neither tree need descend from the other: it compares content, so a
     rewind is one more difference. A folder whose tree id is the same on
     both sides costs one comparison; only differing folders are diffed
-    (in libgit2, which skips identical subtrees inside them too).
-    ``deltas``: diffs kept by the caller, looked up first and added to."""
-    diff = deltas.between if deltas is not None else tree_deltas
+    (in libgit2, which skips identical subtrees inside them too)."""
     found: set[str] = set()
     for folder in folders:
         before = subtree_of(old, folder)
@@ -388,7 +353,7 @@ def changed_paths(
         if before is not None and after is not None:
             if before.id == after.id:
                 continue
-            for _, old_path, new_path in diff(before, after):
+            for _, old_path, new_path in tree_deltas(before, after):
                 found.add(f"{folder}/{old_path}")
                 found.add(f"{folder}/{new_path}")
             continue

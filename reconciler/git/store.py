@@ -241,7 +241,6 @@ class GitStore(TreeReader):
                 self._tree(new) if new is not None else None,
                 folders,
                 files,
-                self.history().deltas,  # the history index diffs the same versions
             )
         except (KeyError, ValueError, pygit2.GitError) as e:
             raise StoreError(
