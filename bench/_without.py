@@ -74,9 +74,9 @@ def _agent_stored_time_cache() -> None:
 
 
 def _fleet_index_cache() -> None:
-    from reconciler.engine import memo
+    from reconciler.spec import model
 
-    memo.fleet_index = memo.FleetIndex  # type: ignore[assignment]
+    model.Fleet.index = property(model.FleetIndex)  # type: ignore[assignment,method-assign]
 
 
 def _step_memo() -> None:
@@ -142,6 +142,28 @@ def _combined_range_queries() -> None:
     range_queries.RangeQueries.__init__ = init  # type: ignore[method-assign]
 
 
+class _Forgetful(dict):  # type: ignore[type-arg]
+    """A table that keeps nothing: every lookup misses."""
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        pass
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+
+def _rule_tables() -> None:
+    from reconciler.git import approval_rules
+
+    original = approval_rules.RuleTables.__init__
+
+    def init(self: Any) -> None:
+        original(self)
+        self.parsed, self.fleets, self.covered, self.selections = (_Forgetful() for _ in "1234")
+
+    approval_rules.RuleTables.__init__ = init  # type: ignore[method-assign]
+
+
 SHORTCUTS: dict[str, Callable[[], None]] = {
     # Turns nothing off: both sides are the same, so its change is the noise.
     "nothing": lambda: None,
@@ -158,6 +180,7 @@ SHORTCUTS: dict[str, Callable[[], None]] = {
     "git-write-shortcuts": _git_write_shortcuts,
     "read-shortcuts": _read_shortcuts,
     "combined-range-queries": _combined_range_queries,
+    "rule-tables": _rule_tables,
 }
 
 

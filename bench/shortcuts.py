@@ -37,7 +37,12 @@ VALIDATE = ("validate", ("--runs", "1"), ("load_directory, median", "one process
 PASSES = (
     "passes",
     ("--rollouts", "50", "--sizes", "5000", "--rounds", "5"),
-    ("idle pass, 5,000", "starting 1 new rollout, 5,000 finished, median", "running, median"),
+    (
+        "idle pass, 5,000",
+        "starting 1 new rollout, 5,000 finished, median",
+        "starting 1 new rollout, 5,000 finished, CPU median",
+        "running, median",
+    ),
 )
 DISPATCH = ("dispatch", (), ("jobs/s end to end", "client CPU", "sim fleet CPU"))
 GITSTORE = (
@@ -48,6 +53,7 @@ GITSTORE = (
 AGENT = ("agent_cpu", ("--quick",), ("CPU per live apply",))
 FLEET = ("fleet", ("--quick",), ("daemon overhead per node", "daemon CPU per node"))
 CANARY = ("canary", (), ("two comparisons, wall", "daemon CPU"))
+APPROVAL_WALK = ("approval_walk", ("--specs", "200", "--runs", "3"), ("rules",))
 
 # shortcut -> the benches (script, arguments, figures by part of their name) it serves
 SERVES: dict[str, tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...]] = {
@@ -65,6 +71,7 @@ SERVES: dict[str, tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...]] = {
     "git-write-shortcuts": (GITSTORE,),
     "read-shortcuts": (PASSES,),
     "combined-range-queries": (CANARY,),
+    "rule-tables": (APPROVAL_WALK,),
 }
 
 RATE_UNITS = ("/s", "jobs/s", "files/s")

@@ -9,11 +9,12 @@ Real repository, real `git` pushes by a person, real daemon status commits
 with the simulated fleet, across random sequences of adds, edits, deletes,
 renames, invalid files, names declared twice, ``after`` lists, node and
 settings edits, status files a person broke or removed, and force-pushed
-rewinds."""
+rewinds. The whole-pass oracles (the plain daemon of ``run --plain``, and
+a fresh daemon) run in a process of their own (``tests.kit.oracle``), so
+they share nothing with the daemon they check but the agents."""
 
 from __future__ import annotations
 
-import io
 import random
 import shutil
 import subprocess
@@ -26,16 +27,12 @@ from pathlib import Path
 import pytest
 from prometheus_client import generate_latest
 
-from reconciler.daemon.agent_client import AgentClient
 from reconciler.daemon.inert import InertStatuses, needs_passes
-from reconciler.daemon.logs import EventLog
 from reconciler.daemon.loop import Daemon
 from reconciler.daemon.reader import Delta
 from reconciler.engine import step as engine
 from reconciler.engine.step import RolloutInput
-from reconciler.git.store import GitStore
 from reconciler.protocol.observations import Observations
-from reconciler.protocol.signing import load_private_key
 from reconciler.spec.documents import Documents
 from reconciler.spec.rollout_status import RolloutStatus
 from reconciler.views import dashboard
@@ -43,6 +40,7 @@ from reconciler.views.status_text import ordered
 from tests.kit.documents import node_yaml, rollout_yaml
 from tests.kit.fleets import FleetKit
 from tests.kit.git import git, write_files
+from tests.kit.oracle import Oracle, gauge_lines
 
 NODES = {f"n{i}": {"role": "web" if i % 2 else "db", "zone": f"z{i % 3}"} for i in range(1, 7)}
 NAMES = [f"r{i}" for i in range(8)]
@@ -278,24 +276,14 @@ def test_a_daemon_reading_what_changed_reads_and_decides_what_reading_everything
 
         # The dashboard's kept order is the order.
         assert kept.files.order.place(got.statuses) == ordered(want.statuses), step
-        assert dashboard.render_dashboard(got.statuses, kept.files.order) == _fresh_dashboard(
-            want.statuses
+        assert dashboard.render_dashboard(got.statuses, kept.files.order) == (
+            dashboard.render_dashboard(want.statuses)
         )
     assert rewinds >= 3 and incremental_reads > 50
     # It did take the shortcuts: most reads assembled only what changed.
     assert kept.reader.caches.assembly.full_assemblies < 40
     assert kept.memo.seeds_kept > 30  # and most steps built on the last seed
     assert lively_kept > 30, lively_kept
-
-
-def _fresh_dashboard(statuses: dict[str, object]) -> str:
-    """The dashboard with its kept rows and notes forgotten."""
-    saved = dashboard._rows, dashboard._notes
-    dashboard._rows, dashboard._notes = {}, {}
-    try:
-        return dashboard.render_dashboard(statuses)  # type: ignore[arg-type]
-    finally:
-        dashboard._rows, dashboard._notes = saved
 
 
 def test_a_position_whose_objects_are_gone_means_reading_everything_again(kit: FleetKit) -> None:
@@ -385,11 +373,30 @@ def _pass_beside_an_oracle(
     bad_names: bool = False,
 ) -> tuple[Daemon, int]:
     """``steps`` random commits; after each, a new daemon (``plain`` or not)
-    passes over a copy of the repository and the kept one over the
-    repository: they must decide the same. Returns the kept daemon and how
-    many status commits were compared."""
+    in the oracle's process passes over a copy of the repository and the
+    kept one over the repository: they must decide the same. Returns the
+    kept daemon and how many status commits were compared."""
     now = [datetime.now(UTC).replace(microsecond=0)]  # the agents check signatures' times
     kept = kit.daemon(clock=lambda: now[0])
+    oracle = Oracle(kit.key_path, kit.agent_timeout)
+    try:
+        commits = _compare_passes(kit, tmp_path, rng, steps, (kept, now), oracle, plain, bad_names)
+    finally:
+        oracle.close()
+    return kept, commits
+
+
+def _compare_passes(
+    kit: FleetKit,
+    tmp_path: Path,
+    rng: random.Random,
+    steps: int,
+    daemon: tuple[Daemon, list[datetime]],  # the kept one, and the clock it reads
+    oracle: Oracle,
+    plain: bool,
+    bad_names: bool,
+) -> int:
+    kept, now = daemon
     commits = 0
     for step in range(steps):
         roll = rng.random()
@@ -402,40 +409,25 @@ def _pass_beside_an_oracle(
         now[0] = datetime.now(UTC).replace(microsecond=0)  # one clock for both daemons
         copy = tmp_path / f"copy-{step}.git"
         shutil.copytree(kit.bare, copy)
-        oracle = Daemon(
-            GitStore.open(str(copy), "main"),
-            AgentClient(load_private_key(kit.key_path), timeout=kit.agent_timeout),
-            log=EventLog(stream=io.StringIO()),
-            clock=lambda: now[0],
-            plain=plain,
-        )
-        try:
-            want = oracle.run_pass()
-        finally:
-            oracle.client.close()
+        want = oracle.run_pass(copy, now[0], plain=plain)
         got = kept.run_pass()
         time.sleep(0.05)  # the jobs both sent finish before the next reads
 
-        assert (got.commit is None) == (want.commit is None), step
-        assert (got.transitions, got.jobs_sent, got.active, got.wakeup, got.refused) == (
-            want.transitions,
-            want.jobs_sent,
-            want.active,
-            want.wakeup,
-            want.refused,
+        assert (got.commit is None) == (want["commit"] is None), step
+        wakeup = got.wakeup.isoformat() if got.wakeup is not None else None
+        assert (got.transitions, got.jobs_sent, got.active, wakeup, got.refused) == (
+            want["transitions"],
+            want["jobs_sent"],
+            want["active"],
+            want["wakeup"],
+            want["refused"],
         ), step
-        assert got.job_ids == want.job_ids, step
-        if got.commit is not None and want.commit is not None:
-            mine, theirs = kept.store.repository(), oracle.store.repository()
-            assert mine[got.commit].tree_id == theirs[want.commit].tree_id, step
-            assert mine[got.commit].message == theirs[want.commit].message, step
+        assert list(got.job_ids) == want["job_ids"], step
+        if got.commit is not None:
+            made = kept.store.repository()[got.commit]
+            assert str(made.tree_id) == want["tree"], step
+            assert made.message == want["message"], step
             commits += 1
-        assert _gauges(kept) == _gauges(oracle), step
+        assert gauge_lines(generate_latest(kept.metrics.registry).decode()) == want["gauges"], step
         shutil.rmtree(copy)
-    return kept, commits
-
-
-def _gauges(daemon: Daemon) -> list[str]:
-    """The rollouts-by-phase lines of the metrics text."""
-    text = generate_latest(daemon.metrics.registry).decode()
-    return [line for line in text.splitlines() if line.startswith("reconciler_rollouts{")]
+    return commits

@@ -2,8 +2,11 @@
 invariants of docs/architecture.md hold through a crash.
 
 The only switch is the environment variable ``RECONCILER_CRASH_AT``, read
-once here: ``NAME`` kills the process the first time it reaches point NAME,
-``NAME:N`` the N-th time. Unset (production), ``reach`` is a dict lookup.
+once when ``reconciler run`` starts (``CrashPoints.from_environ``): ``NAME``
+kills the process the first time it reaches point NAME, ``NAME:N`` the N-th
+time. Unset (production), ``reach`` is one comparison. The count of points
+reached is soft state of the daemon that reaches them (forgotten on
+restart, as the process it counts for is gone).
 
 Points:
   after_step    the engine decided; nothing committed yet
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Mapping
 
 POINTS = ("after_step", "after_commit", "after_push", "mid_send")
 
@@ -32,14 +36,22 @@ def _parse(value: str) -> tuple[str, int] | None:
     return name, int(count or "1")
 
 
-_TARGET = _parse(os.environ.get("RECONCILER_CRASH_AT", ""))
-_reached: dict[str, int] = {}
+class CrashPoints:
+    """The point a test asked the daemon to die at, and how often it was reached."""
 
+    def __init__(self, target: tuple[str, int] | None = None) -> None:
+        self.target = target
+        self._reached = 0
 
-def reach(point: str) -> None:
-    """Called by the daemon at each named point; kills the process if asked to."""
-    if _TARGET is None or _TARGET[0] != point:
-        return
-    _reached[point] = _reached.get(point, 0) + 1
-    if _reached[point] == _TARGET[1]:
-        os.kill(os.getpid(), signal.SIGKILL)
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str]) -> CrashPoints:
+        return cls(_parse(environ.get("RECONCILER_CRASH_AT", "")))
+
+    def reach(self, point: str) -> None:
+        """Called by the daemon at each named point; kills the process if asked to."""
+        target = self.target
+        if target is None or target[0] != point:
+            return
+        self._reached += 1
+        if self._reached == target[1]:
+            os.kill(os.getpid(), signal.SIGKILL)

@@ -41,10 +41,10 @@ from datetime import UTC, datetime
 from types import FrameType
 from typing import Any
 
-from reconciler.daemon import crashpoints
 from reconciler.daemon.agent_client import AgentClient
 from reconciler.daemon.alertmanager_client import AlertmanagerClient
 from reconciler.daemon.commit_log import log_commit
+from reconciler.daemon.crashpoints import CrashPoints
 from reconciler.daemon.fleet_watch import FleetWatch, Sweep, SweepBase, fleet_file_changes
 from reconciler.daemon.gauges import PhaseGauges
 from reconciler.daemon.inert import needs_passes
@@ -181,6 +181,7 @@ class Daemon:
         state: DaemonState | None = None,
         publish: Callable[[StatusView], None] | None = None,
         soft: SoftState | None = None,
+        crash_points: CrashPoints | None = None,
     ) -> None:
         self.store = store
         self.client = client
@@ -192,6 +193,8 @@ class Daemon:
         self.notifier = notifier
         self.environ = environ if environ is not None else {}
         self.plain = plain
+        # Where a crash test kills the process (``daemon.crashpoints``); none by default.
+        self.crash_points = crash_points or CrashPoints()
         # Durable state outside Git; None (tests that build a Daemon) keeps none.
         self.state = state
         # Hands the read API each status commit made or read (docs/web.md); never waits.
@@ -223,6 +226,8 @@ class Daemon:
         status files written) is rebuilt by reading."""
         soft = self.soft
         self.store.forget_history()
+        if self.approver is not None:
+            self.approver = self.approver.fresh()
         self.reader = Reader(
             self.store,
             approver=self.approver,
@@ -244,6 +249,7 @@ class Daemon:
             soaks=soft.soaks,
             alertmanager=self._alertmanager,
             range_queries=self._range_queries,
+            crash_points=self.crash_points,
         )
         self.memo = StepMemo()  # finished rollouts at rest
         self.files = StatusFiles()
@@ -373,7 +379,7 @@ class Daemon:
             memo=self.memo,
             changed=built.changes,
         )
-        crashpoints.reach("after_step")
+        self.crash_points.reach("after_step")
         # A copy updated, not {**a, **b}: the same dict, without inserting
         # thousands of statuses one by one.
         merged = snapshot.statuses.copy()
@@ -454,7 +460,7 @@ class Daemon:
             )
             log_commit(self.log, self.metrics, step, fleet_changes, commit)
             self.publish(StatusView(commit, stepped.merged, fleet))
-            crashpoints.reach("after_push")
+            self.crash_points.reach("after_push")
         if decided.sweep is not None:
             self.fleet_watch.applied(decided.sweep)
         return commit

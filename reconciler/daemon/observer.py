@@ -20,11 +20,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
-from reconciler.daemon import crashpoints
 from reconciler.daemon.agent_client import AgentClient, HeartbeatWatch
 from reconciler.daemon.alertmanager_client import AlertmanagerClient
 from reconciler.daemon.answer_check import AnswerCheck
 from reconciler.daemon.canary_verdicts import CanaryVerdicts, SoakMemory
+from reconciler.daemon.crashpoints import CrashPoints
 from reconciler.daemon.inert import InertStatuses
 from reconciler.daemon.logs import EventLog
 from reconciler.daemon.metrics import Metrics
@@ -111,8 +111,10 @@ class Observer:
         soaks: SoakMemory,
         alertmanager: AlertmanagerClient | None = None,
         range_queries: RangeQueries | None = None,
+        crash_points: CrashPoints | None = None,
     ) -> None:
         self.client = client
+        self.crash_points = crash_points or CrashPoints()
         self.clock = clock
         self.log = log
         self.metrics = metrics
@@ -458,7 +460,7 @@ class Observer:
         if not jobs:
             return 0
         answers = self.client.send_jobs(
-            jobs, now, halfway=lambda: crashpoints.reach("mid_send"), on_finished=wake
+            jobs, now, halfway=lambda: self.crash_points.reach("mid_send"), on_finished=wake
         )
         lines: list[tuple[str, str, dict[str, str]]] = []
         for url, job in jobs:

@@ -257,7 +257,4 @@ def condition_words(
 
 
 def selects(selector: tuple[tuple[str, str], ...], node: Node | None) -> bool:
-    if node is None:
-        return False
-    labels = dict(node.labels)
-    return all(labels.get(k) == v for k, v in selector)
+    return node is not None and node.matches(selector)

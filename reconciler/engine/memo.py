@@ -8,36 +8,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from operator import attrgetter
 
 from reconciler.engine.inputs import RolloutInput
-from reconciler.spec.model import Fleet, Node, Settings
+from reconciler.spec.model import Fleet, Settings
 from reconciler.spec.rollout_status import RolloutStatus
-
-
-class FleetIndex:
-    """The fleet's nodes by name and by label, built once per fleet."""
-
-    def __init__(self, fleet: Fleet) -> None:
-        self.by_name = fleet.by_name()
-        self.by_label: dict[tuple[str, str], list[Node]] = {}
-        for node in fleet.nodes:
-            for pair in dict.fromkeys(node.labels):
-                self.by_label.setdefault(pair, []).append(node)
-
-
-# The indexes of the last few fleets seen: a pass (and the next, while the
-# node files stay the same) hands the same Fleet value to every call; a few,
-# for processes that run more than one daemon (the benchmarks). A cache of a
-# pure function's intermediate value; results do not depend on it.
-_last_index: list[tuple[Fleet, FleetIndex]] = []
-_INDEXES_KEPT = 4
-
-
-def fleet_index(fleet: Fleet) -> FleetIndex:
-    for kept, index in _last_index:
-        if kept is fleet:
-            return index
-    index = FleetIndex(fleet)
-    _last_index[:] = [(fleet, index), *_last_index[: _INDEXES_KEPT - 1]]
-    return index
 
 
 class StepMemo:

@@ -25,11 +25,7 @@ def resolve_nodes(spec: RolloutSpec, fleet: Fleet) -> tuple[str, ...]:
         return tuple(chosen)
     wanted = spec.selector or ()
     return tuple(
-        sorted(
-            node.name
-            for node in fleet.nodes
-            if _eligible(spec, node) and all(node.label(k) == v for k, v in wanted)
-        )
+        sorted(node.name for node in fleet.nodes if _eligible(spec, node) and node.matches(wanted))
     )
 
 

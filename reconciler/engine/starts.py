@@ -12,7 +12,6 @@ from datetime import datetime
 
 from reconciler.engine.calendar import batch_gate
 from reconciler.engine.holds import name_list
-from reconciler.engine.memo import fleet_index
 from reconciler.engine.selection import maintenance_node_ids, unknown_node_ids
 from reconciler.engine.selection import resolve_nodes as _resolve
 from reconciler.engine.shapes import after_wait
@@ -112,7 +111,7 @@ def resolve_nodes(spec: RolloutSpec, fleet: Fleet) -> tuple[str, ...]:
     daemon resolves every rollout not yet started on every pass, and a
     scan of 10,000 nodes each time made a pass starting 1,000 rollouts take
     tens of seconds."""
-    index = fleet_index(fleet)
+    index = fleet.index
     if spec.node_ids is not None:
         named = (index.by_name.get(n) for n in dict.fromkeys(spec.node_ids))
         return _resolve(spec, Fleet(tuple(node for node in named if node is not None)))

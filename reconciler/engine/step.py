@@ -64,7 +64,7 @@ from reconciler.engine.holds import (
     restore_waiting,
 )
 from reconciler.engine.inputs import FleetStep, NodeChange, RolloutInput, Transition
-from reconciler.engine.memo import StepMemo, fleet_index
+from reconciler.engine.memo import StepMemo
 from reconciler.engine.queries import (
     apply_job,
     in_flight,
@@ -155,8 +155,8 @@ class _Pass:
 
     def node(self, name: str) -> Node | None:
         if self._fleet_by_name is None:
-            # Built once per fleet, not once per pass (memo.fleet_index).
-            self._fleet_by_name = fleet_index(self.fleet).by_name
+            # Built once per fleet value, not once per pass (Fleet.index).
+            self._fleet_by_name = self.fleet.index.by_name
         return self._fleet_by_name.get(name)
 
     def seed(self, order: Sequence[RolloutInput], resting: set[str]) -> None:

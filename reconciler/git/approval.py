@@ -60,7 +60,7 @@ from reconciler.git.approval_notes import (
     notes_tip,
     people,
 )
-from reconciler.git.approval_rules import Change, rules_at
+from reconciler.git.approval_rules import Change, RuleTables, rules_at
 from reconciler.git.openpgp import PGP_ARMOR, PgpKeyring
 from reconciler.git.sshsig import (
     AllowedSigner,
@@ -222,6 +222,7 @@ class Approver:
         # (commit, base) -> the rules its change touches, forever
         self._matches: dict[tuple[str, str | None], tuple[ApprovalRule, ...]] = {}
         self._spec: dict[str, bool] = {}  # is it a spec commit, forever
+        self._rule_tables = RuleTables()  # what judging the changes read, forever
         # (commit, note blob, signature ok, open windows) -> approvals counted
         self._counted: dict[tuple[str, str, bool, int], Approvals] = {}
         self._notes_index: tuple[str | None, dict[str, str]] | None = None
@@ -231,6 +232,17 @@ class Approver:
         # When an allowed signer's window opens or closes, approvals change.
         self._boundaries = sorted(
             {t for s in self.allowed for t in (s.valid_after, s.valid_before) if t is not None}
+        )
+
+    def fresh(self) -> Approver:
+        """An approver with this one's policy and none of its memory
+        (``run --plain`` judges every pass afresh)."""
+        return Approver(
+            self.repo,
+            self.allowed,
+            required_approvals=self.required_approvals,
+            pgp=self.pgp,
+            clock=self.clock,
         )
 
     @property
@@ -347,10 +359,11 @@ class Approver:
         if found is None:
             new = self._commit(commit).tree
             old = None if base is None else self._commit(base).tree
-            rules = rules_at(self.repo, old) if old is not None else None
+            tables = self._rule_tables
+            rules = rules_at(self.repo, old, tables) if old is not None else None
             if rules is None:  # nothing verified yet, or unreadable settings there
-                rules = rules_at(self.repo, new) or ()
-            found = Change.between(self.repo, old, new).rules(rules) if rules else ()
+                rules = rules_at(self.repo, new, tables) or ()
+            found = Change.between(self.repo, old, new, tables).rules(rules) if rules else ()
             if len(self._matches) >= _MAX_CHECKS:
                 _drop_oldest(self._matches)
             self._matches[key] = found
@@ -360,7 +373,7 @@ class Approver:
         if base is None:
             return False
         new, old = self._commit(commit).tree, self._commit(base).tree
-        return Change.between(self.repo, old, new).only_stops()
+        return Change.between(self.repo, old, new, self._rule_tables).only_stops()
 
     def _is_spec(self, commit: pygit2.Commit) -> bool:
         commit_id = str(commit.id)

@@ -2,7 +2,7 @@
 (docs/approval-rules.md): the change from the last verified tree to the
 commit's tree.
 
-- ``Change.between(repo, base, new)``: the spec files that differ, with
+- ``Change.between(repo, base, new, tables)``: the spec files that differ, with
   each side's documents read from the trees (parsed once per blob id).
 - ``Change.rules(rules)``: the rules that change touches: a rollout whose
   nodes, resolved in either tree, include a node the rule covers in either
@@ -12,7 +12,7 @@ commit's tree.
   still counts.
 - ``Change.only_stops()``: does the change only set ``paused: true`` or
   ``abort: true`` on existing rollouts (less work, never more)?
-- ``rules_at(repo, tree)``: the rules a tree's ``reconciler.yaml`` declares
+- ``rules_at(repo, tree, tables)``: the rules a tree's ``reconciler.yaml`` declares
   (None when that file cannot be read as settings).
 
 Reads Git trees; decides nothing about rollouts, and counts no approvals
@@ -36,17 +36,25 @@ from reconciler.spec.safe_yaml import YamlProblem, load_yaml
 # Only these fields, set to true, may differ in a change that only stops.
 _STOP_FIELDS = ("paused", "abort")
 
-# Parsed files by (path, blob id): a pure function of immutable bytes.
-# Forgetting these tables changes nothing but the cost.
-_parsed: dict[tuple[str, str], ParsedFile] = {}
 _PARSED_KEPT = 20_000
-# The valid nodes of a ``nodes/`` tree, by its id: most commits share one.
-_fleets: dict[str, Fleet] = {}
 _FLEETS_KEPT = 16
-# What a rule covers, and what a rollout file selects, in one fleet.
-_covered: dict[tuple[ApprovalRule, str], frozenset[str]] = {}
-_selections: dict[tuple[str, str, str], frozenset[str]] = {}
 _SELECTIONS_KEPT = 20_000
+
+
+class RuleTables:
+    """What judging one change after another reads again, kept by the
+    approver that judges them (a new approver starts empty): each a pure
+    function of immutable Git objects named by their ids, so forgetting
+    them changes nothing but the cost."""
+
+    def __init__(self) -> None:
+        # Parsed files by (path, blob id).
+        self.parsed: dict[tuple[str, str], ParsedFile] = {}
+        # The valid nodes of a ``nodes/`` tree, by its id: most commits share one.
+        self.fleets: dict[str, Fleet] = {}
+        # What a rule covers, and what a rollout file selects, in one fleet.
+        self.covered: dict[tuple[ApprovalRule, str], frozenset[str]] = {}
+        self.selections: dict[tuple[str, str, str], frozenset[str]] = {}
 
 
 @dataclass(frozen=True)
@@ -56,13 +64,14 @@ class Fleet:
     key: str
     nodes: Mapping[str, Node]
 
-    def covered(self, rule: ApprovalRule) -> frozenset[str]:
-        found = _covered.get((rule, self.key))
+    def covered(self, rule: ApprovalRule, tables: RuleTables) -> frozenset[str]:
+        covered = tables.covered
+        found = covered.get((rule, self.key))
         if found is None:
             found = frozenset(n for n, node in self.nodes.items() if rule.covers_node(node))
-            if len(_covered) >= _SELECTIONS_KEPT:
-                _covered.clear()
-            _covered[(rule, self.key)] = found
+            if len(covered) >= _SELECTIONS_KEPT:
+                covered.clear()
+            covered[(rule, self.key)] = found
         return found
 
 
@@ -75,6 +84,7 @@ class Side:
 
     repo: pygit2.Repository
     tree: pygit2.Tree | None
+    tables: RuleTables
 
     def blob(self, path: str) -> pygit2.Blob | None:
         entry = self.entry(path)
@@ -86,15 +96,16 @@ class Side:
         if entry is None:
             return None
         key = (path, str(entry.id))
-        found = _parsed.get(key)
+        parsed = self.tables.parsed
+        found = parsed.get(key)
         if found is None:
             blob = self.repo[entry.id]
             if not isinstance(blob, pygit2.Blob):
                 return None
             found = parse_file(path, blob.data)
-            if len(_parsed) >= _PARSED_KEPT:
-                _parsed.clear()
-            _parsed[key] = found
+            if len(parsed) >= _PARSED_KEPT:
+                parsed.clear()
+            parsed[key] = found
         return found
 
     def nodes(self) -> Fleet:
@@ -103,7 +114,8 @@ class Side:
         if folder is None:
             return _NO_FLEET
         key = str(folder.id)
-        cached = _fleets.get(key)
+        fleets = self.tables.fleets
+        cached = fleets.get(key)
         if cached is not None:
             return cached
         found: dict[str, Node] = {}
@@ -113,9 +125,9 @@ class Side:
             if parsed is not None and parsed.node is not None:
                 found[parsed.node.name] = parsed.node
         fleet = Fleet(key, found)
-        if len(_fleets) >= _FLEETS_KEPT:
-            _fleets.pop(next(iter(_fleets)))
-        _fleets[key] = fleet
+        if len(fleets) >= _FLEETS_KEPT:
+            fleets.pop(next(iter(fleets)))
+        fleets[key] = fleet
         return fleet
 
     def entry(self, path: str) -> pygit2.Object | None:
@@ -137,9 +149,15 @@ class Change:
     paths: frozenset[str]
 
     @classmethod
-    def between(cls, repo: pygit2.Repository, base: pygit2.Tree | None, new: pygit2.Tree) -> Change:
+    def between(
+        cls,
+        repo: pygit2.Repository,
+        base: pygit2.Tree | None,
+        new: pygit2.Tree,
+        tables: RuleTables,
+    ) -> Change:
         paths = changed_paths(repo, base, new, SPEC_FOLDERS, SPEC_FILES)
-        return cls(Side(repo, base), Side(repo, new), paths)
+        return cls(Side(repo, base, tables), Side(repo, new, tables), paths)
 
     def rules(self, rules: Iterable[ApprovalRule]) -> tuple[ApprovalRule, ...]:
         """The rules this change touches, in their order."""
@@ -157,7 +175,8 @@ class Change:
                 continue
             if rule.selector is None and rule.node_ids is None:
                 continue
-            covered = fleets[0].covered(rule) | fleets[1].covered(rule)
+            tables = self.new.tables
+            covered = fleets[0].covered(rule, tables) | fleets[1].covered(rule, tables)
             if self._touches_nodes(rule, node_files) or any(
                 covered & self._rollout_nodes(path, fleets) for path in rollout_files
             ):
@@ -184,12 +203,13 @@ class Change:
                 continue
             for fleet in fleets:
                 key = (path, str(entry.id), fleet.key)
-                selected = _selections.get(key)
+                selections = side.tables.selections
+                selected = selections.get(key)
                 if selected is None:
                     selected = frozenset(_selected(spec, fleet.nodes))
-                    if len(_selections) >= _SELECTIONS_KEPT:
-                        _selections.clear()
-                    _selections[key] = selected
+                    if len(selections) >= _SELECTIONS_KEPT:
+                        selections.clear()
+                    selections[key] = selected
                 found |= selected
         return found
 
@@ -208,10 +228,12 @@ class Change:
         return True
 
 
-def rules_at(repo: pygit2.Repository, tree: pygit2.Tree | None) -> tuple[ApprovalRule, ...] | None:
+def rules_at(
+    repo: pygit2.Repository, tree: pygit2.Tree | None, tables: RuleTables
+) -> tuple[ApprovalRule, ...] | None:
     """The approval rules of ``tree`` (() without ``reconciler.yaml``; None
     when it is there but not valid settings)."""
-    side = Side(repo, tree)
+    side = Side(repo, tree, tables)
     parsed = side.parsed(SETTINGS_PATH)
     if parsed is None:
         return ()
@@ -224,11 +246,7 @@ def _selected(spec: RolloutSpec, fleet: Mapping[str, Node]) -> Iterable[str]:
     if spec.node_ids is not None:
         return spec.node_ids
     selector = spec.selector or ()
-    return [
-        name
-        for name, node in fleet.items()
-        if all(dict(node.labels).get(k) == v for k, v in selector)
-    ]
+    return [name for name, node in fleet.items() if node.matches(selector)]
 
 
 def _plain(blob: pygit2.Blob | None) -> Any:

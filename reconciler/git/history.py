@@ -310,28 +310,13 @@ def _diff(
     return out
 
 
-# The last few diffs between two trees: after a push, History and the
-# daemon's read of the documents diff the same two versions of rollouts/
-# (a millisecond each at 5,000 files). A cache of a pure function of two
-# immutable objects, named by their ids: forgetting it changes nothing.
-_deltas: dict[tuple[pygit2.Oid, pygit2.Oid], tuple[tuple[int, str, str], ...]] = {}
-_DELTAS_KEPT = 8
-
-
 def tree_deltas(old: pygit2.Tree, new: pygit2.Tree) -> tuple[tuple[int, str, str], ...]:
     """(libgit2 delta status, old path, new path) of every file that
     differs between two trees."""
-    key = (old.id, new.id)
-    found = _deltas.get(key)
-    if found is None:
-        found = tuple(
-            (int(delta.status), delta.old_file.path, delta.new_file.path)
-            for delta in old.diff_to_tree(new).deltas
-        )
-        if len(_deltas) >= _DELTAS_KEPT:
-            _deltas.pop(next(iter(_deltas)))
-        _deltas[key] = found
-    return found
+    return tuple(
+        (int(delta.status), delta.old_file.path, delta.new_file.path)
+        for delta in old.diff_to_tree(new).deltas
+    )
 
 
 def _walk(repo: pygit2.Repository, tree: pygit2.Tree, prefix: str) -> Iterator[str]:

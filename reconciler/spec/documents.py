@@ -1180,7 +1180,7 @@ def _rollout_result(
     its own, then those across files (``nodeIds``, ``after``)."""
     own = list(item.problems)
     spec = item.rollout
-    if spec is not None:
+    if spec is not None and item.omitted:
         spec = _with_defaults(spec, item.omitted, settings.defaults)
         for index, name in enumerate(spec.node_ids or ()):
             if name in nodes:
@@ -1460,28 +1460,7 @@ def _cycle_through(start: str, first: str, files: Mapping[str, ParsedFile]) -> l
     return []
 
 
-# The last spec made from each parsed spec, by the parsed spec's identity
-# (kept with it, so a recycled id() never matches): the daemon reassembles
-# every document whenever one rollout file changes, and the unchanged ones
-# then keep their spec values (the same objects) without copying them again.
-_defaulted: dict[int, tuple[RolloutSpec, frozenset[str], Defaults, RolloutSpec]] = {}
-
-
 def _with_defaults(spec: RolloutSpec, omitted: frozenset[str], defaults: Defaults) -> RolloutSpec:
-    if not omitted:
-        return spec
-    global _defaulted
-    cached = _defaulted.get(id(spec))
-    if cached is not None and cached[0] is spec and cached[1] == omitted and cached[2] == defaults:
-        return cached[3]
-    made = _apply_defaults(spec, omitted, defaults)
-    if len(_defaulted) > 100_000:
-        _defaulted = {}
-    _defaulted[id(spec)] = (spec, omitted, defaults, made)
-    return made
-
-
-def _apply_defaults(spec: RolloutSpec, omitted: frozenset[str], defaults: Defaults) -> RolloutSpec:
     changes: dict[str, Any] = {}
     if "batchSize" in omitted:
         changes["batch_size"] = defaults.batch_size

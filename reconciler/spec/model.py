@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, tzinfo
+from functools import cached_property
 
 from reconciler.spec.artifacts import Artifact, Drain, Stage, Warmup
 from reconciler.spec.health import Health
@@ -54,6 +55,10 @@ class Target:
     profile: str = "default"
 
 
+# Labels a node must carry, as (key, value) pairs sorted by key.
+Selector = tuple[tuple[str, str], ...]
+
+
 @dataclass(frozen=True)
 class Node:
     name: str
@@ -65,6 +70,13 @@ class Node:
 
     def label(self, key: str) -> str | None:
         return dict(self.labels).get(key)
+
+    def matches(self, selector: Selector) -> bool:
+        """Does this node carry every label of ``selector``? The one rule
+        for a rollout's selector, a comparison's baseline and an approval
+        rule's selector (an empty selector matches every node)."""
+        labels = dict(self.labels)
+        return all(labels.get(key) == value for key, value in selector)
 
 
 @dataclass(frozen=True)
@@ -195,10 +207,7 @@ class ApprovalRule:
         """Is ``node`` one of the rule's nodes (in the tree it was read from)?"""
         if self.node_ids is not None:
             return node.name in self.node_ids
-        if self.selector is None:
-            return False
-        labels = dict(node.labels)
-        return all(labels.get(key) == value for key, value in self.selector)
+        return self.selector is not None and node.matches(self.selector)
 
 
 @dataclass(frozen=True)
@@ -223,3 +232,21 @@ class Fleet:
 
     def by_name(self) -> dict[str, Node]:
         return {node.name: node for node in self.nodes}
+
+    @cached_property
+    def index(self) -> FleetIndex:
+        """The nodes by name and by label, built once per fleet value and
+        forgotten with it: a pass (and the next, while the node files stay
+        the same) hands the same value to every call."""
+        return FleetIndex(self)
+
+
+class FleetIndex:
+    """A fleet's nodes by name and by label (read only)."""
+
+    def __init__(self, fleet: Fleet) -> None:
+        self.by_name = fleet.by_name()
+        self.by_label: dict[tuple[str, str], list[Node]] = {}
+        for node in fleet.nodes:
+            for pair in dict.fromkeys(node.labels):
+                self.by_label.setdefault(pair, []).append(node)

@@ -240,27 +240,7 @@ def _counts(rollouts: list[RolloutStatus]) -> str:
 
 
 def _table(rollouts: list[RolloutStatus]) -> list[str]:
-    lines = list(_TABLE_HEAD)
-    global _rows
-    seen: dict[int, tuple[RolloutStatus, str]] = {}
-    for status in rollouts:
-        cached = _rows.get(id(status))
-        text = cached[1] if cached is not None and cached[0] is status else _row(status)
-        seen[id(status)] = (status, text)
-        lines.append(text)
-    # Keep the rows of the statuses just drawn (and of other recent callers'),
-    # but never more than a few tables' worth.
-    _rows.update(seen)
-    if len(_rows) > 2 * len(seen) + 20_000:
-        _rows = seen
-    return lines
-
-
-# Row text by the identity of the status it was drawn from: a row depends
-# only on its (immutable) status, and the daemon keeps the same status
-# objects from pass to pass, so an unchanged rollout's row is not drawn
-# again. The status is kept with its text so a recycled id() never matches.
-_rows: dict[int, tuple[RolloutStatus, str]] = {}
+    return [*_TABLE_HEAD, *map(_row, rollouts)]
 
 
 def _row(status: RolloutStatus) -> str:
@@ -304,24 +284,7 @@ def _icon(status: RolloutStatus) -> str:
 
 
 def _attention(rollouts: list[RolloutStatus]) -> list[str]:
-    global _notes
-    lines: list[str] = []
-    seen: dict[int, tuple[RolloutStatus, tuple[str, ...]]] = {}
-    for status in rollouts:
-        cached = _notes.get(id(status))
-        found = cached[1] if cached is not None and cached[0] is status else _notes_of(status)
-        if found:
-            seen[id(status)] = (status, found)
-            lines.extend(found)
-    _notes.update(seen)
-    if len(_notes) > 2 * len(seen) + 20_000:
-        _notes = seen
-    return lines
-
-
-# A rollout's lines under "Needs attention", by the identity of its status,
-# as ``_rows`` (most statuses have none, and are not kept).
-_notes: dict[int, tuple[RolloutStatus, tuple[str, ...]]] = {}
+    return [line for status in rollouts for line in _notes_of(status)]
 
 
 def _notes_of(status: RolloutStatus) -> tuple[str, ...]:

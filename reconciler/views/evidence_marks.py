@@ -58,15 +58,7 @@ def _https(node: Node) -> bool:
 def evidence_dashboard_section(nodes: Sequence[Node]) -> str:
     """The dashboard's ``## Evidence`` section: a count per mark and a table
     of the marked nodes; "" when no node is marked."""
-    global _last
-    if _last is not None and _last[0] is nodes:
-        return _last[1]  # the daemon keeps one fleet's nodes from pass to pass
-    text = _section(evidence_marks(nodes))
-    _last = (nodes, text)
-    return text
-
-
-_last: tuple[Sequence[Node], str] | None = None
+    return _section(evidence_marks(nodes))
 
 
 def _section(found: EvidenceMarks) -> str:

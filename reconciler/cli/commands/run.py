@@ -13,6 +13,7 @@ from reconciler.cli.remote_options import REPO_ENV, add_remote_arguments, repo_d
 from reconciler.spec.errors import UsageError, redact_url
 
 if TYPE_CHECKING:  # imported when run, so that other verbs never pay for them
+    from reconciler.daemon.crashpoints import CrashPoints
     from reconciler.daemon.logs import EventLog
     from reconciler.daemon.loop import Daemon
     from reconciler.daemon.metrics import Metrics
@@ -233,6 +234,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace, start_up: _StartUp, log: EventLog) -> int:
     from reconciler.daemon.agent_client import AgentClient
+    from reconciler.daemon.crashpoints import CrashPoints
     from reconciler.daemon.loop import Daemon
     from reconciler.daemon.metrics import Metrics
     from reconciler.daemon.soft_state import SoftState
@@ -247,7 +249,8 @@ def _run(args: argparse.Namespace, start_up: _StartUp, log: EventLog) -> int:
     if warning:
         log.warning("yaml_loader", warning)
     key = load_private_key(args.key)
-    store = _open_store(args)
+    crash_points = CrashPoints.from_environ(os.environ)
+    store = _open_store(args, crash_points)
     start_up.check()
     approver = _approver(store, args)
     sign = (
@@ -285,6 +288,7 @@ def _run(args: argparse.Namespace, start_up: _StartUp, log: EventLog) -> int:
         state=state,
         publish=web.publish if web is not None else None,
         soft=soft,
+        crash_points=crash_points,
     )
     log.info(
         "start",
@@ -309,10 +313,9 @@ def _run(args: argparse.Namespace, start_up: _StartUp, log: EventLog) -> int:
             notifier.close()
 
 
-def _open_store(args: argparse.Namespace) -> GitStore:
+def _open_store(args: argparse.Namespace, crash_points: CrashPoints) -> GitStore:
     """The fleet repository and branch the command line names, with the
     daemon's crash points (``RECONCILER_CRASH_AT``, tests only)."""
-    from reconciler.daemon import crashpoints
     from reconciler.git.store import GitStore
 
     return GitStore.open(
@@ -321,7 +324,7 @@ def _open_store(args: argparse.Namespace) -> GitStore:
         cache_dir=args.cache_dir,
         ssh_key=args.ssh_key,
         known_hosts=args.known_hosts,
-        crash_point=crashpoints.reach,
+        crash_point=crash_points.reach,
     )
 
 
