@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.node.artifact_download import Downloader, DownloadSettings
+from reconciler.node.artifact_download import Deadline, Downloader, DownloadSettings
 from reconciler.node.artifact_store import ArtifactStore, StageFailed
 from tests.kit.disks import small_tmpfs
 from tests.kit.file_faults import FaultyFileServer
@@ -54,7 +54,7 @@ def _download(store: ArtifactStore, url: str, data_sha: str, size: int, **settin
     downloader = Downloader(DownloadSettings(**settings))  # type: ignore[arg-type]
     partial = store.partial(data_sha)
     try:
-        downloader.fetch(url, partial, size)
+        downloader.fetch(url, partial, size, Deadline.after(600))
         partial.finish(size)
     finally:
         partial.close()
@@ -225,9 +225,9 @@ def test_a_dry_run_asks_nginx_for_the_size_and_fetches_nothing(
 ) -> None:
     downloader = Downloader(DownloadSettings())
     try:
-        assert downloader.remote_size(nginx.url("model.gguf")) == 3 * MiB
+        assert downloader.remote_size(nginx.url("model.gguf"), Deadline.after(60)) == 3 * MiB
         with pytest.raises(StageFailed) as failed:
-            downloader.remote_size(nginx.url("missing.gguf"))
+            downloader.remote_size(nginx.url("missing.gguf"), Deadline.after(60))
     finally:
         downloader.close()
     assert failed.value.code == "download_failed"

@@ -28,6 +28,7 @@ from reconciler.spec.times import format_time, parse_time
 
 SCHEMA_ID = "reconciler.job/v1"
 JOB_TTL = timedelta(minutes=15)
+MAX_STAGE_TIMEOUT = 31_536_000  # seconds (a year): what the schema takes
 # Fields that differ between two sends of one job (fresh signature, fresh times).
 SEND_TIME_FIELDS = frozenset({"issuedAt", "expiresAt"})
 
@@ -61,6 +62,8 @@ def build_payload(job: SendJob, issued_at: datetime) -> dict[str, Any]:
             {"name": a.name, "url": a.url, "sha256": a.sha256, "size": a.size}
             for a in job.artifacts
         ]
+    if job.kind == "stage" and job.stage_timeout is not None:
+        payload["timeoutSeconds"] = min(job.stage_timeout, MAX_STAGE_TIMEOUT)
     if job.drain is not None:
         payload["drain"] = {
             "timeoutSeconds": job.drain.timeout_seconds,
@@ -165,8 +168,8 @@ _EXTRA_KEYS: dict[tuple[str, str], frozenset[str]] = {
     ("apply", "dry_run"): frozenset({"artifacts"}),
     ("apply", "live"): frozenset({"artifacts", "checks", "drain", "warmup"}),
     ("restore", "live"): frozenset({"backupId"}),
-    ("stage", "dry_run"): frozenset({"artifacts"}),
-    ("stage", "live"): frozenset({"artifacts"}),
+    ("stage", "dry_run"): frozenset({"artifacts", "timeoutSeconds"}),
+    ("stage", "live"): frozenset({"artifacts", "timeoutSeconds"}),
 }
 # ... and which of them it must carry.
 _REQUIRED_EXTRA = {"restore": "backupId", "stage": "artifacts"}
@@ -325,6 +328,7 @@ def _plain_warmups(warmups: Any) -> bool:
 _EXTRA_CHECKS: dict[str, Callable[[Any], bool]] = {
     "backupId": lambda value: _matches(_ID, value),
     "artifacts": _plain_artifacts,
+    "timeoutSeconds": lambda value: _count(value, 1, MAX_STAGE_TIMEOUT),
     "checks": _plain_checks,
     "drain": _plain_drain,
     "warmup": _plain_warmups,
