@@ -190,7 +190,10 @@ def test_a_redirect_to_loopback_is_refused_and_what_it_answered_is_never_said(
         nginx_redirects = NginxServer(
             tmp_path / "nginx-public",
             files,
-            redirects={"/model.gguf": nginx.url("secret.bin"), "/local.gguf": nginx.url("model.gguf")},
+            redirects={
+                "/model.gguf": nginx.url("secret.bin"),
+                "/local.gguf": nginx.url("model.gguf"),
+            },
         )
         # nginx as the forward proxy through which "mirror.example" is reached:
         # the signed URL names a public host, its redirect points at loopback.

@@ -13,6 +13,7 @@ pieces written one after the other.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -40,11 +41,14 @@ def range_416(size: int) -> bytes:
 def wrong_range(data: bytes, start: int) -> bytes:
     """A 206 whose ``Content-Range`` starts at ``start``, whatever was asked."""
     rest = data[start:]
-    return head(
-        "206 Partial Content",
-        Content_Range=f"bytes {start}-{len(data) - 1}/{len(data)}",
-        Content_Length=len(rest),
-    ) + rest
+    return (
+        head(
+            "206 Partial Content",
+            Content_Range=f"bytes {start}-{len(data) - 1}/{len(data)}",
+            Content_Length=len(rest),
+        )
+        + rest
+    )
 
 
 def drip(size: int, every: float = 0.2) -> Iterator[bytes]:
@@ -111,10 +115,8 @@ class HostileServer:
                 pass
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(OSError):
             self.socket.shutdown(socket.SHUT_RDWR)  # wakes the accepting thread
-        except OSError:
-            pass
         self.socket.close()
 
     def __enter__(self) -> HostileServer:

@@ -146,7 +146,9 @@ def _config(
         + ("  gzip on; gzip_types application/octet-stream; gzip_min_length 1;\n" if gzip else "")
         + f"  server {{\n    {listen}\n    {certificate}    root {files};\n"
         f"    location / {{ {limit} }}\n"
-        + "".join(f"    location = {path} {{ return 302 {to}; }}\n" for path, to in redirects.items())
+        + "".join(
+            f"    location = {path} {{ return 302 {to}; }}\n" for path, to in redirects.items()
+        )
         + "  }\n"
         "}\n"
     )
