@@ -25,6 +25,7 @@ import pytest
 
 from reconciler.node.artifact_download import Deadline, Downloader, DownloadSettings
 from reconciler.node.artifact_store import ArtifactStore, StageFailed
+from reconciler.node.download_fence import Fence
 from reconciler.protocol.signing import SigningKey
 from reconciler.spec.artifacts import Artifact
 from tests.kit.agents import AgentThread
@@ -257,3 +258,27 @@ def test_an_apply_and_a_restore_run_while_a_stage_hangs_on_the_same_node(
     assert staging["state"] == "accepted"  # still downloading all along
     assert (state / "runtimes" / "hermes.yaml").read_bytes() == OLD_CONFIG
     assert not stopping.is_alive()  # stopping the agent ends the download
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        "http://127.0.0.1:8080/admin",
+        "http://localhost/admin",
+        "http://[::1]/admin",
+        "http://[::ffff:127.0.0.1]/admin",  # loopback inside an IPv6 address
+        "http://169.254.169.254/latest/meta-data/",  # a cloud's metadata service
+        "http://10.0.0.7/",
+        "http://192.168.1.1/",
+        "http://[fe80::1]/",
+        "http://0.0.0.0/",
+        "file:///etc/passwd",
+    ],
+)
+def test_a_public_mirror_may_not_redirect_into_the_nodes_network(target: str) -> None:
+    with pytest.raises(StageFailed) as refused:
+        Fence("http://93.184.216.34/model.gguf").check_redirect(target)
+    assert refused.value.code == "download_failed"
+    Fence("http://93.184.216.34/model.gguf").check_redirect("https://93.184.216.35/model.gguf")
+    if target.startswith("http"):
+        Fence("http://10.0.0.5/model.gguf").check_redirect(target)  # signed inside: allowed

@@ -74,9 +74,13 @@ class Fence:
                 f"GET {self.signed_url} was redirected to a {parts.scheme or 'relative'} URL, "
                 "not http(s); refused",
             )
+        host = parts.hostname or ""
+        if not host:
+            raise StageFailed(
+                "download_failed", f"GET {self.signed_url} was redirected to a URL without a host"
+            )
         if self.signed_inside:
             return
-        host = parts.hostname or ""
         if any(inside(a) for a in addresses(host, _port(target))):
             raise StageFailed(
                 "download_failed",
