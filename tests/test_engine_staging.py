@@ -354,3 +354,13 @@ def test_alertmanager_unreachable_starts_no_stage_job() -> None:
     w.alerts["r"] = AlertAnswer()
     w.step(20)
     assert set(kinds(w).values()) == {"stage"}
+
+
+def test_a_stage_job_carries_the_stage_timeout_when_it_is_not_the_default() -> None:
+    shorter = staged_world(stage=Stage(ahead=1, max_concurrent=10, timeout_seconds=600))
+    shorter.step(0)
+    default = staged_world()
+    default.step(0)
+
+    assert shorter.job("n1").stage_timeout == 600  # the agent ends its downloads within it
+    assert default.job("n1").stage_timeout is None  # the payload agents of version 3 accept

@@ -30,7 +30,7 @@ from reconciler.engine.records import evolve
 from reconciler.protocol.effects import SendJob
 from reconciler.protocol.job_ids import job_id
 from reconciler.protocol.observations import NO_EVIDENCE
-from reconciler.spec.artifacts import Stage
+from reconciler.spec.artifacts import DEFAULT_STAGE_TIMEOUT, Stage
 from reconciler.spec.durations import format_duration
 from reconciler.spec.model import ON_FAILURE_MODES
 from reconciler.spec.rollout_status import (
@@ -245,8 +245,16 @@ def stage_job(rollout: str, frozen: FrozenSpec, start_commit: str, node: NodeRec
         target=frozen.target,
         source_commit=start_commit,
         artifacts=frozen.artifacts,
-        stage_timeout=settings_of(frozen).timeout_seconds,
+        stage_timeout=_stage_timeout(frozen),
     )
+
+
+def _stage_timeout(frozen: FrozenSpec) -> int | None:
+    """The stage.timeout a stage job carries: none when it is the default,
+    which an agent assumes, so a rollout that keeps it sends the payload
+    agents of version 3 accept."""
+    seconds = settings_of(frozen).timeout_seconds
+    return None if seconds == DEFAULT_STAGE_TIMEOUT else seconds
 
 
 def settings_of(frozen: FrozenSpec) -> Stage:
