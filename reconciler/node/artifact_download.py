@@ -109,6 +109,14 @@ class _Transient(Exception):
         self.said = said
 
 
+class _Fruitless(Exception):
+    """An answer that brings nothing to append: a 416, a range not asked for."""
+
+    def __init__(self, said: str) -> None:
+        super().__init__(said)
+        self.said = said
+
+
 class _Budget:
     """One download's limits: the deadline, and the rate measured over
     windows of wall time (a pause after a transient failure starts a new
@@ -186,9 +194,10 @@ class Downloader:
         pause = self.settings.first_pause
         while True:
             try:
-                if self._one_request(url, partial, size, (throttle, budget, fence)):
-                    return
-                said = "no new byte"
+                self._one_request(url, partial, size, (throttle, budget, fence))
+                return
+            except _Fruitless as exc:
+                said = exc.said
             except _Transient as exc:
                 self._pause(pause, budget, exc.said)
                 pause = min(2 * pause, LONGEST_PAUSE)
@@ -223,8 +232,9 @@ class Downloader:
 
     def _one_request(
         self, url: str, partial: Partial, size: int, limits: tuple[_Throttle, _Budget, Fence]
-    ) -> bool:
-        """One GET from ``partial.size`` on; True once the body ended."""
+    ) -> None:
+        """One GET from ``partial.size`` on, to the end of the body; raises
+        when it ends otherwise."""
         throttle, budget, fence = limits
         start = partial.size
         headers = {"Range": f"bytes={start}-"} if start else {}
@@ -234,7 +244,11 @@ class Downloader:
             elif answer.status_code == 200 or (start and answer.status_code in (206, 416)):
                 partial.restart()  # the whole file again, or a range we did not ask for
                 if answer.status_code != 200:
-                    return False
+                    raise _Fruitless(
+                        _status(url, answer)
+                        + f" to Range: bytes={start}- (Content-Range "
+                        + f"{answer.headers.get('content-range', 'none')!r})"
+                    )
             elif answer.status_code >= 500:
                 raise _Transient(_status(url, answer))
             else:
@@ -247,11 +261,10 @@ class Downloader:
                         raise StageFailed("download_failed", "the agent is stopping")
                     partial.append(chunk)
                     if partial.size > size:
-                        return True  # longer than declared: the size check says so
+                        return  # longer than declared: the size check says so
                     budget.left()
                     budget.took(len(chunk))
                     throttle.took(len(chunk))
-        return True
 
     @contextmanager
     def _open(
