@@ -38,7 +38,8 @@ Checked at every transition (the invariants of docs/architecture.md):
     policy        every hold is the one the policy table gives
     spread        (capacity) no batch holds two nodes of one zone
     staged        (staging) no apply to a node that is not staged; never
-                  more than maxConcurrent nodes staging; none staging beyond
+                  more than maxConcurrent nodes staging, nor more than
+                  one before a node was staged; none staging beyond
                   the current batch (the first not done) plus ahead; the
                   node's stage attempts never decrease; a stage failure
                   holds what the stage table gives
@@ -576,6 +577,9 @@ def _check_staging(
     staging = [n for n in new.nodes if n.state == "staging"]
     if len(staging) > STAGE.max_concurrent:
         raise _Broken("staged", f"{len(staging)} nodes staging at once: {staging}")
+    proven = any(n.stage is not None and n.stage.state == "staged" for n in new.nodes)
+    if not proven and len(staging) > 1:
+        raise _Broken("staged", f"{len(staging)} nodes staging before any was staged: {staging}")
     current = next((b.index for b in new.batches if b.state != "done"), len(new.batches) + 1)
     for node in staging:
         if node.batch > current + STAGE.ahead:

@@ -165,7 +165,7 @@ def test_without_drain_a_warm_up_still_comes_before_the_job_succeeds(
     assert record["timings"]["activatedAt"] <= record["timings"]["servingAt"]
 
 
-def test_an_apply_without_artifacts_drain_or_warm_up_has_no_timings(
+def test_a_plain_live_apply_records_when_it_was_activated_and_serving_again(
     tmp_path: Path, state: Path, key: SigningKey, runtime: StandInRuntime
 ) -> None:
     agent = _agent(state, key, runtime, tmp_path)
@@ -175,8 +175,32 @@ def test_an_apply_without_artifacts_drain_or_warm_up_has_no_timings(
     finally:
         agent.close()
     assert record["state"] == "succeeded"
-    assert "timings" not in record
-    assert runtime.events == ["load llama3.1-8b"]
+    timings = record["timings"]
+    # Out of service from the config written (before after-apply) to serving again.
+    assert timings["drainStartedAt"] is None and timings["drainedAt"] is None
+    assert timings["activatedAt"] <= timings["servingAt"]
+    assert runtime.events == ["load llama3.1-8b"]  # no drain, so no undrain
+
+
+def test_the_drain_command_sees_the_model_it_drains_for(
+    tmp_path: Path, state: Path, key: SigningKey, runtime: StandInRuntime
+) -> None:
+    seen = tmp_path / "seen.txt"
+    commands = runtime.commands(tmp_path / "scripts")
+    agent = AgentThread(
+        state,
+        [key],
+        after_apply=commands["after_apply"],
+        drain_command=f'echo "drain $RECONCILER_MODEL" >> {seen}; {commands["drain"]}',
+        undrain_command=f'echo "undrain $RECONCILER_MODEL" >> {seen}; {commands["undrain"]}',
+    )
+    try:
+        agent.post(envelope(_switch_job(runtime), key))
+        record = agent.wait_finished("apply-1")
+    finally:
+        agent.close()
+    assert record["state"] == "succeeded", record
+    assert seen.read_text().splitlines() == ["drain llama3.1-8b", "undrain llama3.1-8b"]
 
 
 def test_client_load_sees_no_failed_request_with_drain_and_some_without(

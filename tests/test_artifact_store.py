@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.node.artifact_download import Downloader, DownloadSettings
+from reconciler.node.artifact_download import Deadline, Downloader, DownloadSettings
 from reconciler.node.artifact_store import ArtifactStore, StageFailed
 from tests.kit.disks import small_tmpfs
 from tests.kit.file_faults import FaultyFileServer
@@ -50,11 +50,18 @@ def nginx(tmp_path: Path, files: Path) -> Iterator[NginxServer]:
         yield server
 
 
-def _download(store: ArtifactStore, url: str, data_sha: str, size: int, **settings: object) -> None:
+def _download(
+    store: ArtifactStore,
+    url: str,
+    data_sha: str,
+    size: int,
+    seconds: float = 600,
+    **settings: object,
+) -> None:
     downloader = Downloader(DownloadSettings(**settings))  # type: ignore[arg-type]
     partial = store.partial(data_sha)
     try:
-        downloader.fetch(url, partial, size)
+        downloader.fetch(url, partial, size, Deadline.after(seconds))
         partial.finish(size)
     finally:
         partial.close()
@@ -140,10 +147,12 @@ def test_a_404_is_download_failed_saying_so(tmp_path: Path, nginx: NginxServer) 
 
 
 def test_a_refused_connection_is_download_failed_naming_the_server(tmp_path: Path) -> None:
+    # Asked again (a mirror restarting) until the deadline, then said.
     with HeldPort() as port, pytest.raises(StageFailed) as failed:
-        _download(ArtifactStore(tmp_path / "state"), f"{port.url}/file", "0" * 64, 10)
+        _download(ArtifactStore(tmp_path / "state"), f"{port.url}/file", "0" * 64, 10, seconds=2)
     assert failed.value.code == "download_failed"
     assert f"cannot connect to {port.address}" in failed.value.message
+    assert failed.value.message.endswith("(asked again until the deadline, 2s)")
 
 
 def test_https_with_an_untrusted_certificate_fails_and_its_ca_file_makes_it_trusted(
@@ -225,9 +234,9 @@ def test_a_dry_run_asks_nginx_for_the_size_and_fetches_nothing(
 ) -> None:
     downloader = Downloader(DownloadSettings())
     try:
-        assert downloader.remote_size(nginx.url("model.gguf")) == 3 * MiB
+        assert downloader.remote_size(nginx.url("model.gguf"), Deadline.after(60)) == 3 * MiB
         with pytest.raises(StageFailed) as failed:
-            downloader.remote_size(nginx.url("missing.gguf"))
+            downloader.remote_size(nginx.url("missing.gguf"), Deadline.after(60))
     finally:
         downloader.close()
     assert failed.value.code == "download_failed"

@@ -90,23 +90,25 @@ def test_the_next_node_stages_while_the_previous_applies_and_each_is_out_of_serv
 def test_a_failed_stage_holds_stage_failed_under_pause_stop_and_rollback(
     tmp_path: Path, policy: str, script: str, code: str
 ) -> None:
-    behaviour = f"default: succeed\nnodes:\n  gpu-2: {{stage: {script}}}\n"
+    behaviour = f"default: succeed\nnodes:\n  gpu-1: {{stage: {script}}}\n"
     kit = FleetKit.create(tmp_path, THREE, behaviour=behaviour)
     try:
-        kit.push(staged_rollout(onFailure=policy))
+        kit.push(staged_rollout(onFailure=policy, stage={"ahead": 2, "maxConcurrent": 3}))
         daemon = kit.daemon()
         held = kit.run_until(daemon, held_for("stage_failed"))
         stats = kit.fleet.stats()
     finally:
         kit.close()
 
-    node = nodes_of(held)["gpu-2"]
+    node = nodes_of(held)["gpu-1"]
     assert node["state"] == "failed" and node["held"] == "stage_failed"
     assert code in node["error"] and code in node["stage"]["error"]
     assert code in held["llama"]["hold"]["message"]
-    # nothing stopped, restored or applied while held; gpu-3 is not staged either
+    # nothing stopped, restored or applied while held; the first node staged
+    # alone, so the others downloaded nothing
     assert all(j.startswith("stage-") for j in stats["executed"])
-    assert nodes_of(held)["gpu-3"]["state"] == "pending"
+    assert len(stats["executed"]) <= 1
+    assert nodes_of(held)["gpu-2"]["state"] == nodes_of(held)["gpu-3"]["state"] == "pending"
 
 
 def test_retry_once_stages_the_node_once_more_then_holds(tmp_path: Path) -> None:

@@ -37,23 +37,60 @@ def stage_all(w: World, *names: str) -> None:
         w.succeed(name)
 
 
-def test_the_first_batches_are_staged_before_any_apply() -> None:
+def first_staged(w: World, at: int = 0) -> None:
+    """The first node stages alone, and succeeds: the rest may fan out."""
+    w.step(at)
+    assert kinds(w) == {"n1": "stage"}
+    stage_all(w, "n1")
+
+
+def test_the_first_node_stages_alone_and_the_rest_fan_out_only_after_its_digest_matched() -> None:
     w = staged_world()
 
     w.step(0)
+    assert kinds(w) == {"n1": "stage"}
+    assert w.states()["n2"] == "pending"
+    w.step(5)
+    assert w.last.effects == ()  # n1 still downloading: nobody else starts
 
-    assert kinds(w) == {"n1": "stage", "n2": "stage", "n3": "stage", "n4": "stage"}
+    w.fail("n1", error="digest_mismatch: expected 0f0f..., got abab...")
+    w.step(10)
+    assert w.hold() == "stage_failed"
+    assert {n: s for n, s in w.states().items() if n != "n1"} == dict.fromkeys(
+        ("n2", "n3", "n4", "n5", "n6"), "pending"
+    )  # a digest typo cost one download, not two batches'
+
+
+def test_a_failed_first_stage_under_observe_passes_the_turn_to_the_next_node_alone() -> None:
+    w = staged_world(on_failure="observe")
+    w.step(0)
+    w.fail("n1", error="digest_mismatch: expected a, got b")
+    w.step(10)
+
+    assert kinds(w) == {"n2": "stage"}
+    stage_all(w, "n2")
+    w.step(20)
+    assert kinds(w) == {"n2": "apply", "n3": "stage", "n4": "stage"}
+
+
+def test_the_first_batches_are_staged_before_any_apply() -> None:
+    w = staged_world()
+
+    first_staged(w)
+    w.step(5)
+
+    assert kinds(w) == {"n2": "stage", "n3": "stage", "n4": "stage"}
     assert w.states() == {
-        "n1": "staging",
+        "n1": "staged",
         "n2": "staging",
         "n3": "staging",
         "n4": "staging",
         "n5": "pending",
         "n6": "pending",
     }
-    job = w.job("n1")
+    job = w.job("n2")
     assert job.artifacts == (WEIGHTS,) and job.job_id.startswith("stage-")
-    stage = w.node("n1").stage
+    stage = w.node("n2").stage
     assert stage is not None and (stage.attempt, stage.state, stage.job_id) == (
         1,
         "staging",
@@ -63,10 +100,9 @@ def test_the_first_batches_are_staged_before_any_apply() -> None:
 
 def test_a_batch_is_applied_once_every_node_in_it_is_staged_and_the_next_stages_meanwhile() -> None:
     w = staged_world()
-    w.step(0)
-    stage_all(w, "n1")
+    first_staged(w)
     w.step(10)
-    assert w.state("n1") == "staged" and w.last.effects == ()  # n2 still staging
+    assert w.state("n1") == "staged" and "n1" not in kinds(w)  # n2 still to stage
 
     stage_all(w, "n2")
     w.step(20)
@@ -93,21 +129,23 @@ def test_a_batch_is_applied_once_every_node_in_it_is_staged_and_the_next_stages_
 def test_never_more_than_max_concurrent_nodes_stage_at_once() -> None:
     w = staged_world(5, batch_size=5, stage=Stage(ahead=1, max_concurrent=2))
 
-    w.step(0)
-    assert sorted(kinds(w)) == ["n1", "n2"]
-    stage_all(w, "n1")
+    first_staged(w)
+    w.step(5)
+    assert sorted(kinds(w)) == ["n2", "n3"]
+    stage_all(w, "n2")
     w.step(10)
 
-    assert kinds(w) == {"n3": "stage"}
+    assert kinds(w) == {"n4": "stage"}
     assert sum(1 for s in w.states().values() if s == "staging") == 2
 
 
 def test_ahead_zero_stages_only_the_batch_about_to_be_applied() -> None:
     w = staged_world(4, stage=Stage(ahead=0, max_concurrent=10))
 
-    w.step(0)
-    assert sorted(kinds(w)) == ["n1", "n2"]
-    stage_all(w, "n1", "n2")
+    first_staged(w)
+    w.step(5)
+    assert sorted(kinds(w)) == ["n2"]
+    stage_all(w, "n2")
     w.step(10)
     assert kinds(w) == {"n1": "apply", "n2": "apply"}
     w.succeed("n1")
@@ -120,21 +158,22 @@ def test_ahead_zero_stages_only_the_batch_about_to_be_applied() -> None:
 @pytest.mark.parametrize("policy", ["pause", "stop", "rollback"])
 def test_a_failed_stage_holds_stage_failed_and_nothing_is_stopped_or_restored(policy: str) -> None:
     w = staged_world(live=True, on_failure=policy)
-    w.step(0)
-    w.fail("n1", error="digest_mismatch: expected 0f0f..., got abab...")
+    first_staged(w)
+    w.step(5)
+    w.fail("n2", error="digest_mismatch: expected 0f0f..., got abab...")
     w.step(10)
 
     assert w.hold() == "stage_failed" and w.phase() == "paused"
-    node = w.node("n1")
+    node = w.node("n2")
     assert (node.state, node.held, node.verdict) == ("failed", "stage_failed", None)
     assert "digest_mismatch" in node.error and node.stage.state == "failed"  # type: ignore[union-attr]
     assert "digest_mismatch" in (w.status().hold.message or "")  # type: ignore[union-attr]
     assert all(j.kind == "stage" for j in w.sent)  # no restore, no apply
 
-    stage_all(w, "n2", "n3", "n4")
+    stage_all(w, "n3", "n4")
     w.step(20)
     assert w.last.effects == ()  # held: nothing new starts, the jobs in flight finished
-    assert w.state("n2") == "staged"
+    assert w.state("n3") == "staged"
 
 
 def test_a_resume_stages_a_stage_failed_node_again_as_a_new_attempt() -> None:
@@ -148,7 +187,9 @@ def test_a_resume_stages_a_stage_failed_node_again_as_a_new_attempt() -> None:
     again = w.job("n1")
     assert again.kind == "stage" and again.attempt == 2 and again.job_id != first.job_id
     assert w.state("n1") == "staging" and w.hold() is None
-    stage_all(w, "n1", "n2")
+    stage_all(w, "n1")
+    w.step(25)
+    stage_all(w, "n2")
     w.step(30)
     assert kinds(w) == {"n1": "apply", "n2": "apply"}
 
@@ -170,11 +211,12 @@ def test_observe_records_a_failed_stage_and_applies_the_rest_of_the_batch() -> N
     w = staged_world(on_failure="observe")
     w.step(0)
     w.fail("n1", error="digest_mismatch: expected a, got b")
+    w.step(5)
     stage_all(w, "n2")
     w.step(10)
 
     assert w.state("n1") == "failed" and w.hold() is None
-    assert kinds(w) == {"n2": "apply"}
+    assert kinds(w)["n2"] == "apply"
 
 
 def test_no_evidence_of_a_stage_is_unknown_and_holds_health_unknown() -> None:
@@ -226,14 +268,14 @@ def test_a_live_apply_carries_drain_and_warmup() -> None:
 
 def test_skip_nodes_settles_a_node_that_could_not_be_staged() -> None:
     w = staged_world()
-    w.step(0)
-    w.fail("n1", error="download_failed: connection refused")
-    stage_all(w, "n2")
+    first_staged(w)
+    w.step(5)
+    w.fail("n2", error="download_failed: connection refused")
     w.step(10)
-    w.edit(skip_nodes=["n1"])
+    w.edit(skip_nodes=["n2"])
     w.step(20)
 
-    assert w.state("n1") == "skipped" and kinds(w) == {"n2": "apply"}
+    assert w.state("n2") == "skipped" and kinds(w) == {"n1": "apply"}
 
 
 def test_the_stage_table_has_one_decision_per_verdict_and_policy() -> None:
@@ -268,29 +310,31 @@ def test_a_fleet_wide_alert_starts_no_stage_job_until_it_resolves() -> None:
     w.alerts["r"] = AlertAnswer()  # silenced
     w.step(10)
 
-    assert kinds(w) == {"n1": "stage", "n2": "stage", "n3": "stage", "n4": "stage"}
+    assert kinds(w) == {"n1": "stage"}
     assert w.status().waiting is None
 
 
 def test_an_alert_while_a_batch_applies_stops_the_stages_ahead() -> None:
     w = staged_world(live=True, health=PAGES, stage=Stage(ahead=2, max_concurrent=2))
     w.alerts["r"] = AlertAnswer()
-    w.step(0)
-    stage_all(w, "n1", "n2")
+    first_staged(w)
+    w.step(5)
+    assert kinds(w) == {"n2": "stage", "n3": "stage"}
+    stage_all(w, "n2", "n3")
     w.step(10)
-    assert kinds(w) == {"n1": "apply", "n2": "apply", "n3": "stage", "n4": "stage"}
-    stage_all(w, "n3", "n4")
+    assert kinds(w) == {"n1": "apply", "n2": "apply", "n4": "stage", "n5": "stage"}
+    stage_all(w, "n4", "n5")
     w.alerts["r"] = AlertAnswer(alerts=(FLEET_WIDE,))
 
     w.step(20)  # two stage slots free, batch 3 in the window
 
-    assert w.last.effects == () and (w.state("n5"), w.state("n6")) == ("pending", "pending")
+    assert w.last.effects == () and w.state("n6") == "pending"
     waiting = w.status().waiting
     assert waiting is not None and waiting.reason == "alert_firing"
 
     w.alerts["r"] = AlertAnswer()
     w.step(30)
-    assert kinds(w) == {"n5": "stage", "n6": "stage"}
+    assert kinds(w) == {"n6": "stage"}
 
 
 def test_alertmanager_unreachable_starts_no_stage_job() -> None:
@@ -310,3 +354,13 @@ def test_alertmanager_unreachable_starts_no_stage_job() -> None:
     w.alerts["r"] = AlertAnswer()
     w.step(20)
     assert set(kinds(w).values()) == {"stage"}
+
+
+def test_a_stage_job_carries_the_stage_timeout_when_it_is_not_the_default() -> None:
+    shorter = staged_world(stage=Stage(ahead=1, max_concurrent=10, timeout_seconds=600))
+    shorter.step(0)
+    default = staged_world()
+    default.step(0)
+
+    assert shorter.job("n1").stage_timeout == 600  # the agent ends its downloads within it
+    assert default.job("n1").stage_timeout is None  # the payload agents of version 3 accept

@@ -36,10 +36,12 @@ def applied_world() -> World:
         live=True,
         drain=DRAIN,
     )
-    w.step(0)
-    for n in ("n1", "n2", "n3"):
+    w.step(0)  # n1 stages alone until its digests matched
+    w.succeed("n1")
+    w.step(5)
+    for n in ("n2", "n3"):
         w.succeed(n)
-    w.step(10)  # batch 1 dispatched, n4 starts staging
+    w.step(10)  # batch 1 dispatched, n4 still staging
     for n, out in (("n1", 0.25), ("n2", 0.5)):
         job = w.job(n)
         w.answer(job, "succeeded", finished_at="2026-12-01T09:00:10Z", timings=timings(n, w, out))

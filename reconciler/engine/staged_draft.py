@@ -84,7 +84,7 @@ class StagedDraft(StatusDraft):
             return False
         assert self.frozen is not None
         order = [i for b in staging.window(self.frozen, self.batches) for i in self.batch_range(b)]
-        limit = staging.settings_of(self.frozen).max_concurrent
+        limit = staging.most_staging(self.nodes, staging.settings_of(self.frozen))
         picked = staging.to_start(self.nodes, order, limit)
         for i in picked:
             self.start_stage(i, f"staging batch {self.nodes[i].batch}", node_of)

@@ -7,7 +7,9 @@ is held with its digest) -> ``dispatched`` (the apply). Staging is a
 pipeline over the frozen order: nodes of the batches from the current one
 (the first batch not done) up to ``stage.ahead`` batches beyond it, never
 more than ``stage.maxConcurrent`` staging at once, and none started while
-the rollout is held. A batch is dispatched only when each of its nodes is
+the rollout is held. Until one node's stage succeeded (its digests
+matched), one node stages alone (``FAN_OUT_RULES``): a wrong digest costs
+one download, not a batch's, as the canary goes first for applies. A batch is dispatched only when each of its nodes is
 ``staged`` or settled without an apply. A stage verdict is decided by
 ``STAGE_RULES``: nothing on the node changed, so no policy stops or restores.
 
@@ -28,7 +30,7 @@ from reconciler.engine.records import evolve
 from reconciler.protocol.effects import SendJob
 from reconciler.protocol.job_ids import job_id
 from reconciler.protocol.observations import NO_EVIDENCE
-from reconciler.spec.artifacts import Stage
+from reconciler.spec.artifacts import DEFAULT_STAGE_TIMEOUT, Stage
 from reconciler.spec.durations import format_duration
 from reconciler.spec.model import ON_FAILURE_MODES
 from reconciler.spec.rollout_status import (
@@ -104,6 +106,27 @@ def decide(policy: str, verdict: str, *, auto_retried: bool) -> Decision:
         if rule.when == ALWAYS or (rule.when == FIRST_FAILURE) != auto_retried:
             return rule.decision
     raise ValueError(f"no stage rule for {verdict!r} under {policy!r}")
+
+
+@dataclass(frozen=True)
+class FanOutRule:
+    proven: bool  # a node of the rollout staged: the artifacts' digests matched there
+    most: str  # how many nodes may stage at once: one | maxConcurrent
+    says: str  # as docs/rollouts.md words it
+
+
+FAN_OUT_RULES: tuple[FanOutRule, ...] = (
+    FanOutRule(False, "one", "no node staged yet: one node stages alone, the first in order"),
+    FanOutRule(True, "maxConcurrent", "a node staged: up to `stage.maxConcurrent` at once"),
+)
+assert sorted(r.proven for r in FAN_OUT_RULES) == [False, True]
+
+
+def most_staging(nodes: Iterable[NodeRecord], stage: Stage) -> int:
+    """How many nodes may be staging at once now (``FAN_OUT_RULES``)."""
+    proven = any(n.stage is not None and n.stage.state == "staged" for n in nodes)
+    rule = next(r for r in FAN_OUT_RULES if r.proven == proven)
+    return 1 if rule.most == "one" else stage.max_concurrent
 
 
 def render_stage_table() -> str:
@@ -222,7 +245,16 @@ def stage_job(rollout: str, frozen: FrozenSpec, start_commit: str, node: NodeRec
         target=frozen.target,
         source_commit=start_commit,
         artifacts=frozen.artifacts,
+        stage_timeout=_stage_timeout(frozen),
     )
+
+
+def _stage_timeout(frozen: FrozenSpec) -> int | None:
+    """The stage.timeout a stage job carries: none when it is the default,
+    which an agent assumes, so a rollout that keeps it sends the payload
+    agents of version 3 accept."""
+    seconds = settings_of(frozen).timeout_seconds
+    return None if seconds == DEFAULT_STAGE_TIMEOUT else seconds
 
 
 def settings_of(frozen: FrozenSpec) -> Stage:

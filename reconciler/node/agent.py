@@ -9,7 +9,7 @@ Life of a posted job::
     admission checks (admission.admit_job)  -> 4xx, nothing written
     a live apply whose artifacts are not held -> 409 not_staged, nothing written
     journal record "accepted", fsynced      -> 202
-    worker thread: "running" with the config digests before and after, in
+    job worker:    "running" with the config digests before and after, in
                    memory only (see ``recovery``)
                    drain command and the wait for idle, when the job drains
                    backup of the old bytes naming the job, fsynced
@@ -18,14 +18,17 @@ Life of a posted job::
                    fails the old bytes (and mode) go back and the job fails
                    undrain command, when drained
                    -> "succeeded" / "failed", fsynced
-    (a stage job instead fetches its artifacts into the store)
+    (a stage job instead fetches its artifacts into the store, on the
+    stage worker)
 
 A live apply costs the durable writes its promises need and no more: the
 record behind a 202 (one file and one directory fsync), the backup before
 the config is replaced (two files, one directory fsync), the config before
 "succeeded", and the verdict before it is shown.
 
-Jobs run one at a time, in the order accepted. A job id is executed at most
+Applies and restores run one at a time, in the order accepted, on the job
+worker; stage jobs likewise on a stage worker of their own, so a download
+never delays an apply or a restore. A job id is executed at most
 once: the journal is written before anything runs, and on start an agent
 turns every record it finds "accepted" or "running" into "failed", saying
 whether the config was left old or new. The config is never torn, since it
@@ -106,6 +109,9 @@ class Agent:
         self.log = log or AgentLog()
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agent-job")
         self._worker.submit(int)  # its thread starts now, not in the first job's POST
+        # Downloads on their own worker: a slow or hostile artifact server
+        # never delays an apply or a restore (a rollback's above all).
+        self._stage_worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agent-stage")
         self.journal = Journal(state, clock)
         self.configs = ParsedConfigs()
         recover(self.journal, state)
@@ -147,6 +153,8 @@ class Agent:
             self.runner.probe_after(runtime, record)
 
     def close(self) -> None:
+        self.runner.stager.stop()  # a download under way ends at its next byte or pause
+        self._stage_worker.shutdown(wait=True)
         self._worker.shutdown(wait=True)
         self.prober.close()
         self.runner.close()
@@ -300,7 +308,8 @@ class Agent:
             self.prober.stop(payload["target"]["runtime"])
         self.log.accepted(payload)
         self.metrics.jobs.labels(kind=payload["kind"], outcome="accepted").inc()
-        self._worker.submit(self.runner.run, record.job_id)
+        worker = self._stage_worker if payload["kind"] == "stage" else self._worker
+        worker.submit(self.runner.run, record.job_id)
         return self._json(202, record.public())
 
     def _not_staged(self, payload: Mapping[str, Any]) -> str:

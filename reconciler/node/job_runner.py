@@ -1,7 +1,9 @@
-"""Running one accepted job on the agent's worker thread: a live apply or
-restore writes a backup of the old config, then the new config, then runs
-``--after-apply`` (putting the old bytes back if it fails); a dry run only
-says what it would change. Every verdict goes through the journal.
+"""Running one accepted job on one of the agent's two workers: a live
+apply or restore (on the job worker) writes a backup of the old config,
+then the new config, then runs ``--after-apply`` (putting the old bytes
+back if it fails); a dry run only says what it would change; a stage job
+(on the stage worker) downloads, so that no download ever delays an apply
+or a restore. Every verdict goes through the journal.
 
 Must not: answer HTTP, or admit jobs (``agent`` does both); run a job id
 twice (the journal's "accepted" record is the only way in).
@@ -13,6 +15,7 @@ import contextlib
 import hashlib
 import os
 import sys
+import threading
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
@@ -52,12 +55,14 @@ from reconciler.node.state_dir import (
     digest,
 )
 from reconciler.node.switchover import Timings
+from reconciler.spec.artifacts import DEFAULT_STAGE_TIMEOUT
 from reconciler.spec.safe_yaml import dump_yaml
 from reconciler.spec.times import format_time
 
 
 class JobRunner:
-    """Runs jobs one at a time (``run``, on the worker thread)."""
+    """Runs jobs (``run``): applies and restores one at a time on the job
+    worker, stage jobs one at a time on the stage worker."""
 
     def __init__(
         self,
@@ -83,6 +88,8 @@ class JobRunner:
         self.stager = Stager(
             store, DownloadSettings(rate=config.stage_rate, ca_file=config.ca_file)
         )
+        # The two workers both note uses of artifacts and prune them.
+        self._artifacts = threading.Lock()
         # The after-apply command's environment, to which each job adds its own:
         # read once (``os.environ`` decodes every entry each time it is copied).
         self._environment = dict(os.environ)
@@ -201,7 +208,8 @@ class JobRunner:
             return "no change: already in place; nothing written, no backup"
         if artifacts:
             self.stager.require_held(artifacts)
-            self.models.lay_out(artifacts)
+            with self._artifacts:  # the stage worker may lay out the same directory
+                self.models.lay_out(artifacts)
         new_values = {**(before_values or {}), **wanted}
         return dump_yaml(new_values), current[1] if current is not None else CONFIG_MODE, change
 
@@ -265,19 +273,27 @@ class JobRunner:
     def _stage(self, record: JobRecord) -> JobRecord:
         payload = record.payload
         artifacts = payload["artifacts"]
+        # A job from an older daemon carries no timeout: the default stage.timeout.
+        seconds = float(payload.get("timeoutSeconds", DEFAULT_STAGE_TIMEOUT))
         if payload["mode"] == "dry_run":
-            detail = self.stager.dry_run(artifacts)
+            detail = self.stager.dry_run(artifacts, seconds)
         else:
-            self.store.note_use([a["sha256"] for a in artifacts], payload["target"]["runtime"])
+            with self._artifacts:
+                self.store.note_use([a["sha256"] for a in artifacts], payload["target"]["runtime"])
             self.prune_artifacts(payload["target"]["runtime"], payload)  # room for these
-            detail = self.stager.stage(artifacts)
-            self.models.lay_out(artifacts)  # ahead, so the apply finds it ready
+            detail = self.stager.stage(artifacts, seconds)
+            with self._artifacts:  # ahead, so the apply finds it ready
+                self.models.lay_out(artifacts)
         return self.journal.update(
             record, state="succeeded", detail=detail, finished_at=format_time(self.clock())
         )
 
     def prune_artifacts(self, runtime: str, payload: Mapping[str, Any]) -> None:
         """Delete the artifacts retention no longer keeps (``artifact_retention``)."""
+        with self._artifacts:
+            self._prune_artifacts(payload)
+
+    def _prune_artifacts(self, payload: Mapping[str, Any]) -> None:
         pinned: set[str] = set()
         newest_backup: dict[str, BackupInfo] = {}
         for backup in self.state.list_backups():

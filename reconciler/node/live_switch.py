@@ -5,7 +5,9 @@ after-apply or the warm-up failed, the way back to the previous config
 (after-apply run again for it, then undrain).
 
 An apply that carries no artifacts, drain or warm-up is a version 2 apply:
-no timings, no undrain, and a failure restores the bytes only, as before.
+no undrain, and a failure restores the bytes only, as before; its timings
+are ``activatedAt`` and ``servingAt`` (the node is out of service while
+its after-apply restarts the runtime). A restore has no timings.
 
 Must not: write the config (``job_runner`` does, between these steps), or
 run a command a job names (the commands are the agent's options).
@@ -39,12 +41,14 @@ class LiveSwitch:
         config: AgentConfig,
         environment: Environment,
         timings: Timings | None,
+        versioned: bool = False,
     ) -> None:
         self.payload = payload
         self.before = before
         self.config = config
         self.environment = environment
         self._timings = timings
+        self.versioned = versioned  # carries artifacts, drain or warm-up
         self.drained = False
 
     @classmethod
@@ -59,7 +63,8 @@ class LiveSwitch:
         """Drain when the job says so; ``JobFailed`` (``drain_timeout``,
         undrained, nothing changed) when the node is not idle in time."""
         versioned = any(payload.get(k) for k in SWITCH_FIELDS)
-        switch = cls(payload, before, config, environment, timings if versioned else None)
+        timed = payload["kind"] == "apply"  # every live apply: its time out of service
+        switch = cls(payload, before, config, environment, timings if timed else None, versioned)
         if payload.get("drain"):
             switch._drain(payload["drain"], timings)
         return switch
@@ -74,7 +79,8 @@ class LiveSwitch:
                 outcome = run_command(
                     "drain command",
                     command,
-                    self.environment(self.payload, self.before),
+                    # The model it drains for: the target's, not the one serving.
+                    self.environment(self.payload, self.payload["target"]),
                     max(0.1, deadline - time.monotonic()),
                 )
                 if outcome is not None:
@@ -104,7 +110,7 @@ class LiveSwitch:
     def put_back(self, after_apply: AfterApply | None) -> str:
         """Called once the previous bytes are back: after-apply again for
         them and undrain (a version 3 apply); what to add to the error."""
-        if self._timings is None:
+        if not self.versioned:
             return "; previous config restored"
         said = "; previous config restored"
         if after_apply is not None:

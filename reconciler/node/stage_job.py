@@ -7,36 +7,44 @@ Must not: touch a runtime's config, or run any command.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from reconciler.node.artifact_download import Downloader, DownloadSettings
+from reconciler.node.artifact_download import Deadline, Downloader, DownloadSettings
 from reconciler.node.artifact_store import ArtifactStore, StageFailed
 from reconciler.node.runtime_config import JobFailed
 
 
 class Stager:
-    """Runs stage jobs on the job thread, into ``store``."""
+    """Runs stage jobs on the agent's stage worker, into ``store``."""
 
     def __init__(self, store: ArtifactStore, settings: DownloadSettings) -> None:
         self.store = store
         self.settings = settings
         self._downloader: Downloader | None = None
+        self._stopping = threading.Event()
 
     @property
     def downloader(self) -> Downloader:
         """Made at the first stage job: an agent that never stages loads no CA store."""
         if self._downloader is None:
-            self._downloader = Downloader(self.settings)
+            self._downloader = Downloader(self.settings, self._stopping)
         return self._downloader
+
+    def stop(self) -> None:
+        """End a download under way, and any later one (the agent is stopping)."""
+        self._stopping.set()
 
     def close(self) -> None:
         if self._downloader is not None:
             self._downloader.close()
 
-    def stage(self, artifacts: Sequence[Mapping[str, Any]]) -> str:
-        """Fetch what is not held; the job's detail, or ``JobFailed`` with
-        the code of the first artifact that could not be staged."""
+    def stage(self, artifacts: Sequence[Mapping[str, Any]], seconds: float) -> str:
+        """Fetch what is not held, all within ``seconds``; the job's detail,
+        or ``JobFailed`` with the code of the first artifact that could not
+        be staged."""
+        deadline = Deadline.after(seconds)
         try:
             self.store.check_space(artifacts)
         except StageFailed as exc:
@@ -50,7 +58,7 @@ class Stager:
             partial = self.store.partial(sha256)
             resumed = partial.size
             try:
-                self.downloader.fetch(artifact["url"], partial, size)
+                self.downloader.fetch(artifact["url"], partial, size, deadline)
                 partial.finish(size)
             except StageFailed as exc:
                 raise JobFailed(f"{exc.code}: {name}: {exc.message}") from None
@@ -73,9 +81,11 @@ class Stager:
                 "a stage job brings them first; nothing was changed"
             )
 
-    def dry_run(self, artifacts: Sequence[Mapping[str, Any]]) -> str:
+    def dry_run(self, artifacts: Sequence[Mapping[str, Any]], seconds: float) -> str:
         """What a live stage would fetch: the size each server reports, and
-        whether the file is held already. Downloads nothing."""
+        whether the file is held already, asked within ``seconds``.
+        Downloads nothing."""
+        deadline = Deadline.after(seconds)
         said = []
         for artifact in artifacts:
             name, sha256, size = artifact["name"], artifact["sha256"], int(artifact["size"])
@@ -83,7 +93,7 @@ class Stager:
                 said.append(f"{name}: already held")
                 continue
             try:
-                reported = self.downloader.remote_size(artifact["url"])
+                reported = self.downloader.remote_size(artifact["url"], deadline)
             except StageFailed as exc:
                 raise JobFailed(f"{exc.code}: {name}: {exc.message}") from None
             if reported is None:

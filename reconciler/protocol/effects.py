@@ -31,3 +31,4 @@ class SendJob:
     artifacts: tuple[Artifact, ...] = ()  # stage jobs, and applies of a rollout with artifacts
     drain: Drain | None = None  # live applies only
     warmup: tuple[Warmup, ...] = ()  # live applies only
+    stage_timeout: int | None = None  # stage jobs: seconds the agent may spend (stage.timeout)

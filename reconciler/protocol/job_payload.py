@@ -28,6 +28,7 @@ from reconciler.spec.times import format_time, parse_time
 
 SCHEMA_ID = "reconciler.job/v1"
 JOB_TTL = timedelta(minutes=15)
+MAX_STAGE_TIMEOUT = 31_536_000  # seconds (a year): what the schema takes
 # Fields that differ between two sends of one job (fresh signature, fresh times).
 SEND_TIME_FIELDS = frozenset({"issuedAt", "expiresAt"})
 
@@ -58,6 +59,8 @@ def build_payload(job: SendJob, issued_at: datetime) -> dict[str, Any]:
         payload["checks"] = health.to_payload(job.health, job.node)
     if job.artifacts:
         payload["artifacts"] = [_artifact_payload(a) for a in job.artifacts]
+    if job.kind == "stage" and job.stage_timeout is not None:
+        payload["timeoutSeconds"] = min(job.stage_timeout, MAX_STAGE_TIMEOUT)
     if job.drain is not None:
         # A preset arrives expanded (url and metrics): the agent reads the
         # same fields either way. One metric stays a name, as agents before
@@ -180,8 +183,8 @@ _EXTRA_KEYS: dict[tuple[str, str], frozenset[str]] = {
     ("apply", "dry_run"): frozenset({"artifacts"}),
     ("apply", "live"): frozenset({"artifacts", "checks", "drain", "warmup"}),
     ("restore", "live"): frozenset({"backupId"}),
-    ("stage", "dry_run"): frozenset({"artifacts"}),
-    ("stage", "live"): frozenset({"artifacts"}),
+    ("stage", "dry_run"): frozenset({"artifacts", "timeoutSeconds"}),
+    ("stage", "live"): frozenset({"artifacts", "timeoutSeconds"}),
 }
 # ... and which of them it must carry.
 _REQUIRED_EXTRA = {"restore": "backupId", "stage": "artifacts"}
@@ -357,6 +360,7 @@ def _plain_warmups(warmups: Any) -> bool:
 _EXTRA_CHECKS: dict[str, Callable[[Any], bool]] = {
     "backupId": lambda value: _matches(_ID, value),
     "artifacts": _plain_artifacts,
+    "timeoutSeconds": lambda value: _count(value, 1, MAX_STAGE_TIMEOUT),
     "checks": _plain_checks,
     "drain": _plain_drain,
     "warmup": _plain_warmups,

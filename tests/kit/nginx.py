@@ -21,6 +21,7 @@ import os
 import socket
 import subprocess
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,10 @@ def require_nginx() -> str:
 class NginxServer:
     """nginx serving ``files`` (a folder) on 127.0.0.1; ``rate``: bytes a
     second per connection (None: uncapped); ``tls``: (cert, key) files;
-    ``gzip``: compress answers for clients that accept it."""
+    ``gzip``: compress answers for clients that accept it; ``redirects``:
+    path -> URL answered with a 302 to it; ``listener``: a socket already
+    bound (not yet listening: connections to it are refused until nginx
+    starts), instead of a fresh one."""
 
     def __init__(
         self,
@@ -49,17 +53,22 @@ class NginxServer:
         rate: int | None = None,
         tls: tuple[Path, Path] | None = None,
         gzip: bool = False,
+        redirects: Mapping[str, str] | None = None,
+        listener: socket.socket | None = None,
     ) -> None:
         self.binary = require_nginx()
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
         (root / "tmp").mkdir(exist_ok=True)
-        self.socket = socket.socket()
-        self.socket.bind(("127.0.0.1", 0))
+        self.socket = listener or socket.socket()
+        if listener is None:
+            self.socket.bind(("127.0.0.1", 0))
         self.socket.listen(128)
         self.port: int = self.socket.getsockname()[1]
         self.scheme = "https" if tls else "http"
-        (root / "nginx.conf").write_text(_config(self.port, files, rate, tls, gzip))
+        (root / "nginx.conf").write_text(
+            _config(self.port, files, rate, tls, gzip, redirects or {})
+        )
         self.log = root / "error.log"
         self.log.write_bytes(b"")
         self.process = subprocess.Popen(
@@ -112,7 +121,12 @@ class NginxServer:
 
 
 def _config(
-    port: int, files: Path, rate: int | None, tls: tuple[Path, Path] | None, gzip: bool
+    port: int,
+    files: Path,
+    rate: int | None,
+    tls: tuple[Path, Path] | None,
+    gzip: bool,
+    redirects: Mapping[str, str],
 ) -> str:
     user = "user root root;\n" if os.geteuid() == 0 else ""  # workers must read tmp_path
     listen = f"listen 127.0.0.1:{port}" + (" ssl" if tls else "") + ";"
@@ -131,7 +145,11 @@ def _config(
         "  types { application/octet-stream bin gguf; }\n"
         + ("  gzip on; gzip_types application/octet-stream; gzip_min_length 1;\n" if gzip else "")
         + f"  server {{\n    {listen}\n    {certificate}    root {files};\n"
-        f"    location / {{ {limit} }}\n  }}\n"
+        f"    location / {{ {limit} }}\n"
+        + "".join(
+            f"    location = {path} {{ return 302 {to}; }}\n" for path, to in redirects.items()
+        )
+        + "  }\n"
         "}\n"
     )
 
