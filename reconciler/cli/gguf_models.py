@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from reconciler.spec.errors import ReconcilerError
+
 VOCAB = 512
 EMBED = 64
 BLOCKS = 2
@@ -28,7 +30,7 @@ BYTE_TOKENS = 256
 CONTROL = ("<unk>", "<s>", "</s>")
 
 
-class GgufMissing(Exception):
+class GgufMissing(ReconcilerError):
     """The ``gguf`` library is not installed."""
 
 
@@ -37,7 +39,8 @@ def _gguf() -> Any:
         import gguf
     except ImportError:
         raise GgufMissing(
-            "writing a model needs PyPI's gguf: pip install 'fleet-rollout-reconciler[demo]'"
+            "writing a GGUF model needs PyPI's gguf, which is not installed",
+            hint="pip install 'fleet-rollout-reconciler[demo]'",
         ) from None
     return gguf
 
