@@ -25,7 +25,7 @@ EMBED = 64
 BLOCKS = 2
 FEED_FORWARD = 128
 HEADS = 4
-CONTEXT = 256
+CONTEXT = 8192  # the most a server may give a slot; tests of long generations use it
 BYTE_TOKENS = 256
 CONTROL = ("<unk>", "<s>", "</s>")
 

@@ -96,14 +96,19 @@ class LlamaNode:
     def after_apply(self) -> str:
         """The agent's ``--after-apply`` command for this node."""
         settings = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.environment().items())
-        return f"{settings} {shlex.quote(str(after_apply_script()))}"
+        # Through bash: an installed wheel need not keep the script's mode.
+        return f"{settings} bash {shlex.quote(str(after_apply_script()))}"
 
     def start(self, config: Path) -> subprocess.CompletedProcess[str]:
         """Run the after-apply script for ``config`` as the agent would."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **self.environment(), "RECONCILER_CONFIG": str(config)}
         return subprocess.run(
-            [str(after_apply_script())], env=env, capture_output=True, text=True, timeout=120
+            ["bash", str(after_apply_script())],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
 
     def stop(self) -> None:
