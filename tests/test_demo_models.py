@@ -24,11 +24,12 @@ def test_the_model_demo_stages_drains_under_load_and_rolls_back(tmp_path: Path) 
     root = run_models_demo(tmp_path / "demo", out, interval=0.2)
 
     bare = root / "fleet.git"
-    phases = {
-        name: load_yaml(name, git("show", f"main:status/{name}.yaml", cwd=bare).encode())["phase"]
+    statuses = {
+        name: load_yaml(name, git("show", f"main:status/{name}.yaml", cwd=bare).encode())
         for name in ("tiny-a", "tiny-b")
     }
-    assert phases == {"tiny-a": "completed", "tiny-b": "rolled_back"}
+    assert [s["phase"] for s in statuses.values()] == ["completed", "completed"]
+    assert {n["state"] for n in statuses["tiny-b"]["nodes"]} == {"rolled_back"}
     story = out.getvalue()
     load = next(line for line in story.splitlines() if "client load:" in line)
     assert " 0 failed;" in load and "answered by tiny-a" in load and "answered by tiny-b" in load

@@ -25,7 +25,7 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, TextIO
 
-from reconciler.cli.demo_story import Demo, _indent, _phase, demo_directory
+from reconciler.cli.demo_story import Demo, Statuses, _indent, _phase, demo_directory
 from reconciler.cli.examples import example_dir
 from reconciler.cli.gguf_models import write_model
 from reconciler.cli.llama_runtime import (
@@ -110,7 +110,7 @@ class ModelsDemo(Demo):
             "--message", "back to tiny-a", "--commit",
         )  # fmt: skip
         self.git("-C", str(self.work), "push", "--quiet", "origin", "main")
-        self.wait_for("tiny-b is rolled back", lambda s: _phase(s, "tiny-b") == "rolled_back")
+        self.wait_for("every node of tiny-b is rolled back", _rolled_back)
         self.say(_indent(self.serving()))
         self.say(
             f"\nThe repository stays for you to explore: {self.bare}\n"
@@ -262,6 +262,11 @@ class ModelsDemo(Demo):
         super().stop()
         for server in self.servers.values():
             server.stop()
+
+
+def _rolled_back(statuses: Statuses) -> bool:
+    status = statuses.get("tiny-b")
+    return status is not None and all(n.state == "rolled_back" for n in status.nodes)
 
 
 def _serve_folder(folder: Path) -> ThreadingHTTPServer:
