@@ -22,8 +22,7 @@ from reconciler.spec.errors import ReconcilerError
 
 VOCAB = 512
 EMBED = 64
-BLOCKS = 2
-FEED_FORWARD = 128
+BLOCKS = 2  # feed-forward width: twice the embeddings
 HEADS = 4
 CONTEXT = 8192  # the most a server may give a slot; tests of long generations use it
 BYTE_TOKENS = 256
@@ -64,45 +63,49 @@ def vocabulary() -> tuple[list[str], list[float], list[int]]:
     return tokens, scores, types
 
 
-def _weights(seed: int) -> dict[str, Any]:
+def _weights(seed: int, embed: int, blocks: int) -> dict[str, Any]:
     """Tensor name -> float32 array, in the order they are written; numpy's
     shape is ggml's reversed."""
     rng = np.random.default_rng(seed)
+    feed_forward = 2 * embed
 
     def matrix(rows: int, columns: int) -> Any:
         return (rng.standard_normal((rows, columns)) / np.sqrt(columns)).astype(np.float32)
 
-    ones = np.ones(EMBED, dtype=np.float32)
-    tensors: dict[str, Any] = {"token_embd.weight": matrix(VOCAB, EMBED)}
-    for block in range(BLOCKS):
+    ones = np.ones(embed, dtype=np.float32)
+    tensors: dict[str, Any] = {"token_embd.weight": matrix(VOCAB, embed)}
+    for block in range(blocks):
         prefix = f"blk.{block}."
         tensors[prefix + "attn_norm.weight"] = ones
         for name in ("attn_q", "attn_k", "attn_v", "attn_output"):
-            tensors[prefix + name + ".weight"] = matrix(EMBED, EMBED)
+            tensors[prefix + name + ".weight"] = matrix(embed, embed)
         tensors[prefix + "ffn_norm.weight"] = ones
-        tensors[prefix + "ffn_gate.weight"] = matrix(FEED_FORWARD, EMBED)
-        tensors[prefix + "ffn_up.weight"] = matrix(FEED_FORWARD, EMBED)
-        tensors[prefix + "ffn_down.weight"] = matrix(EMBED, FEED_FORWARD)
+        tensors[prefix + "ffn_gate.weight"] = matrix(feed_forward, embed)
+        tensors[prefix + "ffn_up.weight"] = matrix(feed_forward, embed)
+        tensors[prefix + "ffn_down.weight"] = matrix(embed, feed_forward)
     tensors["output_norm.weight"] = ones
-    tensors["output.weight"] = matrix(VOCAB, EMBED) * 4  # sharper logits: varied answers
+    tensors["output.weight"] = matrix(VOCAB, embed) * 4  # sharper logits: varied answers
     return tensors
 
 
-def write_model(path: Path, seed: int, name: str = "") -> Path:
+def write_model(
+    path: Path, seed: int, name: str = "", *, embed: int = EMBED, blocks: int = BLOCKS
+) -> Path:
     """Write the model of ``seed`` to ``path``; ``name`` (default
-    ``tiny-llama-SEED``) goes in ``general.name`` only."""
+    ``tiny-llama-SEED``) goes in ``general.name`` only. Wider ``embed`` and
+    more ``blocks`` make a slower model."""
     gguf = _gguf()
     tokens, scores, types = vocabulary()
     path.parent.mkdir(parents=True, exist_ok=True)
     writer = gguf.GGUFWriter(str(path), "llama")
     writer.add_name(name or f"tiny-llama-{seed}")
     writer.add_context_length(CONTEXT)
-    writer.add_embedding_length(EMBED)
-    writer.add_block_count(BLOCKS)
-    writer.add_feed_forward_length(FEED_FORWARD)
+    writer.add_embedding_length(embed)
+    writer.add_block_count(blocks)
+    writer.add_feed_forward_length(2 * embed)
     writer.add_head_count(HEADS)
     writer.add_head_count_kv(HEADS)
-    writer.add_rope_dimension_count(EMBED // HEADS)
+    writer.add_rope_dimension_count(embed // HEADS)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
     writer.add_tokenizer_model("llama")
@@ -114,7 +117,7 @@ def write_model(path: Path, seed: int, name: str = "") -> Path:
     writer.add_eos_token_id(2)
     writer.add_add_bos_token(True)
     writer.add_add_eos_token(False)
-    for tensor_name, array in _weights(seed).items():
+    for tensor_name, array in _weights(seed, embed, blocks).items():
         writer.add_tensor(tensor_name, array)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

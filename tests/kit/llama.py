@@ -59,6 +59,12 @@ class Models:
         path = self.folder / f"seed-{seed}{'-' + name if name else ''}" / "model.gguf"
         return path if path.exists() else write_model(path, seed, name)
 
+    def slow(self, seed: int) -> Path:
+        """A model with 512-wide embeddings and 6 blocks (65 MB): each token
+        costs tens of times what one of ``model``'s does."""
+        path = self.folder / f"seed-{seed}-slow" / "model.gguf"
+        return path if path.exists() else write_model(path, seed, embed=512, blocks=6)
+
     def truncated(self, seed: int = 1) -> Path:
         """The model of ``seed`` cut in half: llama.cpp refuses to load it."""
         path = self.folder / f"seed-{seed}-truncated" / "model.gguf"
