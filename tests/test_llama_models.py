@@ -11,6 +11,7 @@ import subprocess
 from pathlib import Path
 
 import gguf
+import pytest
 
 from reconciler.cli.gguf_models import VOCAB, write_model
 from reconciler.cli.llama_runtime import IDLE_METRICS
@@ -69,3 +70,15 @@ def test_a_truncated_model_is_refused_and_the_server_exits(tmp_path: Path, model
         raise AssertionError(f"llama-server kept running: {server.log_tail()}") from None
     assert code != 0
     assert "model" in server.log_tail(20).lower()
+
+
+def test_a_missing_binary_fails_the_test_naming_the_make_target(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RECONCILER_LLAMA_SERVER", str(tmp_path / "nowhere" / "llama-server"))
+    with pytest.raises(pytest.fail.Exception, match="run `make llama-server` once"):
+        llama_server_binary()
+    monkeypatch.delenv("RECONCILER_LLAMA_SERVER")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    with pytest.raises(pytest.fail.Exception, match=str(tmp_path / "cache" / "reconciler")):
+        llama_server_binary()
