@@ -67,8 +67,12 @@ healthy() {
   ' "$host" "$port" 2>/dev/null
 }
 
+# The pid file names a running llama-server on our port (not a process that
+# took a dead server's pid).
 alive() {
-  [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null
+  local pid
+  [ -f "$1" ] && pid=$(cat "$1") && kill -0 "$pid" 2>/dev/null &&
+    tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q -- "--port $port "
 }
 
 restart_pidfile() {
