@@ -12,6 +12,7 @@ would; the answers' ``model`` field names the file that served each one.
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -87,14 +88,15 @@ class Node:
 def node(tmp_path: Path, models: Models) -> Iterator[Node]:
     key = make_key(tmp_path / "keys" / "reconciler").signing
     model_a, model_b, broken = models.model(1), models.model(2), models.truncated()
+    slow = models.slow(3)
     config = tmp_path / "state" / "runtimes" / "hermes.yaml"
     config.parent.mkdir(parents=True)
     config.write_bytes(node_config(model_a, 1))
     server = LlamaNode(llama_server_binary(), free_port(), tmp_path / "run", LONG_ARGS)
     mirror = tmp_path / "mirror"
     mirror.mkdir()
-    for name, path in {"b.gguf": model_b, "broken.gguf": broken}.items():
-        (mirror / name).write_bytes(path.read_bytes())
+    for name, path in {"b.gguf": model_b, "broken.gguf": broken, "slow.gguf": slow}.items():
+        (mirror / name).symlink_to(path)  # nginx follows it
     started = server.start(config)
     assert started.returncode == 0, started.stderr
     balancer = Balancer({"gpu": server.url})
@@ -258,6 +260,37 @@ def test_a_model_that_does_not_load_is_never_served_the_old_one_comes_back(
     assert serving == "A"
     assert node.balancer.events == ["drain gpu", "undrain gpu"]
     assert answers and {a.status for a in answers} == {200}  # drained first: none failed
+    assert {which_model(a.model, node.models) for a in answers} == {"A"}
+
+
+def test_a_model_too_slow_for_its_warm_up_fails_warmup_failed_and_the_old_one_serves_again(
+    node: Node, models: Models
+) -> None:
+    """The model loads and answers /health, but generates far slower than
+    the warm-up allows: warmup_failed, the old config and model come back."""
+    slow = model_artifact(node.artifact.url.replace("b.gguf", "slow.gguf"), models.slow(3))
+    body = json.dumps({**LONG, "max_tokens": 1000})
+    warmup = Warmup(f"{node.server.url}/v1/completions", "POST", body, 200, 1, 1)
+    agent = node.agent()
+    before = node.config.read_bytes()
+    try:
+        _staged(agent, node, slow)
+        node.balancer.start(2, max_requests=100_000, max_seconds=300)
+        agent.post(envelope(_switch(node, artifacts=(slow,), warmup=(warmup,)), node.key))
+        record = _finished(agent, "apply-1")
+        answers = node.balancer.stop()
+        serving = node.serving()
+    finally:
+        agent.close()
+    assert record["state"] == "failed"
+    assert record["error"] == (
+        f"warmup_failed: POST {warmup.url} (time 1 of 1): no answer within 1s; "
+        "previous config restored, after-apply run again for it; undrained"
+    )
+    assert node.config.read_bytes() == before
+    assert serving == "A"
+    assert node.balancer.events == ["drain gpu", "undrain gpu"]
+    assert answers and {a.status for a in answers} == {200}
     assert {which_model(a.model, node.models) for a in answers} == {"A"}
 
 

@@ -75,7 +75,7 @@ def test_a_canary_on_a_much_slower_model_fails_its_comparison_and_holds(
         assert started.returncode == 0, started.stderr
     mirror = tmp_path / "mirror"
     mirror.mkdir()
-    (mirror / "model.gguf").write_bytes(slow.read_bytes())
+    (mirror / "model.gguf").symlink_to(slow)  # nginx follows it
     load = Balancer({n: s.url for n, s in servers.items()})
     targets = [Target(n, s.url.removeprefix("http://")) for n, s in servers.items()]
     with (
