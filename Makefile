@@ -33,11 +33,15 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-pytest: $(STAMP)
+# The runtime tests and the model demo run real llama-server nodes.
+pytest: $(STAMP) $(LLAMA_SERVER)
 	$(BIN)/pytest -n 2 -q
 
 demo: $(STAMP)
 	$(BIN)/reconciler demo
+
+demo-models: $(STAMP) $(LLAMA_SERVER)
+	$(BIN)/reconciler demo --models
 
 bench: $(STAMP)
 	$(BIN)/python bench/all.py

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.kit.git import OPERATOR, git_env
+from tests.kit.llama import Models
 from tests.kit.ports import HeldPort
 
 IDENTITY_VARIABLES = (
@@ -50,3 +51,9 @@ def daemon_state_home(
     home = tmp_path_factory.mktemp("state-home")
     monkeypatch.setenv("XDG_STATE_HOME", str(home))
     return home
+
+
+@pytest.fixture(scope="session")
+def models(tmp_path_factory: pytest.TempPathFactory) -> Models:
+    """Seeded GGUF models (tests/kit/llama.py), each written once per session."""
+    return Models(tmp_path_factory.mktemp("gguf"))

@@ -1,177 +1,372 @@
-"""A live apply with drain and warm-up on a real agent, against a stand-in
-inference runtime on loopback: running generations finish before the
-switch, a node that never gets idle is left as it was, and a model that
-does not warm up is never served."""
+"""A live apply with drain and warm-up on a real agent, against a real
+llama-server (llama.cpp, built by `make llama-server`) run by the shipped
+after-apply script, with models staged from Debian's nginx: running
+generations finish before the switch, a node that never gets idle is left
+as it was, a model that does not load is never served, and client load sees
+no failed request with drain and some without.
+
+Client load goes through a client-side balancer (reconciler/cli/llama_runtime.py)
+that the node's drain command takes the node out of, as a load balancer
+would; the answers' ``model`` field names the file that served each one.
+"""
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
+from reconciler.cli.llama_runtime import IDLE_METRICS, Answer, Balancer, LlamaNode, free_port
 from reconciler.protocol.signing import SigningKey
-from reconciler.spec.artifacts import Drain, Warmup
+from reconciler.spec.artifacts import Artifact, Drain, Warmup
 from reconciler.spec.model import Target
 from tests.kit.agents import AgentThread
 from tests.kit.jobs import envelope, job
 from tests.kit.keys import make_key
+from tests.kit.llama import (
+    Models,
+    complete,
+    llama_server_binary,
+    model_artifact,
+    node_config,
+    which_model,
+)
+from tests.kit.nginx import NginxServer
 from tests.kit.runtime import METRIC, StandInRuntime
 from tests.kit.waiting import wait_for
 
-OLD_CONFIG = b"provider: vllm\nmodel: old\nprofile: default\n"
+pytestmark = pytest.mark.slow
+
+METRIC_PROCESSING = IDLE_METRICS[0]  # llamacpp:requests_processing
+# Room for generations long enough to be running while the node drains.
+LONG_ARGS = "--metrics -c 8192 -np 2"
+LONG = {"prompt": "Hello", "max_tokens": 1000, "temperature": 0, "ignore_eos": True}
+# Longer than a drain timeout of 1 s by far: 3000 tokens of a slot's 4096.
+LONGER = {**LONG, "max_tokens": 3000}
+TARGET = Target("hermes", "llama.cpp", "tiny-llama-2", "default")
+
+
+@dataclass
+class Node:
+    """One node: its llama-server (run by the after-apply script), the
+    models A (serving) and B (staged by each test), the balancer in front."""
+
+    server: LlamaNode
+    balancer: Balancer
+    models: dict[str, Path]
+    artifact: Artifact  # model B, from nginx
+    config: Path
+    key: SigningKey
+    tmp_path: Path
+
+    def agent(self, balancer: Balancer | None = None) -> AgentThread:
+        commands = (balancer or self.balancer).commands("gpu")
+        return AgentThread(
+            self.config.parent.parent,
+            [self.key],
+            after_apply=self.server.after_apply(),
+            drain_command=commands["drain"],
+            undrain_command=commands["undrain"],
+            after_apply_timeout=90,
+        )
+
+    def serving(self) -> str:
+        """The label of the model the server answers from."""
+        return which_model(complete(self.server.url)["model"], self.models)
+
+    def pid(self) -> str:
+        return self.server.pid_file.read_text().strip()
 
 
 @pytest.fixture
-def key(tmp_path: Path) -> SigningKey:
-    return make_key(tmp_path / "keys" / "reconciler").signing
-
-
-@pytest.fixture
-def state(tmp_path: Path) -> Path:
+def node(tmp_path: Path, models: Models) -> Iterator[Node]:
+    key = make_key(tmp_path / "keys" / "reconciler").signing
+    model_a, model_b, broken = models.model(1), models.model(2), models.truncated()
+    slow = models.slow(3)
     config = tmp_path / "state" / "runtimes" / "hermes.yaml"
     config.parent.mkdir(parents=True)
-    config.write_bytes(OLD_CONFIG)
-    return tmp_path / "state"
+    config.write_bytes(node_config(model_a, 1))
+    server = LlamaNode(llama_server_binary(), free_port(), tmp_path / "run", LONG_ARGS)
+    mirror = tmp_path / "mirror"
+    mirror.mkdir()
+    for name, path in {"b.gguf": model_b, "broken.gguf": broken, "slow.gguf": slow}.items():
+        (mirror / name).symlink_to(path)  # nginx follows it
+    started = server.start(config)
+    assert started.returncode == 0, started.stderr
+    balancer = Balancer({"gpu": server.url})
+    try:
+        with NginxServer(tmp_path / "nginx", mirror) as nginx:
+            artifact = model_artifact(nginx.url("b.gguf"), model_b)
+            yield Node(
+                server,
+                balancer,
+                {"A": model_a, "B": model_b},
+                artifact,
+                config,
+                key,
+                tmp_path,
+            )
+    finally:
+        balancer.close()
+        server.stop()
 
 
-@pytest.fixture
-def runtime() -> Iterator[StandInRuntime]:
-    with StandInRuntime("old") as stand_in:
-        yield stand_in
-
-
-def _agent(state: Path, key: SigningKey, runtime: StandInRuntime, tmp_path: Path) -> AgentThread:
-    commands = runtime.commands(tmp_path / "scripts")
-    return AgentThread(
-        state,
-        [key],
-        after_apply=commands["after_apply"],
-        drain_command=commands["drain"],
-        undrain_command=commands["undrain"],
-    )
-
-
-def _switch_job(runtime: StandInRuntime, job_id: str = "apply-1", **changes: object) -> object:
-    settings: dict[str, object] = {
-        "drain": Drain(10, f"{runtime.url}/metrics", METRIC, 0),
-        "warmup": (Warmup(f"{runtime.url}/v1/completions", "POST", '{"prompt":"hi"}', 200, 10, 2),),
+def _switch(node: Node, job_id: str = "apply-1", **changes: Any) -> Any:
+    settings: dict[str, Any] = {
+        "target": TARGET,
+        "artifacts": (node.artifact,),
+        "drain": Drain(300, f"{node.server.url}/metrics", METRIC_PROCESSING, 0),
+        "warmup": (
+            Warmup(
+                f"{node.server.url}/v1/completions",
+                "POST",
+                '{"prompt": "Hello", "max_tokens": 1, "temperature": 0}',
+                200,
+                30,
+                2,
+            ),
+        ),
     }
     settings.update(changes)
-    return job(job_id, **settings)  # type: ignore[arg-type]
+    return job(job_id, **settings)
 
 
-def _generation(runtime: StandInRuntime, answers: list[int]) -> threading.Thread:
-    """A client request that runs while the switch begins."""
+def _finished(agent: AgentThread, job_id: str, timeout: float = 400) -> dict[str, Any]:
+    def done() -> dict[str, Any] | None:
+        status, record = agent.get(f"jobs/{job_id}")
+        return record if status == 200 and record["state"] in ("succeeded", "failed") else None
+
+    record: dict[str, Any] = wait_for(done, timeout, what=f"job {job_id} to finish")
+    return record
+
+
+def _staged(agent: AgentThread, node: Node, artifact: Artifact | None = None) -> None:
+    stage = job("stage-1", kind="stage", artifacts=(artifact or node.artifact,))
+    agent.post(envelope(stage, node.key))
+    assert _finished(agent, "stage-1")["state"] == "succeeded"
+
+
+def _long_generation(
+    node: Node, body: dict[str, Any] = LONG
+) -> tuple[threading.Thread, list[Answer]]:
+    """A client request running when the switch begins; its answer lands in the list."""
+    answers: list[Answer] = []
+    load = Balancer({"gpu": node.server.url})
 
     def ask() -> None:
-        try:
-            answers.append(httpx.post(f"{runtime.url}/lb/v1/completions", timeout=60).status_code)
-        except httpx.HTTPError:
-            answers.append(0)
+        load.start(1, max_requests=1, max_seconds=600, body=body)
+        answers.extend(load.wait())
+        load.close()
 
     thread = threading.Thread(target=ask)
     thread.start()
-    wait_for(lambda: runtime.in_flight > 0, what="the generation to start")
-    return thread
+    wait_for(lambda: _running(node) > 0, what="the long generation to start")
+    return thread, answers
 
 
-def test_a_drained_switch_lets_running_generations_finish_then_warms_up_before_serving(
-    tmp_path: Path, state: Path, key: SigningKey, runtime: StandInRuntime
+def _running(node: Node) -> float:
+    text = httpx.get(f"{node.server.url}/metrics", timeout=10).text
+    line = next(x for x in text.splitlines() if x.startswith(METRIC_PROCESSING + " "))
+    return float(line.split()[1])
+
+
+def test_a_drained_switch_lets_a_running_generation_finish_then_warms_up_before_serving(
+    node: Node,
 ) -> None:
-    runtime.delay = 1.0
-    answers: list[int] = []
-    client = _generation(runtime, answers)
-    agent = _agent(state, key, runtime, tmp_path)
+    agent = node.agent()
     try:
-        agent.post(envelope(_switch_job(runtime), key))
-        record = agent.wait_finished("apply-1")
+        _staged(agent, node)
+        pid = node.pid()
+        client, answers = _long_generation(node)
+        agent.post(envelope(_switch(node), node.key))
+        record = _finished(agent, "apply-1")
+        client.join()
+        serving = node.serving()
     finally:
         agent.close()
-        client.join()
     assert record["state"] == "succeeded", record
-    assert answers == [200]  # the running generation finished: not cut off
-    assert runtime.failed == 0
-    assert runtime.events == ["drain", "load llama3.1-8b", "undrain"]
-    assert runtime.served == 1 + 2  # the generation, then two warm-up requests
+    # The running generation finished on the old model: not cut off.
+    assert [(a.status, which_model(a.model, node.models)) for a in answers] == [(200, "A")]
+    assert serving == "B" and node.pid() != pid
+    assert node.balancer.events == ["drain gpu", "undrain gpu"]
     timings = record["timings"]
     order = ["drainStartedAt", "drainedAt", "activatedAt", "warmedAt", "servingAt"]
     assert all(timings[k] for k in order)
     assert [timings[k] for k in order] == sorted(timings[k] for k in order)
+    # It was still running when the drain began, and ended before the switch.
+    assert _epoch(timings["drainStartedAt"]) < answers[0].answered
+    assert answers[0].answered <= _epoch(timings["activatedAt"])
 
 
 def test_a_drain_that_never_reaches_idle_fails_drain_timeout_and_changes_nothing(
-    tmp_path: Path, state: Path, key: SigningKey, runtime: StandInRuntime
+    node: Node,
 ) -> None:
-    runtime.delay = 30.0  # a generation that outlasts the drain timeout
-    answers: list[int] = []
-    client = _generation(runtime, answers)
-    agent = _agent(state, key, runtime, tmp_path)
+    agent = node.agent()
+    before = node.config.read_bytes()
     try:
-        agent.post(
-            envelope(_switch_job(runtime, drain=Drain(1, f"{runtime.url}/metrics", METRIC, 0)), key)
-        )
-        record = agent.wait_finished("apply-1")
+        _staged(agent, node)
+        pid = node.pid()
+        client, _ = _long_generation(node, LONGER)  # outlasts the drain timeout
+        drain = Drain(1, f"{node.server.url}/metrics", METRIC_PROCESSING, 0)
+        agent.post(envelope(_switch(node, drain=drain), node.key))
+        record = _finished(agent, "apply-1")
         backups = agent.agent.state.list_backups()
     finally:
         agent.close()
-        runtime.released.set()
+        node.server.stop()  # ends the long generation
         client.join()
     assert record["state"] == "failed"
     assert record["error"].startswith("drain_timeout: not idle within 1s")
-    assert f"{METRIC} was 1" in record["error"] and record["error"].endswith("; undrained")
-    assert (state / "runtimes" / "hermes.yaml").read_bytes() == OLD_CONFIG
+    assert f"{METRIC_PROCESSING} was 1" in record["error"]
+    assert record["error"].endswith("; undrained")
+    assert node.config.read_bytes() == before
     assert backups == []
-    assert runtime.events == ["drain", "undrain"]
+    assert node.pid() == pid  # never restarted
+    assert node.balancer.events == ["drain gpu", "undrain gpu"]
     assert record["timings"]["activatedAt"] is None and record["timings"]["servingAt"]
 
 
-def test_a_model_that_fails_its_warm_up_is_never_served_the_old_one_comes_back(
-    tmp_path: Path, state: Path, key: SigningKey, runtime: StandInRuntime
+def test_a_model_that_does_not_load_is_never_served_the_old_one_comes_back(
+    node: Node, models: Models
 ) -> None:
-    runtime.broken = {"llama3.1-8b"}  # loads, then answers 500
-    agent = _agent(state, key, runtime, tmp_path)
+    """A truncated GGUF, as an interrupted copy of a shard leaves it: the
+    after-apply script sees llama-server exit while loading and fails; the
+    agent puts the old config back and runs the script again for it."""
+    broken = model_artifact(node.artifact.url.replace("b.gguf", "broken.gguf"), models.truncated())
+    agent = node.agent()
+    before = node.config.read_bytes()
     try:
-        agent.post(envelope(_switch_job(runtime), key))
-        record = agent.wait_finished("apply-1")
+        _staged(agent, node, broken)
+        node.balancer.start(2, max_requests=100_000, max_seconds=300)
+        agent.post(envelope(_switch(node, artifacts=(broken,)), node.key))
+        record = _finished(agent, "apply-1")
+        answers = node.balancer.stop()
+        serving = node.serving()
     finally:
         agent.close()
+    assert record["state"] == "failed"
+    assert record["error"].startswith(
+        "after-apply command failed (exit status 1); previous config restored, "
+        "after-apply run again for it; undrained; output: "
+    )
+    assert "llama-server exited while loading" in record["error"] + record.get("detail", "")
+    assert node.config.read_bytes() == before
+    assert serving == "A"
+    assert node.balancer.events == ["drain gpu", "undrain gpu"]
+    assert answers and {a.status for a in answers} == {200}  # drained first: none failed
+    assert {which_model(a.model, node.models) for a in answers} == {"A"}
+
+
+def test_a_model_too_slow_for_its_warm_up_fails_warmup_failed_and_the_old_one_serves_again(
+    node: Node, models: Models
+) -> None:
+    """The model loads and answers /health, but generates far slower than
+    the warm-up allows: warmup_failed, the old config and model come back."""
+    slow = model_artifact(node.artifact.url.replace("b.gguf", "slow.gguf"), models.slow(3))
+    body = json.dumps({**LONG, "max_tokens": 1000})
+    warmup = Warmup(f"{node.server.url}/v1/completions", "POST", body, 200, 1, 1)
+    agent = node.agent()
+    before = node.config.read_bytes()
+    try:
+        _staged(agent, node, slow)
+        node.balancer.start(2, max_requests=100_000, max_seconds=300)
+        agent.post(envelope(_switch(node, artifacts=(slow,), warmup=(warmup,)), node.key))
+        record = _finished(agent, "apply-1")
+        answers = node.balancer.stop()
+        serving = node.serving()
+    finally:
+        agent.close()
+    assert record["state"] == "failed"
+    assert record["error"] == (
+        f"warmup_failed: POST {warmup.url} (time 1 of 1): no answer within 1s; "
+        "previous config restored, after-apply run again for it; undrained"
+    )
+    assert node.config.read_bytes() == before
+    assert serving == "A"
+    assert node.balancer.events == ["drain gpu", "undrain gpu"]
+    assert answers and {a.status for a in answers} == {200}
+    assert {which_model(a.model, node.models) for a in answers} == {"A"}
+
+
+def test_a_loaded_model_that_fails_its_warm_up_is_never_served_the_old_one_comes_back(
+    tmp_path: Path,
+) -> None:
+    """Stand-in runtime (tests/kit/runtime.py): a model that loads and then
+    answers 500 is a fault a real llama-server cannot be made to show."""
+    key = make_key(tmp_path / "keys" / "reconciler").signing
+    config = tmp_path / "state" / "runtimes" / "hermes.yaml"
+    config.parent.mkdir(parents=True)
+    old = b"provider: vllm\nmodel: old\nprofile: default\n"
+    config.write_bytes(old)
+    with StandInRuntime("old") as runtime:
+        runtime.broken = {"llama3.1-8b"}
+        commands = runtime.commands(tmp_path / "scripts")
+        agent = AgentThread(
+            tmp_path / "state",
+            [key],
+            after_apply=commands["after_apply"],
+            drain_command=commands["drain"],
+            undrain_command=commands["undrain"],
+        )
+        warmup = Warmup(f"{runtime.url}/v1/completions", "POST", '{"prompt":"hi"}', 200, 10, 2)
+        try:
+            agent.post(
+                envelope(
+                    job(
+                        "apply-1",
+                        drain=Drain(10, f"{runtime.url}/metrics", METRIC, 0),
+                        warmup=(warmup,),
+                    ),
+                    key,
+                )
+            )
+            record = agent.wait_finished("apply-1")
+        finally:
+            agent.close()
     assert record["state"] == "failed"
     assert record["error"].startswith("warmup_failed: POST ")
     assert "answered 500 (expected 200)" in record["error"]
     assert record["error"].endswith(
         "; previous config restored, after-apply run again for it; undrained"
     )
-    assert (state / "runtimes" / "hermes.yaml").read_bytes() == OLD_CONFIG
+    assert config.read_bytes() == old
     assert runtime.events == ["drain", "load llama3.1-8b", "load old", "undrain"]
     assert runtime.model == "old" and not runtime.drained
-    assert record["backupId"]  # the old bytes stay backed up, as for any failed apply
+    assert record["backupId"]
 
 
-def test_without_drain_a_warm_up_still_comes_before_the_job_succeeds(
-    tmp_path: Path, state: Path, key: SigningKey, runtime: StandInRuntime
-) -> None:
-    agent = _agent(state, key, runtime, tmp_path)
+def test_without_drain_a_warm_up_still_comes_before_the_job_succeeds(node: Node) -> None:
+    agent = node.agent()
     try:
-        agent.post(envelope(_switch_job(runtime, drain=None), key))
-        record = agent.wait_finished("apply-1")
+        _staged(agent, node)
+        agent.post(envelope(_switch(node, drain=None), node.key))
+        record = _finished(agent, "apply-1")
+        serving = node.serving()
     finally:
         agent.close()
     assert record["state"] == "succeeded", record
-    assert runtime.events == ["load llama3.1-8b"]  # no drain, so no undrain
+    assert serving == "B"
+    assert node.balancer.events == []  # no drain, so no undrain
     assert record["timings"]["drainStartedAt"] is None
-    assert record["timings"]["activatedAt"] <= record["timings"]["servingAt"]
+    assert record["timings"]["activatedAt"] <= record["timings"]["warmedAt"]
+    assert record["timings"]["warmedAt"] <= record["timings"]["servingAt"]
 
 
 def test_a_plain_live_apply_records_when_it_was_activated_and_serving_again(
-    tmp_path: Path, state: Path, key: SigningKey, runtime: StandInRuntime
+    node: Node,
 ) -> None:
-    agent = _agent(state, key, runtime, tmp_path)
+    agent = node.agent()
     try:
-        agent.post(envelope(job("apply-1"), key))
-        record = agent.wait_finished("apply-1")
+        pid = node.pid()
+        agent.post(envelope(job("apply-1"), node.key))
+        record = _finished(agent, "apply-1")
+        serving = node.serving()
     finally:
         agent.close()
     assert record["state"] == "succeeded"
@@ -179,73 +374,70 @@ def test_a_plain_live_apply_records_when_it_was_activated_and_serving_again(
     # Out of service from the config written (before after-apply) to serving again.
     assert timings["drainStartedAt"] is None and timings["drainedAt"] is None
     assert timings["activatedAt"] <= timings["servingAt"]
-    assert runtime.events == ["load llama3.1-8b"]  # no drain, so no undrain
+    assert node.pid() != pid and serving == "A"  # restarted on the same model
 
 
-def test_the_drain_command_sees_the_model_it_drains_for(
-    tmp_path: Path, state: Path, key: SigningKey, runtime: StandInRuntime
-) -> None:
-    seen = tmp_path / "seen.txt"
-    commands = runtime.commands(tmp_path / "scripts")
+def test_the_drain_command_sees_the_model_it_drains_for(node: Node) -> None:
+    seen = node.tmp_path / "seen.txt"
+    commands = node.balancer.commands("gpu")
     agent = AgentThread(
-        state,
-        [key],
-        after_apply=commands["after_apply"],
+        node.config.parent.parent,
+        [node.key],
+        after_apply=node.server.after_apply(),
         drain_command=f'echo "drain $RECONCILER_MODEL" >> {seen}; {commands["drain"]}',
         undrain_command=f'echo "undrain $RECONCILER_MODEL" >> {seen}; {commands["undrain"]}',
+        after_apply_timeout=90,
     )
     try:
-        agent.post(envelope(_switch_job(runtime), key))
-        record = agent.wait_finished("apply-1")
+        _staged(agent, node)
+        agent.post(envelope(_switch(node), node.key))
+        record = _finished(agent, "apply-1")
     finally:
         agent.close()
     assert record["state"] == "succeeded", record
-    assert seen.read_text().splitlines() == ["drain llama3.1-8b", "undrain llama3.1-8b"]
+    assert seen.read_text().splitlines() == ["drain tiny-llama-2", "undrain tiny-llama-2"]
 
 
-def test_client_load_sees_no_failed_request_with_drain_and_some_without(
-    tmp_path: Path, state: Path, key: SigningKey, runtime: StandInRuntime
-) -> None:
-    runtime.load_seconds = 0.3  # the model takes a while to load
-    agent = _agent(state, key, runtime, tmp_path)
+def test_client_load_sees_no_failed_request_with_drain_and_some_without(node: Node) -> None:
+    spare = LlamaNode(node.server.binary, free_port(), node.tmp_path / "spare", LONG_ARGS)
+    assert spare.start(node.config).returncode == 0
+    # A second node behind the balancer takes the drained one's share.
+    load = Balancer({"gpu": node.server.url, "spare": spare.url})
+    agent = node.agent(load)
     try:
-        load = runtime.load(workers=3, delay=0.05)
-        wait_for(lambda: runtime.served >= 5, what="client load to be served")
-        agent.post(envelope(_switch_job(runtime), key))
-        drained = agent.wait_finished("apply-1")
-        served = runtime.served
-        wait_for(lambda: runtime.served > served + 5, what="the new model to serve the load")
+        _staged(agent, node)
+        load.start(3, max_requests=100_000, max_seconds=300)
+        wait_for(lambda: len(load.answers) >= 10, what="client load to be served")
+        agent.post(envelope(_switch(node), node.key))
+        drained = _finished(agent, "apply-1")
+        served = len(load.answers)
+        wait_for(lambda: len(load.answers) > served + 10, what="the new model to serve")
         with_drain = load.stop()
-        failed_with_drain = runtime.failed
 
-        wait_for(lambda: runtime.in_flight == 0, what="the load to end")
-        # A generation surely in flight when the new model starts loading.
-        answers: list[int] = []
-        long_one = threading.Thread(
-            target=lambda: answers.append(_status(f"{runtime.url}/lb/v1/completions?delay=30"))
-        )
-        long_one.start()
-        wait_for(lambda: runtime.in_flight == 1, what="the long generation")
-        load = runtime.load(workers=3, delay=0.05)
-        agent.post(envelope(_switch_job(runtime, "apply-2", drain=None, target=_other()), key))
-        undrained = agent.wait_finished("apply-2")
-        without_drain = load.stop()
-        long_one.join()
+        load.start(3, max_requests=100_000, max_seconds=300)
+        wait_for(lambda: len(load.answers) > len(with_drain) + 10, what="client load again")
+        other = Target("hermes", "llama.cpp", "tiny-llama-2-again", "default")
+        agent.post(envelope(_switch(node, "apply-2", drain=None, target=other), node.key))
+        undrained = _finished(agent, "apply-2")
+        without_drain = load.stop()[len(with_drain) :]
     finally:
         agent.close()
+        load.close()
+        spare.stop()
     assert drained["state"] == "succeeded" and undrained["state"] == "succeeded"
-    assert failed_with_drain == 0, with_drain
-    assert set(with_drain) <= {200, 503}  # 503: refused while drained, sent elsewhere
-    assert answers == [0]  # cut off by the restart
-    assert runtime.failed > 0, without_drain
+    assert {a.status for a in with_drain} == {200}, _failures(with_drain)
+    serving_at = _epoch(drained["timings"]["servingAt"])
+    gpu = [a for a in with_drain if a.node == "gpu"]
+    assert {which_model(a.model, node.models) for a in gpu if a.sent >= serving_at} == {"B"}
+    # Without drain the restart refuses or cuts off what reaches the node meanwhile.
+    assert [a for a in without_drain if a.status != 200], without_drain
 
 
-def _status(url: str) -> int:
-    try:
-        return httpx.post(url, timeout=60).status_code
-    except httpx.HTTPError:
-        return 0
+def _failures(answers: list[Answer]) -> list[Answer]:
+    return [a for a in answers if a.status != 200]
 
 
-def _other() -> Target:
-    return Target("hermes", "vllm", "llama3.2-3b", "default")
+def _epoch(stamp: str) -> float:
+    from reconciler.spec.times import parse_time
+
+    return parse_time(stamp).timestamp()

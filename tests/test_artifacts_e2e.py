@@ -1,179 +1,226 @@
 """Model artifacts end to end with real parts only: three ``reconciler
-agent`` processes on 127.0.0.1, Debian's nginx serving a 64 MiB artifact at
-a rate that makes each download take about 3 s, one stand-in inference
-runtime per node under client load (tests/kit/runtime.py), a bare
-repository pushed to with `git`, and the in-process daemon.
+agent`` processes on 127.0.0.1, each node a real llama-server (llama.cpp,
+built by `make llama-server`) that the shipped after-apply script restarts,
+Debian's nginx serving the new GGUF model at a rate that makes each download
+take about 2 s, a bare repository pushed to with `git`, and the in-process
+daemon.
 
-A 3-batch live rollout with drain and warm-up: each batch downloads while
-the one before it is applied, no node is out of service for a second, and
-the client load sees no failed request. The same switch without drain cuts
-requests off.
+Client load goes through a client-side balancer over the three servers that
+each node's drain command takes it out of; the rollout reaches each node's
+metrics and warm-up through one loopback port (``NodeRouter``, which only
+forwards), as all three run on this machine.
+
+A 3-batch live rollout with drain and warm-up under bounded client load:
+each batch downloads while the one before it is applied, no request fails,
+every answer names the file that served it, and none sent after a node's
+``servingAt`` comes from the old model. The same switch without drain
+cuts requests off.
 """
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from reconciler.cli.llama_runtime import (
+    IDLE_METRICS,
+    Answer,
+    Balancer,
+    LlamaNode,
+    NodeRouter,
+    free_port,
+)
 from reconciler.spec.times import parse_time
 from tests.kit.documents import rollout_yaml
 from tests.kit.fleets import AgentFleet
+from tests.kit.llama import (
+    Models,
+    complete,
+    file_digest,
+    llama_server_binary,
+    model_artifact,
+    node_config,
+    which_model,
+)
 from tests.kit.nginx import NginxServer
-from tests.kit.runtime import METRIC, ClientLoad, RuntimeFleet
+from tests.kit.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
-MiB = 1024 * 1024
-SIZE = 64 * MiB
 NODES = ["gpu-1", "gpu-2", "gpu-3"]
-OLD = b"provider: vllm\nmodel: old\nprofile: default\n"
+WARMUP_BODY = '{\\"prompt\\": \\"Hello\\", \\"max_tokens\\": 1, \\"temperature\\": 0}'
 
 
-def _blob(size: int) -> bytes:
-    block = hashlib.sha256(b"e2e weights").digest() * 4096
-    return (block * (size // len(block) + 1))[:size]
-
-
-@pytest.fixture
-def artifact(tmp_path: Path) -> Iterator[tuple[NginxServer, str]]:
-    files = tmp_path / "mirror"
-    files.mkdir()
-    data = _blob(SIZE)
-    (files / "model.gguf").write_bytes(data)
-    with NginxServer(tmp_path / "nginx", files, rate=SIZE // 3) as nginx:
-        yield nginx, hashlib.sha256(data).hexdigest()
+@dataclass
+class World:
+    fleet: AgentFleet
+    servers: dict[str, LlamaNode]
+    balancer: Balancer
+    router: NodeRouter
+    nginx: NginxServer
+    models: dict[str, Path]  # A: served before, B: rolled out
 
 
 @pytest.fixture
-def runtimes() -> Iterator[RuntimeFleet]:
-    with RuntimeFleet(NODES, "old", load_seconds=0.2) as fleet:
-        yield fleet
-
-
-@pytest.fixture
-def fleet(tmp_path: Path, runtimes: RuntimeFleet) -> Iterator[AgentFleet]:
-    nodes: dict[str, dict[str, Any]] = {}
-    for name in NODES:
-        commands = runtimes.runtimes[name].commands(tmp_path / "scripts" / name)
-        nodes[name] = {
-            "config": OLD,
-            "after_apply": commands["after_apply"],
-            "labels": {"role": "gpu"},
-            "extra": (
-                "--drain-command",
-                commands["drain"],
-                "--undrain-command",
-                commands["undrain"],
-            ),
-        }
-    kit = AgentFleet.create(tmp_path, nodes)
+def world(tmp_path: Path, models: Models) -> Iterator[World]:
+    binary = llama_server_binary()
+    model_a, model_b = models.model(1), models.model(2)
+    servers = {n: LlamaNode(binary, free_port(), tmp_path / "run" / n) for n in NODES}
+    config = tmp_path / "initial.yaml"
+    config.write_bytes(node_config(model_a, 1))
+    mirror = tmp_path / "mirror"
+    mirror.mkdir()
+    (mirror / "model.gguf").write_bytes(model_b.read_bytes())
+    balancer = Balancer({n: s.url for n, s in servers.items()})
+    router = NodeRouter({n: s.url for n, s in servers.items()})
     try:
-        yield kit
+        for server in servers.values():
+            started = server.start(config)
+            assert started.returncode == 0, started.stderr
+        nodes: dict[str, dict[str, Any]] = {}
+        for name, server in servers.items():
+            commands = balancer.commands(name)
+            nodes[name] = {
+                "config": config.read_bytes(),
+                "after_apply": server.after_apply(),
+                "labels": {"role": "gpu"},
+                "extra": (
+                    "--drain-command",
+                    commands["drain"],
+                    "--undrain-command",
+                    commands["undrain"],
+                    "--after-apply-timeout",
+                    "90s",
+                ),
+            }
+        size = model_b.stat().st_size
+        with NginxServer(tmp_path / "nginx", mirror, rate=size // 2) as nginx:
+            fleet = AgentFleet.create(tmp_path, nodes)
+            try:
+                yield World(fleet, servers, balancer, router, nginx, {"A": model_a, "B": model_b})
+            finally:
+                fleet.close()
     finally:
-        kit.close()
+        balancer.close()
+        router.close()
+        for server in servers.values():
+            server.stop()
 
 
-def _rollout(
-    name: str, model: str, nginx: NginxServer, digest: str, runtimes: RuntimeFleet, *, drain: bool
-) -> str:
-    artifact = (
-        f"{{name: weights, url: '{nginx.url('model.gguf')}', sha256: {digest}, size: {SIZE}}}"
+def _rollout(name: str, model: str, world: World, *, drain: bool) -> str:
+    artifact = model_artifact(world.nginx.url("model.gguf"), world.models["B"])
+    path = ", path: model.gguf" if "path" in type(artifact).__dataclass_fields__ else ""
+    entry = (
+        f"{{name: weights, url: '{artifact.url}', sha256: {artifact.sha256}, "
+        f"size: {artifact.size}{path}}}"
     )
-    target = f"{{runtime: hermes, provider: vllm, model: {model}, profile: default, artifacts: [{artifact}]}}"
+    target = (
+        f"{{runtime: hermes, provider: llama.cpp, model: {model}, profile: default, "
+        f"artifacts: [{entry}]}}"
+    )
     spec: dict[str, Any] = {
         "selector": {"role": "gpu"},
         "batchSize": 1,
         "live": True,
         "stage": "{ahead: 1, maxConcurrent: 1, timeout: 5m}",  # one download at a time
-        "warmup": f'[{{http: {{url: "{runtimes.url}/{{node}}/v1/completions", method: POST, body: "{{}}", expectStatus: 200, timeout: 30s}}, times: 2}}]',
+        "warmup": (
+            f'[{{http: {{url: "{world.router.url}/{{node}}/v1/completions", method: POST, '
+            f'body: "{WARMUP_BODY}", expectStatus: 200, timeout: 30s}}, times: 2}}]'
+        ),
     }
     if drain:
+        # The preset form (idle: {runtime: llama.cpp, port: P}) sums
+        # requests_processing and requests_deferred; this is the first.
         spec["drain"] = (
-            f'{{timeout: 1m, idle: {{url: "{runtimes.url}/{{node}}/metrics", metric: "{METRIC}", max: 0}}}}'
+            f'{{timeout: 1m, idle: {{url: "{world.router.url}/{{node}}/metrics", '
+            f'metric: "{IDLE_METRICS[0]}", max: 0}}}}'
         )
     return rollout_yaml(name, target=target, **spec)
 
 
-def _job(fleet: AgentFleet, node: str, kind: str) -> tuple[datetime, datetime]:
-    """When ``node``'s only job of ``kind`` was accepted and finished."""
-    (record,) = fleet.agents[node].jobs_of_kind(kind)
+def _job(fleet: AgentFleet, node: str, kind: str, rollout: str) -> dict[str, Any]:
+    (record,) = [
+        r for r in fleet.agents[node].jobs_of_kind(kind) if r["payload"]["rollout"] == rollout
+    ]
+    return record
+
+
+def _window(record: dict[str, Any]) -> tuple[datetime, datetime]:
     return parse_time(record["accepted_at"]), parse_time(record["finished_at"])
-
-
-def _nodes(status: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {n["name"]: n for n in status["nodes"]}
 
 
 def _phase(name: str, *phases: str) -> Any:
     return lambda s: s.get(name, {}).get("phase") in phases
 
 
-def test_a_three_batch_rollout_stages_ahead_drains_and_warms_up_without_a_failed_request(
-    fleet: AgentFleet, runtimes: RuntimeFleet, artifact: tuple[NginxServer, str]
+def _failures(answers: list[Answer]) -> list[Answer]:
+    return [a for a in answers if a.status != 200]
+
+
+def test_a_three_node_rollout_drains_and_warms_up_real_servers_without_a_failed_request(
+    world: World,
 ) -> None:
-    nginx, digest = artifact
-    loads = {name: ClientLoad(runtime, 2, 0.05) for name, runtime in runtimes.runtimes.items()}
+    fleet = world.fleet
+    world.balancer.start(4, max_requests=50_000, max_seconds=240)
     try:
-        fleet.push(
-            {
-                "rollouts/llama.yaml": _rollout(
-                    "llama", "llama3.1-8b", nginx, digest, runtimes, drain=True
-                )
-            }
+        fleet.push({"rollouts/tiny.yaml": _rollout("tiny", "tiny-llama-2", world, drain=True)})
+        done = fleet.run_until(fleet.daemon(), _phase("tiny", "completed", "paused"), timeout=240)
+        assert done["tiny"]["phase"] == "completed", done["tiny"]
+        serving_at = {
+            n: parse_time(_job(fleet, n, "apply", "tiny")["timings"]["servingAt"]).timestamp()
+            for n in NODES
+        }
+        wait_for(
+            lambda: all(
+                any(a.node == n and a.sent >= serving_at[n] for a in list(world.balancer.answers))
+                for n in NODES
+            ),
+            timeout=60,
+            what="answers from every node after it serves the new model",
         )
-        done = fleet.run_until(fleet.daemon(), _phase("llama", "completed", "paused"), timeout=300)
     finally:
-        answered = {name: load.stop() for name, load in loads.items()}
-    status = done["llama"]
-    assert status["phase"] == "completed", status
-    nodes = _nodes(status)
+        answers = world.balancer.stop()
+    status = done["tiny"]
+    nodes = {n["name"]: n for n in status["nodes"]}
     # Each batch downloads while the one before it is applied (the agents'
     # own clocks, to the microsecond: one machine).
     for before, after in itertools.pairwise(NODES):
-        apply = _job(fleet, before, "apply")
-        stage = _job(fleet, after, "stage")
+        apply = _window(_job(fleet, before, "apply", "tiny"))
+        stage = _window(_job(fleet, after, "stage", "tiny"))
         assert stage[0] < apply[1] and apply[0] < stage[1], (before, apply, after, stage)
-    assert all(
-        n["stage"]["state"] == "staged" and n["stage"]["attempt"] == 1 for n in nodes.values()
+    assert all(n["stage"]["state"] == "staged" for n in nodes.values())
+    # No client request failed, and each names the file that served it.
+    assert answers and not _failures(answers), _failures(answers)[:5]
+    labels = {a.model: which_model(a.model, world.models) for a in answers}
+    for name in NODES:
+        mine = [a for a in answers if a.node == name]
+        assert {labels[a.model] for a in mine if a.sent >= serving_at[name]} == {"B"}, name
+        assert {labels[a.model] for a in mine} == {"A", "B"}, name  # it served before, too
+        assert nodes[name]["outOfService"] > 0
+    # Every node serves the staged copy of B, from the agent's own store.
+    for name, server in world.servers.items():
+        served = Path(complete(server.url)["model"])
+        assert served.is_relative_to(fleet.agents[name].state)
+        assert file_digest(served) == file_digest(world.models["B"])
+    downloads = [line for line in world.nginx.requests(at_least=3) if line.startswith("GET ")]
+    assert len(downloads) == 3
+    assert sorted(world.balancer.events) == sorted(
+        f"{verb} {n}" for n in NODES for verb in ("drain", "undrain")
     )
-    # Out of service, drain to serving: well under a second on every node.
-    assert all(0 < n["outOfService"] < 1 for n in nodes.values()), {
-        k: n["outOfService"] for k, n in nodes.items()
-    }
-    # No client request failed: running generations finished, new ones went elsewhere.
-    assert {name: r.failed for name, r in runtimes.runtimes.items()} == dict.fromkeys(NODES, 0)
-    assert all(a.get(200, 0) > 0 for a in answered.values())
-    assert all(r.model == "llama3.1-8b" and not r.drained for r in runtimes.runtimes.values())
-    # One download per node, each the whole file once.
-    downloads = [line for line in nginx.requests(at_least=3) if line.startswith("GET ")]
-    assert len(downloads) == 3 and all(line.split()[3] == str(SIZE) for line in downloads)
-    for agent in fleet.agents.values():
-        assert sorted(r["payload"]["kind"] for r in agent.journal()) == ["apply", "stage"]
 
-    # The same switch to another model without drain: the restart cuts requests off.
-    for runtime in runtimes.runtimes.values():
-        runtime.load_seconds = 0.5
-    loads = {name: ClientLoad(runtime, 2, 0.05) for name, runtime in runtimes.runtimes.items()}
+    # The same switch to another model name without drain: the restarts
+    # refuse or cut off the requests that reach each node meanwhile.
+    world.balancer.start(4, max_requests=50_000, max_seconds=240)
     try:
-        fleet.push(
-            {
-                "rollouts/qwen.yaml": _rollout(
-                    "qwen", "qwen2.5-7b", nginx, digest, runtimes, drain=False
-                )
-            }
-        )
-        done = fleet.run_until(fleet.daemon(), _phase("qwen", "completed", "paused"), timeout=300)
+        fleet.push({"rollouts/again.yaml": _rollout("again", "tiny-llama-2b", world, drain=False)})
+        done = fleet.run_until(fleet.daemon(), _phase("again", "completed", "paused"), timeout=240)
     finally:
-        for load in loads.values():
-            load.stop()
-    assert done["qwen"]["phase"] == "completed", done["qwen"]
-    assert sum(r.failed for r in runtimes.runtimes.values()) > 0
-    assert (
-        len([line for line in nginx.requests() if line.startswith("GET ")]) == 3
-    )  # held: not fetched again
+        again = world.balancer.stop()[len(answers) :]
+    assert done["again"]["phase"] == "completed", done["again"]
+    assert _failures(again)

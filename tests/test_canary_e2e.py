@@ -3,7 +3,11 @@
 100 ms, the canary's times a factor the test sets; request counters with an
 error share the test sets), Debian's ``prometheus-alertmanager`` on
 loopback, alerts posted and silenced through its API, and the real daemon
-stepping a bare repository. Soaks run on real clocks: seconds."""
+stepping a bare repository. Soaks run on real clocks: seconds.
+
+The exporters are synthetic because these tests need exact latency factors
+and error shares, which a real runtime cannot be set to; the same comparison
+on real llama-server nodes is tests/test_canary_llama_e2e.py."""
 
 from __future__ import annotations
 

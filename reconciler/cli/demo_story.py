@@ -49,6 +49,8 @@ def _first_attempt_fails(delay: float) -> str:
 
 
 class Demo:
+    wait = WAIT
+
     def __init__(self, root: Path, out: TextIO, *, delay: float, interval: float) -> None:
         self.root = root
         self.out = out
@@ -229,7 +231,7 @@ class Demo:
     # -- watching --------------------------------------------------------
 
     def wait_for(self, what: str, done: Callable[[Statuses], bool]) -> Statuses:
-        deadline = time.monotonic() + WAIT
+        deadline = time.monotonic() + self.wait
         while True:
             statuses = self.statuses()
             if done(statuses):
@@ -238,7 +240,7 @@ class Demo:
             if time.monotonic() > deadline:
                 tail = (self.root / "daemon.log").read_text().splitlines()[-15:]
                 raise ReconcilerError(
-                    f"the demo waited {WAIT:.0f}s for: {what}",
+                    f"the demo waited {self.wait:.0f}s for: {what}",
                     "the daemon's last log lines:\n    " + "\n    ".join(tail),
                 )
             time.sleep(0.1)
@@ -330,16 +332,22 @@ def run_demo(
     interval: float = 0.3,
 ) -> Path:
     """Run the story; return the demo directory (left in place)."""
-    root = Path(directory) if directory else Path(tempfile.mkdtemp(prefix="reconciler-demo-"))
-    root.mkdir(parents=True, exist_ok=True)
-    if any(root.iterdir()):
-        raise ReconcilerError(f"{root} is not empty", "give the demo a new or empty directory")
-    demo = Demo(root.resolve(), out, delay=delay, interval=interval)
+    root = demo_directory(directory, "reconciler-demo-")
+    demo = Demo(root, out, delay=delay, interval=interval)
     try:
         demo.run()
     finally:
         demo.stop()
     return root
+
+
+def demo_directory(directory: Path | None, prefix: str) -> Path:
+    """``directory`` (new or empty), or a new temporary one; absolute."""
+    root = Path(directory) if directory else Path(tempfile.mkdtemp(prefix=prefix))
+    root.mkdir(parents=True, exist_ok=True)
+    if any(root.iterdir()):
+        raise ReconcilerError(f"{root} is not empty", "give the demo a new or empty directory")
+    return root.resolve()
 
 
 def _command() -> str:

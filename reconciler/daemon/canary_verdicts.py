@@ -6,8 +6,8 @@ observations (``CanaryWatch``); the engine decides what they mean.
 
 The soak starts at the pass that first sees the node's apply succeed with
 a fresh heartbeat naming the target. The baseline is the rollout's nodes
-not yet dispatched (those the comparison's selector picks, if it has one);
-when none is left, the node's own window of the same length before its
+not yet dispatched, staged ones included (those the comparison's selector
+picks, if it has one); when none is left, the node's own window of the same length before its
 dispatch.
 
 Soft state only: the watches (``SoakMemory``), forgotten on restart, so a
@@ -32,6 +32,10 @@ from reconciler.spec.compare import Comparison, Measured
 from reconciler.spec.health import Health, for_node
 from reconciler.spec.model import Node
 from reconciler.spec.rollout_status import NodeRecord, RolloutStatus
+
+# Node states still on the config the rollout found: staging downloads
+# files beside it and changes nothing the runtime serves.
+UNCHANGED = ("pending", "staging", "staged")
 
 
 @dataclass(frozen=True)
@@ -195,7 +199,7 @@ def _baseline_of(
             if comparison.baseline is None
             or comparisons.selects(comparison.baseline, fleet.get(n.name))
         ]
-        pending = tuple(n.name for n in chosen if n.state == "pending" and n.name in fleet)
+        pending = tuple(n.name for n in chosen if n.state in UNCHANGED and n.name in fleet)
         found[key] = _Baseline(pending, bool(chosen))
     return found[key]
 

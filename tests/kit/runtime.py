@@ -1,5 +1,8 @@
 """A stand-in inference runtime on 127.0.0.1: an edge we do not own (vLLM,
-Ollama), shaped like one.
+Ollama), shaped like one. The tests run the real llama-server
+(tests/kit/llama.py); this one stays for what a real server cannot be made
+to do (a loaded model answering 500) and for the benches, whose figures
+must not depend on a model's speed.
 
 - ``GET /metrics``: Prometheus text with the in-flight gauge
   ``vllm:num_requests_running`` (one series per model, as vLLM labels them);
