@@ -16,10 +16,11 @@ but the last-acted positions (``daemon.acted``), or keep rollout state.
 from __future__ import annotations
 
 from collections.abc import Callable, Container, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from reconciler.daemon.acted import ActedPosition, UnsignedStatusPosition
 from reconciler.daemon.inputs import BuiltInputs, Context, InputCache
+from reconciler.daemon.spec_choice import SpecChoice
 from reconciler.daemon.started import StartedRollouts, gone_reason, rewound_reason
 from reconciler.daemon.state import DaemonState
 from reconciler.daemon.status_trust import StatusTrust, approved_by_records
@@ -28,8 +29,6 @@ from reconciler.engine import step as engine
 from reconciler.git.approval import (
     Approval,
     Approver,
-    descends_by_first_parent,
-    refuse_backwards,
 )
 from reconciler.git.approval_notes import notes_tip
 from reconciler.git.history import History
@@ -151,8 +150,6 @@ class _Caches:
     # The daemon's last status commit on the statuses it read: (the status
     # tip read, the commit made on it, the status paths it wrote).
     own_status_write: tuple[str, str, frozenset[str]] | None = None
-    # (verified commit, last acted commit) -> descends from it by first parent
-    descends: dict[tuple[str, str], bool] = field(default_factory=dict)
 
 
 class Reader:
@@ -171,8 +168,17 @@ class Reader:
     ) -> None:
         self.store = store
         self.memory = memory
-        self.acted = ActedPosition(store.repository(), store.branch, state)
         self.approver = approver
+        self.choice = (
+            SpecChoice(
+                store.repository(),
+                approver,
+                ActedPosition(store.repository(), store.branch, state),
+                report,
+            )
+            if approver is not None
+            else None
+        )
         self.report = report
         self.info = info
         self.caches = _Caches()
@@ -235,7 +241,7 @@ class Reader:
         self._read_everything = False
         history = store.history()
         history.advance(tip)
-        approval = self._forward_only(self._approve(tip)) if self.approver else None
+        approval = self.choice.choose(tip) if self.choice is not None else None
         spec_commit = tip if approval is None else approval.verified_commit
         documents, spec_changed = self._read_documents(spec_commit)
         status_branch = documents.settings.status_branch or store.branch
@@ -411,53 +417,6 @@ class Reader:
             else:
                 self.report("unverified_rollout", unverified_only(name), rollout=name)
         return frozenset(held)
-
-    def _approve(self, tip: str) -> Approval:
-        """The walk's verdict at ``tip``, judging what follows the commit
-        last acted on by that tree's rules (``Approver.judge_after``)."""
-        assert self.approver is not None
-        self.approver.judge_after(self.acted.get())
-        return self.approver.approve(tip)
-
-    def _forward_only(self, approval: Approval) -> Approval:
-        """Refuse a verified commit that does not descend by first parent from
-        the one last acted on (kept in the daemon's state, ``daemon.acted``);
-        record a new one that does."""
-        repo = self.store.repository()
-        acted = self.acted.get()
-        verified = approval.verified_commit
-        if acted is None or verified == acted:
-            if verified is not None and acted is None:
-                self.acted.record(verified)
-            return approval
-        forward = False
-        if verified is not None:
-            descends = self.caches.descends
-            key = (verified, acted)
-            known = descends.get(key)
-            if known is None:
-                known = descends_by_first_parent(repo, verified, acted)
-                if len(descends) > 1000:
-                    descends.clear()
-                descends[key] = known
-            forward = known
-        if forward and verified is not None:
-            self.acted.record(verified)
-            return approval
-        held = refuse_backwards(approval, acted, moves_forward=False)
-        assert self.approver is not None
-        if self.approver.approve(acted).verified_commit != acted:
-            # The policy changed (approvals turned on): not a move backwards.
-            why = (
-                f"{acted[:12]}, the verified commit last acted on, is not verifiable under the "
-                "current policy, and no commit that is descends from it: push a signed (and, "
-                "as the policy asks, approved) commit on top of it"
-            )
-            held = replace(held, refusals=(replace(held.refusals[0], reason=why),))
-            self.report("not_verifiable", why, commit=acted)
-            return held
-        self.report("verified_moved_back", held.refusals[0].reason, commit=verified or "")
-        return held
 
     # -- documents -----------------------------------------------------------
 

@@ -340,7 +340,7 @@ class _Checker:
         return self._settings(doc)
 
     def ok_at(self, name: str) -> bool:
-        """``_ok`` for the checks kept outside the class (approval rules)."""
+        """``_ok`` for the checks kept outside the class (receivers, approval rules)."""
         return self._ok(name)
 
     def _ok(self, name: str) -> bool:
@@ -707,7 +707,7 @@ class _Checker:
         )
         windows = self._windows(spec)
         freezes = self._freezes(spec)
-        receivers = self._receivers(spec.get("notifications"))
+        receivers = _receivers(self, spec.get("notifications"))
         rules = _approval_rules(self, spec.get("approvalRules"))
         if self.problems:
             return self.result()
@@ -731,50 +731,51 @@ class _Checker:
             )
         )
 
-    def _receivers(self, entries: Any) -> tuple[Receiver, ...]:
-        """``spec.notifications`` (docs/operating.md), after the schema:
-        unique names and known event names, each problem naming the receiver."""
-        if not isinstance(entries, list) or not self._ok("spec.notifications"):
-            return ()
-        receivers: list[Receiver] = []
-        seen: dict[str, int] = {}
-        for index, entry in enumerate(entries):
-            where = f"spec.notifications[{index}]"
-            if not isinstance(entry, dict) or any(b.startswith(where) for b in self.bad_fields):
-                continue  # the schema's problem is reported already
-            name = entry["name"]
-            if name in seen:
-                self.add(
-                    ["spec", "notifications", index, "name"],
-                    f"receiver {_show(name)} is named twice (also entry {seen[name] + 1}): "
-                    "give every receiver its own name",
-                )
-                continue
-            seen[name] = index
-            events = entry.get("events", NOTIFICATION_EVENTS)
-            for at, event in enumerate(events):
-                if event not in NOTIFICATION_EVENTS:
-                    self.add(
-                        ["spec", "notifications", index, "events", at],
-                        f"receiver {_show(name)}: unknown event {_show(event)}; "
-                        f"use one of {', '.join(NOTIFICATION_EVENTS)}",
-                    )
-            receivers.append(
-                Receiver(
-                    name=name,
-                    url_env=entry["urlEnv"],
-                    format=entry.get("format", "json"),
-                    secret_env=entry.get("secretEnv"),
-                    events=tuple(dict.fromkeys(events)),
-                    rollouts=tuple(entry.get("rollouts", ())),
-                )
-            )
-        return tuple(receivers)
-
 
 def _at_or_under(name: str, part: str) -> bool:
     """``name`` is the field ``part`` or a field inside it."""
     return name == part or name.startswith(part + ".") or name.startswith(part + "[")
+
+
+def _receivers(check: _Checker, entries: Any) -> tuple[Receiver, ...]:
+    """``spec.notifications`` (docs/operating.md), after the schema:
+    unique names and known event names, each problem naming the receiver."""
+    if not isinstance(entries, list) or not check.ok_at("spec.notifications"):
+        return ()
+    receivers: list[Receiver] = []
+    seen: dict[str, int] = {}
+    for index, entry in enumerate(entries):
+        where = f"spec.notifications[{index}]"
+        if not isinstance(entry, dict) or any(b.startswith(where) for b in check.bad_fields):
+            continue  # the schema's problem is reported already
+        name = entry["name"]
+        if name in seen:
+            check.add(
+                ["spec", "notifications", index, "name"],
+                f"receiver {_show(name)} is named twice (also entry {seen[name] + 1}): "
+                "give every receiver its own name",
+            )
+            continue
+        seen[name] = index
+        events = entry.get("events", NOTIFICATION_EVENTS)
+        for at, event in enumerate(events):
+            if event not in NOTIFICATION_EVENTS:
+                check.add(
+                    ["spec", "notifications", index, "events", at],
+                    f"receiver {_show(name)}: unknown event {_show(event)}; "
+                    f"use one of {', '.join(NOTIFICATION_EVENTS)}",
+                )
+        receivers.append(
+            Receiver(
+                name=name,
+                url_env=entry["urlEnv"],
+                format=entry.get("format", "json"),
+                secret_env=entry.get("secretEnv"),
+                events=tuple(dict.fromkeys(events)),
+                rollouts=tuple(entry.get("rollouts", ())),
+            )
+        )
+    return tuple(receivers)
 
 
 def _approval_rules(check: _Checker, entries: Any) -> tuple[ApprovalRule, ...]:
