@@ -191,8 +191,9 @@ class ModelsDemo(Demo):
             "spec:",
             "  target:",
             f"    {{runtime: hermes, provider: llama.cpp, model: {model}, profile: default,",
-            f"     artifacts: [{{name: weights, url: '{self.mirror_url}/{model}/model.gguf',",
-            f"                  sha256: {self.digests[model]}, size: {path.stat().st_size}}}]}}",
+            "     artifacts: [{name: weights, path: model.gguf,",
+            f"                  url: '{self.mirror_url}/{model}/model.gguf',",
+            f"                  sha256: '{self.digests[model]}', size: {path.stat().st_size}}}]}}",
             "  selector: {role: llama}",
             "  live: true",
             f"  batchSize: {batch}",
@@ -209,7 +210,7 @@ class ModelsDemo(Demo):
                 "  drain:",
                 "    timeout: 1m",
                 f"    idle: {{url: '{self.router.url}/{{node}}/metrics',",
-                f"           metric: '{IDLE_METRICS[0]}', max: 0}}",
+                f"           metric: [{', '.join(repr(m) for m in IDLE_METRICS)}], max: 0}}",
             ]
         return "\n".join(lines) + "\n"
 

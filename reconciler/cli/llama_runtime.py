@@ -27,13 +27,14 @@ from pathlib import Path
 from typing import Any
 
 from reconciler.cli.examples import example_dir
+from reconciler.spec.runtime_presets import PRESETS
 
 # The pinned source release the Makefile's `llama-server` target builds.
 LLAMA_VERSION = "11434.0.0"
 BINARY_VARIABLE = "RECONCILER_LLAMA_SERVER"
 # Small models, two requests at once: what the tests and the demo need.
 SERVER_ARGS = "--metrics -c 256 -np 2"
-IDLE_METRICS = ("llamacpp:requests_processing", "llamacpp:requests_deferred")
+IDLE_METRICS = PRESETS["llama.cpp"].idle_metrics
 
 
 def cache_binary(environ: Mapping[str, str] = os.environ) -> Path:
