@@ -204,6 +204,16 @@ def test_a_node_s_failing_check_shows_its_value(
     row = _row_text(browser, "node-table", "node", "sick")
     assert "ready: failed" in row
     assert "unsigned" in row  # the node has no agentKey: its evidence mark says so
+    # The batch of the failed node says so in words and is painted red, never blue or green.
+    _wait(
+        browser,
+        "batch 1 failed",
+        lambda b: "batch 1: failed" in b.find_element(By.ID, "batches").text,
+    )
+    colour = browser.execute_script(
+        "return getComputedStyle(document.querySelector('#batches li')).backgroundColor"
+    )
+    assert colour == "rgb(207, 34, 46)"
     browser.get_screenshot_as_file(str(tmp_path / "web-view-check.png"))
 
 
