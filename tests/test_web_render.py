@@ -7,18 +7,16 @@ from __future__ import annotations
 
 import re
 from dataclasses import replace
-from datetime import timedelta
 from html import unescape
 from html.parser import HTMLParser
 
 from reconciler.engine.holds import hold_message
-from reconciler.spec.compare import Comparison, Measured
-from reconciler.spec.health import Health
-from reconciler.spec.rollout_status import CheckOutcome, RolloutStatus, to_record
+from reconciler.spec.rollout_status import RolloutStatus, to_record
 from reconciler.views.web_numbers import percent, rounded, seconds
 from reconciler.views.web_page import render_page, rollout_row
 from tests.engine_world import World
-from tests.kit.documents import T0, make_status
+from tests.kit.documents import make_status
+from tests.kit.web_statuses import failed_canary, soaking
 
 
 def page(*statuses: RolloutStatus, selected: str | None = None) -> str:
@@ -93,7 +91,9 @@ def test_a_failed_live_canary_shows_the_hold_s_reason_its_mode_and_the_rollback_
     texts = read(html)
 
     assert status.hold is not None
-    assert unescape(status.hold.message) in texts.texts["facts"]  # "Why" is the hold's reason
+    why = texts.texts["facts"].split("Why", 1)[1].split("Target", 1)[0]
+    assert why == "health_failed: " + unescape(status.hold.message).split("; ")[0]
+    assert why.startswith("health_failed: health check failed on canary (latency-p95 failed")
     assert "Modelive" in texts.texts["facts"].replace(" ", "")
     actions = re.findall(r"<code>(.*?)</code>", html.split('id="hold-actions"')[1])
     assert actions == [
@@ -132,41 +132,13 @@ def test_a_rollout_waiting_for_approval_shows_the_rules_and_approvals_missing() 
     assert "reconciler approve 0123456789ab" in row
 
 
-LATENCY = Comparison("latency-p95", 0.1, query='latency{node="{node}"}')
-ERRORS = Comparison("errors", 0.01, errors="e", total="t")
-
-
-def soaking() -> RolloutStatus:
-    status = make_status("soak", "running", [("gpu-1", 1, "dispatched"), ("gpu-2", 2, "pending")])
-    assert status.frozen is not None
-    health = Health(soak=600, interval=5, compare=(LATENCY, ERRORS))
-    decided = CheckOutcome(
-        "errors",
-        True,
-        "rate …",
-        Measured("rate", 0.00123, 12, 0.0011, 30, ("gpu-2",), 0.00013, 0.4),
-    )
-    node = replace(
-        status.nodes[0],
-        dispatched_at=T0,
-        deadline=T0 + timedelta(minutes=15, seconds=7),
-        checks=(decided,),
-    )
-    return replace(
-        status, frozen=replace(status.frozen, health=health), nodes=(node, *status.nodes[1:])
-    )
-
-
 def test_a_soaking_node_shows_when_it_is_judged_and_its_pending_comparisons() -> None:
     texts = read(page(soaking(), selected="soak")).texts
     assert "soaking, judged at 09:15:07; pending: latency-p95" in texts["tr:gpu-1"]
 
 
 def compared() -> RolloutStatus:
-    status = make_status("canary", "running", [("gpu-1", 1, "failed"), ("gpu-2", 2, "pending")])
-    measured = Measured("median", 0.41234567, 13, 0.2501234, 26, ("gpu-2",), 0.6485, 1.2345e-5)
-    check = CheckOutcome("latency-p95", False, "median 0.412 …", measured)
-    return replace(status, nodes=(replace(status.nodes[0], checks=(check,)), *status.nodes[1:]))
+    return failed_canary("canary")
 
 
 def test_comparison_numbers_are_rounded_for_people_never_raw_json() -> None:

@@ -73,7 +73,12 @@ def hold_commands(name: str, hold: Mapping[str, Any]) -> list[tuple[str, str]]:
 def _facts(status: RolloutStatus, record: Mapping[str, Any]) -> str:
     frozen = record["frozen"]
     hold = record["hold"]
-    why = hold["message"] if hold else (status.message or status.reason or "—")
+    # A hold's reason is its message's first clause; the commands follow in the hold box.
+    why = (
+        f"{hold['reason']}: {hold['message'].split('; ')[0]}"
+        if hold
+        else (status.message or status.reason or "—")
+    )
     spec_commit = escape((status.spec_commit or "—")[:12])
     facts = [
         ("Phase", phase_badge(status.phase)),
