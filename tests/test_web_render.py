@@ -14,9 +14,10 @@ from reconciler.engine.holds import hold_message
 from reconciler.spec.rollout_status import RolloutStatus, to_record
 from reconciler.views.web_numbers import percent, rounded, seconds
 from reconciler.views.web_page import render_page, rollout_row
+from reconciler.views.web_rollout import eval_section, model_facts_section
 from tests.engine_world import World
 from tests.kit.documents import make_status
-from tests.kit.web_statuses import failed_canary, soaking
+from tests.kit.web_statuses import failed_canary, model_rollout, soaking
 
 
 def page(*statuses: RolloutStatus, selected: str | None = None) -> str:
@@ -190,3 +191,53 @@ def test_numbers_for_people() -> None:
     ]  # fmt: skip
     assert percent(0.0312345) == "3.12%"
     assert [seconds(x) for x in (0.25, 4.25, 200)] == ["250 ms", "4.25 s", "3 min 20 s"]
+
+
+def test_each_node_shows_its_stage_drain_warm_up_and_out_of_service_times() -> None:
+    texts = read(page(model_rollout("llama-3"), selected="llama-3")).texts
+    assert "stage staged; drain 8 s; warm-up 21 s" in texts["tr:gpu-1"]
+    assert texts["tr:gpu-1"].endswith("33 s")
+    assert "stage staged" in texts["tr:gpu-8"] and "drain" not in texts["tr:gpu-8"]
+    # Nothing recorded of evals, signatures or standby slots: no such sections.
+    assert not {"evals", "model-facts"} & set(texts)
+
+
+NODE = {"name": "gpu-1", "batch": 1}
+EVAL = {
+    "name": "golden",
+    "suiteSha256": "a" * 64,
+    "passed": 1,
+    "total": 2,
+    "passRate": 0.5,
+    "cases": [
+        {"name": "capital", "ok": True, "answer": "Paris", "detail": "", "seconds": 0.4},
+        {"name": "sum", "ok": False, "answer": "5", "detail": "expected 4", "seconds": 0.2},
+    ],
+}
+
+
+def test_eval_results_signer_and_standby_show_when_a_node_record_has_them() -> None:
+    record = {
+        "frozen": {"evals": [{"name": "golden", "cases": [
+            {"name": "capital", "expect": "Paris"}, {"name": "sum", "expect": "4"},
+        ]}]},
+        "evalBaseline": {"golden": {"node": "gpu-2", "jobId": "j", "answers": {"sum": "4"}}},
+    }  # fmt: skip
+    node = {
+        **NODE,
+        "evals": [EVAL],
+        "signature": {"signer": "models@example.com", "sha256": "b" * 64},
+        "standby": {"slot": "b", "releasedAt": "2026-12-01T09:30:00Z", "releaseJobId": "rel-1"},
+    }
+    evals = read(eval_section(record, [node])).texts["evals"]
+    assert "gpu-1: golden — 1 of 2 held (50%)" in evals
+    assert "sumExpected4" not in evals  # cells, not run-on text
+    rows = [row for row in re.findall(r"<tr class=.*?</tr>", eval_section(record, [node]))]
+    assert [re.sub(r"<[^>]+>", "|", r).strip("|").split("||") for r in rows] == [
+        ["capital", "Paris", "Paris", "—", "yes"],
+        ["sum", "4", "5", "4", "no"],
+    ]
+    facts = read(model_facts_section([node])).texts["tr:gpu-1"]
+    assert "models@example.com (sha256 bbbbbbbbbbbb)" in facts
+    assert "slot b, released 2026-12-01 09:30:00 UTC (job rel-1)" in facts
+    assert eval_section(record, [NODE]) == "" and model_facts_section([NODE]) == ""

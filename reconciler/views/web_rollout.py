@@ -250,7 +250,7 @@ def _out_of_service(nodes: Sequence[Mapping[str, Any]]) -> str:
     return f'<section id="out-of-service"><h3>Out of service</h3>{plot}</section>' if plot else ""
 
 
-def _evals(status_record: Mapping[str, Any], nodes: Sequence[Mapping[str, Any]]) -> str:
+def eval_section(status_record: Mapping[str, Any], nodes: Sequence[Mapping[str, Any]]) -> str:
     """A table per eval of each node that ran one: case, expected, the
     canary's answer, the baseline's, and whether it held."""
     expected = {
@@ -289,7 +289,7 @@ def _evals(status_record: Mapping[str, Any], nodes: Sequence[Mapping[str, Any]])
     )
 
 
-def _model_facts(nodes: Sequence[Mapping[str, Any]]) -> str:
+def model_facts_section(nodes: Sequence[Mapping[str, Any]]) -> str:
     """Who signed each node's model, and its standby slot, when recorded."""
     rows = []
     for n in nodes:
@@ -348,7 +348,7 @@ def rollout_section(status: RolloutStatus, limit: int) -> str:
         '<h3>Nodes</h3><div class="scroll"><table id="node-table">'
         '<caption class="visually-hidden">The rollout\'s nodes in their frozen order</caption>'
         f"<thead><tr>{heads}</tr></thead><tbody>{rows}</tbody></table></div>{more}"
-        f"{_comparisons(nodes)}{_evals(record, nodes)}{_model_facts(nodes)}</section>"
+        f"{_comparisons(nodes)}{eval_section(record, nodes)}{model_facts_section(nodes)}</section>"
     )
 
 
@@ -356,7 +356,9 @@ __all__ = [
     "NODE_COLUMNS",
     "cell",
     "check_text",
+    "eval_section",
     "hold_commands",
+    "model_facts_section",
     "mode_of",
     "phase_badge",
     "rollout_section",
