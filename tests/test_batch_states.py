@@ -22,16 +22,20 @@ from tests.kit.git import git
 
 
 def test_every_engine_state_has_a_shown_state_for_every_case() -> None:
-    assert {key for key in SHOWN} == {
-        (life, failing, held)
+    assert set(SHOWN) == {
+        (life, worst, held)
         for life in LIFE_STATES
-        for failing in (False, True)
+        for worst in ("fine", "unknown", "failing")
         for held in (False, True)
     }
-    for state in ("failed", "timed_out", "unknown"):
+    for state in ("failed", "timed_out"):
         assert state in FAILING_NODE_STATES
         assert shown_state("running", ["succeeded", state], held=True) == "failed"
         assert shown_state("done", [state], held=False) == "failed"
+    # No verdict is never green or blue, and never failed while it runs.
+    assert shown_state("running", ["unknown", "succeeded"], held=True) == "held"
+    assert shown_state("running", ["unknown", "failed"], held=True) == "failed"
+    assert shown_state("done", ["unknown"], held=False) == "failed"
     assert shown_state("running", ["dispatched"], held=True) == "held"
     assert shown_state("running", ["dispatched"], held=False) == "running"
 

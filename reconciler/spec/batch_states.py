@@ -2,9 +2,11 @@
 
 The engine keeps a batch ``pending``, ``running`` or ``done``: where it is
 in its life. What a batch *is* also depends on its nodes: a batch with a
-failed, timed-out or unknown node is ``failed``, whether the engine still
-runs it (the rollout holds) or has settled it; a running batch the rollout
-holds on is ``held``. Status files, ``status``, the dashboard and the web
+failed or timed-out node is ``failed``, whether the engine still runs it
+(the rollout holds) or has settled it; a running batch the rollout holds
+on, or with a node whose verdict is unknown, is ``held`` (an unknown node
+is no verdict: never called failed while its batch runs, never green or
+blue either). Status files, ``status``, the dashboard and the web
 page all say the state this module picks, from the tables below.
 
 A shown state is written with ``settled`` (whether the engine is done with
@@ -24,23 +26,36 @@ SHOWN_STATES = ("pending", "running", "held", "failed", "done")
 
 # A node in one of these states makes its started batch "failed".
 FAILING_NODE_STATES = frozenset(
-    {"failed", "timed_out", "unknown", "stopped", "rollback_failed", "rollback_pending"}
+    {"failed", "timed_out", "stopped", "rollback_failed", "rollback_pending"}
 )
+# A node with no verdict at all: its running batch is "held" (the rollout
+# holds on it, never green or blue), and never called failed while it runs.
+UNKNOWN_NODE_STATES = frozenset({"unknown"})
 
-# (engine state, a node failing, the rollout held on it) -> shown state.
+# (engine state, what its worst node is, the rollout held on it) -> shown state;
+# a node is "failing", "unknown" or "fine".
 SHOWN = {
-    ("pending", False, False): "pending",
-    ("pending", False, True): "pending",
-    ("pending", True, False): "pending",
-    ("pending", True, True): "pending",
-    ("running", False, False): "running",
-    ("running", False, True): "held",
-    ("running", True, False): "failed",
-    ("running", True, True): "failed",
-    ("done", False, False): "done",
-    ("done", False, True): "done",
-    ("done", True, False): "failed",
-    ("done", True, True): "failed",
+    (life, worst, held): shown
+    for life, worst, held, shown in (
+        ("pending", "fine", False, "pending"),
+        ("pending", "fine", True, "pending"),
+        ("pending", "unknown", False, "pending"),
+        ("pending", "unknown", True, "pending"),
+        ("pending", "failing", False, "pending"),
+        ("pending", "failing", True, "pending"),
+        ("running", "fine", False, "running"),
+        ("running", "fine", True, "held"),
+        ("running", "unknown", False, "held"),
+        ("running", "unknown", True, "held"),
+        ("running", "failing", False, "failed"),
+        ("running", "failing", True, "failed"),
+        ("done", "fine", False, "done"),
+        ("done", "fine", True, "done"),
+        ("done", "unknown", False, "failed"),
+        ("done", "unknown", True, "failed"),
+        ("done", "failing", False, "failed"),
+        ("done", "failing", True, "failed"),
+    )
 }
 
 
@@ -48,8 +63,14 @@ def shown_state(life: str, node_states: Iterable[str], held: bool) -> str:
     """The state of a batch in ``life`` whose nodes are in ``node_states``;
     ``held``: the rollout holds with this batch open (a held node in it, or
     the rollout paused while it runs)."""
-    failing = any(state in FAILING_NODE_STATES for state in node_states)
-    return SHOWN[(life, failing, held)]
+    states = set(node_states)
+    if states & FAILING_NODE_STATES:
+        worst = "failing"
+    elif states & UNKNOWN_NODE_STATES:
+        worst = "unknown"
+    else:
+        worst = "fine"
+    return SHOWN[(life, worst, held)]
 
 
 def life_state(shown: str, settled: bool | None) -> str:

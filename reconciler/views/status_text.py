@@ -286,7 +286,8 @@ def clip(text: str, width: int) -> str:
 class BatchGroup:
     """Consecutive batches shown as one: done and pending runs merge; a
     batch in progress stands alone. ``state``: done, running, held, failed
-    (done or running with a failed, timed-out or unknown node) or pending."""
+    (a failed or timed-out node), held (the rollout holds on it, or a node's
+    verdict is unknown) or pending."""
 
     first: int
     last: int
