@@ -168,6 +168,12 @@ def test_the_canary_plot_s_medians_are_the_comparison_recorded_in_status() -> No
     plot = plot[: plot.index("</svg>")]
     assert "0.412 · n=13" in plot and "0.25 · n=26" in plot
     assert "<script" not in plot and "href" not in plot  # no external asset
+    # The samples' spread as recorded: a box from quartile to quartile.
+    boxes = re.findall(r'<rect class="box" x="([0-9.]+)" y="[0-9.]+" width="([0-9.]+)"', plot)
+    assert len(boxes) == 2
+    canary_box, baseline_box = ((float(x), float(x) + float(w)) for x, w in boxes)
+    assert canary_box[0] > baseline_box[1]  # the canary's whole middle half is above
+    assert "from 0.301 to 0.61" in plot and "from 0.19 to 0.334" in plot
 
 
 def test_each_batch_s_out_of_service_times_are_plotted_with_their_median() -> None:

@@ -19,7 +19,7 @@ from typing import Any
 
 from reconciler.views.web_numbers import percent, rounded, seconds
 
-WIDTH = 360
+WIDTH = 460
 ROW = 26
 LEFT = 70  # room for a side's name
 RIGHT = 110  # room for the value's words
@@ -36,34 +36,57 @@ def _side_value(side: Mapping[str, Any] | None, kind: str) -> float | None:
     return float(value) if isinstance(value, int | float) else None
 
 
+def _spread(side: Mapping[str, Any] | None) -> list[float] | None:
+    spread = side.get("spread") if isinstance(side, Mapping) else None
+    if isinstance(spread, list) and len(spread) == 4:
+        return [float(v) for v in spread]
+    return None
+
+
 def comparison_plot(check: Mapping[str, Any]) -> str:
     """A decided comparison (a check record with ``canary`` and
-    ``baseline``): one row per side, a bar to its median (or rate) and its
-    value and sample count in words."""
+    ``baseline``): one row per side, its samples as a box (quartiles) and
+    whiskers (smallest to largest) when recorded, its median (or rate) as
+    a bar and a mark, and the value and sample count in words."""
     canary, baseline = check.get("canary"), check.get("baseline")
     kind = "rate" if isinstance(canary, Mapping) and "rate" in canary else "median"
     sides = [("canary", canary), ("baseline", baseline)]
     values = [_side_value(side, kind) for _, side in sides]
-    top = max((abs(v) for v in values if v is not None), default=0.0) or 1.0
+    spreads = [_spread(side) for _, side in sides]
+    reach = [abs(v) for v in values if v is not None]
+    reach += [abs(s[3]) for s in spreads if s is not None]
+    top = max(reach, default=0.0) or 1.0
     span = WIDTH - LEFT - RIGHT
     unit = "steps" if kind == "rate" else "samples"
     name = str(check.get("name", ""))
     words = []
     rows = []
-    for i, ((label, side), value) in enumerate(zip(sides, values, strict=True)):
+    for i, ((label, side), value, spread) in enumerate(zip(sides, values, spreads, strict=True)):
         samples = side.get("samples", 0) if isinstance(side, Mapping) else 0
         shown = percent(value) if kind == "rate" else rounded(value)
         said = f"{label} {kind} {shown} ({samples} {unit})"
+        if spread is not None:
+            said += f", from {rounded(spread[0])} to {rounded(spread[3])}"
         words.append(said)
         y = 6 + i * ROW
         length = 0.0 if value is None else span * abs(value) / top
+        box = ""
+        if spread is not None:
+            x0, x1, x3, x4 = (LEFT + span * abs(v) / top for v in spread)
+            box = (
+                f'<line class="whisker" x1="{x0:.1f}" x2="{x4:.1f}" y1="{y + 9}" y2="{y + 9}"/>'
+                f'<rect class="box" x="{x1:.1f}" y="{y + 2}" width="{max(x3 - x1, 1):.1f}" '
+                'height="14" rx="1"/>'
+            )
         rows.append(
             f'<g class="side side-{label}" data-side="{label}" data-{kind}="{_attr(value)}" '
             f'data-samples="{_attr(samples)}">'
             f'<text x="0" y="{y + 13}">{label}</text>'
-            f'<rect x="{LEFT}" y="{y + 3}" width="{length:.1f}" height="12" rx="2"/>'
-            f'<line x1="{LEFT + length:.1f}" x2="{LEFT + length:.1f}" y1="{y}" y2="{y + 18}"/>'
-            f'<text x="{LEFT + length + 6:.1f}" y="{y + 13}">{escape(shown)} · n={samples}</text>'
+            f'<rect class="value" x="{LEFT}" y="{y + 6}" width="{length:.1f}" height="6" rx="2"/>'
+            f"{box}"
+            f'<line class="median" x1="{LEFT + length:.1f}" x2="{LEFT + length:.1f}" '
+            f'y1="{y}" y2="{y + 18}"/>'
+            f'<text x="{WIDTH - RIGHT + 6}" y="{y + 13}">{escape(shown)} · n={samples}</text>'
             "</g>"
         )
     verdict = "held" if check.get("ok") else "failed"

@@ -26,7 +26,10 @@ def failed_canary(name: str = "canary") -> RolloutStatus:
     hold's message offering the rollback."""
     status = make_status(name, "paused", [("gpu-1", 1, "failed"), ("gpu-2", 2, "pending")])
     assert status.frozen is not None
-    measured = Measured("median", 0.41234567, 13, 0.2501234, 26, ("gpu-2",), 0.6485, 1.2345e-5)
+    measured = Measured(
+        "median", 0.41234567, 13, 0.2501234, 26, ("gpu-2",), 0.6485, 1.2345e-5,
+        canary_spread=(0.301, 0.38, 0.455, 0.61), baseline_spread=(0.19, 0.231, 0.268, 0.334),
+    )  # fmt: skip
     error = "health check latency-p95 failed: canary median 0.412 over 0.25 (+64.8%)"
     check = CheckOutcome("latency-p95", False, "median 0.412 vs 0.25 …", measured)
     node = replace(status.nodes[0], checks=(check,), error=error, held="health_failed")
