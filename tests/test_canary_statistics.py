@@ -40,6 +40,15 @@ def test_a_canary_30_percent_slower_fails_with_scipys_p_value_and_both_medians()
     assert judged.change == pytest.approx(np.median(SLOWER) / np.median(BASELINE) - 1)
 
 
+def test_each_side_records_the_spread_of_its_samples_for_the_page_s_plot() -> None:
+    judged = compare_quantity(SLOWER, BASELINE, worse="higher", tolerance=0.1, min_samples=10)
+
+    for side, values in ((judged.canary, SLOWER), (judged.baseline, BASELINE)):
+        q1, q3 = np.quantile(values, [0.25, 0.75])
+        assert side.spread == pytest.approx((min(values), q1, q3, max(values)), rel=1e-5)
+        assert side.spread[1] <= side.median <= side.spread[2]  # type: ignore[index,operator]
+
+
 def test_a_canary_3_percent_slower_passes_a_10_percent_tolerance_though_significant() -> None:
     slower = [v * 1.03 for v in BASELINE]
     judged = compare_quantity(slower, BASELINE, worse="higher", tolerance=0.1, min_samples=10)

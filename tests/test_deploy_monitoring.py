@@ -10,19 +10,24 @@ import json
 import re
 import shutil
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
 import pytest
 
+from reconciler.daemon.gauges import PhaseGauges
 from reconciler.daemon.metrics import Metrics
 from reconciler.daemon.notifications import Notifier
+from reconciler.engine.inputs import FleetStep
 from reconciler.node.agent_metrics import AgentMetrics
+from reconciler.spec.rollout_status import Waiting
 from reconciler.spec.safe_yaml import load_yaml
 from tests.kit.daemons import DaemonProcess
-from tests.kit.documents import node_yaml
+from tests.kit.documents import make_status, node_yaml
 from tests.kit.git import make_bare_repo
 from tests.kit.keys import make_key
+from tests.kit.web_statuses import failed_canary
 
 DEPLOY = Path(__file__).resolve().parent.parent / "example-repo" / "deploy"
 DASHBOARD = DEPLOY / "grafana-dashboard.json"
@@ -78,6 +83,49 @@ def test_the_dashboard_parses_and_every_query_names_an_exported_metric(
         names = OURS.findall(query)
         assert names, f"names no metric of ours: {query}"
         assert set(names) <= known, f"unknown metric in {query!r}: {set(names) - known}"
+
+
+def test_the_dashboard_draws_waits_out_of_service_and_comparisons_the_daemon_exports(
+    daemon_names: set[str],
+) -> None:
+    """The panels for what version 3 added, each on a metric a real
+    daemon's scrape carries from its first pass."""
+    queries = " ".join(dashboard_queries())
+    for name in (
+        "reconciler_waits",
+        "reconciler_node_out_of_service_seconds_bucket",
+        "reconciler_comparisons_total",
+    ):
+        assert name in queries, name
+        assert name in daemon_names, name
+
+
+def test_the_daemon_counts_waits_and_observes_out_of_service_and_comparisons_once() -> None:
+    metrics = Metrics()
+    gauges = PhaseGauges(metrics)
+    waiting = replace(
+        make_status("w", "running", [("a", 1, "succeeded")]),
+        waiting=Waiting("alert_firing", None),
+    )
+    approval = replace(make_status("p", "pending"), reason="unverified")
+    switched = failed_canary("c")
+    node = replace(switched.nodes[0], out_of_service=42.0, timings={})
+    switched = replace(switched, nodes=(node, *switched.nodes[1:]))
+    gauges.update({"w": waiting, "p": approval}, FleetStep(), None)
+    merged = {"w": waiting, "p": approval, "c": switched}
+    for _ in range(2):  # the same status again observes nothing new
+        gauges.update(merged, FleetStep(statuses={"c": switched}), ["c"])
+
+    def value(name: str, **labels: str) -> float | None:
+        return metrics.registry.get_sample_value(name, labels)
+
+    assert value("reconciler_waits", reason="alert_firing") == 1
+    assert value("reconciler_waits", reason="approval") == 1
+    assert value("reconciler_waits", reason="freeze") == 0
+    assert value("reconciler_node_out_of_service_seconds_count") == 1
+    assert value("reconciler_node_out_of_service_seconds_sum") == 42.0
+    assert value("reconciler_comparisons_total", outcome="failed") == 1
+    assert value("reconciler_comparisons_total", outcome="passed") == 0
 
 
 def test_every_alert_names_an_exported_metric(daemon_names: set[str]) -> None:

@@ -150,7 +150,7 @@ def test_held_after_batch_one_shows_batch_one() -> None:
     assert row(render_dashboard({"r": w.status()}))[2] == "2/3"
 
 
-def test_an_unknown_node_is_drawn_as_unknown_never_as_failed() -> None:
+def test_an_unknown_node_is_drawn_as_unknown_and_its_batch_held_never_failed() -> None:
     w = World(["a", "b"])
     w.rollout(batch_size=1, live=True)
     w.step(0)
@@ -159,11 +159,11 @@ def test_an_unknown_node_is_drawn_as_unknown_never_as_failed() -> None:
     assert w.state("a") == "unknown" and w.hold() == "health_unknown"
     page = render_dashboard({"r": w.status()})
 
-    assert '["batch 1<br/>0/1 ok · ?1 unknown · unknown"]:::unknown' in diagram(page)
+    assert '["batch 1<br/>0/1 ok · ?1 unknown · held"]:::held' in diagram(page)
     assert "· failed" not in diagram(page) and ":::failed" not in diagram(page)
     assert row(page)[1] == "`░░░░░░░░░░\u00a00/2\u00a0?1`"
     assert "✗" not in render_table({"r": w.status()}, w.now)
-    assert "1  unknown  0/1 ok  a" in render_detail(w.status(), w.now)
+    assert "1  held     0/1 ok  a" in render_detail(w.status(), w.now)
 
 
 def test_a_failed_node_beside_an_unknown_one_is_counted_apart() -> None:

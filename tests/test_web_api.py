@@ -159,6 +159,38 @@ def test_errors_are_json_with_a_code_and_a_message(
     assert answer.json()["message"]
 
 
+@pytest.mark.parametrize(
+    ("method", "body"),
+    [
+        ("POST", b'{"resume": true}'),
+        ("PUT", b"x" * (3 * 1024 * 1024)),  # past what is read and dropped: answered at once
+        ("PATCH", b""),
+        ("DELETE", None),
+        ("OPTIONS", None),
+    ],
+)
+def test_any_other_method_is_405_with_allow_get_and_head_whatever_its_body(
+    served: WebDaemon, method: str, body: bytes | None
+) -> None:
+    _settled(served)
+
+    answer = httpx.request(method, served.url + "/api/v1/rollouts", content=body, timeout=10)
+
+    assert answer.status_code == 405
+    assert answer.headers["Allow"] == "GET, HEAD"
+    assert answer.json()["error"] == "method_not_allowed"
+
+
+def test_head_answers_the_head_of_get_with_no_body(served: WebDaemon) -> None:
+    _settled(served)
+    for path in ("/", "/api/v1/rollouts", "/api/v1/rollouts/web", "/page.css"):
+        got = _get(served.url + path)
+        head = httpx.head(served.url + path, timeout=10)
+        assert head.status_code == 200, path
+        assert head.content == b""
+        assert head.headers["Content-Type"] == got.headers["Content-Type"]
+
+
 def test_a_committed_pause_arrives_on_the_event_stream_as_a_transition(
     kit: FleetKit, served: WebDaemon
 ) -> None:

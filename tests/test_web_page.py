@@ -133,7 +133,9 @@ def test_the_table_shows_the_rollouts_and_a_committed_pause_shows_its_hold_witho
     )
     assert browser.find_element(By.TAG_NAME, "h1").text == "reconciler"
     headers = [th.text for th in browser.find_elements(By.CSS_SELECTOR, "#rollout-table th")]
-    assert headers == ["Rollout", "Phase", "Progress", "Hold", "Waiting", "Target", "Updated"]
+    assert headers == [
+        "Rollout", "Phase", "Mode", "Progress", "Hold", "Waiting", "Target", "Updated",
+    ]  # fmt: skip
     assert "2 of 2 succeeded" in _row_text(browser, "rollout-table", "rollout", "web")
     browser.get_screenshot_as_file(str(tmp_path / "web-view-table.png"))
     browser.execute_script("window.notReloaded = true")
@@ -175,7 +177,7 @@ def test_the_table_shows_the_rollouts_and_a_committed_pause_shows_its_hold_witho
     _wait(
         browser,
         "slow running again",
-        lambda b: not b.find_element(By.ID, "hold").is_displayed(),
+        lambda b: not b.find_elements(By.ID, "hold"),  # no hold, no hold box
     )
 
 
@@ -204,6 +206,16 @@ def test_a_node_s_failing_check_shows_its_value(
     row = _row_text(browser, "node-table", "node", "sick")
     assert "ready: failed" in row
     assert "unsigned" in row  # the node has no agentKey: its evidence mark says so
+    # The batch of the failed node says so in words and is painted red, never blue or green.
+    _wait(
+        browser,
+        "batch 1 failed",
+        lambda b: "batch 1: failed" in b.find_element(By.ID, "batches").text,
+    )
+    colour = browser.execute_script(
+        "return getComputedStyle(document.querySelector('#batches li')).backgroundColor"
+    )
+    assert colour == "rgb(207, 34, 46)"
     browser.get_screenshot_as_file(str(tmp_path / "web-view-check.png"))
 
 
@@ -222,3 +234,42 @@ def test_the_fleet_s_offline_node_is_listed_with_its_state(
     )
     assert listed == ["gone"]  # the nodes that are ok are counted, not listed
     assert "offline" in browser.find_element(By.ID, "fleet-counts").text
+
+
+def _chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """A plain headless chromium, no driver: what a person or a cron job runs."""
+    return subprocess.run(
+        [
+            CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update",
+            f"--user-data-dir={tmp_path / 'chromium-plain'}", *args,
+        ],
+        capture_output=True, text=True, timeout=120, check=True, cwd=tmp_path,
+    )  # fmt: skip
+
+
+def test_a_plain_headless_chromium_gets_the_rollouts_in_its_first_paint(
+    served: WebDaemon, tmp_path: Path
+) -> None:
+    """The server renders the page: the HTML as sent already holds the
+    rollouts, a plain chromium's DOM has them, and a screenshot of it is a
+    real page."""
+
+    def listed() -> bool:
+        answer = httpx.get(served.url + "/api/v1/rollouts", timeout=10)
+        phases = {r["name"]: r["phase"] for r in answer.json()} if answer.status_code == 200 else {}
+        return phases.get("web") == "completed" and phases.get("slow") == "running"
+
+    WebDriverWait(None, WAIT).until(lambda _: listed(), message="web completed, slow running")
+
+    # The HTML as sent, before any script could run, holds the table.
+    sent = httpx.get(served.url + "/", timeout=10).text
+    assert 'data-rollout="web"' in sent and "2 of 2 succeeded" in sent
+    dom = _chromium(tmp_path, "--dump-dom", served.url + "/").stdout
+    assert 'data-rollout="web"' in dom and 'data-rollout="slow"' in dom
+    assert "2 of 2 succeeded" in dom
+    assert "Connecting to the daemon" not in dom
+
+    shot = tmp_path / "first-paint.png"
+    _chromium(tmp_path, "--window-size=1280,900", f"--screenshot={shot}", served.url + "/")
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -45,6 +45,9 @@ class Side:
     samples: int
     median: float | None = None
     rate: float | None = None
+    # the samples' smallest, first quartile, third quartile and largest: drawn
+    # on the page as a box around the median
+    spread: tuple[float, float, float, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,16 @@ class Pooled:
     @property
     def samples(self) -> int:
         return len(self.values)
+
+    def side(self) -> Side:
+        """This side as recorded: its median, count and spread."""
+        if not len(self.values):
+            return Side(0, median=self.median)
+        import numpy as np  # see prepare
+
+        q1, q3 = np.quantile(self.values, [0.25, 0.75])
+        spread = tuple(float(f"{v:.6g}") for v in (self.values[0], q1, q3, self.values[-1]))
+        return Side(self.samples, median=self.median, spread=spread)  # type: ignore[arg-type]
 
 
 def pool(values: Sequence[float]) -> Pooled:
@@ -111,12 +124,12 @@ def compare_quantities(
     """Each node's ``query`` comparison against one baseline: the nodes of a
     batch tested together (``mann_whitney``)."""
     theirs = baseline if isinstance(baseline, Pooled) else pool(baseline)
-    base = Side(theirs.samples, median=theirs.median)
+    base = theirs.side()
     pooled = [c if isinstance(c, Pooled) else pool(c) for c in canaries]
     judged: list[Judgement | None] = []
     tested: list[Pooled] = []
     for ours in pooled:
-        mine = Side(ours.samples, median=ours.median)
+        mine = ours.side()
         short = _too_few(ours.samples, theirs.samples, min_samples)
         if short:
             judged.append(Judgement(UNKNOWN, short, mine, base))
@@ -136,7 +149,7 @@ def compare_quantities(
 def _quantity_judgement(
     ours: Pooled, base: Side, p_value: float, worse: str, tolerance: float
 ) -> Judgement:
-    mine = Side(ours.samples, median=ours.median)
+    mine = ours.side()
     assert mine.median is not None and base.median is not None
     sign = 1.0 if worse == "higher" else -1.0
     change = sign * (mine.median - base.median) / abs(base.median)

@@ -325,6 +325,8 @@ def _verdict(d: _Due, judged: stats.Judgement) -> ComparisonVerdict:
         change=judged.change,
         p_value=judged.p_value,
         own_window=d.own_window,
+        canary_spread=judged.canary.spread,
+        baseline_spread=judged.baseline.spread,
     )
     against = (
         "against its own window before its dispatch"

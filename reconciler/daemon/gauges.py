@@ -1,5 +1,7 @@
-"""The rollouts-by-phase and holds-by-reason gauges, counted again only for
-the rollouts whose status changed since the last count.
+"""The rollouts-by-phase, holds-by-reason and waits-by-reason gauges,
+counted again only for the rollouts whose status changed since the last
+count; and, from the rollouts a step changed, each node's out-of-service
+time and each decided comparison, observed once.
 
 Keeps the counts between passes (a cache of the statuses: forgetting it
 changes nothing but the cost). Must not: read Git or decide anything.
@@ -12,10 +14,10 @@ from collections.abc import Iterable, Mapping
 
 from prometheus_client import Gauge
 
-from reconciler.daemon.metrics import Metrics
+from reconciler.daemon.metrics import WAIT_REASONS, Metrics
 from reconciler.engine.step import FleetStep
 from reconciler.spec import rollout_status as status_values
-from reconciler.spec.rollout_status import RolloutStatus
+from reconciler.spec.rollout_status import CheckOutcome, RolloutStatus
 
 
 class PhaseGauges:
@@ -24,11 +26,17 @@ class PhaseGauges:
 
     def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics
-        self.phases: dict[str, tuple[str, str | None]] = {}  # rollout: (phase, hold reason)
+        # rollout: (phase, hold reason, wait reason)
+        self.phases: dict[str, tuple[str, str | None, str | None]] = {}
         self.counts: Counter[str] = Counter()  # how many in each phase
         self.held: Counter[str] = Counter()  # how many held for each reason
+        self.waiting: Counter[str] = Counter()  # how many wait for each reason
         self.shown: dict[str, int] = {}  # what the gauges were set to
         self.shown_holds: dict[str, int] = {}
+        self.shown_waits: dict[str, int] = {}
+        # per rollout, what was observed already: node names (out of
+        # service) and (node, attempt, comparison) decided
+        self.observed: dict[str, frozenset[object]] = {}
         self._step: frozenset[str] = frozenset()  # the rollouts the counted step changed
 
     def update(
@@ -42,33 +50,89 @@ class PhaseGauges:
         before (whose statuses that count included) changed."""
         if changed is None:
             self.phases = {name: _shown(status) for name, status in merged.items()}
-            self.counts = Counter(phase for phase, _ in self.phases.values())
-            self.held = Counter(reason for _, reason in self.phases.values() if reason)
+            self.counts = Counter(phase for phase, _, _ in self.phases.values())
+            self.held = Counter(reason for _, reason, _ in self.phases.values() if reason)
+            self.waiting = Counter(wait for _, _, wait in self.phases.values() if wait)
+            # What a status already held when the daemon started is not observed again.
+            self.observed = {name: _observable(status) for name, status in merged.items()}
         else:
-            phases, counts, held = self.phases, self.counts, self.held
             for name in set(changed).union(self._step, step.statuses):
-                old = phases.pop(name, None)
-                if old is not None:
-                    counts[old[0]] -= 1
-                    if old[1]:
-                        held[old[1]] -= 1
-                status = merged.get(name)
-                if status is not None:
-                    phases[name] = new = _shown(status)
-                    counts[new[0]] += 1
-                    if new[1]:
-                        held[new[1]] += 1
+                self._count(name, merged.get(name))
+        self._observe(merged, step.statuses)
         self._step = frozenset(step.statuses)
         self.shown = _set(self.metrics.rollouts, "phase", status_values.PHASES, self.counts,
                           self.shown)  # fmt: skip
         self.shown_holds = _set(self.metrics.holds, "reason", status_values.HOLD_REASONS,
                                 self.held, self.shown_holds)  # fmt: skip
+        self.shown_waits = _set(self.metrics.waits, "reason", WAIT_REASONS, self.waiting,
+                                self.shown_waits)  # fmt: skip
+
+    def _count(self, name: str, status: RolloutStatus | None) -> None:
+        old = self.phases.pop(name, None)
+        if old is not None:
+            self.counts[old[0]] -= 1
+            if old[1]:
+                self.held[old[1]] -= 1
+            if old[2]:
+                self.waiting[old[2]] -= 1
+        if status is not None:
+            self.phases[name] = new = _shown(status)
+            self.counts[new[0]] += 1
+            if new[1]:
+                self.held[new[1]] += 1
+            if new[2]:
+                self.waiting[new[2]] += 1
+
+    def _observe(self, merged: Mapping[str, RolloutStatus], names: Iterable[str]) -> None:
+        """Out-of-service times and decided comparisons new in the statuses
+        this step changed, each observed once."""
+        for name in names:
+            status = merged.get(name)
+            if status is None:
+                self.observed.pop(name, None)
+                continue
+            before = self.observed.get(name, frozenset())
+            now = _observable(status)
+            for node in status.nodes:
+                if node.out_of_service is not None and node.name not in before:
+                    self.metrics.out_of_service.observe(node.out_of_service)
+                for check in node.checks:
+                    key = (node.name, node.attempt, check.name)
+                    if check.measured is not None and key not in before:
+                        self.metrics.comparisons.labels(outcome=_outcome(check)).inc()
+            self.observed[name] = now
 
 
-def _shown(status: RolloutStatus) -> tuple[str, str | None]:
-    """A rollout's phase, and its hold's reason while it is not over."""
+def _observable(status: RolloutStatus) -> frozenset[object]:
+    """What a status holds that is observed once: nodes with an
+    out-of-service time, and decided comparisons."""
+    found: set[object] = set()
+    for node in status.nodes:
+        if node.out_of_service is not None:
+            found.add(node.name)
+        found.update(
+            (node.name, node.attempt, c.name) for c in node.checks if c.measured is not None
+        )
+    return frozenset(found)
+
+
+def _outcome(check: CheckOutcome) -> str:
+    if check.ok:
+        return "passed"
+    measured = check.measured
+    return "failed" if measured is not None and measured.p_value is not None else "unknown"
+
+
+def _shown(status: RolloutStatus) -> tuple[str, str | None, str | None]:
+    """A rollout's phase, its hold's reason while it is not over, and what
+    it waits for that is no hold (a window, a freeze, alerts, approval)."""
     held = status.hold is not None and status.phase not in status_values.TERMINAL_PHASES
-    return status.phase, status.hold.reason if held and status.hold else None
+    wait = status.waiting.reason if status.waiting is not None else None
+    if status.phase == "pending" and status.reason == "unverified":
+        wait = "approval"
+    if status.phase in status_values.TERMINAL_PHASES:
+        wait = None
+    return status.phase, status.hold.reason if held and status.hold else None, wait
 
 
 def _set(

@@ -25,11 +25,20 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make
 
 from reconciler.protocol.build_info import BUILD_INFO, build_version
 from reconciler.spec.fleet_status import FLEET_STATES
-from reconciler.spec.rollout_status import HOLD_REASONS, JOB_KINDS, NODE_STATES, PHASES
+from reconciler.spec.rollout_status import (
+    HOLD_REASONS,
+    JOB_KINDS,
+    NODE_STATES,
+    PHASES,
+    WAITING_REASONS,
+)
 
 PASS_ERROR_KINDS = ("store", "host_key", "unexpected")
 SENT_KINDS = (*JOB_KINDS, "resend")
 UNVERIFIED_KINDS = ("job", "heartbeat", "backups")
+# What a rollout that is no hold waits for: a window, a freeze, its alerts, approval.
+WAIT_REASONS = (*WAITING_REASONS, "approval")
+COMPARISON_OUTCOMES = ("passed", "failed", "unknown")
 
 _StartResponse = Callable[[str, list[tuple[str, str]]], Any]
 
@@ -94,6 +103,24 @@ class Metrics:
             buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
             registry=r,
         )
+        self.waits = Gauge(
+            "reconciler_waits",
+            "Rollouts waiting without a hold, by what they wait for",
+            ["reason"],
+            registry=r,
+        )
+        self.out_of_service = Histogram(
+            "reconciler_node_out_of_service_seconds",
+            "Time a node was out of service in its switch (drain to serving), each node once",
+            buckets=(1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 1800),
+            registry=r,
+        )
+        self.comparisons = Counter(
+            "reconciler_comparisons",
+            "Canary comparisons decided, by outcome",
+            ["outcome"],
+            registry=r,
+        )
         self.poll_failures = Counter(
             "reconciler_poll_failures", "Polls of a remote's branches that failed", registry=r
         )
@@ -104,6 +131,8 @@ class Metrics:
         _start_at_zero(self.rollouts, "phase", PHASES)
         _start_at_zero(self.holds, "reason", HOLD_REASONS)
         _start_at_zero(self.fleet_nodes, "state", FLEET_STATES)
+        _start_at_zero(self.waits, "reason", WAIT_REASONS)
+        _start_at_zero(self.comparisons, "outcome", COMPARISON_OUTCOMES)
         self.health = Health()
 
     def passed(self) -> None:

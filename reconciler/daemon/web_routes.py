@@ -9,7 +9,7 @@ TOKEN``, compared in constant time; without one, only clients whose
 address is 127.0.0.1 or ::1 are served (any other source address, the rest
 of 127.0.0.0/8 included, gets 401). Errors are JSON, ``{"error",
 "message"}``: 401, 404 (unknown paths and rollouts), 405 (any method but
-GET), 400 (bad ``offset``/``limit``), 421 (a Host not served), 503 (before
+GET and HEAD, with ``Allow: GET, HEAD``), 400 (bad ``offset``/``limit``), 421 (a Host not served), 503 (before
 the first view). Nothing secret is served: answers are the committed
 status files and the page's own assets.
 
@@ -41,7 +41,6 @@ from reconciler.views.web_answers import (
 ASSETS_DIR = Path(__file__).resolve().parent / "web"
 # path -> (file, content type); nothing else is read from disk
 ASSETS = {
-    "/": ("index.html", "text/html; charset=utf-8"),
     "/page.js": ("page.js", "text/javascript; charset=utf-8"),
     "/page.css": ("page.css", "text/css; charset=utf-8"),
 }
@@ -52,6 +51,14 @@ _PAGE_POLICY = (
     "img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 )
 STREAM_OPENING = b"retry: 2000\n: events of committed status\n\n"
+READ_METHODS = frozenset({"GET", "HEAD"})
+ALLOW = "GET, HEAD"
+NOT_READY_PAGE = (
+    b'<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
+    b'<meta http-equiv="refresh" content="1"><title>reconciler: starting</title></head>'
+    b"<body><h1>reconciler</h1><p>The daemon has not read the status branch yet; this "
+    b"page reloads by itself.</p></body></html>\n"
+)
 
 
 @dataclass(frozen=True)
@@ -155,27 +162,28 @@ class Routes:
         path, _, query = target.partition("?")
         if not self.hosts.allows(headers.get("host")):
             return self._wrong_host(headers.get("host", ""))
-        if method == "GET" and path == "/healthz" and self.health is not None:
+        if method in READ_METHODS and path == "/healthz" and self.health is not None:
             return self._health()  # a probe: open, it tells nothing but alive or not
         refused = self._refusal(headers, peer)
         if refused is not None:
             return refused
-        if method != "GET":
+        if method not in READ_METHODS:
             reply = self.error(
                 405, "method_not_allowed", f"{method} is not allowed: this API only reads"
             )
-            return Reply(reply.status, reply.body, (*reply.headers, ("Allow", "GET")))
+            return Reply(reply.status, reply.body, (*reply.headers, ("Allow", ALLOW)))
+        if path == "/":
+            return self._page(query)
         asset = self.assets.get(path)
         if asset is not None:
-            headers_: tuple[tuple[str, str], ...] = (*_COMMON, ("Content-Type", asset[1]))
-            if path == "/":
-                headers_ += (("Content-Security-Policy", _PAGE_POLICY),)
-            return Reply(200, asset[0], headers_)
+            return Reply(200, asset[0], (*_COMMON, ("Content-Type", asset[1])))
         if path == "/metrics" and self.metrics is not None:
             return Reply(200, self.metrics(), (("Content-Type", "text/plain; version=0.0.4"),))
         if not path.startswith("/api/v1/"):
             return self.error(404, "not_found", f"no such path: {path}; see /api/v1/rollouts")
         if path == "/api/v1/events":
+            if method == "HEAD":  # the stream's head, and no stream
+                return Reply(200, b"", (*_COMMON, ("Content-Type", "text/event-stream")))
             return Stream(
                 (*_COMMON, ("Content-Type", "text/event-stream"), ("X-Accel-Buffering", "no")),
                 STREAM_OPENING,
@@ -185,6 +193,21 @@ class Routes:
             reply = self.error(503, "not_ready", "the daemon has not read the status branch yet")
             return Reply(503, reply.body, (*reply.headers, ("Retry-After", "1")))
         return self._api(path, query, answers)
+
+    def _page(self, query: str) -> Reply:
+        """The page, rendered from the latest view (``?rollout=NAME``: that
+        rollout in full); before the first view, a page that reloads itself."""
+        headers = (
+            *_COMMON,
+            ("Content-Type", "text/html; charset=utf-8"),
+            ("Content-Security-Policy", _PAGE_POLICY),
+        )
+        answers = self.answers
+        if answers is None:
+            return Reply(503, NOT_READY_PAGE, (*headers, ("Retry-After", "1")))
+        chosen = parse_qs(query).get("rollout", [""])[-1] or None
+        commit = (("X-Status-Commit", answers.view.commit or ""),)
+        return Reply(200, answers.page(chosen), (*headers, *commit))
 
     def _api(self, path: str, query: str, answers: Answers) -> Reply:
         commit = (("X-Status-Commit", answers.view.commit or ""),)

@@ -63,6 +63,8 @@ from reconciler.views.web_answers import StatusView
 
 MAX_HEAD_BYTES = 16 * 1024
 MAX_CONNECTIONS = 256
+MAX_DROPPED_BODY = 1024 * 1024  # bytes of a refused method's body read and dropped
+READ_METHODS = (b"GET", b"HEAD")
 REQUEST_TIMEOUT = 10.0  # seconds from a request's first byte to its last
 IDLE_TIMEOUT = 60.0  # seconds a keep-alive connection may sit unused
 WRITE_HIGH_WATER = 256 * 1024  # bytes unsent before reading pauses
@@ -92,6 +94,7 @@ class _Connection(asyncio.Protocol):
         self.written = 0
         self.unsent: deque[tuple[int, float]] = deque()
         self.request: h11.Request | None = None  # read, answered at its end
+        self.body_left = 0  # bytes of a refused request's body still to drop
 
     # -- asyncio callbacks ------------------------------------------------------
 
@@ -158,10 +161,20 @@ class _Connection(asyncio.Protocol):
                     self._refuse(431, "request headers too large")
                     return
                 length = dict(event.headers).get(b"content-length", b"0")
-                if length != b"0" or any(n == b"transfer-encoding" for n, _ in event.headers):
+                bodied = length != b"0" or any(n == b"transfer-encoding" for n, _ in event.headers)
+                if bodied and event.method in READ_METHODS:
                     self._refuse(413, "this server only reads: requests have no body")
                     return
-                self.request = event
+                # Any other method is answered 405 whatever its body, once
+                # the body (read and dropped, up to a bound) has arrived.
+                self.request, self.body_left = event, MAX_DROPPED_BODY
+            elif isinstance(event, h11.Data) and self.request is not None:
+                self.body_left -= len(event.data)
+                if self.body_left < 0:  # too much to drop: answer now, then close
+                    request, self.request = self.request, None
+                    self._answer(request)
+                    self._close()
+                    return
             elif isinstance(event, h11.EndOfMessage) and self.request is not None:
                 request, self.request = self.request, None
                 self._answer(request)
@@ -186,9 +199,9 @@ class _Connection(asyncio.Protocol):
         if isinstance(reply, Stream):
             self._start_stream(reply)
         else:
-            self._send_reply(reply)
+            self._send_reply(reply, head_only=request.method == b"HEAD")
 
-    def _send_reply(self, reply: Reply) -> None:
+    def _send_reply(self, reply: Reply, *, head_only: bool = False) -> None:
         transport = self.transport
         if transport is None:
             return
@@ -198,7 +211,7 @@ class _Connection(asyncio.Protocol):
         except h11.LocalProtocolError:
             self._close()
             return
-        data = whole_answer(self.conn, head, reply.body)
+        data = whole_answer(self.conn, head, b"" if head_only else reply.body)
         if data is None:
             self._close()
             return

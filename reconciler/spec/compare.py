@@ -213,6 +213,9 @@ class Measured:
     change: float | None
     p_value: float | None
     own_window: bool = False
+    # each side's (smallest, first quartile, third quartile, largest), when recorded
+    canary_spread: tuple[float, float, float, float] | None = None
+    baseline_spread: tuple[float, float, float, float] | None = None
 
 
 def measured_record(m: Measured) -> dict[str, Any]:
@@ -225,8 +228,14 @@ def measured_record(m: Measured) -> dict[str, Any]:
     }
     if m.own_window:
         baseline["ownWindow"] = True
+    canary: dict[str, Any] = {m.kind: m.canary, "samples": m.canary_samples}
+    # Written only when recorded, so earlier records stay as they were.
+    if m.canary_spread is not None:
+        canary["spread"] = list(m.canary_spread)
+    if m.baseline_spread is not None:
+        baseline["spread"] = list(m.baseline_spread)
     return {
-        "canary": {m.kind: m.canary, "samples": m.canary_samples},
+        "canary": canary,
         "baseline": baseline,
         "change": m.change,
         "pValue": m.p_value,
@@ -248,4 +257,12 @@ def measured_from(record: Mapping[str, Any]) -> Measured | None:
         change=record.get("change"),
         p_value=record.get("pValue"),
         own_window=baseline.get("ownWindow", False),
+        canary_spread=_spread(canary.get("spread")),
+        baseline_spread=_spread(baseline.get("spread")),
     )
+
+
+def _spread(value: Any) -> tuple[float, float, float, float] | None:
+    if not isinstance(value, list) or len(value) != 4:
+        return None
+    return (float(value[0]), float(value[1]), float(value[2]), float(value[3]))

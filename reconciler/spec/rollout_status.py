@@ -26,6 +26,7 @@ from reconciler.spec import health as health_rules
 from reconciler.spec.artifact_records import StageRecord
 from reconciler.spec.artifacts import Artifact, Drain, Stage, Warmup
 from reconciler.spec.batch_shapes import batch_sizes, batch_starts
+from reconciler.spec.batch_states import life_state, shown_state
 from reconciler.spec.compare import (
     FiringAlert,
     Measured,
@@ -447,6 +448,21 @@ class RolloutStatus:
     def condition(self, type_: str) -> Condition | None:
         return next((c for c in self.conditions if c.type == type_), None)
 
+    def shown_batch_states(self) -> tuple[str, ...]:
+        """Each batch's state as status files and views show it (a batch
+        with a failing node is failed; see ``batch_states``)."""
+        states: dict[int, list[str]] = {}
+        held: set[int] = set()
+        for node in self.nodes:
+            states.setdefault(node.batch, []).append(node.state)
+            if node.held is not None:
+                held.add(node.batch)
+        paused = self.phase == "paused" and self.hold is not None
+        return tuple(
+            shown_state(b.state, states.get(b.index, ()), b.index in held or paused)
+            for b in self.batches
+        )
+
 
 def count_progress(nodes: Iterable[NodeRecord]) -> tuple[tuple[str, int], ...]:
     """Counts by node state, in ``NODE_STATES`` order, zero counts left out."""
@@ -781,7 +797,7 @@ def to_record(status: RolloutStatus, *, inline_nodes: bool = True) -> dict[str, 
         "startedAt": _t(status.started_at),
         "finishedAt": _t(status.finished_at),
         "progress": dict(status.progress),
-        "batches": [{"index": b.index, "state": b.state} for b in status.batches],
+        "batches": _batch_records(status),
         "nodeCount": len(status.nodes),
     }
     if status.waiting is not None:
@@ -811,6 +827,18 @@ def to_record(status: RolloutStatus, *, inline_nodes: bool = True) -> dict[str, 
         }
     )
     return record
+
+
+def _batch_records(status: RolloutStatus) -> list[dict[str, Any]]:
+    """Batches as written: the shown state, and for a failed or held batch
+    whether the engine has settled it (so reading gives its state back)."""
+    records: list[dict[str, Any]] = []
+    for batch, shown in zip(status.batches, status.shown_batch_states(), strict=True):
+        record: dict[str, Any] = {"index": batch.index, "state": shown}
+        if shown != batch.state:
+            record["settled"] = batch.state == "done"
+        records.append(record)
+    return records
 
 
 def from_record(
@@ -862,7 +890,10 @@ def from_record(
             for state in NODE_STATES
             if state in record.get("progress", {})
         ),
-        batches=tuple(BatchRecord(b["index"], b["state"]) for b in record.get("batches", ())),
+        batches=tuple(
+            BatchRecord(b["index"], life_state(b["state"], b.get("settled")))
+            for b in record.get("batches", ())
+        ),
         nodes=nodes,
         last_handled_resume=record.get("lastHandledResume", ""),
         rollbacks=tuple(_rollback_from(r) for r in record.get("rollbacks", ())),

@@ -286,8 +286,8 @@ def clip(text: str, width: int) -> str:
 class BatchGroup:
     """Consecutive batches shown as one: done and pending runs merge; a
     batch in progress stands alone. ``state``: done, running, held, failed
-    (done or running with failed nodes), unknown (with unknown nodes and
-    none failed) or pending."""
+    (a failed or timed-out node), held (the rollout holds on it, or a node's
+    verdict is unknown) or pending."""
 
     first: int
     last: int
@@ -299,34 +299,20 @@ class BatchGroup:
 
 
 def batch_groups(status: RolloutStatus) -> list[BatchGroup]:
-    # ok, total, failed, unknown, held
-    per_batch: dict[int, tuple[int, int, int, int, bool]] = {}
+    # ok, total, failed, unknown
+    per_batch: dict[int, tuple[int, int, int, int]] = {}
     for node in status.nodes:
-        ok, total, trouble, unknown, held = per_batch.get(node.batch, (0, 0, 0, 0, False))
+        ok, total, trouble, unknown = per_batch.get(node.batch, (0, 0, 0, 0))
         per_batch[node.batch] = (
             ok + (node.state == "succeeded"),
             total + 1,
             trouble + (node.state in TROUBLE_STATES and node.state != UNKNOWN),
             unknown + (node.state == UNKNOWN),
-            held or node.held is not None,
         )
     groups: list[BatchGroup] = []
-    for batch in status.batches:
-        ok, total, trouble, unknown, held = per_batch.get(batch.index, (0, 0, 0, 0, False))
-        if batch.state == "pending":
-            state = "pending"
-        elif trouble:
-            # A held batch with failed nodes is drawn failed: the hold is
-            # the failure's doing.
-            state = "failed"
-        elif unknown:
-            state = "unknown"
-        elif batch.state == "done":
-            state = "done"
-        elif status.phase == "paused" and (held or status.hold is not None):
-            state = "held"
-        else:
-            state = "running"
+    # The state status files record: a batch with a failing node is failed.
+    for batch, state in zip(status.batches, status.shown_batch_states(), strict=True):
+        ok, total, trouble, unknown = per_batch.get(batch.index, (0, 0, 0, 0))
         last = groups[-1] if groups else None
         if last is not None and last.state == state and state in ("done", "pending"):
             groups[-1] = BatchGroup(

@@ -28,6 +28,7 @@ from reconciler.spec.rollout_status import RolloutStatus, to_record
 from reconciler.spec.times import format_time
 from reconciler.views.fleet_text import render_fleet_json
 from reconciler.views.status_text import render_json
+from reconciler.views.web_page import render_page, rollout_row
 
 DEFAULT_LIMIT = 500  # node records in one rollout answer, unless ?limit= says otherwise
 MAX_LIMIT = 10_000
@@ -73,6 +74,21 @@ class Answers:
     summaries: Mapping[str, bytes]  # each entry's JSON
     rollouts: bytes
     fleet: bytes
+    rows: Mapping[str, str]  # each rollout's row of the page's table (HTML)
+
+    def page(self, selected: str | None = None) -> bytes:
+        """The web page as at this view, with rollout ``selected`` in full."""
+        status = self.view.statuses.get(selected) if selected else None
+        fleet = json.loads(self.fleet) if self.view.fleet is not None else None
+        html = render_page(
+            commit=self.view.commit,
+            rows=self.rows.values(),
+            fleet=fleet,
+            selected=status,
+            selected_name=selected,
+            node_limit=DEFAULT_LIMIT,
+        )
+        return html.encode()
 
     def rollout(self, name: str, offset: int = 0, limit: int = DEFAULT_LIMIT) -> bytes | None:
         """One rollout's status as in its status files, with node records
@@ -110,21 +126,24 @@ def answers_for(view: StatusView, before: Answers | None = None) -> Answers:
     values as in ``before`` are taken from it."""
     old = before.summaries if before is not None else {}
     old_statuses = before.view.statuses if before is not None else {}
+    old_rows = before.rows if before is not None else {}
     summaries: dict[str, bytes] = {}
+    rows: dict[str, str] = {}
     for name in sorted(view.statuses):
         status = view.statuses[name]
-        kept = old.get(name)
-        same = kept is not None and old_statuses.get(name) is status
-        if same and kept is not None:
-            summaries[name] = kept
+        kept, kept_row = old.get(name), old_rows.get(name)
+        same = old_statuses.get(name) is status
+        if same and kept is not None and kept_row is not None:
+            summaries[name], rows[name] = kept, kept_row
         else:
             summaries[name] = _COMPACT.encode(summary(status)).encode()
+            rows[name] = rollout_row(status)
     rollouts = b"[" + b",".join(summaries.values()) + b"]"
     if before is not None and before.view.fleet is view.fleet:
         fleet = before.fleet
     else:
         fleet = (render_fleet_json(view.fleet) if view.fleet is not None else NO_FLEET).encode()
-    return Answers(view, summaries, rollouts, fleet)
+    return Answers(view, summaries, rollouts, fleet, rows)
 
 
 def events_between(before: StatusView, after: StatusView) -> list[Event]:
