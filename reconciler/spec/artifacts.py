@@ -41,6 +41,16 @@ class Artifact:
 
 
 @dataclass(frozen=True)
+class ModelSigner:
+    """One entry of ``spec.modelSigners``: a producer whose EC public key
+    (PEM text) vouches for the models its ``models`` globs match."""
+
+    name: str
+    public_key: str
+    models: tuple[str, ...] = ("*",)
+
+
+@dataclass(frozen=True)
 class Stage:
     """How far ahead and how widely a rollout downloads its artifacts."""
 

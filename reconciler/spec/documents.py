@@ -37,7 +37,8 @@ from pathlib import Path, PurePosixPath
 from types import MappingProxyType
 from typing import Any, TypeVar
 
-from reconciler.spec import artifact_rules, safe_yaml, schemas
+from reconciler.spec import artifact_rules, safe_yaml, schemas, signer_keys
+from reconciler.spec.artifacts import ModelSigner
 from reconciler.spec import compare as compare_rules
 from reconciler.spec import health as health_rules
 from reconciler.spec.agent_url import is_usable_agent_url
@@ -709,6 +710,7 @@ class _Checker:
         freezes = self._freezes(spec)
         receivers = self._receivers(spec.get("notifications"))
         rules = _approval_rules(self, spec.get("approvalRules"))
+        signers = _model_signers(self, spec.get("modelSigners"))
         if self.problems:
             return self.result()
         base = Defaults()
@@ -728,6 +730,7 @@ class _Checker:
                 freezes=freezes,
                 notifications=receivers,
                 approval_rules=rules,
+                model_signers=signers,
             )
         )
 
@@ -837,6 +840,36 @@ def _approval_rules(check: _Checker, entries: Any) -> tuple[ApprovalRule, ...]:
             )
         )
     return tuple(rules)
+
+
+def _model_signers(check: _Checker, entries: Any) -> tuple[ModelSigner, ...]:
+    """``spec.modelSigners`` (docs/rollouts.md) after the schema: unique
+    names, and every key an EC public key on P-256 or P-384."""
+    if not isinstance(entries, list) or not check.ok_at("spec.modelSigners"):
+        return ()
+    signers: list[ModelSigner] = []
+    seen: dict[str, int] = {}
+    for index, entry in enumerate(entries):
+        if not isinstance(entry, dict) or not check.whole(f"spec.modelSigners[{index}]"):
+            continue  # the schema's problem is reported already
+        at: list[str | int] = ["spec", "modelSigners", index]
+        name = entry["name"]
+        if name in seen:
+            check.add(
+                [*at, "name"],
+                f"signer {_show(name)} is named twice (also entry {seen[name] + 1}): "
+                "give every signer its own name",
+            )
+            continue
+        seen[name] = index
+        why = signer_keys.key_problem(entry["publicKey"])
+        if why:
+            check.add([*at, "publicKey"], f"signer {_show(name)}: the key {why}")
+            continue
+        signers.append(
+            ModelSigner(name, entry["publicKey"], tuple(entry.get("models", ("*",))))
+        )
+    return tuple(signers)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,87 @@
+"""``modelSigners`` in reconciler.yaml and ``target.signature`` in a
+rollout (docs/rollouts.md#model-signatures): what validation accepts,
+refuses, and says where. Keys made by the real ``openssl``."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from reconciler.spec import documents
+from tests.kit.documents import node_yaml, rollout_yaml
+
+
+def openssl_key(folder: Path, name: str, *args: str) -> str:
+    """A public key in PEM made by openssl: ``ec CURVE`` or ``rsa``."""
+    private = folder / f"{name}.pem"
+    if args[0] == "ec":
+        made = ["openssl", "ecparam", "-name", args[1], "-genkey", "-noout", "-out", str(private)]
+        show = ["openssl", "ec", "-in", str(private), "-pubout"]
+    else:
+        made = ["openssl", "genrsa", "-out", str(private), "2048"]
+        show = ["openssl", "rsa", "-in", str(private), "-pubout"]
+    subprocess.run(made, check=True, capture_output=True)
+    return subprocess.run(show, check=True, capture_output=True, text=True).stdout
+
+
+def settings_yaml(*signers: tuple[str, str, list[str] | None]) -> str:
+    text = "apiVersion: reconciler/v1\nkind: Settings\nspec:\n  modelSigners:\n"
+    for name, pem, models in signers:
+        text += f"    - name: {name}\n      publicKey: |\n"
+        text += "".join(f"        {line}\n" for line in pem.strip().splitlines())
+        if models is not None:
+            text += f"      models: [{', '.join(repr(m) for m in models)}]\n"
+    return text
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    folder = tmp_path_factory.mktemp("keys")
+    return {
+        "p256": openssl_key(folder, "p256", "ec", "prime256v1"),
+        "p384": openssl_key(folder, "p384", "ec", "secp384r1"),
+        "k1": openssl_key(folder, "k1", "ec", "secp256k1"),
+        "rsa": openssl_key(folder, "rsa", "rsa"),
+    }
+
+
+def test_ec_keys_on_p256_and_p384_are_signers(keys: dict[str, str]) -> None:
+    text = settings_yaml(("ml-release", keys["p256"], ["llama-*"]), ("lab", keys["p384"], None))
+    parsed = documents.parse_file("reconciler.yaml", text.encode())
+    assert parsed.problems == ()
+    assert parsed.settings is not None
+    release, lab = parsed.settings.model_signers
+    assert (release.name, release.models, release.public_key) == (
+        "ml-release",
+        ("llama-*",),
+        keys["p256"],
+    )
+    assert (lab.name, lab.models) == ("lab", ("*",))
+
+
+@pytest.mark.parametrize(
+    ("key", "said"),
+    [
+        ("rsa", "is not an EC key"),
+        ("k1", "is an EC key on secp256k1, not on P-256 or P-384"),
+        ("junk", "is not a PEM public key"),
+    ],
+)
+def test_a_key_that_is_not_an_ec_p256_or_p384_key_is_an_error_at_its_line(
+    keys: dict[str, str], key: str, said: str
+) -> None:
+    pem = keys.get(key, "-----BEGIN PUBLIC KEY-----\nbm90IGEga2V5\n-----END PUBLIC KEY-----\n")
+    text = settings_yaml(("ok", keys["p256"], None), ("bad", pem, None))
+    (problem,) = documents.parse_file("reconciler.yaml", text.encode()).problems
+    line = text.splitlines().index("    - name: bad") + 2  # its publicKey
+    assert (problem.line, problem.field) == (line, "spec.modelSigners[1].publicKey")
+    assert 'signer "bad": the key ' + said in problem.message
+
+
+def test_a_signer_named_twice_is_an_error(keys: dict[str, str]) -> None:
+    text = settings_yaml(("twice", keys["p256"], None), ("twice", keys["p384"], None))
+    (problem,) = documents.parse_file("reconciler.yaml", text.encode()).problems
+    assert problem.field == "spec.modelSigners[1].name"
+    assert "named twice" in problem.message
