@@ -402,6 +402,12 @@ def test_a_new_model_signer_needs_the_settings_owners(
         {
             "reconciler.yaml": RULES + signer,
             "rollouts/res2.yaml": rollout_yaml("res2", nodeIds=["r2"]),
+            # once the signer counts, this model needs a signature
+            "rollouts/llama.yaml": rollout_yaml(
+                "llama",
+                nodeIds=["r1"],
+                target="{runtime: hermes, provider: ollama, model: llama-3}",
+            ),
         },
         "alice",
     )
@@ -416,11 +422,17 @@ def test_a_new_model_signer_needs_the_settings_owners(
     wait_for("the refusal", refused, lambda: team.status("res2"))
     code, out = team.verify(capsys)
     assert code == 1 and expected in out, out
-    assert team.jobs("r2", "res2") == []
+    assert team.jobs("r2", "res2") == [] and team.jobs("r1", "llama") == []
     team.approve(change, "carol")
     wait_for(
         "res2 acted on once the settings owner approved",
         lambda: team.status("res2").get("phase") == "completed",
         lambda: team.status("res2"),
     )
-    assert team.verify(capsys)[0] == 0
+    # and the signer with it: the unsigned llama model is not rolled out
+    wait_for(
+        "llama refused for want of a signature",
+        lambda: 'model "llama-3" is covered by signer ml-release' in str(team.status("llama")),
+        lambda: team.status("llama"),
+    )
+    assert team.jobs("r1", "llama") == []

@@ -85,3 +85,106 @@ def test_a_signer_named_twice_is_an_error(keys: dict[str, str]) -> None:
     (problem,) = documents.parse_file("reconciler.yaml", text.encode()).problems
     assert problem.field == "spec.modelSigners[1].name"
     assert "named twice" in problem.message
+
+
+DIGEST = "0f" * 32
+SIG_DIGEST = "5e" * 32
+
+
+def llama(model: str = "llama-3", signature: bool = True, artifacts: bool = True) -> str:
+    text = (
+        "apiVersion: reconciler/v1\nkind: Rollout\nmetadata: {name: llama}\nspec:\n"
+        f"  target:\n    runtime: hermes\n    provider: ollama\n    model: {model}\n"
+    )
+    if artifacts:
+        text += (
+            "    artifacts:\n"
+            f'      - {{name: weights, url: "http://127.0.0.1:1/w.gguf", sha256: {DIGEST}, '
+            "size: 4096}\n"
+        )
+    if signature:
+        text += (
+            f'    signature: {{url: "http://127.0.0.1:1/model.sig", sha256: {SIG_DIGEST}, '
+            "size: 2304}\n"
+        )
+    return text + "  nodeIds: [gpu-1]\n"
+
+
+def assembled(settings: str, rollout: str) -> documents.Documents:
+    files = {
+        "reconciler.yaml": settings,
+        "nodes/gpu-1.yaml": node_yaml("gpu-1"),
+        "rollouts/llama.yaml": rollout,
+    }
+    return documents.assemble(documents.parse_file(p, t.encode()) for p, t in files.items())
+
+
+def test_a_covered_model_carries_its_signature_and_the_signers_keys(
+    keys: dict[str, str],
+) -> None:
+    settings = settings_yaml(
+        ("ml-release", keys["p256"], ["llama-*"]), ("other", keys["p384"], ["qwen-*"])
+    )
+
+    docs = assembled(settings, llama())
+
+    assert docs.problems == ()
+    spec = docs.rollouts["llama"]
+    assert spec.signature is not None
+    assert (spec.signature.sha256, spec.signature.size) == (SIG_DIGEST, 2304)
+    assert [s.name for s in spec.signers] == ["ml-release"]
+
+
+def test_a_covered_model_without_a_signature_is_refused_naming_the_signer(
+    keys: dict[str, str],
+) -> None:
+    settings = settings_yaml(("ml-release", keys["p256"], ["llama-*"]))
+
+    docs = assembled(settings, llama(signature=False))
+
+    (problem,) = docs.problems
+    assert problem.path == "rollouts/llama.yaml" and problem.field == "spec.target.signature"
+    assert 'model "llama-3" is covered by signer ml-release in reconciler.yaml' in problem.message
+    assert "llama" not in docs.rollouts
+
+
+def test_a_signature_no_signer_covers_is_refused(keys: dict[str, str]) -> None:
+    settings = settings_yaml(("ml-release", keys["p256"], ["llama-*"]))
+
+    docs = assembled(settings, llama(model="qwen-2"))
+
+    (problem,) = docs.problems
+    assert problem.line == 11 and problem.field == "spec.target.signature"
+    assert "no signer in reconciler.yaml covers model qwen-2" in problem.message
+
+
+def test_a_signature_needs_artifacts(keys: dict[str, str]) -> None:
+    settings = settings_yaml(("ml-release", keys["p256"], None))
+
+    docs = assembled(settings, llama(artifacts=False))
+
+    assert any(
+        p.field == "spec.target.signature" and "vouches for target.artifacts" in p.message
+        for p in docs.problems
+    )
+
+
+def test_plan_names_the_signer_or_says_unsigned(keys: dict[str, str]) -> None:
+    from datetime import UTC, datetime
+
+    from reconciler.views import plan
+
+    settings = settings_yaml(("ml-release", keys["p256"], ["llama-*"]))
+    base = {"reconciler.yaml": settings, "nodes/gpu-1.yaml": node_yaml("gpu-1")}
+    texts = []
+    for model, signed in (("llama-3", True), ("qwen-2", False)):
+        head = {**base, "rollouts/llama.yaml": llama(model=model, signature=signed)}
+        result = plan.make_plan(
+            plan.Tree("a" * 40, {p: t.encode() for p, t in base.items()}),
+            plan.Tree("b" * 40, {p: t.encode() for p, t in head.items()}),
+            {},
+            now=datetime.now(UTC),
+        )
+        texts.append(plan.render_text(result))
+    assert "signed by ml-release" in texts[0]
+    assert "unsigned (no signer covers this model)" in texts[1]

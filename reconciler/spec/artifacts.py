@@ -21,6 +21,8 @@ DEFAULT_WARMUP_TIMES = 1
 WARMUP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
 MAX_ARTIFACTS = 32
 MAX_WARMUPS = 32
+# The name ``target.signature`` goes by where staged files are listed.
+SIGNATURE_NAME = "signature"
 
 
 @dataclass(frozen=True)

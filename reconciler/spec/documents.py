@@ -38,10 +38,10 @@ from types import MappingProxyType
 from typing import Any, TypeVar
 
 from reconciler.spec import artifact_rules, safe_yaml, schemas, signer_keys
-from reconciler.spec.artifacts import ModelSigner
 from reconciler.spec import compare as compare_rules
 from reconciler.spec import health as health_rules
 from reconciler.spec.agent_url import is_usable_agent_url
+from reconciler.spec.artifacts import ModelSigner
 from reconciler.spec.batch_shapes import check_batch_entry, check_budget, check_share
 from reconciler.spec.durations import parse_duration
 from reconciler.spec.model import (
@@ -499,6 +499,7 @@ class _Checker:
             stage=declared.stage,
             drain=declared.drain,
             warmup=declared.warmup,
+            signature=declared.signature,
         )
         omitted = frozenset(k for k in _SETTINGS_DEFAULTED if k not in spec)
         return self.result(rollout=rollout, omitted=omitted)
@@ -866,9 +867,7 @@ def _model_signers(check: _Checker, entries: Any) -> tuple[ModelSigner, ...]:
         if why:
             check.add([*at, "publicKey"], f"signer {_show(name)}: the key {why}")
             continue
-        signers.append(
-            ModelSigner(name, entry["publicKey"], tuple(entry.get("models", ("*",))))
-        )
+        signers.append(ModelSigner(name, entry["publicKey"], tuple(entry.get("models", ("*",)))))
     return tuple(signers)
 
 
@@ -1237,6 +1236,8 @@ def _rollout_result(
         own.extend(_after_problems(item, spec, rollout_files))
         own.extend(_budget_problems(item, spec))
         own.extend(_alerts_problems(item, spec, settings))
+        spec, signed = _signers_of(item, spec, settings)
+        own.extend(signed)
     return spec, own
 
 
@@ -1265,6 +1266,33 @@ def _alerts_problems(item: ParsedFile, spec: RolloutSpec, settings: Settings) ->
         "such as http://127.0.0.1:9093, or remove alerts"
     )
     return [Problem(item.path, line, column, "spec.health.alerts", message)]
+
+
+def _signers_of(
+    item: ParsedFile, spec: RolloutSpec, settings: Settings
+) -> tuple[RolloutSpec, list[Problem]]:
+    """``spec`` with the signers of reconciler.yaml that cover its model
+    (their keys go to the nodes), and the problem of a signature missing
+    where a signer covers the model, or given where none does."""
+    signers = signer_keys.covering(settings.model_signers, spec.target.model)
+    model = spec.target.model
+    if signers and spec.signature is None:
+        names = ", ".join(s.name for s in signers)
+        line, column = safe_yaml.locate(item.path, item.source, ["spec", "target"])
+        message = (
+            f"model {_show(model)} is covered by signer{'s' if len(signers) > 1 else ''} "
+            f"{names} in {SETTINGS_PATH}: give target.signature {{url, sha256, size}}, the "
+            "producer's OpenSSF Model Signing signature of target.artifacts"
+        )
+        return spec, [Problem(item.path, line, column, "spec.target.signature", message)]
+    if not signers and spec.signature is not None:
+        line, column = safe_yaml.locate(item.path, item.source, ["spec", "target", "signature"])
+        message = (
+            f"no signer in {SETTINGS_PATH} covers model {model}: add one under "
+            "spec.modelSigners whose models match it, or remove signature"
+        )
+        return spec, [Problem(item.path, line, column, "spec.target.signature", message)]
+    return replace(spec, signers=signers) if signers else spec, []
 
 
 def _budget_problems(item: ParsedFile, spec: RolloutSpec) -> list[Problem]:

@@ -55,6 +55,13 @@ def headline_words(
     )
 
 
+def signer_words(signers: Sequence[str]) -> str:
+    """Who vouches for a rollout's files: ``signed by ml-release``."""
+    if not signers:
+        return "unsigned (no signer covers this model)"
+    return f"signed by {' or '.join(signers)}"
+
+
 def drain_words(drain: Drain | None) -> str:
     if drain is None:
         return "no drain: nodes switch while serving"

@@ -99,6 +99,7 @@ class AddedRollout:
     to_stage: int = 0  # nodes that still download them
     drain: Drain | None = None
     warmup: tuple[Warmup, ...] = ()
+    signers: tuple[str, ...] = ()  # names of the signers covering the model
 
     @property
     def node_count(self) -> int:
@@ -431,6 +432,7 @@ def _added(
         to_stage=artifact_text.not_staged(mine, new.nodes if new is not None else ()),
         drain=spec.drain,
         warmup=spec.warmup,
+        signers=tuple(s.name for s in spec.signers),
     )
 
 
@@ -855,6 +857,7 @@ def _added_facts(r: AddedRollout) -> list[str]:
         )
     if r.artifacts:
         facts.append(artifact_text.artifact_words(r.artifacts, r.to_stage))
+        facts.append(artifact_text.signer_words(r.signers))
     if r.artifacts or r.drain is not None or r.warmup:
         facts += [artifact_text.drain_words(r.drain), artifact_text.warmup_words(r.warmup)]
     facts.append(f"start: {_start_words(r)}" + (f" (startAt {r.start_at})" if r.start_at else ""))
