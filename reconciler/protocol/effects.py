@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from reconciler.spec.artifacts import Artifact, Drain, Warmup
+from reconciler.spec.artifacts import Artifact, Drain, ModelSigner, Warmup
 from reconciler.spec.health import Health
 from reconciler.spec.model import Target
 
@@ -31,3 +31,5 @@ class SendJob:
     artifacts: tuple[Artifact, ...] = ()  # stage jobs, and applies of a rollout with artifacts
     drain: Drain | None = None  # live applies only
     warmup: tuple[Warmup, ...] = ()  # live applies only
+    signature: Artifact | None = None  # stage jobs and applies of a signed target
+    signers: tuple[ModelSigner, ...] = ()  # with signature: the keys to check it
