@@ -14,6 +14,7 @@ the runtime kit and is not exercised here.)
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from reconciler.cli.main import main as cli
 from reconciler.protocol.model_ids import layout_pairs, manifest_bytes, model_id
 from reconciler.spec.artifacts import Artifact, ModelSigner
 from reconciler.spec.safe_yaml import load_yaml
@@ -32,6 +34,7 @@ from tests.kit.fleets import AgentFleet
 from tests.kit.jobs import envelope, job
 from tests.kit.keys import make_key
 from tests.kit.nginx import NginxServer
+from tests.test_attestations import consumer
 
 pytestmark = pytest.mark.slow
 
@@ -167,7 +170,10 @@ def _plant_symlink(state: Path, nginx: NginxServer, outside: Path) -> None:
 @pytest.fixture
 def fleet(tmp_path: Path, mirror: dict[str, Any]) -> Iterator[tuple[AgentFleet, NginxServer]]:
     with NginxServer(tmp_path / "nginx", mirror["served"]) as nginx:
-        nodes = {case: {"config": OLD, "labels": {"role": "gpu"}} for case in CASES}
+        nodes: dict[str, dict[str, Any]] = {
+            case: {"config": OLD, "labels": {"role": "gpu"}} for case in CASES
+        }
+        nodes["good"]["agent_key"] = "own"  # signed evidence, for the attestation
         kit = AgentFleet.create(tmp_path, nodes, files={"reconciler.yaml": _settings(mirror)})
         try:
             yield kit, nginx
@@ -176,7 +182,10 @@ def fleet(tmp_path: Path, mirror: dict[str, Any]) -> Iterator[tuple[AgentFleet, 
 
 
 def test_a_signed_model_rolls_out_and_every_bad_signature_is_stage_failed(
-    fleet: tuple[AgentFleet, NginxServer], mirror: dict[str, Any], tmp_path: Path
+    fleet: tuple[AgentFleet, NginxServer],
+    mirror: dict[str, Any],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     kit, nginx = fleet
     _plant_symlink(kit.agents["symlink"].state, nginx, tmp_path / "outside")
@@ -223,6 +232,25 @@ def test_a_signed_model_rolls_out_and_every_bad_signature_is_stage_failed(
     # the lab signer's key went to the qwen node, ml-release's did not
     (stage,) = kit.agents["not-covered"].jobs_of_kind("stage")
     assert [s["name"] for s in stage["payload"]["signers"]] == ["lab"]
+
+    # who vouched, where people look: status, the attestation, verify
+    capsys.readouterr()
+    assert cli(["status", "good", "--repo", str(kit.bare)]) == 0
+    shown = capsys.readouterr().out
+    assert f"signed by ml-release (signature {signature_sha[:12]})" in shown, shown
+    attestation = tmp_path / "good.attestation.json"
+    key = ["--key", str(kit.key_path)]
+    assert cli(["attest", "good", "--repo", str(kit.bare), *key, "--out", str(attestation)]) == 0
+    public = kit.key_path.with_name("reconciler.pub")
+    consumed = consumer(attestation, public, tmp_path)
+    assert consumed.returncode == 0, consumed.stderr[-2000:]
+    predicate = json.loads(consumed.stdout)["statement"]["predicate"]
+    assert predicate["nodes"][0]["signature"] == vouched
+    capsys.readouterr()
+    verified = ["verify", "--attestation", str(attestation), "--key", str(public)]
+    assert cli([*verified, "--repo", str(kit.bare)]) == 0
+    said = capsys.readouterr().out
+    assert f"model files signed by ml-release (signature {signature_sha[:12]})" in said, said
 
 
 def test_an_apply_of_a_signed_target_is_refused_unless_its_directory_was_verified(
