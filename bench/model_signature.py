@@ -64,7 +64,10 @@ def _key(folder: Path) -> tuple[Path, str]:
         capture_output=True,
     )
     public = subprocess.run(
-        ["openssl", "ec", "-in", str(private), "-pubout"], check=True, capture_output=True, text=True
+        ["openssl", "ec", "-in", str(private), "-pubout"],
+        check=True,
+        capture_output=True,
+        text=True,
     ).stdout
     return private, public
 

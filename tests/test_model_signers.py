@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from reconciler.spec import documents
-from tests.kit.documents import node_yaml, rollout_yaml
+from tests.kit.documents import node_yaml
 
 
 def openssl_key(folder: Path, name: str, *args: str) -> str:
