@@ -709,9 +709,9 @@ class _Checker:
         )
         windows = self._windows(spec)
         freezes = self._freezes(spec)
-        receivers = self._receivers(spec.get("notifications"))
+        receivers = _receivers(self, spec.get("notifications"))
         rules = _approval_rules(self, spec.get("approvalRules"))
-        signers = _model_signers(self, spec.get("modelSigners"))
+        signers = _model_signers(self, spec)
         if self.problems:
             return self.result()
         base = Defaults()
@@ -735,45 +735,46 @@ class _Checker:
             )
         )
 
-    def _receivers(self, entries: Any) -> tuple[Receiver, ...]:
-        """``spec.notifications`` (docs/operating.md), after the schema:
-        unique names and known event names, each problem naming the receiver."""
-        if not isinstance(entries, list) or not self._ok("spec.notifications"):
-            return ()
-        receivers: list[Receiver] = []
-        seen: dict[str, int] = {}
-        for index, entry in enumerate(entries):
-            where = f"spec.notifications[{index}]"
-            if not isinstance(entry, dict) or any(b.startswith(where) for b in self.bad_fields):
-                continue  # the schema's problem is reported already
-            name = entry["name"]
-            if name in seen:
-                self.add(
-                    ["spec", "notifications", index, "name"],
-                    f"receiver {_show(name)} is named twice (also entry {seen[name] + 1}): "
-                    "give every receiver its own name",
-                )
-                continue
-            seen[name] = index
-            events = entry.get("events", NOTIFICATION_EVENTS)
-            for at, event in enumerate(events):
-                if event not in NOTIFICATION_EVENTS:
-                    self.add(
-                        ["spec", "notifications", index, "events", at],
-                        f"receiver {_show(name)}: unknown event {_show(event)}; "
-                        f"use one of {', '.join(NOTIFICATION_EVENTS)}",
-                    )
-            receivers.append(
-                Receiver(
-                    name=name,
-                    url_env=entry["urlEnv"],
-                    format=entry.get("format", "json"),
-                    secret_env=entry.get("secretEnv"),
-                    events=tuple(dict.fromkeys(events)),
-                    rollouts=tuple(entry.get("rollouts", ())),
-                )
+
+def _receivers(check: _Checker, entries: Any) -> tuple[Receiver, ...]:
+    """``spec.notifications`` (docs/operating.md), after the schema:
+    unique names and known event names, each problem naming the receiver."""
+    if not isinstance(entries, list) or not check.ok_at("spec.notifications"):
+        return ()
+    receivers: list[Receiver] = []
+    seen: dict[str, int] = {}
+    for index, entry in enumerate(entries):
+        where = f"spec.notifications[{index}]"
+        if not isinstance(entry, dict) or any(b.startswith(where) for b in check.bad_fields):
+            continue  # the schema's problem is reported already
+        name = entry["name"]
+        if name in seen:
+            check.add(
+                ["spec", "notifications", index, "name"],
+                f"receiver {_show(name)} is named twice (also entry {seen[name] + 1}): "
+                "give every receiver its own name",
             )
-        return tuple(receivers)
+            continue
+        seen[name] = index
+        events = entry.get("events", NOTIFICATION_EVENTS)
+        for at, event in enumerate(events):
+            if event not in NOTIFICATION_EVENTS:
+                check.add(
+                    ["spec", "notifications", index, "events", at],
+                    f"receiver {_show(name)}: unknown event {_show(event)}; "
+                    f"use one of {', '.join(NOTIFICATION_EVENTS)}",
+                )
+        receivers.append(
+            Receiver(
+                name=name,
+                url_env=entry["urlEnv"],
+                format=entry.get("format", "json"),
+                secret_env=entry.get("secretEnv"),
+                events=tuple(dict.fromkeys(events)),
+                rollouts=tuple(entry.get("rollouts", ())),
+            )
+        )
+    return tuple(receivers)
 
 
 def _at_or_under(name: str, part: str) -> bool:
@@ -843,9 +844,10 @@ def _approval_rules(check: _Checker, entries: Any) -> tuple[ApprovalRule, ...]:
     return tuple(rules)
 
 
-def _model_signers(check: _Checker, entries: Any) -> tuple[ModelSigner, ...]:
+def _model_signers(check: _Checker, spec: Mapping[str, Any]) -> tuple[ModelSigner, ...]:
     """``spec.modelSigners`` (docs/rollouts.md) after the schema: unique
     names, and every key an EC public key on P-256 or P-384."""
+    entries = spec.get("modelSigners")
     if not isinstance(entries, list) or not check.ok_at("spec.modelSigners"):
         return ()
     signers: list[ModelSigner] = []
