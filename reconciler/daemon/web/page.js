@@ -175,7 +175,8 @@ function drawDetail(status, total) {
     cell("State", badge("state", n.state)), cell("Attempt", String(n.attempt)),
     cell("Error", n.error || "—"), cell("Checks", checkList(n.checks)),
     cell("Evidence", evidence(n)),
-    cell("Out of service", n.outOfService !== undefined && n.outOfService !== null ? `${n.outOfService} s` : "—")));
+    cell("Out of service", n.outOfService !== undefined && n.outOfService !== null ? `${n.outOfService} s` : "—"),
+    cell("Signed by", n.signature ? `${n.signature.signer} (signature ${n.signature.sha256.slice(0, 12)})` : "—")));
   $("node-table").tBodies[0].replaceChildren(...rows);
   const shown = (status.nodes || []).length;
   $("more-nodes").hidden = !(total && Number(total) > shown);
