@@ -188,3 +188,29 @@ def test_plan_names_the_signer_or_says_unsigned(keys: dict[str, str]) -> None:
         texts.append(plan.render_text(result))
     assert "signed by ml-release" in texts[0]
     assert "unsigned (no signer covers this model)" in texts[1]
+
+
+def test_plan_names_signers_not_their_keys_when_they_change(keys: dict[str, str]) -> None:
+    from datetime import UTC, datetime
+
+    from reconciler.views import plan
+
+    one = settings_yaml(("ml-release", keys["p256"], ["llama-*"]))
+    two = settings_yaml(("ml-release", keys["p256"], ["llama-*"]), ("lab", keys["p384"], None))
+    base = {"reconciler.yaml": one, "nodes/gpu-1.yaml": node_yaml("gpu-1")}
+    base["rollouts/llama.yaml"] = llama().replace(
+        "  nodeIds:", '  startAt: "2099-01-01T00:00:00Z"\n  nodeIds:'
+    )
+    head = {**base, "reconciler.yaml": two}
+
+    text = plan.render_text(
+        plan.make_plan(
+            plan.Tree("a" * 40, {p: t.encode() for p, t in base.items()}),
+            plan.Tree("b" * 40, {p: t.encode() for p, t in head.items()}),
+            {},
+            now=datetime.now(UTC),
+        )
+    )
+
+    assert "signers [ml-release] -> [ml-release, lab] (not started yet: applies)" in text, text
+    assert "BEGIN PUBLIC KEY" not in text

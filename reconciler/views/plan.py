@@ -33,7 +33,7 @@ from reconciler.engine.step import (
 )
 from reconciler.protocol.observations import Observations
 from reconciler.spec import documents
-from reconciler.spec.artifacts import Artifact, Drain, Warmup
+from reconciler.spec.artifacts import SIGNATURE_NAME, Artifact, Drain, ModelSigner, Warmup
 from reconciler.spec.batch_shapes import describe_sizes
 from reconciler.spec.documents import DAY_NUMBERS
 from reconciler.spec.durations import format_duration
@@ -711,10 +711,14 @@ def _show(value: object) -> str:
         return "(none)"
     if isinstance(value, tuple) and value and isinstance(value[0], tuple):
         return _json(dict(value))
+    if isinstance(value, tuple) and value and isinstance(value[0], ModelSigner):
+        return "[" + ", ".join(s.name for s in value) + "]"  # by name: no key in a plan
     if isinstance(value, tuple):
         return "[" + ", ".join(map(str, value)) + "]"
     if isinstance(value, Target):
         return f"{value.runtime} {value.provider}/{value.model}"
+    if isinstance(value, Artifact) and value.name == SIGNATURE_NAME:
+        return f"sha256:{value.sha256[:12]} ({value.url})"
     return str(value)
 
 
