@@ -380,3 +380,59 @@ def test_a_change_that_reaches_serving_nodes_another_way_is_refused(
             lambda: len(team.jobs("s1", "grab")) == 1,
             lambda: team.status("grab"),
         )
+
+
+def test_a_new_model_signer_needs_the_settings_owners(
+    team: Team, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # Who vouches for model files lives in reconciler.yaml: adding a signer
+    # is a settings change, so the settings rule judges it.
+    key = tmp_path / "producer.pem"
+    subprocess.run(
+        ["openssl", "ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", str(key)],
+        check=True,
+    )
+    pem = subprocess.run(
+        ["openssl", "ec", "-in", str(key), "-pubout"], check=True, capture_output=True, text=True
+    ).stdout
+    indented = "".join(f"        {line}\n" for line in pem.strip().splitlines())
+    signer = f"  modelSigners:\n    - name: ml-release\n      publicKey: |\n{indented}"
+    signer += '      models: ["llama-*"]\n'
+    change = team.push(
+        {
+            "reconciler.yaml": RULES + signer,
+            "rollouts/res2.yaml": rollout_yaml("res2", nodeIds=["r2"]),
+            # once the signer counts, this model needs a signature
+            "rollouts/llama.yaml": rollout_yaml(
+                "llama",
+                nodeIds=["r1"],
+                target="{runtime: hermes, provider: ollama, model: llama-3}",
+            ),
+        },
+        "alice",
+    )
+    team.approve(change, "bob")  # the global minimum, not the settings owner
+    expected = "needs 1 of settings-owners (carol@example.com); has 0"
+
+    def refused() -> bool:
+        status = team.status("res2")
+        texts = [status.get("message", "")] + [c["message"] for c in status.get("conditions", [])]
+        return any(expected in t for t in texts)
+
+    wait_for("the refusal", refused, lambda: team.status("res2"))
+    code, out = team.verify(capsys)
+    assert code == 1 and expected in out, out
+    assert team.jobs("r2", "res2") == [] and team.jobs("r1", "llama") == []
+    team.approve(change, "carol")
+    wait_for(
+        "res2 acted on once the settings owner approved",
+        lambda: team.status("res2").get("phase") == "completed",
+        lambda: team.status("res2"),
+    )
+    # and the signer with it: the unsigned llama model is not rolled out
+    wait_for(
+        "llama refused for want of a signature",
+        lambda: 'model "llama-3" is covered by signer ml-release' in str(team.status("llama")),
+        lambda: team.status("llama"),
+    )
+    assert team.jobs("r1", "llama") == []

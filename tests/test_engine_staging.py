@@ -10,7 +10,8 @@ import pytest
 from reconciler.engine.queries import in_flight, next_wakeup
 from reconciler.engine.staging import STAGE_RULES, decide, render_stage_table
 from reconciler.protocol.canary_observations import AlertAnswer
-from reconciler.spec.artifacts import Artifact, Drain, Stage, Warmup
+from reconciler.spec.artifact_records import Vouched
+from reconciler.spec.artifacts import Artifact, Drain, ModelSigner, Stage, Warmup
 from reconciler.spec.compare import Alerts, FiringAlert
 from reconciler.spec.health import Health
 from tests.engine_world import World
@@ -364,3 +365,41 @@ def test_a_stage_job_carries_the_stage_timeout_when_it_is_not_the_default() -> N
 
     assert shorter.job("n1").stage_timeout == 600  # the agent ends its downloads within it
     assert default.job("n1").stage_timeout is None  # the payload agents of version 3 accept
+
+
+SIGNATURE = Artifact("signature", "https://mirror.example/m.sig", "5e" * 32, 2304)
+RELEASE = ModelSigner("ml-release", "-----BEGIN PUBLIC KEY-----\n...\n", ("llama-*",))
+
+
+def test_a_signed_stage_records_who_vouched_and_carries_the_frozen_keys() -> None:
+    w = staged_world(signature=SIGNATURE, signers=(RELEASE,))
+    w.step(0)
+    job = w.job("n1")
+    assert (job.signature, job.signers) == (SIGNATURE, (RELEASE,))
+    w.answer(job, "succeeded", signature={"signer": "ml-release", "sha256": "5e" * 32})
+    w.step(10)
+
+    stage = w.node("n1").stage
+    assert stage is not None and stage.state == "staged"
+    assert stage.signature == Vouched("ml-release", "5e" * 32)
+    assert w.job("n1").kind == "stage"  # n2 still staging: no apply yet
+
+
+@pytest.mark.parametrize(
+    "said",
+    [None, {"signer": "ml-release", "sha256": "ab" * 32}],
+    ids=["no signature", "another signature"],
+)
+def test_a_signed_stage_that_succeeded_without_vouching_for_this_signature_fails(
+    said: dict[str, str] | None,
+) -> None:
+    """An agent that staged without checking (or checked another file) must
+    not let a signed target through."""
+    w = staged_world(live=True, signature=SIGNATURE, signers=(RELEASE,))
+    w.step(0)
+    w.answer(w.job("n1"), "succeeded", signature=said)
+    w.step(10)
+
+    node = w.node("n1")
+    assert w.hold() == "stage_failed"
+    assert node.state == "failed" and "signature_invalid" in node.error

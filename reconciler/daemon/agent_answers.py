@@ -81,7 +81,21 @@ def job_observation(job_id: str, body: bytes) -> JobObservation:
         detail=_optional_str(record, "detail") or "",
         signed=split_answer(record),
         timings=_timings(record.get("timings")),
+        signature=_signature(record.get("signature")),
     )
+
+
+def _signature(value: Any) -> dict[str, str] | None:
+    """A stage job record's ``signature`` (docs/protocol.md), or None when absent."""
+    if value is None:
+        return None
+    if (
+        not isinstance(value, dict)
+        or not isinstance(value.get("signer"), str)
+        or not isinstance(value.get("sha256"), str)
+    ):
+        raise Unreachable(f"job record signature is not {{signer, sha256}}: {value!r}")
+    return {"signer": value["signer"], "sha256": value["sha256"]}
 
 
 def _timings(value: Any) -> dict[str, str | None] | None:

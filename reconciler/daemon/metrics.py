@@ -52,6 +52,22 @@ class Metrics:
             registry=r,
         )  # fmt: skip
         self.build_info.labels(version=build_version()).set(1)
+        self._pass_metrics(r)
+        self._rollout_metrics(r)
+        self._fleet_metrics(r)
+        _start_at_zero(self.pass_errors, "kind", PASS_ERROR_KINDS)
+        _start_at_zero(self.jobs_sent, "kind", SENT_KINDS)
+        _start_at_zero(self.verdicts, "state", NODE_STATES)
+        _start_at_zero(self.unverified_answers, "kind", UNVERIFIED_KINDS)
+        _start_at_zero(self.rollouts, "phase", PHASES)
+        _start_at_zero(self.holds, "reason", HOLD_REASONS)
+        _start_at_zero(self.fleet_nodes, "state", FLEET_STATES)
+        _start_at_zero(self.waits, "reason", WAIT_REASONS)
+        _start_at_zero(self.comparisons, "outcome", COMPARISON_OUTCOMES)
+        self.health = Health()
+
+    def _pass_metrics(self, r: CollectorRegistry) -> None:
+        """Passes, their commits and the jobs they send."""
         self.passes = Counter("reconciler_passes", "Reconcile passes run", registry=r)
         self.last_pass = Gauge(
             "reconciler_last_successful_pass_timestamp_seconds",
@@ -83,26 +99,17 @@ class Metrics:
             ["kind"],
             registry=r,
         )
+        self.poll_failures = Counter(
+            "reconciler_poll_failures", "Polls of a remote's branches that failed", registry=r
+        )
+
+    def _rollout_metrics(self, r: CollectorRegistry) -> None:
+        """Rollouts and their nodes: phases, holds, waits, time out of service, comparisons."""
         self.rollouts = Gauge("reconciler_rollouts", "Rollouts by phase", ["phase"], registry=r)
         self.holds = Gauge(
             "reconciler_holds", "Rollouts held, by the reason of their hold", ["reason"],
             registry=r,
         )  # fmt: skip
-        self.fleet_nodes = Gauge(
-            "reconciler_fleet_nodes",
-            "Nodes by fleet state (status/fleet.yaml)",
-            ["state"],
-            registry=r,
-        )
-        self.fleet_sweeps = Counter(
-            "reconciler_fleet_sweeps", "Fleet sweeps of every node's heartbeat", registry=r
-        )
-        self.fleet_sweep_seconds = Histogram(
-            "reconciler_fleet_sweep_duration_seconds",
-            "Wall time of one fleet sweep",
-            buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
-            registry=r,
-        )
         self.waits = Gauge(
             "reconciler_waits",
             "Rollouts waiting without a hold, by what they wait for",
@@ -121,19 +128,24 @@ class Metrics:
             ["outcome"],
             registry=r,
         )
-        self.poll_failures = Counter(
-            "reconciler_poll_failures", "Polls of a remote's branches that failed", registry=r
+
+    def _fleet_metrics(self, r: CollectorRegistry) -> None:
+        """The fleet watch's sweeps and what they found."""
+        self.fleet_nodes = Gauge(
+            "reconciler_fleet_nodes",
+            "Nodes by fleet state (status/fleet.yaml)",
+            ["state"],
+            registry=r,
         )
-        _start_at_zero(self.pass_errors, "kind", PASS_ERROR_KINDS)
-        _start_at_zero(self.jobs_sent, "kind", SENT_KINDS)
-        _start_at_zero(self.verdicts, "state", NODE_STATES)
-        _start_at_zero(self.unverified_answers, "kind", UNVERIFIED_KINDS)
-        _start_at_zero(self.rollouts, "phase", PHASES)
-        _start_at_zero(self.holds, "reason", HOLD_REASONS)
-        _start_at_zero(self.fleet_nodes, "state", FLEET_STATES)
-        _start_at_zero(self.waits, "reason", WAIT_REASONS)
-        _start_at_zero(self.comparisons, "outcome", COMPARISON_OUTCOMES)
-        self.health = Health()
+        self.fleet_sweeps = Counter(
+            "reconciler_fleet_sweeps", "Fleet sweeps of every node's heartbeat", registry=r
+        )
+        self.fleet_sweep_seconds = Histogram(
+            "reconciler_fleet_sweep_duration_seconds",
+            "Wall time of one fleet sweep",
+            buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+            registry=r,
+        )
 
     def passed(self) -> None:
         """A pass ran to its end: the daemon is alive."""

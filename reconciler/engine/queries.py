@@ -32,6 +32,8 @@ def apply_job(rollout: str, frozen: FrozenSpec, node: NodeRecord) -> SendJob:
         source_commit=node.source_commit,
         health=health if health is not None and health.agent_checks else None,
         artifacts=frozen.artifacts,
+        signature=frozen.signature,
+        signers=frozen.signers,
         drain=frozen.drain if frozen.live else None,
         warmup=frozen.warmup if frozen.live else (),
     )

@@ -29,7 +29,8 @@ from reconciler.engine.policy import ALWAYS, FIRST_FAILURE, RETRIED_BEFORE, Deci
 from reconciler.engine.records import evolve
 from reconciler.protocol.effects import SendJob
 from reconciler.protocol.job_ids import job_id
-from reconciler.protocol.observations import NO_EVIDENCE
+from reconciler.protocol.observations import NO_EVIDENCE, JobObservation
+from reconciler.spec.artifact_records import Vouched
 from reconciler.spec.artifacts import DEFAULT_STAGE_TIMEOUT, Stage
 from reconciler.spec.durations import format_duration
 from reconciler.spec.model import ON_FAILURE_MODES
@@ -246,6 +247,8 @@ def stage_job(rollout: str, frozen: FrozenSpec, start_commit: str, node: NodeRec
         source_commit=start_commit,
         artifacts=frozen.artifacts,
         stage_timeout=_stage_timeout(frozen),
+        signature=frozen.signature,
+        signers=frozen.signers,
     )
 
 
@@ -281,11 +284,27 @@ def observe(
         state, error = judged
         assert node.stage is not None
         stage = StageRecord(
-            node.stage.job_id, node.stage.attempt, state, node.stage.started_at, seen.now, error
+            node.stage.job_id,
+            node.stage.attempt,
+            state,
+            node.stage.started_at,
+            seen.now,
+            error,
+            vouched(seen.observations.jobs.get(node.stage.job_id), frozen, state),
         )
         new = evolve(node, state=state, error=error, stage=stage)
         changes.append(NodeChange(i, new, error or "staged"))
     return changes
+
+
+def vouched(job: JobObservation | None, frozen: FrozenSpec, state: str) -> Vouched | None:
+    """Who vouched for a staged node's files: the signer its answer names,
+    for the signature frozen at start (None for an unsigned target)."""
+    if state != "staged" or job is None or job.signature is None or frozen.signature is None:
+        return None
+    if job.signature.get("sha256") != frozen.signature.sha256:
+        return None
+    return Vouched(job.signature["signer"], frozen.signature.sha256)
 
 
 def judge(
@@ -299,6 +318,11 @@ def judge(
     obs, now = seen.observations, seen.now
     job = obs.jobs.get(stage.job_id)
     if job is not None and job.state == "succeeded":
+        if frozen.signature is not None and vouched(job, frozen, "staged") is None:
+            return "failed", (
+                f"{STAGE_FAILED}: signature_invalid: the node's answer does not say which "
+                "signer verified the signature; upgrade its agent"
+            )
         return "staged", ""
     if job is not None and job.state in ("failed", "refused"):
         what = STAGE_FAILED if job.state == "failed" else f"{STAGE_FAILED}, refused"

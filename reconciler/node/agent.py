@@ -314,7 +314,8 @@ class Agent:
 
     def _not_staged(self, payload: Mapping[str, Any]) -> str:
         """Why a live apply cannot run yet ("" when it can): an artifact it
-        points the config to is not held."""
+        points the config to is not held, or its signed model directory was
+        not verified here."""
         if payload["kind"] != "apply" or payload["mode"] != "live":
             return ""
         missing = [
@@ -322,12 +323,23 @@ class Agent:
             for a in payload.get("artifacts") or ()
             if not self.store.holds(a["sha256"], int(a["size"]))
         ]
-        if not missing:
-            return ""
-        return (
-            f"artifact {', '.join(missing)} is not held on node {self.config.node}; "
-            "a stage job must bring it first (nothing was recorded)"
-        )
+        if missing:
+            return (
+                f"artifact {', '.join(missing)} is not held on node {self.config.node}; "
+                "a stage job must bring it first (nothing was recorded)"
+            )
+        signature = payload.get("signature")
+        if signature and payload.get("artifacts"):
+            models = self.runner.models
+            model_dir = models.location(payload["artifacts"])
+            signer = models.verified(model_dir, signature["sha256"])
+            if signer is None or signer not in {s["name"] for s in payload["signers"]}:
+                return (
+                    f"the model directory {model_dir} was not verified against signature "
+                    f"{signature['sha256'][:12]}... on node {self.config.node}; a stage job "
+                    "verifies it first (nothing was recorded)"
+                )
+        return ""
 
     def heartbeat(self) -> dict[str, Any]:
         runtimes = []

@@ -38,6 +38,8 @@ def job_artifacts(payload: Mapping[str, Any]) -> set[str]:
     found = payload.get("artifacts")
     if not isinstance(found, list):
         return set()
+    signature = payload.get("signature")  # staged beside them
+    found = [*found, signature] if isinstance(signature, Mapping) else found
     return {str(a["sha256"]) for a in found if isinstance(a, Mapping) and "sha256" in a}
 
 

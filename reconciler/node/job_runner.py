@@ -18,8 +18,10 @@ import sys
 import threading
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
+from reconciler.node import model_signatures
 from reconciler.node.agent_config import AgentConfig
 from reconciler.node.agent_log import AgentLog
 from reconciler.node.agent_metrics import AgentMetrics
@@ -55,7 +57,7 @@ from reconciler.node.state_dir import (
     digest,
 )
 from reconciler.node.switchover import Timings
-from reconciler.spec.artifacts import DEFAULT_STAGE_TIMEOUT
+from reconciler.spec.artifacts import DEFAULT_STAGE_TIMEOUT, SIGNATURE_NAME
 from reconciler.spec.safe_yaml import dump_yaml
 from reconciler.spec.times import format_time
 
@@ -209,8 +211,12 @@ class JobRunner:
         if artifacts:
             self.stager.require_held(artifacts)
             with self._artifacts:  # the stage worker may lay out the same directory
-                self.models.lay_out(artifacts)
+                model_dir = self.models.lay_out(artifacts)
+            if payload.get("signature"):
+                wanted["signedBy"] = self._vouched_for(payload, model_dir)
         new_values = {**(before_values or {}), **wanted}
+        if "signedBy" not in wanted:  # an unsigned target: no one vouched for it
+            new_values.pop("signedBy", None)
         return dump_yaml(new_values), current[1] if current is not None else CONFIG_MODE, change
 
     def _write(
@@ -273,20 +279,55 @@ class JobRunner:
     def _stage(self, record: JobRecord) -> JobRecord:
         payload = record.payload
         artifacts = payload["artifacts"]
+        signature = payload.get("signature")
+        # The signature is staged like an artifact, into the store only.
+        files = [*artifacts, {"name": SIGNATURE_NAME, **signature}] if signature else artifacts
         # A job from an older daemon carries no timeout: the default stage.timeout.
         seconds = float(payload.get("timeoutSeconds", DEFAULT_STAGE_TIMEOUT))
+        vouched = None
         if payload["mode"] == "dry_run":
-            detail = self.stager.dry_run(artifacts, seconds)
+            detail = self.stager.dry_run(files, seconds)
         else:
             with self._artifacts:
-                self.store.note_use([a["sha256"] for a in artifacts], payload["target"]["runtime"])
+                self.store.note_use([a["sha256"] for a in files], payload["target"]["runtime"])
             self.prune_artifacts(payload["target"]["runtime"], payload)  # room for these
-            detail = self.stager.stage(artifacts, seconds)
+            detail = self.stager.stage(files, seconds)
             with self._artifacts:  # ahead, so the apply finds it ready
-                self.models.lay_out(artifacts)
+                model_dir = self.models.lay_out(artifacts)
+            if signature:
+                # Outside the lock: the library re-hashes every file, and an
+                # apply or restore must not wait for that.
+                vouched = model_signatures.verify(
+                    model_dir,
+                    self.store.path(signature["sha256"]),
+                    signature["sha256"],
+                    payload["signers"],
+                    artifacts,
+                )
+                with self._artifacts:
+                    self.models.mark_verified(model_dir, vouched.signer, vouched.sha256)
+                detail += f"; verified: signed by {vouched.signer}"
         return self.journal.update(
-            record, state="succeeded", detail=detail, finished_at=format_time(self.clock())
+            record,
+            state="succeeded",
+            detail=detail,
+            finished_at=format_time(self.clock()),
+            signature=None if vouched is None else vouched.record(),
         )
+
+    def _vouched_for(self, payload: Mapping[str, Any], model_dir: Path) -> str:
+        """The signer that vouched for ``model_dir`` at its stage, or
+        ``not_staged``: a signed target is never activated unverified."""
+        signature = payload["signature"]
+        signer = self.models.verified(model_dir, signature["sha256"])
+        if signer is None or signer not in {s["name"] for s in payload["signers"]}:
+            raise JobFailed(
+                f"not_staged: the model directory {model_dir} was not verified against "
+                f"signature {signature['sha256'][:12]}... on this node; a stage job verifies "
+                "it first; nothing was changed"
+            )
+        model_signatures.refuse_links(model_dir)  # nothing slipped in since
+        return signer
 
     def prune_artifacts(self, runtime: str, payload: Mapping[str, Any]) -> None:
         """Delete the artifacts retention no longer keeps (``artifact_retention``)."""

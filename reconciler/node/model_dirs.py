@@ -5,6 +5,9 @@ under the paths the rollout gave them::
     STATE/models/MODELID.json        the sorted [path, sha256] pairs; MODELID
                                      is the SHA-256 of exactly these bytes
     STATE/models/.building-MODELID   a directory being laid out
+    STATE/models/MODELID.verified    who vouched for it: the signer whose key
+                                     verified the target's signature over it,
+                                     and that signature's SHA-256
 
 A directory is built under ``.building-`` and renamed into place whole, so
 a crash leaves either no ``MODELID`` or a complete one; the pairs file is
@@ -36,6 +39,7 @@ from reconciler.protocol.model_ids import layout_pairs, manifest_bytes, model_id
 
 BUILDING = ".building-"
 MANIFEST = ".json"
+VERIFIED = ".verified"
 _ID = re.compile(r"[0-9a-f]{64}")
 # Errors of a filesystem that cannot hard-link here: copy instead.
 _NO_LINKS = frozenset({errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP})
@@ -107,12 +111,34 @@ class ModelDirs:
         for folder, _dirs, _names in os.walk(building):
             _sync(Path(folder))
         final = self.folder / ident
+        with contextlib.suppress(FileNotFoundError):  # a rebuilt directory is verified anew
+            (self.folder / (ident + VERIFIED)).unlink()
         if final.exists():  # incomplete: set aside, then removed
             stale = self.folder / (BUILDING + ident + ".stale")
             os.rename(final, stale)
             shutil.rmtree(stale, ignore_errors=True)
         os.rename(building, final)
         _sync(self.folder)
+
+    def mark_verified(self, model_dir: Path, signer: str, signature_sha256: str) -> None:
+        """Durably: ``model_dir``'s files verified against that signature."""
+        mark = {"signer": signer, "sha256": signature_sha256}
+        write_atomic(
+            self.folder / (model_dir.name + VERIFIED),
+            json.dumps(mark, sort_keys=True).encode(),
+            FILE_MODE,
+        )
+
+    def verified(self, model_dir: Path, signature_sha256: str) -> str | None:
+        """The signer that vouched for ``model_dir`` with that signature, or None."""
+        try:
+            mark = json.loads((self.folder / (model_dir.name + VERIFIED)).read_bytes())
+        except (OSError, ValueError):
+            return None
+        if not isinstance(mark, dict) or mark.get("sha256") != signature_sha256:
+            return None
+        signer = mark.get("signer")
+        return signer if isinstance(signer, str) else None
 
     def held(self) -> dict[str, set[str]]:
         """MODELID -> the digests of its files, for every pairs file here."""
@@ -131,6 +157,8 @@ class ModelDirs:
     def delete(self, idents: Iterable[str]) -> None:
         """Remove each directory, then its pairs file."""
         for ident in idents:
+            with contextlib.suppress(FileNotFoundError):  # first: no mark outlives its files
+                (self.folder / (ident + VERIFIED)).unlink()
             shutil.rmtree(self.folder / ident, ignore_errors=True)
             with contextlib.suppress(FileNotFoundError):
                 (self.folder / (ident + MANIFEST)).unlink()

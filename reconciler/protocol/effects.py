@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from reconciler.spec.artifacts import Artifact, Drain, Warmup
+from reconciler.spec.artifacts import Artifact, Drain, ModelSigner, Warmup
 from reconciler.spec.health import Health
 from reconciler.spec.model import Target
 
@@ -32,3 +32,5 @@ class SendJob:
     drain: Drain | None = None  # live applies only
     warmup: tuple[Warmup, ...] = ()  # live applies only
     stage_timeout: int | None = None  # stage jobs: seconds the agent may spend (stage.timeout)
+    signature: Artifact | None = None  # stage jobs and applies of a signed target
+    signers: tuple[ModelSigner, ...] = ()  # with signature: the keys to check it

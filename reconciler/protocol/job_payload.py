@@ -61,6 +61,13 @@ def build_payload(job: SendJob, issued_at: datetime) -> dict[str, Any]:
         payload["artifacts"] = [_artifact_payload(a) for a in job.artifacts]
     if job.kind == "stage" and job.stage_timeout is not None:
         payload["timeoutSeconds"] = min(job.stage_timeout, MAX_STAGE_TIMEOUT)
+    if job.signature is not None:
+        payload["signature"] = {
+            "url": job.signature.url,
+            "sha256": job.signature.sha256,
+            "size": job.signature.size,
+        }
+        payload["signers"] = [{"name": s.name, "publicKey": s.public_key} for s in job.signers]
     if job.drain is not None:
         # A preset arrives expanded (url and metrics): the agent reads the
         # same fields either way. One metric stays a name, as agents before
@@ -180,12 +187,16 @@ def _matches(pattern: re.Pattern[str], value: Any) -> bool:
 
 # Which fields beyond the common ones each kind and mode may carry.
 _EXTRA_KEYS: dict[tuple[str, str], frozenset[str]] = {
-    ("apply", "dry_run"): frozenset({"artifacts"}),
-    ("apply", "live"): frozenset({"artifacts", "checks", "drain", "warmup"}),
+    ("apply", "dry_run"): frozenset({"artifacts", "signature", "signers"}),
+    ("apply", "live"): frozenset(
+        {"artifacts", "checks", "drain", "warmup", "signature", "signers"}
+    ),
     ("restore", "live"): frozenset({"backupId"}),
-    ("stage", "dry_run"): frozenset({"artifacts", "timeoutSeconds"}),
-    ("stage", "live"): frozenset({"artifacts", "timeoutSeconds"}),
+    ("stage", "dry_run"): frozenset({"artifacts", "timeoutSeconds", "signature", "signers"}),
+    ("stage", "live"): frozenset({"artifacts", "timeoutSeconds", "signature", "signers"}),
 }
+# A signature comes with the keys to check it and the files it signs.
+_SIGNED = frozenset({"signature", "signers", "artifacts"})
 # ... and which of them it must carry.
 _REQUIRED_EXTRA = {"restore": "backupId", "stage": "artifacts"}
 
@@ -210,6 +221,8 @@ def _plainly_valid(document: Any, *, envelope: bool) -> bool:
         return False
     required = _REQUIRED_EXTRA.get(kind)
     if required is not None and required not in extra:
+        return False
+    if ("signature" in extra or "signers" in extra) and not extra >= _SIGNED:
         return False
     if not all(_EXTRA_CHECKS[key](document[key]) for key in extra):
         return False
@@ -357,7 +370,33 @@ def _plain_warmups(warmups: Any) -> bool:
     )
 
 
+_SIGNATURE_KEYS = frozenset(("url", "sha256", "size"))
+_SIGNER_KEYS = frozenset(("name", "publicKey"))
+
+
+def _plain_signature(signature: Any) -> bool:
+    return (
+        type(signature) is dict
+        and signature.keys() == _SIGNATURE_KEYS
+        and _url(signature["url"])
+        and _matches(_SHA256, signature["sha256"])
+        and type(signature["size"]) is int
+        and signature["size"] >= 1
+    )
+
+
+def _plain_signers(signers: Any) -> bool:
+    return _items(signers, _SIGNER_KEYS) and all(
+        _matches(_NAME, s["name"])
+        and type(s["publicKey"]) is str
+        and 1 <= len(s["publicKey"]) <= 4096
+        for s in signers
+    )
+
+
 _EXTRA_CHECKS: dict[str, Callable[[Any], bool]] = {
+    "signature": _plain_signature,
+    "signers": _plain_signers,
     "backupId": lambda value: _matches(_ID, value),
     "artifacts": _plain_artifacts,
     "timeoutSeconds": lambda value: _count(value, 1, MAX_STAGE_TIMEOUT),

@@ -49,6 +49,8 @@ class JobObservation:
     signed: SignedAnswer | None = None
     # a live apply's drainStartedAt .. servingAt (agent clock), when the agent gave them
     timings: Mapping[str, str | None] | None = field(default=None, hash=False)
+    # a signed target's stage: {signer, sha256} of the signature the node verified
+    signature: Mapping[str, str] | None = field(default=None, hash=False)
 
 
 @dataclass(frozen=True)

@@ -13,11 +13,30 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from reconciler.spec.artifacts import Artifact, Drain, Stage, Warmup
+from reconciler.spec.artifacts import (
+    SIGNATURE_NAME,
+    Artifact,
+    Drain,
+    ModelSigner,
+    Stage,
+    Warmup,
+)
 from reconciler.spec.durations import format_duration, parse_duration
 from reconciler.spec.times import format_time, parse_time
 
 TIMING_KEYS = ("drainStartedAt", "drainedAt", "activatedAt", "warmedAt", "servingAt")
+
+
+@dataclass(frozen=True)
+class Vouched:
+    """Who vouched for a node's model files: the signer whose key verified
+    the target's signature there, and that signature file's SHA-256."""
+
+    signer: str
+    sha256: str
+
+    def record(self) -> dict[str, str]:
+        return {"signer": self.signer, "sha256": self.sha256}
 
 
 @dataclass(frozen=True)
@@ -32,6 +51,7 @@ class StageRecord:
     started_at: datetime
     finished_at: datetime | None = None
     error: str = ""
+    signature: Vouched | None = None  # a signed target's, once the node verified it
 
 
 def node_record(
@@ -50,6 +70,10 @@ def node_record(
             "finishedAt": None if stage.finished_at is None else format_time(stage.finished_at),
             "error": stage.error,
         }
+        if stage.signature is not None:
+            record["stage"]["signature"] = stage.signature.record()
+            if stage.state == "staged":  # the node's files, as its stage found them
+                record["signature"] = stage.signature.record()
     if timings is not None:
         record["timings"] = {key: timings.get(key) for key in TIMING_KEYS}
     if out_of_service is not None:
@@ -70,6 +94,7 @@ def node_from(record: Mapping[str, Any]) -> dict[str, Any]:
             started_at=parse_time(stage["startedAt"]),
             finished_at=None if finished is None else parse_time(finished),
             error=stage.get("error", ""),
+            signature=vouched_from(stage.get("signature")),
         )
     if record.get("timings") is not None:
         values["timings"] = dict(record["timings"])
@@ -78,14 +103,33 @@ def node_from(record: Mapping[str, Any]) -> dict[str, Any]:
     return values
 
 
+def vouched_from(value: Any) -> Vouched | None:
+    """A ``{signer, sha256}`` record, or None when absent."""
+    if not isinstance(value, Mapping):
+        return None
+    return Vouched(str(value["signer"]), str(value["sha256"]))
+
+
 def frozen_record(
     artifacts: tuple[Artifact, ...],
     stage: Stage | None,
     drain: Drain | None,
     warmup: tuple[Warmup, ...],
+    signature: Artifact | None = None,
+    signers: tuple[ModelSigner, ...] = (),
 ) -> dict[str, Any]:
     """The frozen record's keys for these values (none when unset)."""
     record: dict[str, Any] = {}
+    if signature is not None:
+        record["signature"] = {
+            "url": signature.url,
+            "sha256": signature.sha256,
+            "size": signature.size,
+        }
+    if signers:
+        record["signers"] = [
+            {"name": s.name, "publicKey": s.public_key, "models": list(s.models)} for s in signers
+        ]
     if artifacts:
         record["artifacts"] = [_artifact_record(a) for a in artifacts]
     if stage is not None:
@@ -137,6 +181,15 @@ def _artifact_record(artifact: Artifact) -> dict[str, Any]:
 def frozen_from(record: Mapping[str, Any]) -> dict[str, Any]:
     """``FrozenSpec`` keyword arguments from a frozen record."""
     values: dict[str, Any] = {}
+    signature = record.get("signature")
+    if signature is not None:
+        values["signature"] = Artifact(
+            SIGNATURE_NAME, signature["url"], signature["sha256"], signature["size"]
+        )
+    if "signers" in record:
+        values["signers"] = tuple(
+            ModelSigner(s["name"], s["publicKey"], tuple(s["models"])) for s in record["signers"]
+        )
     if "artifacts" in record:
         values["artifacts"] = tuple(
             Artifact(a["name"], a["url"], a["sha256"], a["size"], a.get("path", ""))

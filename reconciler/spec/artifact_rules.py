@@ -23,6 +23,7 @@ from reconciler.spec.artifacts import (
     DEFAULT_WARMUP_METHOD,
     DEFAULT_WARMUP_TIMEOUT,
     DEFAULT_WARMUP_TIMES,
+    SIGNATURE_NAME,
     Artifact,
     Drain,
     Stage,
@@ -54,6 +55,7 @@ class Declared:
     stage: Stage | None = None  # set (defaults filled) whenever there are artifacts
     drain: Drain | None = None
     warmup: tuple[Warmup, ...] = ()
+    signature: Artifact | None = None  # target.signature, named "signature"
 
 
 class _Unread(Exception):
@@ -84,6 +86,7 @@ def read(spec: Mapping[str, Any], add: Add, ok: Check, whole: Check) -> Declared
         live = spec.get("live") is True
         drain = _drain(spec.get("drain"), live, add, ok, whole)
         warmup = _warmups(spec.get("warmup"), live, add, ok, whole)
+        signature = _signature(target, bool(written), add, ok, whole)
     except _Unread as gap:
         add(
             gap.field_path,
@@ -91,7 +94,35 @@ def read(spec: Mapping[str, Any], add: Add, ok: Check, whole: Check) -> Declared
             "cannot read it; give the field, or upgrade reconciler",
         )
         return Declared()
-    return Declared(artifacts, stage, drain, warmup)
+    return Declared(artifacts, stage, drain, warmup, signature)
+
+
+def _signature(
+    target: Any, has_artifacts: bool, add: Add, ok: Check, whole: Check
+) -> Artifact | None:
+    """``target.signature``: a file staged like an artifact, only beside artifacts."""
+    value = target.get("signature") if isinstance(target, dict) else None
+    where: list[str | int] = ["spec", "target", "signature"]
+    if value is None or not ok(safe_yaml.format_field(where)):
+        return None
+    if not has_artifacts:
+        add(
+            where,
+            "a signature vouches for target.artifacts: list the files it signs under "
+            "target.artifacts, or remove signature",
+            at_key=True,
+        )
+        return None
+    url = value.get("url") if isinstance(value, dict) else None
+    why = _url_problem(url) if isinstance(url, str) and _ok_at(ok, where, "url") else ""
+    if why:
+        add([*where, "url"], why)
+    if not isinstance(value, dict) or not whole(safe_yaml.format_field(where)):
+        return None
+    return Artifact(
+        SIGNATURE_NAME, _need(value, "url", where), _need(value, "sha256", where),
+        _need(value, "size", where),
+    )  # fmt: skip
 
 
 def _need(part: Mapping[str, Any], key: str, field_path: Path) -> Any:

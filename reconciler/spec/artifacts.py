@@ -21,6 +21,8 @@ DEFAULT_WARMUP_TIMES = 1
 WARMUP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
 MAX_ARTIFACTS = 32
 MAX_WARMUPS = 32
+# The name ``target.signature`` goes by where staged files are listed.
+SIGNATURE_NAME = "signature"
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,16 @@ class Artifact:
     def layout_path(self) -> str:
         """Its relative path in the node's model directory."""
         return self.path or self.name
+
+
+@dataclass(frozen=True)
+class ModelSigner:
+    """One entry of ``spec.modelSigners``: a producer whose EC public key
+    (PEM text) vouches for the models its ``models`` globs match."""
+
+    name: str
+    public_key: str
+    models: tuple[str, ...] = ("*",)
 
 
 @dataclass(frozen=True)

@@ -37,10 +37,11 @@ from pathlib import Path, PurePosixPath
 from types import MappingProxyType
 from typing import Any, TypeVar
 
-from reconciler.spec import artifact_rules, safe_yaml, schemas
+from reconciler.spec import artifact_rules, safe_yaml, schemas, signer_keys
 from reconciler.spec import compare as compare_rules
 from reconciler.spec import health as health_rules
 from reconciler.spec.agent_url import is_usable_agent_url
+from reconciler.spec.artifacts import ModelSigner
 from reconciler.spec.batch_shapes import check_batch_entry, check_budget, check_share
 from reconciler.spec.durations import parse_duration
 from reconciler.spec.model import (
@@ -498,6 +499,7 @@ class _Checker:
             stage=declared.stage,
             drain=declared.drain,
             warmup=declared.warmup,
+            signature=declared.signature,
         )
         omitted = frozenset(k for k in _SETTINGS_DEFAULTED if k not in spec)
         return self.result(rollout=rollout, omitted=omitted)
@@ -709,6 +711,7 @@ class _Checker:
         freezes = self._freezes(spec)
         receivers = _receivers(self, spec.get("notifications"))
         rules = _approval_rules(self, spec.get("approvalRules"))
+        signers = _model_signers(self, spec)
         if self.problems:
             return self.result()
         base = Defaults()
@@ -728,6 +731,7 @@ class _Checker:
                 freezes=freezes,
                 notifications=receivers,
                 approval_rules=rules,
+                model_signers=signers,
             )
         )
 
@@ -838,6 +842,35 @@ def _approval_rules(check: _Checker, entries: Any) -> tuple[ApprovalRule, ...]:
             )
         )
     return tuple(rules)
+
+
+def _model_signers(check: _Checker, spec: Mapping[str, Any]) -> tuple[ModelSigner, ...]:
+    """``spec.modelSigners`` (docs/rollouts.md) after the schema: unique
+    names, and every key an EC public key on P-256 or P-384."""
+    entries = spec.get("modelSigners")
+    if not isinstance(entries, list) or not check.ok_at("spec.modelSigners"):
+        return ()
+    signers: list[ModelSigner] = []
+    seen: dict[str, int] = {}
+    for index, entry in enumerate(entries):
+        if not isinstance(entry, dict) or not check.whole(f"spec.modelSigners[{index}]"):
+            continue  # the schema's problem is reported already
+        at: list[str | int] = ["spec", "modelSigners", index]
+        name = entry["name"]
+        if name in seen:
+            check.add(
+                [*at, "name"],
+                f"signer {_show(name)} is named twice (also entry {seen[name] + 1}): "
+                "give every signer its own name",
+            )
+            continue
+        seen[name] = index
+        why = signer_keys.key_problem(entry["publicKey"])
+        if why:
+            check.add([*at, "publicKey"], f"signer {_show(name)}: the key {why}")
+            continue
+        signers.append(ModelSigner(name, entry["publicKey"], tuple(entry.get("models", ("*",)))))
+    return tuple(signers)
 
 
 @dataclass(frozen=True)
@@ -1205,6 +1238,8 @@ def _rollout_result(
         own.extend(_after_problems(item, spec, rollout_files))
         own.extend(_budget_problems(item, spec))
         own.extend(_alerts_problems(item, spec, settings))
+        spec, signed = _signers_of(item, spec, settings)
+        own.extend(signed)
     return spec, own
 
 
@@ -1233,6 +1268,33 @@ def _alerts_problems(item: ParsedFile, spec: RolloutSpec, settings: Settings) ->
         "such as http://127.0.0.1:9093, or remove alerts"
     )
     return [Problem(item.path, line, column, "spec.health.alerts", message)]
+
+
+def _signers_of(
+    item: ParsedFile, spec: RolloutSpec, settings: Settings
+) -> tuple[RolloutSpec, list[Problem]]:
+    """``spec`` with the signers of reconciler.yaml that cover its model
+    (their keys go to the nodes), and the problem of a signature missing
+    where a signer covers the model, or given where none does."""
+    signers = signer_keys.covering(settings.model_signers, spec.target.model)
+    model = spec.target.model
+    if signers and spec.signature is None:
+        names = ", ".join(s.name for s in signers)
+        line, column = safe_yaml.locate(item.path, item.source, ["spec", "target"])
+        message = (
+            f"model {_show(model)} is covered by signer{'s' if len(signers) > 1 else ''} "
+            f"{names} in {SETTINGS_PATH}: give target.signature {{url, sha256, size}}, the "
+            "producer's OpenSSF Model Signing signature of target.artifacts"
+        )
+        return spec, [Problem(item.path, line, column, "spec.target.signature", message)]
+    if not signers and spec.signature is not None:
+        line, column = safe_yaml.locate(item.path, item.source, ["spec", "target", "signature"])
+        message = (
+            f"no signer in {SETTINGS_PATH} covers model {model}: add one under "
+            "spec.modelSigners whose models match it, or remove signature"
+        )
+        return spec, [Problem(item.path, line, column, "spec.target.signature", message)]
+    return replace(spec, signers=signers) if signers else spec, []
 
 
 def _budget_problems(item: ParsedFile, spec: RolloutSpec) -> list[Problem]:

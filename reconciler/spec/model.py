@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, tzinfo
 from functools import cached_property
 
-from reconciler.spec.artifacts import Artifact, Drain, Stage, Warmup
+from reconciler.spec.artifacts import Artifact, Drain, ModelSigner, Stage, Warmup
 from reconciler.spec.health import Health
 
 API_VERSION = "reconciler/v1"
@@ -130,6 +130,9 @@ class RolloutSpec:
     stage: Stage | None = None  # set whenever there are artifacts
     drain: Drain | None = None  # live only
     warmup: tuple[Warmup, ...] = ()  # live only
+    # version 4: model signatures (docs/rollouts.md)
+    signature: Artifact | None = None  # target.signature, staged like an artifact
+    signers: tuple[ModelSigner, ...] = ()  # of reconciler.yaml, those covering target.model
 
 
 @dataclass(frozen=True)
@@ -222,6 +225,7 @@ class Settings:
     freezes: tuple[Freeze, ...] = ()
     notifications: tuple[Receiver, ...] = ()
     approval_rules: tuple[ApprovalRule, ...] = ()  # empty: version 2's rule only
+    model_signers: tuple[ModelSigner, ...] = ()  # empty: no model needs a signature
 
 
 @dataclass(frozen=True)

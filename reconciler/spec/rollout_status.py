@@ -24,7 +24,7 @@ from typing import Any
 from reconciler.spec import artifact_records
 from reconciler.spec import health as health_rules
 from reconciler.spec.artifact_records import StageRecord
-from reconciler.spec.artifacts import Artifact, Drain, Stage, Warmup
+from reconciler.spec.artifacts import Artifact, Drain, ModelSigner, Stage, Warmup
 from reconciler.spec.batch_shapes import batch_sizes, batch_starts
 from reconciler.spec.batch_states import life_state, shown_state
 from reconciler.spec.compare import (
@@ -305,6 +305,8 @@ class FrozenSpec:
     stage: Stage | None = None  # set whenever there are artifacts
     drain: Drain | None = None
     warmup: tuple[Warmup, ...] = ()
+    signature: Artifact | None = None  # target.signature
+    signers: tuple[ModelSigner, ...] = ()  # of the settings at start, covering the model
 
     @property
     def mode(self) -> str:
@@ -363,6 +365,8 @@ FROZEN_FIELDS: tuple[tuple[str, str], ...] = (
     ("stage", "stage"),
     ("drain", "drain"),
     ("warmup", "warmup"),
+    ("signature", "target.signature"),
+    ("signers", "signers"),
 )
 assert {attr for attr, _ in FROZEN_FIELDS} == set(FrozenSpec.__dataclass_fields__)
 
@@ -527,7 +531,14 @@ def _frozen_record(frozen: FrozenSpec, nodes: tuple[NodeRecord, ...] | None) -> 
     if frozen.failure_budget is not None:
         record["failureBudget"] = frozen.failure_budget
     record.update(
-        artifact_records.frozen_record(frozen.artifacts, frozen.stage, frozen.drain, frozen.warmup)
+        artifact_records.frozen_record(
+            frozen.artifacts,
+            frozen.stage,
+            frozen.drain,
+            frozen.warmup,
+            frozen.signature,
+            frozen.signers,
+        )
     )
     if nodes is not None:
         record["nodes"] = [n.name for n in nodes]

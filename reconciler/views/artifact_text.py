@@ -55,6 +55,22 @@ def headline_words(
     )
 
 
+def signer_words(signers: Sequence[str]) -> str:
+    """Who vouches for a rollout's files: ``signed by ml-release``."""
+    if not signers:
+        return "unsigned (no signer covers this model)"
+    return f"signed by {' or '.join(signers)}"
+
+
+def vouched_words(node: NodeRecord) -> str:
+    """Who vouched for a node's files, as its stage verified them:
+    ``signed by ml-release (signature 5e5e5e5e5e5e)``; "" when no one did."""
+    vouched = node.stage.signature if node.stage is not None else None
+    if vouched is None:
+        return ""
+    return f"signed by {vouched.signer} (signature {vouched.sha256[:12]})"
+
+
 def drain_words(drain: Drain | None) -> str:
     if drain is None:
         return "no drain: nodes switch while serving"
@@ -125,6 +141,12 @@ def detail_lines(frozen: FrozenSpec) -> list[str]:
                 f"  stage     {stage.ahead} batch(es) ahead, at most {stage.max_concurrent} "
                 f"at once, {format_duration(stage.timeout_seconds)} per node"
             )
+    if frozen.signature is not None:
+        signers = " or ".join(s.name for s in frozen.signers) or "no signer"
+        lines.append(
+            f"  signature {frozen.signature.sha256[:12]} ({size_words(frozen.signature.size)}), "
+            f"checked on each node against {signers}"
+        )
     lines.append(f"  drain     {drain_words(frozen.drain).removeprefix('drain: ')}")
     lines.append(f"  warm-up   {warmup_words(frozen.warmup).removeprefix('warm-up: ')}")
     return lines

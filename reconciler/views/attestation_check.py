@@ -279,6 +279,12 @@ def _node_findings(
         message = verdicts.get(name, fallback)
         if name in deployed:
             message += f"; deployed {_show(deployed[name])}"
+        vouched = node.get("signature")
+        if isinstance(vouched, Mapping):
+            message += (
+                f"; model files signed by {vouched.get('signer')} "
+                f"(signature {str(vouched.get('sha256'))[:12]})"
+            )
         findings.append(Finding(name, True, message))
     return findings
 

@@ -33,7 +33,7 @@ from reconciler.engine.step import (
 )
 from reconciler.protocol.observations import Observations
 from reconciler.spec import documents
-from reconciler.spec.artifacts import Artifact, Drain, Warmup
+from reconciler.spec.artifacts import SIGNATURE_NAME, Artifact, Drain, ModelSigner, Warmup
 from reconciler.spec.batch_shapes import describe_sizes
 from reconciler.spec.documents import DAY_NUMBERS
 from reconciler.spec.durations import format_duration
@@ -99,6 +99,7 @@ class AddedRollout:
     to_stage: int = 0  # nodes that still download them
     drain: Drain | None = None
     warmup: tuple[Warmup, ...] = ()
+    signers: tuple[str, ...] = ()  # names of the signers covering the model
 
     @property
     def node_count(self) -> int:
@@ -431,6 +432,7 @@ def _added(
         to_stage=artifact_text.not_staged(mine, new.nodes if new is not None else ()),
         drain=spec.drain,
         warmup=spec.warmup,
+        signers=tuple(s.name for s in spec.signers),
     )
 
 
@@ -709,10 +711,14 @@ def _show(value: object) -> str:
         return "(none)"
     if isinstance(value, tuple) and value and isinstance(value[0], tuple):
         return _json(dict(value))
+    if isinstance(value, tuple) and value and isinstance(value[0], ModelSigner):
+        return "[" + ", ".join(s.name for s in value) + "]"  # by name: no key in a plan
     if isinstance(value, tuple):
         return "[" + ", ".join(map(str, value)) + "]"
     if isinstance(value, Target):
         return f"{value.runtime} {value.provider}/{value.model}"
+    if isinstance(value, Artifact) and value.name == SIGNATURE_NAME:
+        return f"sha256:{value.sha256[:12]} ({value.url})"
     return str(value)
 
 
@@ -855,6 +861,7 @@ def _added_facts(r: AddedRollout) -> list[str]:
         )
     if r.artifacts:
         facts.append(artifact_text.artifact_words(r.artifacts, r.to_stage))
+        facts.append(artifact_text.signer_words(r.signers))
     if r.artifacts or r.drain is not None or r.warmup:
         facts += [artifact_text.drain_words(r.drain), artifact_text.warmup_words(r.warmup)]
     facts.append(f"start: {_start_words(r)}" + (f" (startAt {r.start_at})" if r.start_at else ""))

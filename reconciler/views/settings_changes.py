@@ -7,6 +7,7 @@ It compares values and words them; it reads no file and decides nothing.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -52,6 +53,10 @@ def _receiver(r: Receiver) -> dict[str, Any]:
     }
 
 
+def _key_digest(pem: str) -> str:
+    return "sha256:" + hashlib.sha256(pem.strip().encode("utf-8")).hexdigest()[:16]
+
+
 def _rule(r: ApprovalRule) -> dict[str, Any]:
     nodes: dict[str, Any] | None = None
     if r.selector is not None:
@@ -89,6 +94,14 @@ FIELDS: dict[str, tuple[str, Callable[[Settings], Any]]] = {
     "freezes": ("freezes", lambda s: [_freeze(f) for f in s.freezes]),
     "notifications": ("notifications", lambda s: {r.name: _receiver(r) for r in s.notifications}),
     "approval_rules": ("approvalRules", lambda s: {r.name: _rule(r) for r in s.approval_rules}),
+    # A key is shown by its SHA-256, so a changed key is a changed value.
+    "model_signers": (
+        "modelSigners",
+        lambda s: {
+            m.name: {"models": list(m.models), "publicKey": _key_digest(m.public_key)}
+            for m in s.model_signers
+        },
+    ),
 }
 NAMED = ("notifications", "approvalRules")
 

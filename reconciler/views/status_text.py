@@ -550,6 +550,9 @@ def _node_lines(nodes: Sequence[NodeRecord], colour: bool) -> list[str]:
         )
         indent = " " * (WIDTH - error_w)
         lines += [indent + more for more in error[1:]]
+        vouched = artifact_text.vouched_words(n)
+        if vouched:
+            lines.append(indent + vouched)
     return lines
 
 
