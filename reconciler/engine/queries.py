@@ -34,6 +34,7 @@ def apply_job(rollout: str, frozen: FrozenSpec, node: NodeRecord) -> SendJob:
         artifacts=frozen.artifacts,
         drain=frozen.drain if frozen.live else None,
         warmup=frozen.warmup if frozen.live else (),
+        evals=frozen.evals if frozen.live else (),
     )
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from reconciler.spec.artifacts import Artifact, Drain, Warmup
+from reconciler.spec.evals import Eval
 from reconciler.spec.health import Health
 from reconciler.spec.model import Target
 
@@ -31,3 +32,4 @@ class SendJob:
     artifacts: tuple[Artifact, ...] = ()  # stage jobs, and applies of a rollout with artifacts
     drain: Drain | None = None  # live applies only
     warmup: tuple[Warmup, ...] = ()  # live applies only
+    evals: tuple[Eval, ...] = ()  # live applies only, with their frozen suites

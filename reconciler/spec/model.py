@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, tzinfo
 
 from reconciler.spec.artifacts import Artifact, Drain, Stage, Warmup
+from reconciler.spec.evals import Eval
 from reconciler.spec.health import Health
 
 API_VERSION = "reconciler/v1"
@@ -118,6 +119,8 @@ class RolloutSpec:
     stage: Stage | None = None  # set whenever there are artifacts
     drain: Drain | None = None  # live only
     warmup: tuple[Warmup, ...] = ()  # live only
+    # version 4: golden prompts (docs/evals.md), each with its suite once assembled
+    evals: tuple[Eval, ...] = ()  # live only
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from datetime import datetime
 from typing import Any
 
 from reconciler.spec import artifact_records
+from reconciler.spec import evals as eval_rules
 from reconciler.spec import health as health_rules
 from reconciler.spec.artifact_records import StageRecord
 from reconciler.spec.artifacts import Artifact, Drain, Stage, Warmup
@@ -35,6 +36,7 @@ from reconciler.spec.compare import (
     measured_record,
 )
 from reconciler.spec.durations import format_duration, parse_duration
+from reconciler.spec.evals import Eval
 from reconciler.spec.model import API_VERSION, RolloutSpec, SpreadBy, Target
 from reconciler.spec.paths import status_page_path, status_path
 from reconciler.spec.times import format_time, parse_time
@@ -304,6 +306,7 @@ class FrozenSpec:
     stage: Stage | None = None  # set whenever there are artifacts
     drain: Drain | None = None
     warmup: tuple[Warmup, ...] = ()
+    evals: tuple[Eval, ...] = ()  # with their suites as read at the start commit
 
     @property
     def mode(self) -> str:
@@ -362,6 +365,7 @@ FROZEN_FIELDS: tuple[tuple[str, str], ...] = (
     ("stage", "stage"),
     ("drain", "drain"),
     ("warmup", "warmup"),
+    ("evals", "health.evals"),
 )
 assert {attr for attr, _ in FROZEN_FIELDS} == set(FrozenSpec.__dataclass_fields__)
 
@@ -513,6 +517,8 @@ def _frozen_record(frozen: FrozenSpec, nodes: tuple[NodeRecord, ...] | None) -> 
     record.update(
         artifact_records.frozen_record(frozen.artifacts, frozen.stage, frozen.drain, frozen.warmup)
     )
+    if frozen.evals:
+        record["evals"] = eval_rules.frozen_record(frozen.evals)
     if nodes is not None:
         record["nodes"] = [n.name for n in nodes]
     return record
@@ -539,6 +545,7 @@ def _frozen_from(record: Mapping[str, Any]) -> FrozenSpec:
         if (spread := record.get("spreadBy")) is None
         else SpreadBy(spread["label"], spread["maxPerBatch"]),
         failure_budget=record.get("failureBudget"),
+        evals=eval_rules.frozen_from(record.get("evals", ())),
         **artifact_records.frozen_from(record),
     )
 

@@ -99,6 +99,8 @@ class AddedRollout:
     to_stage: int = 0  # nodes that still download them
     drain: Drain | None = None
     warmup: tuple[Warmup, ...] = ()
+    # version 4, golden prompts (docs/evals.md): one line each
+    evals: tuple[str, ...] = ()
 
     @property
     def node_count(self) -> int:
@@ -431,6 +433,7 @@ def _added(
         to_stage=artifact_text.not_staged(mine, new.nodes if new is not None else ()),
         drain=spec.drain,
         warmup=spec.warmup,
+        evals=tuple(e.describe() for e in spec.evals),
     )
 
 
@@ -857,6 +860,12 @@ def _added_facts(r: AddedRollout) -> list[str]:
         facts.append(artifact_text.artifact_words(r.artifacts, r.to_stage))
     if r.artifacts or r.drain is not None or r.warmup:
         facts += [artifact_text.drain_words(r.drain), artifact_text.warmup_words(r.warmup)]
+    facts += [f"eval {line}" for line in r.evals]
+    if r.evals and r.drain is None:
+        facts.append(
+            "warning: without drain the evals run while the node already takes requests, "
+            "so they cannot keep a failed model from users; declare drain"
+        )
     facts.append(f"start: {_start_words(r)}" + (f" (startAt {r.start_at})" if r.start_at else ""))
     if r.jobs_at_merge:
         facts.append(f"{r.jobs_at_merge} job(s) sent as soon as the merge is seen")
