@@ -108,7 +108,7 @@ class Agent:
         self._worker.submit(int)  # its thread starts now, not in the first job's POST
         self.journal = Journal(state, clock)
         self.configs = ParsedConfigs()
-        recover(self.journal, state)
+        put_back = recover(self.journal, state)
         self.prober = Prober(clock, on_change=self.journal.heartbeat_changed)
         self.metrics = AgentMetrics(self.prober.reports, state.list_backups, config.runtimes)
         self.store = ArtifactStore(state.root)
@@ -122,6 +122,8 @@ class Agent:
             self.metrics,
             self.store,
         )
+        for record in put_back:
+            self.runner.serve_previous(record)
         self._resume_probes()
         self.compact()
 

@@ -269,6 +269,7 @@ class JobRecord:
     after: str | None = None
     planned_backup: str | None = None
     timings: dict[str, str | None] | None = None  # live applies with artifacts, drain or warm-up
+    evals: list[dict[str, Any]] | None = None  # live applies with evals: each one's cases
 
     def public(self) -> dict[str, Any]:
         """The record as ``GET /v1/nodes/{node}/jobs/{jobId}`` shows it."""
@@ -283,6 +284,8 @@ class JobRecord:
         }
         if self.timings is not None:
             shown["timings"] = self.timings
+        if self.evals is not None:
+            shown["evals"] = self.evals
         return shown
 
     def with_changes(self, **changes: Any) -> JobRecord:
@@ -420,8 +423,9 @@ class StateDir:
     def save_job(self, record: JobRecord) -> None:
         """Durably: on return the record survives a crash (fsync)."""
         fields = _fields(record)
-        if fields["timings"] is None:  # records without a switch read as before
-            del fields["timings"]
+        for key in ("timings", "evals"):  # records without them read as before
+            if fields[key] is None:
+                del fields[key]
         data = _JOURNAL_JSON.encode(fields).encode("utf-8")
         self._jobs.write(f"{record.job_id}.json", data, 0o600)
 

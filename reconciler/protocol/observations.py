@@ -49,6 +49,8 @@ class JobObservation:
     signed: SignedAnswer | None = None
     # a live apply's drainStartedAt .. servingAt (agent clock), when the agent gave them
     timings: Mapping[str, str | None] | None = field(default=None, hash=False)
+    # a live apply's evals as the agent ran them (docs/evals.md), when it had any
+    evals: tuple[Mapping[str, Any], ...] | None = field(default=None, hash=False)
 
 
 @dataclass(frozen=True)

@@ -266,3 +266,24 @@ def to_payload(evals: Sequence[Eval], node: str) -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+# --- results ----------------------------------------------------------------------
+
+
+def check_outcomes(
+    results: Sequence[Mapping[str, Any]], evals: Sequence[Eval]
+) -> list[tuple[str, bool, str]]:
+    """Each eval's result in a job record as a node check: (name, ok,
+    ``3 of 4 cases held (75%; minimum 100%)``), the minimum as frozen."""
+    minimum = {e.name: e.min_pass_rate for e in evals}
+    out = []
+    for result in results:
+        least = minimum.get(result["name"], DEFAULT_MIN_PASS_RATE)
+        passed, total, rate = result["passed"], result["total"], result["passRate"]
+        ran = sum(1 for _ in result["cases"])
+        words = f"{passed} of {total} cases held ({rate:g}%; minimum {_percent(least)})"
+        if ran < total:
+            words += f"; {total - ran} not run: the suite ran past its timeout"
+        out.append((result["name"], ran == total and rate >= least, words))
+    return out

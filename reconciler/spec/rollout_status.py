@@ -236,6 +236,8 @@ class NodeRecord:
     stage: StageRecord | None = None
     timings: Mapping[str, str | None] | None = field(default=None, hash=False)
     out_of_service: float | None = None  # seconds, from timings
+    # version 4: the evals of the node's live apply, as its job record gave them
+    evals: tuple[Mapping[str, Any], ...] | None = field(default=None, hash=False)
     # The Alertmanager alert that failed the node: the daemon's own verdict,
     # resting on Alertmanager's answer, not on any agent's (docs/health.md).
     failed_by_alert: FiringAlert | None = None
@@ -610,6 +612,8 @@ def node_to_record(n: NodeRecord) -> dict[str, Any]:
         record.update(artifact_records.node_record(n.stage, n.timings, n.out_of_service))
     if n.failed_by_alert is not None:  # absent otherwise, as in records before it
         record["failedByAlert"] = alert_record(n.failed_by_alert)
+    if n.evals is not None:  # absent without evals
+        record["evals"] = [dict(e) for e in n.evals]
     return record
 
 
@@ -677,6 +681,7 @@ def node_from_record(d: Mapping[str, Any]) -> NodeRecord:
         ),
         evidence=None if d.get("evidence") is None else evidence_from(d["evidence"]),
         failed_by_alert=None if d.get("failedByAlert") is None else alert_from(d["failedByAlert"]),
+        evals=None if d.get("evals") is None else tuple(d["evals"]),
         **artifact_records.node_from(d),
     )
 
