@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
+from reconciler.node.eval_runs import judge
 from reconciler.protocol.signing import SigningKey
 from reconciler.spec.artifacts import Drain
 from reconciler.spec.evals import Eval, EvalSuite, case_from_document
@@ -234,3 +235,24 @@ def test_an_agent_killed_during_its_evals_comes_back_on_the_old_config_undrained
         "drain old", "after-apply llama3.1-8b", "after-apply old", "undrain old",
     ]  # fmt: skip
     assert agent.get("heartbeat")["runtimes"][0]["model"] == "old"
+
+
+@pytest.mark.parametrize(
+    ("expect", "answer", "held"),
+    [
+        ({"equals": "ok"}, "  ok\n", True),
+        ({"equals": "ok"}, "ok then", False),
+        ({"contains": "Paris"}, "It is Paris.", True),
+        ({"notContains": "sorry"}, "I am sorry", False),
+        ({"regex": r"\d{2}"}, "costs 12", True),
+        ({"jsonSchema": {"type": "object", "required": ["amount"]}}, ' {"amount": 1}\n', True),
+        ({"jsonSchema": {"type": "object", "required": ["amount"]}}, '{"total": 1}', False),
+        ({"matchesBaseline": True}, " same text ", True),
+        ({"matchesBaseline": {"minSimilarity": 0.9}}, "same text!", True),
+        ({"matchesBaseline": {"minSimilarity": 0.9}}, "other words", False),
+    ],
+)
+def test_each_expectation_is_judged_as_written(expect: Any, answer: str, held: bool) -> None:
+    case = {"name": "c", "prompt": "p", "expect": expect, "baselineAnswer": "same text"}
+
+    assert judge(case, answer)[0] is held

@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 from jsonschema import Draft202012Validator  # type: ignore[import-untyped]
+from jsonschema.exceptions import SchemaError  # type: ignore[import-untyped]
 from rapidfuzz import fuzz
 
 from reconciler.node.probes import ProbeFailed, own_addresses
@@ -182,7 +183,10 @@ def _run_case(
     if "maxSeconds" in case and seconds > case["maxSeconds"]:
         detail = f"answered in {seconds:.2f}s, more than maxSeconds {case['maxSeconds']:g}"
         return CaseResult(case["name"], False, text, detail, seconds, expected)
-    ok, detail = judge(case, text)
+    try:
+        ok, detail = judge(case, text)
+    except (re.error, SchemaError) as exc:  # validate refuses both; a case that errors fails
+        ok, detail = False, f"the expectation cannot be judged: {exc}"
     return CaseResult(case["name"], ok, text, detail, seconds, expected)
 
 
