@@ -528,10 +528,7 @@ class _Checker:
         self._duration(["spec", "health", "interval"], health.get("interval"))
         checks = health.get("checks")
         _compare_problems(health.get("compare"), checks, self.add, self._ok)
-        if health.get("evals"):
-            eval_documents.rollout_problems(
-                health, self.doc["spec"].get("live") is True, self.add, self._ok, self._duration
-            )
+        _eval_problems(self, health)
         if not isinstance(checks, list):
             return
         for index, name in health_rules.duplicate_names(checks):
@@ -788,6 +785,14 @@ class _Checker:
                 )
             )
         return tuple(receivers)
+
+
+def _eval_problems(check: _Checker, health: dict[str, Any]) -> None:
+    """``health.evals``' own rules (``eval_documents``); whether the suite
+    exists is a rule across files (``assemble``)."""
+    if health.get("evals"):
+        live = check.doc["spec"].get("live") is True
+        eval_documents.rollout_problems(health, live, check.add, check.ok_at, check._duration)
 
 
 def _suite(check: _Checker, doc: dict[str, Any]) -> ParsedFile:
