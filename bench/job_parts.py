@@ -5,6 +5,7 @@ budget a per-node overhead target leaves.
 
     .venv/bin/python bench/job_parts.py            # 20,000 jobs
     .venv/bin/python bench/job_parts.py --jobs 2000
+    .venv/bin/python bench/job_parts.py --eval-cases 20   # live applies with a 20-case suite
 
 Each figure is CPU time (``time.process_time``) per job, the median of
 ``--runs`` rounds:
@@ -21,6 +22,11 @@ The sum is what these parts cost per job before the event loop, the
 sockets and the passes; ``bench/fleet.py --artifacts`` gives the whole.
 With two jobs a node (stage and apply), a per-node overhead of 0.5 ms
 leaves 0.25 ms of daemon CPU per job.
+
+With ``--eval-cases N`` each job is a live apply carrying an eval suite of
+N cases, and its finished answer the suite's results (an answer of 200
+characters a case): the difference from a run without it is what evals
+add to each job.
 """
 
 from __future__ import annotations
@@ -42,19 +48,62 @@ from reconciler.protocol.evidence import (
 )
 from reconciler.protocol.job_payload import build_payload
 from reconciler.protocol.signing import canonical_json, envelope_bytes
+from reconciler.spec.evals import Eval, EvalCase, EvalSuite
 from reconciler.spec.model import Target
 
 SEED = "bench-job-parts"
 BUDGET_MS = 0.25  # of daemon CPU per job: 0.5 ms per node, two jobs a node
 
 
-def jobs(count: int) -> list[SendJob]:
+def jobs(count: int, eval_cases: int = 0) -> list[SendJob]:
     target = Target("hermes", "vllm", "llama3.1-8b", "default")
+    evals = _evals(eval_cases) if eval_cases else ()
+    mode = "live" if evals else "dry_run"
     return [
         SendJob(
-            f"apply-{i:032x}", "apply", f"n{i % 1000:05d}", "big", 1, "dry_run", target, "ab" * 20
+            f"apply-{i:032x}",
+            "apply",
+            f"n{i % 1000:05d}",
+            "big",
+            1,
+            mode,
+            target,
+            "ab" * 20,
+            evals=evals,
         )
         for i in range(count)
+    ]
+
+
+def _evals(cases: int) -> tuple[Eval, ...]:
+    written = tuple(
+        EvalCase(f"case-{k}", "contains", '"Paris"', prompt=f"Golden prompt number {k}: the capital of France is")
+        for k in range(cases)
+    )  # fmt: skip
+    suite = EvalSuite("golden", "cd" * 32, written, seed=1)
+    return (Eval("golden", "golden", "http://127.0.0.1:8080", 100.0, 300, suite=suite),)
+
+
+def _results(job: SendJob) -> list[dict[str, object]]:
+    return [
+        {
+            "name": e.name,
+            "suiteSha256": e.suite.sha256 if e.suite else "",
+            "passed": len(e.suite.cases) if e.suite else 0,
+            "total": len(e.suite.cases) if e.suite else 0,
+            "passRate": 100.0,
+            "cases": [
+                {
+                    "name": c.name,
+                    "ok": True,
+                    "answer": " Paris." * 28,
+                    "detail": "",
+                    "seconds": 0.05,
+                }
+                for c in (e.suite.cases if e.suite else ())
+            ],
+        }
+        for e in job.evals
     ]
 
 
@@ -67,6 +116,8 @@ def answer(job: SendJob, state: str) -> bytes:
         "finishedAt": "2026-12-02T20:50:04Z" if state == "succeeded" else None,
         "sourceCommit": job.source_commit,
     }
+    if job.evals and state == "succeeded":
+        record["evals"] = _results(job)
     return signed_answer_bytes(record, derived_agent_key(SEED, job.node))
 
 
@@ -86,8 +137,8 @@ def exchange(wire: h11.Connection, request: h11.Request, body: bytes | None, rep
     wire.start_next_cycle()
 
 
-def measure(count: int, runs: int) -> dict[str, float]:
-    batch = jobs(count)
+def measure(count: int, runs: int, eval_cases: int = 0) -> dict[str, float]:
+    batch = jobs(count, eval_cases)
     key = derived_agent_key(SEED, "daemon")
     now = datetime.now(UTC)
     bodies = [envelope_bytes(build_payload(j, now), key) for j in batch]
@@ -154,11 +205,13 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=20_000)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="2,000 jobs, 1 run")
+    parser.add_argument("--eval-cases", type=int, default=0, help="live applies with evals")
     args = parser.parse_args()
     if args.quick:
         args.jobs, args.runs = 2_000, 1
-    announce(f"job parts: {args.jobs:,} jobs, {args.runs} runs")
-    figures = measure(args.jobs, args.runs)
+    evals = f", an eval suite of {args.eval_cases} cases" if args.eval_cases else ""
+    announce(f"job parts: {args.jobs:,} jobs, {args.runs} runs{evals}")
+    figures = measure(args.jobs, args.runs, args.eval_cases)
     rows = [row(f"per job: {name}", ms, "ms") for name, ms in figures.items()]
     total = sum(figures.values())
     rows.append(row("per job: these parts together", total, "ms", BUDGET_MS, "budget"))

@@ -325,3 +325,40 @@ def test_documents_missing_keys_give_file_line_field_and_exit_1_never_a_tracebac
     assert done.returncode == 1
     assert sorted(done.stdout.splitlines()) == sorted(expected)
     assert done.stderr.strip() == f"{len(expected)} problems in {len(expected)} files"
+
+
+def test_evals_without_drain_are_a_warning_and_exit_0(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / "fleet"
+    for folder in ("nodes", "rollouts", "evals"):
+        (root / folder).mkdir(parents=True)
+    (root / "nodes" / "gpu-a1.yaml").write_text(
+        "apiVersion: reconciler/v1\nkind: Node\nmetadata: {name: gpu-a1}\n"
+        "spec:\n  agent: http://127.0.0.1:8710\n"
+    )
+    (root / "evals" / "golden.yaml").write_text(
+        "apiVersion: reconciler/v1\nkind: EvalSuite\nmetadata: {name: golden}\nspec:\n"
+        "  cases:\n    - {name: capital, prompt: 'The capital of France is', "
+        "expect: {contains: Paris}}\n"
+    )
+    rollout = (
+        "apiVersion: reconciler/v1\nkind: Rollout\nmetadata: {{name: {name}}}\nspec:\n"
+        "  target: {{runtime: hermes, provider: ollama, model: llama3.1-8b}}\n"
+        "  nodeIds: [gpu-a1]\n  live: true\n"
+        "  health: {{evals: [{{name: golden, suite: golden, url: 'http://127.0.0.1:8080'}}]}}\n"
+        "{drain}"
+    )
+    drain = "  drain: {idle: {url: 'http://127.0.0.1:8080/metrics', metric: running}}\n"
+    (root / "rollouts" / "bare.yaml").write_text(rollout.format(name="bare", drain=""))
+    (root / "rollouts" / "drained.yaml").write_text(rollout.format(name="drained", drain=drain))
+
+    assert cli.main(["validate", str(root)]) == 0
+
+    out, err = capsys.readouterr()
+    assert (
+        f"{root}/rollouts/bare.yaml: spec.health.evals: warning: without drain the evals run "
+        "while the node already takes requests"
+    ) in err
+    assert "drained.yaml" not in err
+    assert out == "ok: 1 node, 2 rollouts\n"

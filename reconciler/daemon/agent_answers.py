@@ -82,6 +82,35 @@ def job_observation(job_id: str, body: bytes) -> JobObservation:
         signed=split_answer(record),
         timings=_timings(record.get("timings")),
         signature=_signature(record.get("signature")),
+        evals=_evals(record.get("evals")),
+    )
+
+
+def _evals(value: Any) -> tuple[dict[str, Any], ...] | None:
+    """A job record's ``evals`` (docs/evals.md), or None when absent."""
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(_eval_result(v) for v in value):
+        raise Unreachable("job record evals is not a list of eval results")
+    return tuple(value)
+
+
+def _eval_result(value: Any) -> bool:
+    return (
+        isinstance(value, dict)
+        and isinstance(value.get("name"), str)
+        and isinstance(value.get("suiteSha256"), str)
+        and all(type(value.get(k)) is int for k in ("passed", "total"))
+        and isinstance(value.get("passRate"), int | float)
+        and isinstance(value.get("cases"), list)
+        and all(
+            isinstance(c, dict)
+            and isinstance(c.get("name"), str)
+            and isinstance(c.get("ok"), bool)
+            and isinstance(c.get("answer"), str)
+            and isinstance(c.get("detail"), str)
+            for c in value["cases"]
+        )
     )
 
 

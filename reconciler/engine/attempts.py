@@ -63,6 +63,7 @@ def next_apply(
         auto_retried=node.auto_retried or auto_retry,
         timings=None,
         out_of_service=None,
+        evals=None,
     )
     return sent, True
 

@@ -12,6 +12,7 @@ from reconciler.engine import comparisons, health_evidence
 from reconciler.protocol.canary_observations import AlertAnswer
 from reconciler.protocol.observations import NO_EVIDENCE, Heartbeat, JobObservation, Observations
 from reconciler.spec.durations import format_duration
+from reconciler.spec.evals import Eval
 from reconciler.spec.health import Health
 from reconciler.spec.model import Target
 from reconciler.spec.rollout_status import NodeEvidence, NodeRecord, RestoreRecord
@@ -44,6 +45,7 @@ class Seen:
     health: Health | None = None
     prometheus_configured: bool = True
     alerts: AlertAnswer | None = None  # Alertmanager's answer for this rollout's alerts
+    evals: tuple[Eval, ...] = ()  # the frozen evals (docs/evals.md)
 
     @property
     def checks_apply(self) -> bool:

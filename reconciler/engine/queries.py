@@ -36,6 +36,7 @@ def apply_job(rollout: str, frozen: FrozenSpec, node: NodeRecord) -> SendJob:
         signers=frozen.signers,
         drain=frozen.drain if frozen.live else None,
         warmup=frozen.warmup if frozen.live else (),
+        evals=frozen.evals if frozen.live else (),
     )
 
 

@@ -928,4 +928,5 @@ def _seen(step: RolloutStep) -> evidence.Seen:
         frozen.health,
         ctx.settings.prometheus_url is not None,
         ctx.obs.alerts.get(step.name),
+        frozen.evals,
     )

@@ -21,7 +21,8 @@ from reconciler.engine.policy import Decision, decide
 from reconciler.engine.records import evolve
 from reconciler.protocol.observations import JobObservation
 from reconciler.spec.artifact_records import out_of_service
-from reconciler.spec.rollout_status import NodeRecord, RestoreRecord
+from reconciler.spec.evals import check_outcomes
+from reconciler.spec.rollout_status import CheckOutcome, NodeRecord, RestoreRecord
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,10 @@ def with_verdict(
     # is what the verdict rests on, so the record keeps it.
     alert = failing_alert(seen.health, seen.alerts, node.name) if seen.live else None
     timings = job.timings if job is not None and seen.live else None
+    evals = job.evals if job is not None and seen.live else None
+    checks = evidence.judge_node_health(node, seen).outcomes if ran else ()
+    if evals:
+        checks += tuple(CheckOutcome(*c) for c in check_outcomes(evals, seen.evals))
     return evolve(
         node,
         timings=timings,
@@ -109,7 +114,8 @@ def with_verdict(
         first_backup_id=first_backup_id,
         first_backup_known=known,
         first_apply_attempt=first_attempt,
-        checks=evidence.judge_node_health(node, seen).outcomes if ran else (),
+        checks=checks,
+        evals=evals,
     )
 
 

@@ -114,7 +114,7 @@ class Agent:
         self._stage_worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agent-stage")
         self.journal = Journal(state, clock)
         self.configs = ParsedConfigs()
-        recover(self.journal, state)
+        put_back = recover(self.journal, state)
         self.prober = Prober(clock, on_change=self.journal.heartbeat_changed)
         self.metrics = AgentMetrics(self.prober.reports, state.list_backups, config.runtimes)
         self.store = ArtifactStore(state.root)
@@ -128,6 +128,8 @@ class Agent:
             self.metrics,
             self.store,
         )
+        for record in put_back:
+            self.runner.serve_previous(record)
         self._resume_probes()
         self.compact()
 

@@ -127,7 +127,9 @@ class JobRunner:
             # the config as it was before this job, whatever happened next.
             planned = record.planned_backup
             kept = planned if planned and self.state.find_backup(planned) else None
-            extra = {"timings": exc.timings} if exc.timings is not None else {}
+            extra: dict[str, Any] = {"timings": exc.timings} if exc.timings is not None else {}
+            if exc.evals is not None:
+                extra["evals"] = exc.evals
             record = self.journal.failed(
                 record, error=exc.message, detail=exc.detail, backup_id=kept, **extra
             )
@@ -255,6 +257,8 @@ class JobRunner:
         failure = self._after_apply(payload, written) if self.config.after_apply else None
         if failure is None:
             failure = switch.warm_up()
+        if failure is None:
+            failure = switch.evaluate()
         if failure is not None:
             # Put the previous bytes (and mode) back exactly, or no file if none.
             self.state.write_config(runtime, old_data, old_mode)
@@ -262,7 +266,10 @@ class JobRunner:
             what += switch.put_back(self._after_apply if self.config.after_apply else None)
             last = tail.strip()[-300:]
             raise JobFailed(
-                what + (f"; output: {last}" if last else ""), detail=tail, timings=switch.timings()
+                what + (f"; output: {last}" if last else ""),
+                detail=tail,
+                timings=switch.timings(),
+                evals=switch.eval_records(),
             )
         switch.serving(written)
         self._prune(runtime)
@@ -274,7 +281,25 @@ class JobRunner:
             detail=change[0].upper() + change[1:] if change else "",
             finished_at=format_time(self.clock()),
             timings=switch.timings(),
+            evals=switch.eval_records(),
         )
+
+    def serve_previous(self, record: JobRecord) -> None:
+        """After a restart put back the config of a live apply whose evals
+        had not held (``recovery``): after-apply for it, and undrain when the
+        job had drained the node."""
+        payload = record.payload
+        runtime = payload["target"]["runtime"]
+        current = self.state.read_config(runtime)
+        values = self.configs.values(runtime, current[0]) if current is not None else {}
+        switch = LiveSwitch(
+            payload, values, self.config, self.command_environment, Timings(self.clock)
+        )
+        switch.drained = bool(payload.get("drain"))
+        said = switch.put_back(self._after_apply if self.config.after_apply else None)
+        # put_back's words start with "; previous config restored": said already.
+        more = said.removeprefix("; previous config restored")
+        self.journal.update(record, error=(record.error or "") + more)
 
     def _stage(self, record: JobRecord) -> JobRecord:
         payload = record.payload

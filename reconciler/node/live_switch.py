@@ -1,8 +1,9 @@
 """One live apply's way out of service and back: drain (the agent's
 ``--drain-command``, then the wait for idle), the moment the config is
-activated, the warm-up, the undrain (``--undrain-command``), and, when the
-after-apply or the warm-up failed, the way back to the previous config
-(after-apply run again for it, then undrain).
+activated, the warm-up, the evals (``eval_runs``), the undrain
+(``--undrain-command``), and, when the after-apply, the warm-up or an eval
+failed, the way back to the previous config (after-apply run again for it,
+then undrain).
 
 An apply that carries no artifacts, drain or warm-up is a version 2 apply:
 no undrain, and a failure restores the bytes only, as before; its timings
@@ -20,6 +21,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from reconciler.node.agent_config import AgentConfig
+from reconciler.node.eval_runs import EvalResult, run_evals
+from reconciler.node.eval_runs import failure as eval_failure
 from reconciler.node.node_command import run_command
 from reconciler.node.runtime_config import JobFailed
 from reconciler.node.switchover import SwitchFailed, Timings, wait_idle, warm_up
@@ -27,7 +30,7 @@ from reconciler.node.switchover import SwitchFailed, Timings, wait_idle, warm_up
 AfterApply = Callable[[Mapping[str, Any], Mapping[str, Any]], "tuple[str, str] | None"]
 Environment = Callable[[Mapping[str, Any], Mapping[str, Any]], dict[str, str]]
 
-SWITCH_FIELDS = ("artifacts", "drain", "warmup")
+SWITCH_FIELDS = ("artifacts", "drain", "warmup", "evals")
 
 
 class LiveSwitch:
@@ -50,6 +53,7 @@ class LiveSwitch:
         self._timings = timings
         self.versioned = versioned  # carries artifacts, drain or warm-up
         self.drained = False
+        self.eval_results: list[EvalResult] = []
 
     @classmethod
     def begin(
@@ -106,6 +110,22 @@ class LiveSwitch:
         if self._timings is not None:
             self._timings.mark("warmedAt")
         return None
+
+    def evaluate(self) -> tuple[str, str] | None:
+        """Run the job's evals on the new config, still drained: None when
+        every eval held, else (``eval_failed: ...``, "")."""
+        evals = self.payload.get("evals")
+        if not evals:
+            return None
+        self.eval_results = run_evals(evals)
+        said = eval_failure(self.eval_results)
+        return None if said is None else (said, "")
+
+    def eval_records(self) -> list[dict[str, Any]] | None:
+        """The evals' results for the job record; None when the job has none."""
+        if not self.payload.get("evals"):
+            return None
+        return [r.record() for r in self.eval_results]
 
     def put_back(self, after_apply: AfterApply | None) -> str:
         """Called once the previous bytes are back: after-apply again for

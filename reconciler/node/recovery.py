@@ -2,7 +2,13 @@
 ends ``failed``, saying whether the config was left old or new. A job id is
 never run again, so nothing here runs one.
 
-Must not: change a runtime's config or a backup (it only reads them).
+One exception to leaving the config as found: a live apply with evals that
+left the new config in place had not seen its evals hold, and a model that
+did not pass them must never serve. Its previous bytes are put back from
+its backup (or the config removed, when there was none), and ``recover``
+returns it so the agent runs after-apply and undrain for it.
+
+Must not: change a backup, or a config other than that way back.
 """
 
 from __future__ import annotations
@@ -19,14 +25,28 @@ from reconciler.spec.safe_yaml import dump_yaml
 from reconciler.spec.times import format_time
 
 
-def recover(journal: Journal, state: StateDir) -> None:
-    """Fail every job a previous run left unfinished; never run it again."""
+def recover(journal: Journal, state: StateDir) -> list[JobRecord]:
+    """Fail every job a previous run left unfinished; never run it again.
+    Returns the live applies whose unevaluated config was put back."""
     now = format_time(journal.clock())
+    put_back = []
     for record in list(journal.jobs.values()):
         if record.state == "accepted":
-            journal.save(_recovered_accepted(state, record, now))
+            ended = _recovered_accepted(state, record, now)
         elif record.state == "running":  # journalled by agents before 2.x
-            journal.save(_recovered(state, record, now))
+            ended = _recovered(state, record, now)
+        else:
+            continue
+        journal.save(ended)
+        if ended.error == UNEVALUATED_PUT_BACK:
+            put_back.append(ended)
+    return put_back
+
+
+UNEVALUATED_PUT_BACK = (
+    "eval_failed: agent restarted before the job's evals held; the previous config was put "
+    "back, so a model that did not pass them never serves"
+)
 
 
 def _recovered_accepted(state: StateDir, record: JobRecord, now: str) -> JobRecord:
@@ -105,9 +125,30 @@ def _recovered(state: StateDir, record: JobRecord, now: str) -> JobRecord:
     backup = record.planned_backup
     if backup is not None and state.find_backup(backup) is None:
         backup = None
+    if left == "new" and record.payload.get("evals") and _put_back(state, record, backup):
+        return record.with_changes(
+            state="failed", finished_at=now, backup_id=backup, error=UNEVALUATED_PUT_BACK
+        )
     return record.with_changes(
         state="failed",
         finished_at=now,
         backup_id=backup,
         error=f"agent restarted during apply; config left as {left}",
     )
+
+
+def _put_back(state: StateDir, record: JobRecord, backup: str | None) -> bool:
+    """The config before ``record``, byte for byte, in place again (no file
+    when there was none); False when its bytes are not at hand."""
+    runtime = record.payload["target"]["runtime"]
+    if record.before is None:
+        state.write_config(runtime, None)
+        return True
+    info = state.find_backup(backup) if backup is not None else None
+    if info is None:
+        return False
+    data = state.read_backup(info)
+    if digest(data) != record.before:
+        return False
+    state.write_config(runtime, data, info.mode)
+    return True

@@ -20,12 +20,17 @@ class JobFailed(Exception):
     """Ends a job as failed with this message (and ``detail``)."""
 
     def __init__(
-        self, message: str, detail: str = "", timings: dict[str, str | None] | None = None
+        self,
+        message: str,
+        detail: str = "",
+        timings: dict[str, str | None] | None = None,
+        evals: list[dict[str, Any]] | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
         self.detail = detail
         self.timings = timings  # of a live switch that got under way
+        self.evals = evals  # the results of a live apply's evals, when it ran them
 
 
 def parse_config(runtime: str, data: bytes) -> dict[str, Any]:

@@ -270,6 +270,7 @@ class JobRecord:
     planned_backup: str | None = None
     timings: dict[str, str | None] | None = None  # live applies with artifacts, drain or warm-up
     signature: dict[str, str] | None = None  # a signed stage's {signer, sha256}, once verified
+    evals: list[dict[str, Any]] | None = None  # live applies with evals: each one's cases
 
     def public(self) -> dict[str, Any]:
         """The record as ``GET /v1/nodes/{node}/jobs/{jobId}`` shows it."""
@@ -286,6 +287,8 @@ class JobRecord:
             shown["timings"] = self.timings
         if self.signature is not None:
             shown["signature"] = self.signature
+        if self.evals is not None:
+            shown["evals"] = self.evals
         return shown
 
     def with_changes(self, **changes: Any) -> JobRecord:
@@ -423,7 +426,7 @@ class StateDir:
     def save_job(self, record: JobRecord) -> None:
         """Durably: on return the record survives a crash (fsync)."""
         fields = _fields(record)
-        for key in ("timings", "signature"):  # records without them read as before
+        for key in ("timings", "signature", "evals"):  # records without them read as before
             if fields[key] is None:
                 del fields[key]
         data = _JOURNAL_JSON.encode(fields).encode("utf-8")

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from reconciler.spec.artifacts import Artifact, Drain, ModelSigner, Warmup
+from reconciler.spec.evals import Eval
 from reconciler.spec.health import Health
 from reconciler.spec.model import Target
 
@@ -34,3 +35,4 @@ class SendJob:
     stage_timeout: int | None = None  # stage jobs: seconds the agent may spend (stage.timeout)
     signature: Artifact | None = None  # stage jobs and applies of a signed target
     signers: tuple[ModelSigner, ...] = ()  # with signature: the keys to check it
+    evals: tuple[Eval, ...] = ()  # live applies only, with their frozen suites

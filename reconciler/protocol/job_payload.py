@@ -22,6 +22,7 @@ from jsonschema.protocols import Validator  # type: ignore[import-untyped]
 from referencing import Registry, Resource
 
 from reconciler.protocol.effects import SendJob
+from reconciler.spec import evals as eval_rules
 from reconciler.spec import health, schemas
 from reconciler.spec.artifacts import WARMUP_METHODS, Artifact, Warmup
 from reconciler.spec.times import format_time, parse_time
@@ -83,6 +84,8 @@ def build_payload(job: SendJob, issued_at: datetime) -> dict[str, Any]:
         }
     if job.warmup:
         payload["warmup"] = [_warmup_payload(w, job.node) for w in job.warmup]
+    if job.evals:
+        payload["evals"] = eval_rules.to_payload(job.evals, job.node)
     return payload
 
 
@@ -129,6 +132,17 @@ def _validators() -> tuple[Validator, Draft202012Validator]:
     envelope_schema = {"$ref": schema["$id"] + "#/$defs/envelope"}
     envelope_validator = Draft202012Validator(envelope_schema, registry=registry)
     return payload_validator, envelope_validator
+
+
+@cache
+def _evals_validator() -> Validator:
+    """A live apply's ``evals``: rare and nested, so the schema itself
+    checks them, without the rest of the payload."""
+    schema = schemas.load_schema("job")
+    registry: Registry[Any] = Registry().with_resource(
+        schema["$id"], Resource.from_contents(schema)
+    )
+    return Draft202012Validator({"$ref": schema["$id"] + "#/properties/evals"}, registry=registry)
 
 
 def payload_problems(document: Any, *, envelope: bool = False) -> list[str]:
@@ -189,7 +203,7 @@ def _matches(pattern: re.Pattern[str], value: Any) -> bool:
 _EXTRA_KEYS: dict[tuple[str, str], frozenset[str]] = {
     ("apply", "dry_run"): frozenset({"artifacts", "signature", "signers"}),
     ("apply", "live"): frozenset(
-        {"artifacts", "checks", "drain", "warmup", "signature", "signers"}
+        {"artifacts", "checks", "drain", "warmup", "evals", "signature", "signers"}
     ),
     ("restore", "live"): frozenset({"backupId"}),
     ("stage", "dry_run"): frozenset({"artifacts", "timeoutSeconds", "signature", "signers"}),
@@ -403,4 +417,5 @@ _EXTRA_CHECKS: dict[str, Callable[[Any], bool]] = {
     "checks": _plain_checks,
     "drain": _plain_drain,
     "warmup": _plain_warmups,
+    "evals": lambda value: _evals_validator().is_valid(value),
 }

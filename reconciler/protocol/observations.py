@@ -51,6 +51,8 @@ class JobObservation:
     timings: Mapping[str, str | None] | None = field(default=None, hash=False)
     # a signed target's stage: {signer, sha256} of the signature the node verified
     signature: Mapping[str, str] | None = field(default=None, hash=False)
+    # a live apply's evals as the agent ran them (docs/evals.md), when it had any
+    evals: tuple[Mapping[str, Any], ...] | None = field(default=None, hash=False)
 
 
 @dataclass(frozen=True)

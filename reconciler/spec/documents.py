@@ -37,8 +37,9 @@ from pathlib import Path, PurePosixPath
 from types import MappingProxyType
 from typing import Any, TypeVar
 
-from reconciler.spec import artifact_rules, safe_yaml, schemas, signer_keys
+from reconciler.spec import artifact_rules, eval_documents, safe_yaml, schemas, signer_keys
 from reconciler.spec import compare as compare_rules
+from reconciler.spec import evals as eval_rules
 from reconciler.spec import health as health_rules
 from reconciler.spec.agent_url import is_usable_agent_url
 from reconciler.spec.artifacts import ModelSigner
@@ -63,12 +64,14 @@ from reconciler.spec.model import (
     Window,
 )
 from reconciler.spec.paths import (
+    EVALS_DIR,
     FLEET_STATUS_NAME,
     FLEET_STATUS_PATH,
     NAME_RE,
     NODES_DIR,
     ROLLOUTS_DIR,
     SETTINGS_PATH,
+    eval_suite_path,
     is_readable_path,
     node_path,
     rollout_path,
@@ -76,15 +79,22 @@ from reconciler.spec.paths import (
 )
 from reconciler.spec.times import parse_time
 
-KINDS = ("Node", "Rollout", "Settings")
+KINDS = ("Node", "Rollout", "Settings", "EvalSuite")
 _ZERO_DURATION = re.compile(r"(0+[smh])+")
-_SCHEMA_OF = {"Node": "node", "Rollout": "rollout", "Settings": "settings"}
+_SCHEMA_OF = {
+    "Node": "node",
+    "Rollout": "rollout",
+    "Settings": "settings",
+    "EvalSuite": "eval-suite",
+}
 _HOME_OF = {
     "Node": node_path("NAME"),
     "Rollout": rollout_path("NAME"),
     "Settings": SETTINGS_PATH,
+    "EvalSuite": eval_suite_path("NAME"),
 }
-_FOLDER_OF = {NODES_DIR: "Node", ROLLOUTS_DIR: "Rollout"}
+_FOLDER_OF = {NODES_DIR: "Node", ROLLOUTS_DIR: "Rollout", EVALS_DIR: "EvalSuite"}
+_ROLE_KIND = {"settings": "Settings", "node": "Node", "rollout": "Rollout", "suite": "EvalSuite"}
 
 NAME_RULE = "1 to 63 lowercase letters, digits and '-', starting and ending with a letter or digit"
 
@@ -111,6 +121,7 @@ class ParsedFile:
     node: Node | None = None
     rollout: RolloutSpec | None = None
     settings: Settings | None = None
+    suite: eval_rules.EvalSuite | None = None
     # rollout fields the file omitted, which assemble fills from settings
     omitted: frozenset[str] = frozenset()
     problems: tuple[Problem, ...] = ()
@@ -144,7 +155,7 @@ class Documents:
 
 def classify(path: str) -> str:
     """What the daemon makes of a repository path: ``settings``, ``node``,
-    ``rollout``, ``misplaced`` (a YAML file where documents live but not in a
+    ``rollout``, ``suite`` (an eval suite), ``misplaced`` (a YAML file where documents live but not in a
     form the daemon reads), ``stray`` (a top-level YAML file that may hold a
     document in the wrong place) or ``ignored``."""
     # Plain string work: this runs for every file of a big tree.
@@ -160,10 +171,10 @@ def classify(path: str) -> str:
             return "misplaced"
         return "stray" if lower.endswith((".yaml", ".yml")) else "ignored"
     top = parts[0]
-    if top != NODES_DIR and top != ROLLOUTS_DIR:
+    if top != NODES_DIR and top != ROLLOUTS_DIR and top != EVALS_DIR:
         return "ignored"
     if len(parts) == 2 and base.endswith(".yaml"):
-        return "node" if top == NODES_DIR else "rollout"
+        return "node" if top == NODES_DIR else "rollout" if top == ROLLOUTS_DIR else "suite"
     if base.lower().endswith((".yaml", ".yml", ".json")):
         return "misplaced"
     return "ignored"
@@ -204,7 +215,7 @@ def parse_file(path: str, data: bytes) -> ParsedFile:
         return ParsedFile(path, "", problems=(_misplaced(path),))
     if role == "stray":
         return _parse_stray(path, data)
-    kind = {"settings": "Settings", "node": "Node", "rollout": "Rollout"}[role]
+    kind = _ROLE_KIND[role]
     stem = path[path.index("/") + 1 : -len(".yaml")] if kind != "Settings" else ""
     try:
         doc = safe_yaml.load_yaml(path, data)
@@ -258,7 +269,7 @@ def _parse_stray(path: str, data: bytes) -> ParsedFile:
         where = (
             f"it belongs in {home}"
             if home
-            else f"documents belong in {SETTINGS_PATH}, nodes/ or rollouts/"
+            else f"documents belong in {SETTINGS_PATH}, nodes/, rollouts/ or evals/"
         )
         return ParsedFile(
             path,
@@ -338,6 +349,8 @@ class _Checker:
             return self._node(doc)
         if self.kind == "Rollout":
             return self._rollout(doc)
+        if self.kind == "EvalSuite":
+            return _suite(self, doc)
         return self._settings(doc)
 
     def ok_at(self, name: str) -> bool:
@@ -500,6 +513,7 @@ class _Checker:
             drain=declared.drain,
             warmup=declared.warmup,
             signature=declared.signature,
+            evals=eval_rules.evals_from_document(checks.get("evals", ()) if checks else ()),
         )
         omitted = frozenset(k for k in _SETTINGS_DEFAULTED if k not in spec)
         return self.result(rollout=rollout, omitted=omitted)
@@ -516,6 +530,7 @@ class _Checker:
         self._duration(["spec", "health", "interval"], health.get("interval"))
         checks = health.get("checks")
         _compare_problems(health.get("compare"), checks, self.add, self._ok)
+        _eval_problems(self, health)
         if not isinstance(checks, list):
             return
         for index, name in health_rules.duplicate_names(checks):
@@ -734,6 +749,24 @@ class _Checker:
                 model_signers=signers,
             )
         )
+
+
+def _eval_problems(check: _Checker, health: dict[str, Any]) -> None:
+    """``health.evals``' own rules (``eval_documents``); whether the suite
+    exists is a rule across files (``assemble``)."""
+    if health.get("evals"):
+        live = check.doc["spec"].get("live") is True
+        eval_documents.rollout_problems(health, live, check.add, check.ok_at, check._duration)
+
+
+def _suite(check: _Checker, doc: dict[str, Any]) -> ParsedFile:
+    """An eval suite file's value, or its problems."""
+    spec = doc.get("spec")
+    if isinstance(spec, dict) and check.ok_at("spec"):
+        eval_documents.suite_problems(spec, check.add, check.ok_at)
+    if check.problems:
+        return check.result()
+    return check.result(suite=eval_rules.suite_from_document(check.stem, check.data, doc))
 
 
 def _at_or_under(name: str, part: str) -> bool:
@@ -1150,12 +1183,13 @@ def assemble(files: Iterable[ParsedFile]) -> Documents:
     nodes: dict[str, Node] = {}
     node_files: dict[str, ParsedFile] = {}
     rollout_files: list[ParsedFile] = []
+    suites: dict[str, eval_rules.EvalSuite] = {}
     names_by_folder: dict[tuple[str, str], str] = {}
     parsed = sorted(files, key=lambda f: f.path)
 
     for item in parsed:
         problems.extend(item.problems)
-        if item.kind in ("Node", "Rollout") and item.name:
+        if item.kind in ("Node", "Rollout", "EvalSuite") and item.name:
             names_by_folder.setdefault((item.kind, item.name), item.path)
         if item.kind == "Settings" and item.path == SETTINGS_PATH and item.settings:
             settings = item.settings
@@ -1165,6 +1199,8 @@ def assemble(files: Iterable[ParsedFile]) -> Documents:
                 nodes[item.name] = item.node
         elif item.kind == "Rollout":
             rollout_files.append(item)
+        elif item.kind == "EvalSuite" and item.suite is not None:
+            suites[item.name] = item.suite
 
     # A name given to a file whose stem differs: also say who owns it.
     for item in parsed:
@@ -1186,7 +1222,7 @@ def assemble(files: Iterable[ParsedFile]) -> Documents:
     rollouts: dict[str, RolloutSpec] = {}
     invalid: dict[str, tuple[Problem, ...]] = {}
     for item in rollout_files:
-        spec, own = _rollout_result(item, settings, nodes, node_files, rollout_files)
+        spec, own = _rollout_result(item, settings, nodes, node_files, rollout_files, suites)
         problems.extend(own[len(item.problems) :])
         if own or spec is None:
             if NAME_RE.fullmatch(item.name):
@@ -1209,13 +1245,18 @@ def _rollout_result(
     nodes: Mapping[str, Node],
     node_files: Mapping[str, ParsedFile],
     rollout_files: Sequence[ParsedFile],
+    suites: Mapping[str, eval_rules.EvalSuite],
 ) -> tuple[RolloutSpec | None, list[Problem]]:
-    """One rollout file's spec (defaults applied) and every problem it has:
-    its own, then those across files (``nodeIds``, ``after``)."""
+    """One rollout file's spec (defaults applied, eval suites joined in)
+    and every problem it has: its own, then those across files
+    (``nodeIds``, ``after``, eval suites)."""
     own = list(item.problems)
     spec = item.rollout
     if spec is not None and item.omitted:
         spec = _with_defaults(spec, item.omitted, settings.defaults)
+        if spec.evals:
+            spec = replace(spec, evals=eval_rules.resolve(spec.evals, suites))
+            own.extend(_suite_problems(item, spec))
         for index, name in enumerate(spec.node_ids or ()):
             if name in nodes:
                 continue
@@ -1241,6 +1282,27 @@ def _rollout_result(
         spec, signed = _signers_of(item, spec, settings)
         own.extend(signed)
     return spec, own
+
+
+def _suite_problems(item: ParsedFile, spec: RolloutSpec) -> list[Problem]:
+    """``health.evals`` naming a suite that is not a valid file under evals/."""
+    found = []
+    for index, e in enumerate(spec.evals):
+        if e.suite is not None:
+            continue
+        where: list[str | int] = ["spec", "health", "evals", index, "suite"]
+        line, column = safe_yaml.locate(item.path, item.source, where)
+        found.append(
+            Problem(
+                item.path,
+                line,
+                column,
+                safe_yaml.format_field(where),
+                f"no valid eval suite named {_show(e.suite_name)}: there is no valid "
+                f"{eval_suite_path(e.suite_name)}; add it, fix it, or check the spelling",
+            )
+        )
+    return found
 
 
 def _compare_problems(
@@ -1319,7 +1381,7 @@ class Assembly:
     (tests pin this). That holds when only rollout files changed and no
     rule across files involves them: no ``after`` list in their old or new
     version or naming them, and no file anywhere declaring another's name.
-    Otherwise (a node, the settings, such a rule) it assembles everything.
+    Otherwise (a node, the settings, an eval suite, such a rule) it assembles everything.
     Unchanged parts keep their identity (the same ``Fleet`` object), which
     the caches keyed on them rely on."""
 
@@ -1331,6 +1393,7 @@ class Assembly:
         self.changed_names: frozenset[str] | None = None
         self._problems: dict[str, tuple[Problem, ...]] = {}  # by path
         self._nodes: dict[str, Node] = {}
+        self._suites: dict[str, eval_rules.EvalSuite] = {}
         self._node_files: dict[str, ParsedFile] = {}
         self._rollout_paths: dict[str, str] = {}  # rollout name -> its file
         self._after_targets: set[str] = set()
@@ -1375,7 +1438,9 @@ class Assembly:
             if new is None:
                 continue
             self._rollout_paths[new.name] = path
-            spec, own = _rollout_result(new, settings, self._nodes, self._node_files, ())
+            spec, own = _rollout_result(
+                new, settings, self._nodes, self._node_files, (), self._suites
+            )
             if own:
                 self._problems[path] = tuple(own)
             if own or spec is None:
@@ -1421,6 +1486,7 @@ class Assembly:
             self._problems.setdefault(problem.path, ())
             self._problems[problem.path] += (problem,)
         self._nodes = {n.name: n for n in docs.fleet.nodes}
+        self._suites = {f.name: f.suite for f in files if f.suite is not None}
         self._node_files = {f.name: f for f in files if f.kind == "Node"}
         self._rollout_paths = {f.name: f.path for f in files if f.kind == "Rollout"}
         self._after_targets = {
@@ -1556,7 +1622,9 @@ def _tree_files(root: Path) -> list[tuple[str, str, bool]]:
                 entry.is_symlink() or entry.is_file(follow_symlinks=False)
             ):
                 found.append((entry.name, entry.path, entry.is_symlink()))
-    pending = [(folder, os.path.join(root, folder)) for folder in (NODES_DIR, ROLLOUTS_DIR)]
+    pending = [
+        (folder, os.path.join(root, folder)) for folder in (NODES_DIR, ROLLOUTS_DIR, EVALS_DIR)
+    ]
     while pending:
         rel_dir, full_dir = pending.pop()
         try:

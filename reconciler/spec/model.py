@@ -13,6 +13,7 @@ from datetime import datetime, tzinfo
 from functools import cached_property
 
 from reconciler.spec.artifacts import Artifact, Drain, ModelSigner, Stage, Warmup
+from reconciler.spec.evals import Eval
 from reconciler.spec.health import Health
 
 API_VERSION = "reconciler/v1"
@@ -133,6 +134,8 @@ class RolloutSpec:
     # version 4: model signatures (docs/rollouts.md)
     signature: Artifact | None = None  # target.signature, staged like an artifact
     signers: tuple[ModelSigner, ...] = ()  # of reconciler.yaml, those covering target.model
+    # version 4: golden prompts (docs/evals.md), each with its suite once assembled
+    evals: tuple[Eval, ...] = ()  # live only
 
 
 @dataclass(frozen=True)

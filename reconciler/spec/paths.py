@@ -11,6 +11,7 @@ NAME_RE = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
 SETTINGS_PATH = "reconciler.yaml"
 NODES_DIR = "nodes"
 ROLLOUTS_DIR = "rollouts"
+EVALS_DIR = "evals"
 STATUS_DIR = "status"
 DASHBOARD_PATH = f"{STATUS_DIR}/README.md"
 # The fleet watch's record (docs/operating.md). Its stem is reserved: no
@@ -25,9 +26,9 @@ def fleet_page_path(page: int) -> str:
     return f"{FLEET_PAGES_DIR}/nodes-{page:04d}.yaml"
 
 
-# What an operator writes (the spec), as the daemon reads it: two folders
+# What an operator writes (the spec), as the daemon reads it: three folders
 # of documents and one settings file.
-SPEC_FOLDERS = (ROLLOUTS_DIR, NODES_DIR)
+SPEC_FOLDERS = (ROLLOUTS_DIR, NODES_DIR, EVALS_DIR)
 SPEC_FILES = (SETTINGS_PATH,)
 SPEC_PATHS = (*SPEC_FOLDERS, *SPEC_FILES)
 
@@ -49,6 +50,11 @@ def node_path(name: str) -> str:
 def rollout_path(name: str) -> str:
     """``rollouts/NAME.yaml``."""
     return f"{ROLLOUTS_DIR}/{name}.yaml"
+
+
+def eval_suite_path(name: str) -> str:
+    """``evals/NAME.yaml``."""
+    return f"{EVALS_DIR}/{name}.yaml"
 
 
 def status_path(name: str) -> str:

@@ -22,6 +22,7 @@ from datetime import datetime
 from typing import Any
 
 from reconciler.spec import artifact_records
+from reconciler.spec import evals as eval_rules
 from reconciler.spec import health as health_rules
 from reconciler.spec.artifact_records import StageRecord
 from reconciler.spec.artifacts import Artifact, Drain, ModelSigner, Stage, Warmup
@@ -36,6 +37,7 @@ from reconciler.spec.compare import (
     measured_record,
 )
 from reconciler.spec.durations import format_duration, parse_duration
+from reconciler.spec.evals import Eval
 from reconciler.spec.model import API_VERSION, RolloutSpec, SpreadBy, Target
 from reconciler.spec.paths import status_page_path, status_path
 from reconciler.spec.times import format_time, parse_time
@@ -235,6 +237,8 @@ class NodeRecord:
     stage: StageRecord | None = None
     timings: Mapping[str, str | None] | None = field(default=None, hash=False)
     out_of_service: float | None = None  # seconds, from timings
+    # version 4: the evals of the node's live apply, as its job record gave them
+    evals: tuple[Mapping[str, Any], ...] | None = field(default=None, hash=False)
     # The Alertmanager alert that failed the node: the daemon's own verdict,
     # resting on Alertmanager's answer, not on any agent's (docs/health.md).
     failed_by_alert: FiringAlert | None = None
@@ -307,6 +311,7 @@ class FrozenSpec:
     warmup: tuple[Warmup, ...] = ()
     signature: Artifact | None = None  # target.signature
     signers: tuple[ModelSigner, ...] = ()  # of the settings at start, covering the model
+    evals: tuple[Eval, ...] = ()  # with their suites as read at the start commit
 
     @property
     def mode(self) -> str:
@@ -367,6 +372,7 @@ FROZEN_FIELDS: tuple[tuple[str, str], ...] = (
     ("warmup", "warmup"),
     ("signature", "target.signature"),
     ("signers", "signers"),
+    ("evals", "health.evals"),
 )
 assert {attr for attr, _ in FROZEN_FIELDS} == set(FrozenSpec.__dataclass_fields__)
 
@@ -540,6 +546,8 @@ def _frozen_record(frozen: FrozenSpec, nodes: tuple[NodeRecord, ...] | None) -> 
             frozen.signers,
         )
     )
+    if frozen.evals:
+        record["evals"] = eval_rules.frozen_record(frozen.evals)
     if nodes is not None:
         record["nodes"] = [n.name for n in nodes]
     return record
@@ -566,6 +574,7 @@ def _frozen_from(record: Mapping[str, Any]) -> FrozenSpec:
         if (spread := record.get("spreadBy")) is None
         else SpreadBy(spread["label"], spread["maxPerBatch"]),
         failure_budget=record.get("failureBudget"),
+        evals=eval_rules.frozen_from(record.get("evals", ())),
         **artifact_records.frozen_from(record),
     )
 
@@ -630,6 +639,8 @@ def node_to_record(n: NodeRecord) -> dict[str, Any]:
         record.update(artifact_records.node_record(n.stage, n.timings, n.out_of_service))
     if n.failed_by_alert is not None:  # absent otherwise, as in records before it
         record["failedByAlert"] = alert_record(n.failed_by_alert)
+    if n.evals is not None:  # absent without evals
+        record["evals"] = [dict(e) for e in n.evals]
     return record
 
 
@@ -697,6 +708,7 @@ def node_from_record(d: Mapping[str, Any]) -> NodeRecord:
         ),
         evidence=None if d.get("evidence") is None else evidence_from(d["evidence"]),
         failed_by_alert=None if d.get("failedByAlert") is None else alert_from(d["failedByAlert"]),
+        evals=None if d.get("evals") is None else tuple(d["evals"]),
         **artifact_records.node_from(d),
     )
 

@@ -100,6 +100,8 @@ class AddedRollout:
     drain: Drain | None = None
     warmup: tuple[Warmup, ...] = ()
     signers: tuple[str, ...] = ()  # names of the signers covering the model
+    # version 4, golden prompts (docs/evals.md): one line each
+    evals: tuple[str, ...] = ()
 
     @property
     def node_count(self) -> int:
@@ -433,6 +435,7 @@ def _added(
         drain=spec.drain,
         warmup=spec.warmup,
         signers=tuple(s.name for s in spec.signers),
+        evals=tuple(e.describe() for e in spec.evals),
     )
 
 
@@ -864,6 +867,12 @@ def _added_facts(r: AddedRollout) -> list[str]:
         facts.append(artifact_text.signer_words(r.signers))
     if r.artifacts or r.drain is not None or r.warmup:
         facts += [artifact_text.drain_words(r.drain), artifact_text.warmup_words(r.warmup)]
+    facts += [f"eval {line}" for line in r.evals]
+    if r.evals and r.drain is None:
+        facts.append(
+            "warning: without drain the evals run while the node already takes requests, "
+            "so they cannot keep a failed model from users; declare drain"
+        )
     facts.append(f"start: {_start_words(r)}" + (f" (startAt {r.start_at})" if r.start_at else ""))
     if r.jobs_at_merge:
         facts.append(f"{r.jobs_at_merge} job(s) sent as soon as the merge is seen")

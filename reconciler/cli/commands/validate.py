@@ -74,7 +74,8 @@ def github_annotation(problem: Problem, prefix: str = "", level: str = "error") 
 
 def warnings(documents: Documents) -> list[Problem]:
     """What is valid but likely not meant: nodeIds entries left out because
-    the node is in maintenance, and selectors that match no node."""
+    the node is in maintenance, selectors that match no node, and evals that
+    run while the node already serves (no drain)."""
     found = []
     for name, spec in sorted(documents.rollouts.items()):
         if spec.selector is not None and not resolve_nodes(spec, documents.fleet):
@@ -96,6 +97,17 @@ def warnings(documents: Documents) -> list[Problem]:
                     "spec.nodeIds",
                     f"warning: {node} is in maintenance and is left out; set "
                     "includeMaintenance: true to include it, or take it out of maintenance",
+                )
+            )
+        if spec.evals and spec.drain is None:
+            found.append(
+                Problem(
+                    rollout_path(name),
+                    0,
+                    0,
+                    "spec.health.evals",
+                    "warning: without drain the evals run while the node already takes "
+                    "requests, so they cannot keep a failed model from users; declare drain",
                 )
             )
     return found

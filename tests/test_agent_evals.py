@@ -1,0 +1,258 @@
+"""A live apply's evals on a real agent process: after warm-up and before
+undrain it sends each case to the runtime's OpenAI-compatible route, judges
+the answers, records them in the signed job record, and when a suite does
+not hold puts the previous config back byte for byte, runs after-apply for
+it and undrains, exactly as for a failed warm-up.
+
+The runtime here is a small OpenAI-compatible stand-in (tests/kit), used
+only because each test needs a fault a real llama-server does not produce
+on cue: an answer of HTTP 500, a case slower than its maxSeconds, a text
+that is not JSON where the case expects JSON, a suite past its timeout, a
+server that stops mid-suite, an agent killed while a case is answered.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from reconciler.node.eval_runs import judge
+from reconciler.protocol.signing import SigningKey
+from reconciler.spec.artifacts import Drain
+from reconciler.spec.evals import Eval, EvalSuite, case_from_document
+from tests.kit.agents import RealAgent, start_agent
+from tests.kit.jobs import envelope, job
+from tests.kit.keys import make_key
+from tests.kit.openai_stand_in import METRIC, OpenAIStandIn, Reply
+from tests.kit.waiting import wait_for
+
+OLD_CONFIG = b"provider: vllm\nmodel: old\nprofile: default\n"
+CASES = [
+    {"name": "capital", "prompt": "The capital of France is", "expect": {"contains": "Paris"}},
+    {
+        "name": "refund",
+        "prompt": "Reply with the refund as JSON",
+        "expect": {"jsonSchema": {"type": "object", "required": ["amount"]}},
+    },
+    {"name": "greeting", "prompt": "Say hello", "expect": {"regex": "^[Hh]ello"}},
+    {"name": "quick", "prompt": "Answer fast", "expect": {"equals": "ok"}, "maxSeconds": 0.5},
+]
+ALL_HOLD = {
+    "The capital of France is": Reply(" Paris."),
+    "Reply with the refund as JSON": Reply(' {"amount": 12} '),
+    "Say hello": Reply("Hello there"),
+    "Answer fast": Reply(" ok\n"),
+}
+
+
+@pytest.fixture
+def key(tmp_path: Path) -> SigningKey:
+    return make_key(tmp_path / "keys" / "reconciler").signing
+
+
+def _suite(cases: list[dict[str, Any]] = CASES) -> EvalSuite:
+    return EvalSuite("golden", "ab" * 32, tuple(case_from_document(c) for c in cases), seed=1)
+
+
+def _agent(tmp_path: Path, key_dir: Path) -> tuple[RealAgent, Path]:
+    """A real agent whose node-local commands write what they did, in order."""
+    log = tmp_path / "commands.log"
+    note = f"{os.environ.get('SHELL', '/bin/sh')} -c 'echo \"$0 $RECONCILER_MODEL\" >> {log}'"
+    agent = start_agent(
+        tmp_path / "node",
+        "node-a",
+        key_dir / "reconciler.pub",
+        config=OLD_CONFIG,
+        runtime="hermes",
+        after_apply=note.replace("$0", "after-apply"),
+        keep_port=True,
+        extra=[
+            "--drain-command", note.replace("$0", "drain"),
+            "--undrain-command", note.replace("$0", "undrain"),
+        ],
+    )  # fmt: skip
+    return agent, log
+
+
+def _post(agent: RealAgent, key: SigningKey, runtime: OpenAIStandIn, **changes: Any) -> None:
+    settings: dict[str, Any] = {
+        "node": "node-a",
+        "drain": Drain(10, f"{runtime.url}/metrics", METRIC, 0),
+        "evals": (Eval("golden", "golden", runtime.url, 100.0, 60, suite=_suite()),),
+    }
+    settings.update(changes)
+    answer = httpx.post(
+        f"{agent.url}/v1/nodes/node-a/jobs", json=envelope(job("apply-1", **settings), key)
+    )
+    assert answer.status_code == 202, answer.text
+
+
+def _finished(agent: RealAgent) -> dict[str, Any]:
+    def done() -> dict[str, Any] | None:
+        record: dict[str, Any] = agent.get("jobs/apply-1")
+        return record if record["state"] in ("succeeded", "failed") else None
+
+    result: dict[str, Any] = wait_for(done, timeout=30, what="the apply to finish")
+    return result
+
+
+@pytest.fixture
+def started(tmp_path: Path, key: SigningKey) -> Iterator[tuple[RealAgent, Path]]:
+    agent, log = _agent(tmp_path, tmp_path / "keys")
+    try:
+        yield agent, log
+    finally:
+        agent.close()
+
+
+def test_a_suite_that_holds_lets_the_node_serve_and_records_every_case(
+    started: tuple[RealAgent, Path], key: SigningKey
+) -> None:
+    """Stand-in: the suite holds at 75% because one case answers 500."""
+    agent, log = started
+    replies = {**ALL_HOLD, "Say hello": Reply(status=500)}
+    with OpenAIStandIn(replies) as runtime:
+        golden = Eval("golden", "golden", runtime.url, 75.0, 60, suite=_suite())
+        _post(agent, key, runtime, evals=(golden,))
+        record = _finished(agent)
+        asked = runtime.asked
+
+    assert record["state"] == "succeeded", record
+    assert b"model: llama3.1-8b" in (agent.config_bytes() or b"")
+    [result] = record["evals"]
+    assert (result["name"], result["passed"], result["total"], result["passRate"]) == (
+        "golden", 3, 4, 75.0,
+    )  # fmt: skip
+    assert result["suiteSha256"] == "ab" * 32
+    assert [(c["name"], c["ok"]) for c in result["cases"]] == [
+        ("capital", True), ("refund", True), ("greeting", False), ("quick", True),
+    ]  # fmt: skip
+    assert result["cases"][0]["answer"] == " Paris."
+    assert result["cases"][2]["detail"] == "answered HTTP 500"
+    assert asked[0] == {
+        "prompt": "The capital of France is", "max_tokens": 64, "temperature": 0.0, "seed": 1,
+    }  # fmt: skip
+    assert log.read_text().split("\n")[:-1] == [
+        "drain old", "after-apply llama3.1-8b", "undrain llama3.1-8b",
+    ]  # fmt: skip
+    timings = record["timings"]
+    assert timings["warmedAt"] is not None and timings["warmedAt"] <= timings["servingAt"]
+
+
+def test_a_suite_below_its_minimum_fails_eval_failed_and_the_old_config_serves_again(
+    started: tuple[RealAgent, Path], key: SigningKey
+) -> None:
+    """Stand-in: a 500, a text that is not JSON, and a case slower than its maxSeconds."""
+    agent, log = started
+    replies = {
+        **ALL_HOLD,
+        "The capital of France is": Reply(status=500),
+        "Reply with the refund as JSON": Reply("Sure! The refund is 12 dollars."),
+        "Answer fast": Reply("ok", delay=1.5),
+    }
+    with OpenAIStandIn(replies) as runtime:
+        _post(agent, key, runtime)
+        record = _finished(agent)
+
+    assert record["state"] == "failed"
+    error = record["error"]
+    assert error.startswith("eval_failed: golden: 1 of 4 cases held (25%; minimum 100%)")
+    assert 'capital expected contains "Paris", got answered HTTP 500' in error
+    assert "refund expected jsonSchema" in error and "'Sure! The refund is 12 dollars.'" in error
+    assert 'quick expected equals "ok", got no answer within 0.5s' in error
+    assert error.endswith("; previous config restored, after-apply run again for it; undrained")
+    assert agent.config_bytes() == OLD_CONFIG
+    assert log.read_text().split("\n")[:-1] == [
+        "drain old", "after-apply llama3.1-8b", "after-apply old", "undrain old",
+    ]  # fmt: skip
+    cases = {c["name"]: c for c in record["evals"][0]["cases"]}
+    assert cases["refund"]["detail"].startswith("not JSON")
+    assert cases["refund"]["answer"] == "Sure! The refund is 12 dollars."
+
+
+def test_a_suite_past_its_timeout_fails_even_though_every_case_answered_held(
+    started: tuple[RealAgent, Path], key: SigningKey
+) -> None:
+    """Stand-in: every answer takes 0.6 s, so a 1 s suite cannot finish."""
+    agent, _ = started
+    replies = {prompt: Reply(r.text, delay=0.6) for prompt, r in ALL_HOLD.items()}
+    with OpenAIStandIn(replies) as runtime:
+        cases = [c for c in CASES if c["name"] != "quick"]
+        golden = Eval("golden", "golden", runtime.url, 0.0, 1, suite=_suite(cases))
+        _post(agent, key, runtime, evals=(golden,))
+        record = _finished(agent)
+
+    assert record["state"] == "failed"
+    assert "the suite ran past its timeout" in record["error"]
+    assert agent.config_bytes() == OLD_CONFIG
+
+
+def test_a_runtime_that_stops_mid_suite_fails_the_rest_and_the_old_config_serves(
+    started: tuple[RealAgent, Path], key: SigningKey
+) -> None:
+    """Stand-in: it stops accepting after its second answer (a real runtime
+    that died; to move to llama-server, killed, once its kit is merged)."""
+    agent, _ = started
+    with OpenAIStandIn(ALL_HOLD) as runtime:
+        runtime.close_after = 2
+        _post(agent, key, runtime)
+        record = _finished(agent)
+
+    assert record["state"] == "failed"
+    oks = [c["ok"] for c in record["evals"][0]["cases"]]
+    assert oks == [True, True, False, False]
+    assert "request failed" in record["evals"][0]["cases"][2]["detail"]
+    assert agent.config_bytes() == OLD_CONFIG
+
+
+def test_an_agent_killed_during_its_evals_comes_back_on_the_old_config_undrained(
+    started: tuple[RealAgent, Path], key: SigningKey
+) -> None:
+    """Stand-in: the second case's answer takes 30 s, so the agent can be
+    SIGKILLed while the new config is written and not yet evaluated."""
+    agent, log = started
+    replies = {**ALL_HOLD, "Reply with the refund as JSON": Reply("{}", delay=30)}
+    with OpenAIStandIn(replies) as runtime:
+        _post(agent, key, runtime)
+        wait_for(lambda: len(runtime.asked) >= 2, timeout=30, what="the second case")
+        assert b"model: llama3.1-8b" in (agent.config_bytes() or b"")
+        os.kill(agent.process.pid, signal.SIGKILL)
+        agent.process.wait(10)
+        agent.restart()
+        record = _finished(agent)
+
+    assert record["state"] == "failed"
+    assert record["error"].startswith("eval_failed: agent restarted before the job's evals held")
+    assert record["error"].endswith("after-apply run again for it; undrained")
+    assert agent.config_bytes() == OLD_CONFIG
+    assert log.read_text().split("\n")[:-1] == [
+        "drain old", "after-apply llama3.1-8b", "after-apply old", "undrain old",
+    ]  # fmt: skip
+    assert agent.get("heartbeat")["runtimes"][0]["model"] == "old"
+
+
+@pytest.mark.parametrize(
+    ("expect", "answer", "held"),
+    [
+        ({"equals": "ok"}, "  ok\n", True),
+        ({"equals": "ok"}, "ok then", False),
+        ({"contains": "Paris"}, "It is Paris.", True),
+        ({"notContains": "sorry"}, "I am sorry", False),
+        ({"regex": r"\d{2}"}, "costs 12", True),
+        ({"jsonSchema": {"type": "object", "required": ["amount"]}}, ' {"amount": 1}\n', True),
+        ({"jsonSchema": {"type": "object", "required": ["amount"]}}, '{"total": 1}', False),
+        ({"matchesBaseline": True}, " same text ", True),
+        ({"matchesBaseline": {"minSimilarity": 0.9}}, "same text!", True),
+        ({"matchesBaseline": {"minSimilarity": 0.9}}, "other words", False),
+    ],
+)
+def test_each_expectation_is_judged_as_written(expect: Any, answer: str, held: bool) -> None:
+    case = {"name": "c", "prompt": "p", "expect": expect, "baselineAnswer": "same text"}
+
+    assert judge(case, answer)[0] is held
