@@ -139,7 +139,7 @@ def test_a_suite_that_holds_lets_the_node_serve_and_records_every_case(
         "prompt": "The capital of France is", "max_tokens": 64, "temperature": 0.0, "seed": 1,
     }  # fmt: skip
     assert log.read_text().split("\n")[:-1] == [
-        "drain old", "after-apply llama3.1-8b", "undrain llama3.1-8b",
+        "drain llama3.1-8b", "after-apply llama3.1-8b", "undrain llama3.1-8b",
     ]  # fmt: skip
     timings = record["timings"]
     assert timings["warmedAt"] is not None and timings["warmedAt"] <= timings["servingAt"]
@@ -169,7 +169,7 @@ def test_a_suite_below_its_minimum_fails_eval_failed_and_the_old_config_serves_a
     assert error.endswith("; previous config restored, after-apply run again for it; undrained")
     assert agent.config_bytes() == OLD_CONFIG
     assert log.read_text().split("\n")[:-1] == [
-        "drain old", "after-apply llama3.1-8b", "after-apply old", "undrain old",
+        "drain llama3.1-8b", "after-apply llama3.1-8b", "after-apply old", "undrain old",
     ]  # fmt: skip
     cases = {c["name"]: c for c in record["evals"][0]["cases"]}
     assert cases["refund"]["detail"].startswith("not JSON")
@@ -232,7 +232,7 @@ def test_an_agent_killed_during_its_evals_comes_back_on_the_old_config_undrained
     assert record["error"].endswith("after-apply run again for it; undrained")
     assert agent.config_bytes() == OLD_CONFIG
     assert log.read_text().split("\n")[:-1] == [
-        "drain old", "after-apply llama3.1-8b", "after-apply old", "undrain old",
+        "drain llama3.1-8b", "after-apply llama3.1-8b", "after-apply old", "undrain old",
     ]  # fmt: skip
     assert agent.get("heartbeat")["runtimes"][0]["model"] == "old"
 

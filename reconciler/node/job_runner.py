@@ -293,7 +293,12 @@ class JobRunner:
         current = self.state.read_config(runtime)
         values = self.configs.values(runtime, current[0]) if current is not None else {}
         switch = LiveSwitch(
-            payload, values, self.config, self.command_environment, Timings(self.clock)
+            payload,
+            values,
+            self.config,
+            self.command_environment,
+            Timings(self.clock),
+            versioned=True,  # an apply with evals: after-apply and undrain as for any switch
         )
         switch.drained = bool(payload.get("drain"))
         said = switch.put_back(self._after_apply if self.config.after_apply else None)

@@ -72,6 +72,10 @@ class OpenAIStandIn:
         with self.lock:
             self.asked.append(body)
             count = len(self.asked)
+        if self.close_after is not None and count > self.close_after:
+            # Dead: whatever reached it before the listener closed gets no answer.
+            handler.close_connection = True
+            return
         reply = self.replies.get(prompt, self.default)
         time.sleep(reply.delay)
         if reply.raw is not None or reply.status != 200:
