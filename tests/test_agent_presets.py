@@ -3,10 +3,11 @@ daemon's expansion reaches the agent signed, and a runtime whose metrics
 are not switched on ends in a ``drain_timeout`` that names the missing
 metrics and says how to switch them on.
 
-The metrics endpoint here is a small loopback server, not llama-server:
-these are the faults of a runtime started without its metrics (the real
-server's own drain tests live with its test kit), and one of them, a text
-lacking only one of the two gauges, no released llama-server produces."""
+A real llama-server started without ``--metrics`` (it answers 501 on
+/metrics) gives the first fault. The others use a small loopback metrics
+endpoint: a text lacking only one of the two gauges, which no released
+llama-server produces, and exact gauge values to sum, which a real server
+shows only while requests run."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from reconciler.spec.documents import parse_file
 from tests.kit.agents import AgentThread
 from tests.kit.jobs import envelope, job
 from tests.kit.keys import make_key
+from tests.kit.llama import LlamaServer, Models, llama_server_binary
 
 OLD_CONFIG = b"provider: llama.cpp\nmodel: old\nprofile: default\n"
 ROLLOUT = """\
@@ -140,6 +142,22 @@ def test_an_endpoint_that_refuses_metrics_names_both_and_how_to_switch_them_on(
 
     assert (
         f"GET http://127.0.0.1:{endpoint.port}/metrics answered 501, so "
+        "llamacpp:requests_processing, llamacpp:requests_deferred could not be read: "
+        "start llama-server with --metrics"
+    ) in error
+
+
+@pytest.mark.slow
+def test_a_real_llama_server_without_metrics_is_a_drain_timeout_naming_the_metric(
+    tmp_path: Path, state: Path, key: SigningKey, models: Models
+) -> None:
+    server = LlamaServer(llama_server_binary(), models.model(1), tmp_path / "llama.log", "-c 256")
+    with server:
+        error = _drain_error(state, key, server.port)
+
+    assert error.startswith("drain_timeout: not idle within 1s (")
+    assert (
+        f"GET http://127.0.0.1:{server.port}/metrics answered 501, so "
         "llamacpp:requests_processing, llamacpp:requests_deferred could not be read: "
         "start llama-server with --metrics"
     ) in error

@@ -65,12 +65,15 @@ class Node:
     key: SigningKey
     tmp_path: Path
 
-    def agent(self, balancer: Balancer | None = None) -> AgentThread:
+    def agent(self, balancer: Balancer | None = None, *, wait: bool = True) -> AgentThread:
+        """The node's agent; ``wait=False``: the after-apply script returns
+        once the server starts (LLAMA_SERVER_WAIT=0), the warm-up waits."""
         commands = (balancer or self.balancer).commands("gpu")
+        after_apply = self.server.after_apply()
         return AgentThread(
             self.config.parent.parent,
             [self.key],
-            after_apply=self.server.after_apply(),
+            after_apply=after_apply if wait else f"LLAMA_SERVER_WAIT=0 {after_apply}",
             drain_command=commands["drain"],
             undrain_command=commands["undrain"],
             after_apply_timeout=90,
@@ -261,6 +264,65 @@ def test_a_model_that_does_not_load_is_never_served_the_old_one_comes_back(
     assert node.balancer.events == ["drain gpu", "undrain gpu"]
     assert answers and {a.status for a in answers} == {200}  # drained first: none failed
     assert {which_model(a.model, node.models) for a in answers} == {"A"}
+
+
+def test_without_waiting_in_after_apply_a_corrupt_model_fails_its_warm_up_and_the_old_serves(
+    node: Node, models: Models
+) -> None:
+    """LLAMA_SERVER_WAIT=0: the script starts llama-server on a truncated
+    GGUF and returns; the server exits while loading, so the runtime never
+    comes back: warmup_failed, the old config byte for byte, the old model
+    answering again."""
+    broken = model_artifact(node.artifact.url.replace("b.gguf", "broken.gguf"), models.truncated())
+    warmup = Warmup(f"{node.server.url}/v1/completions", "POST", '{"prompt": "Hello"}', 200, 5, 1)
+    agent = node.agent(wait=False)
+    before = node.config.read_bytes()
+    try:
+        _staged(agent, node, broken)
+        agent.post(envelope(_switch(node, artifacts=(broken,), warmup=(warmup,)), node.key))
+        record = _finished(agent, "apply-1")
+        serving = wait_for(_answering(node), 120, what="the old model to answer again")
+    finally:
+        agent.close()
+    assert record["state"] == "failed"
+    assert record["error"].startswith(f"warmup_failed: POST {warmup.url} (time 1 of 1): ")
+    assert record["error"].endswith(
+        "; previous config restored, after-apply run again for it; undrained"
+    )
+    assert "llama-server exited while loading" not in record["error"]  # not after-apply's
+    assert node.config.read_bytes() == before
+    assert serving == "A"
+    assert node.balancer.events == ["drain gpu", "undrain gpu"]
+
+
+def test_without_waiting_in_after_apply_the_warm_up_waits_for_a_good_model_to_load(
+    node: Node,
+) -> None:
+    """LLAMA_SERVER_WAIT=0 with a model that loads: the warm-up asks again
+    while the server starts, and the job succeeds on the new model."""
+    agent = node.agent(wait=False)
+    try:
+        _staged(agent, node)
+        agent.post(envelope(_switch(node), node.key))
+        record = _finished(agent, "apply-1")
+        serving = node.serving()
+    finally:
+        agent.close()
+    assert record["state"] == "succeeded", record
+    assert serving == "B"
+
+
+def _answering(node: Node) -> Any:
+    """A check for wait_for: the label of the model answering, None while
+    the server cannot answer yet."""
+
+    def check() -> str | None:
+        try:
+            return node.serving()
+        except (httpx.HTTPError, AssertionError, KeyError):
+            return None
+
+    return check
 
 
 def test_a_model_too_slow_for_its_warm_up_fails_warmup_failed_and_the_old_one_serves_again(

@@ -5,11 +5,13 @@ with drain and warm-up reports its timings. The journal keeps what is held."""
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from reconciler.cli.demo_mirror import Mirror
 from reconciler.node.simulated_fleet import ScriptError, StageScript, parse_script
 from reconciler.protocol.signing import SigningKey
 from reconciler.spec.artifact_records import out_of_service
@@ -139,3 +141,33 @@ def test_the_stage_script_is_checked() -> None:
         parse_script({"default": {"stage": "corrupt"}})
     with pytest.raises(ScriptError, match="rate and breakOnce"):
         parse_script({"default": {"stage": {"rate": -1}}})
+
+
+def test_a_fetching_node_downloads_the_file_and_checks_its_digest(
+    tmp_path: Path, key: SigningKey
+) -> None:
+    """``stage: fetch``: the simulated node really downloads from the URL, so
+    a staged node holds what the server served, and a wrong digest fails."""
+    data = b"weights " * 1000
+    mirror = Mirror(tmp_path / "mirror", {"m/model.gguf": data})
+    mirror.start()
+    url = f"{mirror.url}/m/model.gguf"
+    good = Artifact("weights", url, hashlib.sha256(data).hexdigest(), len(data))
+    bad = Artifact("weights", url, "ab" * 32, len(data))
+    fleet = FleetThread(tmp_path / "sim", [key], script="default: {stage: fetch}\n")
+    try:
+        post(fleet, envelope(job("stage-0003", kind="stage", artifacts=(bad,)), key))
+        refused = finished(fleet, "stage-0003")
+        post(fleet, envelope(job("stage-0004", kind="stage", artifacts=(good,)), key))
+        staged = finished(fleet, "stage-0004")
+    finally:
+        fleet.close()
+        mirror.stop()
+
+    assert refused["state"] == "failed"
+    assert refused["error"] == (
+        f"digest_mismatch: weights: expected {'ab' * 32} ({len(data)} bytes), "
+        f"got {good.sha256} ({len(data)} bytes)"
+    )
+    assert staged["state"] == "succeeded"
+    assert mirror.downloads() == 2

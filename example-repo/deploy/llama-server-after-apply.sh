@@ -22,7 +22,14 @@
 # (127.0.0.1), LLAMA_SERVER (llama-server on PATH), LLAMA_SERVER_ARGS (extra
 # flags, pidfile mode; default "--metrics -c 4096 -np 4"), LLAMA_SERVER_RUN_DIR
 # (/run/llama-server), LLAMA_SERVER_MODEL_FILE (model.gguf),
-# LLAMA_SERVER_READY_TIMEOUT (seconds, 120), LLAMA_SERVER_STOP_TIMEOUT (10).
+# LLAMA_SERVER_READY_TIMEOUT (seconds, 120), LLAMA_SERVER_STOP_TIMEOUT (10),
+# LLAMA_SERVER_WAIT (1).
+#
+# LLAMA_SERVER_WAIT=0 starts the server and returns at once, leaving
+# readiness to the rollout's warm-up: a model the server cannot load (a
+# corrupt or truncated GGUF) then fails the job as warmup_failed, after
+# which the agent puts the previous config back and runs this script for it.
+# With the default (1) the same model fails here, as an after-apply failure.
 set -euo pipefail
 
 port=${LLAMA_SERVER_PORT:-8080}
@@ -112,6 +119,12 @@ case "$mode" in
   pidfile) restart_pidfile "$model" ;;
   *) fail "LLAMA_SERVER_MODE=$mode: use systemd or pidfile" ;;
 esac
+
+if [ "${LLAMA_SERVER_WAIT:-1}" = 0 ]; then
+  echo "llama-server on $host:$port starting on $model (not waiting: LLAMA_SERVER_WAIT=0)"
+  exit 0
+fi
+[ "${LLAMA_SERVER_WAIT:-1}" = 1 ] || fail "LLAMA_SERVER_WAIT=${LLAMA_SERVER_WAIT}: use 1 (wait for /health) or 0"
 
 deadline=$((SECONDS + ready_timeout))
 until healthy; do

@@ -25,6 +25,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TextIO
 
+from reconciler.cli.demo_mirror import EXAMPLE_MIRROR, WEIGHTS_PATH, Mirror, demo_weights
 from reconciler.cli.examples import example_dir
 from reconciler.git.branch import Branch, open_branch
 from reconciler.spec.errors import ReconcilerError
@@ -69,6 +70,7 @@ class Demo:
             "GIT_CONFIG_GLOBAL": os.devnull,
         }
         self.scripts: dict[str, str] = {"gpu-b3": _first_attempt_fails(delay)}
+        self.file_server = Mirror(root / "files", {WEIGHTS_PATH: demo_weights()})
         self.names: list[str] = []
         self._shown: str | None = None
         self._cache = StatusCache()
@@ -118,9 +120,29 @@ class Demo:
             lambda s: _hold(s, "mistral-b3") == "health_failed",
         )
         self.show_detail("mistral-b3")
-        self.set_behaviour("gpu-b3", f"{{action: succeed, delay: {self.delay}}}")
+        self.set_behaviour("gpu-b3", f"{{action: succeed, delay: {self.delay}, stage: fetch}}")
         self.operator("resume", "mistral-b3", "freed disk space on gpu-b3")
         self.wait_for("mistral-b3 completes", lambda s: _phase(s, "mistral-b3") == "completed")
+
+        self.chapter(
+            "4. A model that brings its own file, staged ahead",
+            "rollouts/phi-serving.yaml names the model's weights by URL, size and SHA-256, "
+            "served by the demo's own HTTP server on 127.0.0.1. Each simulated agent downloads "
+            "the file and checks its size and digest before its batch may switch; batch 2 "
+            "downloads while batch 1 switches. After batch 1 the rollout holds: batch 2 "
+            "is already staged.",
+        )
+        self.push_rollout(
+            "phi-serving", _served_from(_example_rollout("phi-serving"), self.file_server)
+        )
+        self.wait_for(
+            "phi-serving holds after batch 1",
+            lambda s: _hold(s, "phi-serving") == "pause_after_batch",
+        )
+        self.show_detail("phi-serving")
+        self.operator("resume", "phi-serving", "batch 2 holds the weights already")
+        self.wait_for("phi-serving completes", lambda s: _phase(s, "phi-serving") == "completed")
+        self.say(f"the demo's file server answered {self.file_server.downloads()} GET requests")
 
         self.chapter("The audit trail", "Every transition is a commit; `git log` is the record.")
         log = self.git_out(
@@ -135,7 +157,7 @@ class Demo:
             f"  working clone:         {self.work}\n\n"
             "Try:\n"
             f"  {me} status --repo {self.bare}\n"
-            f"  {me} status qwen-serving --repo {self.bare}\n"
+            f"  {me} status phi-serving --repo {self.bare}\n"
             f"  git --git-dir {self.bare} log -p -- status/mistral-b3.yaml\n"
             f"  git --git-dir {self.bare} show main:status/README.md\n"
         )
@@ -143,6 +165,8 @@ class Demo:
     # -- set-up ----------------------------------------------------------
 
     def setup(self) -> None:
+        self.file_server.start()
+        self.say(f"file server for model files on {self.file_server.url}")
         keys = self.root / "keys"
         self.reconciler("keys", "generate", "--out", str(keys))
         self.names = sorted(p.stem for p in (example_dir() / NODES_DIR).glob("*.yaml"))
@@ -214,7 +238,8 @@ class Demo:
         path = self.root / "behaviour.yaml"
         lines = [
             "names: [" + ", ".join(self.names) + "]",
-            f"default: {{action: succeed, delay: {self.delay}}}",
+            # stage: fetch: the simulated agents really download and check artifacts.
+            f"default: {{action: succeed, delay: {self.delay}, stage: fetch}}",
             "initial: {provider: ollama, model: llama3-8b, profile: default}",
             "nodes:",
             *(f"  {node}: {script}" for node, script in sorted(self.scripts.items())),
@@ -283,6 +308,7 @@ class Demo:
         return process
 
     def stop(self) -> None:
+        self.file_server.stop()
         for process in reversed(self.processes):
             if process.poll() is None:
                 process.send_signal(signal.SIGTERM)
@@ -369,6 +395,11 @@ def _example_rollout(name: str) -> str:
 def _without_start_at(text: str) -> str:
     """The example starts on a fixed date; the demo starts now."""
     return re.sub(r"(?m)^\s*startAt:.*\n", "", text)
+
+
+def _served_from(text: str, server: Mirror) -> str:
+    """The example's artifact URLs, pointed at the demo's own file server."""
+    return text.replace(EXAMPLE_MIRROR, server.url)
 
 
 def _mistral_b3() -> str:

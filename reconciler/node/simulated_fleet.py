@@ -62,6 +62,8 @@ outcomes, drain and warm-up times are scripted per node (seconds)::
       sim-0012: {stage: {rate: 1e8, breakOnce: 2}} # the connection breaks once: 2 s
                                                    # more, then the node resumes and succeeds
       sim-0013: {drain: 1.5, warmup: 0.5}
+      sim-0014: {stage: fetch}                     # really download each artifact and
+                                                   # check its size and SHA-256
 
 Accepted jobs and their outcomes are appended to ``STATE/sim-journal.jsonl``
 and replayed on start, so a job id is executed at most once even across a
@@ -98,6 +100,7 @@ from reconciler.node.http_server import (
     error_response,
     json_response,
 )
+from reconciler.node.simulated_download import fetch_and_check
 from reconciler.protocol.admission import admit_job
 from reconciler.protocol.evidence import derived_agent_key, signed_answer_bytes
 from reconciler.protocol.job_payload import SEND_TIME_FIELDS
@@ -167,7 +170,7 @@ class CheckScript:
         return ok, 0 if last < switch else switch
 
 
-STAGE_OUTCOMES = ("ok", "digest_mismatch", "no_space", "download_failed")
+STAGE_OUTCOMES = ("ok", "digest_mismatch", "no_space", "download_failed", "fetch")
 # What a scripted no_space node says it has free, in bytes.
 SIM_FREE_BYTES = 1024
 
@@ -522,6 +525,7 @@ class SimFleet:
         self._journal_path = state_dir / JOURNAL_NAME
         self._replay()
         self._journal = open(self._journal_path, "a", encoding="utf-8")  # noqa: SIM115
+        self._fetching: set[asyncio.Future[None]] = set()  # ``stage: fetch`` downloads running
         self._flush_pending = False
 
     def add_nodes(self, names: list[str]) -> None:
@@ -827,13 +831,31 @@ class SimFleet:
         if behaviour.action != "hang":
             loop = asyncio.get_running_loop()
             delay = behaviour.delay + _work_seconds(node, payload, behaviour)
-            if delay:
+            if _fetches(node, payload, behaviour):
+                fetching = asyncio.ensure_future(
+                    self._fetch_then_finish(node, job, behaviour, delay)
+                )
+                self._fetching.add(fetching)
+                fetching.add_done_callback(self._fetching.discard)
+            elif delay:
                 loop.call_later(delay, self._finish, node, job, behaviour)
             else:
                 loop.call_soon(self._finish, node, job, behaviour)
         return response
 
-    def _finish(self, node: SimNode, job: SimJob, behaviour: Behaviour) -> None:
+    async def _fetch_then_finish(
+        self, node: SimNode, job: SimJob, behaviour: Behaviour, delay: float
+    ) -> None:
+        """A ``stage: fetch`` job: the scripted delay, then the real download
+        (in a thread: the loop serves every other node meanwhile)."""
+        await asyncio.sleep(delay)
+        wanted = [a for a in job.payload["artifacts"] if a["sha256"] not in node.artifacts]
+        error = await asyncio.to_thread(fetch_and_check, wanted)
+        self._finish(node, job, behaviour, fetch_error=error)
+
+    def _finish(
+        self, node: SimNode, job: SimJob, behaviour: Behaviour, *, fetch_error: str | None = None
+    ) -> None:
         payload = job.payload
         target = payload["target"]
         runtime = target["runtime"]
@@ -855,7 +877,7 @@ class SimFleet:
         if behaviour.action == "fail":
             event.update(state="failed", error=behaviour.error)
         elif payload["kind"] == "stage":
-            event.update(_stage_outcome(node, payload, behaviour.stage))
+            event.update(_stage_outcome(node, payload, behaviour.stage, fetch_error))
         elif payload["mode"] == "dry_run":
             event["detail"] = _describe_change(before, wanted)
         else:
@@ -959,10 +981,21 @@ def _work_seconds(node: SimNode, payload: Mapping[str, Any], behaviour: Behaviou
     return 0.0
 
 
+def _fetches(node: SimNode, payload: Mapping[str, Any], behaviour: Behaviour) -> bool:
+    """Whether this job is a live stage that really downloads (``stage: fetch``)."""
+    return (
+        behaviour.action != "fail"
+        and behaviour.stage.outcome == "fetch"
+        and payload["kind"] == "stage"
+        and payload["mode"] == "live"
+    )
+
+
 def _stage_outcome(
-    node: SimNode, payload: Mapping[str, Any], script: StageScript
+    node: SimNode, payload: Mapping[str, Any], script: StageScript, fetch_error: str | None
 ) -> dict[str, Any]:
-    """The finish event's fields of a stage job, as the real agent would answer."""
+    """The finish event's fields of a stage job, as the real agent would answer;
+    ``fetch_error`` is what a ``stage: fetch`` download found wrong."""
     artifacts = payload["artifacts"]
     held = [a for a in artifacts if a["sha256"] in node.artifacts]
     size = sum(a["size"] for a in artifacts)
@@ -976,6 +1009,8 @@ def _stage_outcome(
         first = next(a for a in artifacts if a not in held)
         error = f"digest_mismatch: {first['name']}: expected {first['sha256']}, got {'0' * 64}"
         return {"state": "failed", "error": error}
+    if needed and fetch_error is not None:
+        return {"state": "failed", "error": fetch_error}
     if needed and script.outcome == "download_failed":
         first = next(a for a in artifacts if a not in held)
         return {"state": "failed", "error": f"download_failed: {first['url']}: 404 Not Found"}

@@ -37,6 +37,7 @@ def _local_client() -> httpx.Client:
 
 
 IDLE_POLL = 0.05  # seconds between reads of the idle metric (a loopback GET)
+STARTING_POLL = 0.2  # seconds between warm-up requests to a runtime still starting
 TIMING_FIELDS = ("drainStartedAt", "drainedAt", "activatedAt", "warmedAt", "servingAt")
 
 
@@ -154,30 +155,49 @@ def _content_type(body: str) -> dict[str, str]:
 
 def warm_up(warmups: Sequence[Mapping[str, Any]]) -> None:
     """Send each warm-up request ``times`` times; ``warmup_failed`` at the
-    first that does not answer its ``expectStatus`` in time."""
+    first that does not answer its ``expectStatus`` in time. A runtime still
+    starting (connection refused, or 503 while it loads) is asked again
+    until the request's timeout: readiness may be left to the warm-up."""
     with _local_client() as client:
         for warmup in warmups:
             _local(warmup["url"], "warmup_failed")
-            method, url = warmup["method"], warmup["url"]
             for turn in range(1, warmup["times"] + 1):
-                where = f"{method} {url} (time {turn} of {warmup['times']})"
-                try:
-                    answer = client.request(
-                        method,
-                        url,
-                        content=warmup["body"].encode() or None,
-                        headers=_content_type(warmup["body"]),
-                        timeout=float(warmup["timeoutSeconds"]),
-                    )
-                except httpx.TimeoutException:
-                    raise SwitchFailed(
-                        "warmup_failed", f"{where}: no answer within {warmup['timeoutSeconds']}s"
-                    ) from None
-                except httpx.HTTPError as exc:
-                    raise SwitchFailed("warmup_failed", f"{where}: {exc}") from None
-                if answer.status_code != warmup["expectStatus"]:
+                where = f"{warmup['method']} {warmup['url']} (time {turn} of {warmup['times']})"
+                status = _warm_once(client, warmup, where)
+                if status != warmup["expectStatus"]:
                     raise SwitchFailed(
                         "warmup_failed",
-                        f"{where} answered {answer.status_code} "
-                        f"(expected {warmup['expectStatus']})",
+                        f"{where} answered {status} (expected {warmup['expectStatus']})",
                     )
+
+
+def _warm_once(client: httpx.Client, warmup: Mapping[str, Any], where: str) -> int:
+    """One warm-up request's status, asked again while the runtime starts."""
+    timeout = float(warmup["timeoutSeconds"])
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            answer = client.request(
+                warmup["method"],
+                warmup["url"],
+                content=warmup["body"].encode() or None,
+                headers=_content_type(warmup["body"]),
+                timeout=max(left, 0.001),
+            )
+        except httpx.TimeoutException:
+            raise SwitchFailed(
+                "warmup_failed", f"{where}: no answer within {warmup['timeoutSeconds']}s"
+            ) from None
+        except httpx.ConnectError as exc:
+            if time.monotonic() + STARTING_POLL >= deadline:
+                raise SwitchFailed(
+                    "warmup_failed", f"{where}: {exc}, still after {warmup['timeoutSeconds']}s"
+                ) from None
+        except httpx.HTTPError as exc:
+            raise SwitchFailed("warmup_failed", f"{where}: {exc}") from None
+        else:
+            starting = answer.status_code == 503 and warmup["expectStatus"] != 503
+            if not starting or time.monotonic() + STARTING_POLL >= deadline:
+                return answer.status_code
+        time.sleep(STARTING_POLL)
