@@ -145,3 +145,17 @@ def test_a_daemon_asking_alertmanager_writes_no_line_per_request(
     logged = records("\n".join(daemon.lines))
     assert any(r["event"] == "stopped" for r in logged)
     assert [r for r in logged if r.get("logger", "").startswith(("httpx", "httpcore"))] == []
+
+
+@pytest.mark.parametrize("asked", [["--log-format", "json"], ["--log-format=json"]])
+def test_a_usage_error_of_a_json_logging_command_is_one_json_line(
+    tmp_path: Path, asked: list[str]
+) -> None:
+    key = make_key(tmp_path / "keys" / "reconciler")
+    done = reconciler(["run", "--repo", str(tmp_path), "--key", str(key.private), *asked, "-x"])
+
+    assert done.returncode == 2
+    assert records(done.stdout) == []
+    (line,) = records(done.stderr)
+    assert (line["level"], line["event"]) == ("error", "usage")
+    assert "unrecognized arguments: -x" in line["message"] and line["exitCode"] == 2

@@ -50,16 +50,38 @@ COMMANDS: dict[str, str] = {
 
 
 class _Parser(argparse.ArgumentParser):
+    json_errors = False
+
     def error(self, message: str) -> None:  # type: ignore[override]
+        if self.json_errors:
+            text = f"{self.prog}: {message}"
+            print(
+                log_line("json", now_text(), "error", "usage", text, {"exitCode": 2}),
+                file=sys.stderr,
+            )
+            raise SystemExit(2)
         self.print_usage(sys.stderr)
         print(f"{self.prog}: error: {message}", file=sys.stderr)
         raise SystemExit(2)
 
 
-def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
-    parser = _Parser(prog="reconciler", description="Git as the control plane for fleet rollouts.")
+class _JsonParser(_Parser):
+    """For a command asked to log JSON: a usage error is one JSON line too."""
+
+    json_errors = True
+
+
+def asks_json_log(argv: Sequence[str]) -> bool:
+    """``--log-format json`` on the command line, read before parsing it."""
+    pairs = zip(argv, [*argv[1:], ""], strict=True)
+    return any(a == "--log-format=json" or (a, b) == ("--log-format", "json") for a, b in pairs)
+
+
+def build_parser(verb: str | None = None, *, json_errors: bool = False) -> argparse.ArgumentParser:
+    kind = _JsonParser if json_errors else _Parser
+    parser = kind(prog="reconciler", description="Git as the control plane for fleet rollouts.")
     parser.add_argument("--version", action="version", version=f"reconciler {__version__}")
-    sub = parser.add_subparsers(dest="verb", metavar="VERB", parser_class=_Parser)
+    sub = parser.add_subparsers(dest="verb", metavar="VERB", parser_class=kind)
     names = [verb] if verb in COMMANDS else list(COMMANDS)
     for name in names:
         try:
@@ -104,7 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         complete()
     argv = list(sys.argv[1:] if argv is None else argv)
     verb = next((a for a in argv if not a.startswith("-")), None)
-    parser = build_parser(verb)
+    parser = build_parser(verb, json_errors=asks_json_log(argv))
     args = parser.parse_args(argv)
     if not getattr(args, "verb", None):
         parser.print_help(sys.stderr)
