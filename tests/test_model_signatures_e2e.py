@@ -7,8 +7,9 @@ case; a bare repository and the in-process daemon.
 A signed model rollout completes, and every node says who vouched for its
 files. Each bad signature ends ``stage_failed`` with ``signature_invalid``,
 no apply is ever sent, and the runtime's config stays byte for byte as it
-was. (Loading a signed directory into a real ``llama-server`` belongs to
-the runtime kit and is not exercised here.)
+was. A signed GGUF model rolled out live is loaded from the verified model
+directory by a real ``llama-server`` (llama.cpp, built by `make
+llama-server`) that the shipped after-apply script restarts.
 """
 
 from __future__ import annotations
@@ -19,11 +20,13 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from reconciler.cli.llama_runtime import LlamaNode, free_port
 from reconciler.cli.main import main as cli
 from reconciler.protocol.model_ids import layout_pairs, manifest_bytes, model_id
 from reconciler.spec.artifacts import Artifact, ModelSigner
@@ -33,6 +36,14 @@ from tests.kit.documents import rollout_yaml
 from tests.kit.fleets import AgentFleet
 from tests.kit.jobs import envelope, job
 from tests.kit.keys import make_key
+from tests.kit.llama import (
+    Models,
+    complete,
+    file_digest,
+    llama_server_binary,
+    model_artifact,
+    node_config,
+)
 from tests.kit.nginx import NginxServer
 from tests.test_attestations import consumer
 
@@ -106,7 +117,7 @@ def mirror(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     _sign(other_bytes, release, served / "digest.sig")
     whole = (served / "release.sig").read_bytes()
     (served / "truncated.sig").write_bytes(whole[: len(whole) // 2])
-    return {"served": served, "release": release_pem, "lab": lab_pem}
+    return {"served": served, "release": release_pem, "release_key": release, "lab": lab_pem}
 
 
 def _settings(mirror: dict[str, Any]) -> str:
@@ -129,21 +140,29 @@ def _artifacts(nginx: NginxServer) -> list[dict[str, Any]]:
     ]  # fmt: skip
 
 
+def _target(
+    model: str, provider: str, artifacts: list[dict[str, Any]], signature: str, data: bytes
+) -> str:
+    """A rollout's target in flow YAML: ``artifacts`` signed by the
+    signature file ``data`` served at ``signature``."""
+    listed = ", ".join(
+        "{" + ", ".join(f"{k}: '{v}'" if k == "url" else f"{k}: {v}" for k, v in a.items()) + "}"
+        for a in artifacts
+    )
+    signed = (
+        f"{{url: '{signature}', sha256: {hashlib.sha256(data).hexdigest()}, size: {len(data)}}}"
+    )
+    return (
+        f"{{runtime: hermes, provider: {provider}, model: {model}, profile: default, "
+        f"artifacts: [{listed}], signature: {signed}}}"
+    )
+
+
 def _rollout(case: str, nginx: NginxServer, served: Path) -> str:
     model, made, _ = CASES[case]
     signature = served / f"{made}.sig"
-    data = signature.read_bytes()
-    listed = ", ".join(
-        "{" + ", ".join(f"{k}: '{v}'" if k == "url" else f"{k}: {v}" for k, v in a.items()) + "}"
-        for a in _artifacts(nginx)
-    )
-    signed = (
-        f"{{url: '{nginx.url(signature.name)}', sha256: {hashlib.sha256(data).hexdigest()}, "
-        f"size: {len(data)}}}"
-    )
-    target = (
-        f"{{runtime: hermes, provider: vllm, model: {model}, profile: default, "
-        f"artifacts: [{listed}], signature: {signed}}}"
+    target = _target(
+        model, "vllm", _artifacts(nginx), nginx.url(signature.name), signature.read_bytes()
     )
     return rollout_yaml(case, target=target, nodeIds=[case], live=True, onFailure="stop")
 
@@ -287,3 +306,70 @@ def test_an_apply_of_a_signed_target_is_refused_unless_its_directory_was_verifie
     assert (status, answer["error"]) == (409, "not_staged"), answer
     assert "was not verified against signature" in answer["message"]
     assert (state / "runtimes" / "hermes.yaml").read_bytes() == OLD
+
+
+@pytest.fixture
+def llama(tmp_path: Path) -> Iterator[LlamaNode]:
+    server = LlamaNode(llama_server_binary(), free_port(), tmp_path / "run")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_a_signed_gguf_model_is_served_by_llama_server_from_its_verified_directory(
+    tmp_path: Path, mirror: dict[str, Any], models: Models, llama: LlamaNode
+) -> None:
+    """The producer signs its release directory (one GGUF file); the node's
+    llama-server serves another model until the live rollout's after-apply
+    script restarts it on ``{modelDir}/model.gguf``."""
+    old, new = models.model(1), models.model(2)
+    release = _model(tmp_path / "release", {"model.gguf": new.read_bytes()})
+    served = tmp_path / "mirror"
+    _model(served, {"model.gguf": new.read_bytes()})
+    _sign(release, mirror["release_key"], served / "llama.sig")
+    (tmp_path / "initial.yaml").write_bytes(node_config(old, 1))
+    started = llama.start(tmp_path / "initial.yaml")
+    assert started.returncode == 0, started.stderr
+    assert complete(llama.url)["model"] == str(old)
+    with NginxServer(tmp_path / "nginx", served) as nginx:
+        artifact = model_artifact(nginx.url("model.gguf"), new)
+        assert artifact.path == "model.gguf"
+        artifacts = [asdict(artifact)]
+        node = {
+            "config": node_config(old, 1),
+            "after_apply": llama.after_apply(),
+            "extra": ("--after-apply-timeout", "90s"),
+        }
+        kit = AgentFleet.create(
+            tmp_path, {"llama": node}, files={"reconciler.yaml": _settings(mirror)}
+        )
+        try:
+            signature = served / "llama.sig"
+            target = _target(
+                "llama-3", "llama.cpp", artifacts, nginx.url("llama.sig"), signature.read_bytes()
+            )
+            rollout = rollout_yaml("signed", target=target, nodeIds=["llama"], live=True)
+            kit.push({"rollouts/signed.yaml": rollout})
+            done = kit.run_until(
+                kit.daemon(),
+                lambda s: s.get("signed", {}).get("phase") in ("completed", "paused", "stopped"),
+                timeout=240,
+            )
+            config = load_yaml("config", kit.agents["llama"].config_bytes() or b"")
+            state = kit.agents["llama"].state
+        finally:
+            kit.close()
+    status = done["signed"]
+    assert status["phase"] == "completed", status
+    (record,) = status["nodes"]
+    vouched = {"signer": "ml-release", "sha256": hashlib.sha256(signature.read_bytes()).hexdigest()}
+    assert record["signature"] == vouched
+    assert config["signedBy"] == "ml-release" and config["model"] == "llama-3"
+    model_dir = state / "models" / model_id(layout_pairs(artifacts))
+    assert config["modelDir"] == str(model_dir)
+    # llama-server answers from the file in the verified directory: the
+    # bytes the producer signed, not the file it served before.
+    answered = complete(llama.url)["model"]
+    assert answered == str(model_dir / "model.gguf")
+    assert file_digest(Path(answered)) == file_digest(release / "model.gguf") == artifact.sha256
