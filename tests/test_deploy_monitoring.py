@@ -15,12 +15,14 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from reconciler.daemon.gauges import PhaseGauges
 from reconciler.daemon.metrics import Metrics
 from reconciler.daemon.notifications import Notifier
 from reconciler.engine.inputs import FleetStep
 from reconciler.node.agent_metrics import AgentMetrics
+from reconciler.spec.evals import Eval
 from reconciler.spec.rollout_status import Waiting
 from reconciler.spec.safe_yaml import load_yaml
 from tests.kit.daemons import DaemonProcess
@@ -126,6 +128,55 @@ def test_the_daemon_counts_waits_and_observes_out_of_service_and_comparisons_onc
     assert value("reconciler_node_out_of_service_seconds_sum") == 42.0
     assert value("reconciler_comparisons_total", outcome="failed") == 1
     assert value("reconciler_comparisons_total", outcome="passed") == 0
+
+
+def _eval_result(name: str, passed: int, total: int) -> dict[str, object]:
+    """An eval result as an agent's job record gives it."""
+    cases = [
+        {"name": f"case-{i}", "ok": i < passed, "answer": "", "detail": ""} for i in range(total)
+    ]
+    rate = round(100.0 * passed / total, 2)
+    return {"name": name, "suiteSha256": "ab" * 32, "passed": passed, "total": total,
+            "passRate": rate, "cases": cases}  # fmt: skip
+
+
+def test_the_daemon_counts_each_node_attempts_evals_once_by_outcome_on_its_scrape() -> None:
+    """Through a scrape of the daemon's real metrics server: a node's eval
+    results count once however many passes see them, judged against the
+    frozen minimum (75% for golden, the default 100% for safety), and a
+    new attempt's results count again."""
+    metrics = Metrics()
+    server = metrics.serve("127.0.0.1:0")
+    try:
+        gauges = PhaseGauges(metrics)
+        status = make_status("e", "running", [("a", 1, "succeeded")])
+        assert status.frozen is not None
+        golden = Eval("golden", "golden", "http://127.0.0.1:8000", 75.0, 60)
+        status = replace(status, frozen=replace(status.frozen, evals=(golden,)))
+        results = (_eval_result("golden", 3, 4), _eval_result("safety", 1, 2))
+        ran = replace(status, nodes=(replace(status.nodes[0], attempt=1, evals=results),))
+        gauges.update({"e": status}, FleetStep(), None)
+        for _ in range(2):  # the same status again counts nothing new
+            gauges.update({"e": ran}, FleetStep(statuses={"e": ran}), ["e"])
+        first = _scraped_evals(server.server_port)
+        again = replace(ran, nodes=(replace(ran.nodes[0], attempt=2),))
+        gauges.update({"e": again}, FleetStep(statuses={"e": again}), ["e"])
+        second = _scraped_evals(server.server_port)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert first == {"passed": 1, "failed": 1}
+    assert second == {"passed": 2, "failed": 2}
+
+
+def _scraped_evals(port: int) -> dict[str, float]:
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    return {
+        s.labels["outcome"]: s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "reconciler_evals_total"
+    }
 
 
 def test_every_alert_names_an_exported_metric(daemon_names: set[str]) -> None:
