@@ -25,6 +25,7 @@ from reconciler.node.agent_metrics import AgentMetrics
 from reconciler.spec.evals import Eval
 from reconciler.spec.rollout_status import Waiting
 from reconciler.spec.safe_yaml import load_yaml
+from tests.kit.agents import start_agent
 from tests.kit.daemons import DaemonProcess
 from tests.kit.documents import make_status, node_yaml
 from tests.kit.git import make_bare_repo
@@ -75,12 +76,29 @@ def daemon_names(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
     return exported(text)
 
 
+@pytest.fixture(scope="module")
+def agent_names(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
+    """The sample names a real agent process's first scrape carries."""
+    root = tmp_path_factory.mktemp("agent")
+    key = make_key(root / "keys" / "reconciler")
+    agent = start_agent(root / "node", "node-a", key.public, config=b"model: m\n")
+    try:
+        text = httpx.get(f"{agent.url}/metrics", timeout=10).text
+    finally:
+        agent.close()
+    return exported(text)
+
+
 def test_the_dashboard_parses_and_every_query_names_an_exported_metric(
-    daemon_names: set[str],
+    daemon_names: set[str], agent_names: set[str]
 ) -> None:
+    """Every name against real scrapes of a daemon and an agent, but for
+    the per-receiver notification counters, which have no sample before a
+    receiver is configured: those are read from the metrics class."""
     queries = dashboard_queries()
     assert len(queries) >= 10
-    known = daemon_names | class_names()
+    notifications = {n for n in class_names() if n.startswith("reconciler_notifications_")}
+    known = daemon_names | agent_names | notifications
     for query in queries:
         names = OURS.findall(query)
         assert names, f"names no metric of ours: {query}"
@@ -100,6 +118,24 @@ def test_the_dashboard_draws_waits_out_of_service_and_comparisons_the_daemon_exp
     ):
         assert name in queries, name
         assert name in daemon_names, name
+
+
+def test_the_dashboard_draws_staging_and_evals_a_real_agent_and_daemon_export(
+    daemon_names: set[str], agent_names: set[str]
+) -> None:
+    """The staging and eval panels, each on a metric a real agent's (or,
+    for the node records' evals, a real daemon's) first scrape carries."""
+    queries = " ".join(dashboard_queries())
+    for name in (
+        "reconciler_agent_downloaded_bytes_total",
+        "reconciler_agent_stage_seconds_bucket",
+        "reconciler_agent_store_bytes",
+        "reconciler_agent_evals_total",
+    ):
+        assert name in queries, name
+        assert name in agent_names, name
+    assert "reconciler_evals_total" in queries
+    assert "reconciler_evals_total" in daemon_names
 
 
 def test_the_daemon_counts_waits_and_observes_out_of_service_and_comparisons_once() -> None:
