@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from reconciler.node.eval_runs import judge
 from reconciler.protocol.signing import SigningKey
@@ -102,6 +103,25 @@ def _finished(agent: RealAgent) -> dict[str, Any]:
     return result
 
 
+def _evals_counted(agent: RealAgent) -> tuple[float, float]:
+    """(passed, failed) from a scrape of the agent's /metrics, once the
+    apply's evals are counted (just after its record is written)."""
+
+    def counted() -> tuple[float, float] | None:
+        text = httpx.get(f"{agent.url}/metrics", timeout=10).text
+        values = {
+            s.labels["outcome"]: s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+            if s.name == "reconciler_agent_evals_total"
+        }
+        both = (values.get("passed", 0.0), values.get("failed", 0.0))
+        return both if sum(both) else None
+
+    result: tuple[float, float] = wait_for(counted, timeout=30, what="the evals counted")
+    return result
+
+
 @pytest.fixture
 def started(tmp_path: Path, key: SigningKey) -> Iterator[tuple[RealAgent, Path]]:
     agent, log = _agent(tmp_path, tmp_path / "keys")
@@ -143,6 +163,7 @@ def test_a_suite_that_holds_lets_the_node_serve_and_records_every_case(
     ]  # fmt: skip
     timings = record["timings"]
     assert timings["warmedAt"] is not None and timings["warmedAt"] <= timings["servingAt"]
+    assert _evals_counted(agent) == (1, 0)
 
 
 def test_a_suite_below_its_minimum_fails_eval_failed_and_the_old_config_serves_again(
@@ -174,6 +195,7 @@ def test_a_suite_below_its_minimum_fails_eval_failed_and_the_old_config_serves_a
     cases = {c["name"]: c for c in record["evals"][0]["cases"]}
     assert cases["refund"]["detail"].startswith("not JSON")
     assert cases["refund"]["answer"] == "Sure! The refund is 12 dollars."
+    assert _evals_counted(agent) == (0, 1)
 
 
 def test_a_suite_past_its_timeout_fails_even_though_every_case_answered_held(

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from reconciler.protocol.signing import SigningKey
 from reconciler.spec.artifacts import Artifact
@@ -351,3 +352,49 @@ def test_an_https_mirror_is_trusted_only_through_the_agents_ca_file(
     assert refused["error"].startswith("download_failed: weights: the certificate of 127.0.0.1:")
     assert "--ca-file" in refused["error"]
     assert staged["state"] == "succeeded", staged
+
+
+def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Each sample of a Prometheus scrape by name and sorted labels."""
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def test_a_real_agent_counts_bytes_downloaded_stage_seconds_and_its_store_size(
+    tmp_path: Path, owner: Key, nginx: NginxServer, weights: tuple[Path, bytes]
+) -> None:
+    """The staging metrics through a scrape of a real agent process: a
+    download's bytes once, a file already held adds none, every live stage
+    job is timed, and the store's size is read at the scrape."""
+    data = weights[1]
+    artifact = _artifact(nginx, data)
+    agent = start_agent(tmp_path / "a1", "node-a", owner.public, config=OLD_CONFIG)
+    try:
+        before = _samples(httpx.get(f"{agent.url}/metrics", timeout=10).text)
+        for n in (1, 2):  # the second finds the file held
+            body = envelope(
+                job(f"stage-{n}", kind="stage", attempt=n, artifacts=(artifact,)), owner.signing
+            )
+            posted = httpx.post(f"{agent.url}/v1/nodes/node-a/jobs", json=body, timeout=10)
+            assert posted.status_code == 202, posted.text
+            agent.wait_idle(timeout=60)
+            assert agent.get(f"jobs/stage-{n}")["state"] == "succeeded"
+
+        # The job's record is written before its metrics are counted.
+        def counted() -> dict[tuple[str, tuple[tuple[str, str], ...]], float] | None:
+            got = _samples(httpx.get(f"{agent.url}/metrics", timeout=10).text)
+            return got if got[("reconciler_agent_stage_seconds_count", ())] == 2 else None
+
+        after = wait_for(counted, timeout=30, what="the second stage job counted")
+    finally:
+        agent.close()
+    assert before[("reconciler_agent_downloaded_bytes_total", ())] == 0
+    assert before[("reconciler_agent_store_bytes", ())] == 0
+    assert after[("reconciler_agent_downloaded_bytes_total", ())] == len(data)
+    assert after[("reconciler_agent_stage_seconds_count", ())] == 2
+    assert after[("reconciler_agent_stage_seconds_bucket", (("le", "+Inf"),))] == 2
+    assert after[("reconciler_agent_stage_seconds_sum", ())] > 0
+    assert after[("reconciler_agent_store_bytes", ())] == len(data)

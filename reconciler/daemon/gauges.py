@@ -1,7 +1,8 @@
 """The rollouts-by-phase, holds-by-reason and waits-by-reason gauges,
 counted again only for the rollouts whose status changed since the last
 count; and, from the rollouts a step changed, each node's out-of-service
-time and each decided comparison, observed once.
+time, each decided comparison and each node attempt's eval results,
+observed once.
 
 Keeps the counts between passes (a cache of the statuses: forgetting it
 changes nothing but the cost). Must not: read Git or decide anything.
@@ -17,6 +18,7 @@ from prometheus_client import Gauge
 from reconciler.daemon.metrics import WAIT_REASONS, Metrics
 from reconciler.engine.step import FleetStep
 from reconciler.spec import rollout_status as status_values
+from reconciler.spec.evals import check_outcomes
 from reconciler.spec.rollout_status import CheckOutcome, RolloutStatus
 
 
@@ -35,7 +37,7 @@ class PhaseGauges:
         self.shown_holds: dict[str, int] = {}
         self.shown_waits: dict[str, int] = {}
         # per rollout, what was observed already: node names (out of
-        # service) and (node, attempt, comparison) decided
+        # service), (node, attempt, comparison) decided, ("evals", node, attempt)
         self.observed: dict[str, frozenset[object]] = {}
         self._step: frozenset[str] = frozenset()  # the rollouts the counted step changed
 
@@ -84,8 +86,8 @@ class PhaseGauges:
                 self.waiting[new[2]] += 1
 
     def _observe(self, merged: Mapping[str, RolloutStatus], names: Iterable[str]) -> None:
-        """Out-of-service times and decided comparisons new in the statuses
-        this step changed, each observed once."""
+        """Out-of-service times, decided comparisons and eval results new in
+        the statuses this step changed, each observed once."""
         for name in names:
             status = merged.get(name)
             if status is None:
@@ -100,16 +102,22 @@ class PhaseGauges:
                     key = (node.name, node.attempt, check.name)
                     if check.measured is not None and key not in before:
                         self.metrics.comparisons.labels(outcome=_outcome(check)).inc()
+                if node.evals and ("evals", node.name, node.attempt) not in before:
+                    frozen = status.frozen.evals if status.frozen is not None else ()
+                    for _, held, _ in check_outcomes(node.evals, frozen):
+                        self.metrics.evals.labels(outcome="passed" if held else "failed").inc()
             self.observed[name] = now
 
 
 def _observable(status: RolloutStatus) -> frozenset[object]:
     """What a status holds that is observed once: nodes with an
-    out-of-service time, and decided comparisons."""
+    out-of-service time, decided comparisons, node attempts with evals."""
     found: set[object] = set()
     for node in status.nodes:
         if node.out_of_service is not None:
             found.add(node.name)
+        if node.evals:
+            found.add(("evals", node.name, node.attempt))
         found.update(
             (node.name, node.attempt, c.name) for c in node.checks if c.measured is not None
         )

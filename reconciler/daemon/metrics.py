@@ -39,6 +39,7 @@ UNVERIFIED_KINDS = ("job", "heartbeat", "backups")
 # What a rollout that is no hold waits for: a window, a freeze, its alerts, approval.
 WAIT_REASONS = (*WAITING_REASONS, "approval")
 COMPARISON_OUTCOMES = ("passed", "failed", "unknown")
+EVAL_OUTCOMES = ("passed", "failed")
 
 _StartResponse = Callable[[str, list[tuple[str, str]]], Any]
 
@@ -64,6 +65,7 @@ class Metrics:
         _start_at_zero(self.fleet_nodes, "state", FLEET_STATES)
         _start_at_zero(self.waits, "reason", WAIT_REASONS)
         _start_at_zero(self.comparisons, "outcome", COMPARISON_OUTCOMES)
+        _start_at_zero(self.evals, "outcome", EVAL_OUTCOMES)
         self.health = Health()
 
     def _pass_metrics(self, r: CollectorRegistry) -> None:
@@ -104,7 +106,8 @@ class Metrics:
         )
 
     def _rollout_metrics(self, r: CollectorRegistry) -> None:
-        """Rollouts and their nodes: phases, holds, waits, time out of service, comparisons."""
+        """Rollouts and their nodes: phases, holds, waits, time out of service,
+        comparisons, evals."""
         self.rollouts = Gauge("reconciler_rollouts", "Rollouts by phase", ["phase"], registry=r)
         self.holds = Gauge(
             "reconciler_holds", "Rollouts held, by the reason of their hold", ["reason"],
@@ -125,6 +128,12 @@ class Metrics:
         self.comparisons = Counter(
             "reconciler_comparisons",
             "Canary comparisons decided, by outcome",
+            ["outcome"],
+            registry=r,
+        )
+        self.evals = Counter(
+            "reconciler_evals",
+            "Eval results of nodes' live applies, by outcome against the frozen minimum",
             ["outcome"],
             registry=r,
         )

@@ -116,8 +116,10 @@ class Agent:
         self.configs = ParsedConfigs()
         put_back = recover(self.journal, state)
         self.prober = Prober(clock, on_change=self.journal.heartbeat_changed)
-        self.metrics = AgentMetrics(self.prober.reports, state.list_backups, config.runtimes)
         self.store = ArtifactStore(state.root)
+        self.metrics = AgentMetrics(
+            self.prober.reports, state.list_backups, config.runtimes, self.store.bytes_held
+        )
         self.runner = JobRunner(
             config,
             state,

@@ -77,6 +77,7 @@ class Partial:
         while chunk := self._file.read(_READ_CHUNK):
             self._hash.update(chunk)
         self.size = self._file.tell()
+        self.received = 0  # bytes appended by this run, for the download counter
 
     def append(self, data: bytes) -> None:
         try:
@@ -85,6 +86,7 @@ class Partial:
             raise _disk_failure(exc) from None
         self._hash.update(data)
         self.size += len(data)
+        self.received += len(data)
 
     def restart(self) -> None:
         """Drop what is held: the server sent the whole file again."""
@@ -190,6 +192,15 @@ class ArtifactStore:
             if HEX.fullmatch(name):
                 names.add(name)
         return names
+
+    def bytes_held(self) -> int:
+        """The size of every file held here, checked or partial (read now)."""
+        total = 0
+        for entry in os.scandir(self.folder):
+            if HEX.fullmatch(entry.name.removesuffix(PARTIAL)):
+                with contextlib.suppress(OSError):  # deleted since listed
+                    total += entry.stat().st_size
+        return total
 
     def note_use(self, sha256s: Iterable[str], runtime: str) -> None:
         """``sha256s`` were wanted by a job of ``runtime`` now (newest use last)."""

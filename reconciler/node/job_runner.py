@@ -16,6 +16,7 @@ import hashlib
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -88,7 +89,9 @@ class JobRunner:
         self.store = store
         self.models = ModelDirs(state.root, store)
         self.stager = Stager(
-            store, DownloadSettings(rate=config.stage_rate, ca_file=config.ca_file)
+            store,
+            DownloadSettings(rate=config.stage_rate, ca_file=config.ca_file),
+            metrics.downloaded.inc,
         )
         # The two workers both note uses of artifacts and prune them.
         self._artifacts = threading.Lock()
@@ -111,6 +114,7 @@ class JobRunner:
             self.prober.start(runtime, record.job_id, payload["checks"])
 
     def run(self, job_id: str) -> None:
+        started = time.monotonic()
         with self.journal.lock:
             record = self.journal.jobs[job_id]
         try:
@@ -139,6 +143,8 @@ class JobRunner:
         payload = record.payload
         self.log.finished(payload, record.state, record.error or "")
         self.metrics.jobs.labels(kind=payload["kind"], outcome=record.state).inc()
+        if payload["kind"] == "stage" and payload["mode"] == "live":
+            self.metrics.stage_seconds.observe(time.monotonic() - started)
         try:
             self.journal.compact()
         except OSError as exc:  # the journal stays longer; the next job tries again
@@ -259,6 +265,7 @@ class JobRunner:
             failure = switch.warm_up()
         if failure is None:
             failure = switch.evaluate()
+        self.metrics.counted_evals(r.held for r in switch.eval_results)
         if failure is not None:
             # Put the previous bytes (and mode) back exactly, or no file if none.
             self.state.write_config(runtime, old_data, old_mode)

@@ -8,7 +8,7 @@ Must not: touch a runtime's config, or run any command.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from reconciler.node.artifact_download import Deadline, Downloader, DownloadSettings
@@ -19,9 +19,15 @@ from reconciler.node.runtime_config import JobFailed
 class Stager:
     """Runs stage jobs on the agent's stage worker, into ``store``."""
 
-    def __init__(self, store: ArtifactStore, settings: DownloadSettings) -> None:
+    def __init__(
+        self,
+        store: ArtifactStore,
+        settings: DownloadSettings,
+        downloaded: Callable[[int], object] = lambda size: None,
+    ) -> None:
         self.store = store
         self.settings = settings
+        self.downloaded = downloaded  # told the bytes each download brought, failed or not
         self._downloader: Downloader | None = None
         self._stopping = threading.Event()
 
@@ -64,6 +70,7 @@ class Stager:
                 raise JobFailed(f"{exc.code}: {name}: {exc.message}") from None
             finally:
                 partial.close()
+                self.downloaded(partial.received)
             said.append(
                 f"{name}: downloaded {size} bytes"
                 + (f" (resumed from byte {resumed})" if resumed else "")
