@@ -155,6 +155,10 @@ def _content_type(body: str) -> dict[str, str]:
 def warm_up(warmups: Sequence[Mapping[str, Any]]) -> None:
     """Send each warm-up request ``times`` times; ``warmup_failed`` at the
     first that does not answer its ``expectStatus`` in time."""
+    if not warmups:
+        # Most applies have none: building a client would load httpx's
+        # transport stack, a one-time cost the agent's first job would pay.
+        return
     with _local_client() as client:
         for warmup in warmups:
             _local(warmup["url"], "warmup_failed")
