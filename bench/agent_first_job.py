@@ -69,9 +69,9 @@ def one_agent(root: Path, key: SigningKey, public: Path, jobs: int, tree: str | 
     (state / "runtimes" / "hermes.yaml").write_text(
         "provider: ollama\nmodel: base\nprofile: default\n"
     )
-    env = dict(os.environ)
-    if tree is not None:
-        env["PYTHONPATH"] = tree
+    # `python -m` puts its working directory (here ROOT) first on sys.path,
+    # so PYTHONPATH alone says which tree runs: this bench's by default.
+    env = {**os.environ, "PYTHONPATH": tree or str(Path(__file__).resolve().parent.parent)}
     python = [sys.executable, *(["-m", "cProfile", "-o", profile] if profile else [])]
     command = [
         *python, "-m", "reconciler", "agent", "--node", NODE,

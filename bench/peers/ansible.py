@@ -238,6 +238,9 @@ class OurSide:
         self.root = root / "ours"
         self.names = names
         env = {**os.environ, "PYTHONPATH": tree} if tree else None
+        # `python -m` puts its working directory first on sys.path: run
+        # another tree's processes from outside this one, or they run this one's.
+        cwd = self.root if tree else None
         self.key, public = generate_key(self.root / "keys")
         self.agents: list[subprocess.Popen[bytes]] = []
         self.daemon: subprocess.Popen[bytes] | None = None
@@ -273,6 +276,7 @@ class OurSide:
                         stdout=subprocess.PIPE,
                         stderr=open(home / "agent.log", "wb"),  # noqa: SIM115 (the child's)
                         env=env,
+                        cwd=cwd,
                     )
                 )  # fmt: skip
             for name, agent in zip(names, self.agents, strict=True):
@@ -298,6 +302,7 @@ class OurSide:
                     stdout=log,
                     stderr=log,
                     env=env,
+                    cwd=cwd,
                 )  # fmt: skip
             self._wait(lambda: git("ls-tree", "main", "status/", cwd=self.bare) != "", 120)
             wait_for_first_sweep(self.bare)
