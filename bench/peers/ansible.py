@@ -35,6 +35,14 @@ each run so the next run's rollout may take its nodes (not timed).
 The machine is shared: read the spread (min to max over the runs), not only
 the median.
 
+``--first-run`` times only the rollout right after the agents start, the
+case the rows above leave out (their first run is one of five): each run
+starts new agents and a new daemon, waits for its first fleet sweep, and
+times the first rollout (each agent's first job) and a second one, after an
+Ansible run of the same rollout. ``--other-tree DIR`` (a source tree, e.g.
+a ``git worktree add`` of an older version; repeatable) alternates its
+agents and daemon with this tree's, each against Ansible.
+
 ``--artifacts`` runs the model-artifact scenario instead, once each side
 (``--quick``: 6 nodes, 32 MiB): N nodes, each with a stand-in inference
 runtime (tests/kit/runtime.py, a model load of 0.1 s), one artifact of
@@ -225,9 +233,14 @@ PHASE = re.compile(rb"^phase: (\w+)$", re.MULTILINE)
 
 
 class OurSide:
-    def __init__(self, root: Path, names: list[str]) -> None:
+    def __init__(self, root: Path, names: list[str], tree: str | None = None) -> None:
+        """``tree``: a source tree whose agents and daemon run (default: this one)."""
         self.root = root / "ours"
         self.names = names
+        env = {**os.environ, "PYTHONPATH": tree} if tree else None
+        # `python -m` puts its working directory first on sys.path: run
+        # another tree's processes from outside this one, or they run this one's.
+        cwd = self.root if tree else None
         self.key, public = generate_key(self.root / "keys")
         self.agents: list[subprocess.Popen[bytes]] = []
         self.daemon: subprocess.Popen[bytes] | None = None
@@ -262,6 +275,8 @@ class OurSide:
                         ],
                         stdout=subprocess.PIPE,
                         stderr=open(home / "agent.log", "wb"),  # noqa: SIM115 (the child's)
+                        env=env,
+                        cwd=cwd,
                     )
                 )  # fmt: skip
             for name, agent in zip(names, self.agents, strict=True):
@@ -286,6 +301,8 @@ class OurSide:
                     ],
                     stdout=log,
                     stderr=log,
+                    env=env,
+                    cwd=cwd,
                 )  # fmt: skip
             self._wait(lambda: git("ls-tree", "main", "status/", cwd=self.bare) != "", 120)
             wait_for_first_sweep(self.bare)
@@ -553,6 +570,55 @@ def measure(nodes: int, runs: int) -> tuple[list[Row], float]:
             row(f"ansible: {label}, ours CPU", median([y[1] for _, y in results[what]]), "s"),
         ]
     return rows, median([x[0] for x, _ in results["rollout"]])
+
+
+def measure_first_runs(nodes: int, runs: int, other_trees: list[str]) -> list[Row]:
+    """The rollout at N right after the agents start: each run starts new
+    agents and a new daemon (of this tree, then of each of ``other_trees``),
+    waits for the daemon's first fleet sweep as the other rows do,
+    and times the first rollout, whose jobs are each agent's first, then a
+    second one; an Ansible run of the same rollout before each."""
+    names = [f"node-{k:03d}" for k in range(1, nodes + 1)]
+    trees: list[tuple[str, str | None]] = [("this tree", None)]
+    trees += [(other, str(Path(other).resolve())) for other in other_trees]
+    found: dict[str, list[tuple[float, float, float]]] = {label: [] for label, _ in trees}
+    with tempfile.TemporaryDirectory(prefix="bench-ansible-") as tmp:
+        theirs = AnsibleSide(Path(tmp), names)
+        for run in range(1, runs + 1):
+            for label, tree in trees:
+                root = Path(tmp) / f"run-{run}-{len(found[label])}-{trees.index((label, tree))}"
+                ansible_wall = theirs.run(f"model-{run}-{root.name}", False)[0]
+                ours = OurSide(root, names, tree)
+                try:
+                    first = ours.rollout("first", "model-first", False)
+                    second = ours.rollout("second", "model-second", False)
+                finally:
+                    ours.close()
+                found[label].append((ansible_wall, first[0], second[0]))
+                print(
+                    f"run {run} {label}: Ansible {ansible_wall:.2f} s; ours first after "
+                    f"start {first[0]:.3f} s (CPU {first[1]:.2f} s, ratio "
+                    f"{first[0] / ansible_wall:.4f}), second {second[0]:.3f} s (CPU "
+                    f"{second[1]:.2f} s)  [load average {load_average():.1f}]",
+                    flush=True,
+                )
+    rows: list[Row] = []
+    for label, _ in trees:
+        done = found[label]
+        worst = max(f / a for a, f, _ in done)
+        print(
+            f"{label}: first run after start {spread([f for _, f, _ in done])}; second "
+            f"{spread([s for _, _, s in done])}; Ansible {spread([a for a, _, _ in done])}; "
+            f"worst ratio, first run {worst:.4f}"
+        )
+        if label == "this tree":
+            rows += [
+                row(f"ansible: rollout N={nodes}, first after the agents start, ours wall, worst",
+                    max(f for _, f, _ in done), "s"),
+                row(f"ansible: rollout N={nodes}, first after the agents start, worst ratio "
+                    "ours/Ansible", worst, "x"),
+            ]  # fmt: skip
+    return rows
 
 
 def sim_phase(bare: Path, name: str) -> bytes:
@@ -902,6 +968,17 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="20 nodes, 1 run, 200 simulated")
     parser.add_argument("--ours-only", action="store_true", help="our side alone (profiling)")
     parser.add_argument(
+        "--first-run",
+        action="store_true",
+        help="only the rollout right after the agents start, new agents each run",
+    )
+    parser.add_argument(
+        "--other-tree",
+        action="append",
+        default=[],
+        help="with --first-run: a source tree to alternate with (repeatable)",
+    )
+    parser.add_argument(
         "--artifacts",
         action="store_true",
         help="the model-artifact scenario instead: get_url and restart per serial batch "
@@ -923,6 +1000,10 @@ def main() -> None:
     if args.ours_only:
         announce(f"ours alone: {args.nodes} nodes, batches of {BATCH}, {args.runs} runs")
         measure_ours(args.nodes, args.runs)
+        return
+    if args.first_run:
+        announce(f"ansible, first run after the agents start: {args.nodes} nodes, {args.runs} runs")
+        emit(measure_first_runs(args.nodes, args.runs, args.other_tree))
         return
     announce(f"ansible: {args.nodes} nodes, batches of {BATCH}, {args.runs} runs alternating")
     rows, ansible_rollout = measure(args.nodes, args.runs)

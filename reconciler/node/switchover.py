@@ -158,6 +158,10 @@ def warm_up(warmups: Sequence[Mapping[str, Any]]) -> None:
     first that does not answer its ``expectStatus`` in time. A runtime still
     starting (connection refused, or 503 while it loads) is asked again
     until the request's timeout: readiness may be left to the warm-up."""
+    if not warmups:
+        # Most applies have none: building a client would load httpx's
+        # transport stack, a one-time cost the agent's first job would pay.
+        return
     with _local_client() as client:
         for warmup in warmups:
             _local(warmup["url"], "warmup_failed")
