@@ -152,12 +152,34 @@ def commit_and_push(
     pull: bool = True,
     env: Mapping[str, str] | None = None,
 ) -> str:
-    """As a person does: (pull --rebase,) edit, commit, push. Returns the pushed commit id."""
+    """As a person does: (pull --rebase,) edit, commit, push. Returns the pushed commit id.
+
+    With ``pull``, a push the remote refuses because the branch moved (a
+    daemon's status commit landed between the pull and the push) is
+    replayed on the new tip, as a person would; a push refused for any
+    other reason fails."""
     if pull:
         git("pull", "--quiet", "--rebase", "origin", branch, cwd=work, env=env)
     sha = commit(work, files, message, env=env)
-    git("push", "--quiet", "origin", f"HEAD:{branch}", cwd=work, env=env)
+    for _ in range(PUSH_REPLAYS):
+        pushed = subprocess.run(
+            ["git", "push", "--quiet", "origin", f"HEAD:{branch}"],
+            cwd=work,
+            env=dict(env) if env is not None else git_env(),
+            capture_output=True,
+            text=True,
+        )
+        moved = "fetch first" in pushed.stderr or "non-fast-forward" in pushed.stderr
+        if pushed.returncode == 0 or not (pull and moved):
+            break
+        git("pull", "--quiet", "--rebase", "origin", branch, cwd=work, env=env)
+        sha = head(work)
+    if pushed.returncode != 0:
+        raise AssertionError(f"git push failed ({pushed.returncode}):\n{pushed.stderr}")
     return sha
+
+
+PUSH_REPLAYS = 5  # a daemon commits at most a few times between a pull and a push
 
 
 def head(work: Path | str, rev: str = "HEAD") -> str:
