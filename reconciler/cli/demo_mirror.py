@@ -1,5 +1,5 @@
-"""The demo's file server: model files over HTTP on 127.0.0.1, for the
-rollout whose artifacts the simulated agents download and check.
+"""The demos' file server: model files over HTTP on 127.0.0.1, for the
+rollouts whose artifacts the agents download and check.
 
 The file stands in for model weights: the same bytes on every run, so the
 digest written in ``example-repo/rollouts/phi-serving.yaml`` is the file's.
@@ -55,8 +55,8 @@ class _Counter:
 
 
 class Mirror:
-    """``files`` (relative path: bytes) written under ``folder`` and served
-    from a thread once ``start`` is called."""
+    """``folder`` served from a thread once ``start`` is called, with
+    ``files`` (relative path: bytes) written into it first."""
 
     def __init__(self, folder: Path, files: dict[str, bytes]) -> None:
         self.folder = folder

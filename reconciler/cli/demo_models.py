@@ -17,14 +17,12 @@ from __future__ import annotations
 import hashlib
 import shutil
 import sys
-import threading
 from collections import Counter
 from collections.abc import Mapping
-from functools import partial
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
+from reconciler.cli.demo_mirror import Mirror
 from reconciler.cli.demo_story import Demo, Statuses, _indent, _phase, demo_directory
 from reconciler.cli.examples import example_dir
 from reconciler.cli.gguf_models import write_model
@@ -62,7 +60,7 @@ class ModelsDemo(Demo):
         }
         self.balancer = Balancer({n: s.url for n, s in self.servers.items()})
         self.router = NodeRouter({n: s.url for n, s in self.servers.items()})
-        self.mirror: ThreadingHTTPServer | None = None
+        self.mirror: Mirror | None = None
 
     def run(self) -> None:
         self.say(f"reconciler demo --models in {self.root}\nllama-server: {self.binary}")
@@ -127,7 +125,8 @@ class ModelsDemo(Demo):
             path = write_model(mirror / name / "model.gguf", seed, name)
             self.files[name] = path
             self.digests[name] = hashlib.sha256(path.read_bytes()).hexdigest()
-        self.mirror = _serve_folder(mirror)
+        self.mirror = Mirror(mirror, {})  # the models are written there already
+        self.mirror.start()
         self.say(f"mirror on {self.mirror_url}: " + ", ".join(
             f"{n}/model.gguf ({p.stat().st_size} bytes)" for n, p in self.files.items()
         ))  # fmt: skip
@@ -143,7 +142,7 @@ class ModelsDemo(Demo):
     @property
     def mirror_url(self) -> str:
         assert self.mirror is not None
-        return f"http://127.0.0.1:{self.mirror.server_address[1]}"
+        return self.mirror.url
 
     def start_agent(self, name: str, trust: Path) -> str:
         home = self.root / "nodes" / name
@@ -258,8 +257,7 @@ class ModelsDemo(Demo):
         self.balancer.close()
         self.router.close()
         if self.mirror is not None:
-            self.mirror.shutdown()
-            self.mirror.server_close()
+            self.mirror.stop()
         super().stop()
         for server in self.servers.values():
             server.stop()
@@ -268,17 +266,6 @@ class ModelsDemo(Demo):
 def _rolled_back(statuses: Statuses) -> bool:
     status = statuses.get("tiny-b")
     return status is not None and all(n.state == "rolled_back" for n in status.nodes)
-
-
-def _serve_folder(folder: Path) -> ThreadingHTTPServer:
-    class Quiet(SimpleHTTPRequestHandler):
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), partial(Quiet, directory=str(folder)))
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
 
 
 def llama_server_or_fail() -> Path:
