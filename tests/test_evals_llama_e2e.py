@@ -89,7 +89,10 @@ def test_model_b_fails_its_evals_on_the_first_node_which_goes_back_to_a_under_lo
         fleet.push({"evals/golden.yaml": suite, "rollouts/tiny.yaml": _rollout("tiny", "b", world)})
         held = fleet.run_until(
             fleet.daemon(),
-            lambda s: (s.get("tiny", {}).get("hold") or {}).get("reason") is not None,
+            lambda s: (
+                (s.get("tiny", {}).get("hold") or {}).get("reason") is not None
+                or s.get("tiny", {}).get("phase") == "completed"
+            ),
             timeout=240,
         )
         back_at = parse_time(_apply(world, NODES[0], "tiny")["finished_at"]).timestamp()
@@ -104,6 +107,7 @@ def test_model_b_fails_its_evals_on_the_first_node_which_goes_back_to_a_under_lo
         answers = world.balancer.stop()
 
     status = held["tiny"]
+    assert status["phase"] != "completed", status
     nodes = {n["name"]: n for n in status["nodes"]}
     first = nodes[NODES[0]]
     assert first["state"] == "failed", first
