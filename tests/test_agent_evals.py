@@ -4,18 +4,22 @@ the answers, records them in the signed job record, and when a suite does
 not hold puts the previous config back byte for byte, runs after-apply for
 it and undrains, exactly as for a failed warm-up.
 
-The runtime here is a small OpenAI-compatible stand-in (tests/kit), used
-only because each test needs a fault a real llama-server does not produce
-on cue: an answer of HTTP 500, a case slower than its maxSeconds, a text
-that is not JSON where the case expects JSON, a suite past its timeout, a
-server that stops mid-suite, an agent killed while a case is answered.
+A suite that holds, a runtime that dies mid-suite and an agent SIGKILLed
+during its evals run on a real llama-server serving a small generated
+model; their golden answers are the model's own, asked first. A small
+OpenAI-compatible stand-in (tests/kit) remains only for faults a real
+llama-server does not produce on cue: an answer of HTTP 500, a text that
+is not JSON where the case expects JSON, and answers slower than a case's
+maxSeconds or the suite's timeout.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +27,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from reconciler.cli.llama_runtime import IDLE_METRICS
 from reconciler.node.eval_runs import judge
 from reconciler.protocol.signing import SigningKey
 from reconciler.spec.artifacts import Drain
@@ -30,6 +35,7 @@ from reconciler.spec.evals import Eval, EvalSuite, case_from_document
 from tests.kit.agents import RealAgent, start_agent
 from tests.kit.jobs import envelope, job
 from tests.kit.keys import make_key
+from tests.kit.llama import LlamaServer, Models, complete, llama_server_binary, metric
 from tests.kit.openai_stand_in import METRIC, OpenAIStandIn, Reply
 from tests.kit.waiting import wait_for
 
@@ -44,6 +50,8 @@ CASES = [
     {"name": "greeting", "prompt": "Say hello", "expect": {"regex": "^[Hh]ello"}},
     {"name": "quick", "prompt": "Answer fast", "expect": {"equals": "ok"}, "maxSeconds": 0.5},
 ]
+SLOW_TOKENS = 96  # with the prompt, within a slot's 128 tokens of context
+GOLDEN_PROMPTS = ("The capital of France is", "Say hello", "Once upon a time")
 ALL_HOLD = {
     "The capital of France is": Reply(" Paris."),
     "Reply with the refund as JSON": Reply(' {"amount": 12} '),
@@ -81,11 +89,15 @@ def _agent(tmp_path: Path, key_dir: Path) -> tuple[RealAgent, Path]:
     return agent, log
 
 
-def _post(agent: RealAgent, key: SigningKey, runtime: OpenAIStandIn, **changes: Any) -> None:
+def _post(
+    agent: RealAgent, key: SigningKey, url: str, metric: str = METRIC, **changes: Any
+) -> None:
+    """An apply whose drain waits for ``metric`` at ``url`` and whose suite
+    is sent to ``url``."""
     settings: dict[str, Any] = {
         "node": "node-a",
-        "drain": Drain(10, f"{runtime.url}/metrics", METRIC, 0),
-        "evals": (Eval("golden", "golden", runtime.url, 100.0, 60, suite=_suite()),),
+        "drain": Drain(10, f"{url}/metrics", metric, 0),
+        "evals": (Eval("golden", "golden", url, 100.0, 60, suite=_suite()),),
     }
     settings.update(changes)
     answer = httpx.post(
@@ -99,7 +111,7 @@ def _finished(agent: RealAgent) -> dict[str, Any]:
         record: dict[str, Any] = agent.get("jobs/apply-1")
         return record if record["state"] in ("succeeded", "failed") else None
 
-    result: dict[str, Any] = wait_for(done, timeout=30, what="the apply to finish")
+    result: dict[str, Any] = wait_for(done, timeout=60, what="the apply to finish")
     return result
 
 
@@ -131,25 +143,80 @@ def started(tmp_path: Path, key: SigningKey) -> Iterator[tuple[RealAgent, Path]]
         agent.close()
 
 
+def _golden_from(url: str, max_tokens: int = 64) -> list[dict[str, Any]]:
+    """Cases whose expectations are the answers of the model at ``url``
+    (the tiny models answer deterministic gibberish at temperature 0)."""
+    said = {
+        prompt: complete(url, prompt, max_tokens, seed=1)["choices"][0]["text"].strip()
+        for prompt in GOLDEN_PROMPTS
+    }
+    capital, hello, story = (said[p] for p in GOLDEN_PROMPTS)
+    return [
+        {"name": "capital", "prompt": GOLDEN_PROMPTS[0], "expect": {"equals": capital}},
+        {"name": "greeting", "prompt": GOLDEN_PROMPTS[1], "expect": {"contains": hello[:6]}},
+        {
+            "name": "story",
+            "prompt": GOLDEN_PROMPTS[2],
+            "expect": {"regex": "^" + re.escape(story[:4])},
+        },
+    ]
+
+
+@pytest.fixture
+def model_a(models: Models, tmp_path: Path) -> Iterator[LlamaServer]:
+    with LlamaServer(llama_server_binary(), models.model(1), tmp_path / "llama.log") as server:
+        yield server
+
+
+@pytest.fixture
+def slow_model(models: Models, tmp_path: Path) -> Iterator[LlamaServer]:
+    with LlamaServer(llama_server_binary(), models.slow(1), tmp_path / "llama.log") as server:
+        yield server
+
+
 def test_a_suite_that_holds_lets_the_node_serve_and_records_every_case(
-    started: tuple[RealAgent, Path], key: SigningKey
+    started: tuple[RealAgent, Path], key: SigningKey, model_a: LlamaServer
 ) -> None:
-    """Stand-in: the suite holds at 75% because one case answers 500."""
     agent, log = started
-    replies = {**ALL_HOLD, "Say hello": Reply(status=500)}
-    with OpenAIStandIn(replies) as runtime:
-        golden = Eval("golden", "golden", runtime.url, 75.0, 60, suite=_suite())
-        _post(agent, key, runtime, evals=(golden,))
-        record = _finished(agent)
-        asked = runtime.asked
+    cases = _golden_from(model_a.url)
+    golden = Eval("golden", "golden", model_a.url, 100.0, 60, suite=_suite(cases))
+    _post(agent, key, model_a.url, IDLE_METRICS[0], evals=(golden,))
+    record = _finished(agent)
 
     assert record["state"] == "succeeded", record
     assert b"model: llama3.1-8b" in (agent.config_bytes() or b"")
     [result] = record["evals"]
     assert (result["name"], result["passed"], result["total"], result["passRate"]) == (
-        "golden", 3, 4, 75.0,
+        "golden", 3, 3, 100.0,
     )  # fmt: skip
     assert result["suiteSha256"] == "ab" * 32
+    assert [(c["name"], c["ok"]) for c in result["cases"]] == [
+        ("capital", True), ("greeting", True), ("story", True),
+    ]  # fmt: skip
+    assert result["cases"][0]["answer"].strip() == cases[0]["expect"]["equals"]
+    assert log.read_text().split("\n")[:-1] == [
+        "drain llama3.1-8b", "after-apply llama3.1-8b", "undrain llama3.1-8b",
+    ]  # fmt: skip
+    timings = record["timings"]
+    assert timings["warmedAt"] is not None and timings["warmedAt"] <= timings["servingAt"]
+    assert _evals_counted(agent) == (1, 0)
+
+
+def test_an_answer_of_http_500_is_a_case_that_does_not_hold(
+    started: tuple[RealAgent, Path], key: SigningKey
+) -> None:
+    """Stand-in: one case answers 500, which a real llama-server does not do
+    on cue; the suite holds at 75% all the same."""
+    agent, _ = started
+    replies = {**ALL_HOLD, "Say hello": Reply(status=500)}
+    with OpenAIStandIn(replies) as runtime:
+        golden = Eval("golden", "golden", runtime.url, 75.0, 60, suite=_suite())
+        _post(agent, key, runtime.url, evals=(golden,))
+        record = _finished(agent)
+        asked = runtime.asked
+
+    assert record["state"] == "succeeded", record
+    [result] = record["evals"]
     assert [(c["name"], c["ok"]) for c in result["cases"]] == [
         ("capital", True), ("refund", True), ("greeting", False), ("quick", True),
     ]  # fmt: skip
@@ -158,12 +225,6 @@ def test_a_suite_that_holds_lets_the_node_serve_and_records_every_case(
     assert asked[0] == {
         "prompt": "The capital of France is", "max_tokens": 64, "temperature": 0.0, "seed": 1,
     }  # fmt: skip
-    assert log.read_text().split("\n")[:-1] == [
-        "drain llama3.1-8b", "after-apply llama3.1-8b", "undrain llama3.1-8b",
-    ]  # fmt: skip
-    timings = record["timings"]
-    assert timings["warmedAt"] is not None and timings["warmedAt"] <= timings["servingAt"]
-    assert _evals_counted(agent) == (1, 0)
 
 
 def test_a_suite_below_its_minimum_fails_eval_failed_and_the_old_config_serves_again(
@@ -178,7 +239,7 @@ def test_a_suite_below_its_minimum_fails_eval_failed_and_the_old_config_serves_a
         "Answer fast": Reply("ok", delay=1.5),
     }
     with OpenAIStandIn(replies) as runtime:
-        _post(agent, key, runtime)
+        _post(agent, key, runtime.url)
         record = _finished(agent)
 
     assert record["state"] == "failed"
@@ -207,7 +268,7 @@ def test_a_suite_past_its_timeout_fails_even_though_every_case_answered_held(
     with OpenAIStandIn(replies) as runtime:
         cases = [c for c in CASES if c["name"] != "quick"]
         golden = Eval("golden", "golden", runtime.url, 0.0, 1, suite=_suite(cases))
-        _post(agent, key, runtime, evals=(golden,))
+        _post(agent, key, runtime.url, evals=(golden,))
         record = _finished(agent)
 
     assert record["state"] == "failed"
@@ -215,39 +276,59 @@ def test_a_suite_past_its_timeout_fails_even_though_every_case_answered_held(
     assert agent.config_bytes() == OLD_CONFIG
 
 
-def test_a_runtime_that_stops_mid_suite_fails_the_rest_and_the_old_config_serves(
-    started: tuple[RealAgent, Path], key: SigningKey
+def _slow_suite(server: LlamaServer) -> Eval:
+    """Three cases of the slow model's own answers, 96 tokens each: each
+    answer takes long enough for the test to act while one is computed."""
+    cases = _golden_from(server.url, max_tokens=SLOW_TOKENS)
+    suite = replace(_suite(cases), max_tokens=SLOW_TOKENS)
+    return Eval("golden", "golden", server.url, 100.0, 120, suite=suite)
+
+
+def _answering(server: LlamaServer, finished_before: float = 0) -> bool:
+    """The server computes an answer, and has finished more tokens than
+    ``finished_before`` (llama.cpp counts a request's tokens when it ends)."""
+    done = metric(server.url, "llamacpp:tokens_predicted_total") or 0
+    return done > finished_before and (metric(server.url, IDLE_METRICS[0]) or 0) >= 1
+
+
+def test_a_runtime_that_dies_mid_suite_fails_the_rest_and_the_old_config_serves(
+    started: tuple[RealAgent, Path], key: SigningKey, slow_model: LlamaServer
 ) -> None:
-    """Stand-in: it stops accepting after its second answer (a real runtime
-    that died; to move to llama-server, killed, once its kit is merged)."""
+    """The real llama-server is SIGKILLed once the first case has been
+    answered and another is being computed."""
     agent, _ = started
-    with OpenAIStandIn(ALL_HOLD) as runtime:
-        runtime.close_after = 2
-        _post(agent, key, runtime)
-        record = _finished(agent)
+    golden = _slow_suite(slow_model)
+    before = metric(slow_model.url, "llamacpp:tokens_predicted_total") or 0
+    _post(agent, key, slow_model.url, IDLE_METRICS[0], evals=(golden,))
+    wait_for(lambda: _answering(slow_model, before), timeout=60, what="a second case")
+    assert slow_model.process is not None
+    os.kill(slow_model.process.pid, signal.SIGKILL)
+    slow_model.process.wait(10)
+    record = _finished(agent)
 
     assert record["state"] == "failed"
-    oks = [c["ok"] for c in record["evals"][0]["cases"]]
-    assert oks == [True, True, False, False]
-    assert "request failed" in record["evals"][0]["cases"][2]["detail"]
+    assert record["error"].startswith("eval_failed: golden: ")
+    cases = record["evals"][0]["cases"]
+    assert cases[0]["ok"] and not cases[-1]["ok"], cases
+    failed = [c for c in cases if not c["ok"]]
+    assert all(c["detail"].startswith("request failed") for c in failed), failed
     assert agent.config_bytes() == OLD_CONFIG
 
 
 def test_an_agent_killed_during_its_evals_comes_back_on_the_old_config_undrained(
-    started: tuple[RealAgent, Path], key: SigningKey
+    started: tuple[RealAgent, Path], key: SigningKey, slow_model: LlamaServer
 ) -> None:
-    """Stand-in: the second case's answer takes 30 s, so the agent can be
-    SIGKILLed while the new config is written and not yet evaluated."""
+    """The agent is SIGKILLed while the real llama-server computes one of
+    its cases: the new config is written and not yet evaluated."""
     agent, log = started
-    replies = {**ALL_HOLD, "Reply with the refund as JSON": Reply("{}", delay=30)}
-    with OpenAIStandIn(replies) as runtime:
-        _post(agent, key, runtime)
-        wait_for(lambda: len(runtime.asked) >= 2, timeout=30, what="the second case")
-        assert b"model: llama3.1-8b" in (agent.config_bytes() or b"")
-        os.kill(agent.process.pid, signal.SIGKILL)
-        agent.process.wait(10)
-        agent.restart()
-        record = _finished(agent)
+    golden = _slow_suite(slow_model)
+    _post(agent, key, slow_model.url, IDLE_METRICS[0], evals=(golden,))
+    wait_for(lambda: _answering(slow_model), timeout=60, what="a case being answered")
+    assert b"model: llama3.1-8b" in (agent.config_bytes() or b"")
+    os.kill(agent.process.pid, signal.SIGKILL)
+    agent.process.wait(10)
+    agent.restart()
+    record = _finished(agent)
 
     assert record["state"] == "failed"
     assert record["error"].startswith("eval_failed: agent restarted before the job's evals held")

@@ -21,127 +21,30 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from reconciler.cli.llama_runtime import (
-    IDLE_METRICS,
-    Answer,
-    Balancer,
-    LlamaNode,
-    NodeRouter,
-    free_port,
-)
+from reconciler.cli.llama_runtime import Answer
 from reconciler.spec.times import parse_time
-from tests.kit.documents import rollout_yaml
 from tests.kit.fleets import AgentFleet
-from tests.kit.llama import (
-    Models,
-    complete,
-    file_digest,
-    llama_server_binary,
-    model_artifact,
-    node_config,
-    which_model,
-)
-from tests.kit.nginx import NginxServer
+from tests.kit.llama import Models, complete, file_digest, which_model
+from tests.kit.llama_fleet import NODES, World, live_rollout, llama_fleet
 from tests.kit.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
-NODES = ["gpu-1", "gpu-2", "gpu-3"]
-WARMUP_BODY = '{\\"prompt\\": \\"Hello\\", \\"max_tokens\\": 1, \\"temperature\\": 0}'
-
-
-@dataclass
-class World:
-    fleet: AgentFleet
-    servers: dict[str, LlamaNode]
-    balancer: Balancer
-    router: NodeRouter
-    nginx: NginxServer
-    models: dict[str, Path]  # A: served before, B: rolled out
-
 
 @pytest.fixture
 def world(tmp_path: Path, models: Models) -> Iterator[World]:
-    binary = llama_server_binary()
-    model_a, model_b = models.model(1), models.model(2)
-    servers = {n: LlamaNode(binary, free_port(), tmp_path / "run" / n) for n in NODES}
-    config = tmp_path / "initial.yaml"
-    config.write_bytes(node_config(model_a, 1))
-    mirror = tmp_path / "mirror"
-    mirror.mkdir()
-    (mirror / "model.gguf").write_bytes(model_b.read_bytes())
-    balancer = Balancer({n: s.url for n, s in servers.items()})
-    router = NodeRouter({n: s.url for n, s in servers.items()})
-    try:
-        for server in servers.values():
-            started = server.start(config)
-            assert started.returncode == 0, started.stderr
-        nodes: dict[str, dict[str, Any]] = {}
-        for name, server in servers.items():
-            commands = balancer.commands(name)
-            nodes[name] = {
-                "config": config.read_bytes(),
-                "after_apply": server.after_apply(),
-                "labels": {"role": "gpu"},
-                "extra": (
-                    "--drain-command",
-                    commands["drain"],
-                    "--undrain-command",
-                    commands["undrain"],
-                    "--after-apply-timeout",
-                    "90s",
-                ),
-            }
-        size = model_b.stat().st_size
-        with NginxServer(tmp_path / "nginx", mirror, rate=size // 2) as nginx:
-            fleet = AgentFleet.create(tmp_path, nodes)
-            try:
-                yield World(fleet, servers, balancer, router, nginx, {"A": model_a, "B": model_b})
-            finally:
-                fleet.close()
-    finally:
-        balancer.close()
-        router.close()
-        for server in servers.values():
-            server.stop()
+    with llama_fleet(tmp_path, {"A": models.model(1), "B": models.model(2)}, "B") as built:
+        yield built
 
 
 def _rollout(name: str, model: str, world: World, *, drain: bool) -> str:
-    artifact = model_artifact(world.nginx.url("model.gguf"), world.models["B"])
-    path = ", path: model.gguf" if "path" in type(artifact).__dataclass_fields__ else ""
-    entry = (
-        f"{{name: weights, url: '{artifact.url}', sha256: {artifact.sha256}, "
-        f"size: {artifact.size}{path}}}"
-    )
-    target = (
-        f"{{runtime: hermes, provider: llama.cpp, model: {model}, profile: default, "
-        f"artifacts: [{entry}]}}"
-    )
-    spec: dict[str, Any] = {
-        "selector": {"role": "gpu"},
-        "batchSize": 1,
-        "live": True,
-        "stage": "{ahead: 1, maxConcurrent: 1, timeout: 5m}",  # one download at a time
-        "warmup": (
-            f'[{{http: {{url: "{world.router.url}/{{node}}/v1/completions", method: POST, '
-            f'body: "{WARMUP_BODY}", expectStatus: 200, timeout: 30s}}, times: 2}}]'
-        ),
-    }
-    if drain:
-        # The preset form (idle: {runtime: llama.cpp, port: P}) sums
-        # requests_processing and requests_deferred; this is the first.
-        spec["drain"] = (
-            f'{{timeout: 1m, idle: {{url: "{world.router.url}/{{node}}/metrics", '
-            f'metric: "{IDLE_METRICS[0]}", max: 0}}}}'
-        )
-    return rollout_yaml(name, target=target, **spec)
+    return live_rollout(name, model, world, drain=drain)
 
 
 def _job(fleet: AgentFleet, node: str, kind: str, rollout: str) -> dict[str, Any]:

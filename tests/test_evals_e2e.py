@@ -5,9 +5,9 @@ status record keeps every case, each eval is one of its checks, and
 ``status NAME`` shows the cases.
 
 The runtime is the OpenAI-compatible stand-in (tests/kit), used only for a
-fault a real llama-server does not produce on cue: its answers are HTTP
-500. The A-to-B story (a model whose answers differ) belongs on
-llama-server once its test kit is merged.
+fault a real llama-server does not produce on cue: one case is answered
+with HTTP 500. A model whose answers differ, on real llama-server nodes
+under client load, is tests/test_evals_llama_e2e.py.
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
 """A small OpenAI-compatible stand-in on 127.0.0.1, for the eval faults a
 real runtime (llama-server) cannot be made to show on cue: an answer of
 HTTP 500, an answer that takes longer than a case allows, a text that is
-not JSON where a case expects JSON, a server gone in the middle of a suite.
+not JSON where a case expects JSON. (A runtime that dies mid-suite is a
+real llama-server, killed.)
 
 ``replies`` maps a prompt (or a chat's last message) to a ``Reply``; a
 prompt not in it is answered ``default``. ``/metrics`` says nothing runs,
 so a drain reaches idle at once. Each request's JSON body is kept in
-``asked``, in order. With ``close_after`` set, the server stops accepting
-after that many completions, as a runtime that died.
+``asked``, in order.
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ class OpenAIStandIn:
         self.replies = replies
         self.default = default
         self.asked: list[dict[str, Any]] = []
-        self.close_after: int | None = None
         self.lock = threading.Lock()
         stand_in = self
 
@@ -71,11 +70,6 @@ class OpenAIStandIn:
         prompt = body["messages"][-1]["content"] if chat else body.get("prompt", "")
         with self.lock:
             self.asked.append(body)
-            count = len(self.asked)
-        if self.close_after is not None and count > self.close_after:
-            # Dead: whatever reached it before the listener closed gets no answer.
-            handler.close_connection = True
-            return
         reply = self.replies.get(prompt, self.default)
         time.sleep(reply.delay)
         if reply.raw is not None or reply.status != 200:
@@ -87,8 +81,6 @@ class OpenAIStandIn:
                 else {"index": 0, "text": reply.text}
             )
             self._send(handler, 200, json.dumps({"model": "stand-in", "choices": [choice]}))
-        if self.close_after is not None and count >= self.close_after:
-            threading.Thread(target=self.close, daemon=True).start()
 
     def close(self) -> None:
         self.server.shutdown()
