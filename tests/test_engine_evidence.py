@@ -1,4 +1,4 @@
-"""Section 4's evidence rules as pure functions (``engine.evidence``): one
+"""The evidence rules of a node's verdict (docs/rollouts.md) as pure functions (``engine.evidence``): one
 node's observations in, a verdict or "wait" out."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Section 11's evidence rules (``engine.health_evidence``): each rule of
+"""The health checks' evidence rules (docs/health.md) (``engine.health_evidence``): each rule of
 the standing tables on its own, the node's verdict from its checks, the
 daemon's fold of Prometheus answers, and the engine around them (soak in
 the deadline, holds, conditions), ending with a state machine: a node

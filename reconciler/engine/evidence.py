@@ -1,4 +1,4 @@
-"""Section 4's evidence rules, as pure functions: what an observation says
+"""The evidence rules of a node's verdict (docs/rollouts.md, "Health verdicts"), as pure functions: what an observation says
 about one node's apply or restore. Values in, a verdict (or nothing yet)
 out; the engine records what these return and applies the failure policy
 to it. Evidence seen now beats the deadline."""
@@ -109,7 +109,7 @@ def judge_apply(node: NodeRecord, seen: Seen, in_fleet: bool) -> Judgement | Non
 
 
 def judge_node_health(node: NodeRecord, seen: Seen) -> health_evidence.HealthJudgement:
-    """Section 11 on a live node whose apply succeeded and whose fresh
+    """The health checks (docs/health.md) on a live node whose apply succeeded and whose fresh
     heartbeat shows the target: its checks decide."""
     assert seen.health is not None and node.job_id is not None and node.deadline is not None
     beat = seen.observations.heartbeats.get(node.name)

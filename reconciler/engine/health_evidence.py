@@ -1,4 +1,4 @@
-"""Section 11's evidence rules: what a rollout's health checks say about one
+"""The health checks' evidence rules (docs/health.md, "How checks are judged"): what a rollout's health checks say about one
 live node whose apply succeeded and whose heartbeat shows the target.
 
 Every check has a standing at each moment, decided by one rule of

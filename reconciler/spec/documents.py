@@ -519,7 +519,7 @@ class _Checker:
         return self.result(rollout=rollout, omitted=omitted)
 
     def _check_health(self, health: dict[str, Any]) -> None:
-        """Section 11's rules the schema cannot say: durations, unique check
+        """The health checks' rules the schema cannot say (docs/health.md): durations, unique check
         names, agent checks only on the node itself."""
         soak = health.get("soak")
         if isinstance(soak, str) and self._ok("spec.health.soak"):
