@@ -82,6 +82,14 @@ class Demo:
         started = time.monotonic()
         self.say(f"reconciler demo in {self.root}")
         self.setup()
+        self.dry_run_canary()
+        self.paused_live_rollout()
+        self.failure_and_resume()
+        self.staged_model()
+        self.audit_trail(started)
+
+    def dry_run_canary(self) -> None:
+        """A dry run on the lab canaries."""
         self.chapter(
             "1. A dry-run canary",
             "Alice commits rollouts/llama-canary.yaml: a dry run on the two lab canaries, "
@@ -90,6 +98,8 @@ class Demo:
         self.push_rollout("llama-canary", _example_rollout("llama-canary"))
         self.wait_for("llama-canary completes", lambda s: _phase(s, "llama-canary") == "completed")
 
+    def paused_live_rollout(self) -> None:
+        """A live rollout that holds after its canary batch."""
         self.chapter(
             "2. A live rollout that pauses after its canary batch",
             "rollouts/qwen-serving.yaml goes live on the serving nodes, two at a time, with "
@@ -105,6 +115,8 @@ class Demo:
         self.operator("resume", "qwen-serving", "canary batch looks healthy")
         self.wait_for("qwen-serving completes", lambda s: _phase(s, "qwen-serving") == "completed")
 
+    def failure_and_resume(self) -> None:
+        """A failure that holds, and a resume that retries it."""
         self.chapter(
             "3. A failure holds the rollout; a resume retries it",
             "rollouts/mistral-b3.yaml sends a model to gpu-b3, whose agent now fails the apply "
@@ -124,6 +136,8 @@ class Demo:
         self.operator("resume", "mistral-b3", "freed disk space on gpu-b3")
         self.wait_for("mistral-b3 completes", lambda s: _phase(s, "mistral-b3") == "completed")
 
+    def staged_model(self) -> None:
+        """A model file downloaded and checked ahead of its batch."""
         self.chapter(
             "4. A model that brings its own file, staged ahead",
             "rollouts/phi-serving.yaml names the model's weights by URL, size and SHA-256, "
@@ -144,6 +158,8 @@ class Demo:
         self.wait_for("phi-serving completes", lambda s: _phase(s, "phi-serving") == "completed")
         self.say(f"the demo's file server answered {self.file_server.downloads()} GET requests")
 
+    def audit_trail(self, started: float) -> None:
+        """The git log of it all, and where to look next."""
         self.chapter("The audit trail", "Every transition is a commit; `git log` is the record.")
         log = self.git_out(
             "--git-dir", str(self.bare), "log", "--format=%h  %<(15,trunc)%an %s", "-n", "30"
