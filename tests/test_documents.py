@@ -131,6 +131,7 @@ def test_the_example_repository_is_clean_and_means_what_it_says() -> None:
         "mistral-lab",
         "embeddings-batch",
         "gemma-serving",
+        "phi-serving",
     }
     policies = {spec.on_failure for spec in documents.rollouts.values()}
     assert {"pause", "retry_once", "rollback", "observe"} <= policies

@@ -42,7 +42,7 @@ def broken_repo(root: Path) -> Path:
 def test_the_example_repository_validates_clean(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["validate", str(EXAMPLE)]) == 0
     captured = capsys.readouterr()
-    assert captured.out == "ok: 8 nodes, 5 rollouts\n"
+    assert captured.out == "ok: 8 nodes, 6 rollouts\n"
     assert "ok:" not in captured.err
 
 
@@ -158,7 +158,7 @@ def test_the_installed_command_runs_as_a_process(tmp_path: Path) -> None:
         check=False,
     )
 
-    assert (clean.returncode, clean.stdout) == (0, "ok: 8 nodes, 5 rollouts\n")
+    assert (clean.returncode, clean.stdout) == (0, "ok: 8 nodes, 6 rollouts\n")
     assert broken.returncode == 1
     assert broken.stdout.startswith("::error file=rollouts/llama.yaml,line=7,col=14,")
 

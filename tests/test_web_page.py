@@ -119,6 +119,14 @@ def _row_text(browser: webdriver.Chrome, table: str, key: str, name: str) -> str
     return str(text)
 
 
+def _texts(browser: webdriver.Chrome, selector: str) -> list[str]:
+    # In one script: an event may swap the page between finding and reading.
+    texts = browser.execute_script(
+        "return [...document.querySelectorAll(arguments[0])].map(e => e.innerText);", selector
+    )
+    return [str(t) for t in texts]
+
+
 def test_the_table_shows_the_rollouts_and_a_committed_pause_shows_its_hold_without_reload(
     kit: FleetKit, served: WebDaemon, browser: webdriver.Chrome, tmp_path: Path
 ) -> None:
@@ -132,7 +140,7 @@ def test_the_table_shows_the_rollouts_and_a_committed_pause_shows_its_hold_witho
         ),
     )
     assert browser.find_element(By.TAG_NAME, "h1").text == "reconciler"
-    headers = [th.text for th in browser.find_elements(By.CSS_SELECTOR, "#rollout-table th")]
+    headers = _texts(browser, "#rollout-table th")
     assert headers == [
         "Rollout", "Phase", "Mode", "Progress", "Hold", "Waiting", "Target", "Updated",
     ]  # fmt: skip
@@ -155,7 +163,7 @@ def test_the_table_shows_the_rollouts_and_a_committed_pause_shows_its_hold_witho
     assert browser.execute_script("return window.notReloaded") is True
     _wait(browser, "a link to slow", lambda b: b.find_element(By.LINK_TEXT, "slow").click() or True)
     _wait(browser, "the hold's commands", lambda b: b.find_element(By.ID, "hold").is_displayed())
-    commands = [c.text for c in browser.find_elements(By.CSS_SELECTOR, "#hold-actions code")]
+    commands = _texts(browser, "#hold-actions code")
     assert commands == ["reconciler resume slow --push"]
     browser.get_screenshot_as_file(str(tmp_path / "web-view-hold.png"))
     # Tables have header cells for a screen reader, every one scoped.
