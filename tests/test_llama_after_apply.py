@@ -107,3 +107,20 @@ def test_the_systemd_unit_template_is_one_systemd_accepts(tmp_path: Path) -> Non
     )
     assert (checked.returncode, checked.stderr) == (0, "")
     assert os.access(after_apply_script(), os.X_OK)
+
+
+def test_stopping_a_node_leaves_alone_a_process_that_took_its_stale_pid(tmp_path: Path) -> None:
+    """A pid file can outlive its server, and the kernel hands its pid to
+    another process: stopping the node must not signal that one."""
+    stranger = subprocess.Popen(["sleep", "60"])
+    try:
+        node = LlamaNode(tmp_path / "llama-server", free_port(), tmp_path / "run")
+        node.run_dir.mkdir()
+        node.pid_file.write_text(f"{stranger.pid}\n")
+
+        node.stop()
+
+        assert stranger.poll() is None  # still running, never signalled
+    finally:
+        stranger.kill()
+        stranger.wait()

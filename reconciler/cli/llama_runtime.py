@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import itertools
 import json
 import os
 import shlex
@@ -113,12 +114,23 @@ class LlamaNode:
         )
 
     def stop(self) -> None:
-        """SIGTERM the server in the pid file, SIGKILL after 10 s."""
+        """SIGTERM the server in the pid file, SIGKILL after 10 s: only while
+        that pid is still a llama-server on this port, since a pid file can
+        outlive its process and pids are reused."""
         try:
             pid = int(self.pid_file.read_text())
         except (OSError, ValueError):
             return
-        stop_process(pid)
+        if _serves_port(pid, self.port):
+            stop_process(pid)
+
+
+def _serves_port(pid: int, port: int) -> bool:
+    try:
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return any(a == b"--port" and b == str(port).encode() for a, b in itertools.pairwise(args))
 
 
 def stop_process(pid: int, grace: float = 10.0) -> None:
