@@ -36,6 +36,7 @@ from reconciler.protocol.signing import (
 )
 from reconciler.spec.artifacts import Artifact, Drain, Warmup
 from reconciler.spec.errors import KeyFileError
+from reconciler.spec.evals import Eval, EvalCase, EvalSuite
 from tests.kit.jobs import job
 from tests.kit.keys import make_key
 
@@ -343,6 +344,15 @@ TOKENIZER = Artifact("tokenizer", "http://127.0.0.1:8080/t.json", "a1" * 32, 1)
 DRAIN = Drain(300, "http://{node}:8000/metrics", "vllm:num_requests_running", 0)
 WARMUP = Warmup("http://127.0.0.1:8000/v1/completions", "POST", '{"prompt":"hi"}', 200, 60, 2)
 
+GOLDEN = Eval(
+    "golden",
+    "golden",
+    "http://127.0.0.1:8080",
+    suite=EvalSuite(
+        "golden", "ab" * 32, (EvalCase("same", "matchesBaseline", "true", prompt="Hi"),)
+    ),
+)
+
 # A job of each shape the daemon sends, to mutate.
 SHAPES = {
     "apply": job(mode="live"),
@@ -353,6 +363,9 @@ SHAPES = {
     "restore": job(kind="restore", backup_id="b-1", mode="live"),
     "stage": job("stage-0001", kind="stage", mode="live", artifacts=(WEIGHTS, TOKENIZER)),
     "stage-dry-run": job("stage-0001", kind="stage", mode="dry_run", artifacts=(WEIGHTS,)),
+    "apply-standby": job(mode="live", warmup=(WARMUP,), standby="untilSoaked"),
+    "eval": job("eval-0001", kind="eval", mode="live", evals=(GOLDEN,)),
+    "release": job("release-0001", kind="release", mode="live"),
 }
 # Where a mutation may land inside a nested field, and the keys it may touch.
 INNER = {
@@ -361,6 +374,7 @@ INNER = {
     "drain": ["timeoutSeconds", "idle", "x"],
     "drain/idle": ["url", "metric", "max", "x"],
     "warmup/0": ["url", "method", "body", "expectStatus", "timeoutSeconds", "times", "x"],
+    "standby": ["keepPrevious", "x"],
 }
 NESTED_VALUES = st.one_of(
     VALUES,
@@ -386,7 +400,10 @@ def mutated(draw: st.DrawFn) -> dict[str, Any]:
     shape = draw(st.sampled_from(sorted(SHAPES)))
     base = build_payload(SHAPES[shape], NOW)
     document: dict[str, Any] = copy.deepcopy(base)
-    fields = [*sorted(base), "kind", "mode", "backupId", "artifacts", "drain", "warmup", "extra"]
+    fields = [
+        *sorted(base),
+        *("kind", "mode", "backupId", "artifacts", "drain", "warmup", "standby", "evals", "extra"),
+    ]
     for _ in range(draw(st.integers(0, 3))):
         where = draw(st.sampled_from([*fields, *INNER]))
         if where in INNER:
@@ -401,12 +418,18 @@ def mutated(draw: st.DrawFn) -> dict[str, Any]:
         elif draw(st.booleans()) and where in document:
             del document[where]
         elif where == "kind":
-            document[where] = draw(st.sampled_from(["apply", "restore", "stage", "Stage"]))
+            document[where] = draw(
+                st.sampled_from(["apply", "restore", "stage", "eval", "release", "Stage"])
+            )
         elif where in base or where == "extra":
             document[where] = draw(VALUES)
         else:
             # a field another shape carries, moved onto this one
-            donor = build_payload(SHAPES["apply-artifacts"], NOW) | {"backupId": "b-1"}
+            donor = build_payload(SHAPES["apply-artifacts"], NOW) | {
+                "backupId": "b-1",
+                "standby": {"keepPrevious": "untilCompleted"},
+                "evals": build_payload(SHAPES["eval"], NOW)["evals"],
+            }
             document[where] = copy.deepcopy(donor[where])
     return document
 

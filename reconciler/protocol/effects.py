@@ -10,7 +10,7 @@ from reconciler.spec.evals import Eval
 from reconciler.spec.health import Health
 from reconciler.spec.model import Target
 
-JOB_KINDS = ("apply", "restore", "stage")
+JOB_KINDS = ("apply", "restore", "stage", "eval", "release")
 
 
 @dataclass(frozen=True)
@@ -20,7 +20,7 @@ class SendJob:
     same job id always carries the same payload (docs/architecture.md)."""
 
     job_id: str
-    kind: str  # apply | restore | stage
+    kind: str  # apply | restore | stage | eval | release
     node: str
     rollout: str
     attempt: int
@@ -35,4 +35,5 @@ class SendJob:
     stage_timeout: int | None = None  # stage jobs: seconds the agent may spend (stage.timeout)
     signature: Artifact | None = None  # stage jobs and applies of a signed target
     signers: tuple[ModelSigner, ...] = ()  # with signature: the keys to check it
-    evals: tuple[Eval, ...] = ()  # live applies only, with their frozen suites
+    evals: tuple[Eval, ...] = ()  # live applies and eval jobs, with their frozen suites
+    standby: str | None = None  # live applies with a standby: keepPrevious

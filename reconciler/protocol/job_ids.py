@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import hashlib
 
+from reconciler.protocol.effects import JOB_KINDS
+
 # 32 hex digits (128 bits) keep ids short in status files and far from collisions.
 _DIGITS = 32
 
@@ -17,13 +19,13 @@ _DIGITS = 32
 def job_id(
     rollout: str, start_commit: str, node: str, attempt: int, kind: str, restore_for: str = ""
 ) -> str:
-    """``apply-<hex>``, ``restore-<hex>`` or ``stage-<hex>``. ``restore_for``
-    is the rollback request id, or ``policy`` for a restore the failure
-    policy decided; it must be empty for an apply or a stage."""
-    if kind not in ("apply", "restore", "stage"):
-        raise ValueError(f"job kind must be apply, restore or stage, got {kind!r}")
+    """``KIND-<hex>`` for KIND apply, restore, stage, eval or release.
+    ``restore_for`` is the rollback request id, or ``policy`` for a restore
+    the failure policy decided; it must be empty for every other kind."""
+    if kind not in JOB_KINDS:
+        raise ValueError(f"job kind must be one of {', '.join(JOB_KINDS)}, got {kind!r}")
     if (kind == "restore") != bool(restore_for):
-        raise ValueError("a restore job needs restore_for; an apply or stage job takes none")
+        raise ValueError("a restore job needs restore_for; no other kind takes one")
     # Unit separators keep fields from running into each other ("a"+"bc" vs "ab"+"c").
     material = "\x1f".join(
         ("reconciler.job/v1", rollout, start_commit, node, str(attempt), kind, restore_for)

@@ -28,6 +28,8 @@ from reconciler.spec.artifacts import WARMUP_METHODS, Artifact, Warmup
 from reconciler.spec.times import format_time, parse_time
 
 SCHEMA_ID = "reconciler.job/v1"
+# How long a live apply with a standby keeps the previous slot running.
+KEEP_PREVIOUS = ("untilSoaked", "untilCompleted")
 JOB_TTL = timedelta(minutes=15)
 MAX_STAGE_TIMEOUT = 31_536_000  # seconds (a year): what the schema takes
 # Fields that differ between two sends of one job (fresh signature, fresh times).
@@ -86,6 +88,8 @@ def build_payload(job: SendJob, issued_at: datetime) -> dict[str, Any]:
         payload["warmup"] = [_warmup_payload(w, job.node) for w in job.warmup]
     if job.evals:
         payload["evals"] = eval_rules.to_payload(job.evals, job.node)
+    if job.standby is not None:
+        payload["standby"] = {"keepPrevious": job.standby}
     return payload
 
 
@@ -203,8 +207,10 @@ def _matches(pattern: re.Pattern[str], value: Any) -> bool:
 _EXTRA_KEYS: dict[tuple[str, str], frozenset[str]] = {
     ("apply", "dry_run"): frozenset({"artifacts", "signature", "signers"}),
     ("apply", "live"): frozenset(
-        {"artifacts", "checks", "drain", "warmup", "evals", "signature", "signers"}
+        {"artifacts", "checks", "drain", "warmup", "evals", "signature", "signers", "standby"}
     ),
+    ("eval", "live"): frozenset({"evals"}),
+    ("release", "live"): frozenset(),
     ("restore", "live"): frozenset({"backupId"}),
     ("stage", "dry_run"): frozenset({"artifacts", "timeoutSeconds", "signature", "signers"}),
     ("stage", "live"): frozenset({"artifacts", "timeoutSeconds", "signature", "signers"}),
@@ -212,7 +218,7 @@ _EXTRA_KEYS: dict[tuple[str, str], frozenset[str]] = {
 # A signature comes with the keys to check it and the files it signs.
 _SIGNED = frozenset({"signature", "signers", "artifacts"})
 # ... and which of them it must carry.
-_REQUIRED_EXTRA = {"restore": "backupId", "stage": "artifacts"}
+_REQUIRED_EXTRA = {"restore": "backupId", "stage": "artifacts", "eval": "evals"}
 
 
 def _plainly_valid(document: Any, *, envelope: bool) -> bool:
@@ -418,4 +424,7 @@ _EXTRA_CHECKS: dict[str, Callable[[Any], bool]] = {
     "drain": _plain_drain,
     "warmup": _plain_warmups,
     "evals": lambda value: _evals_validator().is_valid(value),
+    "standby": lambda value: type(value) is dict
+    and value.keys() == {"keepPrevious"}
+    and value["keepPrevious"] in KEEP_PREVIOUS,
 }

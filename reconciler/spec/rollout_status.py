@@ -83,7 +83,7 @@ HOLD_REASONS = (
 
 VERDICTS = ("passed", "failed", "unknown")
 BATCH_STATES = ("pending", "running", "done")
-JOB_KINDS = ("apply", "restore", "stage")
+JOB_KINDS = ("apply", "restore", "stage", "eval", "release")
 # Where a node's stage of the rollout's artifacts stands (docs/rollouts.md).
 STAGE_STATES = ("staging", "staged", "failed", "unknown")
 
