@@ -424,7 +424,9 @@ _EXTRA_CHECKS: dict[str, Callable[[Any], bool]] = {
     "drain": _plain_drain,
     "warmup": _plain_warmups,
     "evals": lambda value: _evals_validator().is_valid(value),
-    "standby": lambda value: type(value) is dict
-    and value.keys() == {"keepPrevious"}
-    and value["keepPrevious"] in KEEP_PREVIOUS,
+    "standby": lambda value: (
+        type(value) is dict
+        and value.keys() == {"keepPrevious"}
+        and value["keepPrevious"] in KEEP_PREVIOUS
+    ),
 }
