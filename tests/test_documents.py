@@ -243,6 +243,32 @@ def test_a_broken_node_does_not_exist_and_takes_the_rollouts_naming_it_down() ->
     )
 
 
+def test_a_rollout_that_omits_no_default_is_checked_across_files_all_the_same() -> None:
+    """batchSize, healthTimeout and onFailure all written: nothing to take
+    from the settings, yet nodeIds, after and the eval suites are still
+    checked against the other files (and the suites joined in)."""
+    given = "  batchSize: 1\n  healthTimeout: 1m\n  onFailure: pause\n"
+    suite = (
+        "evals/golden.yaml",
+        b"apiVersion: reconciler/v1\nkind: EvalSuite\nmetadata: {name: golden}\n"
+        b"spec:\n  cases:\n    - {name: capital, prompt: 'Paris is', expect: {contains: France}}\n",
+    )
+    evals = (
+        "  live: true\n  health: {evals: [{name: g, suite: golden, url: 'http://127.0.0.1:1'}]}\n"
+    )
+    documents = assemble_files(
+        node("gpu-a1"),
+        suite,
+        rollout("unknown", given + "  nodeIds: [gpu-a1, gpu-zz]\n"),
+        rollout("evals", given + "  nodeIds: [gpu-a1]\n" + evals),
+    )
+
+    (problem,) = documents.invalid_rollouts["unknown"]
+    assert 'spec.nodeIds[1]: no node named "gpu-zz"' in str(problem)
+    (golden,) = documents.rollouts["evals"].evals
+    assert golden.suite is not None and golden.suite.name == "golden"
+
+
 def test_an_invalid_rollout_is_listed_by_its_file_stem_with_its_problems() -> None:
     documents = assemble_files(
         node("gpu-a1"), ("rollouts/broken.yaml", b"apiVersion: reconciler/v1\nkind: Rollout\n")

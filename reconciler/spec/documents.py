@@ -1252,8 +1252,9 @@ def _rollout_result(
     (``nodeIds``, ``after``, eval suites)."""
     own = list(item.problems)
     spec = item.rollout
-    if spec is not None and item.omitted:
-        spec = _with_defaults(spec, item.omitted, settings.defaults)
+    if spec is not None:
+        if item.omitted:
+            spec = _with_defaults(spec, item.omitted, settings.defaults)
         if spec.evals:
             spec = replace(spec, evals=eval_rules.resolve(spec.evals, suites))
             own.extend(_suite_problems(item, spec))
