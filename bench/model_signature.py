@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _common import emit, row
 
 from reconciler.node import model_signatures
+from tests.kit.producer_keys import openssl_key
 
 MiB = 1024 * 1024
 FILE = Path(tempfile.gettempdir()) / "reconciler-bench-model-signature"
@@ -54,22 +55,6 @@ def _write_once(size: int) -> Path:
         for _ in range(size // MiB):
             out.write(block)
     return path
-
-
-def _key(folder: Path) -> tuple[Path, str]:
-    private = folder / "release.pem"
-    subprocess.run(
-        ["openssl", "ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", str(private)],
-        check=True,
-        capture_output=True,
-    )
-    public = subprocess.run(
-        ["openssl", "ec", "-in", str(private), "-pubout"],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-    return private, public
 
 
 def _median(runs: int, work: Callable[[], object]) -> tuple[float, float]:
@@ -103,7 +88,7 @@ def main() -> int:
         model = root / "model"
         model.mkdir()
         os.link(source, model / "model.gguf")
-        private, public = _key(root)
+        private, public = openssl_key(root, "release")
         signature = root / "model.sig"
         subprocess.run(
             [sys.executable, "-m", "model_signing", "sign", "key", str(model),

@@ -23,6 +23,7 @@ from reconciler.cli.main import main
 from tests.kit.documents import rollout_yaml
 from tests.kit.fleets import AgentFleet
 from tests.kit.git import git, git_env, write_files
+from tests.kit.producer_keys import openssl_key, signers_yaml
 
 pytestmark = pytest.mark.slow
 
@@ -387,17 +388,8 @@ def test_a_new_model_signer_needs_the_settings_owners(
 ) -> None:
     # Who vouches for model files lives in reconciler.yaml: adding a signer
     # is a settings change, so the settings rule judges it.
-    key = tmp_path / "producer.pem"
-    subprocess.run(
-        ["openssl", "ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", str(key)],
-        check=True,
-    )
-    pem = subprocess.run(
-        ["openssl", "ec", "-in", str(key), "-pubout"], check=True, capture_output=True, text=True
-    ).stdout
-    indented = "".join(f"        {line}\n" for line in pem.strip().splitlines())
-    signer = f"  modelSigners:\n    - name: ml-release\n      publicKey: |\n{indented}"
-    signer += '      models: ["llama-*"]\n'
+    _, pem = openssl_key(tmp_path, "producer")
+    signer = signers_yaml(("ml-release", pem, ["llama-*"]))
     change = team.push(
         {
             "reconciler.yaml": RULES + signer,

@@ -45,6 +45,7 @@ from tests.kit.llama import (
     node_config,
 )
 from tests.kit.nginx import NginxServer
+from tests.kit.producer_keys import openssl_key, signers_yaml
 from tests.test_attestations import consumer
 
 pytestmark = pytest.mark.slow
@@ -64,22 +65,6 @@ CASES: dict[str, tuple[str, str, str]] = {
     "truncated": ("llama-3", "truncated", "is not an OpenSSF Model Signing bundle"),
     "symlink": ("llama-3", "release", "holds a symbolic link, extra"),
 }
-
-
-def _openssl_key(folder: Path, name: str) -> tuple[Path, str]:
-    private = folder / f"{name}.pem"
-    subprocess.run(
-        ["openssl", "ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", str(private)],
-        check=True,
-        capture_output=True,
-    )
-    public = subprocess.run(
-        ["openssl", "ec", "-in", str(private), "-pubout"],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-    return private, public
 
 
 def _sign(model: Path, key: Path, out: Path) -> None:
@@ -103,9 +88,9 @@ def _model(folder: Path, files: dict[str, bytes]) -> Path:
 def mirror(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The files nginx serves: the model, and one signature per way of making it."""
     root = tmp_path_factory.mktemp("producer")
-    release, release_pem = _openssl_key(root, "release")
-    stranger, _ = _openssl_key(root, "stranger")
-    _, lab_pem = _openssl_key(root, "lab")
+    release, release_pem = openssl_key(root, "release")
+    stranger, _ = openssl_key(root, "stranger")
+    _, lab_pem = openssl_key(root, "lab")
     served = root / "mirror"
     _model(served, FILES)
     good = _model(root / "model", FILES)
@@ -121,14 +106,8 @@ def mirror(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 def _settings(mirror: dict[str, Any]) -> str:
-    def signer(name: str, pem: str, models: str) -> str:
-        key = "".join(f"        {line}\n" for line in pem.strip().splitlines())
-        return f"    - name: {name}\n      publicKey: |\n{key}      models: [{models}]\n"
-
-    return (
-        "apiVersion: reconciler/v1\nkind: Settings\nspec:\n  modelSigners:\n"
-        + signer("ml-release", mirror["release"], '"llama-*"')
-        + signer("lab", mirror["lab"], '"qwen-*"')
+    return "apiVersion: reconciler/v1\nkind: Settings\nspec:\n" + signers_yaml(
+        ("ml-release", mirror["release"], ["llama-*"]), ("lab", mirror["lab"], ["qwen-*"])
     )
 
 

@@ -4,46 +4,25 @@ refuses, and says where. Keys made by the real ``openssl``."""
 
 from __future__ import annotations
 
-import subprocess
-from pathlib import Path
-
 import pytest
 
 from reconciler.spec import documents
 from tests.kit.documents import node_yaml
-
-
-def openssl_key(folder: Path, name: str, *args: str) -> str:
-    """A public key in PEM made by openssl: ``ec CURVE`` or ``rsa``."""
-    private = folder / f"{name}.pem"
-    if args[0] == "ec":
-        made = ["openssl", "ecparam", "-name", args[1], "-genkey", "-noout", "-out", str(private)]
-        show = ["openssl", "ec", "-in", str(private), "-pubout"]
-    else:
-        made = ["openssl", "genrsa", "-out", str(private), "2048"]
-        show = ["openssl", "rsa", "-in", str(private), "-pubout"]
-    subprocess.run(made, check=True, capture_output=True)
-    return subprocess.run(show, check=True, capture_output=True, text=True).stdout
+from tests.kit.producer_keys import openssl_key, signers_yaml
 
 
 def settings_yaml(*signers: tuple[str, str, list[str] | None]) -> str:
-    text = "apiVersion: reconciler/v1\nkind: Settings\nspec:\n  modelSigners:\n"
-    for name, pem, models in signers:
-        text += f"    - name: {name}\n      publicKey: |\n"
-        text += "".join(f"        {line}\n" for line in pem.strip().splitlines())
-        if models is not None:
-            text += f"      models: [{', '.join(repr(m) for m in models)}]\n"
-    return text
+    return "apiVersion: reconciler/v1\nkind: Settings\nspec:\n" + signers_yaml(*signers)
 
 
 @pytest.fixture(scope="module")
 def keys(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     folder = tmp_path_factory.mktemp("keys")
     return {
-        "p256": openssl_key(folder, "p256", "ec", "prime256v1"),
-        "p384": openssl_key(folder, "p384", "ec", "secp384r1"),
-        "k1": openssl_key(folder, "k1", "ec", "secp256k1"),
-        "rsa": openssl_key(folder, "rsa", "rsa"),
+        "p256": openssl_key(folder, "p256")[1],
+        "p384": openssl_key(folder, "p384", "secp384r1")[1],
+        "k1": openssl_key(folder, "k1", "secp256k1")[1],
+        "rsa": openssl_key(folder, "rsa", "rsa")[1],
     }
 
 

@@ -4,9 +4,12 @@ real llama-server nodes on this machine.
 Each node is a real ``reconciler agent`` whose ``--after-apply`` is the
 shipped llama-server-after-apply.sh, restarting llama.cpp's llama-server
 ($RECONCILER_LLAMA_SERVER, built by `make llama-server`) on the model each
-apply names. Two small GGUF models (written with ``gguf``) are served by a
-local HTTP mirror; rollouts stage them by digest, drain each node under
-client load, warm it up, and a rollback puts the first model back.
+apply names. Three small GGUF models (written with ``gguf``), each signed
+by their producer's key with OpenSSF Model Signing, are served by a local
+HTTP mirror; rollouts stage them by digest and check the signature on each
+node, drain each node under client load, warm it up, a rollback puts the
+first model back, and golden prompts keep a model that answers differently
+from ever serving.
 
 Must not: reach any address but 127.0.0.1, download anything, or touch
 anything outside the demo directory.
@@ -15,12 +18,18 @@ anything outside the demo directory.
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
+import subprocess
 import sys
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TextIO
+
+import httpx
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 
 from reconciler.cli.demo_mirror import Mirror
 from reconciler.cli.demo_story import Demo, Statuses, _indent, _phase, demo_directory
@@ -41,7 +50,9 @@ from reconciler.spec.errors import ReconcilerError
 from reconciler.spec.paths import SETTINGS_PATH
 
 NODES = ("gpu-1", "gpu-2", "gpu-3")
-MODELS = {"tiny-a": 1, "tiny-b": 2}  # model name -> seed of its weights
+MODELS = {"tiny-a": 1, "tiny-b": 2, "tiny-c": 3}  # model name -> seed of its weights
+GOLDEN_PROMPTS = ("The capital of France is", "Once upon a time")
+SIGNER = "tiny-release"
 LOAD_WORKERS = 4
 LOAD_REQUESTS = 20_000  # the client load's bounds
 LOAD_SECONDS = 300.0
@@ -55,6 +66,7 @@ class ModelsDemo(Demo):
         self.binary = binary
         self.files: dict[str, Path] = {}  # model name -> its file in the mirror
         self.digests: dict[str, str] = {}
+        self.signatures: dict[str, Path] = {}  # model name -> its signature in the mirror
         self.servers = {
             n: LlamaNode(binary, free_port(), root / "nodes" / n / "llama-server") for n in NODES
         }
@@ -68,7 +80,8 @@ class ModelsDemo(Demo):
         self.chapter(
             "1. A first model, staged by digest",
             "rollouts/tiny-a.yaml names a GGUF file on the mirror with its sha256 and size. "
-            "Each agent downloads it into its content-addressed store, checks the digest, "
+            "Each agent downloads it into its content-addressed store, checks the digest "
+            f"and the producer's signature ({SIGNER}, named in reconciler.yaml), "
             "writes the runtime config, and llama-server-after-apply.sh starts llama-server "
             "on it; two warm-up completions before the node counts as serving.",
         )
@@ -110,10 +123,64 @@ class ModelsDemo(Demo):
         self.git("-C", str(self.work), "push", "--quiet", "origin", "main")
         self.wait_for("every node of tiny-b is rolled back", _rolled_back)
         self.say(_indent(self.serving()))
+        self.golden_prompts()
         self.say(
             f"\nThe repository stays for you to explore: {self.bare}\n"
             f"Each node's agent and llama-server logs: {self.root / 'nodes'}"
         )
+
+    def golden_prompts(self) -> None:
+        self.chapter(
+            "4. Golden prompts keep a model that answers differently from serving",
+            "evals/golden.yaml holds two prompts and the answers tiny-a gives them. "
+            "rollouts/tiny-c.yaml names the suite: after warm-up, before the node takes "
+            "requests again, its agent asks the prompts. tiny-c has other weights, so gpu-1 "
+            "fails its evals, goes back to tiny-a byte for byte and is undrained; the rollout "
+            "holds. No client request reached tiny-c.",
+        )
+        self.push_file("evals/golden.yaml", self.golden_suite())
+        self.balancer.start(LOAD_WORKERS, max_requests=LOAD_REQUESTS, max_seconds=LOAD_SECONDS)
+        try:
+            evals = (
+                f"{{evals: [{{name: golden, suite: golden, url: '{self.router.url}/{{node}}'}}]}}"
+            )
+            self.push_rollout("tiny-c", self.rollout("tiny-c", batch=1, drain=True, health=evals))
+            self.wait_for("tiny-c holds: gpu-1 failed its evals", _held_on_evals)
+        finally:
+            answers = self.balancer.stop()
+        self.say(_indent(self.load_report(answers, "tiny-c")))
+        self.show_detail("tiny-c")
+        self.say(_indent(self.serving()))
+
+    def golden_suite(self) -> str:
+        """A suite of tiny-a's own answers, asked of a node serving it."""
+        url = self.servers[NODES[0]].url
+        said = []
+        for prompt in GOLDEN_PROMPTS:
+            body = {"prompt": prompt, "max_tokens": 16, "temperature": 0, "seed": 1}
+            answer = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
+            answer.raise_for_status()
+            said.append(answer.json()["choices"][0]["text"].strip())
+        document = {
+            "apiVersion": "reconciler/v1",
+            "kind": "EvalSuite",
+            "metadata": {"name": "golden"},
+            "spec": {
+                "request": {"maxTokens": 16, "temperature": 0, "seed": 1},
+                "cases": [
+                    {"name": f"prompt-{i}", "prompt": p, "expect": {"equals": a}}
+                    for i, (p, a) in enumerate(zip(GOLDEN_PROMPTS, said, strict=True), 1)
+                ],
+            },
+        }
+        return json.dumps(document, indent=2) + "\n"  # JSON is YAML; escapes keep answers exact
+
+    def push_file(self, path: str, text: str) -> None:
+        self.git("-C", str(self.work), "pull", "--quiet", "--ff-only")
+        (self.work / path).parent.mkdir(parents=True, exist_ok=True)
+        (self.work / path).write_text(text)
+        self.commit_and_push(f"Add {path}")
+        self.say(f"$ git commit -m 'Add {path}' && git push    (as Alice)")
 
     # -- set-up ----------------------------------------------------------
 
@@ -121,14 +188,17 @@ class ModelsDemo(Demo):
         keys = self.root / "keys"
         self.reconciler("keys", "generate", "--out", str(keys))
         mirror = self.root / "mirror"
+        producer_key = write_producer_key(self.root / "producer" / f"{SIGNER}.pem")
         for name, seed in MODELS.items():
             path = write_model(mirror / name / "model.gguf", seed, name)
             self.files[name] = path
             self.digests[name] = hashlib.sha256(path.read_bytes()).hexdigest()
+            self.signatures[name] = sign_model(path.parent, producer_key, mirror / f"{name}.sig")
         self.mirror = Mirror(mirror, {})  # the models are written there already
         self.mirror.start()
         self.say(f"mirror on {self.mirror_url}: " + ", ".join(
-            f"{n}/model.gguf ({p.stat().st_size} bytes)" for n, p in self.files.items()
+            f"{n}/model.gguf ({p.stat().st_size} bytes) and {n}.sig"
+            for n, p in self.files.items()
         ))  # fmt: skip
         urls = {name: self.start_agent(name, keys / "reconciler.pub") for name in NODES}
         self.seed_nodes(urls)
@@ -171,6 +241,8 @@ class ModelsDemo(Demo):
         self.git("clone", "--quiet", str(self.bare), str(self.work))
         self.git("-C", str(self.work), "symbolic-ref", "HEAD", "refs/heads/main")
         shutil.copy2(example_dir() / SETTINGS_PATH, self.work / SETTINGS_PATH)
+        with (self.work / SETTINGS_PATH).open("a") as settings:
+            settings.write(self.model_signers())
         (self.work / "nodes").mkdir()
         for name, url in urls.items():
             (self.work / "nodes" / f"{name}.yaml").write_text(
@@ -181,8 +253,18 @@ class ModelsDemo(Demo):
         self.commit_and_push("Seed the fleet: three llama-server nodes")
         self.say(f"fleet repository: {len(urls)} nodes in {self.bare}")
 
-    def rollout(self, model: str, *, batch: int, drain: bool) -> str:
-        path = self.files[model]
+    def model_signers(self) -> str:
+        """The settings' ``modelSigners``: the producer's key for every tiny model."""
+        public = (self.root / "producer" / f"{SIGNER}.pub").read_text()
+        key = "".join(f"        {line}\n" for line in public.strip().splitlines())
+        return (
+            "\n  # The producer whose signature every node checks before a tiny model serves.\n"
+            f"  modelSigners:\n    - name: {SIGNER}\n      publicKey: |\n{key}"
+            '      models: ["tiny-*"]\n'
+        )
+
+    def rollout(self, model: str, *, batch: int, drain: bool, health: str | None = None) -> str:
+        path, signature = self.files[model], self.signatures[model]
         lines = [
             "apiVersion: reconciler/v1",
             "kind: Rollout",
@@ -192,7 +274,9 @@ class ModelsDemo(Demo):
             f"    {{runtime: hermes, provider: llama.cpp, model: {model}, profile: default,",
             "     artifacts: [{name: weights, path: model.gguf,",
             f"                  url: '{self.mirror_url}/{model}/model.gguf',",
-            f"                  sha256: '{self.digests[model]}', size: {path.stat().st_size}}}]}}",
+            f"                  sha256: '{self.digests[model]}', size: {path.stat().st_size}}}],",
+            f"     signature: {{url: '{self.mirror_url}/{model}.sig',",
+            f"                  sha256: '{_sha256(signature)}', size: {signature.stat().st_size}}}}}",
             "  selector: {role: llama}",
             "  live: true",
             f"  batchSize: {batch}",
@@ -211,6 +295,8 @@ class ModelsDemo(Demo):
                 f"    idle: {{url: '{self.router.url}/{{node}}/metrics',",
                 f"           metric: [{', '.join(repr(m) for m in IDLE_METRICS)}], max: 0}}",
             ]
+        if health is not None:
+            lines += ["  onFailure: pause", f"  health: {health}"]
         return "\n".join(lines) + "\n"
 
     # -- what the nodes serve --------------------------------------------
@@ -237,7 +323,7 @@ class ModelsDemo(Demo):
             for a in sorted(answers, key=lambda a: a.node)
         )
 
-    def load_report(self, answers: list[Answer]) -> str:
+    def load_report(self, answers: list[Answer], rollout: str = "tiny-b") -> str:
         failed = [a for a in answers if a.status != 200]
         models = Counter(self.which(a.model) for a in answers if a.status == 200)
         lines = [
@@ -245,7 +331,7 @@ class ModelsDemo(Demo):
             + ", ".join(f"{count} answered by {name}" for name, count in sorted(models.items()))
         ]
         statuses = self.statuses()
-        status = statuses.get("tiny-b")
+        status = statuses.get(rollout)
         for node in status.nodes if status else ():
             if node.out_of_service is not None:
                 lines.append(
@@ -266,6 +352,51 @@ class ModelsDemo(Demo):
 def _rolled_back(statuses: Statuses) -> bool:
     status = statuses.get("tiny-b")
     return status is not None and all(n.state == "rolled_back" for n in status.nodes)
+
+
+def _held_on_evals(statuses: Statuses) -> bool:
+    status = statuses.get("tiny-c")
+    return (
+        status is not None
+        and status.hold is not None
+        and any("eval_failed" in n.error for n in status.nodes)
+    )
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def write_producer_key(private: Path) -> Path:
+    """A producer's P-256 key pair (``NAME.pem``, and ``NAME.pub`` beside it)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    private.parent.mkdir(parents=True, exist_ok=True)
+    private.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    private.with_suffix(".pub").write_bytes(
+        key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
+    return private
+
+
+def sign_model(directory: Path, key: Path, signature: Path) -> Path:
+    """As a producer signs a release: the reference library's own command."""
+    done = subprocess.run(
+        [sys.executable, "-m", "model_signing", "sign", "key", str(directory),
+         "--private_key", str(key), "--signature", str(signature)],
+        capture_output=True,
+        text=True,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise ReconcilerError(f"model_signing could not sign {directory}: {done.stderr.strip()}")
+    return signature
 
 
 def llama_server_or_fail() -> Path:
