@@ -12,7 +12,10 @@ import; ``lint-imports`` checks it):
 - ``git``: the only pygit2 user: store, history, branch watch, signatures.
 - ``node``: the node side: the agent, its state directory, the simulated
   fleet and their HTTP server.
-- ``views``: for people: status text, dashboard, plan.
+- ``readers``: the readers of the status branch (rollout and fleet status).
+- ``text``: for people: status text, dashboard, plan, the web page; values in,
+  text out.
+- ``attestations``: deployment attestations and the offline evidence check.
 - ``daemon``: the reconcile pass and the loop around it, the agent client,
   the fleet watch, notifications, metrics.
 - ``cli``: ``reconciler VERB``, one module per verb under ``cli.commands``.

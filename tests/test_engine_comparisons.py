@@ -46,8 +46,8 @@ from reconciler.spec.rollout_status import (
     node_to_record,
     to_record,
 )
-from reconciler.views.health_text import comparison_lines
-from reconciler.views.status_text import waiting_text
+from reconciler.text.health_text import comparison_lines
+from reconciler.text.status_text import waiting_text
 from tests.kit.documents import make_status
 
 NOW = datetime(2026, 12, 2, 9, 0, tzinfo=UTC)

@@ -41,9 +41,9 @@ from reconciler.spec.model import Fleet, Problem, RolloutSpec, Settings, SpreadB
 from reconciler.spec.paths import rollout_path
 from reconciler.spec.rollout_status import FROZEN_FIELDS, TERMINAL_PHASES, RolloutStatus, freeze
 from reconciler.spec.times import format_time
-from reconciler.views import artifact_text, markdown
-from reconciler.views.health_text import health_lines
-from reconciler.views.settings_changes import SettingChange, change_words, settings_changes
+from reconciler.text import artifact_text, markdown
+from reconciler.text.health_text import health_lines
+from reconciler.text.settings_changes import SettingChange, change_words, settings_changes
 
 MARKER = "<!-- reconciler plan -->"
 ACTIVE_PHASES = frozenset({"running", "paused"})
