@@ -92,3 +92,13 @@ s/from reconciler\.views import \(status_reader\|fleet_reader\)\b/from reconcile
 s/from reconciler\.views import \(attestation\|attestation_check\|evidence_check\)\b/from reconciler.attestations import \1/g
 # every other module imported as 'from reconciler.views import X' is a text module
 s/from reconciler\.views import/from reconciler.text import/g
+# 2. daemon/canary_verdicts.py keeps soaks and reads the canary's measurements; the engine decides verdicts
+s/reconciler\.daemon\.canary_verdicts\b/reconciler.daemon.canary_readings/g
+s#reconciler/daemon/canary_verdicts\b#reconciler/daemon/canary_readings#g
+s/\bdaemon\.canary_verdicts\b/daemon.canary_readings/g
+s#\bdaemon/canary_verdicts\b#daemon/canary_readings#g
+s/from reconciler\.daemon import canary_verdicts\b/from reconciler.daemon import canary_readings/g
+s/\bcanary_verdicts\.\(py\|_due\|judge_all\|SoakMemory\|CanaryVerdicts\)\b/canary_readings.\1/g
+s/``canary_verdicts``/``canary_readings``/g
+s/`canary_verdicts`/`canary_readings`/g
+s/\bCanaryVerdicts\b/CanaryReadings/g

@@ -3,6 +3,8 @@ each live node's soak on the daemon's clock, and once the soak has elapsed
 asks Prometheus for the node's window and its baseline's, and judges each
 comparison with ``canary_statistics``. The verdicts go to the engine as
 observations (``CanaryWatch``); the engine decides what they mean.
+These are readings of each comparison, not the node's verdict: that is
+the engine's (``engine.verdicts``).
 
 The soak starts at the pass that first sees the node's apply succeed with
 a fresh heartbeat naming the target. The baseline is the rollout's nodes
@@ -82,7 +84,7 @@ class SoakMemory:
     watches: dict[str, CanaryWatch] = field(default_factory=dict)
 
 
-class CanaryVerdicts:
+class CanaryReadings:
     """Keeps the live nodes' soaks and judges their comparisons."""
 
     def __init__(
