@@ -102,3 +102,9 @@ s/\bcanary_verdicts\.\(py\|_due\|judge_all\|SoakMemory\|CanaryVerdicts\)\b/canar
 s/``canary_verdicts``/``canary_readings``/g
 s/`canary_verdicts`/`canary_readings`/g
 s/\bCanaryVerdicts\b/CanaryReadings/g
+# 3. the two resolve_nodes: engine.selection's is the rule over the nodes it is given (select_nodes);
+#    engine.starts's (re-exported by engine.step) hands it only the candidates from the fleet's label index
+#    (select_nodes_by_index). A file importing resolve_nodes from engine.selection calls select_nodes: fix its calls by hand.
+s/selection\.resolve_nodes\b/selection.select_nodes/g
+s/\(from reconciler\.engine\.selection import .*\)\bresolve_nodes\b/\1select_nodes/g
+s/\bresolve_nodes\b/select_nodes_by_index/g

@@ -132,7 +132,7 @@ class ReadMemory:
             nodes = {n.name for n in last.nodes} if last is not None else set()
             spec = documents.rollouts.get(name)
             if spec is not None:
-                nodes.update(engine.resolve_nodes(spec, documents.fleet))
+                nodes.update(engine.select_nodes_by_index(spec, documents.fleet))
             held[name] = tuple(sorted(nodes))
         return held
 

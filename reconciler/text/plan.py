@@ -28,7 +28,7 @@ from reconciler.engine.step import (
     FleetStep,
     RolloutInput,
     Transition,
-    resolve_nodes,
+    select_nodes_by_index,
     step_fleet,
 )
 from reconciler.protocol.observations import Observations
@@ -442,7 +442,7 @@ def _added(
 def _planned_batches(spec: RolloutSpec, fleet: Fleet) -> tuple[tuple[str, ...], ...]:
     """The batches a rollout that has not started would start with, as the
     engine cuts them (``spreadBy`` with the fleet's labels as they are)."""
-    names = resolve_nodes(spec, fleet)
+    names = select_nodes_by_index(spec, fleet)
     numbers = starts.batch_numbers(freeze(spec), names, fleet.by_name().get) if names else ()
     by_batch: dict[int, list[str]] = {}
     for name, number in zip(names, numbers, strict=True):
