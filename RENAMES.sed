@@ -108,3 +108,8 @@ s/\bCanaryVerdicts\b/CanaryReadings/g
 s/selection\.resolve_nodes\b/selection.select_nodes/g
 s/\(from reconciler\.engine\.selection import .*\)\bresolve_nodes\b/\1select_nodes/g
 s/\bresolve_nodes\b/select_nodes_by_index/g
+# 4. the pure statistics leave the daemon for a pure package of their own
+s/reconciler\.daemon\.canary_statistics\b/reconciler.statistics.canary_statistics/g
+s#reconciler/daemon/canary_statistics\b#reconciler/statistics/canary_statistics#g
+s/from reconciler\.daemon import canary_statistics\b/from reconciler.statistics import canary_statistics/g
+s#\bdaemon/canary_statistics\b#statistics/canary_statistics#g

@@ -3,6 +3,8 @@
 The packages, from the bottom up (docs/architecture.md says what each may
 import; ``lint-imports`` checks it):
 
+- ``statistics``: pure statistics (the comparisons' tests); imports nothing of
+  ours, so the engine and the daemon alike may use it.
 - ``spec``: what the repository says: safe YAML, schemas, documents, paths,
   status records. Pure values and parsing.
 - ``protocol``: what the daemon and agents say: job payloads and ids,

@@ -24,7 +24,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
-from reconciler.daemon import canary_statistics as stats
 from reconciler.daemon.range_queries import RangeAnswer, RangeQueries, RangeQuery
 from reconciler.engine import canary_queries, comparisons
 from reconciler.engine.evidence import heartbeat_problem
@@ -34,6 +33,7 @@ from reconciler.spec.compare import Comparison, Measured
 from reconciler.spec.health import Health, for_node
 from reconciler.spec.model import Node
 from reconciler.spec.rollout_status import NodeRecord, RolloutStatus
+from reconciler.statistics import canary_statistics as stats
 
 # Node states still on the config the rollout found: staging downloads
 # files beside it and changes nothing the runtime serves.
