@@ -113,3 +113,12 @@ s/reconciler\.daemon\.canary_statistics\b/reconciler.statistics.canary_statistic
 s#reconciler/daemon/canary_statistics\b#reconciler/statistics/canary_statistics#g
 s/from reconciler\.daemon import canary_statistics\b/from reconciler.statistics import canary_statistics/g
 s#\bdaemon/canary_statistics\b#statistics/canary_statistics#g
+# 5. the simulated fleet leaves the product's node package for reconciler/simulation/
+s/from reconciler\.node import simulated_fleet\b/from reconciler.simulation import fleet as simulated_fleet/g
+s/from reconciler\.node import simulated_download\b/from reconciler.simulation import download as simulated_download/g
+s/reconciler\.node\.simulated_fleet\b/reconciler.simulation.fleet/g
+s/reconciler\.node\.simulated_download\b/reconciler.simulation.download/g
+s#reconciler/node/simulated_fleet\b#reconciler/simulation/fleet#g
+s#reconciler/node/simulated_download\b#reconciler/simulation/download#g
+s#\bnode/simulated_fleet\.py\b#simulation/fleet.py#g
+s#\bnode/simulated_download\.py\b#simulation/download.py#g

@@ -12,8 +12,9 @@ import; ``lint-imports`` checks it):
 - ``engine``: the pure step and its rule tables. No Git, HTTP, clock,
   filesystem or randomness.
 - ``git``: the only pygit2 user: store, history, branch watch, signatures.
-- ``node``: the node side: the agent, its state directory, the simulated
-  fleet and their HTTP server.
+- ``node``: the node side: the agent, its state directory and its HTTP server.
+- ``simulation``: the simulated fleet, for ``sim-fleet``, the demo, tests and
+  benchmarks; nothing in the product imports it.
 - ``readers``: the readers of the status branch (rollout and fleet status).
 - ``text``: for people: status text, dashboard, plan, the web page; values in,
   text out.
