@@ -14,7 +14,7 @@ import time
 import numpy as np
 from scipy.stats import mannwhitneyu
 
-from reconciler.daemon import canary_statistics as stats
+from reconciler.statistics import canary_statistics as stats
 
 SEEDS = 20
 

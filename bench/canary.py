@@ -1,7 +1,7 @@
 """Judging a batch's comparisons against a real Prometheus (docs/health.md):
 Debian's ``prometheus`` scrapes every second one exporter that shows a
 latency and request counters for each of ``--nodes`` nodes; once it holds a
-soak's worth of samples, the daemon's ``CanaryVerdicts`` judges a batch of
+soak's worth of samples, the daemon's ``CanaryReadings`` judges a batch of
 half of them (two comparisons each, a latency and an error rate) against
 the other half, the rollout's nodes not yet dispatched.
 
@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the tests pac
 from _common import emit, row
 
 from reconciler.daemon import range_queries
-from reconciler.daemon.canary_verdicts import CanaryVerdicts
+from reconciler.daemon.canary_readings import CanaryReadings
 from reconciler.daemon.range_queries import RangeQueries, RangeQuery
 from reconciler.protocol.canary_observations import CanaryWatch
 from reconciler.protocol.observations import Observations
@@ -251,7 +251,7 @@ def main() -> None:
             fleet = {n: Node(n, "http://127.0.0.1:1", (("role", "gpu"),)) for n in names}
             queries = RangeQueries(batched=not args.plain)
             now = [began]
-            judge = CanaryVerdicts(queries, lambda: now[0])
+            judge = CanaryReadings(queries, lambda: now[0])
             for record in status.nodes[:batch]:
                 assert isinstance(record, NodeRecord) and record.job_id is not None
                 judge.watches[record.name] = CanaryWatch(record.job_id, began)

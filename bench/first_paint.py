@@ -29,8 +29,8 @@ from _common import Row, announce, emit, row
 from reconciler.engine.step import RolloutInput, step_fleet
 from reconciler.protocol.observations import Observations
 from reconciler.spec.rollout_status import RolloutStatus
-from reconciler.views import plan
-from reconciler.views.web_answers import StatusView, answers_for
+from reconciler.text import plan
+from reconciler.text.web_answers import StatusView, answers_for
 
 NOW = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
 ROWS: list[Row] = []

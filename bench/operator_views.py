@@ -28,12 +28,12 @@ from _common import Row, emit, row
 from reconciler.engine.step import RolloutInput, step_fleet
 from reconciler.git.branch import open_branch
 from reconciler.protocol.observations import Observations
+from reconciler.readers.status_reader import StatusCache, read_snapshot
 from reconciler.spec.rollout_status import RolloutStatus, status_files
 from reconciler.spec.safe_yaml import dump_yaml
-from reconciler.views import plan
-from reconciler.views.dashboard import render_dashboard
-from reconciler.views.status_reader import StatusCache, read_snapshot
-from reconciler.views.status_text import render_detail, render_table
+from reconciler.text import plan
+from reconciler.text.dashboard import render_dashboard
+from reconciler.text.status_text import render_detail, render_table
 
 NOW = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
 ROWS: list[Row] = []  # every figure printed, for bench/all.py

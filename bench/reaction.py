@@ -54,9 +54,9 @@ from _common import (
 )
 
 from reconciler.node.http_server import Request, Response
-from reconciler.node.simulated_fleet import SimFleet, serve
 from reconciler.protocol.evidence import derived_agent_key
 from reconciler.protocol.signing import generate_key, load_trusted_keys
+from reconciler.simulation.fleet import SimFleet, serve
 
 FLUX_POLL_S = 60.0  # Flux source-controller: GitRepository .spec.interval, commonly 1m
 ARGO_POLL_S = 180.0  # Argo CD: timeout.reconciliation default 180s (+ up to 60s jitter)

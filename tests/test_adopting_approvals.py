@@ -21,8 +21,8 @@ from reconciler.git.sshsig import parse_allowed_signers, sign_commit_payload
 from reconciler.git.store import GitStore
 from reconciler.git.watch import BranchWatcher
 from reconciler.protocol.signing import load_private_key
+from reconciler.readers.fleet_reader import read_fleet_status
 from reconciler.spec.fleet_status import FleetStatus
-from reconciler.views.fleet_reader import read_fleet_status
 from tests.kit.documents import rollout_yaml
 from tests.kit.fleets import AgentFleet, FleetKit
 from tests.kit.git import git

@@ -2,7 +2,7 @@
 live config apply, none of the modules a node does not need for it. Each
 one loaded on the way is CPU the agent's first job pays (a fleet pays it
 on every node after a reboot wave or an agent upgrade), and the daemon's
-side (Git, the views, statistics) has no business on a node at all."""
+side (Git, the text for people, statistics) has no business on a node at all."""
 
 from __future__ import annotations
 
@@ -30,7 +30,13 @@ raise SystemExit(main(sys.argv[2:]))
 # Top-level modules: httpcore is httpx's transport, needed only to send
 # warm-up requests, read idle metrics or download artifacts.
 NOT_NEEDED = ("httpcore", "scipy", "numpy", "pygit2")
-NOT_OURS_ON_A_NODE = ("reconciler.daemon", "reconciler.views", "reconciler.git")
+NOT_OURS_ON_A_NODE = (
+    "reconciler.daemon",
+    "reconciler.text",
+    "reconciler.readers",
+    "reconciler.attestations",
+    "reconciler.git",
+)
 
 
 def test_an_agent_after_a_live_config_apply_has_loaded_no_module_it_did_not_need(

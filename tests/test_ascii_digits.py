@@ -16,7 +16,7 @@ from reconciler.git.sshsig import parse_validity_time
 from reconciler.node.http_server import parse_listen
 from reconciler.spec.durations import parse_duration
 from reconciler.spec.rollout_status import NodeRecord, RolloutStatus
-from reconciler.views.web_answers import StatusView
+from reconciler.text.web_answers import StatusView
 from tests.kit.git import make_bare_repo
 from tests.kit.keys import make_key
 

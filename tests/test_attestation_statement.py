@@ -14,6 +14,7 @@ from typing import Any
 import jsonschema  # type: ignore[import-untyped]
 import pytest
 
+from reconciler.attestations.attestation import predicate_problem, statement_of, subjects_of
 from reconciler.spec import schemas
 from reconciler.spec.model import Target
 from reconciler.spec.rollout_status import (
@@ -25,7 +26,6 @@ from reconciler.spec.rollout_status import (
     RestoreRecord,
     RolloutStatus,
 )
-from reconciler.views.attestation import predicate_problem, statement_of, subjects_of
 
 REPO = Path(__file__).resolve().parent.parent
 SCHEMA = json.loads((REPO / "schemas" / "deployment-attestation.schema.json").read_text())

@@ -26,6 +26,7 @@ from typing import Any
 import jsonschema  # type: ignore[import-untyped]
 import pytest
 
+from reconciler.attestations.attestation import PREDICATE_TYPE, reported_digest, sign
 from reconciler.cli.main import main as cli
 from reconciler.daemon.agent_client import AgentClient
 from reconciler.daemon.logs import EventLog
@@ -34,7 +35,6 @@ from reconciler.git.approval import Approver, load_allowed_signers
 from reconciler.git.store import GitStore
 from reconciler.protocol.signing import SigningKey, canonical_json, generate_key, load_private_key
 from reconciler.spec.safe_yaml import load_yaml
-from reconciler.views.attestation import PREDICATE_TYPE, reported_digest, sign
 from tests.kit.alertmanager import AlertmanagerServer
 from tests.kit.documents import node_map, rollout_yaml
 from tests.kit.fleets import AgentFleet

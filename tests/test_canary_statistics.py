@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from reconciler.daemon.canary_statistics import (
+from reconciler.statistics.canary_statistics import (
     E_TEST_MAX_EVENTS,
     FAILED,
     LEVEL,

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from reconciler.engine.holds import hold_message
 from reconciler.spec.compare import FiringAlert, Measured
 from reconciler.spec.rollout_status import CheckOutcome, Condition, RolloutStatus, Waiting
-from reconciler.views.dashboard import (
+from reconciler.text.dashboard import (
     DashboardOrder,
     DashboardParts,
     dashboard_parts,

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from test_dashboard import ALL, CANARY
 
-from reconciler.views.dashboard import render_dashboard
+from reconciler.text.dashboard import render_dashboard
 from tests.kit.documents import make_status
 
 HERE = Path(__file__).parent / "mermaid"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from reconciler.engine.step import resolve_nodes
+from reconciler.engine.step import select_nodes_by_index
 from reconciler.spec.model import Fleet, Node, RolloutSpec
 from tests.engine_world import TARGET, World
 
@@ -90,18 +90,18 @@ def test_selector_matches_are_ordered_by_name_and_skip_maintenance() -> None:
     )
     spec = RolloutSpec(name="r", target=TARGET, selector=(("role", "canary"),))
 
-    assert resolve_nodes(spec, fleet) == ("a1", "z1")
+    assert select_nodes_by_index(spec, fleet) == ("a1", "z1")
     with_maintenance = RolloutSpec(
         name="r", target=TARGET, selector=(("role", "canary"),), include_maintenance=True
     )
-    assert resolve_nodes(with_maintenance, fleet) == ("a1", "m1", "z1")
+    assert select_nodes_by_index(with_maintenance, fleet) == ("a1", "m1", "z1")
 
 
 def test_node_ids_keep_their_order_and_drop_duplicates() -> None:
     fleet = Fleet(tuple(Node(n, "http://h:1") for n in ("a", "b", "c")))
     spec = RolloutSpec(name="r", target=TARGET, node_ids=("c", "a", "c", "b"))
 
-    assert resolve_nodes(spec, fleet) == ("c", "a", "b")
+    assert select_nodes_by_index(spec, fleet) == ("c", "a", "b")
 
 
 def test_first_batch_is_dispatched_in_the_same_pass_as_the_start() -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.daemon import canary_verdicts
+from reconciler.daemon import canary_readings
 from reconciler.daemon.range_queries import RangeAnswer
 from reconciler.engine import comparisons
 from reconciler.engine.health_evidence import (
@@ -46,8 +46,8 @@ from reconciler.spec.rollout_status import (
     node_to_record,
     to_record,
 )
-from reconciler.views.health_text import comparison_lines
-from reconciler.views.status_text import waiting_text
+from reconciler.text.health_text import comparison_lines
+from reconciler.text.status_text import waiting_text
 from tests.kit.documents import make_status
 
 NOW = datetime(2026, 12, 2, 9, 0, tzinfo=UTC)
@@ -220,7 +220,7 @@ def test_the_baseline_is_the_rollouts_nodes_not_yet_dispatched() -> None:
         [("gpu-a1", 1, "dispatched"), ("gpu-a2", 2, "pending"), ("gpu-a3", 3, "pending")],
     )
     status = _with_health(status)
-    due = canary_verdicts._due(
+    due = canary_readings._due(
         status, status.nodes[0], LATENCY, watch(), fleet_of("gpu-a1", "gpu-a2", "gpu-a3")
     )
     assert due.baseline == ("gpu-a2", "gpu-a3") and not due.own_window
@@ -231,7 +231,7 @@ def test_with_none_left_the_node_is_compared_with_its_own_window_before_dispatch
     status = make_status("r", "running", [("gpu-a2", 1, "succeeded"), ("gpu-a1", 2, "dispatched")])
     status = _with_health(status)
     node = replace(status.nodes[1], dispatched_at=NOW - timedelta(seconds=5))
-    due = canary_verdicts._due(status, node, LATENCY, watch(), fleet_of("gpu-a1", "gpu-a2"))
+    due = canary_readings._due(status, node, LATENCY, watch(), fleet_of("gpu-a1", "gpu-a2"))
     assert due.baseline == ("gpu-a1",) and due.own_window
     assert (due.base_start, due.base_end) == (
         NOW - timedelta(seconds=65),
@@ -242,7 +242,7 @@ def test_with_none_left_the_node_is_compared_with_its_own_window_before_dispatch
     assert (own.start, own.end) == (NOW, NOW + timedelta(seconds=60)) and own != before
     samples = tuple((float(i), 0.1) for i in range(12))
     slow = tuple((float(i), 0.13 + i / 1000) for i in range(12))
-    [verdict] = canary_verdicts.judge_all(
+    [verdict] = canary_readings.judge_all(
         [due], {own: RangeAnswer((slow,)), before: RangeAnswer((samples,))}
     )
     assert verdict.verdict == "failed"
@@ -254,11 +254,11 @@ def test_a_prometheus_error_on_either_side_is_inconclusive() -> None:
     status = _with_health(
         make_status("r", "running", [("gpu-a1", 1, "dispatched"), ("gpu-a2", 2, "pending")])
     )
-    due = canary_verdicts._due(
+    due = canary_readings._due(
         status, status.nodes[0], LATENCY, watch(), fleet_of("gpu-a1", "gpu-a2")
     )
     own, base = due.own(LATENCY.query), due.queries(LATENCY.query, "gpu-a2")
-    [verdict] = canary_verdicts.judge_all(
+    [verdict] = canary_readings.judge_all(
         [due], {own: RangeAnswer(((1.0, 0.1),)), base: RangeAnswer(error="HTTP 503")}
     )
     assert verdict.verdict == "unknown" and "HTTP 503" in verdict.detail
@@ -277,7 +277,7 @@ def test_nodes_judged_together_keep_each_comparisons_own_settings() -> None:
     )
     fleet = fleet_of("gpu-a1", "gpu-a2", "gpu-a3")
     due = [
-        canary_verdicts._due(status, node, c, watch(), fleet)
+        canary_readings._due(status, node, c, watch(), fleet)
         for node in status.nodes[:2]
         for c in (LATENCY, loose)
     ]
@@ -289,7 +289,7 @@ def test_nodes_judged_together_keep_each_comparisons_own_settings() -> None:
         due[0].queries(LATENCY.query, "gpu-a3"): RangeAnswer((base,)),
     }
 
-    verdicts = canary_verdicts.judge_all(due, answers)
+    verdicts = canary_readings.judge_all(due, answers)
 
     assert [(v.name, v.verdict) for v in verdicts] == [
         ("latency-p95", "failed"),
@@ -323,7 +323,7 @@ SOAK_START = """
 import sys
 from dataclasses import replace
 from datetime import timedelta
-from reconciler.daemon.canary_verdicts import CanaryVerdicts
+from reconciler.daemon.canary_readings import CanaryReadings
 from reconciler.daemon.range_queries import RangeQueries
 from reconciler.protocol.observations import Observations
 from tests.test_engine_comparisons import HEALTH, NOW, fleet_of, watch
@@ -332,7 +332,7 @@ from tests.kit.documents import make_status
 status = make_status("r", "running", [("gpu-a1", 1, "dispatched"), ("gpu-a2", 2, "pending")])
 status = replace(status, frozen=replace(status.frozen, health=HEALTH))
 now = [NOW + timedelta(seconds=10)]
-verdicts = CanaryVerdicts(RangeQueries(), lambda: now[0])
+verdicts = CanaryReadings(RangeQueries(), lambda: now[0])
 verdicts.watches["gpu-a1"] = replace(watch(), job_id=status.nodes[0].job_id)
 assert "scipy.stats" not in sys.modules
 verdicts.observe([status], Observations(), fleet_of("gpu-a1", "gpu-a2"), None)

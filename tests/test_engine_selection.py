@@ -1,5 +1,5 @@
 """The engine's indexed node selection picks exactly what the plain rules
-of docs/configuration.md pick (``selection.resolve_nodes``), on random fleets."""
+of docs/configuration.md pick (``selection.select_nodes``), on random fleets."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reconciler.engine import selection
-from reconciler.engine.step import resolve_nodes
+from reconciler.engine.step import select_nodes_by_index
 from reconciler.spec.model import Fleet, Node, RolloutSpec, Target
 
 NAMES = [f"n{i}" for i in range(12)]
@@ -46,7 +46,7 @@ def specs(draw: st.DrawFn) -> RolloutSpec:
 @given(fleets(), specs())
 @settings(max_examples=400, deadline=None)
 def test_the_indexed_selection_equals_the_plain_rules(fleet: Fleet, spec: RolloutSpec) -> None:
-    assert resolve_nodes(spec, fleet) == selection.resolve_nodes(spec, fleet)
+    assert select_nodes_by_index(spec, fleet) == selection.select_nodes(spec, fleet)
 
 
 def _start(spec: RolloutSpec, fleet: Fleet) -> str:

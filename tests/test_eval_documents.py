@@ -14,7 +14,7 @@ from reconciler.engine.queries import apply_job
 from reconciler.protocol.job_payload import build_payload, payload_problems
 from reconciler.spec import documents
 from reconciler.spec.rollout_status import NodeRecord, freeze, from_record, to_record
-from reconciler.views import plan
+from reconciler.text import plan
 from tests.kit.documents import make_status, node_yaml, rollout_yaml
 from tests.kit.fleets import FleetKit
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from reconciler.spec.rollout_status import from_record
-from reconciler.views import status_text
+from reconciler.text import status_text
 from tests.kit.documents import rollout_yaml
 from tests.kit.fleets import AgentFleet
 from tests.kit.openai_stand_in import METRIC, OpenAIStandIn, Reply

@@ -212,8 +212,8 @@ def test_keys_tls_writes_a_private_key_and_prints_the_certificates_pin(tmp_path:
 
 
 def test_recorded_evidence_is_checked_per_node(tmp_path: Path) -> None:
+    from reconciler.attestations.evidence_check import _check_node
     from reconciler.spec.rollout_status import NodeEvidence, NodeRecord
-    from reconciler.views.evidence_check import _check_node
 
     key = make_key(tmp_path / "agent" / "reconciler").signing
     other = make_key(tmp_path / "other" / "reconciler").signing

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from reconciler.protocol.evidence import derived_agent_key
 from reconciler.spec.model import Node
-from reconciler.views.evidence_marks import evidence_dashboard_section, evidence_marks
+from reconciler.text.evidence_marks import evidence_dashboard_section, evidence_marks
 from tests.kit.documents import node_yaml
 from tests.kit.fleets import FleetKit
 from tests.kit.git import git

@@ -21,6 +21,7 @@ from reconciler.engine.fleet import (
     next_fleet,
 )
 from reconciler.protocol.observations import Heartbeat, RuntimeReport
+from reconciler.readers.fleet_reader import FleetReader, read_fleet_status
 from reconciler.spec import schemas
 from reconciler.spec.fleet_status import (
     FLEET_PAGE_SIZE,
@@ -36,8 +37,7 @@ from reconciler.spec.fleet_status import (
 from reconciler.spec.model import Target
 from reconciler.spec.rollout_status import FrozenSpec, NodeRecord, RolloutStatus
 from reconciler.spec.safe_yaml import dump_yaml
-from reconciler.views.fleet_reader import FleetReader, read_fleet_status
-from reconciler.views.fleet_text import fleet_dashboard_section, render_fleet_text
+from reconciler.text.fleet_text import fleet_dashboard_section, render_fleet_text
 
 T0 = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
 OFFLINE_AFTER = 120

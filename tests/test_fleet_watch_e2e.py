@@ -23,8 +23,8 @@ import pytest
 
 from reconciler.daemon.loop import Daemon
 from reconciler.git.watch import BranchWatcher
+from reconciler.readers.fleet_reader import read_fleet_status
 from reconciler.spec.fleet_status import FleetNode, FleetStatus
-from reconciler.views.fleet_reader import read_fleet_status
 from tests.kit.documents import rollout_yaml
 from tests.kit.fleets import AgentFleet
 from tests.kit.git import git

@@ -9,9 +9,9 @@ from datetime import UTC, datetime
 from test_engine_health_checks import HEALTH, HealthWorld, at
 
 from reconciler.protocol.observations import CheckReport
-from reconciler.views import plan
-from reconciler.views.dashboard import render_dashboard
-from reconciler.views.status_text import render_detail
+from reconciler.text import plan
+from reconciler.text.dashboard import render_dashboard
+from reconciler.text.status_text import render_detail
 from tests.markdown_render import plain_text
 
 NODE = b"""\

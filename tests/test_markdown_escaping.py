@@ -1,5 +1,5 @@
 """Text from agents and people stays text in every Markdown we write: a
-corpus of hostile strings, escaped by ``views.markdown.text``, rendered by a
+corpus of hostile strings, escaped by ``text.markdown.text``, rendered by a
 real GFM renderer (markdown-it-py with tables and autolinks), produces no
 link, emphasis, code, HTML or block of its own, and reads as the string."""
 
@@ -12,8 +12,8 @@ from datetime import UTC, datetime
 import pytest
 
 from reconciler.spec.rollout_status import Condition
-from reconciler.views import markdown, plan
-from reconciler.views.dashboard import render_dashboard
+from reconciler.text import markdown, plan
+from reconciler.text.dashboard import render_dashboard
 from tests.kit.documents import make_status, node_yaml
 from tests.markdown_render import GFM, constructs, plain_text
 
@@ -155,7 +155,7 @@ def test_the_plan_keeps_model_names_and_label_values_as_text(model: str) -> None
 @pytest.mark.parametrize("nasty", NASTY)
 def test_the_fleet_section_keeps_what_an_agent_reports_as_text(nasty: str) -> None:
     from reconciler.spec.fleet_status import DesiredRuntime, FleetNode, FleetRuntime, FleetStatus
-    from reconciler.views.fleet_text import fleet_dashboard_section
+    from reconciler.text.fleet_text import fleet_dashboard_section
 
     def section(model: str) -> str:
         desired = DesiredRuntime("ollama", "llama3.1-8b", "default", "r")

@@ -151,7 +151,7 @@ def test_a_signature_needs_artifacts(keys: dict[str, str]) -> None:
 def test_plan_names_the_signer_or_says_unsigned(keys: dict[str, str]) -> None:
     from datetime import UTC, datetime
 
-    from reconciler.views import plan
+    from reconciler.text import plan
 
     settings = settings_yaml(("ml-release", keys["p256"], ["llama-*"]))
     base = {"reconciler.yaml": settings, "nodes/gpu-1.yaml": node_yaml("gpu-1")}
@@ -172,7 +172,7 @@ def test_plan_names_the_signer_or_says_unsigned(keys: dict[str, str]) -> None:
 def test_plan_names_signers_not_their_keys_when_they_change(keys: dict[str, str]) -> None:
     from datetime import UTC, datetime
 
-    from reconciler.views import plan
+    from reconciler.text import plan
 
     one = settings_yaml(("ml-release", keys["p256"], ["llama-*"]))
     two = settings_yaml(("ml-release", keys["p256"], ["llama-*"]), ("lab", keys["p384"], None))

@@ -19,7 +19,7 @@ from reconciler.spec.rollout_status import (
     RollbackRecord,
     RolloutStatus,
 )
-from reconciler.views.notification_events import (
+from reconciler.text.notification_events import (
     delivery_id,
     fleet_events,
     json_body,

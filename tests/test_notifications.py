@@ -22,7 +22,7 @@ from reconciler.daemon.notifications import (
 )
 from reconciler.spec.model import Receiver
 from reconciler.spec.rollout_status import Hold, RolloutStatus
-from reconciler.views.notification_events import Event, rollout_events
+from reconciler.text.notification_events import Event, rollout_events
 from tests.kit.fleets import FleetKit
 from tests.kit.webhook import Receiver as Hook
 

@@ -27,7 +27,7 @@ from reconciler.daemon.prometheus_client import PrometheusClient
 from reconciler.daemon.range_queries import RangeQueries, RangeQuery
 from reconciler.spec.model import Receiver
 from reconciler.spec.rollout_status import Hold, RolloutStatus
-from reconciler.views.notification_events import rollout_events
+from reconciler.text.notification_events import rollout_events
 from tests.kit.documents import rollout_yaml
 from tests.kit.fleets import FleetKit
 from tests.kit.hostile_servers import DripServer, EndlessServer, NestedServer

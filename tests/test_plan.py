@@ -15,7 +15,7 @@ from reconciler.cli import main as cli
 from reconciler.engine.step import RolloutInput, step_fleet
 from reconciler.protocol.observations import JobObservation, Observations
 from reconciler.spec.rollout_status import RolloutStatus
-from reconciler.views import plan
+from reconciler.text import plan
 from tests.kit.documents import make_status, node_yaml, status_text
 from tests.kit.git import clone, commit, git, make_bare_repo, make_repo
 from tests.markdown_render import plain_text
@@ -559,7 +559,7 @@ def test_every_setting_of_the_model_is_compared() -> None:
     from dataclasses import fields
 
     from reconciler.spec.model import Settings
-    from reconciler.views.settings_changes import FIELDS
+    from reconciler.text.settings_changes import FIELDS
 
     assert sorted(FIELDS) == sorted(f.name for f in fields(Settings))
 

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 from reconciler.spec.artifact_records import StageRecord
 from reconciler.spec.rollout_status import NodeRecord
-from reconciler.views import artifact_text, plan
+from reconciler.text import artifact_text, plan
 from tests.kit.documents import node_yaml
 from tests.markdown_render import plain_text
 

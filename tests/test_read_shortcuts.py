@@ -35,8 +35,8 @@ from reconciler.engine.step import RolloutInput
 from reconciler.protocol.observations import Observations
 from reconciler.spec.documents import Documents
 from reconciler.spec.rollout_status import RolloutStatus
-from reconciler.views import dashboard
-from reconciler.views.status_text import ordered
+from reconciler.text import dashboard
+from reconciler.text.status_text import ordered
 from tests.kit.documents import node_yaml, rollout_yaml
 from tests.kit.fleets import FleetKit
 from tests.kit.git import git, write_files

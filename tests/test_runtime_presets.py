@@ -20,7 +20,7 @@ from reconciler.spec.artifacts import Drain, Warmup
 from reconciler.spec.documents import parse_file
 from reconciler.spec.rollout_status import RolloutStatus, freeze, from_record, to_record
 from reconciler.spec.runtime_presets import PRESETS, WARMUP_BODY
-from reconciler.views import plan
+from reconciler.text import plan
 from tests.kit.jobs import job
 from tests.test_documents_artifacts import DIGEST, problems, rollout
 from tests.test_plan_artifacts import WIDE, planned

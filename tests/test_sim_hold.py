@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 
 from reconciler.node.http_server import Response
-from reconciler.node.simulated_fleet import _hold, _wake
+from reconciler.simulation.fleet import _hold, _wake
 
 
 def run(test: object) -> None:

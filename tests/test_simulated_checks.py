@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from reconciler.node.simulated_fleet import ScriptError, parse_script
+from reconciler.simulation.fleet import ScriptError, parse_script
 from reconciler.spec.health import Health, HealthCheck, HttpProbe, TcpProbe
 from tests.kit.agents import FleetThread
 from tests.kit.http import request

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from reconciler.node.simulated_fleet import ScriptError, load_script, node_names, parse_script
 from reconciler.protocol.signing import SigningKey
+from reconciler.simulation.fleet import ScriptError, load_script, node_names, parse_script
 from reconciler.spec.model import Target
 from tests.kit.agents import FleetThread, start_process
 from tests.kit.http import request

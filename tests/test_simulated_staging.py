@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from reconciler.cli.demo_mirror import Mirror
-from reconciler.node.simulated_fleet import ScriptError, StageScript, parse_script
 from reconciler.protocol.signing import SigningKey
+from reconciler.simulation.fleet import ScriptError, StageScript, parse_script
 from reconciler.spec.artifact_records import out_of_service
 from reconciler.spec.artifacts import Artifact, Drain, Warmup
 from tests.kit.agents import FleetThread

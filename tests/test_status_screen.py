@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from reconciler.cli.commands.status import fit_screen
-from reconciler.views import status_text as view
+from reconciler.text import status_text as view
 from tests.kit.documents import make_status, status_text
 from tests.kit.git import make_repo
 

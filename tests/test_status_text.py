@@ -13,7 +13,7 @@ import pytest
 from reconciler.cli import main as cli
 from reconciler.cli.commands.status import use_colour
 from reconciler.spec.rollout_status import Condition, RollbackNode, RollbackRecord, to_record
-from reconciler.views import status_text as status_view
+from reconciler.text import status_text as status_view
 from tests.kit.documents import T0, make_status, status_text
 from tests.kit.git import commit, git, make_repo
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from reconciler.daemon.agent_answers import job_observation
 from reconciler.spec.artifacts import Artifact, Drain, Stage
-from reconciler.views.dashboard import render_dashboard
-from reconciler.views.status_text import render_detail
+from reconciler.text.dashboard import render_dashboard
+from reconciler.text.status_text import render_detail
 from tests.engine_world import World
 
 WEIGHTS = Artifact("weights", "https://mirror.example/m.gguf", "0f" * 32, 3 * 1024**3)

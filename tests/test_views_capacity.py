@@ -12,8 +12,8 @@ import pytest
 from test_plan import json_plan, run_plan
 
 from reconciler.spec.model import SpreadBy
-from reconciler.views.dashboard import render_dashboard
-from reconciler.views.status_text import render_detail
+from reconciler.text.dashboard import render_dashboard
+from reconciler.text.status_text import render_detail
 from tests.engine_world import World
 from tests.kit.documents import node_yaml
 from tests.kit.git import commit, git, make_repo

@@ -10,8 +10,8 @@ import pytest
 from test_plan import json_plan, run_plan
 
 from reconciler.spec.model import Settings, Window
-from reconciler.views.dashboard import render_dashboard
-from reconciler.views.status_text import render_detail, render_table
+from reconciler.text.dashboard import render_dashboard
+from reconciler.text.status_text import render_detail, render_table
 from tests.engine_world import World
 from tests.kit.documents import node_yaml
 from tests.kit.git import commit, git, make_repo

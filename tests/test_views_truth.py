@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import re
 
-from reconciler.views.dashboard import render_dashboard
-from reconciler.views.status_text import render_detail, render_table
+from reconciler.text.dashboard import render_dashboard
+from reconciler.text.status_text import render_detail, render_table
 from tests.engine_world import World
 from tests.markdown_render import plain_text
 

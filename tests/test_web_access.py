@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from reconciler.daemon.web_routes import HostRule, Reply, Routes
-from reconciler.views.web_answers import StatusView
+from reconciler.text.web_answers import StatusView
 
 
 def _get(routes: Routes, path: str, host: str | None, **headers: str) -> Reply:

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 
 from reconciler.spec.fleet_status import FleetNode, FleetStatus
 from reconciler.spec.rollout_status import RolloutStatus, TransitionRecord
-from reconciler.views.web_answers import StatusView, answers_for, events_between
+from reconciler.text.web_answers import StatusView, answers_for, events_between
 from tests.kit.web import check_answer
 
 T0 = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)

@@ -12,9 +12,9 @@ from html.parser import HTMLParser
 
 from reconciler.engine.holds import hold_message
 from reconciler.spec.rollout_status import RolloutStatus, to_record
-from reconciler.views.web_numbers import percent, rounded, seconds
-from reconciler.views.web_page import render_page, rollout_row
-from reconciler.views.web_rollout import eval_section, model_facts_section
+from reconciler.text.web_numbers import percent, rounded, seconds
+from reconciler.text.web_page import render_page, rollout_row
+from reconciler.text.web_rollout import eval_section, model_facts_section
 from tests.engine_world import World
 from tests.kit.documents import make_status
 from tests.kit.web_statuses import failed_canary, model_rollout, soaking

@@ -20,7 +20,7 @@ import pytest
 
 from reconciler.daemon.web_routes import Routes
 from reconciler.daemon.web_server import WebServer
-from reconciler.views.web_answers import StatusView
+from reconciler.text.web_answers import StatusView
 from tests.kit.web_statuses import failed_canary, held, model_rollout
 
 pytestmark = pytest.mark.slow

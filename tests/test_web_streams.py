@@ -15,7 +15,7 @@ import httpx
 from reconciler.daemon.web_routes import Routes
 from reconciler.daemon.web_server import WebServer
 from reconciler.spec.rollout_status import RolloutStatus
-from reconciler.views.web_answers import StatusView
+from reconciler.text.web_answers import StatusView
 from tests.kit.waiting import wait_for
 
 NAMES = [f"rollout-{i:03d}-" + "x" * 50 for i in range(300)]  # long names: big events

@@ -28,11 +28,11 @@ from typing import TextIO
 from reconciler.cli.demo_mirror import EXAMPLE_MIRROR, WEIGHTS_PATH, Mirror, demo_weights
 from reconciler.cli.examples import example_dir
 from reconciler.git.branch import Branch, open_branch
+from reconciler.readers.status_reader import StatusCache, read_snapshot
 from reconciler.spec.errors import ReconcilerError
 from reconciler.spec.paths import NODES_DIR, SETTINGS_PATH, rollout_path
 from reconciler.spec.rollout_status import RolloutStatus
-from reconciler.views.status_reader import StatusCache, read_snapshot
-from reconciler.views.status_text import render_table
+from reconciler.text.status_text import render_table
 
 OPERATOR = {"GIT_AUTHOR_NAME": "Alice Operator", "GIT_AUTHOR_EMAIL": "alice@example.com"}
 WAIT = 30.0  # seconds any one chapter may take before the demo gives up

@@ -36,6 +36,7 @@ from ruamel.yaml.error import YAMLError
 from ruamel.yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from reconciler.git.git_binary import run_git
+from reconciler.readers.status_reader import StatusCache
 from reconciler.spec.errors import ReconcilerError
 from reconciler.spec.paths import (
     NODES_DIR,
@@ -48,7 +49,6 @@ from reconciler.spec.paths import (
 from reconciler.spec.rollout_status import TERMINAL_PHASES, RolloutStatus
 from reconciler.spec.safe_yaml import YamlProblem, load_yaml
 from reconciler.spec.times import format_time
-from reconciler.views.status_reader import StatusCache
 
 # Node states whose restore is still under way: a new rollback would race it.
 RESTORING_STATES = frozenset({"rollback_pending", "restoring"})

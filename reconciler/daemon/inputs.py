@@ -303,7 +303,7 @@ class InputCache:
             used = (
                 [n.name for n in recorded.nodes]
                 if recorded and recorded.started
-                else engine.resolve_nodes(spec, documents.fleet)
+                else engine.select_nodes_by_index(spec, documents.fleet)
             )
             node_paths = [node_path(n) for n in used]
         else:

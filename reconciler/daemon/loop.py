@@ -72,8 +72,8 @@ from reconciler.spec.errors import HostKeyError, RefMoved, StoreError
 from reconciler.spec.fleet_status import FleetStatus
 from reconciler.spec.paths import DASHBOARD_PATH, SETTINGS_PATH
 from reconciler.spec.rollout_status import RolloutStatus
-from reconciler.views import notification_events
-from reconciler.views.web_answers import StatusView
+from reconciler.text import notification_events
+from reconciler.text.web_answers import StatusView
 
 MAX_RACES = 20  # passes lost in a row to other writers before giving up
 REREAD = 60.0  # seconds: the longest a serving daemon waits between passes

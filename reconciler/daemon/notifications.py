@@ -1,6 +1,6 @@
 """Delivery of notification events to receivers (docs/operating.md).
 
-The pass hands events (``views.notification_events``) to ``Notifier.publish``,
+The pass hands events (``text.notification_events``) to ``Notifier.publish``,
 which only puts them on each receiver's bounded queue: a slow or dead
 receiver never delays a pass. One thread per receiver sends them in order
 through ``outside_http`` (each answer whole within the timeout and under
@@ -50,7 +50,7 @@ from reconciler.spec.documents import parse_file
 from reconciler.spec.errors import ReconcilerError
 from reconciler.spec.model import Receiver
 from reconciler.spec.paths import SETTINGS_PATH
-from reconciler.views.notification_events import Event, json_body, slack_text
+from reconciler.text.notification_events import Event, json_body, slack_text
 
 if TYPE_CHECKING:
     from reconciler.git.store import GitStore

@@ -23,7 +23,7 @@ from datetime import datetime, timedelta
 from reconciler.daemon.agent_client import AgentClient, HeartbeatWatch
 from reconciler.daemon.alertmanager_client import AlertmanagerClient
 from reconciler.daemon.answer_check import AnswerCheck
-from reconciler.daemon.canary_verdicts import CanaryVerdicts, SoakMemory
+from reconciler.daemon.canary_readings import CanaryReadings, SoakMemory
 from reconciler.daemon.crashpoints import CrashPoints
 from reconciler.daemon.inert import InertStatuses
 from reconciler.daemon.logs import EventLog
@@ -123,7 +123,7 @@ class Observer:
         self.alertmanager = alertmanager or AlertmanagerClient()
         self.memory = memory
         self.answers = answers  # agentKeys parsed, by line; the newest heartbeat believed
-        self.canary = CanaryVerdicts(range_queries or RangeQueries(), clock, soaks)
+        self.canary = CanaryReadings(range_queries or RangeQueries(), clock, soaks)
         # Caches, dropped with the observer (``run --plain``: every pass).
         # job id -> its record once succeeded: an agent never changes a
         # finished record, and a node soaking its checks would otherwise be

@@ -23,7 +23,7 @@ Every failure is an answer, never an exception: a connection error, a
 timeout, an HTTP error or a body we cannot use is a ``RangeAnswer`` with
 ``error`` (no evidence).
 
-Must not: decide anything (``canary_verdicts`` judges the samples).
+Must not: decide anything (``canary_readings`` judges the samples).
 """
 
 from __future__ import annotations

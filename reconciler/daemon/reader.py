@@ -35,6 +35,8 @@ from reconciler.git.history import History
 from reconciler.git.sshsig import AllowedSigner
 from reconciler.git.status_writes import DaemonWrites
 from reconciler.git.store import GitStore
+from reconciler.readers.fleet_reader import FleetReader
+from reconciler.readers.status_reader import StatusReader
 from reconciler.spec.documents import Assembly, Documents, ParsedFile, parse_file
 from reconciler.spec.errors import StoreError
 from reconciler.spec.fleet_status import FleetStatus
@@ -53,8 +55,6 @@ from reconciler.spec.paths import (
     status_path,
 )
 from reconciler.spec.rollout_status import ApprovalRecord, RolloutStatus
-from reconciler.views.fleet_reader import FleetReader
-from reconciler.views.status_reader import StatusReader
 
 Report = Callable[..., None]  # (event, message, **fields): a standing problem, logged once
 REQUEST_WALK = 1000  # old versions kept parsed, for the rollback requests' history
@@ -132,7 +132,7 @@ class ReadMemory:
             nodes = {n.name for n in last.nodes} if last is not None else set()
             spec = documents.rollouts.get(name)
             if spec is not None:
-                nodes.update(engine.resolve_nodes(spec, documents.fleet))
+                nodes.update(engine.select_nodes_by_index(spec, documents.fleet))
             held[name] = tuple(sorted(nodes))
         return held
 

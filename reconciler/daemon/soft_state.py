@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from reconciler.daemon.answer_check import AnswerCheck
-from reconciler.daemon.canary_verdicts import SoakMemory
+from reconciler.daemon.canary_readings import SoakMemory
 from reconciler.daemon.fleet_watch import SweepMemory
 from reconciler.daemon.observer import AgentMemory
 from reconciler.daemon.reader import ReadMemory
@@ -54,7 +54,7 @@ class SoftState:
     # agentKeys parsed and signatures verified, which it keeps to be fast);
     # used from the pass, the agent client's thread and the sweep's.
     answers: AnswerCheck = field(default_factory=AnswerCheck)
-    # canary_verdicts.py: each live node's soak and the comparisons judged.
+    # canary_readings.py: each live node's soak and the comparisons judged.
     soaks: SoakMemory = field(default_factory=SoakMemory)
     # fleet_watch.py: since when each node has not answered a sweep.
     sweeps: SweepMemory = field(default_factory=SweepMemory)

@@ -24,9 +24,9 @@ from reconciler.spec.model import Node
 from reconciler.spec.paths import DASHBOARD_PATH
 from reconciler.spec.rollout_status import RolloutStatus
 from reconciler.spec.status_texts import StatusTexts
-from reconciler.views.dashboard import DashboardOrder, DashboardParts, dashboard_parts
-from reconciler.views.evidence_marks import evidence_dashboard_section
-from reconciler.views.fleet_text import fleet_dashboard_section
+from reconciler.text.dashboard import DashboardOrder, DashboardParts, dashboard_parts
+from reconciler.text.evidence_marks import evidence_dashboard_section
+from reconciler.text.fleet_text import fleet_dashboard_section
 
 MESSAGE_LINES = 60  # transitions listed in one commit message
 

@@ -24,7 +24,7 @@ from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass, field
 from operator import attrgetter
 
-from reconciler.engine.step import resolve_nodes
+from reconciler.engine.step import select_nodes_by_index
 from reconciler.git.approval import Approver
 from reconciler.git.status_writes import STATUS_FOLDER, DaemonWrites, status_files_at
 from reconciler.git.store import GitStore
@@ -56,7 +56,7 @@ class StartSpec:
 def start_spec(spec: RolloutSpec, fleet: Fleet) -> StartSpec:
     """The frozen values the engine records when it starts ``spec``
     (``engine`` ``start``), and the nodes it selects in ``fleet``."""
-    nodes = resolve_nodes(spec, fleet)
+    nodes = select_nodes_by_index(spec, fleet)
     labels: dict[str, str] = {}
     if spec.spread_by is not None:
         by_name = fleet.by_name()

@@ -29,7 +29,7 @@ from typing import Any
 from urllib.parse import parse_qs, quote, unquote
 
 from reconciler.spec.paths import NAME_RE
-from reconciler.views.web_answers import (
+from reconciler.text.web_answers import (
     DEFAULT_LIMIT,
     MAX_LIMIT,
     Answers,

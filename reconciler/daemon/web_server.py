@@ -59,7 +59,7 @@ from reconciler.protocol.h11_serving import (
     shown_address,
     whole_answer,
 )
-from reconciler.views.web_answers import StatusView
+from reconciler.text.web_answers import StatusView
 
 MAX_HEAD_BYTES = 16 * 1024
 MAX_CONNECTIONS = 256

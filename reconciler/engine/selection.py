@@ -7,7 +7,7 @@ from __future__ import annotations
 from reconciler.spec.model import Fleet, Node, RolloutSpec
 
 
-def resolve_nodes(spec: RolloutSpec, fleet: Fleet) -> tuple[str, ...]:
+def select_nodes(spec: RolloutSpec, fleet: Fleet) -> tuple[str, ...]:
     """The rollout's node selection, ordered: a selector's matches by name;
     ``nodeIds`` in the order given, duplicates dropped. Names in ``nodeIds``
     that are not in the fleet are left out (see ``unknown_node_ids``).
@@ -38,7 +38,7 @@ def unknown_node_ids(spec: RolloutSpec, fleet: Fleet) -> tuple[str, ...]:
 
 
 def maintenance_node_ids(spec: RolloutSpec, fleet: Fleet) -> tuple[str, ...]:
-    """Names in ``nodeIds`` that ``resolve_nodes`` leaves out because the node
+    """Names in ``nodeIds`` that ``select_nodes`` leaves out because the node
     is in maintenance (and the rollout does not include maintenance nodes)."""
     if spec.node_ids is None or spec.include_maintenance:
         return ()

@@ -12,8 +12,7 @@ from datetime import datetime
 
 from reconciler.engine.calendar import batch_gate
 from reconciler.engine.holds import name_list
-from reconciler.engine.selection import maintenance_node_ids, unknown_node_ids
-from reconciler.engine.selection import resolve_nodes as _resolve
+from reconciler.engine.selection import maintenance_node_ids, select_nodes, unknown_node_ids
 from reconciler.engine.shapes import after_wait
 from reconciler.spec import batch_shapes as shapes
 from reconciler.spec.batch_shapes import describe_sizes
@@ -61,7 +60,7 @@ def decide_start(
     waits = spec_wait(spec, settings, fleet, current)
     if waits is not None:
         return waits
-    names = resolve_nodes(spec, fleet)
+    names = select_nodes_by_index(spec, fleet)
     if not names:
         return "no_nodes", NO_NODES + left_out_words(maintenance_node_ids(spec, fleet))
     if spec.start_at is not None:
@@ -103,10 +102,10 @@ def batch_numbers(
     )
 
 
-def resolve_nodes(spec: RolloutSpec, fleet: Fleet) -> tuple[str, ...]:
+def select_nodes_by_index(spec: RolloutSpec, fleet: Fleet) -> tuple[str, ...]:
     """The rollout's node selection, ordered (selector: by name; nodeIds: order kept).
 
-    ``selection.resolve_nodes`` decides; it is handed only the nodes that can
+    ``selection.select_nodes`` decides; it is handed only the nodes that can
     match (by a label index of the fleet, or the named nodes), because the
     daemon resolves every rollout not yet started on every pass, and a
     scan of 10,000 nodes each time made a pass starting 1,000 rollouts take
@@ -114,13 +113,13 @@ def resolve_nodes(spec: RolloutSpec, fleet: Fleet) -> tuple[str, ...]:
     index = fleet.index
     if spec.node_ids is not None:
         named = (index.by_name.get(n) for n in dict.fromkeys(spec.node_ids))
-        return _resolve(spec, Fleet(tuple(node for node in named if node is not None)))
+        return select_nodes(spec, Fleet(tuple(node for node in named if node is not None)))
     wanted = spec.selector or ()
     if not wanted or not all(isinstance(v, str) for _, v in wanted):
-        return _resolve(spec, fleet)
+        return select_nodes(spec, fleet)
     # Nodes carrying the rarest wanted label: the only ones that can match.
     candidates = min((index.by_label.get(pair, ()) for pair in wanted), key=len)
-    return _resolve(spec, Fleet(tuple(candidates)))
+    return select_nodes(spec, Fleet(tuple(candidates)))
 
 
 def unusable(problems: Sequence[Problem], refusal: str | None) -> Wait:

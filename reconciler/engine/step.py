@@ -81,7 +81,7 @@ from reconciler.engine.records import evolve
 from reconciler.engine.selection import maintenance_node_ids
 from reconciler.engine.shapes import timed_pause_until
 from reconciler.engine.staged_draft import StagedDraft
-from reconciler.engine.starts import resolve_nodes
+from reconciler.engine.starts import select_nodes_by_index
 from reconciler.protocol.effects import SendJob
 from reconciler.protocol.observations import Observations
 from reconciler.spec.model import Fleet, Node, RolloutSpec, Settings
@@ -102,7 +102,7 @@ __all__ = [
     "in_flight",
     "is_active",
     "next_wakeup",
-    "resolve_nodes",
+    "select_nodes_by_index",
     "step_fleet",
     "waits_for_a_person",
     "wanted_backups",

@@ -1,2 +1,3 @@
-"""The node side: the agent, its state directory, the simulated fleet and their HTTP
-server. Imports ``spec`` and ``protocol``; never the engine, ``git`` or the daemon."""
+"""The node side: the agent, its state directory and its HTTP server (which the
+simulated fleet, in ``reconciler.simulation``, serves over too). Imports
+``spec`` and ``protocol``; never the engine, ``git`` or the daemon."""

@@ -1,6 +1,6 @@
 """``status/fleet.yaml`` (kind ``FleetStatus``, docs/operating.md): what
 the fleet watch last decided about every node, as values, and their plain
-data (``views.fleet_reader`` is the one reader of the file).
+data (``readers.fleet_reader`` is the one reader of the file).
 
 Pure: plain data in, values out. Deciding a node's state is the engine's
 (``engine.fleet``); reading the file from Git is the caller's.

@@ -37,10 +37,10 @@ import httpx
 
 from reconciler.node.agent import Agent, AgentConfig
 from reconciler.node.http_server import Handler, HttpServer
-from reconciler.node.simulated_fleet import Script, parse_script
-from reconciler.node.simulated_fleet import SimFleet as SimulatedFleet
 from reconciler.node.state_dir import StateDir
 from reconciler.protocol.signing import SigningKey
+from reconciler.simulation.fleet import Script, parse_script
+from reconciler.simulation.fleet import SimFleet as SimulatedFleet
 from reconciler.spec.safe_yaml import load_yaml
 from tests.kit.http import request
 from tests.kit.ports import HeldPort, handed_over

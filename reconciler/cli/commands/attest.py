@@ -19,6 +19,7 @@ import os
 import sys
 from pathlib import Path
 
+from reconciler.attestations.attestation import AttestationError, attest
 from reconciler.cli.completers import complete_with, rollout_names
 from reconciler.cli.daemon_policy import add_policy_arguments, looser_than_the_daemon, policy_of
 from reconciler.cli.output_format import add_format_argument, structured
@@ -27,7 +28,6 @@ from reconciler.daemon.status_provenance import unacted_reasons
 from reconciler.git.branch import open_branch
 from reconciler.protocol.signing import load_private_key
 from reconciler.spec.errors import ReconcilerError
-from reconciler.views.attestation import AttestationError, attest
 
 HELP = "write a signed in-toto attestation of a finished rollout, from its committed status"
 

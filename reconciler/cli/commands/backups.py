@@ -28,11 +28,11 @@ from reconciler.daemon.agent_client import fetch_backups
 from reconciler.git.approval import Approver, load_allowed_signers
 from reconciler.git.branch import Branch, open_branch
 from reconciler.protocol.observations import BACKUP_FIELDS, Backup
+from reconciler.readers.status_reader import read_snapshot
 from reconciler.spec import documents
 from reconciler.spec.errors import AgentError, ReconcilerError, StoreError, UsageError
 from reconciler.spec.model import Node
 from reconciler.spec.paths import NODES_DIR, name_in, node_path
-from reconciler.views.status_reader import read_snapshot
 
 HELP = "list a node's backups (newest first), from its agent"
 

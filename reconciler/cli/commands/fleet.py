@@ -15,9 +15,9 @@ import sys
 from reconciler.cli.output_format import add_format_argument, structured
 from reconciler.cli.remote_options import add_branch_source_arguments
 from reconciler.git.branch import open_branch
+from reconciler.readers.fleet_reader import read_branch_fleet
 from reconciler.spec.safe_yaml import YamlProblem
-from reconciler.views.fleet_reader import read_branch_fleet
-from reconciler.views.fleet_text import render_fleet_json, render_fleet_text
+from reconciler.text.fleet_text import render_fleet_json, render_fleet_text
 
 HELP = "every node's fleet state (ok, offline, drift, unverified) from status/fleet.yaml"
 

@@ -1,6 +1,6 @@
 """``reconciler plan [--repo PATH] [--base REV] [--head REV] [--format
 text|markdown|json|yaml]``: what merging HEAD (or --head) into the base would do,
-computed by the engine (``reconciler.views.plan``). Exit 1 when head has invalid
+computed by the engine (``reconciler.text.plan``). Exit 1 when head has invalid
 documents.
 
 Reads committed trees (``git.branch``: no checkout, working tree edits do not
@@ -21,11 +21,11 @@ from reconciler.cli.output_format import add_format_argument, structured
 from reconciler.cli.remote_options import add_repo_argument, local_repo
 from reconciler.git.branch import local_branch
 from reconciler.git.revisions import default_base, first_branch_tip, open_repository, resolve
+from reconciler.readers.status_reader import read_statuses
 from reconciler.spec import documents
 from reconciler.spec.paths import SETTINGS_PATH
 from reconciler.spec.rollout_status import RolloutStatus
-from reconciler.views import plan
-from reconciler.views.status_reader import read_statuses
+from reconciler.text import plan
 
 HELP = "show what merging a change would do: new rollouts, intents, refused changes"
 

@@ -1,5 +1,5 @@
 """``reconciler sim-fleet``: many simulated node agents on one port
-(``reconciler.node.simulated_fleet``), for tests, benchmarks and the demo.
+(``reconciler.simulation.fleet``), for tests, benchmarks and the demo.
 
 Prints ``listening on HOST:PORT`` as its first line on stdout once it
 accepts connections, so callers can start it on port 0.
@@ -14,7 +14,8 @@ import sys
 from pathlib import Path
 
 from reconciler.node.http_server import parse_listen
-from reconciler.node.simulated_fleet import (
+from reconciler.protocol.signing import load_trusted_keys
+from reconciler.simulation.fleet import (
     Script,
     ScriptError,
     SimFleet,
@@ -22,7 +23,6 @@ from reconciler.node.simulated_fleet import (
     node_names,
     serve,
 )
-from reconciler.protocol.signing import load_trusted_keys
 from reconciler.spec.errors import UsageError
 
 HELP = "serve many simulated node agents on one port, with scripted behaviour"
@@ -47,7 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--behaviour",
         metavar="FILE",
         help="YAML script of per-node behaviour, re-read when it changes "
-        "(the format: pydoc reconciler.node.simulated_fleet)",
+        "(the format: pydoc reconciler.simulation.fleet)",
     )
     parser.add_argument(
         "--node-prefix",

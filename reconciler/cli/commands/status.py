@@ -24,10 +24,10 @@ from reconciler.cli.output_format import add_format_argument, structured
 from reconciler.cli.remote_options import add_branch_source_arguments
 from reconciler.daemon.logs import EventLog
 from reconciler.git.branch import REMOTE_POLL, Branch, open_branch
+from reconciler.readers.status_reader import Snapshot, StatusCache, read_snapshot, status_branch
 from reconciler.spec.errors import StoreError
 from reconciler.spec.rollout_status import TERMINAL_PHASES
-from reconciler.views import status_text
-from reconciler.views.status_reader import Snapshot, StatusCache, read_snapshot, status_branch
+from reconciler.text import status_text
 
 HELP = "show rollouts from the committed status files; with NAME, every node"
 

@@ -18,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from reconciler.cli.output_format import add_format_argument
-from reconciler.engine.selection import maintenance_node_ids, resolve_nodes
+from reconciler.engine.selection import maintenance_node_ids, select_nodes
 from reconciler.spec import safe_yaml
 from reconciler.spec.documents import Documents, load_directory
 from reconciler.spec.errors import UsageError
@@ -78,7 +78,7 @@ def warnings(documents: Documents) -> list[Problem]:
     run while the node already serves (no drain)."""
     found = []
     for name, spec in sorted(documents.rollouts.items()):
-        if spec.selector is not None and not resolve_nodes(spec, documents.fleet):
+        if spec.selector is not None and not select_nodes(spec, documents.fleet):
             found.append(
                 Problem(
                     rollout_path(name),

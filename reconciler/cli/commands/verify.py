@@ -31,6 +31,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from reconciler.attestations.attestation_check import check_attestation
+from reconciler.attestations.evidence_check import check_evidence
 from reconciler.cli.completers import complete_with, rollout_names
 from reconciler.cli.daemon_policy import (
     allowed_signers,
@@ -67,11 +69,9 @@ from reconciler.git.sshsig import AllowedSigner, parse_allowed_signers
 from reconciler.git.status_writes import DaemonWrites
 from reconciler.git.store import GitStore
 from reconciler.protocol.signing import TrustedKey, load_public_key
+from reconciler.readers.status_reader import StatusReader, read_snapshot
 from reconciler.spec.errors import ReconcilerError, StoreError, UsageError
 from reconciler.spec.paths import STATUS_DIR, status_path
-from reconciler.views.attestation_check import check_attestation
-from reconciler.views.evidence_check import check_evidence
-from reconciler.views.status_reader import StatusReader, read_snapshot
 
 HELP = (
     "tell whether a commit would be acted on under --allowed-signers, and why;"

@@ -28,7 +28,7 @@ from reconciler.engine.step import (
     FleetStep,
     RolloutInput,
     Transition,
-    resolve_nodes,
+    select_nodes_by_index,
     step_fleet,
 )
 from reconciler.protocol.observations import Observations
@@ -41,9 +41,9 @@ from reconciler.spec.model import Fleet, Problem, RolloutSpec, Settings, SpreadB
 from reconciler.spec.paths import rollout_path
 from reconciler.spec.rollout_status import FROZEN_FIELDS, TERMINAL_PHASES, RolloutStatus, freeze
 from reconciler.spec.times import format_time
-from reconciler.views import artifact_text, markdown
-from reconciler.views.health_text import health_lines
-from reconciler.views.settings_changes import SettingChange, change_words, settings_changes
+from reconciler.text import artifact_text, markdown
+from reconciler.text.health_text import health_lines
+from reconciler.text.settings_changes import SettingChange, change_words, settings_changes
 
 MARKER = "<!-- reconciler plan -->"
 ACTIVE_PHASES = frozenset({"running", "paused"})
@@ -442,7 +442,7 @@ def _added(
 def _planned_batches(spec: RolloutSpec, fleet: Fleet) -> tuple[tuple[str, ...], ...]:
     """The batches a rollout that has not started would start with, as the
     engine cuts them (``spreadBy`` with the fleet's labels as they are)."""
-    names = resolve_nodes(spec, fleet)
+    names = select_nodes_by_index(spec, fleet)
     numbers = starts.batch_numbers(freeze(spec), names, fleet.by_name().get) if names else ()
     by_batch: dict[int, list[str]] = {}
     for name, number in zip(names, numbers, strict=True):

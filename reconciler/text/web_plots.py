@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from html import escape
 from typing import Any
 
-from reconciler.views.web_numbers import percent, rounded, seconds
+from reconciler.text.web_numbers import percent, rounded, seconds
 
 WIDTH = 460
 ROW = 26

@@ -19,8 +19,8 @@ from typing import Any
 
 from reconciler.spec.rollout_status import RolloutStatus, to_record
 from reconciler.spec.times import parse_time
-from reconciler.views.web_numbers import percent, rounded, seconds, signed_percent, time_of_day
-from reconciler.views.web_plots import comparison_plot, out_of_service_plot
+from reconciler.text.web_numbers import percent, rounded, seconds, signed_percent, time_of_day
+from reconciler.text.web_plots import comparison_plot, out_of_service_plot
 
 NODE_COLUMNS = (
     "Node", "Batch", "State", "Attempt", "Error", "Checks", "Evidence", "Staging and switch",

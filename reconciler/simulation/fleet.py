@@ -100,7 +100,6 @@ from reconciler.node.http_server import (
     error_response,
     json_response,
 )
-from reconciler.node.simulated_download import fetch_and_check
 from reconciler.protocol.admission import admit_job
 from reconciler.protocol.evidence import derived_agent_key, signed_answer_bytes
 from reconciler.protocol.job_payload import SEND_TIME_FIELDS
@@ -112,6 +111,7 @@ from reconciler.protocol.long_poll import (
 )
 from reconciler.protocol.observations import signed_list_asked
 from reconciler.protocol.signing import JobRefused, SigningKey, TrustedKey, canonical_json
+from reconciler.simulation.download import fetch_and_check
 from reconciler.spec.safe_yaml import YamlProblem, load_yaml
 from reconciler.spec.times import format_time, parse_time
 

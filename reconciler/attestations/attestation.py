@@ -29,14 +29,14 @@ from jsonschema.exceptions import best_match  # type: ignore[import-untyped]
 from securesystemslib.dsse import Envelope
 from securesystemslib.signer import CryptoSigner, SSlibKey
 
+from reconciler.attestations.evidence_check import check_evidence
 from reconciler.git.branch import Branch
 from reconciler.protocol.signing import SigningKey, TrustedKey, canonical_json
+from reconciler.readers.status_reader import read_snapshot
 from reconciler.spec import schemas
 from reconciler.spec.errors import ReconcilerError
 from reconciler.spec.paths import status_path
 from reconciler.spec.rollout_status import TERMINAL_PHASES, RolloutStatus, to_record
-from reconciler.views.evidence_check import check_evidence
-from reconciler.views.status_reader import read_snapshot
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PAYLOAD_TYPE = "application/vnd.in-toto+json"

@@ -13,7 +13,7 @@ import json
 from reconciler.engine.fleet import drift_text
 from reconciler.spec.fleet_status import FleetNode, FleetStatus, fleet_to_record
 from reconciler.spec.times import format_time
-from reconciler.views import markdown
+from reconciler.text import markdown
 
 _ICONS = {"ok": "✅", "offline": "🔌", "drift": "🔀", "unverified": "⚠️"}
 _TABLE_LIMIT = 200  # rows of the dashboard's table of nodes not ok

@@ -29,9 +29,9 @@ from reconciler.spec.rollout_status import (
     to_record,
 )
 from reconciler.spec.times import format_time
-from reconciler.views import artifact_text
-from reconciler.views.eval_text import eval_lines
-from reconciler.views.health_text import comparison_lines, failing_checks, health_lines
+from reconciler.text import artifact_text
+from reconciler.text.eval_text import eval_lines
+from reconciler.text.health_text import comparison_lines, failing_checks, health_lines
 
 WIDTH = 80
 BAR_WIDTH = 10

@@ -3,6 +3,8 @@ each live node's soak on the daemon's clock, and once the soak has elapsed
 asks Prometheus for the node's window and its baseline's, and judges each
 comparison with ``canary_statistics``. The verdicts go to the engine as
 observations (``CanaryWatch``); the engine decides what they mean.
+These are readings of each comparison, not the node's verdict: that is
+the engine's (``engine.verdicts``).
 
 The soak starts at the pass that first sees the node's apply succeed with
 a fresh heartbeat naming the target. The baseline is the rollout's nodes
@@ -22,7 +24,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
-from reconciler.daemon import canary_statistics as stats
 from reconciler.daemon.range_queries import RangeAnswer, RangeQueries, RangeQuery
 from reconciler.engine import canary_queries, comparisons
 from reconciler.engine.evidence import heartbeat_problem
@@ -32,6 +33,7 @@ from reconciler.spec.compare import Comparison, Measured
 from reconciler.spec.health import Health, for_node
 from reconciler.spec.model import Node
 from reconciler.spec.rollout_status import NodeRecord, RolloutStatus
+from reconciler.statistics import canary_statistics as stats
 
 # Node states still on the config the rollout found: staging downloads
 # files beside it and changes nothing the runtime serves.
@@ -82,7 +84,7 @@ class SoakMemory:
     watches: dict[str, CanaryWatch] = field(default_factory=dict)
 
 
-class CanaryVerdicts:
+class CanaryReadings:
     """Keeps the live nodes' soaks and judges their comparisons."""
 
     def __init__(

@@ -11,12 +11,12 @@ from typing import Any
 from jsonschema.exceptions import best_match  # type: ignore[import-untyped]
 
 from reconciler.git.branch import Branch
+from reconciler.readers.status_reader import ChangeSource, StatusSource, status_branch
 from reconciler.spec import schemas
 from reconciler.spec.errors import StoreError
 from reconciler.spec.fleet_status import FLEET_KIND, FleetStatus, fleet_from_record
 from reconciler.spec.paths import FLEET_PAGES_DIR, FLEET_STATUS_PATH, STATUS_DIR, fleet_page_path
 from reconciler.spec.safe_yaml import YamlProblem, load_yaml
-from reconciler.views.status_reader import ChangeSource, StatusSource, status_branch
 
 FLEET_SCHEMA = "fleet-status"
 

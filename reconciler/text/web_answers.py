@@ -26,9 +26,9 @@ from typing import Any
 from reconciler.spec.fleet_status import FleetStatus
 from reconciler.spec.rollout_status import RolloutStatus, to_record
 from reconciler.spec.times import format_time
-from reconciler.views.fleet_text import render_fleet_json
-from reconciler.views.status_text import render_json
-from reconciler.views.web_page import render_page, rollout_row
+from reconciler.text.fleet_text import render_fleet_json
+from reconciler.text.status_text import render_json
+from reconciler.text.web_page import render_page, rollout_row
 
 DEFAULT_LIMIT = 500  # node records in one rollout answer, unless ?limit= says otherwise
 MAX_LIMIT = 10_000

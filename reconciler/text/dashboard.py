@@ -35,10 +35,10 @@ from reconciler.spec.rollout_status import (
     RolloutStatus,
     recorded_sizes,
 )
-from reconciler.views import artifact_text, markdown
-from reconciler.views.dashboard_comparisons import ALERT_WAITS, alert_wait_line, comparison_section
-from reconciler.views.health_text import failing_summary
-from reconciler.views.status_text import (
+from reconciler.text import artifact_text, markdown
+from reconciler.text.dashboard_comparisons import ALERT_WAITS, alert_wait_line, comparison_section
+from reconciler.text.health_text import failing_summary
+from reconciler.text.status_text import (
     PHASE_ORDER,
     batch_groups,
     batch_text,

@@ -31,12 +31,7 @@ from typing import Any
 from securesystemslib.dsse import Envelope
 from securesystemslib.exceptions import Error as SslibError
 
-from reconciler.git.branch import Branch
-from reconciler.protocol.signing import TrustedKey
-from reconciler.spec.errors import StoreError
-from reconciler.spec.paths import SETTINGS_PATH, status_path
-from reconciler.spec.rollout_status import RolloutStatus, node_from_record
-from reconciler.views.attestation import (
+from reconciler.attestations.attestation import (
     PAYLOAD_TYPE,
     PREDICATE_TYPE,
     STATEMENT_TYPE,
@@ -46,8 +41,13 @@ from reconciler.views.attestation import (
     statement_of,
     subjects_of,
 )
-from reconciler.views.evidence_check import check_evidence
-from reconciler.views.status_reader import read_statuses
+from reconciler.attestations.evidence_check import check_evidence
+from reconciler.git.branch import Branch
+from reconciler.protocol.signing import TrustedKey
+from reconciler.readers.status_reader import read_statuses
+from reconciler.spec.errors import StoreError
+from reconciler.spec.paths import SETTINGS_PATH, status_path
+from reconciler.spec.rollout_status import RolloutStatus, node_from_record
 
 COMMITS = ("specCommit", "startCommit", "statusCommit")
 

@@ -17,7 +17,7 @@ from urllib.parse import quote
 
 from reconciler.spec.rollout_status import RolloutStatus, to_record
 from reconciler.spec.times import format_time
-from reconciler.views.web_rollout import cell, mode_of, phase_badge, rollout_section, state_badge
+from reconciler.text.web_rollout import cell, mode_of, phase_badge, rollout_section, state_badge
 
 # Progress bar segments, by node state: (CSS class, shown in the bar).
 _BAR_STATES = (

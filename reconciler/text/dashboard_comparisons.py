@@ -21,8 +21,8 @@ from reconciler.spec.rollout_status import (
     NodeRecord,
     RolloutStatus,
 )
-from reconciler.views import markdown
-from reconciler.views.status_text import current_batch
+from reconciler.text import markdown
+from reconciler.text.status_text import current_batch
 
 SHOWN = 20  # comparisons listed per rollout; failed ones first
 ALERT_WAITS = ALERT_WAITING_REASONS

@@ -1,2 +1,0 @@
-"""Status for people: the status text, the dashboard and the plan. Imports ``spec``,
-``protocol``, ``engine`` and ``git``."""
