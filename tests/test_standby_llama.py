@@ -14,13 +14,15 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
+from reconciler.node.agent_config import SlotCommands
 from tests.kit.agents import AgentThread, start_agent
 from tests.kit.jobs import envelope, job
 from tests.kit.keys import make_key
 from tests.kit.llama import Models
-from tests.kit.standby import SlotNode, finished, post_and_wait, target
+from tests.kit.standby import SlotNode, post_and_wait
 from tests.kit.waiting import wait_for
 
 pytestmark = pytest.mark.slow
@@ -67,7 +69,7 @@ def test_a_switch_under_load_fails_no_request_and_a_release_stops_the_old_slot(
         assert timings["routedAt"] == timings["servingAt"] is not None
         assert load.failed() == []
         assert {a.model for a in load.answers} == {"A", "B"}
-        status, beat = agent.get("heartbeat")
+        beat = agent.get("heartbeat")[1]
         assert beat["runtimes"][0]["model"] == "tiny-llama-2"
         assert node.slot_running("a")  # kept warm
 
@@ -83,3 +85,156 @@ def test_a_switch_under_load_fails_no_request_and_a_release_stops_the_old_slot(
         assert "nothing to stop" in again["detail"]
     finally:
         agent.close()
+
+
+def test_a_rollback_routes_back_to_the_warm_slot_and_stops_the_failed_one(
+    node: SlotNode,
+) -> None:
+    agent = node.agent()
+    try:
+        applied = _a_then_b(node, agent)
+        with node.load() as load:
+            wait_for(lambda: len(load.answers) >= 5, 60, what="client load to flow")
+            posted = time.time()
+            record = post_and_wait(agent, node.restore(str(applied["backupId"])))
+            wait_for(lambda: load.answers[-1].model == "A", 60, what="answers from A")
+        assert record["state"] == "succeeded", record
+        assert record["standby"] == {"slot": None, "serving": "a", "warm": True}
+        assert record["timings"]["routedAt"] is not None
+        assert "routed back to slot a" in record["detail"]
+        assert "slot b stopped" in record["detail"]
+        assert load.failed() == []
+        assert load.first_from("A", posted) is not None
+        assert not node.slot_running("b")
+        assert node.serving() == "A"
+        assert agent.get("heartbeat")[1]["runtimes"][0]["model"] == "tiny-llama-1"
+    finally:
+        agent.close()
+
+
+def test_a_rollback_with_the_old_slot_dead_is_a_cold_start_and_says_so(node: SlotNode) -> None:
+    agent = node.agent()
+    try:
+        applied = _a_then_b(node, agent)
+        node.kill_slot("a")  # died while held as the standby
+
+        record = post_and_wait(agent, node.restore(str(applied["backupId"])))
+
+        assert record["state"] == "succeeded", record
+        assert record["standby"] == {"slot": None, "serving": "a", "warm": False}
+        assert "cold start: the previous slot was not running" in record["detail"]
+        assert node.serving() == "A"
+        assert node.slot_running("a")
+        assert not node.slot_running("b")
+    finally:
+        agent.close()
+
+
+def test_a_new_slot_that_never_becomes_ready_is_stopped_and_the_old_one_serves(
+    node: SlotNode,
+) -> None:
+    commands = node.slot_commands()
+    lazy = SlotCommands(  # readiness left to the warm-up
+        commands.ports, "LLAMA_SERVER_WAIT=0 " + commands.start, commands.route, commands.stop
+    )
+    agent = node.agent(lazy)
+    try:
+        node.stage(agent, "A")
+        node.stage(agent, "broken")
+        assert post_and_wait(agent, node.apply("A", "apply-0001"))["state"] == "succeeded"
+
+        record = post_and_wait(agent, node.apply("broken", "apply-0002"))
+
+        assert record["state"] == "failed"
+        assert record["error"].startswith("warmup_failed: POST http://127.0.0.1:")
+        assert "slot b was stopped, slot a still serves" in record["error"]
+        assert not node.slot_running("b")
+        assert node.serving() == "A"
+        assert agent.get("heartbeat")[1]["runtimes"][0]["model"] == "tiny-llama-1"
+    finally:
+        agent.close()
+
+
+def test_a_route_command_that_fails_leaves_the_old_slot_serving_and_stops_the_new(
+    node: SlotNode,
+) -> None:
+    """The reload reaches no nginx (its pid file is elsewhere): a real
+    failure of the real command."""
+    agent = node.agent()
+    try:
+        node.stage(agent, "A")
+        node.stage(agent, "B")
+        assert post_and_wait(agent, node.apply("A", "apply-0001"))["state"] == "succeeded"
+    finally:
+        agent.close()
+    upstream = node.router.upstream.read_text()
+    nowhere = node.tmp / "nowhere"
+    nowhere.mkdir()
+    broken = node.slot_commands(
+        reload=node.router.reload_command().replace(f"-p {node.router.root}/", f"-p {nowhere}/")
+    )
+    agent = node.agent(broken)
+    try:
+        with node.load() as load:
+            wait_for(lambda: len(load.answers) >= 3, 60, what="client load to flow")
+            record = post_and_wait(agent, node.apply("B", "apply-0002"))
+        assert record["state"] == "failed"
+        assert record["error"].startswith("route_failed: slot route command (slot b) failed")
+        assert "slot b was stopped, slot a still serves" in record["error"]
+        assert not node.slot_running("b")
+        assert node.router.upstream.read_text() == upstream  # put back by the script
+        assert node.serving() == "A"
+        assert load.failed() == []
+        assert {a.model for a in load.answers} == {"A"}
+        assert agent.get("heartbeat")[1]["runtimes"][0]["model"] == "tiny-llama-1"
+    finally:
+        agent.close()
+
+
+def test_an_agent_killed_between_start_and_route_stops_the_stray_slot_on_restart(
+    node: SlotNode,
+) -> None:
+    marker = node.tmp / "started-b"
+    # Slot b's start returns only long after its server is up: the agent is
+    # killed while it waits, before any route command.
+    hang = f' && {{ [ "$RECONCILER_SLOT" = a ] || {{ touch {marker}; sleep 30; }}; }}'
+    key_dir = node.tmp.parent / "keys"
+    real = start_agent(
+        node.tmp / "agent", "node-a", key_dir / "reconciler.pub",
+        keep_port=True, extra=node.cli_flags(start_suffix=hang),
+    )  # fmt: skip
+    try:
+        for label in ("A", "B"):
+            _post(
+                real.url,
+                envelope(
+                    job(f"stage-{label.lower()}", kind="stage", artifacts=(node.artifacts[label],)),
+                    node.key,
+                ),
+            )
+        _post(real.url, node.apply("A", "apply-0001"))
+        wait_for(lambda: real.get("jobs/apply-0001")["state"] == "succeeded", 120, what="A")
+        _post(real.url, node.apply("B", "apply-0002"))
+        wait_for(marker.exists, 120, what="slot b to start")
+        assert node.slot_running("b")
+
+        real.process.kill()  # SIGKILL
+        real.process.wait()
+        real.restart()
+
+        assert not node.slot_running("b")
+        assert node.slot_running("a")
+        assert node.serving() == "A"
+        record = real.get("jobs/apply-0002")
+        assert record["state"] == "failed"
+        assert "slot b it was switching to was stopped, slot a still serves" in record["error"]
+        slots = json.loads((real.state / "slots" / "hermes.json").read_text())
+        assert slots == {"serving": "a", "warm": None, "pending": None}
+        assert real.get("heartbeat")["runtimes"][0]["model"] == "tiny-llama-1"
+    finally:
+        real.close()
+
+
+def _post(url: str, body: dict[str, object]) -> None:
+    answer = httpx.post(f"{url}/v1/nodes/node-a/jobs", json=body, timeout=30)
+    assert answer.status_code in (200, 202), answer.text

@@ -19,10 +19,14 @@
 #          $NGINX_UPSTREAM_FILE to "server 127.0.0.1:PORT;" and reloads nginx
 #          ($NGINX_RELOAD, default "nginx -s reload"): workers started by the
 #          reload send new requests to the slot, old workers finish theirs.
-#          If the reload fails, the previous include is put back.
+#          If the reload fails, the previous include is put back. It returns
+#          once the workers that ran before the reload (the master's children
+#          named by $NGINX_PID_FILE) have exited, or after $NGINX_RELOAD_WAIT
+#          seconds, saying so: from then on nothing is sent to the old slot.
 #
 # Settings (environment), besides those of llama-server-after-apply.sh:
-# NGINX_UPSTREAM_FILE (/etc/nginx/reconciler/llama-upstream.conf), NGINX_RELOAD.
+# NGINX_UPSTREAM_FILE (/etc/nginx/reconciler/llama-upstream.conf), NGINX_RELOAD,
+# NGINX_PID_FILE (/run/nginx.pid), NGINX_RELOAD_WAIT (30).
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -68,12 +72,25 @@ route() {
   if [ -f "$upstream" ]; then cp -p "$upstream" "$saved"; else rm -f "$saved"; fi
   printf 'server 127.0.0.1:%s;\n' "$port" >"$upstream.tmp"
   mv "$upstream.tmp" "$upstream"
+  local master="" old="" pid deadline
+  [ -r "${NGINX_PID_FILE:-/run/nginx.pid}" ] && master=$(cat "${NGINX_PID_FILE:-/run/nginx.pid}")
+  [ -n "$master" ] && old=$(pgrep -P "$master" || true)
   # shellcheck disable=SC2086 # NGINX_RELOAD is a command line
   if ! ${NGINX_RELOAD:-nginx -s reload}; then
     if [ -f "$saved" ]; then mv "$saved" "$upstream"; else rm -f "$upstream"; fi
     fail "nginx reload failed; $upstream was put back as it was"
   fi
   rm -f "$saved"
+  # The reload returns at once; the workers that read the old upstream end
+  # once their requests are answered. Only then has all traffic moved, and
+  # may the slot routed away from be stopped (a rollback does at once).
+  deadline=$((SECONDS + ${NGINX_RELOAD_WAIT:-30}))
+  for pid in $old; do
+    while [ -d "/proc/$pid" ] && [ "$SECONDS" -lt "$deadline" ]; do sleep 0.05; done
+  done
+  for pid in $old; do
+    [ -d "/proc/$pid" ] && echo "nginx worker $pid still finishing requests after ${NGINX_RELOAD_WAIT:-30}s"
+  done
   echo "nginx sends the runtime's requests to slot ${RECONCILER_SLOT:-?} on port $port"
 }
 

@@ -78,7 +78,9 @@ class Load:
                 try:
                     answer = client.post(f"{self.url}/v1/completions", json=body)
                     status = answer.status_code
-                    label = which_model(answer.json()["model"], self.models) if status == 200 else ""
+                    label = (
+                        which_model(answer.json()["model"], self.models) if status == 200 else ""
+                    )
                 except (httpx.HTTPError, ValueError):
                     status, label = 0, ""
                 self.answers.append(Answer(status, label, sent, time.time()))
@@ -134,6 +136,7 @@ class SlotNode:
             "LLAMA_SERVER_READY_TIMEOUT": "60",
             "NGINX_UPSTREAM_FILE": str(self.router.upstream),
             "NGINX_RELOAD": reload or self.router.reload_command(),
+            "NGINX_PID_FILE": str(self.router.root / "nginx.pid"),
         }
         prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in settings.items())
         script = shlex.quote(str(slot_script()))
