@@ -12,17 +12,18 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
 import pytest
 
 from reconciler.node.agent_config import SlotCommands
-from tests.kit.agents import AgentThread, start_agent
+from tests.kit.agents import AgentThread, RealAgent, start_agent
 from tests.kit.jobs import envelope, job
 from tests.kit.keys import make_key
 from tests.kit.llama import Models
-from tests.kit.standby import SlotNode, post_and_wait
+from tests.kit.standby import WARMUP, SlotNode, post_and_wait
 from tests.kit.waiting import wait_for
 
 pytestmark = pytest.mark.slow
@@ -143,7 +144,8 @@ def test_a_new_slot_that_never_becomes_ready_is_stopped_and_the_old_one_serves(
         node.stage(agent, "broken")
         assert post_and_wait(agent, node.apply("A", "apply-0001"))["state"] == "succeeded"
 
-        record = post_and_wait(agent, node.apply("broken", "apply-0002"))
+        quick = replace(WARMUP, timeout_seconds=5)  # the server exits: no need to wait longer
+        record = post_and_wait(agent, node.apply("broken", "apply-0002", warmup=(quick,)))
 
         assert record["state"] == "failed"
         assert record["error"].startswith("warmup_failed: POST http://127.0.0.1:")
@@ -205,15 +207,11 @@ def test_an_agent_killed_between_start_and_route_stops_the_stray_slot_on_restart
     )  # fmt: skip
     try:
         for label in ("A", "B"):
-            _post(
-                real.url,
-                envelope(
-                    job(f"stage-{label.lower()}", kind="stage", artifacts=(node.artifacts[label],)),
-                    node.key,
-                ),
-            )
+            stage = job(f"stage-{label}", kind="stage", artifacts=(node.artifacts[label],))
+            _post(real.url, envelope(stage, node.key))
+            _wait_succeeded(real, f"stage-{label}")
         _post(real.url, node.apply("A", "apply-0001"))
-        wait_for(lambda: real.get("jobs/apply-0001")["state"] == "succeeded", 120, what="A")
+        _wait_succeeded(real, "apply-0001")
         _post(real.url, node.apply("B", "apply-0002"))
         wait_for(marker.exists, 120, what="slot b to start")
         assert node.slot_running("b")
@@ -238,3 +236,9 @@ def test_an_agent_killed_between_start_and_route_stops_the_stray_slot_on_restart
 def _post(url: str, body: dict[str, object]) -> None:
     answer = httpx.post(f"{url}/v1/nodes/node-a/jobs", json=body, timeout=30)
     assert answer.status_code in (200, 202), answer.text
+
+
+def _wait_succeeded(agent: RealAgent, job_id: str) -> None:
+    finished = ("succeeded", "failed")
+    wait_for(lambda: agent.get(f"jobs/{job_id}")["state"] in finished, 120, what=job_id)
+    assert agent.get(f"jobs/{job_id}")["state"] == "succeeded", agent.get(f"jobs/{job_id}")
