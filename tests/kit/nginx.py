@@ -66,9 +66,7 @@ class NginxServer:
         self.socket.listen(128)
         self.port: int = self.socket.getsockname()[1]
         self.scheme = "https" if tls else "http"
-        (root / "nginx.conf").write_text(
-            self._config_text(files, rate, tls, gzip, redirects or {})
-        )
+        (root / "nginx.conf").write_text(self._config_text(files, rate, tls, gzip, redirects or {}))
         self.log = root / "error.log"
         self.log.write_bytes(b"")
         self.process = subprocess.Popen(
@@ -173,8 +171,7 @@ class NginxRouter(NginxServer):
     def reload_command(self) -> str:
         """``nginx -s reload`` for this instance (its prefix, config and log)."""
         return (
-            f"{self.binary} -p {self.root}/ -c {self.root / 'nginx.conf'} "
-            f"-e {self.log} -s reload"
+            f"{self.binary} -p {self.root}/ -c {self.root / 'nginx.conf'} -e {self.log} -s reload"
         )
 
     @property
