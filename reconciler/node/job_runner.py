@@ -273,7 +273,8 @@ class JobRunner:
             payload, before_values or {}, self.config, self.command_environment, Timings(self.clock)
         )
         if current is not None and backup_id is not None:
-            self._take_backup(backup_id, runtime, payload, current[0], current[1], before_values)
+            now = format_time(self.clock())
+            _take_backup(self.state, now, backup_id, payload, current, before_values)
         written = self.configs.values(runtime, new[0])
         self.state.write_config(runtime, new[0], new[1])
         switch.activated()
@@ -342,7 +343,8 @@ class JobRunner:
         runtime = payload["target"]["runtime"]
         record, backup_id = self._running(record, current, new[0])
         if current is not None and backup_id is not None:
-            self._take_backup(backup_id, runtime, payload, current[0], current[1], before_values)
+            now = format_time(self.clock())
+            _take_backup(self.state, now, backup_id, payload, current, before_values)
         written = self.configs.values(runtime, new[0])
         switched = self.slots.switch(payload, new, written)
         self.state.write_config(runtime, new[0], new[1])
@@ -492,31 +494,6 @@ class JobRunner:
         # A job id runs once, so its digest makes the id unique on this node.
         return f"{runtime}-{stamp}-{hashlib.sha256(payload['jobId'].encode()).hexdigest()[:8]}"
 
-    def _take_backup(
-        self,
-        backup_id: str,
-        runtime: str,
-        payload: Mapping[str, Any],
-        data: bytes,
-        mode: int,
-        values: Mapping[str, Any] | None,
-    ) -> None:
-        values = values or {}
-        info = BackupInfo(
-            backup_id=backup_id,
-            runtime=runtime,
-            created_at=format_time(self.clock()),
-            seq=self.state.next_seq(),
-            job_id=payload["jobId"],
-            rollout=payload["rollout"],
-            provider=str(values.get("provider", "")),
-            model=str(values.get("model", "")),
-            profile=str(values.get("profile", "")),
-            mode=mode,
-            digest=digest(data) or "",
-        )
-        self.state.save_backup(info, data)
-
     def _prune(self, runtime: str) -> None:
         with self.journal.lock:
             busy = {r.payload.get("backupId") for r in self.journal.in_flight.values()}
@@ -572,3 +549,29 @@ class JobRunner:
             }
         )
         return env
+
+
+def _take_backup(
+    state: StateDir,
+    now: str,
+    backup_id: str,
+    payload: Mapping[str, Any],
+    current: tuple[bytes, int],
+    values: Mapping[str, Any] | None,
+) -> None:
+    """Save ``current`` (bytes, mode), the config a job replaces, as ``backup_id``."""
+    values = values or {}
+    info = BackupInfo(
+        backup_id=backup_id,
+        runtime=payload["target"]["runtime"],
+        created_at=now,
+        seq=state.next_seq(),
+        job_id=payload["jobId"],
+        rollout=payload["rollout"],
+        provider=str(values.get("provider", "")),
+        model=str(values.get("model", "")),
+        profile=str(values.get("profile", "")),
+        mode=current[1],
+        digest=digest(current[0]) or "",
+    )
+    state.save_backup(info, current[0])
