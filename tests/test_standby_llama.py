@@ -51,7 +51,7 @@ def _a_then_b(node: SlotNode, agent: AgentThread) -> dict[str, object]:
     return second
 
 
-def test_a_switch_under_load_fails_no_request_and_a_release_stops_the_old_slot(
+def test_a_switch_under_load_fails_no_request_and_a_release_stops_the_old_slot_once(
     node: SlotNode,
 ) -> None:
     agent = node.agent()
@@ -84,6 +84,15 @@ def test_a_switch_under_load_fails_no_request_and_a_release_stops_the_old_slot(
         assert again["state"] == "succeeded", again
         assert again["released"] == {"slot": None, "stopped": False}
         assert "nothing to stop" in again["detail"]
+
+        # A in slot a again, B kept warm in b; b's server dies before the release.
+        assert post_and_wait(agent, node.apply("A", "apply-0003"))["state"] == "succeeded"
+        node.kill_slot("b")
+        dead = post_and_wait(agent, node.release("release-0003"))
+        assert dead["state"] == "succeeded", dead
+        assert dead["released"] == {"slot": "b", "stopped": False}
+        assert dead["detail"] == "slot b was not running: nothing to stop"
+        assert node.serving() == "A"
     finally:
         agent.close()
 

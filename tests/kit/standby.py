@@ -11,7 +11,9 @@ models to stage, and client load through the router.
 
 from __future__ import annotations
 
+import os
 import shlex
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -211,8 +213,10 @@ class SlotNode:
         return _serves_port(pid, self.ports["ab".index(slot)])
 
     def kill_slot(self, slot: str) -> None:
+        """SIGKILL the slot's server, as a crash would, and wait until it is gone."""
         pid = int((self.run_dir / f"{self.ports['ab'.index(slot)]}.pid").read_text())
-        stop_process(pid, grace=0)
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: not Path(f"/proc/{pid}").exists(), 30, what=f"slot {slot} to die")
 
     @contextmanager
     def load(self) -> Iterator[Load]:
