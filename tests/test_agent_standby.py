@@ -10,22 +10,27 @@ in test_standby_llama.py.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from reconciler.node.agent_config import SlotCommands
 from reconciler.node.state_dir import StateDir
 from reconciler.protocol.signing import SigningKey
 from reconciler.spec.evals import Eval, EvalCase, EvalSuite
-from tests.kit.agents import AgentThread
+from reconciler.spec.model import Target
+from tests.kit.agents import AgentThread, start_agent
 from tests.kit.jobs import envelope, job
 from tests.kit.keys import make_key
+from tests.kit.waiting import wait_for
 
 CONFIG = b"provider: vllm\nmodel: llama3.1-8b-old\nprofile: default\n"
+NEWER = Target("hermes", "vllm", "llama3.1-8b-newer", "default")
 
 
 @pytest.fixture
@@ -156,3 +161,55 @@ def test_an_agent_with_slots_applies_without_standby_as_before(
     assert "standby" not in record
     assert log.read_text() == "after-apply\n"
     assert not (tmp_path / "state" / "slots").exists()
+
+
+def test_an_agent_killed_in_the_route_command_routes_back_and_stops_the_new_slot(
+    tmp_path: Path, key: SigningKey
+) -> None:
+    """The slot commands only note what they were asked (the switch with
+    real servers and nginx is in test_standby_llama.py): killed while the
+    route to slot b runs, the agent cannot know whether traffic moved, so
+    on restart it routes to the recorded slot a again and stops b."""
+    log, marker = tmp_path / "commands.log", tmp_path / "routing-b"
+    note = f'echo "$0 $RECONCILER_SLOT $RECONCILER_SLOT_PORT" >> {log}'
+    hang = f'[ "$RECONCILER_SLOT" = a ] || {{ touch {marker}; sleep 20; }}'
+    slots = [
+        "--slot-ports", "18081,18082",
+        "--slot-start-command", f"sh -c '{note}' start",
+        "--slot-route-command", f"sh -c '{note}' route; {hang}",
+        "--slot-stop-command", f"sh -c '{note}' stop",
+    ]  # fmt: skip
+    agent = start_agent(tmp_path / "node", "node-a", tmp_path / "keys" / "reconciler.pub",
+                        config=CONFIG, keep_port=True, extra=slots)  # fmt: skip
+    try:
+        first = job("apply-0001", standby="untilCompleted")
+        assert httpx.post(f"{agent.url}/v1/nodes/node-a/jobs", json=envelope(first, key)).is_success
+        wait_for(lambda: agent.get("jobs/apply-0001")["state"] == "succeeded", what="slot a")
+        second = job("apply-0002", standby="untilCompleted", target=NEWER)
+        assert httpx.post(
+            f"{agent.url}/v1/nodes/node-a/jobs", json=envelope(second, key)
+        ).is_success
+        wait_for(marker.exists, what="the route to slot b")
+
+        agent.process.kill()  # SIGKILL
+        agent.process.wait()
+        agent.restart()
+
+        assert log.read_text().splitlines() == [
+            "start a 18081",
+            "route a 18081",
+            "start b 18082",
+            "route b 18082",
+            "route a 18081",
+            "stop b 18082",
+        ]
+        record = agent.get("jobs/apply-0002")
+        assert record["state"] == "failed"
+        assert record["error"].endswith(
+            "; slot b it was switching to was stopped, slot a still serves"
+        )
+        assert agent.get("heartbeat")["runtimes"][0]["model"] == "llama3.1-8b"
+        slots_record = json.loads((agent.state / "slots" / "hermes.json").read_text())
+        assert slots_record == {"serving": "a", "warm": None, "pending": None}
+    finally:
+        agent.close()
