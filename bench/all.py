@@ -66,6 +66,7 @@ SCRIPTS = (
     Script("agent_soak", (), ("--quick",), timeout=1200.0),
     Script("agent_cpu", (), ("--quick",)),
     Script("agent_stage", (), ("--quick",)),
+    Script("standby_rollback", (), ("--rounds", "2")),  # real llama-server slots and nginx
     Script("notify", (), ("--quick",)),
     Script("branch_watch", ("--samples", "300", "--idle", "60"), ("--quick",)),
     Script("cli_completion", (), ("--quick",)),

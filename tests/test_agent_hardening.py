@@ -241,12 +241,13 @@ def test_a_state_directory_written_with_plain_paths_reads_the_same(state: Path) 
     finally:
         directory.close()
     written = json.loads((state / "jobs" / "j1.json").read_bytes())
-    # A record without timings (no live switch), signature (no signed stage) or
-    # evals is written as earlier agents wrote it.
+    # A record without timings (no live switch), signature (no signed stage),
+    # evals, standby (no slot switch) or released (no release) is written as
+    # earlier agents wrote it.
     plain = {
         k: v
         for k, v in dataclasses.asdict(record).items()
-        if k not in ("timings", "signature", "evals")
+        if k not in ("timings", "signature", "evals", "standby", "released")
     }
     assert written == {**plain, "state": "succeeded"}
     assert (state / "jobs" / "j1.json").stat().st_mode & 0o777 == 0o600

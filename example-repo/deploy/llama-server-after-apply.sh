@@ -128,7 +128,9 @@ fi
 
 deadline=$((SECONDS + ready_timeout))
 until healthy; do
-  if [ "$mode" = pidfile ] && ! alive "$run_dir/$port.pid"; then
+  # Our own child, just started: whether it still runs, not what it runs
+  # (until it has exec'd, its command line is this shell's, without --port).
+  if [ "$mode" = pidfile ] && ! kill -0 "$(cat "$run_dir/$port.pid")" 2>/dev/null; then
     fail "llama-server exited while loading $model; the end of $run_dir/$port.log:
 $(tail -n 5 "$run_dir/$port.log")"
   fi

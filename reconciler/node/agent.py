@@ -68,6 +68,7 @@ from reconciler.node.journal import Journal
 from reconciler.node.probes import Prober
 from reconciler.node.recovery import recover
 from reconciler.node.runtime_config import TARGET_FIELDS, JobFailed, ParsedConfigs
+from reconciler.node.standby_switch import StandbySwitch
 from reconciler.node.state_dir import JobRecord, StateDir, digest
 from reconciler.protocol.admission import admit_job
 from reconciler.protocol.evidence import sign_answer
@@ -86,6 +87,11 @@ __all__ = [
     "managed_runtimes",
     "serve",
 ]
+
+
+# Jobs that change nothing the checks look at: the checks of the runtime's
+# newest apply go on (a release stops only the slot that does not serve).
+CHECKS_KEEP = frozenset({"stage", "release"})
 
 
 def _now() -> datetime:
@@ -132,8 +138,18 @@ class Agent:
         )
         for record in put_back:
             self.runner.serve_previous(record)
+        if self.runner.slots is not None:
+            self._recover_slots(self.runner.slots)
         self._resume_probes()
         self.compact()
+
+    def _recover_slots(self, slots: StandbySwitch) -> None:
+        """Stop the slot a killed agent was switching to, so the recorded
+        slot serves; the job's record says so."""
+        for job_id, said in slots.recover(self.config.runtimes).items():
+            record = self.journal.jobs.get(job_id)
+            if record is not None:
+                self.journal.update(record, error=(record.error or "") + said)
 
     @property
     def jobs(self) -> dict[str, JobRecord]:
@@ -146,7 +162,7 @@ class Agent:
         scratch: a restart never lengthens a run of successes)."""
         newest: dict[str, JobRecord] = {}
         for record in self.journal.jobs.values():
-            if record.payload["kind"] == "stage":  # changes nothing the checks look at
+            if record.payload["kind"] in CHECKS_KEEP:
                 continue
             runtime = record.payload["target"]["runtime"]
             known = newest.get(runtime)
@@ -290,6 +306,15 @@ class Agent:
                     f"job {payload['jobId']} ran here; its record was dropped from the "
                     f"journal at {self.journal.dropped[payload['jobId']]}, and it is not run again",
                 )
+            if payload.get("standby") and self.config.slots is None:
+                return self._refuse(
+                    422,
+                    "standby_not_supported",
+                    f"node {self.config.node} has no slots for a warm standby: its agent runs "
+                    "without --slot-ports and the --slot-*-command options; roll out without "
+                    "spec.standby, or give the agent slots (nothing was recorded)",
+                    envelope,
+                )
             missing = self._not_staged(payload)
             if missing:
                 return self._refuse(409, "not_staged", missing, envelope)
@@ -305,7 +330,7 @@ class Agent:
                 return self._refuse(
                     503, "journal_unwritable", f"cannot record the job: {exc.strerror}", envelope
                 )
-        if payload["kind"] != "stage":  # a stage changes nothing the checks look at
+        if payload["kind"] not in CHECKS_KEEP:
             # Checks of the runtime's previous job say nothing about this one.
             with self.journal.lock:
                 self.journal.newest_job[payload["target"]["runtime"]] = record.job_id
@@ -383,9 +408,12 @@ async def _woken_or_timeout(woken: asyncio.Future[None], wait: float) -> None:
 # -- running it ---------------------------------------------------------------------
 
 
-def managed_runtimes(given: Sequence[str] | None, state: StateDir) -> frozenset[str]:
-    """``--runtime`` values, or the runtimes that have a config file already."""
-    return frozenset(given) if given else frozenset(state.runtime_names())
+def managed_runtimes(
+    given: Sequence[str] | None, state: StateDir, slotted: bool = False
+) -> frozenset[str]:
+    """``--runtime`` values, or the runtimes that have a config file already
+    (``slotted``: slot configs are not runtimes of their own)."""
+    return frozenset(given) if given else frozenset(state.runtime_names(slotted))
 
 
 async def serve(

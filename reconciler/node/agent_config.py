@@ -16,6 +16,24 @@ DEFAULT_KEEP_FIRST_BACKUPS = 30 * 24 * 3600  # seconds
 DEFAULT_KEEP_ARTIFACTS = 2  # per runtime, beyond those pinned
 
 
+SLOT_NAMES = ("a", "b")
+
+
+@dataclass(frozen=True)
+class SlotCommands:
+    """Two copies of each runtime, side by side (``--slot-ports`` and the
+    three ``--slot-*-command`` options): slot ``a`` on ``ports[0]``, slot
+    ``b`` on ``ports[1]``; node-local commands, like ``--after-apply``."""
+
+    ports: tuple[int, int]
+    start: str
+    route: str
+    stop: str
+
+    def port(self, slot: str) -> int:
+        return self.ports[SLOT_NAMES.index(slot)]
+
+
 @dataclass(frozen=True)
 class AgentConfig:
     node: str
@@ -32,3 +50,4 @@ class AgentConfig:
     stage_rate: int | None = None  # bytes per second of artifact downloads; None: uncapped
     ca_file: str | None = None  # CAs trusted for https downloads besides the system store
     keep_artifacts: int = DEFAULT_KEEP_ARTIFACTS
+    slots: SlotCommands | None = None  # None: no warm standby (applies with one are refused)

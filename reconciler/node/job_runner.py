@@ -48,6 +48,7 @@ from reconciler.node.runtime_config import (
     parse_config,
 )
 from reconciler.node.stage_job import Stager
+from reconciler.node.standby_switch import StandbySwitch
 from reconciler.node.state_dir import (
     CONFIG_MODE,
     BackupInfo,
@@ -98,6 +99,13 @@ class JobRunner:
         # The after-apply command's environment, to which each job adds its own:
         # read once (``os.environ`` decodes every entry each time it is copied).
         self._environment = dict(os.environ)
+        self.slots = (
+            StandbySwitch(
+                config, state, self.command_environment, self.clock, metrics.counted_evals
+            )
+            if config.slots is not None
+            else None
+        )
 
     def close(self) -> None:
         self.stager.close()
@@ -151,10 +159,27 @@ class JobRunner:
             print(f"agent: journal compaction failed: {exc}", file=sys.stderr)
 
     def _execute(self, record: JobRecord) -> JobRecord:
+        """Run ``record``'s job by its kind: the one place a kind is told apart."""
+        kind = record.payload["kind"]
+        runs: dict[str, Callable[[JobRecord], JobRecord]] = {
+            "apply": self._change_config,
+            "restore": self._change_config,
+            "stage": self._stage,
+            "release": self._release,
+            # "eval": evals against the serving runtime, changing nothing, goes here.
+        }
+        run = runs.get(kind)
+        if run is None:
+            raise JobFailed(
+                f"unsupported_kind: this agent does not run {kind} jobs; nothing was changed "
+                "(upgrade the agent on this node)"
+            )
+        return run(record)
+
+    def _change_config(self, record: JobRecord) -> JobRecord:
+        """An apply or a restore."""
         payload = record.payload
         runtime = payload["target"]["runtime"]
-        if payload["kind"] == "stage":
-            return self._stage(record)
         try:
             self.state.refuse_config_symlink(runtime)
         except UnsafePath as exc:
@@ -170,6 +195,8 @@ class JobRunner:
                     record, state="succeeded", detail=planned, finished_at=format_time(self.clock())
                 )
             new_data, new_mode, change = planned
+        if self.slots is not None and self.slots.takes(payload):
+            return self._switch_slots(record, current, before_values, (new_data, new_mode), change)
         return self._write(record, current, before_values, (new_data, new_mode), change)
 
     def _restored(self, payload: Mapping[str, Any], runtime: str) -> tuple[bytes, int, str]:
@@ -241,22 +268,13 @@ class JobRunner:
         runtime = payload["target"]["runtime"]
         old_data = current[0] if current is not None else None
         old_mode = current[1] if current is not None else CONFIG_MODE
-        backup_id = self._backup_id(runtime, payload) if current is not None else None
-        # In memory only, for GET: recovery reads the same from the backup
-        # (``_recovered_accepted``), so the journal keeps "accepted" until the verdict.
-        record = record.with_changes(
-            state="running",
-            before=digest(old_data),
-            after=digest(new[0]),
-            planned_backup=backup_id,
-        )
-        with self.journal.lock:
-            self.journal.keep(record)
+        record, backup_id = self._running(record, current, new[0])
         switch = LiveSwitch.begin(
             payload, before_values or {}, self.config, self.command_environment, Timings(self.clock)
         )
         if current is not None and backup_id is not None:
-            self._take_backup(backup_id, runtime, payload, current[0], current[1], before_values)
+            now = format_time(self.clock())
+            _take_backup(self.state, now, backup_id, payload, current, before_values)
         written = self.configs.values(runtime, new[0])
         self.state.write_config(runtime, new[0], new[1])
         switch.activated()
@@ -289,6 +307,77 @@ class JobRunner:
             finished_at=format_time(self.clock()),
             timings=switch.timings(),
             evals=switch.eval_records(),
+        )
+
+    def _running(
+        self, record: JobRecord, current: tuple[bytes, int] | None, new_data: bytes
+    ) -> tuple[JobRecord, str | None]:
+        """The record as running, with the backup id it will take."""
+        payload = record.payload
+        runtime = payload["target"]["runtime"]
+        backup_id = self._backup_id(runtime, payload) if current is not None else None
+        # In memory only, for GET: recovery reads the same from the backup
+        # (``_recovered_accepted``), so the journal keeps "accepted" until the verdict.
+        record = record.with_changes(
+            state="running",
+            before=digest(current[0] if current is not None else None),
+            after=digest(new_data),
+            planned_backup=backup_id,
+        )
+        with self.journal.lock:
+            self.journal.keep(record)
+        return record, backup_id
+
+    def _switch_slots(
+        self,
+        record: JobRecord,
+        current: tuple[bytes, int] | None,
+        before_values: Mapping[str, Any] | None,
+        new: tuple[bytes, int],
+        change: str,
+    ) -> JobRecord:
+        """A switch to another slot (``standby_switch``): the runtime's
+        config changes only once the new slot is routed to; no after-apply."""
+        assert self.slots is not None
+        payload = record.payload
+        runtime = payload["target"]["runtime"]
+        record, backup_id = self._running(record, current, new[0])
+        if current is not None and backup_id is not None:
+            now = format_time(self.clock())
+            _take_backup(self.state, now, backup_id, payload, current, before_values)
+        written = self.configs.values(runtime, new[0])
+        switched = self.slots.switch(payload, new, written)
+        self.state.write_config(runtime, new[0], new[1])
+        said = self.slots.settle(payload, switched)
+        self._prune(runtime)
+        self.prune_artifacts(runtime, payload)
+        detail = "; ".join(
+            d for d in (change[0].upper() + change[1:] if change else "", switched.detail) if d
+        )
+        return self.journal.update(
+            record,
+            state="succeeded",
+            backup_id=backup_id,
+            detail=detail + said,
+            finished_at=format_time(self.clock()),
+            timings=switched.timings,
+            evals=switched.evals,
+            standby=switched.standby,
+        )
+
+    def _release(self, record: JobRecord) -> JobRecord:
+        """Stop the slot kept warm; with no slots, nothing was kept."""
+        if self.slots is None:
+            released: dict[str, Any] = {"slot": None, "stopped": False}
+            detail = "no slots on this node: nothing kept warm, nothing to stop"
+        else:
+            released, detail = self.slots.release(record.payload)
+        return self.journal.update(
+            record,
+            state="succeeded",
+            detail=detail,
+            finished_at=format_time(self.clock()),
+            released=released,
         )
 
     def serve_previous(self, record: JobRecord) -> None:
@@ -405,31 +494,6 @@ class JobRunner:
         # A job id runs once, so its digest makes the id unique on this node.
         return f"{runtime}-{stamp}-{hashlib.sha256(payload['jobId'].encode()).hexdigest()[:8]}"
 
-    def _take_backup(
-        self,
-        backup_id: str,
-        runtime: str,
-        payload: Mapping[str, Any],
-        data: bytes,
-        mode: int,
-        values: Mapping[str, Any] | None,
-    ) -> None:
-        values = values or {}
-        info = BackupInfo(
-            backup_id=backup_id,
-            runtime=runtime,
-            created_at=format_time(self.clock()),
-            seq=self.state.next_seq(),
-            job_id=payload["jobId"],
-            rollout=payload["rollout"],
-            provider=str(values.get("provider", "")),
-            model=str(values.get("model", "")),
-            profile=str(values.get("profile", "")),
-            mode=mode,
-            digest=digest(data) or "",
-        )
-        self.state.save_backup(info, data)
-
     def _prune(self, runtime: str) -> None:
         with self.journal.lock:
             busy = {r.payload.get("backupId") for r in self.journal.in_flight.values()}
@@ -485,3 +549,29 @@ class JobRunner:
             }
         )
         return env
+
+
+def _take_backup(
+    state: StateDir,
+    now: str,
+    backup_id: str,
+    payload: Mapping[str, Any],
+    current: tuple[bytes, int],
+    values: Mapping[str, Any] | None,
+) -> None:
+    """Save ``current`` (bytes, mode), the config a job replaces, as ``backup_id``."""
+    values = values or {}
+    info = BackupInfo(
+        backup_id=backup_id,
+        runtime=payload["target"]["runtime"],
+        created_at=now,
+        seq=state.next_seq(),
+        job_id=payload["jobId"],
+        rollout=payload["rollout"],
+        provider=str(values.get("provider", "")),
+        model=str(values.get("model", "")),
+        profile=str(values.get("profile", "")),
+        mode=current[1],
+        digest=digest(current[0]) or "",
+    )
+    state.save_backup(info, current[0])

@@ -67,6 +67,13 @@ def _recovered_accepted(state: StateDir, record: JobRecord, now: str) -> JobReco
             error="agent restarted while staging; no config was changed, and what was "
             "downloaded is kept for the next stage job to resume",
         )
+    if payload["kind"] not in ("apply", "restore"):  # a release: it writes no config
+        return record.with_changes(
+            state="failed",
+            finished_at=now,
+            error=f"agent restarted during the {payload['kind']} job; no config was changed "
+            "(a release is idempotent: send it again)",
+        )
     runtime = payload["target"]["runtime"]
     # The job's own backup is the newest of its runtime, so no prune
     # (retention is at least 1) removes it before the job's verdict.
@@ -125,7 +132,15 @@ def _recovered(state: StateDir, record: JobRecord, now: str) -> JobRecord:
     backup = record.planned_backup
     if backup is not None and state.find_backup(backup) is None:
         backup = None
-    if left == "new" and record.payload.get("evals") and _put_back(state, record, backup):
+    # A switch between slots wrote the config only once its evals held and
+    # the new slot was routed to (``standby_switch``).
+    evaluated = bool(record.payload.get("standby"))
+    if (
+        left == "new"
+        and record.payload.get("evals")
+        and not evaluated
+        and _put_back(state, record, backup)
+    ):
         return record.with_changes(
             state="failed", finished_at=now, backup_id=backup, error=UNEVALUATED_PUT_BACK
         )

@@ -3,6 +3,8 @@ config backups, all written so that a crash at any instant leaves every file
 either as it was or as intended, never torn.
 
     STATE/runtimes/TYPE.yaml              a runtime's config (provider, model, profile, ...)
+    STATE/runtimes/TYPE.SLOT.yaml         with slots (warm standby): slot a's or b's config
+    STATE/slots/TYPE.json                 with slots: which slot serves, which is kept warm
     STATE/jobs/JOBID.json                 one journal record per job id ever accepted
     STATE/backups/BACKUPID.data           the exact bytes a job replaced
     STATE/backups/BACKUPID.json           what they were (runtime, mode, job, rollout, ...)
@@ -56,6 +58,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from reconciler.node.agent_config import SLOT_NAMES
 from reconciler.spec.errors import ReconcilerError
 
 CONFIG_MODE = 0o644  # for a config the agent creates; an existing file keeps its mode
@@ -271,6 +274,8 @@ class JobRecord:
     timings: dict[str, str | None] | None = None  # live applies with artifacts, drain or warm-up
     signature: dict[str, str] | None = None  # a signed stage's {signer, sha256}, once verified
     evals: list[dict[str, Any]] | None = None  # live applies with evals: each one's cases
+    standby: dict[str, Any] | None = None  # switches between slots: {slot, serving[, warm]}
+    released: dict[str, Any] | None = None  # release jobs: {slot, stopped}
 
     def public(self) -> dict[str, Any]:
         """The record as ``GET /v1/nodes/{node}/jobs/{jobId}`` shows it."""
@@ -289,6 +294,10 @@ class JobRecord:
             shown["signature"] = self.signature
         if self.evals is not None:
             shown["evals"] = self.evals
+        if self.standby is not None:
+            shown["standby"] = self.standby
+        if self.released is not None:
+            shown["released"] = self.released
         return shown
 
     def with_changes(self, **changes: Any) -> JobRecord:
@@ -334,11 +343,13 @@ class StateDir:
         self.runtimes = root / "runtimes"
         self.jobs = root / "jobs"
         self.backups = root / "backups"
+        self.slots = root / "slots"  # made on first use: only agents with slots have it
         self._runtimes, self._jobs, self._backups_folder = (
             _Folder(self.runtimes),
             _Folder(self.jobs),
             _Folder(self.backups),
         )
+        self._slots = _Folder(self.slots)
         self._lock: BinaryIO | None = None
         # Backup id -> what it is: read from the folder once, then kept by this
         # object's own writes and removals (one agent owns the folder: agent.lock).
@@ -386,6 +397,7 @@ class StateDir:
             self._lock = None
         for folder in self._folders():
             folder.close()
+        self._slots.close()
 
     def _remove_temporaries(self) -> None:
         # Left by a crash between creating a temporary file and renaming it.
@@ -418,15 +430,57 @@ class StateDir:
         else:
             self._runtimes.write(f"{runtime}.yaml", data, mode)
 
-    def runtime_names(self) -> list[str]:
-        return sorted(p.stem for p in self.runtimes.glob("*.yaml") if not p.name.startswith("."))
+    def runtime_names(self, slotted: bool = False) -> list[str]:
+        """The runtimes that have a config file; ``slotted``: not counting
+        the slot configs (``TYPE.a.yaml`` beside ``TYPE.yaml``)."""
+        names = {p.stem for p in self.runtimes.glob("*.yaml") if not p.name.startswith(".")}
+        if slotted:
+            names -= {f"{n}.{slot}" for n in names for slot in SLOT_NAMES}
+        return sorted(names)
+
+    # -- slots (warm standby) ----------------------------------------------------
+
+    def slot_config_location(self, runtime: str, slot: str) -> str:
+        return self._runtimes.shown(f"{runtime}.{slot}.yaml")
+
+    def read_slot_config(self, runtime: str, slot: str) -> tuple[bytes, int] | None:
+        return self._runtimes.read(f"{runtime}.{slot}.yaml")
+
+    def write_slot_config(self, runtime: str, slot: str, data: bytes, mode: int) -> None:
+        self._runtimes.write(f"{runtime}.{slot}.yaml", data, mode)
+
+    def read_slots(self, runtime: str) -> dict[str, Any] | None:
+        """The runtime's slot record (``slots``), or None when none was written."""
+        if not self.slots.is_dir():
+            return None
+        found = self._slots.read(f"{runtime}.json")
+        if found is None:
+            return None
+        try:
+            record = json.loads(found[0])
+            if not isinstance(record, dict):
+                raise ValueError("not an object")
+        except ValueError as exc:
+            raise ReconcilerError(
+                f"{self._slots.shown(runtime + '.json')} cannot be read: {exc}",
+                "it was not written by this agent version; stop both slots, move it away "
+                "and start the agent again",
+            ) from None
+        return record
+
+    def write_slots(self, runtime: str, record: Mapping[str, Any]) -> None:
+        """Durably: on return the record survives a crash."""
+        self.slots.mkdir(exist_ok=True)
+        data = json.dumps(dict(record), sort_keys=True).encode("utf-8")
+        self._slots.write(f"{runtime}.json", data, 0o600)
 
     # -- the journal -------------------------------------------------------------
 
     def save_job(self, record: JobRecord) -> None:
         """Durably: on return the record survives a crash (fsync)."""
         fields = _fields(record)
-        for key in ("timings", "signature", "evals"):  # records without them read as before
+        # Records without them read as before.
+        for key in ("timings", "signature", "evals", "standby", "released"):
             if fields[key] is None:
                 del fields[key]
         data = _JOURNAL_JSON.encode(fields).encode("utf-8")

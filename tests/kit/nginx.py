@@ -66,9 +66,7 @@ class NginxServer:
         self.socket.listen(128)
         self.port: int = self.socket.getsockname()[1]
         self.scheme = "https" if tls else "http"
-        (root / "nginx.conf").write_text(
-            _config(self.port, files, rate, tls, gzip, redirects or {})
-        )
+        (root / "nginx.conf").write_text(self._config_text(files, rate, tls, gzip, redirects or {}))
         self.log = root / "error.log"
         self.log.write_bytes(b"")
         self.process = subprocess.Popen(
@@ -79,6 +77,16 @@ class NginxServer:
             stderr=subprocess.STDOUT,
         )
         self._wait_started()
+
+    def _config_text(
+        self,
+        files: Path,
+        rate: int | None,
+        tls: tuple[Path, Path] | None,
+        gzip: bool,
+        redirects: Mapping[str, str],
+    ) -> str:
+        return _config(self.port, files, rate, tls, gzip, redirects)
 
     def url(self, name: str) -> str:
         return f"{self.scheme}://127.0.0.1:{self.port}/{name}"
@@ -118,6 +126,57 @@ class NginxServer:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+class NginxRouter(NginxServer):
+    """nginx as a node-local router, as docs/standby.md sets it up: every
+    request goes to the one server the include file ``upstream`` names
+    (``server 127.0.0.1:PORT;``), which the slot route command rewrites
+    before it runs ``reload_command``. ``initial``: the port named first."""
+
+    def __init__(self, root: Path, upstream: Path, initial: int) -> None:
+        self.upstream = upstream
+        upstream.write_text(f"server 127.0.0.1:{initial};\n")
+        super().__init__(root, root)
+
+    def _config_text(
+        self,
+        files: Path,
+        rate: int | None,
+        tls: tuple[Path, Path] | None,
+        gzip: bool,
+        redirects: Mapping[str, str],
+    ) -> str:
+        user = "user root root;\n" if os.geteuid() == 0 else ""
+        return (
+            "daemon off;\nmaster_process on;\nworker_processes 1;\n"
+            + user
+            + "pid nginx.pid;\nerror_log error.log notice;\n"
+            "events { worker_connections 256; }\n"
+            "http {\n"
+            "  access_log off;\n"
+            "  client_body_temp_path tmp; proxy_temp_path tmp; fastcgi_temp_path tmp;\n"
+            "  uwsgi_temp_path tmp; scgi_temp_path tmp;\n"
+            f"  upstream runtime {{ include {self.upstream}; keepalive 8; }}\n"
+            f"  server {{\n    listen 127.0.0.1:{self.port};\n"
+            "    location / {\n"
+            "      proxy_pass http://runtime;\n"
+            "      proxy_http_version 1.1;\n"
+            '      proxy_set_header Connection "";\n'
+            "      proxy_read_timeout 300s;\n"
+            "    }\n  }\n"
+            "}\n"
+        )
+
+    def reload_command(self) -> str:
+        """``nginx -s reload`` for this instance (its prefix, config and log)."""
+        return (
+            f"{self.binary} -p {self.root}/ -c {self.root / 'nginx.conf'} -e {self.log} -s reload"
+        )
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
 
 
 def _config(

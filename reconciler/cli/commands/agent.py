@@ -28,6 +28,7 @@ from reconciler.node.agent import (
     managed_runtimes,
     serve,
 )
+from reconciler.node.agent_config import SlotCommands
 from reconciler.node.agent_log import AgentLog
 from reconciler.node.artifact_download import tls_context
 from reconciler.node.http_server import parse_listen
@@ -121,6 +122,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     _add_retention_arguments(parser)
     _add_artifact_arguments(parser)
+    _add_slot_arguments(parser)
 
 
 def _add_retention_arguments(parser: argparse.ArgumentParser) -> None:
@@ -167,6 +169,67 @@ def _add_artifact_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+SLOT_OPTIONS = (
+    ("--slot-ports", "slot_ports"),
+    ("--slot-start-command", "slot_start_command"),
+    ("--slot-route-command", "slot_route_command"),
+    ("--slot-stop-command", "slot_stop_command"),
+)
+
+
+def _add_slot_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--slot-ports",
+        metavar="P1,P2",
+        help="run two copies of each runtime, slot a on P1 and slot b on P2, for applies "
+        "with a warm standby (docs/standby.md); needs the three --slot-*-command options",
+    )
+    parser.add_argument(
+        "--slot-start-command",
+        metavar="CMD",
+        help="shell command that starts a slot on RECONCILER_SLOT_PORT with the config "
+        "in RECONCILER_CONFIG",
+    )
+    parser.add_argument(
+        "--slot-route-command",
+        metavar="CMD",
+        help="shell command that sends the runtime's traffic to slot RECONCILER_SLOT, in one step",
+    )
+    parser.add_argument(
+        "--slot-stop-command",
+        metavar="CMD",
+        help="shell command that stops slot RECONCILER_SLOT (and nothing else)",
+    )
+
+
+def _slot_settings(args: argparse.Namespace) -> SlotCommands | None:
+    """The slots the four --slot-* options declare: all four, or none."""
+    given = [flag for flag, name in SLOT_OPTIONS if getattr(args, name)]
+    if not given:
+        return None
+    missing = [flag for flag, name in SLOT_OPTIONS if not getattr(args, name)]
+    if missing:
+        raise UsageError(
+            f"{', '.join(given)} without {', '.join(missing)}: a warm standby needs all four "
+            "--slot-* options (or none)"
+        )
+    try:
+        ports = tuple(int(p) for p in args.slot_ports.split(","))
+    except ValueError:
+        ports = ()
+    if len(ports) != 2 or ports[0] == ports[1] or not all(0 < p < 65536 for p in ports):
+        raise UsageError(
+            f"--slot-ports {args.slot_ports!r}: give two different ports, as P1,P2 "
+            "(slot a listens on P1, slot b on P2)"
+        )
+    return SlotCommands(
+        ports=(ports[0], ports[1]),
+        start=args.slot_start_command,
+        route=args.slot_route_command,
+        stop=args.slot_stop_command,
+    )
+
+
 def _artifact_settings(args: argparse.Namespace) -> dict[str, Any]:
     """The AgentConfig fields of the artifact options, checked."""
     if args.stage_rate is not None and args.stage_rate < 1:
@@ -200,6 +263,7 @@ def run(args: argparse.Namespace) -> int:
     if args.backup_retention < 1:
         raise UsageError("--backup-retention must be at least 1")
     artifact_settings = _artifact_settings(args)
+    slots = _slot_settings(args)
     for runtime in args.runtime or ():
         if not RUNTIME_NAME.fullmatch(runtime):
             raise UsageError(
@@ -213,7 +277,7 @@ def run(args: argparse.Namespace) -> int:
     tls = server_context(Path(args.tls_cert), Path(args.tls_key)) if args.tls_cert else None
     state = StateDir.open(Path(args.state_dir))
     try:
-        runtimes = managed_runtimes(args.runtime, state)
+        runtimes = managed_runtimes(args.runtime, state, slotted=slots is not None)
         if not runtimes:
             raise UsageError(
                 f"no runtime to manage: {state.runtimes} has no TYPE.yaml; pass --runtime TYPE"
@@ -229,6 +293,7 @@ def run(args: argparse.Namespace) -> int:
                 backup_retention=args.backup_retention,
                 key=key,
                 keep_first_backups=keep_first,
+                slots=slots,
                 **artifact_settings,
             ),
             state,

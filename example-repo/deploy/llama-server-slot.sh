@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# The agent's slot commands for llama.cpp's llama-server behind a node-local
+# nginx, for applies with a warm standby (docs/standby.md):
+#
+#   reconciler agent ... --allow-live-apply --slot-ports 8081,8082 \
+#       --slot-start-command '/usr/local/lib/reconciler/llama-server-slot.sh start' \
+#       --slot-route-command '/usr/local/lib/reconciler/llama-server-slot.sh route' \
+#       --slot-stop-command  '/usr/local/lib/reconciler/llama-server-slot.sh stop'
+#
+#   start  starts llama-server on $RECONCILER_SLOT_PORT with the model of the
+#          slot's config ($RECONCILER_CONFIG: {modelDir}/model.gguf), through
+#          llama-server-after-apply.sh beside this script (same settings, same
+#          pid file $LLAMA_SERVER_RUN_DIR/PORT.pid, waits for /health);
+#   stop   stops the server of that slot's pid file only, and only while that
+#          pid is still a llama-server on the slot's port (a pid file can
+#          outlive its process, and pids are reused); under systemd, stops
+#          llama-server@PORT;
+#   route  points nginx at the slot: rewrites the upstream include file
+#          $NGINX_UPSTREAM_FILE to "server 127.0.0.1:PORT;" and reloads nginx
+#          ($NGINX_RELOAD, default "nginx -s reload"): workers started by the
+#          reload send new requests to the slot, old workers finish theirs.
+#          If the reload fails, the previous include is put back. It returns
+#          once the workers that ran before the reload (the master's children
+#          named by $NGINX_PID_FILE) have exited, or after $NGINX_RELOAD_WAIT
+#          seconds, saying so: from then on nothing is sent to the old slot.
+#
+# Settings (environment), besides those of llama-server-after-apply.sh:
+# NGINX_UPSTREAM_FILE (/etc/nginx/reconciler/llama-upstream.conf), NGINX_RELOAD,
+# NGINX_PID_FILE (/run/nginx.pid), NGINX_RELOAD_WAIT (30).
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+action=${1:?"usage: llama-server-slot.sh start|stop|route"}
+port=${RECONCILER_SLOT_PORT:?"run by reconciler agent --slot-*-command (RECONCILER_SLOT_PORT is not set)"}
+run_dir=${LLAMA_SERVER_RUN_DIR:-/run/llama-server}
+stop_timeout=${LLAMA_SERVER_STOP_TIMEOUT:-10}
+
+fail() {
+  echo "llama-server-slot $action (slot ${RECONCILER_SLOT:-?}): $*" >&2
+  exit 1
+}
+
+# The pid file names a running llama-server on our port.
+alive() {
+  local pid
+  [ -f "$1" ] && pid=$(cat "$1") && kill -0 "$pid" 2>/dev/null &&
+    tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q -- "--port $port "
+}
+
+stop_pidfile() {
+  local pidfile="$run_dir/$port.pid" pid waited=0
+  if ! alive "$pidfile"; then
+    rm -f "$pidfile"
+    echo "slot ${RECONCILER_SLOT:-?} on port $port: no llama-server of ours running"
+    return
+  fi
+  pid=$(cat "$pidfile")
+  kill -TERM "$pid" 2>/dev/null || true
+  while kill -0 "$pid" 2>/dev/null && [ "$waited" -lt $((stop_timeout * 10)) ]; do
+    sleep 0.1
+    waited=$((waited + 1))
+  done
+  kill -KILL "$pid" 2>/dev/null || true
+  while kill -0 "$pid" 2>/dev/null; do sleep 0.05; done
+  rm -f "$pidfile"
+  echo "slot ${RECONCILER_SLOT:-?} on port $port: llama-server $pid stopped"
+}
+
+route() {
+  local upstream=${NGINX_UPSTREAM_FILE:-/etc/nginx/reconciler/llama-upstream.conf}
+  local saved="$upstream.previous"
+  if [ -f "$upstream" ]; then cp -p "$upstream" "$saved"; else rm -f "$saved"; fi
+  printf 'server 127.0.0.1:%s;\n' "$port" >"$upstream.tmp"
+  mv "$upstream.tmp" "$upstream"
+  local master="" old="" pid deadline
+  [ -r "${NGINX_PID_FILE:-/run/nginx.pid}" ] && master=$(cat "${NGINX_PID_FILE:-/run/nginx.pid}")
+  [ -n "$master" ] && old=$(pgrep -P "$master" || true)
+  # shellcheck disable=SC2086 # NGINX_RELOAD is a command line
+  if ! ${NGINX_RELOAD:-nginx -s reload}; then
+    if [ -f "$saved" ]; then mv "$saved" "$upstream"; else rm -f "$upstream"; fi
+    fail "nginx reload failed; $upstream was put back as it was"
+  fi
+  rm -f "$saved"
+  # The reload returns at once; the workers that read the old upstream end
+  # once their requests are answered. Only then has all traffic moved, and
+  # may the slot routed away from be stopped (a rollback does at once).
+  deadline=$((SECONDS + ${NGINX_RELOAD_WAIT:-30}))
+  for pid in $old; do
+    while [ -d "/proc/$pid" ] && [ "$SECONDS" -lt "$deadline" ]; do sleep 0.05; done
+  done
+  for pid in $old; do
+    [ -d "/proc/$pid" ] && echo "nginx worker $pid still finishing requests after ${NGINX_RELOAD_WAIT:-30}s"
+  done
+  echo "nginx sends the runtime's requests to slot ${RECONCILER_SLOT:-?} on port $port"
+}
+
+mode=${LLAMA_SERVER_MODE:-}
+if [ -z "$mode" ]; then
+  if [ -d /run/systemd/system ] && command -v systemctl >/dev/null; then mode=systemd; else mode=pidfile; fi
+fi
+case "$action" in
+  start) LLAMA_SERVER_PORT=$port LLAMA_SERVER_MODE=$mode exec bash "$here/llama-server-after-apply.sh" ;;
+  stop)
+    case "$mode" in
+      systemd) systemctl stop "llama-server@$port.service" ;;
+      pidfile) stop_pidfile ;;
+      *) fail "LLAMA_SERVER_MODE=$mode: use systemd or pidfile" ;;
+    esac
+    ;;
+  route) route ;;
+  *) fail "unknown action $action: use start, stop or route" ;;
+esac
