@@ -65,7 +65,8 @@ def _compiled(pattern: str) -> _Compiled:
 
 def _match(pattern: _Compiled, segments: list[str]) -> dict[str, str] | None:
     fixed, names, rest = pattern
-    if len(segments) != len(fixed) and not (rest and len(segments) > len(fixed)):
+    # A rest takes one segment at least (an empty one too: a trailing slash).
+    if (len(segments) <= len(fixed)) if rest else (len(segments) != len(fixed)):
         return None
     params: dict[str, str] = {}
     for want, name, got in zip(fixed, names, segments, strict=False):
