@@ -62,9 +62,9 @@ def _job_fast_path() -> None:
 
 
 def _agent_head_cache() -> None:
-    from reconciler.node import http_server
+    from reconciler.protocol import h11_server
 
-    _uncached(http_server, "_head")
+    _uncached(h11_server, "_head")
 
 
 def _agent_stored_time_cache() -> None:

@@ -256,3 +256,17 @@ def test_replayed_posts_racing_on_one_job_id_execute_it_once(
     agent.wait_finished("apply-0001")
     assert sorted(answers) == [200] * 19 + [202]
     assert [p.name for p in agent.state.jobs.iterdir()] == ["apply-0001.json"]
+
+
+def test_a_head_request_gets_a_head_alone_and_the_connection_is_kept(
+    agent: AgentThread,
+) -> None:
+    head = b"HEAD /v1/nodes/node-a/heartbeat HTTP/1.1\r\nHost: a\r\n\r\n"
+    get = b"GET /v1/nodes/node-a/heartbeat HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n"
+
+    answer = exchange(agent, head + get)
+
+    first, _, rest = answer.partition(b"\r\n\r\n")
+    assert status_of(first) == 404
+    assert status_of(rest) == 200  # the next answer follows the head, no body between
+    still_serving_and_clean(agent)

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from reconciler.cli.main import main
-from reconciler.daemon.web_routes import Reply, Routes
+from reconciler.daemon.web_routes import Routes
 from reconciler.git.sshsig import parse_validity_time
 from reconciler.node.http_server import parse_listen
+from reconciler.protocol.h11_server import Response as Reply
 from reconciler.spec.durations import parse_duration
 from reconciler.spec.rollout_status import NodeRecord, RolloutStatus
 from reconciler.text.web_answers import StatusView

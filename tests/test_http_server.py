@@ -179,3 +179,37 @@ def test_the_agent_s_status_lines_carry_their_reason_phrases(echoing: Served) ->
 
     assert interim.split(b"\r\n", 1)[0] == b"HTTP/1.1 100 Continue"
     assert answer.split(b"\r\n", 1)[0] == b"HTTP/1.1 200 OK"
+
+
+def exchange(sock: socket.socket, conn: h11.Connection, method: str) -> tuple[int, bytes]:
+    """One request on a kept-alive connection, read with h11 to the answer's end."""
+    request = h11.Request(method=method, target="/v1/nodes/n1/heartbeat", headers=[("Host", "a")])
+    sock.sendall((conn.send(request) or b"") + (conn.send(h11.EndOfMessage()) or b""))
+    status, body = 0, b""
+    while True:
+        event = conn.next_event()
+        if event is h11.NEED_DATA:
+            conn.receive_data(sock.recv(65536))
+        elif isinstance(event, h11.Response):
+            status = event.status_code
+        elif isinstance(event, h11.Data):
+            body += event.data
+        elif isinstance(event, h11.EndOfMessage):
+            conn.start_next_cycle()
+            return status, body
+        else:
+            raise AssertionError(f"no answer to {method}: {event!r}")
+
+
+def test_a_head_request_is_answered_with_the_head_alone_on_a_kept_connection(
+    echoing: Served,
+) -> None:
+    conn = h11.Connection(h11.CLIENT)
+    with socket.create_connection(
+        ("127.0.0.1", echoing.server.port), timeout=REQUEST_TIMEOUT * 2
+    ) as sock:
+        head = exchange(sock, conn, "HEAD")
+        status, body = exchange(sock, conn, "GET")
+
+    assert head == (200, b"")
+    assert status == 200 and json.loads(body)["method"] == "GET"

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from reconciler.daemon.web_routes import HostRule, Reply, Routes
+from reconciler.daemon.web_routes import HostRule, Routes
+from reconciler.protocol.h11_server import Response as Reply
 from reconciler.text.web_answers import StatusView
 
 

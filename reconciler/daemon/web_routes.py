@@ -13,8 +13,11 @@ GET and HEAD, with ``Allow: GET, HEAD``), 400 (bad ``offset``/``limit``), 421 (a
 the first view). Nothing secret is served: answers are the committed
 status files and the page's own assets.
 
-Must not: read Git or touch sockets (``web_server`` does), or change
-anything: actions stay commits.
+The paths are a route table (``protocol.http_routes``); the Host check
+wraps the whole table, and the access check every route but the probe.
+
+Must not: read Git or touch sockets (the server core, run by
+``web_server``, does), or change anything: actions stay commits.
 """
 
 from __future__ import annotations
@@ -22,12 +25,14 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, quote, unquote
 
+from reconciler.protocol.h11_server import Answer, Request, Response, Stream
+from reconciler.protocol.http_routes import Params, Route, RouteHandler, RouteTable
 from reconciler.spec.paths import NAME_RE
 from reconciler.text.web_answers import (
     DEFAULT_LIMIT,
@@ -59,22 +64,6 @@ NOT_READY_PAGE = (
     b"<body><h1>reconciler</h1><p>The daemon has not read the status branch yet; this "
     b"page reloads by itself.</p></body></html>\n"
 )
-
-
-@dataclass(frozen=True)
-class Reply:
-    status: int
-    body: bytes
-    headers: tuple[tuple[str, str], ...] = ()
-
-
-@dataclass(frozen=True)
-class Stream:
-    """Answer with an event stream: these headers and opening bytes, then
-    every event of the views published from now on."""
-
-    headers: tuple[tuple[str, str], ...]
-    opening: bytes
 
 
 Metrics = Callable[[], bytes]  # the Prometheus text, when /metrics shares the address
@@ -129,6 +118,7 @@ class Routes:
             path: (ASSETS_DIR.joinpath(name).read_bytes(), kind)
             for path, (name, kind) in ASSETS.items()
         }
+        self.table = self._table()
 
     # -- views --------------------------------------------------------------------
 
@@ -155,46 +145,104 @@ class Routes:
 
     # -- requests -------------------------------------------------------------------
 
+    def _table(self) -> RouteTable:
+        """Which path is which answer. Every route but the probe is behind
+        ``_authorized``, and every one behind ``_host_served``; the API's
+        answers wait for the first view (``_ready``)."""
+        authorized, ready = self._authorized, self._ready
+        routes = [Route(READ_METHODS, "/healthz", self._health)] if self.health is not None else []
+        routes += [
+            Route(READ_METHODS, "/", authorized(self._page)),
+            *(Route(READ_METHODS, path, authorized(self._asset)) for path in self.assets),
+        ]
+        if self.metrics is not None:
+            routes.append(Route(READ_METHODS, "/metrics", authorized(self._metrics)))
+        routes += [
+            Route(frozenset({"GET"}), "/api/v1/events", authorized(self._events)),
+            Route(frozenset({"HEAD"}), "/api/v1/events", authorized(self._events_head)),
+            Route(READ_METHODS, "/api/v1/rollouts", authorized(ready(self._rollouts))),
+            Route(READ_METHODS, "/api/v1/fleet", authorized(ready(self._fleet))),
+            Route(READ_METHODS, "/api/v1/rollouts/{name...}", authorized(ready(self._rollout))),
+            Route(READ_METHODS, "/api/v1/{rest...}", authorized(ready(self._not_found))),
+        ]
+        return RouteTable(routes, missing=authorized(self._unrouted))
+
+    def answer(self, request: Request) -> Response | Stream:
+        """The answer to one request (the server core's handler): only for
+        a ``Host`` served, then from the route table."""
+        if not self.hosts.allows(request.headers.get("host")):
+            return self._wrong_host(request.headers.get("host", ""))
+        answer = self.table.answer(request)
+        assert isinstance(answer, Response | Stream)
+        return answer
+
     def handle(
         self, method: str, target: str, headers: dict[str, str], peer: str
-    ) -> Reply | Stream:
+    ) -> Response | Stream:
         """The answer to one request; ``headers`` by lower-case name."""
         path, _, query = target.partition("?")
-        if not self.hosts.allows(headers.get("host")):
-            return self._wrong_host(headers.get("host", ""))
-        if method in READ_METHODS and path == "/healthz" and self.health is not None:
-            return self._health()  # a probe: open, it tells nothing but alive or not
-        refused = self._refusal(headers, peer)
-        if refused is not None:
-            return refused
-        if method not in READ_METHODS:
-            reply = self.error(
-                405, "method_not_allowed", f"{method} is not allowed: this API only reads"
-            )
-            return Reply(reply.status, reply.body, (*reply.headers, ("Allow", ALLOW)))
-        if path == "/":
-            return self._page(query)
-        asset = self.assets.get(path)
-        if asset is not None:
-            return Reply(200, asset[0], (*_COMMON, ("Content-Type", asset[1])))
-        if path == "/metrics" and self.metrics is not None:
-            return Reply(200, self.metrics(), (("Content-Type", "text/plain; version=0.0.4"),))
-        if not path.startswith("/api/v1/"):
-            return self.error(404, "not_found", f"no such path: {path}; see /api/v1/rollouts")
-        if path == "/api/v1/events":
-            if method == "HEAD":  # the stream's head, and no stream
-                return Reply(200, b"", (*_COMMON, ("Content-Type", "text/event-stream")))
-            return Stream(
-                (*_COMMON, ("Content-Type", "text/event-stream"), ("X-Accel-Buffering", "no")),
-                STREAM_OPENING,
-            )
-        answers = self.answers
-        if answers is None:
-            reply = self.error(503, "not_ready", "the daemon has not read the status branch yet")
-            return Reply(503, reply.body, (*reply.headers, ("Retry-After", "1")))
-        return self._api(path, query, answers)
+        return self.answer(Request(method, path, b"", query, headers=headers, peer=peer))
 
-    def _page(self, query: str) -> Reply:
+    def _authorized(self, handler: RouteHandler) -> RouteHandler:
+        """``handler`` for a client with the token, or without one from loopback; else 401."""
+
+        def authorized(request: Request, params: Params) -> Answer:
+            refused = self._refusal(request.headers, request.peer)
+            return handler(request, params) if refused is None else refused
+
+        return authorized
+
+    def _ready(self, handler: Callable[[Request, Params, Answers], Response]) -> RouteHandler:
+        """``handler`` with the latest view's answers; 503 before the first."""
+
+        def ready(request: Request, params: Params) -> Response:
+            answers = self.answers
+            if answers is None:
+                reply = self.error(
+                    503, "not_ready", "the daemon has not read the status branch yet"
+                )
+                return Response(503, reply.body, (*reply.headers, ("Retry-After", "1")))
+            return handler(request, params, answers)
+
+        return ready
+
+    def _unrouted(self, request: Request, params: Params) -> Response:
+        """A method this API never answers (405), else a path it does not serve (404)."""
+        if request.method not in READ_METHODS:
+            return self._not_allowed(request, params)
+        return self._not_found_anywhere(request, params)
+
+    def _not_allowed(self, request: Request, params: Params) -> Response:
+        reply = self.error(
+            405, "method_not_allowed", f"{request.method} is not allowed: this API only reads"
+        )
+        return Response(reply.status, reply.body, (*reply.headers, ("Allow", ALLOW)))
+
+    def _not_found_anywhere(self, request: Request, params: Params) -> Response:
+        return self.error(404, "not_found", f"no such path: {request.path}; see /api/v1/rollouts")
+
+    def _not_found(self, request: Request, params: Params, answers: Answers) -> Response:
+        return self._not_found_anywhere(request, params)
+
+    def _asset(self, request: Request, params: Params) -> Response:
+        body, kind = self.assets[request.path]
+        return Response(200, body, (*_COMMON, ("Content-Type", kind)))
+
+    def _metrics(self, request: Request, params: Params) -> Response:
+        assert self.metrics is not None
+        return Response(200, self.metrics(), (("Content-Type", "text/plain; version=0.0.4"),))
+
+    def _events(self, request: Request, params: Params) -> Stream:
+        return Stream(
+            (*_COMMON, ("Content-Type", "text/event-stream"), ("X-Accel-Buffering", "no")),
+            STREAM_OPENING,
+        )
+
+    def _events_head(self, request: Request, params: Params) -> Response:
+        # the stream's head, and no stream
+        return Response(200, b"", (*_COMMON, ("Content-Type", "text/event-stream")))
+
+    def _page(self, request: Request, params: Params) -> Response:
         """The page, rendered from the latest view (``?rollout=NAME``: that
         rollout in full); before the first view, a page that reloads itself."""
         headers = (
@@ -204,23 +252,28 @@ class Routes:
         )
         answers = self.answers
         if answers is None:
-            return Reply(503, NOT_READY_PAGE, (*headers, ("Retry-After", "1")))
-        chosen = parse_qs(query).get("rollout", [""])[-1] or None
+            return Response(503, NOT_READY_PAGE, (*headers, ("Retry-After", "1")))
+        chosen = parse_qs(request.query).get("rollout", [""])[-1] or None
         commit = (("X-Status-Commit", answers.view.commit or ""),)
-        return Reply(200, answers.page(chosen), (*headers, *commit))
+        return Response(200, answers.page(chosen), (*headers, *commit))
 
-    def _api(self, path: str, query: str, answers: Answers) -> Reply:
-        commit = (("X-Status-Commit", answers.view.commit or ""),)
-        if path == "/api/v1/rollouts":
-            return Reply(200, answers.rollouts, (*_COMMON, ("Content-Type", _JSON), *commit))
-        if path == "/api/v1/fleet":
-            return Reply(200, answers.fleet, (*_COMMON, ("Content-Type", _JSON), *commit))
-        prefix = "/api/v1/rollouts/"
-        name = unquote(path[len(prefix) :]) if path.startswith(prefix) else ""
+    @staticmethod
+    def _rollouts(request: Request, params: Params, answers: Answers) -> Response:
+        commit = ("X-Status-Commit", answers.view.commit or "")
+        return Response(200, answers.rollouts, (*_COMMON, ("Content-Type", _JSON), commit))
+
+    @staticmethod
+    def _fleet(request: Request, params: Params, answers: Answers) -> Response:
+        commit = ("X-Status-Commit", answers.view.commit or "")
+        return Response(200, answers.fleet, (*_COMMON, ("Content-Type", _JSON), commit))
+
+    def _rollout(self, request: Request, params: Params, answers: Answers) -> Response:
+        """One rollout's status, its nodes a page at a time."""
+        name = unquote(params["name"])
         if not name:
-            return self.error(404, "not_found", f"no such path: {path}; see /api/v1/rollouts")
-        paging = _paging(query)
-        if isinstance(paging, Reply):
+            return self._not_found(request, params, answers)
+        paging = _paging(request.query)
+        if isinstance(paging, Response):
             return paging
         offset, limit = paging
         body = answers.rollout(name, offset, limit) if NAME_RE.fullmatch(name) else None
@@ -230,21 +283,21 @@ class Routes:
         headers: tuple[tuple[str, str], ...] = (
             *_COMMON,
             ("Content-Type", _JSON),
-            *commit,
+            ("X-Status-Commit", answers.view.commit or ""),
             ("X-Node-Count", str(total)),
         )
         if offset + limit < total:
             link = f"</api/v1/rollouts/{quote(name)}?offset={offset + limit}&limit={limit}>"
             headers += (("Link", f'{link}; rel="next"'),)
-        return Reply(200, body, headers)
+        return Response(200, body, headers)
 
-    def _health(self) -> Reply:
+    def _health(self, request: Request, params: Params) -> Response:
         assert self.health is not None
         healthy, body = self.health()
         data = json.dumps(body).encode() + b"\n"
-        return Reply(200 if healthy else 503, data, (*_COMMON, ("Content-Type", _JSON)))
+        return Response(200 if healthy else 503, data, (*_COMMON, ("Content-Type", _JSON)))
 
-    def _wrong_host(self, host: str) -> Reply:
+    def _wrong_host(self, host: str) -> Response:
         shown = ", ".join(sorted(self.hosts.names)) or "an IP address"
         return self.error(
             421,
@@ -254,7 +307,7 @@ class Routes:
             "--http-allow-host NAME",
         )
 
-    def _refusal(self, headers: dict[str, str], peer: str) -> Reply | None:
+    def _refusal(self, headers: Mapping[str, str], peer: str) -> Response | None:
         if self.token is None:
             if _loopback(peer):
                 return None
@@ -274,12 +327,12 @@ class Routes:
             reply = self.error(
                 401, "unauthorized", "missing or wrong token: send Authorization: Bearer TOKEN"
             )
-        return Reply(401, reply.body, (*reply.headers, ("WWW-Authenticate", "Bearer")))
+        return Response(401, reply.body, (*reply.headers, ("WWW-Authenticate", "Bearer")))
 
     @staticmethod
-    def error(status: int, code: str, message: str) -> Reply:
+    def error(status: int, code: str, message: str) -> Response:
         body = json.dumps({"error": code, "message": message}).encode()
-        return Reply(status, body, (*_COMMON, ("Content-Type", _JSON)))
+        return Response(status, body, (*_COMMON, ("Content-Type", _JSON)))
 
 
 def _loopback(peer: str) -> bool:
@@ -312,7 +365,7 @@ def _ip_address(name: str) -> bool:
     return True
 
 
-def _paging(query: str) -> tuple[int, int] | Reply:
+def _paging(query: str) -> tuple[int, int] | Response:
     """``offset`` and ``limit`` of a rollout's nodes (defaults 0 and 500)."""
     values = parse_qs(query, keep_blank_values=True)
     found = []
@@ -335,4 +388,4 @@ def read_token(path: Path) -> str:
     return token
 
 
-__all__ = ["ASSETS_DIR", "HostRule", "Reply", "Routes", "Stream", "read_token"]
+__all__ = ["ASSETS_DIR", "HostRule", "Routes", "read_token"]

@@ -42,11 +42,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import socket
 import ssl
 import sys
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
@@ -72,6 +73,8 @@ from reconciler.node.standby_switch import StandbySwitch
 from reconciler.node.state_dir import JobRecord, StateDir, digest
 from reconciler.protocol.admission import admit_job
 from reconciler.protocol.evidence import sign_answer
+from reconciler.protocol.h11_server import Answer
+from reconciler.protocol.http_routes import Params, Route, RouteHandler, RouteTable
 from reconciler.protocol.long_poll import FINISHED_JOB_STATES, newer_than, wait_seconds
 from reconciler.protocol.observations import signed_list_asked
 from reconciler.protocol.signing import JobRefused
@@ -192,58 +195,96 @@ class Agent:
     def _error(self, status: int, code: str, message: str) -> Response:
         return self._json(status, {"error": code, "message": message})
 
-    def handle(self, request: Request) -> Response | Awaitable[Response]:
-        if request.path == "/metrics":
-            if request.method != "GET":
-                return self._error(405, "method_not_allowed", "GET /metrics only")
-            # Prometheus text; scrapers read it whatever the Content-Type says.
-            return Response(200, self.metrics.text())
-        parts = request.path.split("/")
-        if len(parts) < 5 or parts[:3] != ["", "v1", "nodes"]:
-            return self._error(404, "not_found", f"no such endpoint: {request.path}")
-        if parts[3] != self.config.node:
-            if request.method == "POST" and parts[4:] == ["jobs"]:
-                return self.post_job(request.body, parts[3])
-            return self._error(
-                404, "unknown_node", f"this agent serves node {self.config.node}, not {parts[3]}"
-            )
-        route = (request.method, *parts[4:])
-        if route == ("POST", "jobs"):
-            return self.post_job(request.body, parts[3])
-        if len(route) == 3 and route[:2] == ("GET", "jobs"):
-            try:
-                wait = wait_seconds(request.query)
-            except ValueError as exc:
-                return self._error(400, "bad_request", str(exc))
-            with self.journal.lock:
-                record = self.journal.jobs.get(route[2])
-                if record is None:
-                    return self._error(404, "unknown_job", f"no job {route[2]} on this node")
-                if not wait or record.state in FINISHED_JOB_STATES:
-                    return self._json(200, record.public())
-                woken = self.journal.hold_job(route[2])
-            return self._held_job(route[2], woken, wait)
-        if route == ("GET", "heartbeat"):
-            try:
-                wait, newer = wait_seconds(request.query), newer_than(request.query)
-            except ValueError as exc:
-                return self._error(400, "bad_request", str(exc))
-            if not wait or newer is None:
-                return self._json(200, self.heartbeat())
-            with self.journal.lock:
-                changed = self.journal.beat_changed_at > parse_time(newer)
-                if not changed:
-                    beat_woken = self.journal.hold_heartbeat()
-            if changed:
-                return self._json(200, self.heartbeat())
-            return self._held_heartbeat(beat_woken, wait)
-        if route == ("GET", "backups"):
-            listed = [b.public() for b in self.state.list_backups()]
-            if signed_list_asked(request.query):
-                # An object, unlike a bare list, carries evidence: it covers each jobId.
-                return self._json(200, {"node": self.config.node, "backups": listed})
-            return json_response(200, listed)
+    def handle(self, request: Request) -> Answer:
+        return self.routes.answer(request)
+
+    @functools.cached_property
+    def routes(self) -> RouteTable:
+        """The protocol's endpoints; the node's own are behind ``_this_node``."""
+        get, post = frozenset({"GET"}), frozenset({"POST"})
+        this_node = self._this_node
+        return RouteTable(
+            [
+                Route(get, "/metrics", self._metrics),
+                Route(None, "/metrics", self._metrics_get_only),
+                # Any node: admission names the node a job is for.
+                Route(post, "/v1/nodes/{node}/jobs", self._post_job),
+                Route(get, "/v1/nodes/{node}/jobs/{job}", this_node(self._get_job)),
+                Route(get, "/v1/nodes/{node}/heartbeat", this_node(self._get_heartbeat)),
+                Route(get, "/v1/nodes/{node}/backups", this_node(self._get_backups)),
+                Route(None, "/v1/nodes/{node}/{rest...}", this_node(self._no_such_endpoint)),
+            ],
+            missing=self._no_such_path,
+        )
+
+    def _this_node(self, handler: RouteHandler) -> RouteHandler:
+        """``handler`` for this agent's node; 404 for any other."""
+
+        def on_this_node(request: Request, params: Params) -> Answer:
+            if params["node"] != self.config.node:
+                return self._error(
+                    404,
+                    "unknown_node",
+                    f"this agent serves node {self.config.node}, not {params['node']}",
+                )
+            return handler(request, params)
+
+        return on_this_node
+
+    def _metrics(self, request: Request, params: Params) -> Response:
+        # Prometheus text; scrapers read it whatever the Content-Type says.
+        return Response(200, self.metrics.text())
+
+    def _metrics_get_only(self, request: Request, params: Params) -> Response:
+        return self._error(405, "method_not_allowed", "GET /metrics only")
+
+    def _no_such_path(self, request: Request, params: Params) -> Response:
+        return self._error(404, "not_found", f"no such endpoint: {request.path}")
+
+    def _no_such_endpoint(self, request: Request, params: Params) -> Response:
         return self._error(404, "not_found", f"no such endpoint: {request.method} {request.path}")
+
+    def _post_job(self, request: Request, params: Params) -> Response:
+        return self.post_job(request.body, params["node"])
+
+    def _get_job(self, request: Request, params: Params) -> Answer:
+        """A job's record; with ``wait``, held until it finishes."""
+        job_id = params["job"]
+        try:
+            wait = wait_seconds(request.query)
+        except ValueError as exc:
+            return self._error(400, "bad_request", str(exc))
+        with self.journal.lock:
+            record = self.journal.jobs.get(job_id)
+            if record is None:
+                return self._error(404, "unknown_job", f"no job {job_id} on this node")
+            if not wait or record.state in FINISHED_JOB_STATES:
+                return self._json(200, record.public())
+            woken = self.journal.hold_job(job_id)
+        return self._held_job(job_id, woken, wait)
+
+    def _get_heartbeat(self, request: Request, params: Params) -> Answer:
+        """The heartbeat; with ``wait`` and ``newer``, held until it changes."""
+        try:
+            wait, newer = wait_seconds(request.query), newer_than(request.query)
+        except ValueError as exc:
+            return self._error(400, "bad_request", str(exc))
+        if not wait or newer is None:
+            return self._json(200, self.heartbeat())
+        with self.journal.lock:
+            changed = self.journal.beat_changed_at > parse_time(newer)
+            if not changed:
+                beat_woken = self.journal.hold_heartbeat()
+        if changed:
+            return self._json(200, self.heartbeat())
+        return self._held_heartbeat(beat_woken, wait)
+
+    def _get_backups(self, request: Request, params: Params) -> Response:
+        listed = [b.public() for b in self.state.list_backups()]
+        if signed_list_asked(request.query):
+            # An object, unlike a bare list, carries evidence: it covers each jobId.
+            return self._json(200, {"node": self.config.node, "backups": listed})
+        return json_response(200, listed)
 
     async def _held_job(self, job_id: str, woken: asyncio.Future[None], wait: float) -> Response:
         """The job's record once it finished, or as it is when ``wait`` ends."""
