@@ -405,35 +405,39 @@ def _standby_rollout(name: str, model: str, artifact: Any) -> str:
 
 
 def measure_model_change(playbook_bin: Path, standby: bool) -> list[Row]:
-    """Ansible's side, then ours (and the standby variant when asked)."""
+    """Ansible's side, then ours (and the standby variant when asked); each
+    side printed as soon as it ends."""
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="bench-model-change-") as tmp:
         root = Path(tmp)
         models = _models(root)
-        sides = [ansible_side(root, models, playbook_bin), our_side(root, models, False)]
+        theirs = ansible_side(root, models, playbook_bin)
+        rows += _report(theirs, theirs)
+        rows += _report(our_side(root, models, False), theirs)
         if standby:
-            sides.append(our_side(root, models, True))
-    theirs = sides[0]
-    for side in sides:
-        out = list(side.out_of_service.values())
-        recorded = (
-            f"; outOfService in the status {', '.join(f'{v:.2f}' for v in side.recorded.values())} s"
-            if side.recorded
-            else ""
-        )
-        print(
-            f"{side.name}: wall {side.wall:.1f} s, out of service per node "
-            f"{', '.join(f'{v:.2f}' for v in out)} s, failed requests {side.failed} of "
-            f"{side.requests}{recorded}; load average "
-            f"{' '.join(f'{v:.2f}' for v in os.getloadavg())}",
-            flush=True,
-        )
-        label = f"model change, 3 llama-server nodes, {side.name}"
-        rows += [
-            row(f"ansible: {label}, wall", side.wall, "s", theirs.wall, "Ansible"),
-            row(f"ansible: {label}, out of service per node, max", max(out), "s"),
-            row(f"ansible: {label}, out of service per node, median", median(out), "s"),
-            row(f"ansible: {label}, failed client requests", side.failed, "requests"),
-            row(f"ansible: {label}, client requests during the change", side.requests, "requests"),
-        ]
+            rows += _report(our_side(root, models, True), theirs)
     return rows
+
+
+def _report(side: Side, theirs: Side) -> list[Row]:
+    out = list(side.out_of_service.values())
+    recorded = (
+        f"; outOfService in the status {', '.join(f'{v:.2f}' for v in side.recorded.values())} s"
+        if side.recorded
+        else ""
+    )
+    print(
+        f"{side.name}: wall {side.wall:.1f} s, out of service per node "
+        f"{', '.join(f'{v:.2f}' for v in out)} s, failed requests {side.failed} of "
+        f"{side.requests}{recorded}; load average "
+        f"{' '.join(f'{v:.2f}' for v in os.getloadavg())}",
+        flush=True,
+    )
+    label = f"model change, 3 llama-server nodes, {side.name}"
+    return [
+        row(f"ansible: {label}, wall", side.wall, "s", theirs.wall, "Ansible"),
+        row(f"ansible: {label}, out of service per node, max", max(out), "s"),
+        row(f"ansible: {label}, out of service per node, median", median(out), "s"),
+        row(f"ansible: {label}, failed client requests", side.failed, "requests"),
+        row(f"ansible: {label}, client requests during the change", side.requests, "requests"),
+    ]
