@@ -1002,12 +1002,24 @@ def main() -> None:
         action="store_true",
         help="with --model-change: ours with a warm standby too (slots behind nginx)",
     )
+    parser.add_argument(
+        "--standby-without-warmup",
+        action="store_true",
+        help="with --standby: no warm-up on the new slot (for a daemon that does not "
+        "take {slotPort} in a warm-up URL)",
+    )
     args = parser.parse_args()
     if args.model_change:
         from model_change import measure_model_change
 
         announce("ansible model change: 3 llama-server nodes, batches of 1, client load")
-        emit(measure_model_change(ansible_bin(Path(tempfile.gettempdir())), args.standby))
+        emit(
+            measure_model_change(
+                ansible_bin(Path(tempfile.gettempdir())),
+                args.standby,
+                not args.standby_without_warmup,
+            )
+        )
         return
     if args.artifacts:
         nodes = 6 if args.quick else (args.nodes if args.nodes != 100 else 20)

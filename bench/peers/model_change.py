@@ -26,7 +26,7 @@ round robin to the nodes in service (4 clients asking without a pause).
   untilCompleted}`` and no drain: the new model starts in the idle slot,
   is warmed up there, and the router moves to it in one step. A first
   standby rollout, untimed and without load, brings every node's slot a
-  up on A. (The rollback from a warm standby is ``bench/standby_rollback.py``'s.)
+  up on A. (The rollback from a warm standby is not timed here.)
 
 Figures per side: wall time (Ansible: the playbook; ours: from ``git push``
 to the status committed ``completed``), out of service per node, failed
@@ -39,6 +39,7 @@ answer is not 200. Ours also reports ``outOfService`` from its status.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -266,7 +267,7 @@ def _check_serving(servers: Mapping[str, LlamaNode], model: Path) -> None:
 # -- ours -----------------------------------------------------------------------
 
 
-def our_side(root: Path, models: dict[str, Path], standby: bool) -> Side:
+def our_side(root: Path, models: dict[str, Path], standby: bool, warmup: bool = True) -> Side:
     """Our rollout of B with drain and warm-up (or, ``standby``, a warm
     standby), under the same load."""
     from tests.kit.llama_fleet import live_rollout, llama_fleet
@@ -274,7 +275,7 @@ def our_side(root: Path, models: dict[str, Path], standby: bool) -> Side:
     home = root / ("standby" if standby else "ours")
     home.mkdir()
     if standby:
-        return _standby_side(home, models)
+        return _standby_side(home, models, warmup)
     with llama_fleet(home, {"A": models["A"], "B": models["B"]}, "B") as world:
         fleet = world.fleet
         daemon = fleet.daemon()
@@ -309,7 +310,7 @@ def _ended(name: str) -> Callable[[dict[str, Any]], bool]:
     return lambda s: s.get(name, {}).get("phase") in ("completed", "paused", "failed", "aborted")
 
 
-def _standby_side(home: Path, models: dict[str, Path]) -> Side:
+def _standby_side(home: Path, models: dict[str, Path], warmup: bool) -> Side:
     """Each node: an nginx router in front of two slots run by the shipped
     slot script, and the agent with the slot flags. A first standby
     rollout (not timed, no load) brings slot a up on A; the timed one
@@ -346,12 +347,12 @@ def _standby_side(home: Path, models: dict[str, Path]) -> Side:
         stack.callback(balancer.close)
         files = parts[NODES[0]]
         daemon = fleet.daemon()
-        first = _standby_rollout("first", "tiny-llama-1", files.artifacts["A"])
+        first = _standby_rollout("first", "tiny-llama-1", files.artifacts["A"], warmup)
         fleet.push({"rollouts/first.yaml": first})
         done = fleet.run_until(daemon, _ended("first"), timeout=TIMEOUT, pause=0.02)
         if done["first"]["phase"] != "completed":
             raise RuntimeError(f"the first standby rollout ended: {done['first']}")
-        text = _standby_rollout("change", "tiny-llama-2", files.artifacts["B"])
+        text = _standby_rollout("change", "tiny-llama-2", files.artifacts["B"], warmup)
         with client_load(balancer) as answered, Probes(urls, balancer) as probes:
             time.sleep(2.0)
             start = time.time()
@@ -375,12 +376,22 @@ def _standby_side(home: Path, models: dict[str, Path]) -> Side:
         )
 
 
-def _standby_rollout(name: str, model: str, artifact: Any) -> str:
+def _standby_rollout(name: str, model: str, artifact: Any, warmup: bool) -> str:
     """A batch-of-one live rollout with a warm standby, staged one download
-    ahead, warmed up twice on the new slot's own port."""
+    ahead, warmed up twice on the new slot's own port when ``warmup``."""
     from tests.kit.documents import rollout_yaml
     from tests.kit.llama_fleet import WARMUP_BODY
 
+    warm = (
+        {
+            "warmup": (
+                '[{http: {url: "http://127.0.0.1:{slotPort}/v1/completions", method: POST, '
+                f'body: "{WARMUP_BODY}", expectStatus: 200, timeout: 30s}}, times: 2}}]'
+            )
+        }
+        if warmup
+        else {}
+    )
     entry = (
         f"{{name: weights, url: '{artifact.url}', sha256: {artifact.sha256}, "
         f"size: {artifact.size}, path: model.gguf}}"
@@ -394,19 +405,20 @@ def _standby_rollout(name: str, model: str, artifact: Any) -> str:
         live=True,
         stage="{ahead: 1, maxConcurrent: 1, timeout: 5m}",
         standby="{keepPrevious: untilCompleted}",
-        warmup=(
-            '[{http: {url: "http://127.0.0.1:{slotPort}/v1/completions", method: POST, '
-            f'body: "{WARMUP_BODY}", expectStatus: 200, timeout: 30s}}, times: 2}}]'
-        ),
+        **warm,
     )
 
 
 # -- both -----------------------------------------------------------------------
 
 
-def measure_model_change(playbook_bin: Path, standby: bool) -> list[Row]:
+def measure_model_change(
+    playbook_bin: Path, standby: bool, standby_warmup: bool = True
+) -> list[Row]:
     """Ansible's side, then ours (and the standby variant when asked); each
     side printed as soon as it ends."""
+    if standby and importlib.util.find_spec("tests.kit.standby") is None:
+        raise SystemExit(STANDBY_NEEDS)  # before minutes of the other sides
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="bench-model-change-") as tmp:
         root = Path(tmp)
@@ -415,7 +427,7 @@ def measure_model_change(playbook_bin: Path, standby: bool) -> list[Row]:
         rows += _report(theirs, theirs)
         rows += _report(our_side(root, models, False), theirs)
         if standby:
-            rows += _report(our_side(root, models, True), theirs)
+            rows += _report(our_side(root, models, True, standby_warmup), theirs)
     return rows
 
 
