@@ -3,6 +3,7 @@ driven by the real daemon process against the simulated fleet.
 
     .venv/bin/python bench/fleet.py                      # 10,000 nodes, batchSize 1,000
     .venv/bin/python bench/fleet.py --nodes 1000 --batch 100 --runs 1
+    .venv/bin/python bench/fleet.py --artifacts --runs 1 --with-parts   # CPU per job / its parts
 
 Per run: a bare repository with N node files is generated, the sim fleet
 serves N nodes that succeed after ``--delay`` seconds, and
@@ -33,6 +34,14 @@ staged (a stage job, answered after ``--delay`` too) before its apply, with
 ``stage: {ahead: 1, maxConcurrent: BATCH}``. Staging the next batch overlaps
 the current batch's apply, so only the first batch's stage adds a wait: the
 overhead is (wall time - (batches + 1) x delay) / nodes. Target: under 0.5 ms.
+
+``--with-parts``: before and after each run, the parts every job needs
+measured alone in this process (``bench/job_parts.py``: signing, h11 both ways, parsing
+the two answers, checking their signatures), and the daemon's CPU per job
+(its CPU over the run / the jobs the simulated fleet executed) against
+their sum, with the load average. Target with ``--artifacts``: at most 2.
+Each run also prints the daemon's CPU by thread (the main thread runs the
+passes; the agent client's thread is the busiest other one).
 """
 
 from __future__ import annotations
@@ -47,6 +56,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import job_parts
 import pygit2
 from _common import (
     Row,
@@ -74,7 +84,28 @@ from reconciler.protocol.evidence import derived_agent_key
 from reconciler.protocol.signing import generate_key
 
 COMPLETED = re.compile(rb"^phase: (completed|failed|aborted)$", re.MULTILINE)
+# --with-parts: the parts of a job measured alone before and after each run,
+# as bench/job_parts.py does (median of its rounds), averaged.
+PARTS_JOBS = 10_000
+PARTS_ROUNDS = 3
 KEY_SEED = "bench-fleet"  # per-node agent keys of the simulated fleet
+
+
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds (user + system) of each thread of a live process, by
+    thread id, the main thread as "main" (Linux /proc; Python 3.11 does not
+    name its threads there)."""
+    found: dict[str, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            fields = (task / "stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            continue  # the thread ended meanwhile
+        name = "main" if task.name == str(pid) else task.name
+        found[name] = (int(fields[11]) + int(fields[12])) / tick
+        found[name + " sys"] = int(fields[12]) / tick
+    return found
 
 
 def one_run(
@@ -141,6 +172,7 @@ def one_run(
         before = dir_bytes(bare / "objects")
         busy0 = machine_busy_seconds()
         cpu0 = cpu_seconds(daemon.pid)
+        threads0 = thread_cpu(daemon.pid)
         started = time.perf_counter()
         text = rollout_text("big", selector={"fleet": "bench"}, batch=batch)
         if artifacts:
@@ -153,6 +185,9 @@ def one_run(
 
         finished = wait_for(done, timeout)
         cpu = cpu_seconds(daemon.pid) - cpu0
+        threads = {
+            name: spent - threads0.get(name, 0.0) for name, spent in thread_cpu(daemon.pid).items()
+        }
         sim_cpu = cpu_seconds(sim.process.pid) - sim_cpu0
         # What other work took of the machine meanwhile (this script's polling included).
         other = machine_busy_seconds() - busy0 - cpu - sim_cpu
@@ -186,6 +221,7 @@ def one_run(
             "jobs": stats["executed"],
             "sim_cpu": sim_cpu,
             "other": other / (wall * (os.cpu_count() or 1)),
+            **{f"thread {name}": spent for name, spent in threads.items() if spent > 0},
         }
     finally:
         if daemon is not None and daemon.poll() is None:
@@ -219,9 +255,12 @@ def measure(
     profile: Path | None = None,
     wall_clock: bool = False,
     artifacts: bool = False,
+    with_parts: bool = False,
 ) -> list[Row]:
     results = []
     for k in range(runs):
+        # The parts alone just before the run and just after it: the load moves.
+        before = job_parts.measure(PARTS_JOBS, PARTS_ROUNDS) if with_parts else {}
         with tempfile.TemporaryDirectory(prefix="bench-fleet-") as tmp:
             r = one_run(
                 Path(tmp),
@@ -242,6 +281,24 @@ def measure(
             f"other work {r['other'] * 100:.0f}% of the CPUs",
             flush=True,
         )
+        threads = sorted((k for k in r if k.startswith("thread ")), key=lambda k: -r[k])
+        print(
+            "  daemon CPU by thread: " + ", ".join(f"{k[7:]} {r[k]:.2f} s" for k in threads),
+            flush=True,
+        )
+        if with_parts:
+            after = job_parts.measure(PARTS_JOBS, PARTS_ROUNDS)
+            parts = {name: (ms + after[name]) / 2 for name, ms in before.items()}
+            r["floor"] = sum(parts.values())
+            r["per_job"] = r["cpu"] / r["jobs"] * 1e3
+            print(
+                f"  per job: daemon CPU {r['per_job']:.3f} ms, its parts alone "
+                f"{r['floor']:.3f} ms ("
+                + ", ".join(f"{name} {ms:.3f}" for name, ms in parts.items())
+                + f"), ratio {r['per_job'] / r['floor']:.2f}; load average "
+                f"{' '.join(f'{v:.2f}' for v in os.getloadavg())}",
+                flush=True,
+            )
         results.append(r)
 
     def m(key: str) -> float:
@@ -251,7 +308,21 @@ def measure(
     floor = batches * delay
     tag = f"{nodes:,} nodes/{batch:,}" + (", staged" if artifacts else "")
     target = 0.5 if artifacts else 1.0
+    ratio = []
+    if with_parts:
+        ratio = [
+            row(f"fleet {tag}: daemon CPU per job", m("per_job"), "ms"),
+            row(f"fleet {tag}: its parts alone (job_parts)", m("floor"), "ms"),
+            row(
+                f"fleet {tag}: daemon CPU per job / its parts",
+                median([r["per_job"] / r["floor"] for r in results]),
+                "x",
+                2.0,
+                "target <",
+            ),
+        ]
     return [
+        *ratio,
         row(f"fleet {tag}: wall to completed", m("wall"), "s", floor, "health waits"),
         row(f"fleet {tag}: daemon CPU", m("cpu"), "s"),
         row(f"fleet {tag}: daemon CPU per node", m("cpu") / nodes * 1e3, "ms"),
@@ -277,6 +348,12 @@ def main() -> None:
         "--artifacts", action="store_true", help="a model artifact: every node staged first"
     )
     parser.add_argument(
+        "--with-parts",
+        action="store_true",
+        help="after each run, measure the parts of a job alone (bench/job_parts.py) "
+        "and print the daemon's CPU per job against their sum",
+    )
+    parser.add_argument(
         "--profile",
         type=Path,
         help="record the daemon and the simulated fleet with py-spy (on CPU) into "
@@ -300,6 +377,7 @@ def main() -> None:
             profile=args.profile,
             wall_clock=args.profile_wall,
             artifacts=args.artifacts,
+            with_parts=args.with_parts,
         )
     )
 

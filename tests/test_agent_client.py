@@ -326,3 +326,39 @@ def test_a_second_batch_of_held_reads_opens_no_new_connections(
 
     assert opened[0] >= len(names)  # the first batch's held reads each need one
     assert opened[1] == opened[0], opened
+
+
+def test_a_job_whose_held_read_brought_its_finish_is_not_held_again(
+    tmp_path: Path, key: SigningKey
+) -> None:
+    """A pass that found a job held hands it to ``watch_jobs`` again after
+    its step; when the held read answered finished in between, the record
+    waits for the next pass and the agent is not asked once more (during a
+    batch that was one more read, and signature check, for most jobs)."""
+    names = [f"n{i:02d}" for i in range(6)]
+    fleet = FleetThread(tmp_path / "again", [key], names=names)
+    asked: list[str] = []
+    handle = fleet.fleet.handle
+
+    def recording(request: Request) -> Response | asyncio.Future[Response]:
+        if "wait=" in request.query:
+            asked.append(request.path)
+        return handle(request)
+
+    fleet.server.handler = recording
+    client = AgentClient(key, concurrency=2)
+    try:
+        jobs = [(fleet.url, job(f"apply-{n}", node=n)) for n in names]
+        client.send_jobs(jobs, datetime.now(UTC), on_finished=lambda: None)
+        wait_for(lambda: not client.watching(), timeout=30, what="every held read to end")
+        held_reads = len(asked)
+        client.watch_jobs(jobs, lambda: None)  # the pass's call, its answers not yet taken
+        time_to_ask = client.watching()  # runs on the loop after watch_jobs
+        taken = client.take_finished([j.job_id for _, j in jobs])
+    finally:
+        client.close()
+        fleet.close()
+
+    assert held_reads == len(names)
+    assert not time_to_ask and len(asked) == held_reads, asked[held_reads:]
+    assert set(taken) == {j.job_id for _, j in jobs}

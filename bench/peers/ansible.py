@@ -43,6 +43,9 @@ Ansible run of the same rollout. ``--other-tree DIR`` (a source tree, e.g.
 a ``git worktree add`` of an older version; repeatable) alternates its
 agents and daemon with this tree's, each against Ansible.
 
+``--model-change`` (with ``--standby``: a warm standby too) runs the model
+change on three real llama-server nodes instead: bench/peers/model_change.py.
+
 ``--artifacts`` runs the model-artifact scenario instead, once each side
 (``--quick``: 6 nodes, 32 MiB): N nodes, each with a stand-in inference
 runtime (tests/kit/runtime.py, a model load of 0.1 s), one artifact of
@@ -988,7 +991,36 @@ def main() -> None:
     parser.add_argument(
         "--download-seconds", type=float, default=5.0, help="with --artifacts: the rate cap"
     )
+    parser.add_argument(
+        "--model-change",
+        action="store_true",
+        help="a model change on 3 real llama-server nodes under client load: the naive "
+        "playbook (get_url, restart per serial batch) against ours with drain and warm-up",
+    )
+    parser.add_argument(
+        "--standby",
+        action="store_true",
+        help="with --model-change: ours with a warm standby too (slots behind nginx)",
+    )
+    parser.add_argument(
+        "--standby-without-warmup",
+        action="store_true",
+        help="with --standby: no warm-up on the new slot (for a daemon that does not "
+        "take {slotPort} in a warm-up URL)",
+    )
     args = parser.parse_args()
+    if args.model_change:
+        from model_change import measure_model_change
+
+        announce("ansible model change: 3 llama-server nodes, batches of 1, client load")
+        emit(
+            measure_model_change(
+                ansible_bin(Path(tempfile.gettempdir())),
+                args.standby,
+                not args.standby_without_warmup,
+            )
+        )
+        return
     if args.artifacts:
         nodes = 6 if args.quick else (args.nodes if args.nodes != 100 else 20)
         size = 32 if args.quick else args.size_mib

@@ -189,6 +189,11 @@ class AgentReads:
     def watch_job(self, url: str, job: SendJob, on_finished: Callable[[], None]) -> None:
         if job.job_id in self._watches or len(self._watches) >= self.max_watches:
             return
+        with self._lock:
+            # Its held read ended finished after the pass asked: the record
+            # waits for the next pass, and an agent never changes it.
+            if job.job_id in self._finished:
+                return
         try:
             origin = self.http.origin(url)
         except Unreachable:
