@@ -146,7 +146,7 @@ class Agent:
         scratch: a restart never lengthens a run of successes)."""
         newest: dict[str, JobRecord] = {}
         for record in self.journal.jobs.values():
-            if record.payload["kind"] == "stage":  # changes nothing the checks look at
+            if record.payload["kind"] in ("stage", "eval"):  # change nothing the checks look at
                 continue
             runtime = record.payload["target"]["runtime"]
             known = newest.get(runtime)
@@ -305,7 +305,7 @@ class Agent:
                 return self._refuse(
                     503, "journal_unwritable", f"cannot record the job: {exc.strerror}", envelope
                 )
-        if payload["kind"] != "stage":  # a stage changes nothing the checks look at
+        if payload["kind"] not in ("stage", "eval"):  # change nothing the checks look at
             # Checks of the runtime's previous job say nothing about this one.
             with self.journal.lock:
                 self.journal.newest_job[payload["target"]["runtime"]] = record.job_id

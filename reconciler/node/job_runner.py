@@ -35,6 +35,7 @@ from reconciler.node.artifact_retention import (
     pinned_by_jobs,
 )
 from reconciler.node.artifact_store import ArtifactStore
+from reconciler.node.eval_job import run_eval_job
 from reconciler.node.journal import Journal
 from reconciler.node.live_switch import LiveSwitch
 from reconciler.node.model_dirs import ModelDirs
@@ -155,6 +156,8 @@ class JobRunner:
         runtime = payload["target"]["runtime"]
         if payload["kind"] == "stage":
             return self._stage(record)
+        if payload["kind"] == "eval":
+            return run_eval_job(self.journal, record)
         try:
             self.state.refuse_config_symlink(runtime)
         except UnsafePath as exc:

@@ -67,6 +67,12 @@ def _recovered_accepted(state: StateDir, record: JobRecord, now: str) -> JobReco
             error="agent restarted while staging; no config was changed, and what was "
             "downloaded is kept for the next stage job to resume",
         )
+    if payload["kind"] == "eval":
+        return record.with_changes(
+            state="failed",
+            finished_at=now,
+            error="agent restarted during the eval job; nothing was changed",
+        )
     runtime = payload["target"]["runtime"]
     # The job's own backup is the newest of its runtime, so no prune
     # (retention is at least 1) removes it before the job's verdict.
