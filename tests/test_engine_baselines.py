@@ -6,10 +6,13 @@ stays unreachable; a resume asks again as a new attempt."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
+from jsonschema import Draft202012Validator  # type: ignore[import-untyped]
 
 from reconciler.engine.baselines import GATE_RULES, OUTCOME_RULES, choose, render_gate_table
 from reconciler.engine.queries import in_flight, next_wakeup
@@ -20,6 +23,9 @@ from reconciler.spec.evals import Eval, EvalCase, EvalSuite
 from reconciler.spec.rollout_status import NodeRecord
 from tests.engine_world import T0, World
 
+STATUS_SCHEMA = json.loads(
+    (Path(__file__).parent.parent / "schemas" / "rollout-status.schema.json").read_text()
+)
 CASES = (
     EvalCase("capital", "contains", '"Paris"', prompt="The capital of France is"),
     EvalCase("same", "matchesBaseline", "true", prompt="Say hello"),
@@ -76,6 +82,7 @@ def test_the_last_node_answers_first_and_no_batch_starts_before_its_answers_are_
     assert cases["close"]["baselineAnswer"] == "Returns within 30 days."
     assert "baselineAnswer" not in cases["capital"]
     record = rollout_status.to_record(w.status())
+    Draft202012Validator(STATUS_SCHEMA).validate(record)
     assert record["evalBaseline"] == {
         "golden": {
             "node": "n4",
@@ -151,7 +158,9 @@ def test_a_daemon_restart_rebuilds_the_same_eval_job_from_status_alone() -> None
     w = world()
     w.step(0)
     sent = w.job("n4")
-    reread = rollout_status.from_record(rollout_status.to_record(w.status()))
+    record = rollout_status.to_record(w.status())
+    Draft202012Validator(STATUS_SCHEMA).validate(record)
+    reread = rollout_status.from_record(record)
 
     assert reread == w.status()
     assert in_flight([reread]) == (sent,)

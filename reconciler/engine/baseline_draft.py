@@ -15,7 +15,6 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from reconciler.engine import attempts, baselines
-from reconciler.engine.inputs import Transition
 from reconciler.engine.staged_draft import StagedDraft
 from reconciler.protocol.observations import Observations
 from reconciler.spec.baseline_records import Answers, BaselineJob, first_nodes
@@ -50,20 +49,17 @@ class BaselineDraft(StagedDraft):
             return False
         assert self.frozen is not None
         chosen = baselines.choose(self.frozen.evals, self.nodes)
-        jobs = tuple(
-            self._send(node, names, 1, node_of, "eval baseline asked")
-            for node, names in chosen.items()
-        )
+        jobs = tuple(self._send(node, names, 1, node_of) for node, names in chosen.items())
         self.eval_baseline = jobs
         return bool(jobs)
 
-    def resume_baseline(self, token: str, node_of: NodeOf) -> bool:
+    def resume_baseline(self, node_of: NodeOf) -> bool:
         """A resume's answer to ``eval_baseline_failed``: each failed
         baseline job sent again as a new attempt."""
         if not self.baseline_failed():
             return False
         self.eval_baseline = tuple(
-            self._send(job.node, job.evals, job.attempt + 1, node_of, f"resume {token!r}")
+            self._send(job.node, job.evals, job.attempt + 1, node_of)
             if job.state == "failed"
             else job
             for job in self.eval_baseline
@@ -71,7 +67,7 @@ class BaselineDraft(StagedDraft):
         return True
 
     def _send(
-        self, node: str, names: tuple[str, ...], attempt: int, node_of: NodeOf, reason: str
+        self, node: str, names: tuple[str, ...], attempt: int, node_of: NodeOf
     ) -> BaselineJob:
         """Record a baseline job for ``node`` and send it, or record at
         once why it cannot be sent."""
@@ -95,9 +91,7 @@ class BaselineDraft(StagedDraft):
         )
         if refusal:
             job = replace(job, state="failed", finished_at=self.now, error=refusal)
-            self._note(job, "none", refusal)
             return job
-        self._note(job, "none", reason)
         self.effects.append(baselines.eval_job(self.name, self.frozen, self.start_commit, job))
         return job
 
@@ -120,8 +114,6 @@ class BaselineDraft(StagedDraft):
                     health_timeout=self.health_timeout,
                     first_of=first_of,
                 )
-                if new.state != job.state:
-                    self._note(new, job.state, new.error or "baseline answers recorded")
             judged.append(new)
         self.eval_baseline = tuple(judged)
 
@@ -134,9 +126,3 @@ class BaselineDraft(StagedDraft):
             for j in self.eval_baseline
             if j.state == "failed"
         ]
-
-    def _note(self, job: BaselineJob, before: str, reason: str) -> None:
-        """A transition for the commit message: the node's baseline job."""
-        self.transitions.append(
-            Transition(self.name, f"{job.node} (eval baseline)", before, job.state, reason)
-        )

@@ -783,7 +783,7 @@ class RolloutStep(BaselineDraft):
         if paused_after is not None and not self.any_held() and not self.gate_open():
             return False  # it would start a batch: it waits, unhandled, for the window
         self.last_handled_resume = token
-        self.resume_baseline(token, self.ctx.node)
+        self.resume_baseline(self.ctx.node)
         answer = intents.answer_resume(
             token,
             [(i, self.nodes[i]) for i in self.open_indexes()],
