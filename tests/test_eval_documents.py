@@ -199,6 +199,26 @@ def test_plan_shows_each_eval_and_warns_without_drain() -> None:
     assert "cannot keep a failed model from users" not in drained
 
 
+def test_plan_shows_each_evals_baseline_nodes() -> None:
+    now = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=1)
+    suite = SUITE.replace('expect: {contains: "Paris"}', "expect: {matchesBaseline: true}")
+    head = {**NODES, "evals/golden.yaml": suite}
+    two = EVALS.replace("minPassRate: 50%", "minPassRate: 50%, baseline: {count: 2}")
+    files = {**head, "rollouts/llama.yaml": rollout(health=f"{{evals: {two}}}")}
+
+    result = plan.make_plan(
+        plan.Tree("a" * 40, {p: t.encode() for p, t in head.items()}),
+        plan.Tree("b" * 40, {p: t.encode() for p, t in files.items()}),
+        {},
+        now=now,
+    )
+
+    assert (
+        "eval golden: suite golden (2 cases), minimum pass rate 50%, baseline 2 nodes; "
+        "baseline nodes: gpu-1, gpu-2" in plan.render_text(result)
+    )
+
+
 def test_a_suite_edited_while_a_rollout_runs_changes_nothing_for_it(tmp_path: Path) -> None:
     nodes = {"gpu-1": {"role": "gpu"}, "gpu-2": {"role": "gpu"}}
     kit = FleetKit.create(tmp_path, nodes, behaviour="default: {action: succeed, delay: 0.5}\n")
