@@ -9,8 +9,12 @@ label (n1 and n2 in zone a, n3 in zone b), ``spreadBy: {label: zone,
 maxPerBatch: 1}`` and ``failureBudget: 1``. Another, ``staging``
 (docs/rollouts.md), is retry_once with one artifact, ``stage: {ahead: 1,
 maxConcurrent: 1, timeout: 120s}``: every node is staged before its apply,
-and stage jobs are answered like apply jobs. Each
-transition is one event followed by one reconcile pass through the real
+and stage jobs are answered like apply jobs. Another, ``baseline``
+(docs/evals.md), is pause with one eval whose suite holds a
+``matchesBaseline`` case (timeout 1 s, so its eval job's deadline is 121 s
+after it is sent): n3 answers an ``eval`` job before the first batch, and
+eval jobs are answered like apply jobs (a succeeded one with an answer).
+Each transition is one event followed by one reconcile pass through the real
 ``step_fleet`` with the world's clock:
 
     observations  a job in flight succeeded, failed, or its answer is unknown
@@ -43,6 +47,10 @@ Checked at every transition (the invariants of docs/architecture.md):
                   the current batch (the first not done) plus ahead; the
                   node's stage attempts never decrease; a stage failure
                   holds what the stage table gives
+    baseline      (baseline) no apply before every baseline job is recorded,
+                  and every apply carries the recorded answers; a failed
+                  baseline job holds ``eval_baseline_failed``; baseline
+                  attempts never decrease and recorded answers stay
     budget        (capacity) a node that ends failed, timed out or unknown
                   while more than the budget have is held
                   failure_budget_exceeded (unless the same pass ended the
@@ -121,6 +129,7 @@ from datetime import UTC, datetime, timedelta
 
 from reconciler.engine import policy as policy_table
 from reconciler.engine import staging as stage_table
+from reconciler.engine.baselines import answers_for_applies
 from reconciler.engine.policy import Rule, decide
 from reconciler.engine.staging import StageRule, stage_failure
 from reconciler.engine.staging import decide as decide_stage
@@ -128,6 +137,7 @@ from reconciler.engine.step import RolloutInput, Transition, in_flight, step_fle
 from reconciler.protocol.effects import SendJob
 from reconciler.protocol.observations import Heartbeat, JobObservation, Observations, RuntimeReport
 from reconciler.spec.artifacts import Artifact, Stage
+from reconciler.spec.evals import Eval, EvalCase, EvalSuite
 from reconciler.spec.model import (
     Fleet,
     Node,
@@ -144,10 +154,21 @@ POLICIES = ("observe", "pause", "retry_once", "stop", "rollback")
 # Setups beyond the policies: name -> the policy it runs under.
 CAPACITY = "capacity"
 STAGING = "staging"
-SETUPS = (*POLICIES, CAPACITY, STAGING)
+BASELINE = "baseline"
+SETUPS = (*POLICIES, CAPACITY, STAGING, BASELINE)
 ARTIFACT = Artifact("weights", "http://127.0.0.1:8080/w.gguf", "0f" * 32, 1024)
 STAGE = Stage(ahead=1, max_concurrent=1, timeout_seconds=120)
 BATCH_SIZES = (1, 2)
+GOLDEN = Eval(
+    "golden",
+    "golden",
+    "http://127.0.0.1:8080",
+    timeout=1,
+    suite=EvalSuite(
+        "golden", "ab" * 32, (EvalCase("same", "matchesBaseline", "true", prompt="Hi"),)
+    ),
+)
+BASELINE_ANSWER = "Hello from the old model"
 ZONES = {"n1": "a", "n2": "a", "n3": "b"}
 BUDGET = 1
 COUNTED = ("failed", "timed_out", "unknown")
@@ -173,7 +194,7 @@ SETTINGS = Settings(offline_after=OFFLINE_AFTER)
 
 def policy_of(setup: str) -> str:
     """The failure policy a setup runs under."""
-    return {CAPACITY: "observe", STAGING: "retry_once"}.get(setup, setup)
+    return {CAPACITY: "observe", STAGING: "retry_once", BASELINE: "pause"}.get(setup, setup)
 
 
 @dataclass(frozen=True)
@@ -277,6 +298,7 @@ def _spec(policy: str, batch_size: int, intents: Intents) -> RolloutSpec:
         failure_budget=BUDGET if capacity else None,
         artifacts=(ARTIFACT,) if policy == STAGING else (),
         stage=STAGE if policy == STAGING else None,
+        evals=(GOLDEN,) if policy == BASELINE else (),
         paused=intents.paused,
         abort=intents.abort,
         resume_request=f"resume-{intents.resumes}" if intents.resumes else "",
@@ -309,6 +331,9 @@ def _observations(state: State) -> Observations:
             error="" if answer == "succeeded" else f"{answer}: model check",
             backup_id=f"bk-{job_id[-12:]}" if answer in ("succeeded", "failed") else None,
             finished_at=format_time(_at(at)) if answer in ("succeeded", "failed") else None,
+            evals=_baseline_result()
+            if answer == "succeeded" and job_id.startswith("eval-")
+            else None,
         )
         for job_id, answer, at in state.jobs
     }
@@ -325,6 +350,19 @@ def _observations(state: State) -> Observations:
         heartbeats=heartbeats,
         unreachable_since={node: _at(since) for node, since in state.unreachable},
     )
+
+
+def _baseline_result() -> tuple[dict[str, object], ...]:
+    case = {"name": "same", "ok": True, "answer": BASELINE_ANSWER, "detail": "", "seconds": 0.1}
+    return (
+        {"name": "golden", "suiteSha256": "ab" * 32, "passed": 1, "total": 1, "passRate": 100.0,
+         "cases": [case]},
+    )  # fmt: skip
+
+
+def _asking(status: RolloutStatus | None) -> set[str]:
+    """Nodes with a baseline eval job in flight: the daemon waits on them."""
+    return {j.node for j in status.eval_baseline if j.state == "running"} if status else set()
 
 
 def _pass(
@@ -404,7 +442,7 @@ def _events(state: State) -> Iterator[tuple[str, State]]:
                 f"{node}: agent reachable again",
                 replace(state, unreachable=tuple(u for u in state.unreachable if u[0] != node)),
             )
-        elif states.get(node) in WAITING:
+        elif states.get(node) in WAITING or node in _asking(status):
             yield (
                 f"{node}: agent unreachable",
                 replace(state, unreachable=tuple(sorted((*state.unreachable, (node, now))))),
@@ -458,6 +496,8 @@ def _check(
         _check_capacity(old, new, transitions)
     if setup == STAGING:
         _check_staging(old, new, sent)
+    if setup == BASELINE:
+        _check_baseline(old, new, sent)
     # terminal phases stay
     if old is not None and old.phase in TERMINAL_PHASES and new.phase != old.phase:
         raise _Broken("terminal", f"terminal phase {old.phase} became {new.phase}")
@@ -592,6 +632,38 @@ def _check_staging(
             raise _Broken("staged", f"{node.name}: stage attempt went back to {stage}")
 
 
+def _check_baseline(
+    old: RolloutStatus | None, new: RolloutStatus, sent: tuple[SendJob, ...]
+) -> None:
+    """The eval baseline of the baseline setup."""
+    answers = answers_for_applies(new.eval_baseline)
+    for job in sent:
+        if job.kind != "apply":
+            continue
+        if not new.eval_baseline or any(j.state != "recorded" for j in new.eval_baseline):
+            raise _Broken("baseline", f"apply to {job.node} before the baseline was recorded")
+        if job.baseline_answers != answers or not answers:
+            raise _Broken("baseline", f"apply to {job.node} carries {job.baseline_answers}")
+    failed = any(j.state == "failed" for j in new.eval_baseline)
+    if (
+        failed
+        and new.phase not in TERMINAL_PHASES
+        and (new.hold is None or new.hold.reason != "eval_baseline_failed")
+    ):
+        raise _Broken("baseline", f"a baseline job failed and the hold is {new.hold}")
+    before = {j.node: j for j in old.eval_baseline} if old is not None else {}
+    for job in new.eval_baseline:
+        was = before.get(job.node)
+        if was is None:
+            continue
+        if job.attempt < was.attempt:
+            raise _Broken("baseline", f"{job.node}: baseline attempt went back to {job.attempt}")
+        if was.state == "recorded" and job != was:
+            raise _Broken("baseline", f"{job.node}: recorded baseline became {job}")
+    if old is not None and old.eval_baseline and not new.eval_baseline:
+        raise _Broken("baseline", "the baseline records were dropped")
+
+
 def _check_capacity(
     old: RolloutStatus | None, new: RolloutStatus, transitions: tuple[Transition, ...]
 ) -> None:
@@ -683,8 +755,20 @@ def abstract_key(state: State) -> bytes:
         finished_at=_RECORDED if status.finished_at is not None else None,
         hold=None if hold is None else _fields(hold, since=_RECORDED),
         rollbacks=tuple(_fields(r, time=_RECORDED) for r in status.rollbacks),
+        # A baseline job's deadline is 121 s after it was sent: one fact, as
+        # for an apply; only a running one's is ever compared.
+        eval_baseline=tuple(
+            _fields(
+                j,
+                sent_at=j.state == "running" and passed(j.sent_at),
+                deadline=_RECORDED,
+                finished_at=_RECORDED if j.finished_at is not None else None,
+            )
+            for j in status.eval_baseline
+        ),
     )
     owner = {job.job_id: job.node for job in in_flight([status])}
+    asking = _asking(status)
     beats = {b[0]: b for b in state.heartbeats}
     down = dict(state.unreachable)
     texts: list[str] = []
@@ -747,7 +831,8 @@ def abstract_key(state: State) -> bytes:
                 # later dispatch measures it from that dispatch.
                 None
                 if since is None
-                else node.state in ("dispatched", "staging") and passed(_at(since)),
+                else (node.state in ("dispatched", "staging") or name in asking)
+                and passed(_at(since)),
             )
         )
         texts.append(text)

@@ -111,12 +111,12 @@ def test_a_release_on_a_node_without_slots_succeeds_with_nothing_to_stop(
     assert (tmp_path / "state" / "runtimes" / "hermes.yaml").read_bytes() == CONFIG
 
 
-def test_a_job_kind_the_agent_does_not_run_fails_and_changes_nothing(
+def test_an_eval_job_is_not_an_apply_and_changes_nothing_even_when_it_fails(
     tmp_path: Path, agent: AgentThread, key: SigningKey
 ) -> None:
-    """An eval job is not an apply: before, the agent wrote its target as
-    the runtime's config."""
-    case = EvalCase("greeting", "contains", '"Hello"', prompt="Say hello")
+    """Before eval jobs had a handler, the agent ran one as an apply and
+    wrote its target as the runtime's config."""
+    case = EvalCase("greeting", "matchesBaseline", "true", prompt="Say hello")
     suite = EvalSuite("golden", "ab" * 32, (case,), seed=1)
     golden = Eval("golden", "golden", "http://127.0.0.1:9/", 100.0, 60, suite=suite)
     status, _ = agent.post(envelope(job("eval-0001", kind="eval", evals=(golden,)), key))
@@ -124,7 +124,7 @@ def test_a_job_kind_the_agent_does_not_run_fails_and_changes_nothing(
 
     assert status == 202
     assert record["state"] == "failed"
-    assert record["error"].startswith("unsupported_kind: this agent does not run eval jobs")
+    assert "golden" in record["error"] and "unsupported_kind" not in record["error"]
     assert (tmp_path / "state" / "runtimes" / "hermes.yaml").read_bytes() == CONFIG
     assert agent.get("backups")[1] == []
 

@@ -9,9 +9,12 @@ from dataclasses import replace
 
 import pytest
 
+from reconciler.engine import baselines
+from reconciler.engine.baselines import GATE_RULES
 from reconciler.engine.policy import RULES, Decision, Rule
 from reconciler.engine.staging import STAGE_RULES
 from tests.modelcheck import (
+    BASELINE,
     BATCH_SIZES,
     CAPACITY,
     SETUPS,
@@ -156,3 +159,27 @@ def test_restaging_an_unknown_stage_by_itself_is_caught() -> None:
 
     assert [v.rule for v in report.violations] == ["unknown"]
     assert report.violations[0].message.startswith("n1: unknown became staging")
+
+
+def test_the_baseline_setup_records_answers_dispatches_and_holds_eval_baseline_failed() -> None:
+    states = [s.status for s in concrete_states(BASELINE, 1, 4) if s.status is not None]
+    holds = {s.hold.reason for s in states if s.hold is not None}
+    asked = {j.state for s in states for j in s.eval_baseline}
+
+    assert "eval_baseline_failed" in holds
+    assert asked == {"running", "recorded", "failed"}
+    assert any(n.state == "dispatched" for s in states for n in s.nodes)
+
+
+def test_dispatching_while_the_baseline_is_asked_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    broken = tuple(
+        replace(rule, action="go") if rule.stands == "asking" else rule for rule in GATE_RULES
+    )
+    monkeypatch.setattr(baselines, "GATE_RULES", broken)
+
+    report = check(BASELINE, 1, 3)
+
+    # The first pass sends n1's apply without answers; once they are
+    # recorded, status rebuilds that apply with them: one id, two payloads.
+    assert [v.rule for v in report.violations] == ["payload"]
+    assert report.violations[0].events == ("n3: eval job attempt 1 succeeded",)

@@ -109,16 +109,18 @@ def test_a_chat_suite_needs_messages_and_a_completions_suite_a_prompt() -> None:
     assert sum("with api: chat every case needs messages" in p for p in found) == 2
 
 
-def test_matches_baseline_is_refused_until_baselines_are_recorded() -> None:
-    suite = SUITE.replace('expect: {contains: "Paris"}', "expect: {matchesBaseline: true}")
+def test_matches_baseline_is_accepted_as_true_or_a_least_similarity() -> None:
+    same = SUITE.replace('expect: {contains: "Paris"}', "expect: {matchesBaseline: true}")
+    close = SUITE.replace(
+        'expect: {contains: "Paris"}', "expect: {matchesBaseline: {minSimilarity: 0.9}}"
+    )
+    wrong = SUITE.replace(
+        'expect: {contains: "Paris"}', "expect: {matchesBaseline: {minSimilarity: 1.5}}"
+    )
 
-    found = problems({"evals/golden.yaml": suite})
-
-    assert found == [
-        "evals/golden.yaml:9:33: spec.cases[0].expect.matchesBaseline: matchesBaseline needs "
-        "baseline answers, which this version does not record yet: use equals, contains, "
-        "notContains, regex or jsonSchema"
-    ]
+    assert problems({"evals/golden.yaml": same}) == []
+    assert problems({"evals/golden.yaml": close}) == []
+    assert any(p.startswith("evals/golden.yaml:9:") for p in problems({"evals/golden.yaml": wrong}))
 
 
 def test_a_rollouts_evals_need_a_suite_live_a_rate_within_bounds_and_their_own_names() -> None:
@@ -195,6 +197,26 @@ def test_plan_shows_each_eval_and_warns_without_drain() -> None:
     assert line in bare and line in drained
     assert "cannot keep a failed model from users" in bare
     assert "cannot keep a failed model from users" not in drained
+
+
+def test_plan_shows_each_evals_baseline_nodes() -> None:
+    now = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=1)
+    suite = SUITE.replace('expect: {contains: "Paris"}', "expect: {matchesBaseline: true}")
+    head = {**NODES, "evals/golden.yaml": suite}
+    two = EVALS.replace("minPassRate: 50%", "minPassRate: 50%, baseline: {count: 2}")
+    files = {**head, "rollouts/llama.yaml": rollout(health=f"{{evals: {two}}}")}
+
+    result = plan.make_plan(
+        plan.Tree("a" * 40, {p: t.encode() for p, t in head.items()}),
+        plan.Tree("b" * 40, {p: t.encode() for p, t in files.items()}),
+        {},
+        now=now,
+    )
+
+    assert (
+        "eval golden: suite golden (2 cases), minimum pass rate 50%, baseline 2 nodes; "
+        "baseline nodes: gpu-1, gpu-2" in plan.render_text(result)
+    )
 
 
 def test_a_suite_edited_while_a_rollout_runs_changes_nothing_for_it(tmp_path: Path) -> None:

@@ -97,6 +97,14 @@ EXPECTED = {
         f"cause (the artifact server, its digest, the nodes' free space), then to stage "
         f"them again: {RESUME}; to give up on them: {SKIP_TWO}; to end the rollout: {ABORT}",
     ),
+    "eval_baseline_failed": (
+        f"the eval baseline answers could not be recorded on a (boom); no node was applied "
+        f"to; check its agent and runtimes, then to ask it again: {RESUME}; to end the "
+        f"rollout: {ABORT}",
+        f"the eval baseline answers could not be recorded on a, b (boom); no node was "
+        f"applied to; check their agents and runtimes, then to ask them again: {RESUME}; "
+        f"to end the rollout: {ABORT}",
+    ),
 }
 NO_NODES = {
     "operator_paused": f"paused by the operator (spec.paused is true); to carry on: {RESUME}",

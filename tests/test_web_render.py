@@ -214,7 +214,7 @@ EVAL = {
     "suiteSha256": "a" * 64,
     "passed": 1,
     "total": 2,
-    "passRate": 0.5,
+    "passRate": 50.0,  # percent, as the agent's job record gives it
     "cases": [
         {"name": "capital", "ok": True, "answer": "Paris", "detail": "", "seconds": 0.4},
         {"name": "sum", "ok": False, "answer": "5", "detail": "expected 4", "seconds": 0.2},
@@ -236,7 +236,7 @@ def test_eval_results_signer_and_standby_show_when_a_node_record_has_them() -> N
         "standby": {"slot": "b", "releasedAt": "2026-12-01T09:30:00Z", "releaseJobId": "rel-1"},
     }
     evals = read(eval_section(record, [node])).texts["evals"]
-    assert "gpu-1: golden — 1 of 2 held (50%)" in evals
+    assert "gpu-1: golden — 1 of 2 held (50%); baseline from gpu-2" in evals
     assert "sumExpected4" not in evals  # cells, not run-on text
     rows = [row for row in re.findall(r"<tr class=.*?</tr>", eval_section(record, [node]))]
     assert [re.sub(r"<[^>]+>", "|", r).strip("|").split("||") for r in rows] == [

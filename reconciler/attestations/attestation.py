@@ -69,6 +69,8 @@ def statement_of(status: RolloutStatus, status_commit: str) -> dict[str, Any]:
         "frozen": record["frozen"],
         "nodes": record["nodes"],
     }
+    if record.get("evalBaseline"):  # absent without matchesBaseline cases
+        predicate["evalBaseline"] = record["evalBaseline"]
     return {
         "_type": STATEMENT_TYPE,
         "subject": subjects_of(predicate),

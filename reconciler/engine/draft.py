@@ -54,6 +54,7 @@ _CARRIED = (
     "last_handled_resume",
     "rollbacks",
     "conditions",
+    "eval_baseline",
 )
 
 
@@ -87,6 +88,7 @@ class StatusDraft:
         self.last_handled_resume = s.last_handled_resume
         self.rollbacks = s.rollbacks
         self.conditions = s.conditions
+        self.eval_baseline = s.eval_baseline
         self.status_transitions = s.transitions
         self._nodes: list[NodeRecord] | None = None  # copy on first write
         self._batches: list[BatchRecord] | None = None

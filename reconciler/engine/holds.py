@@ -108,6 +108,11 @@ HOLD_MESSAGES = {
         "cause (the artifact server, its digest, the nodes' free space), then to stage "
         "{them} again: {resume}; to give up on {them}: {skip}; to end the rollout: {abort}"
     ),
+    "eval_baseline_failed": (
+        "the eval baseline answers could not be recorded on {nodes}{detail}; no node was "
+        "applied to; check {their} {agents} and runtimes, then to ask {them} again: {resume}; "
+        "to end the rollout: {abort}"
+    ),
 }
 
 # The commands a hold message gives, filled with the rollout's name and

@@ -10,15 +10,20 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable
 from datetime import datetime
 
-from reconciler.engine import staging
+from reconciler.engine import baselines, staging
 from reconciler.engine.holds import RESTORE_STATES, restore_waiting
 from reconciler.engine.staging import stage_job
 from reconciler.protocol.effects import SendJob
+from reconciler.spec.baseline_records import Answers
 from reconciler.spec.health import HealthCheck
 from reconciler.spec.rollout_status import FrozenSpec, NodeRecord, RestoreRecord, RolloutStatus
 
 
-def apply_job(rollout: str, frozen: FrozenSpec, node: NodeRecord) -> SendJob:
+def apply_job(
+    rollout: str, frozen: FrozenSpec, node: NodeRecord, baseline: Answers = ()
+) -> SendJob:
+    """A node's apply, rebuilt from status alone; ``baseline``: the
+    recorded baseline answers its evals' matchesBaseline cases carry."""
     assert node.job_id is not None and node.source_commit is not None
     health = frozen.health if frozen.live and frozen.health is not None else None
     return SendJob(
@@ -37,6 +42,7 @@ def apply_job(rollout: str, frozen: FrozenSpec, node: NodeRecord) -> SendJob:
         drain=frozen.drain if frozen.live else None,
         warmup=frozen.warmup if frozen.live else (),
         evals=frozen.evals if frozen.live else (),
+        baseline_answers=baseline if frozen.live else (),
     )
 
 
@@ -92,9 +98,16 @@ def in_flight(statuses: Iterable[RolloutStatus]) -> tuple[SendJob, ...]:
     for status in statuses:
         if status.frozen is None:
             continue
+        answers = baselines.answers_for_applies(status.eval_baseline)
+        if not status.terminal and status.start_commit is not None:
+            jobs.extend(
+                baselines.eval_job(status.name, status.frozen, status.start_commit, job)
+                for job in status.eval_baseline
+                if job.state == "running"
+            )
         for node in open_nodes(status):
             if node.state == "dispatched":
-                jobs.append(apply_job(status.name, status.frozen, node))
+                jobs.append(apply_job(status.name, status.frozen, node, answers))
             elif node.state == "staging" and status.start_commit is not None:
                 jobs.append(stage_job(status.name, status.frozen, status.start_commit, node))
             elif node.state in RESTORE_STATES and node.restore is not None:
@@ -182,6 +195,10 @@ def next_wakeup(statuses: Iterable[RolloutStatus]) -> datetime | None:
             consider(status.waiting.until)  # a window opens or a freeze ends
         elif status.hold is not None and status.phase == "paused":
             consider(status.hold.until)  # a timed pauseAfter lifts by itself
+        if not status.terminal:
+            for job in status.eval_baseline:
+                if job.state == "running":
+                    consider(job.deadline)
         for node in open_nodes(status):
             if node.state == "dispatched":
                 consider(node.deadline)

@@ -53,6 +53,7 @@ from reconciler.engine import (
     verdicts,
 )
 from reconciler.engine.backups import first_backup_listed
+from reconciler.engine.baseline_draft import BaselineDraft
 from reconciler.engine.calendar import batch_gate
 from reconciler.engine.holds import (
     ASK_AGAIN,
@@ -80,7 +81,6 @@ from reconciler.engine.queries import (
 from reconciler.engine.records import evolve
 from reconciler.engine.selection import maintenance_node_ids
 from reconciler.engine.shapes import timed_pause_until
-from reconciler.engine.staged_draft import StagedDraft
 from reconciler.engine.starts import select_nodes_by_index
 from reconciler.protocol.effects import SendJob
 from reconciler.protocol.observations import Observations
@@ -422,7 +422,7 @@ def naming_who_paused(wait: tuple[str, str], by: OperatorAct | None) -> tuple[st
     return reason, message
 
 
-class RolloutStep(StagedDraft):
+class RolloutStep(BaselineDraft):
     """One rollout's step: the rules, applied to its status draft."""
 
     def __init__(self, inp: RolloutInput, status: RolloutStatus | None, ctx: _Pass) -> None:
@@ -561,6 +561,8 @@ class RolloutStep(StagedDraft):
             if not self.phase_terminal():
                 self.pause_by_operator(spec.paused, inp.paused_by)
         self.observe()
+        if not self.phase_terminal():
+            self.observe_baseline(self.ctx.obs, self.ctx.node)
         self.health_conditions()
         if self.phase_terminal():
             self.carry_out_decided_restores()
@@ -574,6 +576,7 @@ class RolloutStep(StagedDraft):
             for _ in range(len(self.batches) + 3):
                 progressed = self.decide_verdicts() | self.decide_stages(self.policy, self.ctx.node)
                 progressed |= self.handle_resume(spec)
+                progressed |= self.send_baseline(self.ctx.node)
                 progressed |= self.stage_ahead(spec, self.ctx.node, alert_wait)
                 progressed |= self.advance(spec)
                 progressed |= self.dispatch_staged(self.dispatch)
@@ -780,6 +783,7 @@ class RolloutStep(StagedDraft):
         if paused_after is not None and not self.any_held() and not self.gate_open():
             return False  # it would start a batch: it waits, unhandled, for the window
         self.last_handled_resume = token
+        self.resume_baseline(self.ctx.node)
         answer = intents.answer_resume(
             token,
             [(i, self.nodes[i]) for i in self.open_indexes()],
@@ -821,7 +825,7 @@ class RolloutStep(StagedDraft):
         )
         self.set_node(i, new, reason if send else new.error)
         if send:
-            self.effects.append(apply_job(self.name, self.frozen, new))
+            self.effects.append(apply_job(self.name, self.frozen, new, self.baseline_answers()))
         else:  # a node removed before it was sent ends unknown: the budget counts it
             ended = (NodeChange(i, new, new.error),)
             self.apply(budget.past_budget(self.frozen, self.nodes, ended))
@@ -852,7 +856,9 @@ class RolloutStep(StagedDraft):
                 return False
             if self.now < until:
                 return False
-        if not self.gate_open() or not self.batch_ready((last or 0) + 1, self.policy):
+        if not self.baseline_ready() or not self.gate_open():
+            return False
+        if not self.batch_ready((last or 0) + 1, self.policy):
             return False
         why = "timed pauseAfter lifted" if paused_after is not None else "started"
         self.dispatch_batch((last or 0) + 1, f"batch {(last or 0) + 1} {why}")
@@ -897,6 +903,7 @@ class RolloutStep(StagedDraft):
             return
         self.update_batches()
         held = [self.nodes[i] for i in self.open_indexes() if self.nodes[i].held is not None]
+        held += self.baseline_held()
         spec = self.inp.spec
         batch = self.pause_after_waiting(spec) if spec is not None and not held else None
         until = None

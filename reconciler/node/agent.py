@@ -93,8 +93,9 @@ __all__ = [
 
 
 # Jobs that change nothing the checks look at: the checks of the runtime's
-# newest apply go on (a release stops only the slot that does not serve).
-CHECKS_KEEP = frozenset({"stage", "release"})
+# newest apply go on (a release stops only the slot that does not serve;
+# an eval job only asks the runtime).
+CHECKS_KEEP = frozenset({"stage", "release", "eval"})
 
 
 def _now() -> datetime:

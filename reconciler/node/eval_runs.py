@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,6 +109,21 @@ def run_evals(evals: Sequence[Mapping[str, Any]]) -> list[EvalResult]:
         return [_run_one(client, e) for e in evals]
 
 
+def run_baseline(evals: Sequence[Mapping[str, Any]]) -> list[EvalResult]:
+    """The matchesBaseline cases of each eval, in order, against the
+    runtime as it serves: a case holds when it got an answer (within
+    ``maxSeconds``), which is what an eval job records."""
+    only = [
+        {**e, "cases": [c for c in e["cases"] if "matchesBaseline" in c["expect"]]} for e in evals
+    ]
+    with httpx.Client(verify=False) as client:
+        return [_run_one(client, e, _answered) for e in only if e["cases"]]
+
+
+def _answered(case: Mapping[str, Any], text: str) -> tuple[bool, str]:
+    return True, "baseline answer"
+
+
 def failure(results: Sequence[EvalResult]) -> str | None:
     """``eval_failed: ...`` naming each eval that did not hold, or None."""
     failed = [r for r in results if not r.held]
@@ -117,7 +132,12 @@ def failure(results: Sequence[EvalResult]) -> str | None:
     return "eval_failed: " + "; ".join(r.failure_words() for r in failed)
 
 
-def _run_one(client: httpx.Client, spec: Mapping[str, Any]) -> EvalResult:
+Judge = Callable[[Mapping[str, Any], str], tuple[bool, str]]
+
+
+def _run_one(
+    client: httpx.Client, spec: Mapping[str, Any], judged: Judge | None = None
+) -> EvalResult:
     deadline = time.monotonic() + spec["timeout"]
     url = spec["url"].rstrip("/") + ROUTES[spec["api"]]
     cases: list[CaseResult] = []
@@ -131,7 +151,7 @@ def _run_one(client: httpx.Client, spec: Mapping[str, Any]) -> EvalResult:
         if local:
             cases.append(CaseResult(case["name"], False, "", local, 0.0, _expected(case)))
             continue
-        cases.append(_run_case(client, url, spec, case, left))
+        cases.append(_run_case(client, url, spec, case, left, judged or judge))
     return EvalResult(
         spec["name"],
         spec["suiteSha256"],
@@ -157,6 +177,7 @@ def _run_case(
     spec: Mapping[str, Any],
     case: Mapping[str, Any],
     left: float,
+    judged: Judge,
 ) -> CaseResult:
     limit = min(left, float(case.get("maxSeconds", left)))
     body = _request_body(spec, case)
@@ -184,7 +205,7 @@ def _run_case(
         detail = f"answered in {seconds:.2f}s, more than maxSeconds {case['maxSeconds']:g}"
         return CaseResult(case["name"], False, text, detail, seconds, expected)
     try:
-        ok, detail = judge(case, text)
+        ok, detail = judged(case, text)
     except (re.error, SchemaError) as exc:  # validate refuses both; a case that errors fails
         ok, detail = False, f"the expectation cannot be judged: {exc}"
     return CaseResult(case["name"], ok, text, detail, seconds, expected)

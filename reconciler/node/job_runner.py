@@ -35,6 +35,7 @@ from reconciler.node.artifact_retention import (
     pinned_by_jobs,
 )
 from reconciler.node.artifact_store import ArtifactStore
+from reconciler.node.eval_job import run_eval_job
 from reconciler.node.journal import Journal
 from reconciler.node.live_switch import LiveSwitch
 from reconciler.node.model_dirs import ModelDirs
@@ -166,7 +167,7 @@ class JobRunner:
             "restore": self._change_config,
             "stage": self._stage,
             "release": self._release,
-            # "eval": evals against the serving runtime, changing nothing, goes here.
+            "eval": lambda record: run_eval_job(self.journal, record),
         }
         run = runs.get(kind)
         if run is None:

@@ -67,6 +67,12 @@ def _recovered_accepted(state: StateDir, record: JobRecord, now: str) -> JobReco
             error="agent restarted while staging; no config was changed, and what was "
             "downloaded is kept for the next stage job to resume",
         )
+    if payload["kind"] == "eval":
+        return record.with_changes(
+            state="failed",
+            finished_at=now,
+            error="agent restarted during the eval job; nothing was changed",
+        )
     if payload["kind"] not in ("apply", "restore"):  # a release: it writes no config
         return record.with_changes(
             state="failed",

@@ -37,3 +37,5 @@ class SendJob:
     signers: tuple[ModelSigner, ...] = ()  # with signature: the keys to check it
     evals: tuple[Eval, ...] = ()  # live applies and eval jobs, with their frozen suites
     standby: str | None = None  # live applies with a standby: keepPrevious
+    # live applies after an eval baseline: eval -> ((case, answer), ...)
+    baseline_answers: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = ()

@@ -87,7 +87,7 @@ def build_payload(job: SendJob, issued_at: datetime) -> dict[str, Any]:
     if job.warmup:
         payload["warmup"] = [_warmup_payload(w, job.node) for w in job.warmup]
     if job.evals:
-        payload["evals"] = eval_rules.to_payload(job.evals, job.node)
+        payload["evals"] = eval_rules.to_payload(job.evals, job.node, job.baseline_answers)
     if job.standby is not None:
         payload["standby"] = {"keepPrevious": job.standby}
     return payload

@@ -71,6 +71,10 @@ restart of the simulator. ``GET /v1/sim/stats`` counts, per job id, how
 often it was received (with a valid signature), how often executed, and how
 many different payloads (send times aside) it came with.
 
+An ``eval`` job (docs/evals.md) changes nothing: each of its
+matchesBaseline cases is answered ``"MODEL says: PROMPT"`` with the model
+the node's config names, so a baseline differs exactly when models do.
+
 Must not be used as a real agent: it changes nothing outside its state
 directory and keeps configs in memory.
 """
@@ -409,6 +413,7 @@ class SimJob:
         "backup_id",
         "detail",
         "error",
+        "evals",
         "finished_at",
         "payload",
         "state",
@@ -425,6 +430,7 @@ class SimJob:
         self.finished_at: str | None = None
         self.detail = ""
         self.timings: dict[str, str | None] | None = None
+        self.evals: list[dict[str, Any]] | None = None  # an eval job's answers
         self.waiters: list[asyncio.Future[None]] = []  # held ``?wait=`` answers
 
     def record(self) -> dict[str, Any]:
@@ -439,6 +445,8 @@ class SimJob:
         }
         if self.timings is not None:
             record["timings"] = self.timings
+        if self.evals is not None:
+            record["evals"] = self.evals
         return record
 
 
@@ -609,6 +617,7 @@ class SimFleet:
         job.finished_at = event["finishedAt"]
         job.detail = event["detail"]
         job.timings = event.get("timings")
+        job.evals = event.get("evals")
         node.artifacts.update(event.get("staged", ()))
         node.changed_at = event["finishedAt"]
         for woken in [*job.waiters, *node.beat_waiters]:
@@ -823,7 +832,8 @@ class SimFleet:
             return self._refusal(node, 409, "not_staged", missing, payload)
         job = SimJob(payload)
         node.jobs[job_id] = job
-        node.probing.pop(payload["target"]["runtime"], None)  # the next job ends the checks
+        if payload["kind"] != "eval":  # an eval job changes nothing the checks look at
+            node.probing.pop(payload["target"]["runtime"], None)  # the next job ends the checks
         self.executed[job_id] += 1
         self._log({"e": "accept", "node": node.name, "payload": payload}, flush=True)
         response = self._job_answer(node, 202, job)
@@ -878,6 +888,8 @@ class SimFleet:
             event.update(state="failed", error=behaviour.error)
         elif payload["kind"] == "stage":
             event.update(_stage_outcome(node, payload, behaviour.stage, fetch_error))
+        elif payload["kind"] == "eval":
+            event["evals"] = baseline_answers(payload["evals"], before)
         elif payload["mode"] == "dry_run":
             event["detail"] = _describe_change(before, wanted)
         else:
@@ -963,6 +975,42 @@ def _not_staged(node: SimNode, payload: Mapping[str, Any]) -> str:
     if not missing:
         return ""
     return f"artifacts not held on {node.name}: {', '.join(missing)}; stage them first"
+
+
+def baseline_answers(
+    evals: list[dict[str, Any]], config: Mapping[str, str] | None
+) -> list[dict[str, Any]]:
+    """An eval job's results: each matchesBaseline case answered by the
+    model the node serves, ``"MODEL says: PROMPT"`` (the last message's
+    content for chat), so answers differ exactly when models do."""
+    model = (config or {}).get("model", "")
+    out = []
+    for e in evals:
+        cases = [c for c in e["cases"] if "matchesBaseline" in c["expect"]]
+        if not cases:
+            continue
+        answered = [
+            {
+                "name": c["name"],
+                "ok": True,
+                "answer": f"{model} says: "
+                + (c["prompt"] if "prompt" in c else c["messages"][-1]["content"]),
+                "detail": "baseline answer",
+                "seconds": 0.0,
+            }
+            for c in cases
+        ]
+        out.append(
+            {
+                "name": e["name"],
+                "suiteSha256": e["suiteSha256"],
+                "passed": len(cases),
+                "total": len(cases),
+                "passRate": 100.0,
+                "cases": answered,
+            }
+        )
+    return out
 
 
 def _work_seconds(node: SimNode, payload: Mapping[str, Any], behaviour: Behaviour) -> float:

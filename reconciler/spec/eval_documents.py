@@ -20,19 +20,13 @@ from reconciler.spec.evals import EXPECTATIONS, parse_percent
 from reconciler.spec.health import http_url_problem
 from reconciler.spec.safe_yaml import format_field
 
-# Baseline answers need the eval job kind, which this version does not have.
-NO_BASELINE_YET = (
-    "matchesBaseline needs baseline answers, which this version does not record yet: "
-    "use equals, contains, notContains, regex or jsonSchema"
-)
-
 Add = Callable[[Sequence[str | int], str], None]
 
 
 def suite_problems(spec: Mapping[str, Any], add: Add, ok: Callable[[str], bool]) -> None:
     """The rules of one suite the schema cannot say, each at its field:
     case names unique, the input matching ``api``, one expectation, a regex
-    that compiles, a JSON Schema that is valid 2020-12, no matchesBaseline."""
+    that compiles, a JSON Schema that is valid 2020-12."""
     api = spec.get("api", "completions")
     cases = spec.get("cases")
     if not isinstance(cases, list):
@@ -87,8 +81,6 @@ def _expect_problems(expect: Mapping[str, Any], where: list[str | int], add: Add
                 [*where, "jsonSchema", *exc.path],
                 f"not a valid JSON Schema (2020-12): {exc.message}",
             )
-    elif kind == "matchesBaseline":
-        add([*where, "matchesBaseline"], NO_BASELINE_YET)
 
 
 def rollout_problems(

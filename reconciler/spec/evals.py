@@ -246,13 +246,21 @@ def _request(suite: EvalSuite) -> dict[str, Any]:
     return request
 
 
-def to_payload(evals: Sequence[Eval], node: str) -> list[dict[str, Any]]:
-    """What a live apply carries: ``[{name, url, minPassRate, timeout, api,
-    request, suiteSha256, cases}]``, ``{node}`` replaced in the URL,
-    ``minPassRate`` in percent and ``timeout`` in seconds."""
+def to_payload(
+    evals: Sequence[Eval],
+    node: str,
+    baseline: Sequence[tuple[str, Sequence[tuple[str, str]]]] = (),
+) -> list[dict[str, Any]]:
+    """What a live apply or eval job carries: ``[{name, url, minPassRate,
+    timeout, api, request, suiteSha256, cases}]``, ``{node}`` replaced in
+    the URL, ``minPassRate`` in percent and ``timeout`` in seconds; each
+    case with an answer in ``baseline`` (eval -> case -> answer) carries
+    it as ``baselineAnswer``."""
+    answers = {name: dict(cases) for name, cases in baseline}
     out = []
     for e in evals:
         assert e.suite is not None
+        given = answers.get(e.name, {})
         out.append(
             {
                 "name": e.name,
@@ -262,10 +270,16 @@ def to_payload(evals: Sequence[Eval], node: str) -> list[dict[str, Any]]:
                 "api": e.suite.api,
                 "request": _request(e.suite),
                 "suiteSha256": e.suite.sha256,
-                "cases": [case_document(c) for c in e.suite.cases],
+                "cases": [_with_answer(case_document(c), given.get(c.name)) for c in e.suite.cases],
             }
         )
     return out
+
+
+def _with_answer(case: dict[str, Any], answer: str | None) -> dict[str, Any]:
+    if answer is not None and "matchesBaseline" in case["expect"]:
+        case["baselineAnswer"] = answer
+    return case
 
 
 # --- results ----------------------------------------------------------------------

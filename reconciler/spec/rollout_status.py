@@ -21,11 +21,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from reconciler.spec import artifact_records
+from reconciler.spec import artifact_records, baseline_records
 from reconciler.spec import evals as eval_rules
 from reconciler.spec import health as health_rules
 from reconciler.spec.artifact_records import StageRecord
 from reconciler.spec.artifacts import Artifact, Drain, ModelSigner, Stage, Warmup
+from reconciler.spec.baseline_records import BaselineJob
 from reconciler.spec.batch_shapes import batch_sizes, batch_starts
 from reconciler.spec.batch_states import life_state, shown_state
 from reconciler.spec.compare import (
@@ -79,6 +80,7 @@ HOLD_REASONS = (
     "dispatch_refused",
     "failure_budget_exceeded",
     "stage_failed",
+    "eval_baseline_failed",
 )
 
 VERDICTS = ("passed", "failed", "unknown")
@@ -446,6 +448,8 @@ class RolloutStatus:
     approved_by: tuple[ApprovalRecord, ...] = ()
     paused_by: OperatorAct | None = None  # while operator_paused: who paused it
     aborted_by: OperatorAct | None = None  # once aborted by the operator: who
+    # version 4: eval jobs asking nodes on the old target for baseline answers
+    eval_baseline: tuple[BaselineJob, ...] = ()
 
     @property
     def terminal(self) -> bool:
@@ -825,6 +829,9 @@ def to_record(status: RolloutStatus, *, inline_nodes: bool = True) -> dict[str, 
     }
     if status.waiting is not None:
         record["waiting"] = _waiting_record(status.waiting)
+    if status.eval_baseline:  # absent without matchesBaseline cases
+        record["evalBaselineJobs"] = baseline_records.jobs_record(status.eval_baseline)
+        record["evalBaseline"] = baseline_records.answers_record(status.eval_baseline)
     if inline_nodes:
         record["nodes"] = [node_to_record(n) for n in status.nodes]
     else:
@@ -927,6 +934,9 @@ def from_record(
         transitions=tuple(
             TransitionRecord(parse_time(t["time"]), t["from"], t["to"], t["reason"], t["commit"])
             for t in record.get("transitions", ())
+        ),
+        eval_baseline=baseline_records.jobs_from(
+            record.get("evalBaselineJobs", ()), record.get("evalBaseline", {})
         ),
     )
     if record.get("nodeCount", len(nodes)) != len(nodes):

@@ -37,6 +37,7 @@ from reconciler.spec.rollout_status import (
 )
 from reconciler.text import artifact_text, markdown
 from reconciler.text.dashboard_comparisons import ALERT_WAITS, alert_wait_line, comparison_section
+from reconciler.text.dashboard_evals import eval_section
 from reconciler.text.health_text import failing_summary
 from reconciler.text.status_text import (
     PHASE_ORDER,
@@ -210,6 +211,7 @@ def dashboard_parts(
     if attention:
         after += ["", "## Needs attention", "", *attention]
     after += comparison_section(active)
+    after += eval_section(active)
     if active:
         after += ["", "## Active rollouts", "", *_diagram(active)]
     if not blocks:

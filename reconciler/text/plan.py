@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 
-from reconciler.engine import starts
+from reconciler.engine import baselines, starts
 from reconciler.engine.selection import maintenance_node_ids
 from reconciler.engine.step import (
     FleetStep,
@@ -37,9 +37,16 @@ from reconciler.spec.artifacts import SIGNATURE_NAME, Artifact, Drain, ModelSign
 from reconciler.spec.batch_shapes import describe_sizes
 from reconciler.spec.documents import DAY_NUMBERS
 from reconciler.spec.durations import format_duration
+from reconciler.spec.evals import uses_baseline
 from reconciler.spec.model import Fleet, Problem, RolloutSpec, Settings, SpreadBy, Target, Window
 from reconciler.spec.paths import rollout_path
-from reconciler.spec.rollout_status import FROZEN_FIELDS, TERMINAL_PHASES, RolloutStatus, freeze
+from reconciler.spec.rollout_status import (
+    FROZEN_FIELDS,
+    TERMINAL_PHASES,
+    NodeRecord,
+    RolloutStatus,
+    freeze,
+)
 from reconciler.spec.times import format_time
 from reconciler.text import artifact_text, markdown
 from reconciler.text.health_text import health_lines
@@ -435,8 +442,27 @@ def _added(
         drain=spec.drain,
         warmup=spec.warmup,
         signers=tuple(s.name for s in spec.signers),
-        evals=tuple(e.describe() for e in spec.evals),
+        evals=_eval_lines(spec, new, [n for batch in batches for n in batch]),
     )
+
+
+def _eval_lines(
+    spec: RolloutSpec, new: RolloutStatus | None, order: Sequence[str]
+) -> tuple[str, ...]:
+    """Each eval's line; with matchesBaseline cases, the nodes that answer
+    first on the old model (as recorded once started, else as chosen now)."""
+    jobs = new.eval_baseline if new is not None else ()
+    nodes = [NodeRecord(name=n, batch=1) for n in order]
+    lines = []
+    for e in spec.evals:
+        line = e.describe()
+        if uses_baseline((e,)) and spec.live:
+            asked = tuple(j.node for j in jobs if e.name in j.evals) or baselines.planned_nodes(
+                e, nodes
+            )
+            line += f"; baseline nodes: {', '.join(asked) or 'none'}"
+        lines.append(line)
+    return tuple(lines)
 
 
 def _planned_batches(spec: RolloutSpec, fleet: Fleet) -> tuple[tuple[str, ...], ...]:

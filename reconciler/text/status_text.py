@@ -30,7 +30,7 @@ from reconciler.spec.rollout_status import (
 )
 from reconciler.spec.times import format_time
 from reconciler.text import artifact_text
-from reconciler.text.eval_text import eval_lines
+from reconciler.text.eval_text import baseline_answers, baseline_lines, eval_lines
 from reconciler.text.health_text import comparison_lines, failing_checks, health_lines
 
 WIDTH = 80
@@ -475,9 +475,10 @@ def _section_lines(status: RolloutStatus, colour: bool, transitions: int) -> lis
         out += ["", "comparisons"]
         for line in compared:
             out += _wrapped(line, "  ")
-    evaluated = eval_lines(status.nodes)
-    if evaluated:
-        out += ["", "evals"] + [f"  {line}" for line in evaluated]
+    evaluated = eval_lines(status.nodes, baseline=baseline_answers(status.eval_baseline))
+    asked = baseline_lines(status.eval_baseline)
+    if evaluated or asked:
+        out += ["", "evals"] + [f"  {line}" for line in asked + evaluated]
     if status.conditions:
         out.append("")
         out.append("conditions")

@@ -272,9 +272,10 @@ def eval_section(status_record: Mapping[str, Any], nodes: Sequence[Mapping[str, 
                 f"{cell('Held', 'yes' if c.get('ok') else 'no')}</tr>"
                 for c in e.get("cases", ())
             )
+            asked = (baseline.get(e.get("name")) or {}).get("node")
             caption = (
                 f"{n['name']}: {e.get('name')} — {e.get('passed')} of {e.get('total')} held "
-                f"({percent(e.get('passRate'))})"
+                f"({_share(e.get('passRate'))})" + (f"; baseline from {asked}" if asked else "")
             )
             tables.append(
                 f'<table class="eval" data-node="{escape(n["name"])}"><caption>{escape(caption)}'
@@ -287,6 +288,11 @@ def eval_section(status_record: Mapping[str, Any], nodes: Sequence[Mapping[str, 
     return (
         f'<section id="evals"><h3>Evals</h3><div class="scroll">{"".join(tables)}</div></section>'
     )
+
+
+def _share(rate: Any) -> str:
+    """An eval's ``passRate``, which its record keeps in percent."""
+    return percent(rate / 100) if isinstance(rate, int | float) else "—"
 
 
 def model_facts_section(nodes: Sequence[Mapping[str, Any]]) -> str:
