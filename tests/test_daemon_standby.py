@@ -34,9 +34,9 @@ def nodes_of(statuses: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def all_released(statuses: dict[str, Any]) -> bool:
     llama = statuses.get("llama", {})
-    return llama.get("phase") in ("completed", "aborted") and all(
-        (n.get("standby") or {}).get("releasedAt") for n in llama["nodes"]
-    )
+    kept = [n["standby"] for n in llama.get("nodes", ()) if "standby" in n]
+    ended = llama.get("phase") in ("completed", "aborted")
+    return ended and bool(kept) and all(k["releasedAt"] for k in kept)
 
 
 def release_sent_at(node: dict[str, Any]) -> Any:
@@ -171,3 +171,36 @@ def test_validate_refuses_standby_on_a_dry_run(
         "starts no slot on the node, so there is no previous slot to keep warm; set live: "
         "true, or remove standby"
     ]
+
+
+def test_a_policy_restore_routes_back_to_the_warm_slot_and_its_release_follows(
+    tmp_path: Path,
+) -> None:
+    # gpu-2 switches slots but keeps serving the old model (drift): it fails,
+    # and the rollback policy restores it by routing back to slot a.
+    behaviour = "default: succeed\nnodes:\n  gpu-2: drift\n"
+    kit = FleetKit.create(tmp_path, THREE, behaviour=behaviour)
+    try:
+        kit.push(standby_rollout("untilCompleted", onFailure="rollback", healthTimeout="3s"))
+        daemon = kit.daemon()
+
+        def rolled_back(s: dict[str, Any]) -> bool:
+            return "llama" in s and nodes_of(s)["gpu-2"]["state"] == "rolled_back"
+
+        kit.run_until(daemon, rolled_back, timeout=60)
+        assert release_count(kit) == 0  # nothing ended: every kept slot stays warm
+        kit.push(
+            standby_rollout("untilCompleted", onFailure="rollback", healthTimeout="3s", abort=True)
+        )
+        done = kit.run_until(daemon, all_released, timeout=60)
+    finally:
+        kit.close()
+
+    nodes = nodes_of(done)
+    restore = nodes["gpu-2"]["restore"]
+    assert restore["error"] == "" and restore["timings"]["routedAt"]
+    assert done["llama"]["phase"] == "aborted"
+    # sent once the restore had ended (a release is idempotent on the node)
+    sent = parse_time(nodes["gpu-2"]["standby"]["releaseDeadline"]) - timedelta(seconds=3)
+    assert sent >= parse_time(restore["finishedAt"])
+    assert "standby" not in nodes["gpu-3"]
