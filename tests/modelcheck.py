@@ -50,8 +50,9 @@ Checked at every transition (the invariants of docs/architecture.md):
     released      (standby) a release goes only to a node whose apply kept a
                   slot, never while its apply or a restore is in flight
                   or decided, and only when the rule of the interface
-                  says (untilSoaked: the node passed or the rollout
-                  ended; untilCompleted: the rollout ended); after every
+                  says (untilSoaked: the node passed, and its operator
+                  does not pause the rollout, or the rollout ended;
+                  untilCompleted: the rollout ended); after every
                   pass no release so due is left unsent; a release's job
                   id never changes; an answer to a release changes
                   nothing but standby records (no phase, hold or state)
@@ -646,7 +647,8 @@ def _check_releases(
 
     def due(node: NodeRecord) -> bool:
         passed = node.state == "succeeded" and node.verdict == "passed"
-        return ended or (keep == "untilSoaked" and passed)
+        # A running rollout its operator paused sends no release.
+        return ended or (keep == "untilSoaked" and passed and not new.operator_paused)
 
     for job in sent:
         if job.kind != "release":

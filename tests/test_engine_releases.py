@@ -200,3 +200,14 @@ def test_release_job_is_rebuilt_from_status_alone() -> None:
     frozen = status.frozen
     assert frozen is not None
     assert releases.release_job("r", frozen, world.node("n1")) == sent
+
+
+def test_no_release_while_the_operator_pauses_a_running_rollout() -> None:
+    # The operator may be pausing to roll back to the kept slot.
+    world = _world("untilSoaked")
+    world.edit(paused=True)
+    _pass(world, "n1", 10)
+    assert world.node("n1").verdict == "passed" and _releases(world) == []
+    world.edit(paused=False)
+    world.step(at=20)
+    assert [j.node for j in _releases(world)] == ["n1"]

@@ -614,7 +614,9 @@ class RolloutStep(StagedDraft):
 
     def tend_releases(self) -> None:
         """Record the answers to releases in flight, then send the releases
-        due (``reconciler.engine.releases``): never a hold, never a phase."""
+        due (``reconciler.engine.releases``): never a hold, never a phase.
+        While its operator pauses a running rollout none is sent: the
+        operator may be about to roll back to a kept slot."""
         f, start_commit = self.frozen, self.start_commit
         if f is None or f.standby is None or start_commit is None:
             return
@@ -629,7 +631,7 @@ class RolloutStep(StagedDraft):
                 found = releases.observed(standby, jobs.get(standby.release_job_id), self.now)
                 if found is not None:
                     self.set_node(i, evolve(node, standby=found[0]), found[1])
-            elif releases.due(f, node, ended):
+            elif (ended or not self.operator_paused) and releases.due(f, node, ended):
                 kept = releases.sent(
                     node, rollout=self.name, start_commit=start_commit, deadline=self.deadline()
                 )
