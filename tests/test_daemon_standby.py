@@ -204,3 +204,36 @@ def test_a_policy_restore_routes_back_to_the_warm_slot_and_its_release_follows(
     sent = parse_time(nodes["gpu-2"]["standby"]["releaseDeadline"]) - timedelta(seconds=3)
     assert sent >= parse_time(restore["finishedAt"])
     assert "standby" not in nodes["gpu-3"]
+
+
+def test_a_release_the_agent_missed_is_sent_again_once_it_is_back(tmp_path: Path) -> None:
+    behaviour = "default: succeed\nnodes:\n  gpu-3: {action: succeed, delay: 1}\n"
+    kit = FleetKit.create(tmp_path, THREE, behaviour=behaviour)
+    try:
+        kit.push(standby_rollout("untilCompleted"))
+        daemon = kit.daemon()
+
+        def last_dispatched(s: dict[str, Any]) -> bool:
+            return "llama" in s and nodes_of(s)["gpu-3"]["state"] == "dispatched"
+
+        kit.run_until(daemon, last_dispatched)
+        kit.fleet.set_behaviour(behaviour + "  gpu-1: unreachable\n")
+
+        def release_sent(s: dict[str, Any]) -> bool:
+            return bool((nodes_of(s)["gpu-1"].get("standby") or {}).get("releaseJobId"))
+
+        sent = kit.run_until(daemon, release_sent)
+        assert sent["llama"]["phase"] == "completed"
+        for _ in range(3):  # passes while the agent cannot be reached
+            daemon.run_pass()
+        missed = nodes_of(kit.statuses())["gpu-1"]["standby"]
+        kit.fleet.set_behaviour(behaviour)
+        done = kit.run_until(daemon, all_released)
+        stats = kit.fleet.stats()
+    finally:
+        kit.close()
+
+    assert missed["releasedAt"] is None and missed["releaseError"] == ""
+    kept = nodes_of(done)["gpu-1"]["standby"]
+    assert kept["releaseJobId"] == missed["releaseJobId"] and kept["releaseError"] == ""
+    assert stats["executed"][kept["releaseJobId"]] == 1
