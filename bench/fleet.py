@@ -33,6 +33,12 @@ staged (a stage job, answered after ``--delay`` too) before its apply, with
 ``stage: {ahead: 1, maxConcurrent: BATCH}``. Staging the next batch overlaps
 the current batch's apply, so only the first batch's stage adds a wait: the
 overhead is (wall time - (batches + 1) x delay) / nodes. Target: under 0.5 ms.
+
+``--standby``: a live rollout with ``standby: {keepPrevious: untilSoaked}``
+(docs/rollouts.md#warm-standby): every simulated node switches slots, and
+the daemon sends each its release job as it passes. The run ends when the
+rollout is completed and every node's release was executed; the figures
+add the release jobs executed and the time from completed to the last one.
 """
 
 from __future__ import annotations
@@ -87,6 +93,7 @@ def one_run(
     profile: Path | None = None,
     wall_clock: bool = False,
     artifacts: bool = False,
+    standby: bool = False,
 ) -> dict[str, float]:
     private, public = generate_key(root / "keys")
     names = [f"n{i:05d}" for i in range(1, nodes + 1)]
@@ -145,6 +152,8 @@ def one_run(
         text = rollout_text("big", selector={"fleet": "bench"}, batch=batch)
         if artifacts:
             text = staged(text, batch)
+        if standby:
+            text += b"  live: true\n  standby: {keepPrevious: untilSoaked}\n"
         rollout = commit_files(repo, {"rollouts/big.yaml": text}, "Roll the whole fleet")
 
         def done() -> bool:
@@ -152,6 +161,14 @@ def one_run(
             return data is not None and COMPLETED.search(data) is not None
 
         finished = wait_for(done, timeout)
+        released = finished
+        if standby:
+
+            def all_released() -> bool:
+                executed = sim.stats()["executed"]
+                return sum(1 for j in executed if j.startswith("release-")) >= nodes
+
+            released = wait_for(all_released, timeout, 0.2)
         cpu = cpu_seconds(daemon.pid) - cpu0
         sim_cpu = cpu_seconds(sim.process.pid) - sim_cpu0
         # What other work took of the machine meanwhile (this script's polling included).
@@ -186,6 +203,8 @@ def one_run(
             "jobs": stats["executed"],
             "sim_cpu": sim_cpu,
             "other": other / (wall * (os.cpu_count() or 1)),
+            "releases": sum(1 for j in sim.stats()["executed"] if j.startswith("release-")),
+            "release_tail": released - finished,
         }
     finally:
         if daemon is not None and daemon.poll() is None:
@@ -219,6 +238,7 @@ def measure(
     profile: Path | None = None,
     wall_clock: bool = False,
     artifacts: bool = False,
+    standby: bool = False,
 ) -> list[Row]:
     results = []
     for k in range(runs):
@@ -233,6 +253,7 @@ def measure(
                 profile=profile.with_suffix(f".{k + 1}.txt") if profile else None,
                 wall_clock=wall_clock,
                 artifacts=artifacts,
+                standby=standby,
             )
         print(
             f"run {k + 1}: {r['wall']:.2f} s wall, {r['cpu']:.2f} s daemon CPU, "
@@ -250,6 +271,7 @@ def measure(
     batches = -(-nodes // batch) + (1 if artifacts else 0)
     floor = batches * delay
     tag = f"{nodes:,} nodes/{batch:,}" + (", staged" if artifacts else "")
+    tag += ", standby" if standby else ""
     target = 0.5 if artifacts else 1.0
     return [
         row(f"fleet {tag}: wall to completed", m("wall"), "s", floor, "health waits"),
@@ -263,7 +285,14 @@ def measure(
         row(f"fleet {tag}: status commits", m("commits"), "commits"),
         row(f"fleet {tag}: repo growth, loose", m("loose") / 1e6, "MB", 5.0, "target <"),
         row(f"fleet {tag}: repo growth, after git gc", m("packed") / 1e6, "MB", 5.0, "target <"),
-    ]
+    ] + (
+        [
+            row(f"fleet {tag}: release jobs executed", m("releases"), "jobs"),
+            row(f"fleet {tag}: completed to last release", m("release_tail"), "s"),
+        ]
+        if standby
+        else []
+    )
 
 
 def main() -> None:
@@ -275,6 +304,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="1,000 nodes, batches of 250, 1 run")
     parser.add_argument(
         "--artifacts", action="store_true", help="a model artifact: every node staged first"
+    )
+    parser.add_argument(
+        "--standby", action="store_true", help="live, standby untilSoaked: a release per node"
     )
     parser.add_argument(
         "--profile",
@@ -300,6 +332,7 @@ def main() -> None:
             profile=args.profile,
             wall_clock=args.profile_wall,
             artifacts=args.artifacts,
+            standby=args.standby,
         )
     )
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable
 from datetime import datetime
 
-from reconciler.engine import staging
+from reconciler.engine import releases, staging
 from reconciler.engine.holds import RESTORE_STATES, restore_waiting
 from reconciler.engine.staging import stage_job
 from reconciler.protocol.effects import SendJob
@@ -37,6 +37,7 @@ def apply_job(rollout: str, frozen: FrozenSpec, node: NodeRecord) -> SendJob:
         drain=frozen.drain if frozen.live else None,
         warmup=frozen.warmup if frozen.live else (),
         evals=frozen.evals if frozen.live else (),
+        standby=frozen.standby if frozen.live else None,
     )
 
 
@@ -99,7 +100,19 @@ def in_flight(statuses: Iterable[RolloutStatus]) -> tuple[SendJob, ...]:
                 jobs.append(stage_job(status.name, status.frozen, status.start_commit, node))
             elif node.state in RESTORE_STATES and node.restore is not None:
                 jobs.append(restore_job(status.name, status.frozen, node.name, node.restore))
+        if status.frozen.standby is not None:
+            jobs.extend(
+                releases.release_job(status.name, status.frozen, node)
+                for node in open_releases(status)
+            )
     return tuple(jobs)
+
+
+def open_releases(status: RolloutStatus) -> Iterable[NodeRecord]:
+    """Nodes whose release was sent and not yet answered (any phase)."""
+    if status.frozen is None or status.frozen.standby is None:
+        return ()
+    return (n for n in status.nodes if n.standby is not None and n.standby.release_open)
 
 
 def stage_deadlines(
@@ -189,6 +202,9 @@ def next_wakeup(statuses: Iterable[RolloutStatus]) -> datetime | None:
                 consider(staging.deadline(status.frozen, node.stage))
             elif node.state in RESTORE_STATES and node.restore is not None:
                 consider(node.restore.deadline)
+        for node in open_releases(status):
+            assert node.standby is not None
+            consider(node.standby.release_deadline)
     return earliest
 
 

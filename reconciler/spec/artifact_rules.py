@@ -56,6 +56,7 @@ class Declared:
     drain: Drain | None = None
     warmup: tuple[Warmup, ...] = ()
     signature: Artifact | None = None  # target.signature, named "signature"
+    standby: str | None = None  # spec.standby.keepPrevious (live only)
 
 
 class _Unread(Exception):
@@ -87,6 +88,7 @@ def read(spec: Mapping[str, Any], add: Add, ok: Check, whole: Check) -> Declared
         drain = _drain(spec.get("drain"), live, add, ok, whole)
         warmup = _warmups(spec.get("warmup"), live, add, ok, whole)
         signature = _signature(target, bool(written), add, ok, whole)
+        standby = _standby(spec.get("standby"), live, add, ok)
     except _Unread as gap:
         add(
             gap.field_path,
@@ -94,7 +96,29 @@ def read(spec: Mapping[str, Any], add: Add, ok: Check, whole: Check) -> Declared
             "cannot read it; give the field, or upgrade reconciler",
         )
         return Declared()
-    return Declared(artifacts, stage, drain, warmup, signature)
+    return Declared(artifacts, stage, drain, warmup, signature, standby)
+
+
+# keepPrevious when standby is given without it: the previous slot stays
+# warm until the rollout ends, so a rollback of any node can route back.
+DEFAULT_KEEP_PREVIOUS = "untilCompleted"
+
+
+def _standby(value: Any, live: bool, add: Add, ok: Check) -> str | None:
+    if value is None:
+        return None
+    if not live:
+        add(
+            ["spec", "standby"],
+            "standby needs live: true: a dry run starts no slot on the node, so there is "
+            "no previous slot to keep warm; set live: true, or remove standby",
+            at_key=True,
+        )
+        return None
+    if not isinstance(value, dict) or not ok("spec.standby"):
+        return None
+    keep = value.get("keepPrevious", DEFAULT_KEEP_PREVIOUS)
+    return keep if isinstance(keep, str) else None
 
 
 def _signature(

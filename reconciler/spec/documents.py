@@ -513,6 +513,7 @@ class _Checker:
             drain=declared.drain,
             warmup=declared.warmup,
             signature=declared.signature,
+            standby=declared.standby,
             evals=eval_rules.evals_from_document(checks.get("evals", ()) if checks else ()),
         )
         omitted = frozenset(k for k in _SETTINGS_DEFAULTED if k not in spec)
