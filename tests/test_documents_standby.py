@@ -55,6 +55,33 @@ def test_standby_on_a_dry_run_is_refused_at_its_key() -> None:
     assert len(problems) == 1 and problems[0].startswith("rollouts/llama.yaml:8:3: spec.standby")
 
 
+SLOT_URLS = """\
+  warmup: [{http: {url: "http://127.0.0.1:{slotPort}/v1/models"}}]
+  health: {evals: [{name: golden, suite: golden, url: "http://127.0.0.1:{slotPort}"}]}
+"""
+
+
+def test_slot_port_in_warmup_and_eval_urls_is_read_as_the_port_with_standby() -> None:
+    rollout, problems = parse("  live: true\n  standby: {}\n" + SLOT_URLS)
+    assert problems == []
+    [warmup] = getattr(rollout, "warmup", ())
+    assert warmup.url == "http://127.0.0.1:{slotPort}/v1/models"  # the agent fills it in
+
+
+def test_slot_port_without_standby_is_refused_at_each_url() -> None:
+    _, problems = parse("  live: true\n" + SLOT_URLS)
+    what = (
+        "{slotPort} is the port of the slot a standby apply starts, and only a rollout "
+        "with standby starts one: set standby, or write the port: "
+    )
+    assert problems == [
+        f"rollouts/llama.yaml:8:25: spec.warmup[0].http.url: {what}"
+        "'http://127.0.0.1:{slotPort}/v1/models'",
+        f"rollouts/llama.yaml:9:55: spec.health.evals[0].url: {what}"
+        "'http://127.0.0.1:{slotPort}'",
+    ]
+
+
 def test_a_keep_previous_that_is_not_one_of_the_two_is_refused() -> None:
     _, problems = parse("  live: true\n  standby: {keepPrevious: forever}\n")
     assert len(problems) == 1

@@ -31,6 +31,7 @@ from reconciler.spec.artifacts import (
 )
 from reconciler.spec.durations import parse_duration
 from reconciler.spec.health import LOCAL_HOST_RULE, is_local_host
+from reconciler.spec.slot_port import url_to_check
 
 DEFAULT_DRAIN_TIMEOUT = 300  # seconds: 5m
 
@@ -86,7 +87,8 @@ def read(spec: Mapping[str, Any], add: Add, ok: Check, whole: Check) -> Declared
         stage = _stage(spec.get("stage"), bool(written), add, ok)
         live = spec.get("live") is True
         drain = _drain(spec.get("drain"), live, add, ok, whole)
-        warmup = _warmups(spec.get("warmup"), live, add, ok, whole)
+        standby_given = spec.get("standby") is not None
+        warmup = _warmups(spec.get("warmup"), live, standby_given, add, ok, whole)
         signature = _signature(target, bool(written), add, ok, whole)
         standby = _standby(spec.get("standby"), live, add, ok)
     except _Unread as gap:
@@ -336,7 +338,9 @@ def _preset_fields(
     return fine and value["runtime"] in runtime_presets.PRESETS and isinstance(value["port"], int)
 
 
-def _warmups(value: Any, live: bool, add: Add, ok: Check, whole: Check) -> tuple[Warmup, ...]:
+def _warmups(
+    value: Any, live: bool, standby: bool, add: Add, ok: Check, whole: Check
+) -> tuple[Warmup, ...]:
     if value is None:
         return ()
     if not live:
@@ -365,7 +369,10 @@ def _warmups(value: Any, live: bool, add: Add, ok: Check, whole: Check) -> tuple
             )
         http = item.get("http")
         url = http.get("url") if isinstance(http, dict) else None
-        why = local_url_problem(url) if isinstance(url, str) and _ok_at(ok, where, "url") else ""
+        why = ""
+        if isinstance(url, str) and _ok_at(ok, where, "url"):
+            checked, why = url_to_check(url, standby)
+            why = why or local_url_problem(checked)
         if why:
             add([*where, "url"], why)
         timeout = None
