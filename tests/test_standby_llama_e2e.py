@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from reconciler.cli.llama_runtime import NodeRouter, free_port
 from reconciler.spec.times import parse_time
 from tests.kit.llama import Models
 from tests.kit.standby import Load, target
@@ -121,10 +122,14 @@ def assert_switched_without_a_failed_request(
     assert world.serving() == dict.fromkeys(NODES, new)
 
 
-def assert_released(world: StandbyWorld, done: dict[str, Any], name: str) -> None:
-    """Every node's kept slot was released by an executed release job, and
-    its server is stopped; the other slot serves."""
+def assert_released(
+    world: StandbyWorld, done: dict[str, Any], name: str, nodes: tuple[str, ...] = NODES
+) -> None:
+    """Each of ``nodes``' kept slot was released by an executed release job,
+    and its server is stopped; the other slot serves."""
     for node, record in nodes_of(done, name).items():
+        if node not in nodes:
+            continue
         standby = record["standby"]
         slot = standby["slot"]
         serving = "b" if slot == "a" else "a"
@@ -171,3 +176,67 @@ def test_b_to_a_until_soaked_releases_each_node_as_it_passes(world: StandbyWorld
     last_apply = world.fleet.agents[NODES[-1]].jobs_of_kind("apply")[-1]
     assert last_apply["payload"]["rollout"] == "b-to-a"
     assert parse_time(first_release["accepted_at"]) < parse_time(last_apply["accepted_at"])
+
+
+def test_a_failed_health_check_rolls_the_last_node_back_to_its_warm_slot_under_load(
+    world: StandbyWorld,
+) -> None:
+    """The check reaches each node's router through one loopback port
+    (``/NODE/health``); the last node's path leads to a port nothing
+    listens on, so its check fails once it serves B."""
+    serve_everywhere(world, "A")
+    routes = {n: node.router.base_url for n, node in world.nodes.items()}
+    routes[NODES[-1]] = f"http://127.0.0.1:{free_port()}"
+    router = NodeRouter(routes)
+    fleet = world.fleet
+    check = f"{{name: ready, http: {{url: '{router.url}/{{node}}/health', timeout: 2s}}}}"
+    spec = {"onFailure": "rollback", "health": f"{{checks: [{check}], interval: 1s}}"}
+    try:
+        with world.load() as loads:
+            wait_for(lambda: len(loads[NODES[-1]].answers) >= 3, 60, what="client load")
+            fleet.push({"rollouts/back.yaml": world.rollout("back", "B", "untilCompleted", **spec)})
+            daemon = fleet.daemon()
+            fleet.run_until(
+                daemon, lambda s: nodes_of(s, "back")[NODES[-1]]["state"] == "rolled_back", 300
+            )
+            restore = nodes_of(fleet.statuses(), "back")[NODES[-1]]["restore"]
+            back_at = parse_time(restore["timings"]["routedAt"]).timestamp()
+            wait_for(lambda: loads[NODES[-1]].answers[-1].sent > back_at, 60, what="answers")
+        fleet.push(
+            {"rollouts/back.yaml": world.rollout("back", "B", "untilCompleted", abort=True, **spec)}
+        )
+        done = fleet.run_until(daemon, ended_and_released("back"), timeout=120)
+    finally:
+        router.close()
+
+    last = NODES[-1]
+    records = nodes_of(done, "back")
+    assert done["back"]["phase"] == "aborted", done["back"]
+    assert records[last]["error"].startswith("health check ready failed"), records[last]
+    assert restore["error"] == "", restore
+    [restored] = fleet.agents[last].jobs_of_kind("restore")
+    assert restored["job_id"] == restore["jobId"] and restored["state"] == "succeeded"
+    assert restored["standby"] == {"slot": None, "serving": "a", "warm": True}, restored
+    # routed back within the job: no download, no start
+    routed = parse_time(restored["timings"]["routedAt"])
+    assert parse_time(restored["accepted_at"]) <= routed <= parse_time(restored["finished_at"])
+    answers = loads[last].answers
+    for node, load in loads.items():
+        print(f"back {node}: {len(load.answers)} client requests, {len(load.failed())} failed")
+    assert loads[last].failed() == []
+    assert {a.model for a in answers if a.sent >= back_at} == {"A"}
+    assert "B" in {a.model for a in answers}  # it served B before the check failed
+    assert world.nodes[last].serving() == "A"
+    assert world.nodes[last].slot_running("a") and not world.nodes[last].slot_running("b")
+    for node, record in records.items():
+        assert record["outOfService"] == 0, record
+        assert loads[node].failed() == [], node
+    assert_released(world, done, "back", NODES[:-1])
+    # The restore stopped the failed slot: the last node's release finds nothing kept.
+    [released] = [
+        r
+        for r in fleet.agents[last].jobs_of_kind("release")
+        if r["job_id"] == records[last]["standby"]["releaseJobId"]
+    ]
+    assert released["state"] == "succeeded", released
+    assert released["released"] == {"slot": None, "stopped": False}, released
