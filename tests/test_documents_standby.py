@@ -5,6 +5,7 @@ live is refused with file, line, field and what to do."""
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 from reconciler.spec import schemas
 from reconciler.spec.documents import parse_file
@@ -80,6 +81,16 @@ def test_slot_port_without_standby_is_refused_at_each_url() -> None:
         f"rollouts/llama.yaml:9:55: spec.health.evals[0].url: {what}"
         "'http://127.0.0.1:{slotPort}'",
     ]
+
+
+def test_the_rollout_on_the_standby_page_is_valid() -> None:
+    page = (Path(__file__).parent.parent / "docs/standby.md").read_text()
+    [example] = [b for b in page.split("```yaml\n")[1:] if b.startswith("spec:\n")]
+    body = example.split("```")[0].removeprefix("spec:\n")
+    rollout, problems = parse(body)
+    assert problems == []
+    [warmup] = getattr(rollout, "warmup", ())
+    assert warmup.url == "http://127.0.0.1:{slotPort}/health"
 
 
 def test_a_keep_previous_that_is_not_one_of_the_two_is_refused() -> None:
