@@ -11,6 +11,7 @@ up on every node, unless the nodes already serve it.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
@@ -19,7 +20,7 @@ import pytest
 
 from reconciler.cli.llama_runtime import NodeRouter, free_port
 from reconciler.spec.times import parse_time
-from tests.kit.llama import Models
+from tests.kit.llama import Models, complete
 from tests.kit.standby import Load, target
 from tests.kit.standby_fleet import NODES, StandbyWorld, standby_fleet
 from tests.kit.waiting import wait_for
@@ -69,20 +70,26 @@ def serve_everywhere(world: StandbyWorld, label: str) -> None:
 
 
 def roll_under_load(
-    world: StandbyWorld, name: str, label: str, keep: str
+    world: StandbyWorld,
+    name: str,
+    label: str,
+    keep: str,
+    files: dict[str, str] | None = None,
+    **extra: Any,
 ) -> tuple[dict[str, Any], dict[str, Load], dict[str, float]]:
-    """Roll ``label`` out with client load on every node from before the
-    first pass until after the last release and an answer sent after each
-    node's ``routedAt``: (the statuses, the loads, each routedAt)."""
+    """Roll ``label`` out (with ``files`` pushed beside it and ``extra``
+    spec fields) with client load on every node from before the first pass
+    until after the last release and an answer sent after each node's
+    ``routedAt``: (the statuses, the loads, each routedAt)."""
     fleet = world.fleet
-    rollout = world.rollout(name, label, keep, healthTimeout=f"{HEALTH_TIMEOUT}s")
+    rollout = world.rollout(name, label, keep, healthTimeout=f"{HEALTH_TIMEOUT}s", **extra)
     with world.load() as loads:
         wait_for(
             lambda: all(len(load.answers) >= 3 for load in loads.values()),
             60,
             what="client load through every router",
         )
-        fleet.push({f"rollouts/{name}.yaml": rollout})
+        fleet.push({**(files or {}), f"rollouts/{name}.yaml": rollout})
         done = fleet.run_until(fleet.daemon(), ended_and_released(name), timeout=300)
         routed = {
             node: parse_time(record["timings"]["routedAt"]).timestamp()
@@ -159,12 +166,43 @@ def test_a_to_b_until_completed_under_load_fails_no_request_and_stops_every_old_
         assert sent >= finished, (node, record["standby"])
 
 
-def test_b_to_a_until_soaked_releases_each_node_as_it_passes(world: StandbyWorld) -> None:
-    serve_everywhere(world, "B")
+EVAL_PROMPT = "The capital of France is"
+# Passes on any answer: what it shows is whose answer the eval recorded.
+SUITE = json.dumps(
+    {
+        "apiVersion": "reconciler/v1",
+        "kind": "EvalSuite",
+        "metadata": {"name": "says"},
+        "spec": {
+            "request": {"maxTokens": 64, "temperature": 0, "seed": 1},
+            "cases": [{"name": "says", "prompt": EVAL_PROMPT, "expect": {"notContains": "~~~"}}],
+        },
+    }
+)
 
-    done, loads, routed = roll_under_load(world, "b-to-a", "A", "untilSoaked")
+
+def said(url: str) -> str:
+    """What the model at ``url`` answers to the suite's case."""
+    return str(complete(url, EVAL_PROMPT, 64, seed=1)["choices"][0]["text"]).strip()
+
+
+def test_b_to_a_until_soaked_releases_each_node_as_it_passes(world: StandbyWorld) -> None:
+    """The evals run on the slot being started (``{slotPort}``), while the
+    router still sends every request to B: each records A's answer."""
+    serve_everywhere(world, "B")
+    b_says = said(world.nodes[NODES[0]].router.base_url)
+    evals = "{evals: [{name: says, suite: says, url: 'http://127.0.0.1:{slotPort}'}]}"
+
+    done, loads, routed = roll_under_load(
+        world, "b-to-a", "A", "untilSoaked", files={"evals/says.yaml": SUITE}, health=evals
+    )
 
     assert_switched_without_a_failed_request(world, done, "b-to-a", loads, routed, "B", "A")
+    for node, record in nodes_of(done, "b-to-a").items():
+        [result] = record["evals"]
+        assert (result["passed"], result["total"]) == (1, 1), record
+        answer = result["cases"][0]["answer"].strip()
+        assert answer == said(world.nodes[node].router.base_url) != b_says, node
     assert_released(world, done, "b-to-a")
     nodes = nodes_of(done, "b-to-a")
     for node, record in nodes.items():
