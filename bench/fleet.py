@@ -42,6 +42,12 @@ the two answers, checking their signatures), and the daemon's CPU per job
 their sum, with the load average. Target with ``--artifacts``: at most 2.
 Each run also prints the daemon's CPU by thread (the main thread runs the
 passes; the agent client's thread is the busiest other one).
+
+``--standby``: a live rollout with ``standby: {keepPrevious: untilSoaked}``
+(docs/rollouts.md#warm-standby): every simulated node switches slots, and
+the daemon sends each its release job as it passes. The run ends when the
+rollout is completed and every node's release was executed; the figures
+add the release jobs executed and the time from completed to the last one.
 """
 
 from __future__ import annotations
@@ -118,6 +124,7 @@ def one_run(
     profile: Path | None = None,
     wall_clock: bool = False,
     artifacts: bool = False,
+    standby: bool = False,
 ) -> dict[str, float]:
     private, public = generate_key(root / "keys")
     names = [f"n{i:05d}" for i in range(1, nodes + 1)]
@@ -177,6 +184,8 @@ def one_run(
         text = rollout_text("big", selector={"fleet": "bench"}, batch=batch)
         if artifacts:
             text = staged(text, batch)
+        if standby:
+            text += b"  live: true\n  standby: {keepPrevious: untilSoaked}\n"
         rollout = commit_files(repo, {"rollouts/big.yaml": text}, "Roll the whole fleet")
 
         def done() -> bool:
@@ -184,6 +193,14 @@ def one_run(
             return data is not None and COMPLETED.search(data) is not None
 
         finished = wait_for(done, timeout)
+        released = finished
+        if standby:
+
+            def all_released() -> bool:
+                executed = sim.stats()["executed"]
+                return sum(1 for j in executed if j.startswith("release-")) >= nodes
+
+            released = wait_for(all_released, timeout, 0.2)
         cpu = cpu_seconds(daemon.pid) - cpu0
         threads = {
             name: spent - threads0.get(name, 0.0) for name, spent in thread_cpu(daemon.pid).items()
@@ -222,6 +239,8 @@ def one_run(
             "sim_cpu": sim_cpu,
             "other": other / (wall * (os.cpu_count() or 1)),
             **{f"thread {name}": spent for name, spent in threads.items() if spent > 0},
+            "releases": sum(1 for j in sim.stats()["executed"] if j.startswith("release-")),
+            "release_tail": released - finished,
         }
     finally:
         if daemon is not None and daemon.poll() is None:
@@ -256,6 +275,7 @@ def measure(
     wall_clock: bool = False,
     artifacts: bool = False,
     with_parts: bool = False,
+    standby: bool = False,
 ) -> list[Row]:
     results = []
     for k in range(runs):
@@ -272,6 +292,7 @@ def measure(
                 profile=profile.with_suffix(f".{k + 1}.txt") if profile else None,
                 wall_clock=wall_clock,
                 artifacts=artifacts,
+                standby=standby,
             )
         print(
             f"run {k + 1}: {r['wall']:.2f} s wall, {r['cpu']:.2f} s daemon CPU, "
@@ -307,6 +328,7 @@ def measure(
     batches = -(-nodes // batch) + (1 if artifacts else 0)
     floor = batches * delay
     tag = f"{nodes:,} nodes/{batch:,}" + (", staged" if artifacts else "")
+    tag += ", standby" if standby else ""
     target = 0.5 if artifacts else 1.0
     ratio = []
     if with_parts:
@@ -334,7 +356,14 @@ def measure(
         row(f"fleet {tag}: status commits", m("commits"), "commits"),
         row(f"fleet {tag}: repo growth, loose", m("loose") / 1e6, "MB", 5.0, "target <"),
         row(f"fleet {tag}: repo growth, after git gc", m("packed") / 1e6, "MB", 5.0, "target <"),
-    ]
+    ] + (
+        [
+            row(f"fleet {tag}: release jobs executed", m("releases"), "jobs"),
+            row(f"fleet {tag}: completed to last release", m("release_tail"), "s"),
+        ]
+        if standby
+        else []
+    )
 
 
 def main() -> None:
@@ -352,6 +381,9 @@ def main() -> None:
         action="store_true",
         help="after each run, measure the parts of a job alone (bench/job_parts.py) "
         "and print the daemon's CPU per job against their sum",
+    )
+    parser.add_argument(
+        "--standby", action="store_true", help="live, standby untilSoaked: a release per node"
     )
     parser.add_argument(
         "--profile",
@@ -378,6 +410,7 @@ def main() -> None:
             wall_clock=args.profile_wall,
             artifacts=args.artifacts,
             with_parts=args.with_parts,
+            standby=args.standby,
         )
     )
 

@@ -1,6 +1,8 @@
 """The exhaustive bounded model check of the engine (``tests/modelcheck.py``):
-3 nodes, batch sizes 1 and 2, each of the 5 failure policies and the
-capacity setup (observe, two zones, spreadBy and failureBudget 1), every sequence
+3 nodes, batch sizes 1 and 2, each of the 5 failure policies, the
+capacity setup (observe, two zones, spreadBy and failureBudget 1), the
+staging setup and the two standby setups (release jobs under untilSoaked
+and untilCompleted), every sequence
 of events up to ``--depth``, states deduplicated by a canonical hash of their
 abstraction (``--unreduced``: of the concrete state). Prints distinct states,
 transitions and time per setup and per depth; exit status 1 on any

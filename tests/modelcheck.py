@@ -14,7 +14,11 @@ and stage jobs are answered like apply jobs. Another, ``baseline``
 ``matchesBaseline`` case (timeout 1 s, so its eval job's deadline is 121 s
 after it is sent): n3 answers an ``eval`` job before the first batch, and
 eval jobs are answered like apply jobs (a succeeded one with an answer).
-Each transition is one event followed by one reconcile pass through the real
+Two more, ``standby`` (rollback,
+``standby: {keepPrevious: untilSoaked}``) and ``standby_end`` (pause,
+``untilCompleted``) (docs/rollouts.md#warm-standby): a succeeded apply's
+answer names slot ``a`` kept warm, and release jobs are answered like apply
+jobs. Each transition is one event followed by one reconcile pass through the real
 ``step_fleet`` with the world's clock:
 
     observations  a job in flight succeeded, failed, or its answer is unknown
@@ -51,6 +55,15 @@ Checked at every transition (the invariants of docs/architecture.md):
                   and every apply carries the recorded answers; a failed
                   baseline job holds ``eval_baseline_failed``; baseline
                   attempts never decrease and recorded answers stay
+    released      (standby) a release goes only to a node whose apply kept a
+                  slot, never while its apply or a restore is in flight
+                  or decided, and only when the rule of the interface
+                  says (untilSoaked: the node passed, and its operator
+                  does not pause the rollout, or the rollout ended;
+                  untilCompleted: the rollout ended); after every
+                  pass no release so due is left unsent; a release's job
+                  id never changes; an answer to a release changes
+                  nothing but standby records (no phase, hold or state)
     budget        (capacity) a node that ends failed, timed out or unknown
                   while more than the budget have is held
                   failure_budget_exceeded (unless the same pass ended the
@@ -128,13 +141,16 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
 from reconciler.engine import policy as policy_table
+from reconciler.engine import releases as release_table
 from reconciler.engine import staging as stage_table
 from reconciler.engine.baselines import answers_for_applies
 from reconciler.engine.policy import Rule, decide
+from reconciler.engine.releases import ReleaseRule, waiting_on_slot
 from reconciler.engine.staging import StageRule, stage_failure
 from reconciler.engine.staging import decide as decide_stage
 from reconciler.engine.step import RolloutInput, Transition, in_flight, step_fleet
 from reconciler.protocol.effects import SendJob
+from reconciler.protocol.job_ids import job_id as derived_job_id
 from reconciler.protocol.observations import Heartbeat, JobObservation, Observations, RuntimeReport
 from reconciler.spec.artifacts import Artifact, Stage
 from reconciler.spec.evals import Eval, EvalCase, EvalSuite
@@ -155,7 +171,11 @@ POLICIES = ("observe", "pause", "retry_once", "stop", "rollback")
 CAPACITY = "capacity"
 STAGING = "staging"
 BASELINE = "baseline"
-SETUPS = (*POLICIES, CAPACITY, STAGING, BASELINE)
+STANDBY = "standby"
+STANDBY_END = "standby_end"
+SETUPS = (*POLICIES, CAPACITY, STAGING, BASELINE, STANDBY, STANDBY_END)
+KEEP_PREVIOUS = {STANDBY: "untilSoaked", STANDBY_END: "untilCompleted"}
+KEPT_SLOT = {"slot": "a", "serving": "b"}  # what a succeeded standby apply answers
 ARTIFACT = Artifact("weights", "http://127.0.0.1:8080/w.gguf", "0f" * 32, 1024)
 STAGE = Stage(ahead=1, max_concurrent=1, timeout_seconds=120)
 BATCH_SIZES = (1, 2)
@@ -194,7 +214,13 @@ SETTINGS = Settings(offline_after=OFFLINE_AFTER)
 
 def policy_of(setup: str) -> str:
     """The failure policy a setup runs under."""
-    return {CAPACITY: "observe", STAGING: "retry_once", BASELINE: "pause"}.get(setup, setup)
+    return {
+        CAPACITY: "observe",
+        STAGING: "retry_once",
+        BASELINE: "pause",
+        STANDBY: "rollback",
+        STANDBY_END: "pause",
+    }.get(setup, setup)
 
 
 @dataclass(frozen=True)
@@ -281,6 +307,17 @@ def injected_stage_rules(rules: Sequence[StageRule]) -> Iterator[None]:
         stage_table.STAGE_RULES = saved
 
 
+@contextlib.contextmanager
+def injected_release_rules(rules: Sequence[ReleaseRule]) -> Iterator[None]:
+    """The engine decides releases with ``rules`` while inside."""
+    saved = release_table.RELEASE_RULES
+    release_table.RELEASE_RULES = tuple(rules)
+    try:
+        yield
+    finally:
+        release_table.RELEASE_RULES = saved
+
+
 # -- the world ---------------------------------------------------------------------
 
 
@@ -299,6 +336,7 @@ def _spec(policy: str, batch_size: int, intents: Intents) -> RolloutSpec:
         artifacts=(ARTIFACT,) if policy == STAGING else (),
         stage=STAGE if policy == STAGING else None,
         evals=(GOLDEN,) if policy == BASELINE else (),
+        standby=KEEP_PREVIOUS.get(policy),
         paused=intents.paused,
         abort=intents.abort,
         resume_request=f"resume-{intents.resumes}" if intents.resumes else "",
@@ -323,7 +361,7 @@ def _at(seconds: int) -> datetime:
     return T0 + timedelta(seconds=seconds)
 
 
-def _observations(state: State) -> Observations:
+def _observations(state: State, standby: bool = False) -> Observations:
     jobs = {
         job_id: JobObservation(
             job_id=job_id,
@@ -333,6 +371,9 @@ def _observations(state: State) -> Observations:
             finished_at=format_time(_at(at)) if answer in ("succeeded", "failed") else None,
             evals=_baseline_result()
             if answer == "succeeded" and job_id.startswith("eval-")
+            else None,
+            standby=KEPT_SLOT
+            if standby and answer == "succeeded" and job_id.startswith("apply-")
             else None,
         )
         for job_id, answer, at in state.jobs
@@ -384,9 +425,8 @@ def _pass(
         author="Ops <ops@example.org>",
     )
     fleet = ZONED_FLEET if policy == CAPACITY else FLEET
-    result = step_fleet(
-        [rollout], fleet, SETTINGS, _observations(state), _at(state.clock), unreadable={}
-    )
+    observed = _observations(state, standby=policy in KEEP_PREVIOUS)
+    result = step_fleet([rollout], fleet, SETTINGS, observed, _at(state.clock), unreadable={})
     status = result.statuses.get(ROLLOUT, state.status)
     # Answers of jobs no longer in flight change nothing (a verdict belongs to
     # one attempt), so they are dropped: fewer states, the same behaviour.
@@ -498,6 +538,8 @@ def _check(
         _check_staging(old, new, sent)
     if setup == BASELINE:
         _check_baseline(old, new, sent)
+    if setup in KEEP_PREVIOUS:
+        _check_releases(KEEP_PREVIOUS[setup], event, old, new, sent)
     # terminal phases stay
     if old is not None and old.phase in TERMINAL_PHASES and new.phase != old.phase:
         raise _Broken("terminal", f"terminal phase {old.phase} became {new.phase}")
@@ -664,6 +706,60 @@ def _check_baseline(
         raise _Broken("baseline", "the baseline records were dropped")
 
 
+def _check_releases(
+    keep: str,
+    event: str,
+    old: RolloutStatus | None,
+    new: RolloutStatus,
+    sent: tuple[SendJob, ...],
+) -> None:
+    """The releases of the standby setups, by the interface's words (not the
+    engine's table, so a broken table is caught)."""
+    ended = new.phase in TERMINAL_PHASES
+    by_name = {n.name: n for n in new.nodes}
+
+    def due(node: NodeRecord) -> bool:
+        passed = node.state == "succeeded" and node.verdict == "passed"
+        # A running rollout its operator paused sends no release.
+        return ended or (keep == "untilSoaked" and passed and not new.operator_paused)
+
+    for job in sent:
+        if job.kind != "release":
+            continue
+        node = by_name[job.node]
+        standby = node.standby
+        if standby is None or standby.release_job_id != job.job_id:
+            raise _Broken("released", f"release to {job.node}, whose record is {standby}")
+        expected = derived_job_id(
+            ROLLOUT, new.start_commit or "", job.node, node.attempt, "release"
+        )
+        if job.job_id != expected:
+            raise _Broken("released", f"release {job.job_id} to {job.node} is not {expected}")
+        if waiting_on_slot(node):
+            raise _Broken("released", f"release to {job.node} while it is {node.state}")
+        if not due(node):
+            raise _Broken(
+                "released", f"release to {job.node} ({node.state}) under {keep} in {new.phase}"
+            )
+    for node in new.nodes:
+        standby = node.standby
+        unsent = standby is not None and standby.release_job_id is None
+        if unsent and due(node) and not waiting_on_slot(node):
+            raise _Broken("released", f"{node.name}: release due under {keep}, not sent")
+    for node in old.nodes if old is not None else ():
+        before = node.standby
+        after = by_name[node.name].standby
+        if before is None or before.release_job_id is None:
+            continue
+        if after is None or after.release_job_id != before.release_job_id:
+            raise _Broken("released", f"{node.name}: release {before} became {after}")
+    if old is not None and " release job " in event:
+        same = old.phase == new.phase and old.hold == new.hold
+        states = [(n.state, n.held, n.verdict) for n in old.nodes]
+        if not same or states != [(n.state, n.held, n.verdict) for n in new.nodes]:
+            raise _Broken("released", f"'{event}' changed more than standby records")
+
+
 def _check_capacity(
     old: RolloutStatus | None, new: RolloutStatus, transitions: tuple[Transition, ...]
 ) -> None:
@@ -799,8 +895,18 @@ def abstract_key(state: State) -> bytes:
                 deadline=_RECORDED,
                 finished_at=_RECORDED if restore.finished_at is not None else None,
             )
+        standby = node.standby
+        if standby is not None and standby.release_deadline is not None:
+            # The release's deadline is 120 s after it was sent, as an apply's.
+            facts.append(passed(standby.release_deadline - timedelta(seconds=HEALTH_TIMEOUT)))
+            standby = _fields(
+                standby,
+                release_deadline=_RECORDED,
+                released_at=_RECORDED if standby.released_at is not None else None,
+            )
         record = _fields(
             node,
+            standby=standby,
             source_commit=_COPIED if node.source_commit is not None else None,
             dispatched_at=_RECORDED if node.dispatched_at is not None else None,
             deadline=_RECORDED if node.deadline is not None else None,

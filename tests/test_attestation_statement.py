@@ -193,3 +193,34 @@ def test_the_schema_is_valid_2020_12_described_and_closed() -> None:
         assert sub.get("description"), sub
         if sub.get("type") == "object" and "properties" in sub:
             assert sub.get("additionalProperties") is False, sub
+
+
+def test_a_standby_rollouts_records_fit_the_predicate() -> None:
+    from dataclasses import replace
+
+    from reconciler.spec.rollout_status import StandbyRecord
+
+    kept = StandbyRecord("a", f"release-{'2' * 32}", AT, AT)
+    timings = {
+        "drainStartedAt": None,
+        "drainedAt": None,
+        "activatedAt": "2026-12-01T09:00:01Z",
+        "warmedAt": "2026-12-01T09:00:02Z",
+        "servingAt": "2026-12-01T09:00:03Z",
+        "routedAt": "2026-12-01T09:00:03Z",
+    }
+    restore = RestoreRecord(
+        "policy", f"restore-{'1' * 32}", "b1", 1, SPEC, AT, AT, AT, timings={"routedAt": "x"}
+    )
+    rollout = status(
+        node("a", standby=kept, timings=timings, out_of_service=0),
+        node("b", "rolled_back", standby=kept, restore=restore),
+    )
+    frozen = rollout.frozen
+    assert frozen is not None
+    statement = statement_of(
+        replace(rollout, frozen=replace(frozen, standby="untilSoaked")), STATUS
+    )
+
+    assert statement["predicate"]["frozen"]["standby"] == {"keepPrevious": "untilSoaked"}
+    assert predicate_problem(statement["predicate"]) == ""

@@ -12,6 +12,7 @@ import pytest
 from reconciler.engine import baselines
 from reconciler.engine.baselines import GATE_RULES
 from reconciler.engine.policy import RULES, Decision, Rule
+from reconciler.engine.releases import RELEASE_RULES
 from reconciler.engine.staging import STAGE_RULES
 from tests.modelcheck import (
     BASELINE,
@@ -19,11 +20,14 @@ from tests.modelcheck import (
     CAPACITY,
     SETUPS,
     STAGING,
+    STANDBY,
+    STANDBY_END,
     State,
     abstract_key,
     check,
     concrete_states,
     futures,
+    injected_release_rules,
     injected_rules,
     injected_stage_rules,
     replay,
@@ -183,3 +187,72 @@ def test_dispatching_while_the_baseline_is_asked_is_caught(monkeypatch: pytest.M
     # recorded, status rebuilds that apply with them: one id, two payloads.
     assert [v.rule for v in report.violations] == ["payload"]
     assert report.violations[0].events == ("n3: eval job attempt 1 succeeded",)
+
+
+def test_the_standby_setup_sends_releases_and_records_their_answers() -> None:
+    states = [s.status for s in concrete_states(STANDBY, 1, 4) if s.status is not None]
+    kept = [n.standby for s in states for n in s.nodes if n.standby is not None]
+
+    assert any(k.release_job_id is None for k in kept)  # kept warm, not yet due
+    assert any(k.released_at is not None for k in kept)
+    assert any(k.release_error.startswith("release failed") for k in kept)
+    assert any(n.state == "rollback_pending" for s in states for n in s.nodes)
+
+
+@pytest.mark.parametrize(
+    ("moment", "release", "message", "events"),
+    [
+        (
+            "ended",
+            False,
+            "n1: release due under untilCompleted, not sent",
+            ("n1: apply job attempt 1 succeeded", "n1: heartbeat matching", "intent: abort"),
+        ),
+        (
+            "passed",
+            True,
+            "release to n1 (succeeded) under untilCompleted in running",
+            ("n1: apply job attempt 1 succeeded", "n1: heartbeat matching"),
+        ),
+    ],
+)
+def test_a_broken_release_rule_is_caught_with_a_shortest_counterexample(
+    moment: str, release: bool, message: str, events: tuple[str, ...]
+) -> None:
+    broken = tuple(
+        replace(rule, release=release)
+        if (rule.keep_previous, rule.moment) == ("untilCompleted", moment)
+        else rule
+        for rule in RELEASE_RULES
+    )
+    with injected_release_rules(broken):
+        report = check(STANDBY_END, 1, 4)
+
+    assert [(v.rule, v.message, v.events) for v in report.violations] == [
+        ("released", message, events)
+    ]
+
+
+def test_states_with_releases_the_abstraction_merges_have_the_same_futures() -> None:
+    # As above, where release records (their deadlines, when they were
+    # answered) are among what the abstraction condenses.
+    classes: dict[bytes, list[State]] = {}
+    for state in concrete_states(STANDBY, 1, 3):
+        classes.setdefault(abstract_key(state), []).append(state)
+    merged = [(key, states) for key, states in classes.items() if len(states) > 1]
+    with_releases = [
+        states
+        for _, states in merged
+        if states[0].status is not None
+        and any(n.standby and n.standby.release_job_id for n in states[0].status.nodes)
+    ]
+    assert with_releases
+
+    for key, states in merged:
+        answers = [futures(STANDBY, 1, state) for state in states]
+        shared = set.intersection(*(set(a) for a in answers))
+        for event in shared:
+            assert len({a[event] for a in answers}) == 1, (event, states[0], states[1])
+        for a in answers:
+            for event in set(a) - shared:
+                assert a[event] == (key, None), event

@@ -21,7 +21,7 @@ from reconciler.protocol.observations import (
     parse_backup_list,
     parse_check_reports,
 )
-from reconciler.spec.artifact_records import TIMING_KEYS
+from reconciler.spec.artifact_records import ROUTED_AT, TIMING_KEYS
 
 AGENT_JOB_STATES = frozenset({"accepted", "running", "succeeded", "failed"})
 
@@ -83,6 +83,7 @@ def job_observation(job_id: str, body: bytes) -> JobObservation:
         timings=_timings(record.get("timings")),
         signature=_signature(record.get("signature")),
         evals=_evals(record.get("evals")),
+        standby=_standby(record.get("standby")),
     )
 
 
@@ -135,7 +136,25 @@ def _timings(value: Any) -> dict[str, str | None] | None:
         v is None or isinstance(v, str) for v in value.values()
     ):
         raise Unreachable(f"job record timings is not an object of times: {value!r}")
-    return {key: value.get(key) for key in TIMING_KEYS}
+    timings = {key: value.get(key) for key in TIMING_KEYS}
+    if value.get(ROUTED_AT) is not None:  # a standby switch (docs/rollouts.md#warm-standby)
+        timings[ROUTED_AT] = value[ROUTED_AT]
+    return timings
+
+
+def _standby(value: Any) -> dict[str, Any] | None:
+    """A job record's ``standby`` (an apply or restore on slots), or None when absent."""
+    if value is None:
+        return None
+    if (
+        not isinstance(value, dict)
+        or not all(
+            value.get(k) is None or isinstance(value.get(k), str) for k in ("slot", "serving")
+        )
+        or not isinstance(value.get("warm", False), bool)
+    ):
+        raise Unreachable(f"job record standby is not {{slot, serving}}: {value!r}")
+    return dict(value)
 
 
 def _text(data: dict[str, Any], key: str) -> str:

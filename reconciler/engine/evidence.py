@@ -46,6 +46,7 @@ class Seen:
     prometheus_configured: bool = True
     alerts: AlertAnswer | None = None  # Alertmanager's answer for this rollout's alerts
     evals: tuple[Eval, ...] = ()  # the frozen evals (docs/evals.md)
+    standby: bool = False  # the rollout keeps previous slots warm (spec.standby)
 
     @property
     def checks_apply(self) -> bool:

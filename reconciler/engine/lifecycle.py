@@ -9,6 +9,7 @@ are rendered from them. Pure: no IO.
 from __future__ import annotations
 
 from reconciler.engine.policy import render_policy_table
+from reconciler.engine.releases import render_release_table
 from reconciler.engine.staging import render_stage_table
 from reconciler.spec.rollout_status import NODE_STATES, PHASES, TERMINAL_PHASES
 
@@ -126,5 +127,9 @@ def render_engine_tables() -> str:
         + render_policy_table()
         + "\nStage verdicts of a rollout with artifacts, generated from "
         "`reconciler/engine/staging.py` (nothing on the node changed, so no policy stops "
-        "or restores):\n\n" + render_stage_table()
+        "or restores):\n\n"
+        + render_stage_table()
+        + "\nReleases of a rollout with `standby`, generated from "
+        "`reconciler/engine/releases.py` (never while the node's apply or a restore is in "
+        "flight or decided; a release holds nothing):\n\n" + render_release_table()
     )

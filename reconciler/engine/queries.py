@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable
 from datetime import datetime
 
-from reconciler.engine import baselines, staging
+from reconciler.engine import baselines, releases, staging
 from reconciler.engine.holds import RESTORE_STATES, restore_waiting
 from reconciler.engine.staging import stage_job
 from reconciler.protocol.effects import SendJob
@@ -43,6 +43,7 @@ def apply_job(
         warmup=frozen.warmup if frozen.live else (),
         evals=frozen.evals if frozen.live else (),
         baseline_answers=baseline if frozen.live else (),
+        standby=frozen.standby if frozen.live else None,
     )
 
 
@@ -112,7 +113,19 @@ def in_flight(statuses: Iterable[RolloutStatus]) -> tuple[SendJob, ...]:
                 jobs.append(stage_job(status.name, status.frozen, status.start_commit, node))
             elif node.state in RESTORE_STATES and node.restore is not None:
                 jobs.append(restore_job(status.name, status.frozen, node.name, node.restore))
+        if status.frozen.standby is not None:
+            jobs.extend(
+                releases.release_job(status.name, status.frozen, node)
+                for node in open_releases(status)
+            )
     return tuple(jobs)
+
+
+def open_releases(status: RolloutStatus) -> Iterable[NodeRecord]:
+    """Nodes whose release was sent and not yet answered (any phase)."""
+    if status.frozen is None or status.frozen.standby is None:
+        return ()
+    return (n for n in status.nodes if n.standby is not None and n.standby.release_open)
 
 
 def stage_deadlines(
@@ -206,6 +219,9 @@ def next_wakeup(statuses: Iterable[RolloutStatus]) -> datetime | None:
                 consider(staging.deadline(status.frozen, node.stage))
             elif node.state in RESTORE_STATES and node.restore is not None:
                 consider(node.restore.deadline)
+        for node in open_releases(status):
+            assert node.standby is not None
+            consider(node.standby.release_deadline)
     return earliest
 
 

@@ -48,6 +48,7 @@ from reconciler.engine import (
     conditions,
     evidence,
     intents,
+    releases,
     rollback,
     starts,
     verdicts,
@@ -459,6 +460,7 @@ class RolloutStep(BaselineDraft):
                 self.terminal_step()  # aborted before start
         else:
             self.started_step()
+        self.tend_releases()
         return self.build()
 
     def note_approvals(self) -> None:
@@ -612,6 +614,33 @@ class RolloutStep(BaselineDraft):
             if node.held is not None and not restore_waiting(node):
                 self.set_node(i, evolve(node, held=None), "rollout ended")
         self.update_batches()
+
+    def tend_releases(self) -> None:
+        """Record the answers to releases in flight, then send the releases
+        due (``reconciler.engine.releases``): never a hold, never a phase.
+        While its operator pauses a running rollout none is sent: the
+        operator may be about to roll back to a kept slot."""
+        f, start_commit = self.frozen, self.start_commit
+        if f is None or f.standby is None or start_commit is None:
+            return
+        ended = self.phase_terminal()
+        jobs = self.ctx.obs.jobs
+        for i, node in enumerate(self.nodes):
+            standby = node.standby
+            if standby is None:
+                continue
+            if standby.release_open:
+                assert standby.release_job_id is not None
+                found = releases.observed(standby, jobs.get(standby.release_job_id), self.now)
+                if found is not None:
+                    self.set_node(i, evolve(node, standby=found[0]), found[1])
+            elif (ended or not self.operator_paused) and releases.due(f, node, ended):
+                kept = releases.sent(
+                    node, rollout=self.name, start_commit=start_commit, deadline=self.deadline()
+                )
+                new = evolve(node, standby=kept)
+                self.set_node(i, new, f"release slot {standby.slot}")
+                self.effects.append(releases.release_job(self.name, f, new))
 
     def check_frozen(self, spec: RolloutSpec) -> None:
         assert self.frozen is not None
@@ -936,4 +965,5 @@ def _seen(step: RolloutStep) -> evidence.Seen:
         ctx.settings.prometheus_url is not None,
         ctx.obs.alerts.get(step.name),
         frozen.evals,
+        frozen.live and frozen.standby is not None,
     )

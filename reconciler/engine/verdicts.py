@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 
-from reconciler.engine import evidence
+from reconciler.engine import evidence, releases
 from reconciler.engine.backups import first_backup_after
 from reconciler.engine.comparisons import failing_alert
 from reconciler.engine.holds import RESTORE_STATES, VERDICT_STATES
@@ -20,7 +20,7 @@ from reconciler.engine.inputs import NodeChange
 from reconciler.engine.policy import Decision, decide
 from reconciler.engine.records import evolve
 from reconciler.protocol.observations import JobObservation
-from reconciler.spec.artifact_records import out_of_service
+from reconciler.spec.artifact_records import ROUTED_AT, out_of_service
 from reconciler.spec.evals import check_outcomes
 from reconciler.spec.rollout_status import CheckOutcome, NodeRecord, RestoreRecord
 
@@ -116,6 +116,7 @@ def with_verdict(
         first_apply_attempt=first_attempt,
         checks=checks,
         evals=evals,
+        standby=releases.kept_slot(node, job) if seen.standby else node.standby,
     )
 
 
@@ -138,9 +139,19 @@ def with_restore_outcome(
         state=outcome,
         held=held,
         restore=replace(
-            restore, finished_at=now, error=error, evidence=evidence.recorded_restore(job)
+            restore,
+            finished_at=now,
+            error=error,
+            evidence=evidence.recorded_restore(job),
+            timings=_routed(job),
         ),
     )
+
+
+def _routed(job: JobObservation | None) -> dict[str, str | None] | None:
+    """A restore's ``{routedAt}`` when it routed back to a warm slot, else None."""
+    routed = job.timings.get(ROUTED_AT) if job is not None and job.timings else None
+    return {ROUTED_AT: routed} if routed is not None else None
 
 
 def decision_for(node: NodeRecord, policy: str, live: bool) -> Decision | None:

@@ -53,6 +53,9 @@ class JobObservation:
     signature: Mapping[str, str] | None = field(default=None, hash=False)
     # a live apply's evals as the agent ran them (docs/evals.md), when it had any
     evals: tuple[Mapping[str, Any], ...] | None = field(default=None, hash=False)
+    # an apply or restore on slots: {slot (the previous one kept warm, or
+    # None), serving, warm (restores)} (docs/rollouts.md#warm-standby)
+    standby: Mapping[str, Any] | None = field(default=None, hash=False)
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,18 @@ outcomes, drain and warm-up times are scripted per node (seconds)::
       sim-0014: {stage: fetch}                     # really download each artifact and
                                                    # check its size and SHA-256
 
+Warm standby (docs/rollouts.md#warm-standby): every simulated node has two
+slots per runtime, ``a`` and ``b``, as an agent with slot commands. A live
+apply with ``standby`` switches to the idle slot and keeps the previous one
+warm, answering ``standby: {slot, serving}`` and timings with ``routedAt``;
+a ``release`` job stops the warm slot (``released: {slot, stopped}``;
+nothing to stop succeeds); a restore routes back to the warm slot when
+there is one (``standby.warm: true``), else switches cold. Scripted::
+
+      sim-0015: {slots: false}                     # refuses standby applies:
+                                                   # 422 standby_not_supported
+      sim-0016: {release: fail}                    # its releases fail (stop_failed)
+
 Accepted jobs and their outcomes are appended to ``STATE/sim-journal.jsonl``
 and replayed on start, so a job id is executed at most once even across a
 restart of the simulator. ``GET /v1/sim/stats`` counts, per job id, how
@@ -207,6 +219,8 @@ class Behaviour:
     stage: StageScript = StageScript()
     drain: float = 0.0  # seconds a live apply with drain waits for idle
     warmup: float = 0.0  # seconds its warm-up requests take
+    slots: bool = True  # the node runs two slots per runtime (warm standby)
+    release_fails: bool = False  # its release jobs fail with stop_failed
 
     def check_script(self, name: str) -> CheckScript:
         return next((s for n, s in self.checks if n == name), CheckScript())
@@ -253,6 +267,8 @@ _BEHAVIOUR_KEYS = {
     "stage",
     "drain",
     "warmup",
+    "slots",
+    "release",
 }
 
 
@@ -315,6 +331,14 @@ def _behaviour(value: Any, where: str, base: Behaviour) -> Behaviour:
         changes["checks"] = _check_scripts(value["checks"], f"{where}.checks")
     if "stage" in value:
         changes["stage"] = _stage_script(value["stage"], f"{where}.stage")
+    if "slots" in value:
+        if not isinstance(value["slots"], bool):
+            raise ScriptError(f"{where}.slots: true or false")
+        changes["slots"] = value["slots"]
+    if "release" in value:
+        if value["release"] not in ("ok", "fail"):
+            raise ScriptError(f"{where}.release: ok or fail")
+        changes["release_fails"] = value["release"] == "fail"
     behaviour = replace(base, **changes)
     if behaviour.delay < 0 or behaviour.drain < 0 or behaviour.warmup < 0:
         raise ScriptError(f"{where}: delay, drain and warmup must not be negative")
@@ -414,6 +438,7 @@ class SimJob:
         "detail",
         "error",
         "evals",
+        "extra",
         "finished_at",
         "payload",
         "state",
@@ -431,6 +456,7 @@ class SimJob:
         self.detail = ""
         self.timings: dict[str, str | None] | None = None
         self.evals: list[dict[str, Any]] | None = None  # an eval job's answers
+        self.extra: dict[str, Any] = {}  # standby or released, on slots
         self.waiters: list[asyncio.Future[None]] = []  # held ``?wait=`` answers
 
     def record(self) -> dict[str, Any]:
@@ -447,6 +473,7 @@ class SimJob:
             record["timings"] = self.timings
         if self.evals is not None:
             record["evals"] = self.evals
+        record.update(self.extra)
         return record
 
 
@@ -460,6 +487,7 @@ class SimNode:
         "jobs",
         "name",
         "probing",
+        "slots",
     )
 
     def __init__(self, name: str, initial: Mapping[str, str] | None, runtimes: list[str]) -> None:
@@ -475,6 +503,8 @@ class SimNode:
         self.beat_waiters: list[asyncio.Future[None]] = []
         self.changed_at: str | None = None
         self.artifacts: set[str] = set()  # SHA-256 of every artifact held
+        # by runtime: {serving, warm}, the slot serving and the one kept warm
+        self.slots: dict[str, dict[str, str | None]] = {}
 
 
 def _digest(config: Mapping[str, str]) -> str:
@@ -618,6 +648,10 @@ class SimFleet:
         job.detail = event["detail"]
         job.timings = event.get("timings")
         job.evals = event.get("evals")
+        job.extra = event.get("extra") or {}
+        if event.get("slots") is not None:
+            runtime, slots = event["slots"]
+            node.slots[runtime] = slots
         node.artifacts.update(event.get("staged", ()))
         node.changed_at = event["finishedAt"]
         for woken in [*job.waiters, *node.beat_waiters]:
@@ -826,6 +860,10 @@ class SimFleet:
         if behaviour.action == "refuse":
             self.refusals[behaviour.code] += 1
             return self._refusal(node, behaviour.status, behaviour.code, behaviour.message, payload)
+        if "standby" in payload and not behaviour.slots:
+            self.refusals["standby_not_supported"] += 1
+            why = f"{node.name} runs no slots: an apply with standby needs slot commands"
+            return self._refusal(node, 422, "standby_not_supported", why, payload)
         missing = _not_staged(node, payload)
         if missing:
             self.refusals["not_staged"] += 1
@@ -890,6 +928,8 @@ class SimFleet:
             event.update(_stage_outcome(node, payload, behaviour.stage, fetch_error))
         elif payload["kind"] == "eval":
             event["evals"] = baseline_answers(payload["evals"], before)
+        elif payload["kind"] == "release":
+            event.update(_release_outcome(node.slots.get(runtime), runtime, behaviour))
         elif payload["mode"] == "dry_run":
             event["detail"] = _describe_change(before, wanted)
         else:
@@ -927,6 +967,12 @@ class SimFleet:
                 event["config"] = [runtime, wanted]
             event["detail"] = _describe_change(before, wanted).replace("would ", "", 1)
             event["timings"] = _timings(payload, behaviour, self.clock())
+            slots = node.slots.get(runtime)
+            if slots is None and before is not None and "standby" in payload:
+                # A runtime configured before its first standby apply serves from slot a.
+                slots = {"serving": "a", "warm": None}
+            if "standby" in payload or (payload["kind"] == "restore" and slots is not None):
+                event.update(_slot_switch(payload, slots, runtime, event["timings"], now))
         self._log(event, flush=False)
         self._apply_finish(node, event)
 
@@ -1063,6 +1109,47 @@ def _stage_outcome(
         first = next(a for a in artifacts if a not in held)
         return {"state": "failed", "error": f"download_failed: {first['url']}: 404 Not Found"}
     return {"staged": [a["sha256"] for a in artifacts], "detail": f"{size} bytes held"}
+
+
+def _slot_switch(
+    payload: Mapping[str, Any],
+    slots: Mapping[str, str | None] | None,
+    runtime: str,
+    timings: dict[str, str | None] | None,
+    now: str,
+) -> dict[str, Any]:
+    """A finish event's fields for a switch on slots: a standby apply starts
+    the idle slot and keeps the serving one warm; a restore routes back to
+    the warm slot, or (none warm) switches cold to the idle one."""
+    serving = (slots or {}).get("serving")
+    warm = (slots or {}).get("warm")
+    idle = "b" if serving == "a" else "a"
+    routed = dict(timings or {"activatedAt": now, "warmedAt": now, "servingAt": now})
+    routed.update(drainStartedAt=None, drainedAt=None)
+    routed["routedAt"] = routed["servingAt"]
+    if payload["kind"] == "restore":
+        to = warm or idle
+        standby: dict[str, Any] = {"slot": None, "serving": to, "warm": warm is not None}
+        answer_timings = {"routedAt": routed["routedAt"]} if warm is not None else routed
+        new = {"serving": to, "warm": None}
+    else:
+        standby = {"slot": serving, "serving": idle}
+        answer_timings = routed
+        new = {"serving": idle, "warm": serving}
+    return {"timings": answer_timings, "extra": {"standby": standby}, "slots": [runtime, new]}
+
+
+def _release_outcome(
+    slots: Mapping[str, str | None] | None, runtime: str, behaviour: Behaviour
+) -> dict[str, Any]:
+    """A release job's finish event fields: the warm slot stopped, or nothing to stop."""
+    warm = (slots or {}).get("warm")
+    if warm is not None and behaviour.release_fails:
+        return {"state": "failed", "error": f"stop_failed: slot {warm}: simulated stop failure"}
+    fields: dict[str, Any] = {"extra": {"released": {"slot": warm, "stopped": warm is not None}}}
+    if slots is not None:
+        fields["slots"] = [runtime, {"serving": slots.get("serving"), "warm": None}]
+    return fields
 
 
 def _timings(

@@ -25,6 +25,8 @@ from reconciler.spec.durations import format_duration, parse_duration
 from reconciler.spec.times import format_time, parse_time
 
 TIMING_KEYS = ("drainStartedAt", "drainedAt", "activatedAt", "warmedAt", "servingAt")
+# A standby apply's: traffic moved to the new slot (absent from other records).
+ROUTED_AT = "routedAt"
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,8 @@ def node_record(
                 record["signature"] = stage.signature.record()
     if timings is not None:
         record["timings"] = {key: timings.get(key) for key in TIMING_KEYS}
+        if timings.get(ROUTED_AT) is not None:
+            record["timings"][ROUTED_AT] = timings[ROUTED_AT]
     if out_of_service is not None:
         record["outOfService"] = out_of_service
     return record
@@ -230,7 +234,10 @@ def frozen_from(record: Mapping[str, Any]) -> dict[str, Any]:
 def out_of_service(timings: Mapping[str, str | None]) -> float | None:
     """Seconds a node did not serve: ``servingAt`` minus ``drainStartedAt``
     (or ``activatedAt`` without drain); None when the times do not say.
-    Both are the agent's clock, compared only with each other."""
+    Both are the agent's clock, compared only with each other. A standby
+    apply that routed traffic to a warm slot never stopped serving: 0."""
+    if timings.get(ROUTED_AT) is not None:
+        return 0
     serving = timings.get("servingAt")
     start = timings.get("drainStartedAt") or timings.get("activatedAt")
     if serving is None or start is None:

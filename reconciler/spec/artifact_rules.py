@@ -31,6 +31,7 @@ from reconciler.spec.artifacts import (
 )
 from reconciler.spec.durations import parse_duration
 from reconciler.spec.health import LOCAL_HOST_RULE, is_local_host
+from reconciler.spec.slot_port import url_to_check
 
 DEFAULT_DRAIN_TIMEOUT = 300  # seconds: 5m
 
@@ -56,6 +57,7 @@ class Declared:
     drain: Drain | None = None
     warmup: tuple[Warmup, ...] = ()
     signature: Artifact | None = None  # target.signature, named "signature"
+    standby: str | None = None  # spec.standby.keepPrevious (live only)
 
 
 class _Unread(Exception):
@@ -85,8 +87,10 @@ def read(spec: Mapping[str, Any], add: Add, ok: Check, whole: Check) -> Declared
         stage = _stage(spec.get("stage"), bool(written), add, ok)
         live = spec.get("live") is True
         drain = _drain(spec.get("drain"), live, add, ok, whole)
-        warmup = _warmups(spec.get("warmup"), live, add, ok, whole)
+        standby_given = spec.get("standby") is not None
+        warmup = _warmups(spec.get("warmup"), live, standby_given, add, ok, whole)
         signature = _signature(target, bool(written), add, ok, whole)
+        standby = _standby(spec.get("standby"), live, add, ok)
     except _Unread as gap:
         add(
             gap.field_path,
@@ -94,7 +98,29 @@ def read(spec: Mapping[str, Any], add: Add, ok: Check, whole: Check) -> Declared
             "cannot read it; give the field, or upgrade reconciler",
         )
         return Declared()
-    return Declared(artifacts, stage, drain, warmup, signature)
+    return Declared(artifacts, stage, drain, warmup, signature, standby)
+
+
+# keepPrevious when standby is given without it: the previous slot stays
+# warm until the rollout ends, so a rollback of any node can route back.
+DEFAULT_KEEP_PREVIOUS = "untilCompleted"
+
+
+def _standby(value: Any, live: bool, add: Add, ok: Check) -> str | None:
+    if value is None:
+        return None
+    if not live:
+        add(
+            ["spec", "standby"],
+            "standby needs live: true: a dry run starts no slot on the node, so there is "
+            "no previous slot to keep warm; set live: true, or remove standby",
+            at_key=True,
+        )
+        return None
+    if not isinstance(value, dict) or not ok("spec.standby"):
+        return None
+    keep = value.get("keepPrevious", DEFAULT_KEEP_PREVIOUS)
+    return keep if isinstance(keep, str) else None
 
 
 def _signature(
@@ -312,7 +338,9 @@ def _preset_fields(
     return fine and value["runtime"] in runtime_presets.PRESETS and isinstance(value["port"], int)
 
 
-def _warmups(value: Any, live: bool, add: Add, ok: Check, whole: Check) -> tuple[Warmup, ...]:
+def _warmups(
+    value: Any, live: bool, standby: bool, add: Add, ok: Check, whole: Check
+) -> tuple[Warmup, ...]:
     if value is None:
         return ()
     if not live:
@@ -341,7 +369,10 @@ def _warmups(value: Any, live: bool, add: Add, ok: Check, whole: Check) -> tuple
             )
         http = item.get("http")
         url = http.get("url") if isinstance(http, dict) else None
-        why = local_url_problem(url) if isinstance(url, str) and _ok_at(ok, where, "url") else ""
+        why = ""
+        if isinstance(url, str) and _ok_at(ok, where, "url"):
+            checked, why = url_to_check(url, standby)
+            why = why or local_url_problem(checked)
         if why:
             add([*where, "url"], why)
         timeout = None

@@ -513,6 +513,7 @@ class _Checker:
             drain=declared.drain,
             warmup=declared.warmup,
             signature=declared.signature,
+            standby=declared.standby,
             evals=eval_rules.evals_from_document(checks.get("evals", ()) if checks else ()),
         )
         omitted = frozenset(k for k in _SETTINGS_DEFAULTED if k not in spec)
@@ -756,7 +757,10 @@ def _eval_problems(check: _Checker, health: dict[str, Any]) -> None:
     exists is a rule across files (``assemble``)."""
     if health.get("evals"):
         live = check.doc["spec"].get("live") is True
-        eval_documents.rollout_problems(health, live, check.add, check.ok_at, check._duration)
+        standby = check.doc["spec"].get("standby") is not None
+        eval_documents.rollout_problems(
+            health, live, standby, check.add, check.ok_at, check._duration
+        )
 
 
 def _suite(check: _Checker, doc: dict[str, Any]) -> ParsedFile:

@@ -19,6 +19,7 @@ from jsonschema.exceptions import SchemaError  # type: ignore[import-untyped]
 from reconciler.spec.evals import EXPECTATIONS, parse_percent
 from reconciler.spec.health import http_url_problem
 from reconciler.spec.safe_yaml import format_field
+from reconciler.spec.slot_port import url_to_check
 
 Add = Callable[[Sequence[str | int], str], None]
 
@@ -86,6 +87,7 @@ def _expect_problems(expect: Mapping[str, Any], where: list[str | int], add: Add
 def rollout_problems(
     health: Mapping[str, Any],
     live: bool,
+    standby: bool,
     add: Add,
     ok: Callable[[str], bool],
     duration: Callable[[list[str | int], Any], Any],
@@ -127,6 +129,7 @@ def rollout_problems(
         duration([*where, "timeout"], entry.get("timeout"))
         url = entry.get("url")
         if isinstance(url, str) and ok(format_field([*where, "url"])):
-            problem = http_url_problem(url)
+            checked, problem = url_to_check(url, standby)
+            problem = problem or http_url_problem(checked)
             if problem:
                 add([*where, "url"], problem)

@@ -136,6 +136,8 @@ class RolloutSpec:
     signers: tuple[ModelSigner, ...] = ()  # of reconciler.yaml, those covering target.model
     # version 4: golden prompts (docs/evals.md), each with its suite once assembled
     evals: tuple[Eval, ...] = ()  # live only
+    # version 4: warm standby (docs/rollouts.md): keepPrevious, live only
+    standby: str | None = None  # untilSoaked | untilCompleted
 
 
 @dataclass(frozen=True)

@@ -180,6 +180,29 @@ class RestoreRecord:
     error: str = ""
     # the signed restore job record its outcome rests on (docs/trust.md)
     evidence: NodeEvidence | None = None
+    # a restore that routed back to a warm slot: {routedAt} (agent clock)
+    timings: Mapping[str, str | None] | None = field(default=None, hash=False)
+
+
+@dataclass(frozen=True)
+class StandbyRecord:
+    """The previous slot a standby apply kept warm on the node (its answer
+    named it), and its release (docs/rollouts.md#warm-standby): the job
+    sent (None: not yet), its deadline (daemon clock), when its success was
+    recorded, or why it ended without one. A release never holds the rollout."""
+
+    slot: str
+    release_job_id: str | None = None
+    release_deadline: datetime | None = None
+    released_at: datetime | None = None
+    release_error: str = ""
+
+    @property
+    def release_open(self) -> bool:
+        """Sent, and neither released nor given up."""
+        return (
+            self.release_job_id is not None and self.released_at is None and not self.release_error
+        )
 
 
 @dataclass(frozen=True)
@@ -244,6 +267,8 @@ class NodeRecord:
     # The Alertmanager alert that failed the node: the daemon's own verdict,
     # resting on Alertmanager's answer, not on any agent's (docs/health.md).
     failed_by_alert: FiringAlert | None = None
+    # version 4: the previous slot a standby apply kept warm, and its release
+    standby: StandbyRecord | None = None
 
 
 @dataclass(frozen=True)
@@ -314,6 +339,7 @@ class FrozenSpec:
     signature: Artifact | None = None  # target.signature
     signers: tuple[ModelSigner, ...] = ()  # of the settings at start, covering the model
     evals: tuple[Eval, ...] = ()  # with their suites as read at the start commit
+    standby: str | None = None  # keepPrevious of spec.standby; None: no standby
 
     @property
     def mode(self) -> str:
@@ -375,6 +401,7 @@ FROZEN_FIELDS: tuple[tuple[str, str], ...] = (
     ("signature", "target.signature"),
     ("signers", "signers"),
     ("evals", "health.evals"),
+    ("standby", "standby"),
 )
 assert {attr for attr, _ in FROZEN_FIELDS} == set(FrozenSpec.__dataclass_fields__)
 
@@ -552,6 +579,8 @@ def _frozen_record(frozen: FrozenSpec, nodes: tuple[NodeRecord, ...] | None) -> 
     )
     if frozen.evals:
         record["evals"] = eval_rules.frozen_record(frozen.evals)
+    if frozen.standby is not None:
+        record["standby"] = {"keepPrevious": frozen.standby}
     if nodes is not None:
         record["nodes"] = [n.name for n in nodes]
     return record
@@ -579,6 +608,7 @@ def _frozen_from(record: Mapping[str, Any]) -> FrozenSpec:
         else SpreadBy(spread["label"], spread["maxPerBatch"]),
         failure_budget=record.get("failureBudget"),
         evals=eval_rules.frozen_from(record.get("evals", ())),
+        standby=(record.get("standby") or {}).get("keepPrevious"),
         **artifact_records.frozen_from(record),
     )
 
@@ -597,6 +627,8 @@ def _restore_record(r: RestoreRecord) -> dict[str, Any]:
     }
     if r.evidence is not None:  # absent, not null, as a node's own evidence
         record["evidence"] = _evidence_record(r.evidence)
+    if r.timings is not None:  # absent unless the restore routed back to a warm slot
+        record["timings"] = dict(r.timings)
     return record
 
 
@@ -612,6 +644,27 @@ def _restore_from(d: Mapping[str, Any]) -> RestoreRecord:
         finished_at=_pt(d.get("finishedAt")),
         error=d.get("error", ""),
         evidence=None if d.get("evidence") is None else evidence_from(d["evidence"]),
+        timings=None if d.get("timings") is None else dict(d["timings"]),
+    )
+
+
+def _standby_record(s: StandbyRecord) -> dict[str, Any]:
+    return {
+        "slot": s.slot,
+        "releasedAt": _t(s.released_at),
+        "releaseJobId": s.release_job_id,
+        "releaseDeadline": _t(s.release_deadline),
+        "releaseError": s.release_error,
+    }
+
+
+def _standby_from(d: Mapping[str, Any]) -> StandbyRecord:
+    return StandbyRecord(
+        slot=d["slot"],
+        release_job_id=d.get("releaseJobId"),
+        release_deadline=_pt(d.get("releaseDeadline")),
+        released_at=_pt(d.get("releasedAt")),
+        release_error=d.get("releaseError", ""),
     )
 
 
@@ -645,6 +698,8 @@ def node_to_record(n: NodeRecord) -> dict[str, Any]:
         record["failedByAlert"] = alert_record(n.failed_by_alert)
     if n.evals is not None:  # absent without evals
         record["evals"] = [dict(e) for e in n.evals]
+    if n.standby is not None:  # absent unless a standby apply kept a slot warm
+        record["standby"] = _standby_record(n.standby)
     return record
 
 
@@ -713,6 +768,7 @@ def node_from_record(d: Mapping[str, Any]) -> NodeRecord:
         evidence=None if d.get("evidence") is None else evidence_from(d["evidence"]),
         failed_by_alert=None if d.get("failedByAlert") is None else alert_from(d["failedByAlert"]),
         evals=None if d.get("evals") is None else tuple(d["evals"]),
+        standby=None if d.get("standby") is None else _standby_from(d["standby"]),
         **artifact_records.node_from(d),
     )
 

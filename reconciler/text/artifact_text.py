@@ -10,6 +10,7 @@ from collections.abc import Iterable, Sequence
 from reconciler.spec.artifacts import Artifact, Drain, Warmup
 from reconciler.spec.durations import format_duration
 from reconciler.spec.rollout_status import FrozenSpec, NodeRecord
+from reconciler.text import standby_text
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
@@ -114,6 +115,7 @@ def batch_words(nodes: Iterable[NodeRecord]) -> str:
     ``2 staged, 1 staging · longest out of service 0.4 s``; "" when nothing."""
     counts = {"staged": 0, "staging": 0, "stage failed": 0}
     longest: float | None = None
+    nodes = list(nodes)
     for node in nodes:
         if node.state in ("staged", "staging"):
             counts[node.state] += 1
@@ -124,6 +126,7 @@ def batch_words(nodes: Iterable[NodeRecord]) -> str:
     parts = [", ".join(f"{n} {what}" for what, n in counts.items() if n)]
     if longest is not None:
         parts.append(f"longest out of service {seconds_words(longest)}")
+    parts.append(standby_text.batch_words(nodes))
     return " · ".join(p for p in parts if p)
 
 

@@ -48,7 +48,7 @@ from reconciler.spec.rollout_status import (
     freeze,
 )
 from reconciler.spec.times import format_time
-from reconciler.text import artifact_text, markdown
+from reconciler.text import artifact_text, markdown, standby_text
 from reconciler.text.health_text import health_lines
 from reconciler.text.settings_changes import SettingChange, change_words, settings_changes
 
@@ -107,6 +107,7 @@ class AddedRollout:
     drain: Drain | None = None
     warmup: tuple[Warmup, ...] = ()
     signers: tuple[str, ...] = ()  # names of the signers covering the model
+    standby: str | None = None  # keepPrevious of spec.standby
     # version 4, golden prompts (docs/evals.md): one line each
     evals: tuple[str, ...] = ()
 
@@ -443,6 +444,7 @@ def _added(
         warmup=spec.warmup,
         signers=tuple(s.name for s in spec.signers),
         evals=_eval_lines(spec, new, [n for batch in batches for n in batch]),
+        standby=spec.standby,
     )
 
 
@@ -893,8 +895,11 @@ def _added_facts(r: AddedRollout) -> list[str]:
         facts.append(artifact_text.signer_words(r.signers))
     if r.artifacts or r.drain is not None or r.warmup:
         facts += [artifact_text.drain_words(r.drain), artifact_text.warmup_words(r.warmup)]
+    if r.standby is not None:
+        facts.append(standby_text.standby_words(r.standby))
     facts += [f"eval {line}" for line in r.evals]
-    if r.evals and r.drain is None:
+    # With standby the evals run against the new slot before traffic moves to it.
+    if r.evals and r.drain is None and r.standby is None:
         facts.append(
             "warning: without drain the evals run while the node already takes requests, "
             "so they cannot keep a failed model from users; declare drain"

@@ -29,7 +29,7 @@ from reconciler.spec.rollout_status import (
     to_record,
 )
 from reconciler.spec.times import format_time
-from reconciler.text import artifact_text
+from reconciler.text import artifact_text, standby_text
 from reconciler.text.eval_text import baseline_answers, baseline_lines, eval_lines
 from reconciler.text.health_text import comparison_lines, failing_checks, health_lines
 
@@ -408,6 +408,9 @@ def _summary_lines(status: RolloutStatus, now: datetime, colour: bool) -> list[s
             out.append("  windows   ignored (ignoreWindows: true)")
         out += capacity_lines(frozen, status.nodes)
         out += artifact_text.detail_lines(frozen)
+        if frozen.standby is not None:
+            words = standby_text.standby_words(frozen.standby).removeprefix("standby: ")
+            out += _wrapped(words, " " * 12, "  standby   ")
     out.append(f"  progress  {progress_text(s)}  batch {batch_text(s)}")
     counts = ", ".join(f"{n} {state}" for state, n in count_progress(status.nodes))
     if counts:
@@ -558,6 +561,9 @@ def _node_lines(nodes: Sequence[NodeRecord], colour: bool) -> list[str]:
         vouched = artifact_text.vouched_words(n)
         if vouched:
             lines.append(indent + vouched)
+        standby = standby_text.node_words(n)
+        if standby:
+            lines += _wrapped(standby, indent)
     return lines
 
 

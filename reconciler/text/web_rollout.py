@@ -312,6 +312,10 @@ def model_facts_section(nodes: Sequence[Mapping[str, Any]]) -> str:
             slot = f"slot {standby.get('slot', '—')}"
             if standby.get("releasedAt"):
                 slot += f", released {_when(standby['releasedAt'])}"
+            elif standby.get("releaseError"):
+                slot += f": {standby['releaseError']}"
+            else:
+                slot += ", release sent" if standby.get("releaseJobId") else ", kept warm"
             if standby.get("releaseJobId"):
                 slot += f" (job {standby['releaseJobId']})"
         rows.append(

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from reconciler.cli.llama_runtime import IDLE_METRICS, Balancer, LlamaNode, NodeRouter, free_port
+from reconciler.spec.artifacts import Artifact
 from tests.kit.documents import rollout_yaml
 from tests.kit.fleets import AgentFleet
 from tests.kit.llama import llama_server_binary, model_artifact, node_config
@@ -91,15 +92,6 @@ def live_rollout(name: str, model: str, world: World, *, drain: bool, **extra: A
     download at a time, warmed up twice, drained when ``drain``; ``extra``
     are more spec fields as ``rollout_yaml`` takes them."""
     artifact = model_artifact(world.nginx.url("model.gguf"), world.models[world.rolled])
-    path = ", path: model.gguf" if "path" in type(artifact).__dataclass_fields__ else ""
-    entry = (
-        f"{{name: weights, url: '{artifact.url}', sha256: {artifact.sha256}, "
-        f"size: {artifact.size}{path}}}"
-    )
-    target = (
-        f"{{runtime: hermes, provider: llama.cpp, model: {model}, profile: default, "
-        f"artifacts: [{entry}]}}"
-    )
     spec: dict[str, Any] = {
         "selector": {"role": "gpu"},
         "batchSize": 1,
@@ -118,4 +110,18 @@ def live_rollout(name: str, model: str, world: World, *, drain: bool, **extra: A
             f'metric: "{IDLE_METRICS[0]}", max: 0}}}}'
         )
     spec.update(extra)
-    return rollout_yaml(name, target=target, **spec)
+    return rollout_yaml(name, target=target_flow(model, artifact), **spec)
+
+
+def target_flow(model: str, artifact: Artifact) -> str:
+    """A rollout's ``target`` (runtime hermes, llama.cpp) of ``model`` with
+    its one artifact, as YAML flow text."""
+    path = ", path: model.gguf" if "path" in type(artifact).__dataclass_fields__ else ""
+    entry = (
+        f"{{name: weights, url: '{artifact.url}', sha256: {artifact.sha256}, "
+        f"size: {artifact.size}{path}}}"
+    )
+    return (
+        f"{{runtime: hermes, provider: llama.cpp, model: {model}, profile: default, "
+        f"artifacts: [{entry}]}}"
+    )

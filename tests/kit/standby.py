@@ -39,6 +39,19 @@ from tests.kit.waiting import wait_for
 SEEDS = {"A": 1, "B": 2}
 
 
+def labelled_models(models: Models) -> dict[str, Path]:
+    """The models a slot node stages, by label: A, B, and one llama.cpp refuses."""
+    return {"A": models.model(1), "B": models.model(2), "broken": models.truncated()}
+
+
+def mirror(folder: Path, labelled: dict[str, Path]) -> Path:
+    """``folder`` holding ``LABEL.gguf`` for each model, for a file server."""
+    folder.mkdir(parents=True)
+    for label, path in labelled.items():
+        (folder / f"{label}.gguf").symlink_to(path)
+    return folder
+
+
 def slot_script() -> Path:
     return example_dir() / "deploy" / "llama-server-slot.sh"
 
@@ -107,23 +120,28 @@ class SlotNode:
     run_dir: Path
     router: NginxRouter
     files: NginxServer
+    owns_files: bool = True  # False: the file server is shared, its owner closes it
 
     @classmethod
-    def create(cls, tmp: Path, models: Models, key: SigningKey) -> SlotNode:
-        labelled = {"A": models.model(1), "B": models.model(2), "broken": models.truncated()}
-        mirror = tmp / "mirror"
-        mirror.mkdir(parents=True)
-        for label, path in labelled.items():
-            (mirror / f"{label}.gguf").symlink_to(path)
+    def create(
+        cls, tmp: Path, models: Models, key: SigningKey, files: NginxServer | None = None
+    ) -> SlotNode:
+        """``files``: a server of ``mirror(...)`` shared by several nodes
+        (one nginx less per node); by default the node starts its own."""
+        labelled = labelled_models(models)
+        tmp.mkdir(parents=True, exist_ok=True)
+        owns_files = files is None
+        if files is None:
+            files = NginxServer(tmp / "files", mirror(tmp / "mirror", labelled))
         ports = (free_port(), free_port())
-        files = NginxServer(tmp / "files", mirror)
         try:
             router = NginxRouter(tmp / "router", tmp / "upstream.conf", ports[0])
         except BaseException:
-            files.close()
+            if owns_files:
+                files.close()
             raise
         artifacts = {k: model_artifact(files.url(f"{k}.gguf"), p) for k, p in labelled.items()}
-        return cls(tmp, key, labelled, artifacts, ports, tmp / "run", router, files)
+        return cls(tmp, key, labelled, artifacts, ports, tmp / "run", router, files, owns_files)
 
     @property
     def state(self) -> Path:
@@ -239,7 +257,8 @@ class SlotNode:
             if _serves_port(pid, port):
                 stop_process(pid)
         self.router.close()
-        self.files.close()
+        if self.owns_files:
+            self.files.close()
 
 
 def post_and_wait(agent: AgentThread, body: dict[str, Any]) -> dict[str, Any]:
