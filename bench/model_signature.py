@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _common import emit, row
 
 from reconciler.node import model_signatures
+from reconciler.protocol.job_view import JobSigner
 from tests.kit.producer_keys import openssl_key
 
 MiB = 1024 * 1024
@@ -98,7 +99,7 @@ def main() -> int:
         )  # fmt: skip
         sha256 = _sha256(source)
         artifacts = [{"name": "weights", "path": "model.gguf", "sha256": sha256, "size": size}]
-        signers = [{"name": "release", "publicKey": public}]
+        signers = [JobSigner("release", public)]
         signature_sha = hashlib.sha256(signature.read_bytes()).hexdigest()
 
         def full() -> None:

@@ -75,6 +75,7 @@ from reconciler.protocol.admission import admit_job
 from reconciler.protocol.evidence import sign_answer
 from reconciler.protocol.h11_server import Answer
 from reconciler.protocol.http_routes import Params, Route, RouteHandler, RouteTable
+from reconciler.protocol.job_view import JobPayload, read_job
 from reconciler.protocol.long_poll import FINISHED_JOB_STATES, newer_than, wait_seconds
 from reconciler.protocol.observations import signed_list_asked
 from reconciler.protocol.signing import JobRefused
@@ -166,9 +167,9 @@ class Agent:
         scratch: a restart never lengthens a run of successes)."""
         newest: dict[str, JobRecord] = {}
         for record in self.journal.jobs.values():
-            if record.payload["kind"] in CHECKS_KEEP:
+            if record.job.kind in CHECKS_KEEP:
                 continue
-            runtime = record.payload["target"]["runtime"]
+            runtime = record.job.target.runtime
             known = newest.get(runtime)
             if known is None or parse_time(record.accepted_at) > parse_time(known.accepted_at):
                 newest[runtime] = record
@@ -338,17 +339,18 @@ class Agent:
                 )
             except JobRefused as refusal:
                 return self._refuse(refusal.status, refusal.code, refusal.message, envelope)
-            known = self.journal.jobs.get(payload["jobId"])
+            job = read_job(payload)
+            known = self.journal.jobs.get(job.job_id)
             if known is not None:
                 return self._json(200, known.public())
-            if payload["jobId"] in self.journal.dropped:
+            if job.job_id in self.journal.dropped:
                 return self._error(
                     409,
                     "already_executed",
-                    f"job {payload['jobId']} ran here; its record was dropped from the "
-                    f"journal at {self.journal.dropped[payload['jobId']]}, and it is not run again",
+                    f"job {job.job_id} ran here; its record was dropped from the "
+                    f"journal at {self.journal.dropped[job.job_id]}, and it is not run again",
                 )
-            if payload.get("standby") and self.config.slots is None:
+            if job.standby and self.config.slots is None:
                 return self._refuse(
                     422,
                     "standby_not_supported",
@@ -357,57 +359,48 @@ class Agent:
                     "spec.standby, or give the agent slots (nothing was recorded)",
                     envelope,
                 )
-            missing = self._not_staged(payload)
+            missing = self._not_staged(job)
             if missing:
                 return self._refuse(409, "not_staged", missing, envelope)
-            record = JobRecord(
-                job_id=payload["jobId"],
-                payload=payload,
-                state="accepted",
-                accepted_at=format_time(self.clock()),
-            )
+            record = JobRecord.admitted(job, format_time(self.clock()))
             try:
                 self.journal.save(record)  # durable before the job can run or be acknowledged
             except OSError as exc:
                 return self._refuse(
                     503, "journal_unwritable", f"cannot record the job: {exc.strerror}", envelope
                 )
-        if payload["kind"] not in CHECKS_KEEP:
+        if job.kind not in CHECKS_KEEP:
             # Checks of the runtime's previous job say nothing about this one.
             with self.journal.lock:
-                self.journal.newest_job[payload["target"]["runtime"]] = record.job_id
-            self.prober.stop(payload["target"]["runtime"])
-        self.log.accepted(payload)
-        self.metrics.jobs.labels(kind=payload["kind"], outcome="accepted").inc()
-        worker = self._stage_worker if payload["kind"] == "stage" else self._worker
+                self.journal.newest_job[job.target.runtime] = record.job_id
+            self.prober.stop(job.target.runtime)
+        self.log.accepted(job)
+        self.metrics.jobs.labels(kind=job.kind, outcome="accepted").inc()
+        worker = self._stage_worker if job.kind == "stage" else self._worker
         worker.submit(self.runner.run, record.job_id)
         return self._json(202, record.public())
 
-    def _not_staged(self, payload: Mapping[str, Any]) -> str:
+    def _not_staged(self, job: JobPayload) -> str:
         """Why a live apply cannot run yet ("" when it can): an artifact it
         points the config to is not held, or its signed model directory was
         not verified here."""
-        if payload["kind"] != "apply" or payload["mode"] != "live":
+        if job.kind != "apply" or not job.live:
             return ""
-        missing = [
-            a["name"]
-            for a in payload.get("artifacts") or ()
-            if not self.store.holds(a["sha256"], int(a["size"]))
-        ]
+        missing = [a.name for a in job.artifacts if not self.store.holds(a.sha256, int(a.size))]
         if missing:
             return (
                 f"artifact {', '.join(missing)} is not held on node {self.config.node}; "
                 "a stage job must bring it first (nothing was recorded)"
             )
-        signature = payload.get("signature")
-        if signature and payload.get("artifacts"):
+        signature = job.signature
+        if signature and job.artifacts:
             models = self.runner.models
-            model_dir = models.location(payload["artifacts"])
-            signer = models.verified(model_dir, signature["sha256"])
-            if signer is None or signer not in {s["name"] for s in payload["signers"]}:
+            model_dir = models.location(job.artifact_entries())
+            signer = models.verified(model_dir, signature.sha256)
+            if signer is None or signer not in {s.name for s in job.signers}:
                 return (
                     f"the model directory {model_dir} was not verified against signature "
-                    f"{signature['sha256'][:12]}... on node {self.config.node}; a stage job "
+                    f"{signature.sha256[:12]}... on node {self.config.node}; a stage job "
                     "verifies it first (nothing was recorded)"
                 )
         return ""

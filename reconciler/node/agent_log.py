@@ -13,6 +13,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any, TextIO
 
+from reconciler.protocol.job_view import JobPayload
 from reconciler.protocol.log_lines import FORMATS, log_line, now_text
 
 
@@ -24,13 +25,13 @@ class AgentLog:
         self.stream = stream if stream is not None else sys.stderr
         self._lock = threading.Lock()  # the request loop and the job thread both write
 
-    def accepted(self, payload: Mapping[str, Any]) -> None:
-        self._write("info", "job_accepted", f"{payload['kind']} accepted", _job_fields(payload))
+    def accepted(self, job: JobPayload) -> None:
+        self._write("info", "job_accepted", f"{job.kind} accepted", _job_fields(job))
 
-    def finished(self, payload: Mapping[str, Any], state: str, error: str = "") -> None:
+    def finished(self, job: JobPayload, state: str, error: str = "") -> None:
         level = "info" if state == "succeeded" else "warning"
-        message = f"{payload['kind']} {state}" + (f": {error}" if error else "")
-        self._write(level, "job_finished", message, {**_job_fields(payload), "state": state})
+        message = f"{job.kind} {state}" + (f": {error}" if error else "")
+        self._write(level, "job_finished", message, {**_job_fields(job), "state": state})
 
     def refused(self, status: int, code: str, message: str, job_id: str = "") -> None:
         fields = {"code": code, "status": status, "job": job_id}
@@ -51,12 +52,11 @@ class AgentLog:
             print(line, file=self.stream, flush=True)
 
 
-def _job_fields(payload: Mapping[str, Any]) -> dict[str, Any]:
-    target = payload.get("target") or {}
+def _job_fields(job: JobPayload) -> dict[str, Any]:
     return {
-        "job": payload.get("jobId"),
-        "kind": payload.get("kind"),
-        "rollout": payload.get("rollout"),
-        "runtime": target.get("runtime"),
-        "mode": payload.get("mode"),
+        "job": job.job_id,
+        "kind": job.kind,
+        "rollout": job.rollout,
+        "runtime": job.target.runtime,
+        "mode": job.mode,
     }

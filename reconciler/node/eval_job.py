@@ -22,7 +22,7 @@ FAILED = "eval_baseline_failed"
 
 def run_eval_job(journal: Journal, record: JobRecord) -> JobRecord:
     """Run an accepted eval job and record its outcome."""
-    results = run_baseline(record.payload["evals"])
+    results = run_baseline(record.job.evals)
     records = [r.record() for r in results]
     problem = missing(results)
     if problem:

@@ -16,7 +16,7 @@ import json
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import httpx
@@ -25,6 +25,7 @@ from jsonschema.exceptions import SchemaError  # type: ignore[import-untyped]
 from rapidfuzz import fuzz
 
 from reconciler.node.probes import ProbeFailed, own_addresses
+from reconciler.protocol.job_view import EvalSuite
 
 ROUTES = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 ANSWER_LIMIT = 2000  # characters of an answer kept in the job record
@@ -103,21 +104,22 @@ def _cut(text: str) -> str:
     return text if len(text) <= WORDS_LIMIT else text[:WORDS_LIMIT] + "..."
 
 
-def run_evals(evals: Sequence[Mapping[str, Any]]) -> list[EvalResult]:
+def run_evals(evals: Sequence[EvalSuite]) -> list[EvalResult]:
     """Every eval of a live apply, in order."""
     with httpx.Client(verify=False) as client:  # the node's own runtime, as for warm-up
         return [_run_one(client, e) for e in evals]
 
 
-def run_baseline(evals: Sequence[Mapping[str, Any]]) -> list[EvalResult]:
+def run_baseline(evals: Sequence[EvalSuite]) -> list[EvalResult]:
     """The matchesBaseline cases of each eval, in order, against the
     runtime as it serves: a case holds when it got an answer (within
     ``maxSeconds``), which is what an eval job records."""
     only = [
-        {**e, "cases": [c for c in e["cases"] if "matchesBaseline" in c["expect"]]} for e in evals
+        replace(e, cases=tuple(c for c in e.cases if "matchesBaseline" in c["expect"]))
+        for e in evals
     ]
     with httpx.Client(verify=False) as client:
-        return [_run_one(client, e, _answered) for e in only if e["cases"]]
+        return [_run_one(client, e, _answered) for e in only if e.cases]
 
 
 def _answered(case: Mapping[str, Any], text: str) -> tuple[bool, str]:
@@ -135,15 +137,13 @@ def failure(results: Sequence[EvalResult]) -> str | None:
 Judge = Callable[[Mapping[str, Any], str], tuple[bool, str]]
 
 
-def _run_one(
-    client: httpx.Client, spec: Mapping[str, Any], judged: Judge | None = None
-) -> EvalResult:
-    deadline = time.monotonic() + spec["timeout"]
-    url = spec["url"].rstrip("/") + ROUTES[spec["api"]]
+def _run_one(client: httpx.Client, spec: EvalSuite, judged: Judge | None = None) -> EvalResult:
+    deadline = time.monotonic() + spec.timeout
+    url = spec.url.rstrip("/") + ROUTES[spec.api]
     cases: list[CaseResult] = []
     timed_out = False
     local = _local_problem(url)
-    for case in spec["cases"]:
+    for case in spec.cases:
         left = deadline - time.monotonic()
         if left <= 0:
             timed_out = True
@@ -153,11 +153,11 @@ def _run_one(
             continue
         cases.append(_run_case(client, url, spec, case, left, judged or judge))
     return EvalResult(
-        spec["name"],
-        spec["suiteSha256"],
-        float(spec["minPassRate"]),
+        spec.name,
+        spec.suite_sha256,
+        spec.min_pass_rate,
         tuple(cases),
-        len(spec["cases"]),
+        len(spec.cases),
         timed_out or time.monotonic() > deadline,
     )
 
@@ -174,7 +174,7 @@ def _local_problem(url: str) -> str:
 def _run_case(
     client: httpx.Client,
     url: str,
-    spec: Mapping[str, Any],
+    spec: EvalSuite,
     case: Mapping[str, Any],
     left: float,
     judged: Judge,
@@ -197,7 +197,7 @@ def _run_case(
     if answer.status_code != 200:
         detail = f"answered HTTP {answer.status_code}"
         return CaseResult(case["name"], False, "", detail, seconds, expected)
-    text = _first_choice(answer, spec["api"])
+    text = _first_choice(answer, spec.api)
     if text is None:
         detail = "the answer is not an OpenAI-compatible completion (no choices[0] text)"
         return CaseResult(case["name"], False, "", detail, seconds, expected)
@@ -211,15 +211,15 @@ def _run_case(
     return CaseResult(case["name"], ok, text, detail, seconds, expected)
 
 
-def _request_body(spec: Mapping[str, Any], case: Mapping[str, Any]) -> dict[str, Any]:
-    request = spec["request"]
+def _request_body(spec: EvalSuite, case: Mapping[str, Any]) -> dict[str, Any]:
+    request = spec.request
     body: dict[str, Any] = {
-        "max_tokens": request["maxTokens"],
-        "temperature": request["temperature"],
+        "max_tokens": request.max_tokens,
+        "temperature": request.temperature,
     }
-    if "seed" in request:
-        body["seed"] = request["seed"]
-    if spec["api"] == "chat":
+    if request.seed is not None:
+        body["seed"] = request.seed
+    if spec.api == "chat":
         body["messages"] = case["messages"]
     else:
         body["prompt"] = case["prompt"]

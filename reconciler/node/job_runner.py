@@ -60,6 +60,7 @@ from reconciler.node.state_dir import (
     digest,
 )
 from reconciler.node.switchover import Timings
+from reconciler.protocol.job_view import JobPayload, JobTarget
 from reconciler.spec.artifacts import DEFAULT_STAGE_TIMEOUT, SIGNATURE_NAME
 from reconciler.spec.safe_yaml import dump_yaml
 from reconciler.spec.times import format_time
@@ -113,14 +114,9 @@ class JobRunner:
 
     def probe_after(self, runtime: str, record: JobRecord) -> None:
         """Probe the checks of ``record`` when it was a successful live apply carrying them."""
-        payload = record.payload
-        if (
-            record.state == "succeeded"
-            and payload.get("kind") == "apply"
-            and payload.get("mode") == "live"
-            and payload.get("checks")
-        ):
-            self.prober.start(runtime, record.job_id, payload["checks"])
+        job = record.job
+        if record.state == "succeeded" and job.kind == "apply" and job.live and job.checks:
+            self.prober.start(runtime, record.job_id, job.checks)
 
     def run(self, job_id: str) -> None:
         started = time.monotonic()
@@ -128,7 +124,7 @@ class JobRunner:
             record = self.journal.jobs[job_id]
         try:
             record = self._execute(record)
-            runtime = record.payload["target"]["runtime"]
+            runtime = record.job.target.runtime
             with self.journal.lock:
                 newest = self.journal.newest_job.get(runtime) == record.job_id
             if newest:  # a job accepted since ends this one's checks
@@ -149,10 +145,10 @@ class JobRunner:
         except Exception as exc:  # the job fails, the agent carries on
             print(f"agent: job {job_id} failed unexpectedly: {exc!r}", file=sys.stderr)
             record = self.journal.failed(self.journal.jobs[job_id], error=f"agent error: {exc}")
-        payload = record.payload
-        self.log.finished(payload, record.state, record.error or "")
-        self.metrics.jobs.labels(kind=payload["kind"], outcome=record.state).inc()
-        if payload["kind"] == "stage" and payload["mode"] == "live":
+        job = record.job
+        self.log.finished(job, record.state, record.error or "")
+        self.metrics.jobs.labels(kind=job.kind, outcome=record.state).inc()
+        if job.kind == "stage" and job.live:
             self.metrics.stage_seconds.observe(time.monotonic() - started)
         try:
             self.journal.compact()
@@ -161,7 +157,7 @@ class JobRunner:
 
     def _execute(self, record: JobRecord) -> JobRecord:
         """Run ``record``'s job by its kind: the one place a kind is told apart."""
-        kind = record.payload["kind"]
+        kind = record.job.kind
         runs: dict[str, Callable[[JobRecord], JobRecord]] = {
             "apply": self._change_config,
             "restore": self._change_config,
@@ -179,33 +175,34 @@ class JobRunner:
 
     def _change_config(self, record: JobRecord) -> JobRecord:
         """An apply or a restore."""
-        payload = record.payload
-        runtime = payload["target"]["runtime"]
+        job = record.job
+        runtime = job.target.runtime
         try:
             self.state.refuse_config_symlink(runtime)
         except UnsafePath as exc:
             raise JobFailed(f"{exc.message}; nothing was changed: {exc.hint}") from None
         current = self.state.read_config(runtime)
         before_values = self.configs.values(runtime, current[0]) if current is not None else None
-        if payload["kind"] == "restore":
-            new_data, new_mode, change = self._restored(payload, runtime)
+        if job.kind == "restore":
+            new_data, new_mode, change = self._restored(job, runtime)
         else:
-            planned = self._planned(payload, current, before_values)
+            planned = self._planned(job, current, before_values)
             if isinstance(planned, str):  # nothing to write: a dry run, or already in place
                 return self.journal.update(
                     record, state="succeeded", detail=planned, finished_at=format_time(self.clock())
                 )
             new_data, new_mode, change = planned
-        if self.slots is not None and self.slots.takes(payload):
+        if self.slots is not None and self.slots.takes(job):
             return self._switch_slots(record, current, before_values, (new_data, new_mode), change)
         return self._write(record, current, before_values, (new_data, new_mode), change)
 
-    def _restored(self, payload: Mapping[str, Any], runtime: str) -> tuple[bytes, int, str]:
+    def _restored(self, job: JobPayload, runtime: str) -> tuple[bytes, int, str]:
         """The bytes, mode and description of the backup a restore puts back."""
-        backup = self.state.find_backup(payload["backupId"])
+        backup_id = job.backup_id or ""  # a restore always names one
+        backup = self.state.find_backup(backup_id)
         if backup is None or backup.runtime != runtime:
             raise JobFailed(
-                f"backup {payload['backupId']} of runtime {runtime} is not on this node "
+                f"backup {backup_id} of runtime {runtime} is not on this node "
                 "(GET /v1/nodes/NODE/backups lists what it holds)"
             )
         data = self.state.read_backup(backup)
@@ -219,28 +216,27 @@ class JobRunner:
 
     def _planned(
         self,
-        payload: Mapping[str, Any],
+        job: JobPayload,
         current: tuple[bytes, int] | None,
         before_values: Mapping[str, Any] | None,
     ) -> tuple[bytes, int, str] | str:
         """What an apply writes (bytes, mode, description), or the detail of
         one that writes nothing."""
-        target = payload["target"]
-        wanted: dict[str, Any] = {k: target[k] for k in TARGET_FIELDS}
+        wanted: dict[str, Any] = _target_values(job.target)
         change = describe_change(before_values, wanted)
-        artifacts = payload.get("artifacts")
+        artifacts = job.artifact_entries()
         if artifacts:
             wanted["artifacts"] = self.store.config_entries(artifacts)
             wanted["modelDir"] = str(self.models.location(artifacts))
             before = before_values or {}
             pointed = ""
             if before.get("artifacts") != wanted["artifacts"]:
-                pointed = "point to artifacts " + ", ".join(a["name"] for a in artifacts)
+                pointed = "point to artifacts " + ", ".join(a.name for a in job.artifacts)
             elif before.get("modelDir") != wanted["modelDir"]:
                 pointed = f"point to model directory {wanted['modelDir']}"
             if pointed:
                 change = (change + "; " if change else "") + pointed
-        if payload["mode"] == "dry_run":
+        if job.mode == "dry_run":
             return f"would {change}" if change else "no change: already in place"
         if not change:
             return "no change: already in place; nothing written, no backup"
@@ -248,8 +244,8 @@ class JobRunner:
             self.stager.require_held(artifacts)
             with self._artifacts:  # the stage worker may lay out the same directory
                 model_dir = self.models.lay_out(artifacts)
-            if payload.get("signature"):
-                wanted["signedBy"] = self._vouched_for(payload, model_dir)
+            if job.signature:
+                wanted["signedBy"] = self._vouched_for(job, model_dir)
         new_values = {**(before_values or {}), **wanted}
         if "signedBy" not in wanted:  # an unsigned target: no one vouched for it
             new_values.pop("signedBy", None)
@@ -265,21 +261,21 @@ class JobRunner:
     ) -> JobRecord:
         """Back up the current config, write the new one, run after-apply
         (and drain and warm up around it when the job says so)."""
-        payload = record.payload
-        runtime = payload["target"]["runtime"]
+        job = record.job
+        runtime = job.target.runtime
         old_data = current[0] if current is not None else None
         old_mode = current[1] if current is not None else CONFIG_MODE
         record, backup_id = self._running(record, current, new[0])
         switch = LiveSwitch.begin(
-            payload, before_values or {}, self.config, self.command_environment, Timings(self.clock)
+            job, before_values or {}, self.config, self.command_environment, Timings(self.clock)
         )
         if current is not None and backup_id is not None:
             now = format_time(self.clock())
-            _take_backup(self.state, now, backup_id, payload, current, before_values)
+            _take_backup(self.state, now, backup_id, job, current, before_values)
         written = self.configs.values(runtime, new[0])
         self.state.write_config(runtime, new[0], new[1])
         switch.activated()
-        failure = self._after_apply(payload, written) if self.config.after_apply else None
+        failure = self._after_apply(job, written) if self.config.after_apply else None
         if failure is None:
             failure = switch.warm_up()
         if failure is None:
@@ -299,7 +295,7 @@ class JobRunner:
             )
         switch.serving(written)
         self._prune(runtime)
-        self.prune_artifacts(runtime, payload)
+        self.prune_artifacts(runtime, job)
         return self.journal.update(
             record,
             state="succeeded",
@@ -314,9 +310,8 @@ class JobRunner:
         self, record: JobRecord, current: tuple[bytes, int] | None, new_data: bytes
     ) -> tuple[JobRecord, str | None]:
         """The record as running, with the backup id it will take."""
-        payload = record.payload
-        runtime = payload["target"]["runtime"]
-        backup_id = self._backup_id(runtime, payload) if current is not None else None
+        runtime = record.job.target.runtime
+        backup_id = self._backup_id(runtime, record.job) if current is not None else None
         # In memory only, for GET: recovery reads the same from the backup
         # (``_recovered_accepted``), so the journal keeps "accepted" until the verdict.
         record = record.with_changes(
@@ -340,18 +335,18 @@ class JobRunner:
         """A switch to another slot (``standby_switch``): the runtime's
         config changes only once the new slot is routed to; no after-apply."""
         assert self.slots is not None
-        payload = record.payload
-        runtime = payload["target"]["runtime"]
+        job = record.job
+        runtime = job.target.runtime
         record, backup_id = self._running(record, current, new[0])
         if current is not None and backup_id is not None:
             now = format_time(self.clock())
-            _take_backup(self.state, now, backup_id, payload, current, before_values)
+            _take_backup(self.state, now, backup_id, job, current, before_values)
         written = self.configs.values(runtime, new[0])
-        switched = self.slots.switch(payload, new, written)
+        switched = self.slots.switch(job, new, written)
         self.state.write_config(runtime, new[0], new[1])
-        said = self.slots.settle(payload, switched)
+        said = self.slots.settle(job, switched)
         self._prune(runtime)
-        self.prune_artifacts(runtime, payload)
+        self.prune_artifacts(runtime, job)
         detail = "; ".join(
             d for d in (change[0].upper() + change[1:] if change else "", switched.detail) if d
         )
@@ -372,7 +367,7 @@ class JobRunner:
             released: dict[str, Any] = {"slot": None, "stopped": False}
             detail = "no slots on this node: nothing kept warm, nothing to stop"
         else:
-            released, detail = self.slots.release(record.payload)
+            released, detail = self.slots.release(record.job)
         return self.journal.update(
             record,
             state="succeeded",
@@ -385,39 +380,43 @@ class JobRunner:
         """After a restart put back the config of a live apply whose evals
         had not held (``recovery``): after-apply for it, and undrain when the
         job had drained the node."""
-        payload = record.payload
-        runtime = payload["target"]["runtime"]
+        job = record.job
+        runtime = job.target.runtime
         current = self.state.read_config(runtime)
         values = self.configs.values(runtime, current[0]) if current is not None else {}
         switch = LiveSwitch(
-            payload,
+            job,
             values,
             self.config,
             self.command_environment,
             Timings(self.clock),
             versioned=True,  # an apply with evals: after-apply and undrain as for any switch
         )
-        switch.drained = bool(payload.get("drain"))
+        switch.drained = job.drain is not None
         said = switch.put_back(self._after_apply if self.config.after_apply else None)
         # put_back's words start with "; previous config restored": said already.
         more = said.removeprefix("; previous config restored")
         self.journal.update(record, error=(record.error or "") + more)
 
     def _stage(self, record: JobRecord) -> JobRecord:
-        payload = record.payload
-        artifacts = payload["artifacts"]
-        signature = payload.get("signature")
+        job = record.job
+        artifacts = job.artifact_entries()
+        signature = job.signature
         # The signature is staged like an artifact, into the store only.
-        files = [*artifacts, {"name": SIGNATURE_NAME, **signature}] if signature else artifacts
+        files = (
+            [*artifacts, {"name": SIGNATURE_NAME, **signature.entry}] if signature else artifacts
+        )
         # A job from an older daemon carries no timeout: the default stage.timeout.
-        seconds = float(payload.get("timeoutSeconds", DEFAULT_STAGE_TIMEOUT))
+        seconds = float(
+            job.timeout_seconds if job.timeout_seconds is not None else DEFAULT_STAGE_TIMEOUT
+        )
         vouched = None
-        if payload["mode"] == "dry_run":
+        if job.mode == "dry_run":
             detail = self.stager.dry_run(files, seconds)
         else:
             with self._artifacts:
-                self.store.note_use([a["sha256"] for a in files], payload["target"]["runtime"])
-            self.prune_artifacts(payload["target"]["runtime"], payload)  # room for these
+                self.store.note_use([a["sha256"] for a in files], job.target.runtime)
+            self.prune_artifacts(job.target.runtime, job)  # room for these
             detail = self.stager.stage(files, seconds)
             with self._artifacts:  # ahead, so the apply finds it ready
                 model_dir = self.models.lay_out(artifacts)
@@ -426,9 +425,9 @@ class JobRunner:
                 # apply or restore must not wait for that.
                 vouched = model_signatures.verify(
                     model_dir,
-                    self.store.path(signature["sha256"]),
-                    signature["sha256"],
-                    payload["signers"],
+                    self.store.path(signature.sha256),
+                    signature.sha256,
+                    job.signers,
                     artifacts,
                 )
                 with self._artifacts:
@@ -442,26 +441,27 @@ class JobRunner:
             signature=None if vouched is None else vouched.record(),
         )
 
-    def _vouched_for(self, payload: Mapping[str, Any], model_dir: Path) -> str:
+    def _vouched_for(self, job: JobPayload, model_dir: Path) -> str:
         """The signer that vouched for ``model_dir`` at its stage, or
         ``not_staged``: a signed target is never activated unverified."""
-        signature = payload["signature"]
-        signer = self.models.verified(model_dir, signature["sha256"])
-        if signer is None or signer not in {s["name"] for s in payload["signers"]}:
+        assert job.signature is not None
+        sha256 = job.signature.sha256
+        signer = self.models.verified(model_dir, sha256)
+        if signer is None or signer not in {s.name for s in job.signers}:
             raise JobFailed(
                 f"not_staged: the model directory {model_dir} was not verified against "
-                f"signature {signature['sha256'][:12]}... on this node; a stage job verifies "
+                f"signature {sha256[:12]}... on this node; a stage job verifies "
                 "it first; nothing was changed"
             )
         model_signatures.refuse_links(model_dir)  # nothing slipped in since
         return signer
 
-    def prune_artifacts(self, runtime: str, payload: Mapping[str, Any]) -> None:
+    def prune_artifacts(self, runtime: str, job: JobPayload) -> None:
         """Delete the artifacts retention no longer keeps (``artifact_retention``)."""
         with self._artifacts:
-            self._prune_artifacts(payload)
+            self._prune_artifacts(job)
 
-    def _prune_artifacts(self, payload: Mapping[str, Any]) -> None:
+    def _prune_artifacts(self, job: JobPayload) -> None:
         pinned: set[str] = set()
         newest_backup: dict[str, BackupInfo] = {}
         for backup in self.state.list_backups():
@@ -480,7 +480,7 @@ class JobRunner:
                         pinned |= config_artifacts(parse_config(name, data))
         with self.journal.lock:
             pinned |= pinned_by_jobs(list(self.journal.jobs.values()))
-        pinned |= job_artifacts(payload)
+        pinned |= job_artifacts(job.signed)
         doomed = artifacts_to_prune(
             self.store.uses, self.store.held(), pinned, self.config.keep_artifacts
         )
@@ -490,14 +490,14 @@ class JobRunner:
             self.models.delete(model_dirs_to_remove(self.models.held(), doomed))
             self.store.delete(doomed)
 
-    def _backup_id(self, runtime: str, payload: Mapping[str, Any]) -> str:
+    def _backup_id(self, runtime: str, job: JobPayload) -> str:
         stamp = self.clock().strftime("%Y%m%dT%H%M%SZ")
         # A job id runs once, so its digest makes the id unique on this node.
-        return f"{runtime}-{stamp}-{hashlib.sha256(payload['jobId'].encode()).hexdigest()[:8]}"
+        return f"{runtime}-{stamp}-{hashlib.sha256(job.job_id.encode()).hexdigest()[:8]}"
 
     def _prune(self, runtime: str) -> None:
         with self.journal.lock:
-            busy = {r.payload.get("backupId") for r in self.journal.in_flight.values()}
+            busy = {r.job.backup_id for r in self.journal.in_flight.values()}
         every = self.state.list_backups()
         # A rollout with nothing done here for ``keep_first_backups`` no
         # longer keeps its first backups beyond ``backup_retention``.
@@ -511,9 +511,7 @@ class JobRunner:
         ):
             self.state.delete_backup(backup_id)
 
-    def _after_apply(
-        self, payload: Mapping[str, Any], written: Mapping[str, Any]
-    ) -> tuple[str, str] | None:
+    def _after_apply(self, job: JobPayload, written: Mapping[str, Any]) -> tuple[str, str] | None:
         """None when the command succeeded, else (what happened, output tail).
         Provider, model and profile are those of the config just written: for
         a restore, the restored ones, not the target rolled back from."""
@@ -522,31 +520,29 @@ class JobRunner:
         return run_command(
             "after-apply command",
             command,
-            self.command_environment(payload, written),
+            self.command_environment(job, written),
             self.config.after_apply_timeout,
         )
 
-    def command_environment(
-        self, payload: Mapping[str, Any], written: Mapping[str, Any]
-    ) -> dict[str, str]:
-        """The environment node-local commands run with for ``payload``."""
-        target = payload["target"]
+    def command_environment(self, job: JobPayload, written: Mapping[str, Any]) -> dict[str, str]:
+        """The environment node-local commands run with for ``job``."""
+        runtime = job.target.runtime
         env = dict(self._environment)
         env.update(
             {
-                "RECONCILER_JOB_ID": payload["jobId"],
-                "RECONCILER_KIND": payload["kind"],
-                "RECONCILER_NODE": payload["node"],
-                "RECONCILER_ROLLOUT": payload["rollout"],
-                "RECONCILER_ATTEMPT": str(payload["attempt"]),
-                "RECONCILER_MODE": payload["mode"],
-                "RECONCILER_RUNTIME": target["runtime"],
+                "RECONCILER_JOB_ID": job.job_id,
+                "RECONCILER_KIND": job.kind,
+                "RECONCILER_NODE": job.node,
+                "RECONCILER_ROLLOUT": job.rollout,
+                "RECONCILER_ATTEMPT": str(job.attempt),
+                "RECONCILER_MODE": job.mode,
+                "RECONCILER_RUNTIME": runtime,
                 "RECONCILER_PROVIDER": str(written.get("provider", "")),
                 "RECONCILER_MODEL": str(written.get("model", "")),
                 "RECONCILER_PROFILE": str(written.get("profile", "")),
-                "RECONCILER_BACKUP_ID": payload.get("backupId") or "",
-                "RECONCILER_SOURCE_COMMIT": payload["sourceCommit"],
-                "RECONCILER_CONFIG": self.state.config_location(target["runtime"]),
+                "RECONCILER_BACKUP_ID": job.backup_id or "",
+                "RECONCILER_SOURCE_COMMIT": job.source_commit,
+                "RECONCILER_CONFIG": self.state.config_location(runtime),
             }
         )
         return env
@@ -556,7 +552,7 @@ def _take_backup(
     state: StateDir,
     now: str,
     backup_id: str,
-    payload: Mapping[str, Any],
+    job: JobPayload,
     current: tuple[bytes, int],
     values: Mapping[str, Any] | None,
 ) -> None:
@@ -564,11 +560,11 @@ def _take_backup(
     values = values or {}
     info = BackupInfo(
         backup_id=backup_id,
-        runtime=payload["target"]["runtime"],
+        runtime=job.target.runtime,
         created_at=now,
         seq=state.next_seq(),
-        job_id=payload["jobId"],
-        rollout=payload["rollout"],
+        job_id=job.job_id,
+        rollout=job.rollout,
         provider=str(values.get("provider", "")),
         model=str(values.get("model", "")),
         profile=str(values.get("profile", "")),
@@ -576,3 +572,8 @@ def _take_backup(
         digest=digest(current[0]) or "",
     )
     state.save_backup(info, current[0])
+
+
+def _target_values(target: JobTarget) -> dict[str, Any]:
+    """The target's fields a runtime config holds, in ``TARGET_FIELDS`` order."""
+    return {k: getattr(target, k) for k in TARGET_FIELDS}

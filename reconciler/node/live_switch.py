@@ -26,11 +26,10 @@ from reconciler.node.eval_runs import failure as eval_failure
 from reconciler.node.node_command import run_command
 from reconciler.node.runtime_config import JobFailed
 from reconciler.node.switchover import SwitchFailed, Timings, wait_idle, warm_up
+from reconciler.protocol.job_view import JobDrain, JobPayload, JobTarget
 
-AfterApply = Callable[[Mapping[str, Any], Mapping[str, Any]], "tuple[str, str] | None"]
-Environment = Callable[[Mapping[str, Any], Mapping[str, Any]], dict[str, str]]
-
-SWITCH_FIELDS = ("artifacts", "drain", "warmup", "evals")
+AfterApply = Callable[[JobPayload, Mapping[str, Any]], "tuple[str, str] | None"]
+Environment = Callable[[JobPayload, Mapping[str, Any]], dict[str, str]]
 
 
 class LiveSwitch:
@@ -39,14 +38,14 @@ class LiveSwitch:
 
     def __init__(
         self,
-        payload: Mapping[str, Any],
+        job: JobPayload,
         before: Mapping[str, Any],
         config: AgentConfig,
         environment: Environment,
         timings: Timings | None,
         versioned: bool = False,
     ) -> None:
-        self.payload = payload
+        self.job = job
         self.before = before
         self.config = config
         self.environment = environment
@@ -58,7 +57,7 @@ class LiveSwitch:
     @classmethod
     def begin(
         cls,
-        payload: Mapping[str, Any],
+        job: JobPayload,
         before: Mapping[str, Any],
         config: AgentConfig,
         environment: Environment,
@@ -66,15 +65,15 @@ class LiveSwitch:
     ) -> LiveSwitch:
         """Drain when the job says so; ``JobFailed`` (``drain_timeout``,
         undrained, nothing changed) when the node is not idle in time."""
-        versioned = any(payload.get(k) for k in SWITCH_FIELDS)
-        timed = payload["kind"] == "apply"  # every live apply: its time out of service
-        switch = cls(payload, before, config, environment, timings if timed else None, versioned)
-        if payload.get("drain"):
-            switch._drain(payload["drain"], timings)
+        versioned = bool(job.artifacts or job.drain or job.warmup or job.evals)
+        timed = job.kind == "apply"  # every live apply: its time out of service
+        switch = cls(job, before, config, environment, timings if timed else None, versioned)
+        if job.drain is not None:
+            switch._drain(job.drain, timings)
         return switch
 
-    def _drain(self, drain: Mapping[str, Any], timings: Timings) -> None:
-        deadline = time.monotonic() + drain["timeoutSeconds"]
+    def _drain(self, drain: JobDrain, timings: Timings) -> None:
+        deadline = time.monotonic() + drain.timeout_seconds
         timings.mark("drainStartedAt")
         self.drained = True
         command = self.config.drain_command
@@ -84,7 +83,7 @@ class LiveSwitch:
                     "drain command",
                     command,
                     # The model it drains for: the target's, not the one serving.
-                    self.environment(self.payload, self.payload["target"]),
+                    self.environment(self.job, _target_values(self.job.target)),
                     max(0.1, deadline - time.monotonic()),
                 )
                 if outcome is not None:
@@ -104,7 +103,7 @@ class LiveSwitch:
         """None when every warm-up request answered as expected, else
         (what happened, output)."""
         try:
-            warm_up(self.payload.get("warmup") or ())
+            warm_up(self.job.warmup)
         except SwitchFailed as exc:
             return exc.text, ""
         if self._timings is not None:
@@ -114,16 +113,15 @@ class LiveSwitch:
     def evaluate(self) -> tuple[str, str] | None:
         """Run the job's evals on the new config, still drained: None when
         every eval held, else (``eval_failed: ...``, "")."""
-        evals = self.payload.get("evals")
-        if not evals:
+        if not self.job.evals:
             return None
-        self.eval_results = run_evals(evals)
+        self.eval_results = run_evals(self.job.evals)
         said = eval_failure(self.eval_results)
         return None if said is None else (said, "")
 
     def eval_records(self) -> list[dict[str, Any]] | None:
         """The evals' results for the job record; None when the job has none."""
-        if not self.payload.get("evals"):
+        if not self.job.evals:
             return None
         return [r.record() for r in self.eval_results]
 
@@ -134,7 +132,7 @@ class LiveSwitch:
             return "; previous config restored"
         said = "; previous config restored"
         if after_apply is not None:
-            again = after_apply(self.payload, self.before)
+            again = after_apply(self.job, self.before)
             said += (
                 ", after-apply run again for it"
                 if again is None
@@ -177,10 +175,21 @@ class LiveSwitch:
         outcome = run_command(
             "undrain command",
             command,
-            self.environment(self.payload, values),
+            self.environment(self.job, values),
             self.config.after_apply_timeout,
         )
         return None if outcome is None else outcome[0]
 
     def timings(self) -> dict[str, str | None] | None:
         return self._timings.record() if self._timings is not None else None
+
+
+def _target_values(target: JobTarget) -> dict[str, str]:
+    """The target as the values a config would hold: what the drain command
+    is told, since it drains for the model about to serve."""
+    return {
+        "runtime": target.runtime,
+        "provider": target.provider,
+        "model": target.model,
+        "profile": target.profile,
+    }

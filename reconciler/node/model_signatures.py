@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from reconciler.node.runtime_config import JobFailed
+from reconciler.protocol.job_view import JobSigner
 from reconciler.protocol.model_ids import layout_pairs
 
 INVALID = "signature_invalid"
@@ -120,7 +121,7 @@ def verify(
     model_dir: Path,
     signature_path: Path,
     signature_sha256: str,
-    signers: Sequence[Mapping[str, str]],
+    signers: Sequence[JobSigner],
     artifacts: Sequence[Mapping[str, Any]],
 ) -> Verified:
     """The signer that vouches for ``model_dir``, or ``JobFailed``
@@ -132,24 +133,24 @@ def verify(
     tried = []
     with tempfile.TemporaryDirectory(prefix="reconciler-keys-") as keys:
         for signer in signers:
-            key = Path(keys, f"{signer['name']}.pub")
-            key.write_text(signer["publicKey"], encoding="utf-8")
+            key = Path(keys, f"{signer.name}.pub")
+            key.write_text(signer.public_key, encoding="utf-8")
             try:
                 config = verifying.Config().use_elliptic_key_verifier(public_key=key)
             except ValueError as exc:
-                tried.append(f"{signer['name']} (its key cannot be used: {_short(exc)})")
+                tried.append(f"{signer.name} (its key cannot be used: {_short(exc)})")
                 continue
             try:
                 config.verify(model_dir, signature_path)
             except Exception as exc:  # the library's words, said at our edge
                 if _wrong_key(exc):
-                    tried.append(signer["name"])
+                    tried.append(signer.name)
                     continue
                 raise JobFailed(
-                    f"{INVALID}: signed by {signer['name']}, but the files of {model_dir} "
+                    f"{INVALID}: signed by {signer.name}, but the files of {model_dir} "
                     f"do not match what is signed: {_short(exc)}; nothing was activated"
                 ) from None
-            return Verified(signer["name"], signature_sha256)
+            return Verified(signer.name, signature_sha256)
     raise JobFailed(
         f"{INVALID}: no key of the signers covering this model verifies the signature "
         f"(tried {', '.join(tried) or 'none'}); it was made with another key; nothing was "

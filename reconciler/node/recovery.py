@@ -13,7 +13,6 @@ Must not: change a backup, or a config other than that way back.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from reconciler.node import model_dirs
@@ -21,6 +20,7 @@ from reconciler.node.artifact_store import config_entries
 from reconciler.node.journal import Journal
 from reconciler.node.runtime_config import TARGET_FIELDS, JobFailed, parse_config
 from reconciler.node.state_dir import BackupInfo, JobRecord, StateDir, digest
+from reconciler.protocol.job_view import JobPayload
 from reconciler.spec.safe_yaml import dump_yaml
 from reconciler.spec.times import format_time
 
@@ -59,33 +59,33 @@ def _recovered_accepted(state: StateDir, record: JobRecord, now: str) -> JobReco
     The one case told less exactly than from a journalled "running": with
     no config before, a job still queued behind one that created exactly
     its own target config is also reported as having left it new."""
-    payload = record.payload
-    if payload["kind"] == "stage":
+    job = record.job
+    if job.kind == "stage":
         return record.with_changes(
             state="failed",
             finished_at=now,
             error="agent restarted while staging; no config was changed, and what was "
             "downloaded is kept for the next stage job to resume",
         )
-    if payload["kind"] == "eval":
+    if job.kind == "eval":
         return record.with_changes(
             state="failed",
             finished_at=now,
             error="agent restarted during the eval job; nothing was changed",
         )
-    if payload["kind"] not in ("apply", "restore"):  # a release: it writes no config
+    if job.kind not in ("apply", "restore"):  # a release: it writes no config
         return record.with_changes(
             state="failed",
             finished_at=now,
-            error=f"agent restarted during the {payload['kind']} job; no config was changed "
+            error=f"agent restarted during the {job.kind} job; no config was changed "
             "(a release is idempotent: send it again)",
         )
-    runtime = payload["target"]["runtime"]
+    runtime = job.target.runtime
     # The job's own backup is the newest of its runtime, so no prune
     # (retention is at least 1) removes it before the job's verdict.
     taken = next((b for b in state.list_backups() if b.job_id == record.job_id), None)
     before = taken.digest if taken is not None else None
-    after = _planned_digest(state, payload, taken)
+    after = _planned_digest(state, job, taken)
     current = state.read_config(runtime)
     if taken is None and (current is None or after is None or digest(current[0]) != after):
         return record.with_changes(
@@ -98,33 +98,29 @@ def _recovered_accepted(state: StateDir, record: JobRecord, now: str) -> JobReco
     return _recovered(state, running, now)
 
 
-def _planned_digest(
-    state: StateDir, payload: Mapping[str, Any], taken: BackupInfo | None
-) -> str | None:
+def _planned_digest(state: StateDir, job: JobPayload, taken: BackupInfo | None) -> str | None:
     """The digest of the config a live job writes, given the backup it
     took (None: there was no config); None when it cannot be told."""
-    if payload.get("mode") != "live":
+    if not job.live:
         return None
-    if payload["kind"] == "restore":
-        source = state.find_backup(str(payload.get("backupId")))
+    if job.kind == "restore":
+        source = state.find_backup(str(job.backup_id))
         return source.digest if source is not None else None
-    wanted: dict[str, Any] = {k: payload["target"][k] for k in TARGET_FIELDS}
-    if payload.get("artifacts"):
-        wanted["artifacts"] = config_entries(state.root, payload["artifacts"])
-        wanted["modelDir"] = str(model_dirs.location(state.root, payload["artifacts"]))
+    target = job.target
+    wanted: dict[str, Any] = {k: getattr(target, k) for k in TARGET_FIELDS}
+    if job.artifacts:
+        artifacts = job.artifact_entries()
+        wanted["artifacts"] = config_entries(state.root, artifacts)
+        wanted["modelDir"] = str(model_dirs.location(state.root, artifacts))
     try:
-        values = (
-            parse_config(payload["target"]["runtime"], state.read_backup(taken))
-            if taken is not None
-            else {}
-        )
+        values = parse_config(target.runtime, state.read_backup(taken)) if taken is not None else {}
     except (JobFailed, OSError):
         return None
     return digest(dump_yaml({**values, **wanted}))
 
 
 def _recovered(state: StateDir, record: JobRecord, now: str) -> JobRecord:
-    runtime = record.payload["target"]["runtime"]
+    runtime = record.job.target.runtime
     current = state.read_config(runtime)
     now_digest = digest(current[0]) if current else None
     if record.before is None and record.after is None:
@@ -140,13 +136,8 @@ def _recovered(state: StateDir, record: JobRecord, now: str) -> JobRecord:
         backup = None
     # A switch between slots wrote the config only once its evals held and
     # the new slot was routed to (``standby_switch``).
-    evaluated = bool(record.payload.get("standby"))
-    if (
-        left == "new"
-        and record.payload.get("evals")
-        and not evaluated
-        and _put_back(state, record, backup)
-    ):
+    evaluated = record.job.standby
+    if left == "new" and record.job.evals and not evaluated and _put_back(state, record, backup):
         return record.with_changes(
             state="failed", finished_at=now, backup_id=backup, error=UNEVALUATED_PUT_BACK
         )
@@ -161,7 +152,7 @@ def _recovered(state: StateDir, record: JobRecord, now: str) -> JobRecord:
 def _put_back(state: StateDir, record: JobRecord, backup: str | None) -> bool:
     """The config before ``record``, byte for byte, in place again (no file
     when there was none); False when its bytes are not at hand."""
-    runtime = record.payload["target"]["runtime"]
+    runtime = record.job.target.runtime
     if record.before is None:
         state.write_config(runtime, None)
         return True

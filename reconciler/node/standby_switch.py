@@ -32,10 +32,10 @@ from reconciler.node.node_command import run_command
 from reconciler.node.runtime_config import JobFailed, parse_config
 from reconciler.node.state_dir import StateDir, digest
 from reconciler.node.switchover import TIMING_FIELDS, Timings
+from reconciler.protocol.job_view import JobPayload, JobTarget
 
-Environment = Callable[[Mapping[str, Any], Mapping[str, Any]], dict[str, str]]
+Environment = Callable[[JobPayload, Mapping[str, Any]], dict[str, str]]
 
-SLOT_PORT = "{slotPort}"  # in a warm-up or eval URL: the port of the slot switched to
 COLD_START = "cold start: the previous slot was not running"
 EMPTY_RECORD: dict[str, Any] = {"serving": None, "warm": None, "pending": None}
 
@@ -51,20 +51,6 @@ def accepts_connections(port: int) -> bool:
             return True
     except OSError:
         return False
-
-
-def on_slot_port(value: Any, port: int) -> Any:
-    """``value`` (warm-ups or evals) with every URL's ``{slotPort}`` made ``port``."""
-    if isinstance(value, list):
-        return [on_slot_port(v, port) for v in value]
-    if isinstance(value, dict):
-        return {
-            k: v.replace(SLOT_PORT, str(port))
-            if k == "url" and isinstance(v, str)
-            else on_slot_port(v, port)
-            for k, v in value.items()
-        }
-    return value
 
 
 @dataclass
@@ -105,24 +91,24 @@ class StandbySwitch:
     def _save(self, runtime: str, record: Mapping[str, Any]) -> None:
         self.state.write_slots(runtime, {**EMPTY_RECORD, **record})
 
-    def takes(self, payload: Mapping[str, Any]) -> bool:
-        """Whether ``payload`` switches slots: a live apply with ``standby``,
+    def takes(self, job: JobPayload) -> bool:
+        """Whether ``job`` switches slots: a live apply with ``standby``,
         or a restore of a runtime that a slot serves."""
-        if payload.get("mode") != "live":
+        if not job.live:
             return False
-        if payload["kind"] == "apply":
-            return bool(payload.get("standby"))
-        if payload["kind"] == "restore":
-            return self.record(payload["target"]["runtime"])["serving"] is not None
+        if job.kind == "apply":
+            return job.standby
+        if job.kind == "restore":
+            return self.record(job.target.runtime)["serving"] is not None
         return False
 
     # -- the commands --------------------------------------------------------------
 
     def _run(
-        self, step: str, payload: Mapping[str, Any], slot: str, values: Mapping[str, Any]
+        self, step: str, job: JobPayload, slot: str, values: Mapping[str, Any]
     ) -> tuple[str, str] | None:
-        runtime = payload["target"]["runtime"]
-        env = self.environment(payload, values)
+        runtime = job.target.runtime
+        env = self.environment(job, values)
         env.update(
             {
                 "RECONCILER_RUNTIME": runtime,
@@ -143,46 +129,41 @@ class StandbySwitch:
         except JobFailed:
             return {}
 
-    def _stop(self, payload: Mapping[str, Any], slot: str) -> str:
+    def _stop(self, job: JobPayload, slot: str) -> str:
         """Stop ``slot``; "" or what went wrong, for an error or a detail."""
-        runtime = payload["target"]["runtime"]
-        outcome = self._run("stop", payload, slot, self._slot_values(runtime, slot))
+        runtime = job.target.runtime
+        outcome = self._run("stop", job, slot, self._slot_values(runtime, slot))
         return "" if outcome is None else f"; {outcome[0]}: {outcome[1].strip()[-300:]}"
 
     # -- a switch to the idle slot ---------------------------------------------------
 
     def switch(
-        self, payload: Mapping[str, Any], new: tuple[bytes, int], values: Mapping[str, Any]
+        self, job: JobPayload, new: tuple[bytes, int], values: Mapping[str, Any]
     ) -> Switched:
         """Start ``new`` (bytes, mode) in the idle slot, warm it up, run the
         evals, route to it. ``JobFailed`` with the step's code, the new slot
         stopped and the record as before, when a step fails."""
-        runtime = payload["target"]["runtime"]
+        runtime = job.target.runtime
         record = self.record(runtime)
         previous = record["serving"]
-        if payload["kind"] == "restore" and previous is not None:
+        if job.kind == "restore" and previous is not None:
             warm = record["warm"]
             port_open = warm is not None and accepts_connections(self.commands.port(warm))
             config = self.state.read_slot_config(runtime, warm) if warm else None
             if port_open and config is not None and digest(config[0]) == digest(new[0]):
-                return self._route_back(payload, record, warm)
+                return self._route_back(job, record, warm)
         slot = "a" if previous is None else other(previous)
         timings = Timings(self.clock, dict.fromkeys((*TIMING_FIELDS, "routedAt")))
         if record["warm"] == slot:  # kept from an earlier switch: it makes room now
-            said = self._stop(payload, slot)
+            said = self._stop(job, slot)
             if said:
                 raise JobFailed(f"slot_stop_failed: the idle slot {slot} did not stop{said}")
-        self._save(runtime, {**record, "warm": None, "pending": self._pending(payload, slot)})
+        self._save(runtime, {**record, "warm": None, "pending": self._pending(job, slot)})
         self.state.write_slot_config(runtime, slot, new[0], new[1])
         timings.mark("activatedAt")
-        port = self.commands.port(slot)
-        on_slot = {
-            **payload,
-            "warmup": on_slot_port(payload.get("warmup"), port),
-            "evals": on_slot_port(payload.get("evals"), port),
-        }
+        on_slot = job.on_slot_port(self.commands.port(slot))
         live = LiveSwitch(on_slot, values, self.config, self.environment, timings, versioned=True)
-        failure = self._run("start", payload, slot, values)
+        failure = self._run("start", job, slot, values)
         if failure is not None:
             failure = ("slot_start_failed: " + failure[0], failure[1])
         if failure is None:
@@ -192,14 +173,14 @@ class StandbySwitch:
             self.count_evals(r.held for r in live.eval_results)
         if failure is None:
             self._save(
-                runtime, {**record, "warm": None, "pending": self._pending(payload, slot, "route")}
+                runtime, {**record, "warm": None, "pending": self._pending(job, slot, "route")}
             )
-            failure = self._run("route", payload, slot, values)
+            failure = self._run("route", job, slot, values)
             if failure is not None:
                 failure = ("route_failed: " + failure[0], failure[1])
         if failure is not None:
             what, tail = failure
-            what += f"; slot {slot} was stopped" + self._stop(payload, slot)
+            what += f"; slot {slot} was stopped" + self._stop(job, slot)
             what += f", slot {previous} still serves" if previous else ", nothing was routed to it"
             self._save(
                 runtime, {**record, "warm": None if record["warm"] == slot else record["warm"]}
@@ -213,7 +194,7 @@ class StandbySwitch:
             )
         timings.mark("routedAt")
         timings.moments["servingAt"] = timings.moments["routedAt"]
-        restore = payload["kind"] == "restore"
+        restore = job.kind == "restore"
         return Switched(
             serving=slot,
             timings=timings.record(),
@@ -224,20 +205,16 @@ class StandbySwitch:
             evals=live.eval_records(),
         )
 
-    def _pending(
-        self, payload: Mapping[str, Any], slot: str, step: str = "start"
-    ) -> dict[str, str]:
-        return {"slot": slot, "step": step, "jobId": payload["jobId"]}
+    def _pending(self, job: JobPayload, slot: str, step: str = "start") -> dict[str, str]:
+        return {"slot": slot, "step": step, "jobId": job.job_id}
 
-    def _route_back(
-        self, payload: Mapping[str, Any], record: Mapping[str, Any], warm: str
-    ) -> Switched:
+    def _route_back(self, job: JobPayload, record: Mapping[str, Any], warm: str) -> Switched:
         """A restore whose previous slot is warm and runs the backup's
         config: route back to it (the failed slot is stopped by ``settle``)."""
-        runtime = payload["target"]["runtime"]
+        runtime = job.target.runtime
         timings = Timings(self.clock, dict.fromkeys((*TIMING_FIELDS, "routedAt")))
-        self._save(runtime, {**record, "pending": self._pending(payload, warm, "route")})
-        failure = self._run("route", payload, warm, self._slot_values(runtime, warm))
+        self._save(runtime, {**record, "pending": self._pending(job, warm, "route")})
+        failure = self._run("route", job, warm, self._slot_values(runtime, warm))
         if failure is not None:
             self._save(runtime, record)
             last = failure[1].strip()[-300:]
@@ -257,25 +234,25 @@ class StandbySwitch:
             detail=f"routed back to slot {warm}, kept warm",
         )
 
-    def settle(self, payload: Mapping[str, Any], switched: Switched) -> str:
+    def settle(self, job: JobPayload, switched: Switched) -> str:
         """Record the switch once the runtime's config names the new slot's;
         a restore stops the slot it rolled back from. What to add to the detail."""
-        runtime = payload["target"]["runtime"]
+        runtime = job.target.runtime
         previous = self.record(runtime)["serving"]
-        if payload["kind"] != "restore" or previous is None or previous == switched.serving:
+        if job.kind != "restore" or previous is None or previous == switched.serving:
             self._save(runtime, {"serving": switched.serving, "warm": previous})
             return ""
-        said = self._stop(payload, previous)
+        said = self._stop(job, previous)
         # A failed stop leaves it recorded as kept: a release tries again.
         self._save(runtime, {"serving": switched.serving, "warm": previous if said else None})
         return f"; slot {previous} stopped" if not said else f"; slot {previous} not stopped{said}"
 
     # -- release ----------------------------------------------------------------------
 
-    def release(self, payload: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
+    def release(self, job: JobPayload) -> tuple[dict[str, Any], str]:
         """Stop the slot kept warm: (the record's ``released``, detail).
         Idempotent: nothing kept, or a slot no longer running, runs nothing."""
-        runtime = payload["target"]["runtime"]
+        runtime = job.target.runtime
         record = self.record(runtime)
         warm = record["warm"]
         if warm is None:
@@ -283,7 +260,7 @@ class StandbySwitch:
         if not accepts_connections(self.commands.port(warm)):
             self._save(runtime, {**record, "warm": None})
             return {"slot": warm, "stopped": False}, f"slot {warm} was not running: nothing to stop"
-        said = self._stop(payload, warm)
+        said = self._stop(job, warm)
         if said:
             raise JobFailed(f"slot_stop_failed: slot {warm} kept warm did not stop{said}")
         self._save(runtime, {**record, "warm": None})
@@ -303,16 +280,7 @@ class StandbySwitch:
             if not pending:
                 continue
             slot, serving = pending["slot"], record["serving"]
-            payload = {
-                "jobId": pending["jobId"],
-                "kind": "recovery",
-                "node": self.config.node,
-                "rollout": "",
-                "attempt": 0,
-                "mode": "live",
-                "sourceCommit": "",
-                "target": {"runtime": runtime},
-            }
+            job = _recovery_job(pending["jobId"], self.config.node, runtime)
             config = self.state.read_config(runtime)
             mine = self.state.read_slot_config(runtime, slot)
             if pending["step"] == "route" and config and mine and config[0] == mine[0]:
@@ -322,9 +290,9 @@ class StandbySwitch:
                 continue
             said = ""
             if pending["step"] == "route" and serving is not None and serving != slot:
-                failure = self._run("route", payload, serving, self._slot_values(runtime, serving))
+                failure = self._run("route", job, serving, self._slot_values(runtime, serving))
                 said = "" if failure is None else f" (route back failed: {failure[0]})"
-            said += self._stop(payload, slot)
+            said += self._stop(job, slot)
             self._save(runtime, {**record, "pending": None})
             done[pending["jobId"]] = (
                 f"; slot {slot} it was switching to was stopped"
@@ -332,3 +300,21 @@ class StandbySwitch:
                 + said
             )
         return done
+
+
+def _recovery_job(job_id: str, node: str, runtime: str) -> JobPayload:
+    """What the slot commands of a restart's clean-up run for: the switch's
+    job id and runtime, kind ``recovery``; not a signed job."""
+    return JobPayload(
+        job_id=job_id,
+        kind="recovery",
+        node=node,
+        rollout="",
+        attempt=0,
+        mode="live",
+        target=JobTarget(runtime, "", "", ""),
+        source_commit="",
+        issued_at="",
+        expires_at="",
+        signed={},
+    )

@@ -55,10 +55,12 @@ import stat
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from reconciler.node.agent_config import SLOT_NAMES
+from reconciler.protocol.job_view import JobPayload, read_job
 from reconciler.spec.errors import ReconcilerError
 
 CONFIG_MODE = 0o644  # for a config the agent creates; an existing file keeps its mode
@@ -300,8 +302,25 @@ class JobRecord:
             shown["released"] = self.released
         return shown
 
+    @classmethod
+    def admitted(cls, job: JobPayload, accepted_at: str) -> JobRecord:
+        """A job just admitted, its payload parsed once at admission."""
+        record = cls(job.job_id, job.signed, "accepted", accepted_at)
+        record.__dict__["job"] = job
+        return record
+
+    @cached_property
+    def job(self) -> JobPayload:
+        """The payload, typed (``read_job``): parsed once per record, at
+        admission or when the journal is read back, and kept by ``with_changes``.
+        Not a field: the record on disk holds the payload as it was signed."""
+        return read_job(self.payload)
+
     def with_changes(self, **changes: Any) -> JobRecord:
-        return replace(self, **changes)
+        changed = replace(self, **changes)
+        if "job" in self.__dict__ and "payload" not in changes:
+            changed.__dict__["job"] = self.__dict__["job"]
+        return changed
 
 
 @dataclass(frozen=True)

@@ -15,16 +15,16 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from reconciler.node.probes import ProbeFailed, own_addresses
+from reconciler.protocol.job_view import JobDrain, JobWarmup
 from reconciler.spec import runtime_presets
 from reconciler.spec.times import format_time
 
@@ -115,28 +115,26 @@ def _hints(metrics: Sequence[str]) -> str:
     return "".join(f": {h}" for h in hints)
 
 
-def wait_idle(drain: Mapping[str, Any], deadline: float) -> None:
+def wait_idle(drain: JobDrain, deadline: float) -> None:
     """Until the idle metric is at most its ``max``, or ``drain_timeout``
     at ``deadline`` (``time.monotonic``)."""
-    idle = drain["idle"]
-    url, metric, most = idle["url"], idle["metric"], float(idle["max"])
+    url, metrics, most = drain.idle_url, drain.idle_metrics, drain.idle_max
     _local(url, "drain_timeout")
     last = "not read yet"
     with _local_client() as client:
         while True:
             left = deadline - time.monotonic()
             try:
-                value = idle_reading(client, url, metric, max(0.1, min(left, 5.0)))
+                value = idle_reading(client, url, metrics, max(0.1, min(left, 5.0)))
                 if value <= most:
                     return
-                last = f"{' + '.join(metric) if isinstance(metric, list) else metric} was "
-                last += f"{value:g}, more than {most:g}"
+                last = f"{' + '.join(metrics)} was {value:g}, more than {most:g}"
             except ValueError as exc:
                 last = str(exc)
             if time.monotonic() + IDLE_POLL > deadline:
                 raise SwitchFailed(
                     "drain_timeout",
-                    f"not idle within {drain['timeoutSeconds']}s ({last}); nothing was changed",
+                    f"not idle within {drain.timeout_seconds}s ({last}); nothing was changed",
                 )
             time.sleep(IDLE_POLL)
 
@@ -153,7 +151,7 @@ def _content_type(body: str) -> dict[str, str]:
     return {"Content-Type": "application/json"}
 
 
-def warm_up(warmups: Sequence[Mapping[str, Any]]) -> None:
+def warm_up(warmups: Sequence[JobWarmup]) -> None:
     """Send each warm-up request ``times`` times; ``warmup_failed`` at the
     first that does not answer its ``expectStatus`` in time. A runtime still
     starting (connection refused, or 503 while it loads) is asked again
@@ -164,44 +162,44 @@ def warm_up(warmups: Sequence[Mapping[str, Any]]) -> None:
         return
     with _local_client() as client:
         for warmup in warmups:
-            _local(warmup["url"], "warmup_failed")
-            for turn in range(1, warmup["times"] + 1):
-                where = f"{warmup['method']} {warmup['url']} (time {turn} of {warmup['times']})"
+            _local(warmup.url, "warmup_failed")
+            for turn in range(1, warmup.times + 1):
+                where = f"{warmup.method} {warmup.url} (time {turn} of {warmup.times})"
                 status = _warm_once(client, warmup, where)
-                if status != warmup["expectStatus"]:
+                if status != warmup.expect_status:
                     raise SwitchFailed(
                         "warmup_failed",
-                        f"{where} answered {status} (expected {warmup['expectStatus']})",
+                        f"{where} answered {status} (expected {warmup.expect_status})",
                     )
 
 
-def _warm_once(client: httpx.Client, warmup: Mapping[str, Any], where: str) -> int:
+def _warm_once(client: httpx.Client, warmup: JobWarmup, where: str) -> int:
     """One warm-up request's status, asked again while the runtime starts."""
-    timeout = float(warmup["timeoutSeconds"])
+    timeout = float(warmup.timeout_seconds)
     deadline = time.monotonic() + timeout
     while True:
         left = deadline - time.monotonic()
         try:
             answer = client.request(
-                warmup["method"],
-                warmup["url"],
-                content=warmup["body"].encode() or None,
-                headers=_content_type(warmup["body"]),
+                warmup.method,
+                warmup.url,
+                content=warmup.body.encode() or None,
+                headers=_content_type(warmup.body),
                 timeout=max(left, 0.001),
             )
         except httpx.TimeoutException:
             raise SwitchFailed(
-                "warmup_failed", f"{where}: no answer within {warmup['timeoutSeconds']}s"
+                "warmup_failed", f"{where}: no answer within {warmup.timeout_seconds}s"
             ) from None
         except httpx.ConnectError as exc:
             if time.monotonic() + STARTING_POLL >= deadline:
                 raise SwitchFailed(
-                    "warmup_failed", f"{where}: {exc}, still after {warmup['timeoutSeconds']}s"
+                    "warmup_failed", f"{where}: {exc}, still after {warmup.timeout_seconds}s"
                 ) from None
         except httpx.HTTPError as exc:
             raise SwitchFailed("warmup_failed", f"{where}: {exc}") from None
         else:
-            starting = answer.status_code == 503 and warmup["expectStatus"] != 503
+            starting = answer.status_code == 503 and warmup.expect_status != 503
             if not starting or time.monotonic() + STARTING_POLL >= deadline:
                 return answer.status_code
         time.sleep(STARTING_POLL)
