@@ -466,55 +466,8 @@ class _Checker:
         declared = artifact_rules.read(spec, self.add, self._ok, self.whole)
         if self.problems:
             return self.result()
-        target = spec["target"]
-        request = spec.get("rollbackRequest")
-        rollback = None
-        if request is not None:
-            nodes = request["nodes"]
-            rollback = RollbackRequest(
-                id=request["id"], nodes=None if nodes == "all" else _unique(nodes)
-            )
-        selector = spec.get("selector")
-        node_ids = spec.get("nodeIds")
-        rollout = RolloutSpec(
-            name=self.stem,
-            target=Target(
-                runtime=target["runtime"],
-                provider=target["provider"],
-                model=target["model"],
-                profile=target.get("profile", "default"),
-            ),
-            selector=None if selector is None else tuple(sorted(selector.items())),
-            node_ids=None if node_ids is None else _unique(node_ids),
-            batch_size=spec.get("batchSize", 1),
-            health_timeout=health if health is not None else 300,
-            live=spec.get("live", False),
-            on_failure=spec.get("onFailure", "pause"),
-            pause_after=tuple(
-                e if isinstance(e, int) else e["batch"] for e in spec.get("pauseAfter", ())
-            ),
-            pause_for=shapes.pause_for,
-            batches=shapes.batches,
-            after=tuple(spec.get("after", ())),
-            ignore_windows=spec.get("ignoreWindows", False),
-            spread_by=spread_by,
-            failure_budget=budget,
-            start_at=start_at,
-            include_maintenance=spec.get("includeMaintenance", False),
-            allow_overlap=spec.get("allowOverlap", False),
-            paused=spec.get("paused", False),
-            abort=spec.get("abort", False),
-            resume_request=spec.get("resumeRequest", ""),
-            skip_nodes=_unique(spec.get("skipNodes", ())),
-            rollback_request=rollback,
-            health=None if checks is None else health_rules.from_document(checks),
-            artifacts=declared.artifacts,
-            stage=declared.stage,
-            drain=declared.drain,
-            warmup=declared.warmup,
-            signature=declared.signature,
-            standby=declared.standby,
-            evals=eval_rules.evals_from_document(checks.get("evals", ()) if checks else ()),
+        rollout = _rollout_spec(
+            self.stem, spec, health, checks, shapes, spread_by, budget, declared
         )
         omitted = frozenset(k for k in _SETTINGS_DEFAULTED if k not in spec)
         return self.result(rollout=rollout, omitted=omitted)
@@ -1240,6 +1193,71 @@ def assemble(files: Iterable[ParsedFile]) -> Documents:
         rollouts=MappingProxyType(dict(sorted(rollouts.items()))),
         invalid_rollouts=MappingProxyType(dict(sorted(invalid.items()))),
         problems=tuple(sorted(problems, key=_problem_order)),
+    )
+
+
+def _rollout_spec(
+    name: str,
+    spec: dict[str, Any],
+    health: int | None,
+    checks: dict[str, Any] | None,
+    shapes: _Shapes,
+    spread_by: SpreadBy | None,
+    budget: int | str | None,
+    declared: artifact_rules.Declared,
+) -> RolloutSpec:
+    """The rollout a checked document declares, its defaults filled in; the
+    parts checked on their own (``healthTimeout``, shapes, capacity,
+    artifacts) come in as read."""
+    target = spec["target"]
+    request = spec.get("rollbackRequest")
+    rollback = None
+    if request is not None:
+        nodes = request["nodes"]
+        rollback = RollbackRequest(
+            id=request["id"], nodes=None if nodes == "all" else _unique(nodes)
+        )
+    selector = spec.get("selector")
+    node_ids = spec.get("nodeIds")
+    return RolloutSpec(
+        name=name,
+        target=Target(
+            runtime=target["runtime"],
+            provider=target["provider"],
+            model=target["model"],
+            profile=target.get("profile", "default"),
+        ),
+        selector=None if selector is None else tuple(sorted(selector.items())),
+        node_ids=None if node_ids is None else _unique(node_ids),
+        batch_size=spec.get("batchSize", 1),
+        health_timeout=health if health is not None else 300,
+        live=spec.get("live", False),
+        on_failure=spec.get("onFailure", "pause"),
+        pause_after=tuple(
+            e if isinstance(e, int) else e["batch"] for e in spec.get("pauseAfter", ())
+        ),
+        pause_for=shapes.pause_for,
+        batches=shapes.batches,
+        after=tuple(spec.get("after", ())),
+        ignore_windows=spec.get("ignoreWindows", False),
+        spread_by=spread_by,
+        failure_budget=budget,
+        start_at=spec.get("startAt"),
+        include_maintenance=spec.get("includeMaintenance", False),
+        allow_overlap=spec.get("allowOverlap", False),
+        paused=spec.get("paused", False),
+        abort=spec.get("abort", False),
+        resume_request=spec.get("resumeRequest", ""),
+        skip_nodes=_unique(spec.get("skipNodes", ())),
+        rollback_request=rollback,
+        health=None if checks is None else health_rules.from_document(checks),
+        artifacts=declared.artifacts,
+        stage=declared.stage,
+        drain=declared.drain,
+        warmup=declared.warmup,
+        signature=declared.signature,
+        standby=declared.standby,
+        evals=eval_rules.evals_from_document(checks.get("evals", ()) if checks else ()),
     )
 
 
