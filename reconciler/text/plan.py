@@ -35,7 +35,7 @@ from reconciler.protocol.observations import Observations
 from reconciler.spec import documents
 from reconciler.spec.artifacts import SIGNATURE_NAME, Artifact, Drain, ModelSigner, Warmup
 from reconciler.spec.batch_shapes import describe_sizes
-from reconciler.spec.documents import DAY_NUMBERS
+from reconciler.spec.settings_documents import DAY_NUMBERS
 from reconciler.spec.durations import format_duration
 from reconciler.spec.evals import uses_baseline
 from reconciler.spec.model import Fleet, Problem, RolloutSpec, Settings, SpreadBy, Target, Window
