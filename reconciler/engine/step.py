@@ -441,7 +441,7 @@ class RolloutStep(BaselineDraft):
 
     def deadline(self) -> datetime:
         assert self.health_timeout is not None
-        return self.now + timedelta(seconds=self.health_timeout)
+        return attempts.answer_by(self.now, self.health_timeout)
 
     def soak(self) -> int:
         """Seconds an apply's deadline gains for the soak (docs/health.md)."""
