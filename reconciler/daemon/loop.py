@@ -56,6 +56,7 @@ from reconciler.daemon.observer import Observed, Observer
 from reconciler.daemon.prometheus_client import PrometheusClient
 from reconciler.daemon.range_queries import RangeQueries
 from reconciler.daemon.reader import Delta, Reader, Snapshot
+from reconciler.daemon.refusal_log import log_refusals
 from reconciler.daemon.soft_state import SoftState
 from reconciler.daemon.state import DaemonState
 from reconciler.daemon.status_files import StatusFiles, commit_message
@@ -64,7 +65,7 @@ from reconciler.engine import fleet as fleet_rules
 from reconciler.engine import step as engine
 from reconciler.engine.memo import StepMemo
 from reconciler.engine.step import FleetStep, RolloutInput
-from reconciler.git.approval import Approver, Refusal
+from reconciler.git.approval import Approver
 from reconciler.git.sshsig import AllowedSigner
 from reconciler.git.store import GitStore
 from reconciler.git.watch import BranchWatcher
@@ -345,7 +346,7 @@ class Daemon:
         the last-acted marker."""
         snapshot, delta = self.reader.read(tip)
         if snapshot.approval is not None:
-            self._log_refusals(snapshot.approval.refusals)
+            log_refusals(self.log, self.soft.logged, snapshot.approval.refusals)
         self.publish(StatusView(snapshot.status_tip, snapshot.statuses, snapshot.fleet_status))
         return snapshot, delta, self.reader.inputs(snapshot, delta)
 
@@ -560,31 +561,8 @@ class Daemon:
 
     def _report(self, event: str, message: str, **fields: Any) -> None:
         """Log a standing problem once, not on every pass."""
-        if _first_time(self.soft.logged.problems, message):
+        if self.soft.logged.new_problem(message):
             self.log.warning(event, message, **fields)
-
-    def _log_refusals(self, refusals: Sequence[Refusal]) -> None:
-        """A pushed spec commit not acted on: one line per commit, with who
-        made it and why, besides the status that says so. A commit without
-        a valid signature is a ``push_refused`` warning, worth an alert; a
-        signed one waiting for its approvals is the ordinary course of
-        review, ``awaiting_approval`` at info. A move backwards is
-        ``verified_moved_back``."""
-        for refusal in refusals:
-            if not refusal.author or not _first_time(self.soft.logged.refused, refusal.commit):
-                continue
-            log, event = (
-                (self.log.info, "awaiting_approval")
-                if refusal.awaits_approval
-                else (self.log.warning, "push_refused")
-            )
-            log(
-                event,
-                f"commit {refusal.commit[:12]} by {refusal.author} is not acted on: "
-                f"{refusal.reason}",
-                commit=refusal.commit,
-                author=refusal.author,
-            )
 
     def _swept(self, sweep: Sweep) -> None:
         self.metrics.fleet_sweeps.inc()
@@ -651,17 +629,6 @@ class Daemon:
         if self._watcher is not None:
             self._watcher.stop()
         self.fleet_watch.stop(timeout=0)
-
-
-def _first_time(seen: set[str], key: str) -> bool:
-    """Whether ``key`` is new to ``seen``, soft state that forgets all it
-    holds at 10,000 keys rather than grow for the daemon's life."""
-    if key in seen:
-        return False
-    if len(seen) >= 10_000:
-        seen.clear()
-    seen.add(key)
-    return True
 
 
 def _freeze_long_lived() -> None:

@@ -32,12 +32,21 @@ from reconciler.daemon.reader import ReadMemory
 
 @dataclass
 class LoggedOnce:
-    """The loop's: what it has logged already, so a standing problem is
-    logged once rather than every pass (logged again after a restart)."""
+    """The loop's: what it has logged already, so a standing problem or a
+    refused commit is logged once rather than every pass (logged again
+    after a restart)."""
 
     problems: set[str] = field(default_factory=set)  # problem messages logged
     refused: set[str] = field(default_factory=set)  # refused spec commits logged
     announced: bool = False  # the standing events went to the notifier, on start
+
+    def new_problem(self, message: str) -> bool:
+        """Whether the problem ``message`` is not logged yet (it is now)."""
+        return _first_time(self.problems, message)
+
+    def new_refusal(self, commit: str) -> bool:
+        """Whether the refusal of ``commit`` is not logged yet (it is now)."""
+        return _first_time(self.refused, commit)
 
 
 @dataclass
@@ -60,6 +69,17 @@ class SoftState:
     sweeps: SweepMemory = field(default_factory=SweepMemory)
     # loop.py: the problems and refusals logged, the events announced.
     logged: LoggedOnce = field(default_factory=LoggedOnce)
+
+
+def _first_time(seen: set[str], key: str) -> bool:
+    """Whether ``key`` is new to ``seen``, which forgets all it holds at
+    10,000 keys rather than grow for the daemon's life."""
+    if key in seen:
+        return False
+    if len(seen) >= 10_000:
+        seen.clear()
+    seen.add(key)
+    return True
 
 
 __all__ = ["LoggedOnce", "SoftState"]

@@ -5,7 +5,7 @@ what they return and turns a dispatched record into a job."""
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from reconciler.engine.records import evolve
 from reconciler.protocol.job_ids import job_id
@@ -15,6 +15,11 @@ from reconciler.spec.model import Node
 from reconciler.spec.rollout_status import NodeRecord, RestoreRecord
 
 REMOVED = "node removed from nodes/"
+
+
+def answer_by(now: datetime, health_timeout: int) -> datetime:
+    """When a job sent at ``now`` must have answered: ``healthTimeout`` later."""
+    return now + timedelta(seconds=health_timeout)
 
 
 def next_apply(

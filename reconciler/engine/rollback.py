@@ -1,7 +1,7 @@
 """Explicit rollback (docs/rollouts.md, ``rollbackRequest``): which nodes
 a request restores, refuses or skips, and why. Values in, a
-``RollbackUpdate`` out: the step records it and sends the restores it
-names (``send_restore``); nothing here changes a status."""
+``RollbackUpdate`` out: ``reconciler.engine.restores`` records it and sends
+the restores it names; nothing here changes a status."""
 
 from __future__ import annotations
 

@@ -24,8 +24,9 @@ step records in its working copy (``draft``): why a start waits
 (``starts``), what evidence writes (``verdicts``), the failure budget
 (``budget``), the operator's intents (``intents``, ``rollback``), what a
 send records (``attempts``), batch progress (``batches``), holds
-(``holds``) and condition words (``conditions``). None of them imports this
-module.
+(``holds``) and condition words (``conditions``). Restores are sent and
+recorded by ``restores``, which takes the draft and, as arguments, what
+else it reads. None of them imports this module.
 
 Every phase and node-state change is checked against ``reconciler.engine.lifecycle``.
 Status never goes backwards: terminal phases stay, attempts only grow, and a
@@ -49,11 +50,11 @@ from reconciler.engine import (
     evidence,
     intents,
     releases,
+    restores,
     rollback,
     starts,
     verdicts,
 )
-from reconciler.engine.backups import first_backup_listed
 from reconciler.engine.baseline_draft import BaselineDraft
 from reconciler.engine.calendar import batch_gate
 from reconciler.engine.holds import (
@@ -72,7 +73,6 @@ from reconciler.engine.queries import (
     in_flight,
     is_active,
     next_wakeup,
-    restore_job,
     restores_in_flight,
     waits_for_a_person,
     wanted_backups,
@@ -441,7 +441,7 @@ class RolloutStep(BaselineDraft):
 
     def deadline(self) -> datetime:
         assert self.health_timeout is not None
-        return self.now + timedelta(seconds=self.health_timeout)
+        return attempts.answer_by(self.now, self.health_timeout)
 
     def soak(self) -> int:
         """Seconds an apply's deadline gains for the soak (docs/health.md)."""
@@ -595,15 +595,14 @@ class RolloutStep(BaselineDraft):
         if spec is not None and self.old.started:
             self.handle_rollback_request()
         elif spec is not None and spec.rollback_request is not None:
-            self.record_rollback(
-                rollback.refusal(
-                    spec.rollback_request,
-                    self.inp.author,
-                    self.now,
-                    self.rollbacks,
-                    "the rollout never started: nothing to roll back",
-                )
+            refused = rollback.refusal(
+                spec.rollback_request,
+                self.inp.author,
+                self.now,
+                self.rollbacks,
+                "the rollout never started: nothing to roll back",
             )
+            restores.record_rollback(self, refused, spec_commit=self.inp.spec_commit)
         self.close_terminal()
 
     def close_terminal(self) -> None:
@@ -691,84 +690,24 @@ class RolloutStep(BaselineDraft):
         spec = self.inp.spec
         if spec is None:
             return
-        assert self.frozen is not None and self.start_commit is not None
-        update = rollback.handle_request(
+        restores.answer_request(
+            self,
             spec.rollback_request,
-            rollback.Rollout(
-                name=self.name,
-                author=self.inp.author,
-                now=self.now,
-                live=self.frozen.live,
-                phase=self.phase,
-                started_at=self.started_at,
-                start_commit=self.start_commit,
-                nodes=self.nodes,
-                rollbacks=self.rollbacks,
-                index=self.index,
-                others=lambda: self.ctx.current,
-                backups=self.ctx.obs.backups,
-            ),
+            author=self.inp.author,
+            others=lambda: self.ctx.current,
+            backups=self.ctx.obs.backups,
+            spec_commit=self.inp.spec_commit,
         )
-        self.record_rollback(update)
-
-    def record_rollback(self, update: rollback.RollbackUpdate | None) -> None:
-        if update is None:
-            return
-        self.rollbacks = update.rollbacks
-        self.apply(update.found)
-        for i in update.restores:
-            self.send_restore(i, update.request, "restoring")
-        if update.sets_condition:
-            self.set_condition("rollback_refused", update.refused)
-        if update.handled:
-            self.spec_commit = self.inp.spec_commit
-
-    def resolve_first_backup(self, i: int) -> NodeRecord:
-        """The node with its first backup found in the agent's backup list,
-        once that list is read."""
-        assert self.start_commit is not None
-        node = self.nodes[i]
-        new = first_backup_listed(
-            node, self.ctx.obs.backups.get(node.name), self.name, self.start_commit
-        )
-        self.set_node(i, new, "backup list searched")
-        return new
 
     def start_policy_restore(self, i: int) -> bool:
-        node = self.resolve_first_backup(i)
-        if not node.first_backup_known:
-            return False  # wait for the backup list (wanted_backups asks for it)
-        if node.first_backup_id is None:
-            self.set_node(i, evolve(node, held="rollback_unavailable"), "no backup to restore")
-            return True
-        self.send_restore(i, "policy", "rollback_pending")
-        return True
+        return restores.start_policy_restore(
+            self, i, backups=self.ctx.obs.backups, source_commit=self.inp.spec_commit
+        )
 
     def carry_out_decided_restores(self) -> None:
-        """After an abort, restores the policy decided are still carried out."""
-        for i in list(self.open_indexes()):
-            node = self.nodes[i]
-            if restore_waiting(node):
-                node = self.resolve_first_backup(i)
-                if node.first_backup_known and node.first_backup_id is not None:
-                    self.send_restore(i, "policy", "rollback_pending")
-                elif node.first_backup_known:
-                    self.set_node(i, evolve(node, held=None), "no backup to restore")
-
-    def send_restore(self, i: int, request: str, state: str) -> None:
-        node = self.nodes[i]
-        assert self.frozen is not None and self.start_commit is not None
-        restore = attempts.next_restore(
-            node,
-            request,
-            rollout=self.name,
-            start_commit=self.start_commit,
-            source_commit=self.inp.spec_commit,
-            now=self.now,
-            deadline=self.deadline(),
+        restores.carry_out_decided(
+            self, backups=self.ctx.obs.backups, source_commit=self.inp.spec_commit
         )
-        self.set_node(i, evolve(node, state=state, restore=restore), f"restore ({request})")
-        self.effects.append(restore_job(self.name, self.frozen, node.name, restore))
 
     # -- decisions
 

@@ -21,47 +21,44 @@ Must not: touch Git or the network, or decide anything about rollouts.
 
 from __future__ import annotations
 
-import difflib
-import json
 import multiprocessing
 import os
 import re
 import threading
-import zoneinfo
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field, replace
-from datetime import tzinfo
 from pathlib import Path, PurePosixPath
 from types import MappingProxyType
 from typing import Any, TypeVar
 
-from reconciler.spec import artifact_rules, eval_documents, safe_yaml, schemas, signer_keys
+from reconciler.spec import (
+    artifact_rules,
+    eval_documents,
+    safe_yaml,
+    schemas,
+    settings_documents,
+    signer_keys,
+)
 from reconciler.spec import compare as compare_rules
 from reconciler.spec import evals as eval_rules
 from reconciler.spec import health as health_rules
 from reconciler.spec.agent_url import is_usable_agent_url
-from reconciler.spec.artifacts import ModelSigner
 from reconciler.spec.batch_shapes import check_batch_entry, check_budget, check_share
 from reconciler.spec.durations import parse_duration
 from reconciler.spec.model import (
     API_VERSION,
     DEFAULT_FLEET_CHECK_INTERVAL,
-    NOTIFICATION_EVENTS,
-    ApprovalRule,
     Defaults,
     Fleet,
-    Freeze,
     Node,
     Problem,
-    Receiver,
     RollbackRequest,
     RolloutSpec,
     Settings,
     SpreadBy,
     Target,
-    Window,
 )
 from reconciler.spec.paths import (
     EVALS_DIR,
@@ -78,6 +75,7 @@ from reconciler.spec.paths import (
     shown_path,
 )
 from reconciler.spec.times import parse_time
+from reconciler.spec.value_words import did_you_mean, show
 
 KINDS = ("Node", "Rollout", "Settings", "EvalSuite")
 _ZERO_DURATION = re.compile(r"(0+[smh])+")
@@ -354,7 +352,7 @@ class _Checker:
         return self._settings(doc)
 
     def ok_at(self, name: str) -> bool:
-        """``_ok`` for the checks kept outside the class (receivers, approval rules)."""
+        """``_ok`` for the checks kept outside the class (eval suites, ``health.evals``)."""
         return self._ok(name)
 
     def _ok(self, name: str) -> bool:
@@ -372,7 +370,7 @@ class _Checker:
     def _check_stem(self) -> None:
         if not NAME_RE.fullmatch(self.stem):
             self.add_whole(
-                f"file name {_show(self.stem)} is not a valid name ({NAME_RULE}): rename the "
+                f"file name {show(self.stem)} is not a valid name ({NAME_RULE}): rename the "
                 f"file, and set metadata.name to the same name"
             )
         metadata = self.doc.get("metadata")
@@ -383,11 +381,11 @@ class _Checker:
             folder = PurePosixPath(self.path).parent
             fix = f"rename the file to {folder}/{name}.yaml"
             if NAME_RE.fullmatch(self.stem):
-                fix += f" or set the name to {_show(self.stem)}"
+                fix += f" or set the name to {show(self.stem)}"
             self.add(
                 ["metadata", "name"],
                 f"must equal the file name: the file is {self.path} but the name is "
-                f"{_show(name)}; {fix}",
+                f"{show(name)}; {fix}",
             )
 
     def _duration(self, field_path: list[str | int], value: Any) -> int | None:
@@ -455,7 +453,7 @@ class _Checker:
             except ValueError:
                 self.add(
                     ["spec", "startAt"],
-                    f"{_show(start_at)} is not a real time: check the date and the time of day "
+                    f"{show(start_at)} is not a real time: check the date and the time of day "
                     "(such as 2026-12-01T09:00:00Z)",
                 )
         checks = spec.get("health")
@@ -466,55 +464,8 @@ class _Checker:
         declared = artifact_rules.read(spec, self.add, self._ok, self.whole)
         if self.problems:
             return self.result()
-        target = spec["target"]
-        request = spec.get("rollbackRequest")
-        rollback = None
-        if request is not None:
-            nodes = request["nodes"]
-            rollback = RollbackRequest(
-                id=request["id"], nodes=None if nodes == "all" else _unique(nodes)
-            )
-        selector = spec.get("selector")
-        node_ids = spec.get("nodeIds")
-        rollout = RolloutSpec(
-            name=self.stem,
-            target=Target(
-                runtime=target["runtime"],
-                provider=target["provider"],
-                model=target["model"],
-                profile=target.get("profile", "default"),
-            ),
-            selector=None if selector is None else tuple(sorted(selector.items())),
-            node_ids=None if node_ids is None else _unique(node_ids),
-            batch_size=spec.get("batchSize", 1),
-            health_timeout=health if health is not None else 300,
-            live=spec.get("live", False),
-            on_failure=spec.get("onFailure", "pause"),
-            pause_after=tuple(
-                e if isinstance(e, int) else e["batch"] for e in spec.get("pauseAfter", ())
-            ),
-            pause_for=shapes.pause_for,
-            batches=shapes.batches,
-            after=tuple(spec.get("after", ())),
-            ignore_windows=spec.get("ignoreWindows", False),
-            spread_by=spread_by,
-            failure_budget=budget,
-            start_at=start_at,
-            include_maintenance=spec.get("includeMaintenance", False),
-            allow_overlap=spec.get("allowOverlap", False),
-            paused=spec.get("paused", False),
-            abort=spec.get("abort", False),
-            resume_request=spec.get("resumeRequest", ""),
-            skip_nodes=_unique(spec.get("skipNodes", ())),
-            rollback_request=rollback,
-            health=None if checks is None else health_rules.from_document(checks),
-            artifacts=declared.artifacts,
-            stage=declared.stage,
-            drain=declared.drain,
-            warmup=declared.warmup,
-            signature=declared.signature,
-            standby=declared.standby,
-            evals=eval_rules.evals_from_document(checks.get("evals", ()) if checks else ()),
+        rollout = _rollout_spec(
+            self.stem, spec, health, checks, shapes, spread_by, budget, declared
         )
         omitted = frozenset(k for k in _SETTINGS_DEFAULTED if k not in spec)
         return self.result(rollout=rollout, omitted=omitted)
@@ -537,7 +488,7 @@ class _Checker:
         for index, name in health_rules.duplicate_names(checks):
             self.add(
                 ["spec", "health", "checks", index, "name"],
-                f"check name {_show(name)} is used twice: give each check its own name",
+                f"check name {show(name)} is used twice: give each check its own name",
             )
         for index, check in enumerate(checks):
             if not isinstance(check, dict):
@@ -558,7 +509,7 @@ class _Checker:
             if isinstance(host, str) and not health_rules.is_local_host(host):
                 self.add(
                     [*where, "tcp", "host"],
-                    f"an agent probes only its own node: the host {_show(host)} must be "
+                    f"an agent probes only its own node: the host {show(host)} must be "
                     f"{health_rules.LOCAL_HOST_RULE}",
                 )
 
@@ -603,7 +554,7 @@ class _Checker:
                 if name == self.stem:
                     self.add(
                         ["spec", "after", index],
-                        f"a rollout cannot wait for itself: remove {_show(name)} from after",
+                        f"a rollout cannot wait for itself: remove {show(name)} from after",
                     )
         return _Shapes(tuple(batches), tuple(sorted(pause_for)))
 
@@ -627,84 +578,6 @@ class _Checker:
                 budget = None
         return spread_by, budget if isinstance(budget, int | str) else None
 
-    def _windows(self, spec: dict[str, Any]) -> tuple[Window, ...]:
-        found: list[Window] = []
-        windows = spec.get("windows")
-        if not isinstance(windows, list) or not self._ok("spec.windows"):
-            return ()
-        for index, item in enumerate(windows):
-            where: list[str | int] = ["spec", "windows", index]
-            if not isinstance(item, dict):
-                continue
-            days: set[int] = set()
-            for k, day in enumerate(item.get("days", ())):
-                if not isinstance(day, str):
-                    continue
-                number = DAY_NUMBERS.get(day.lower())
-                if number is None:
-                    guess = _did_you_mean(day, DAY_NUMBERS)
-                    hint = f"did you mean {guess}?" if guess else "write " + ", ".join(DAY_NUMBERS)
-                    self.add(
-                        [*where, "days", k],
-                        f"{_show(day)} is not a day of the week; {hint}",
-                    )
-                else:
-                    days.add(number)
-            start, end = item.get("from"), item.get("to")
-            begin = _minutes(start) if isinstance(start, str) else None
-            finish = _minutes(end) if isinstance(end, str) else None
-            if begin is not None and finish is not None and finish <= begin:
-                self.add(
-                    [*where, "to"],
-                    f"the window closes at {end}, not after it opens at {start}: a window "
-                    "lies within one day; for a window past midnight write two windows "
-                    '(one to "24:00", one from "00:00" on the next days)',
-                )
-            zone_name = item.get("timezone")
-            zone = None
-            if isinstance(zone_name, str):
-                zone = _zone(zone_name)
-                if zone is None:
-                    self.add(
-                        [*where, "timezone"],
-                        f"unknown time zone {_show(zone_name)}: write an IANA zone name "
-                        "such as Europe/Berlin, America/New_York or UTC",
-                    )
-            if zone is not None and begin is not None and finish is not None and days:
-                assert isinstance(zone_name, str)
-                found.append(Window(frozenset(days), begin, finish, zone_name, zone))
-        return tuple(found)
-
-    def _freezes(self, spec: dict[str, Any]) -> tuple[Freeze, ...]:
-        found: list[Freeze] = []
-        freezes = spec.get("freezes")
-        if not isinstance(freezes, list) or not self._ok("spec.freezes"):
-            return ()
-        for index, item in enumerate(freezes):
-            if not isinstance(item, dict):
-                continue
-            moments: list[Any] = []
-            for key in ("from", "to"):
-                try:
-                    moments.append(parse_time(str(item.get(key))))
-                except (ValueError, TypeError):
-                    if self._ok(f"spec.freezes[{index}].{key}"):
-                        self.add(
-                            ["spec", "freezes", index, key],
-                            f"{_show(item.get(key))} is not a real time: check the date and "
-                            "the time of day (such as 2026-12-24T00:00:00Z)",
-                        )
-            if len(moments) == 2:
-                if moments[1] <= moments[0]:
-                    self.add(
-                        ["spec", "freezes", index, "to"],
-                        f"the freeze ends at {item['to']}, not after it begins at "
-                        f"{item['from']}: put to after from",
-                    )
-                else:
-                    found.append(Freeze(moments[0], moments[1], item.get("reason", "")))
-        return tuple(found)
-
     def _settings(self, doc: dict[str, Any]) -> ParsedFile:
         spec = doc.get("spec")
         spec = spec if isinstance(spec, dict) else {}
@@ -723,11 +596,15 @@ class _Checker:
         health = self._duration(
             ["spec", "defaults", "healthTimeout"], defaults.get("healthTimeout")
         )
-        windows = self._windows(spec)
-        freezes = self._freezes(spec)
-        receivers = _receivers(self, spec.get("notifications"))
-        rules = _approval_rules(self, spec.get("approvalRules"))
-        signers = _model_signers(self, spec)
+        windows = settings_documents.windows(spec, self.add, self._ok)
+        freezes = settings_documents.freezes(spec, self.add, self._ok)
+        receivers = settings_documents.receivers(
+            spec.get("notifications"), self.add, self._ok, self.whole
+        )
+        rules = settings_documents.approval_rules(
+            spec.get("approvalRules"), self.add, self._ok, self.whole
+        )
+        signers = settings_documents.model_signers(spec, self.add, self._ok, self.whole)
         if self.problems:
             return self.result()
         base = Defaults()
@@ -778,163 +655,10 @@ def _at_or_under(name: str, part: str) -> bool:
     return name == part or name.startswith(part + ".") or name.startswith(part + "[")
 
 
-def _receivers(check: _Checker, entries: Any) -> tuple[Receiver, ...]:
-    """``spec.notifications`` (docs/operating.md), after the schema:
-    unique names and known event names, each problem naming the receiver."""
-    if not isinstance(entries, list) or not check.ok_at("spec.notifications"):
-        return ()
-    receivers: list[Receiver] = []
-    seen: dict[str, int] = {}
-    for index, entry in enumerate(entries):
-        where = f"spec.notifications[{index}]"
-        if not isinstance(entry, dict) or any(b.startswith(where) for b in check.bad_fields):
-            continue  # the schema's problem is reported already
-        name = entry["name"]
-        if name in seen:
-            check.add(
-                ["spec", "notifications", index, "name"],
-                f"receiver {_show(name)} is named twice (also entry {seen[name] + 1}): "
-                "give every receiver its own name",
-            )
-            continue
-        seen[name] = index
-        events = entry.get("events", NOTIFICATION_EVENTS)
-        for at, event in enumerate(events):
-            if event not in NOTIFICATION_EVENTS:
-                check.add(
-                    ["spec", "notifications", index, "events", at],
-                    f"receiver {_show(name)}: unknown event {_show(event)}; "
-                    f"use one of {', '.join(NOTIFICATION_EVENTS)}",
-                )
-        receivers.append(
-            Receiver(
-                name=name,
-                url_env=entry["urlEnv"],
-                format=entry.get("format", "json"),
-                secret_env=entry.get("secretEnv"),
-                events=tuple(dict.fromkeys(events)),
-                rollouts=tuple(entry.get("rollouts", ())),
-            )
-        )
-    return tuple(receivers)
-
-
-def _approval_rules(check: _Checker, entries: Any) -> tuple[ApprovalRule, ...]:
-    """``spec.approvalRules`` (docs/approval-rules.md) of the settings that
-    ``check`` reads, after the schema:
-    unique names, each rule covering nodes or settings, and no rule
-    asking for more approvals than it has people."""
-    if not isinstance(entries, list) or not check.ok_at("spec.approvalRules"):
-        return ()
-    rules: list[ApprovalRule] = []
-    seen: dict[str, int] = {}
-    for index, entry in enumerate(entries):
-        if not isinstance(entry, dict) or not check.whole(f"spec.approvalRules[{index}]"):
-            continue  # the schema's problem is reported already
-        at: list[str | int] = ["spec", "approvalRules", index]
-        name = entry["name"]
-        if name in seen:
-            check.add(
-                [*at, "name"],
-                f"approval rule {_show(name)} is named twice (also entry {seen[name] + 1}): "
-                "give every rule its own name",
-            )
-            continue
-        seen[name] = index
-        nodes = entry.get("nodes")
-        settings = entry.get("settings", False)
-        if nodes is None and not settings:
-            check.add(
-                at,
-                f"approval rule {_show(name)} covers nothing: give nodes "
-                "({selector: {...}} or {nodeIds: [...]}) or settings: true",
-            )
-            continue
-        if nodes is not None and ("selector" in nodes) == ("nodeIds" in nodes):
-            check.add(
-                [*at, "nodes"],
-                f"approval rule {_show(name)}: give exactly one of selector "
-                "(match nodes by labels) or nodeIds (list nodes by name)",
-            )
-            continue
-        principals = tuple(dict.fromkeys(entry["principals"]))
-        if entry["require"] > len(principals):
-            check.add(
-                [*at, "require"],
-                f"approval rule {_show(name)} requires {entry['require']} approvals but "
-                f"names {len(principals)} principal{'s' if len(principals) != 1 else ''}: "
-                "lower require or add principals",
-            )
-            continue
-        selector = None if nodes is None else nodes.get("selector")
-        node_ids = None if nodes is None else nodes.get("nodeIds")
-        rules.append(
-            ApprovalRule(
-                name=name,
-                principals=principals,
-                require=entry["require"],
-                selector=None if selector is None else tuple(sorted(selector.items())),
-                node_ids=None if node_ids is None else tuple(dict.fromkeys(node_ids)),
-                settings=bool(settings),
-            )
-        )
-    return tuple(rules)
-
-
-def _model_signers(check: _Checker, spec: Mapping[str, Any]) -> tuple[ModelSigner, ...]:
-    """``spec.modelSigners`` (docs/rollouts.md) after the schema: unique
-    names, and every key an EC public key on P-256 or P-384."""
-    entries = spec.get("modelSigners")
-    if not isinstance(entries, list) or not check.ok_at("spec.modelSigners"):
-        return ()
-    signers: list[ModelSigner] = []
-    seen: dict[str, int] = {}
-    for index, entry in enumerate(entries):
-        if not isinstance(entry, dict) or not check.whole(f"spec.modelSigners[{index}]"):
-            continue  # the schema's problem is reported already
-        at: list[str | int] = ["spec", "modelSigners", index]
-        name = entry["name"]
-        if name in seen:
-            check.add(
-                [*at, "name"],
-                f"signer {_show(name)} is named twice (also entry {seen[name] + 1}): "
-                "give every signer its own name",
-            )
-            continue
-        seen[name] = index
-        why = signer_keys.key_problem(entry["publicKey"])
-        if why:
-            check.add([*at, "publicKey"], f"signer {_show(name)}: the key {why}")
-            continue
-        signers.append(ModelSigner(name, entry["publicKey"], tuple(entry.get("models", ("*",)))))
-    return tuple(signers)
-
-
 @dataclass(frozen=True)
 class _Shapes:
     batches: tuple[int | str, ...]
     pause_for: tuple[tuple[int, int], ...]
-
-
-DAY_NUMBERS = {"mon": 0, "tue": 1, "wed": 2, "thu": 3, "fri": 4, "sat": 5, "sun": 6}
-
-
-def _minutes(text: str) -> int | None:
-    """Minutes after midnight of ``HH:MM`` (the schema checked the form)."""
-    try:
-        hours, minutes = text.split(":")
-        return int(hours) * 60 + int(minutes)
-    except ValueError:
-        return None
-
-
-def _zone(name: str) -> tzinfo | None:
-    """The IANA zone ``name`` from the zone database (the ``tzdata`` package
-    when the system has none), or None when there is no such zone."""
-    try:
-        return zoneinfo.ZoneInfo(name)
-    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
-        return None
 
 
 def _unique(names: Iterable[str]) -> tuple[str, ...]:
@@ -966,7 +690,7 @@ def _describe(value: Any) -> str:
     if isinstance(value, int | float):
         return f"the number {value}"
     if isinstance(value, str):
-        return f"the text {_show(value)}"
+        return f"the text {show(value)}"
     if isinstance(value, list):
         return "a list"
     if isinstance(value, dict):
@@ -974,33 +698,9 @@ def _describe(value: Any) -> str:
     return type(value).__name__
 
 
-def _show(value: Any) -> str:
-    if isinstance(value, str):
-        text = json.dumps(value, ensure_ascii=False)
-        return text if len(text) <= 70 else text[:66] + '..."'
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if value is None:
-        return "null"
-    if isinstance(value, list):
-        return "a list"
-    if isinstance(value, dict):
-        return "a mapping"
-    return str(value)
-
-
 def _first_sentence(text: str) -> str:
     head = text.split(". ")[0].rstrip(".")
     return head[:1].lower() + head[1:]
-
-
-def _did_you_mean(word: str, choices: Iterable[str]) -> str | None:
-    options = list(choices)
-    by_lower = {c.lower(): c for c in options}
-    if word.lower() in by_lower:
-        return by_lower[word.lower()]
-    close = difflib.get_close_matches(word.lower(), list(by_lower), n=1, cutoff=0.6)
-    return by_lower[close[0]] if close else None
 
 
 def explain(path: str, data: bytes, doc: Any, schema_name: str) -> list[Problem]:
@@ -1028,18 +728,16 @@ def _translate(error: Any, data: bytes) -> list[_Finding]:
     if "propertyNames" in error.relative_schema_path:
         # jsonschema reports a bad key as an error on the key itself
         rule = _key_rule(error)
-        return [([*where, instance], True, f"{rule}, got {_show(instance)}")]
+        return [([*where, instance], True, f"{rule}, got {show(instance)}")]
     if keyword == "additionalProperties":
         allowed = sorted(schema.get("properties", {}))
         out: list[_Finding] = []
         for key in sorted(k for k in instance if k not in schema.get("properties", {})):
-            guess = _did_you_mean(key, allowed)
+            guess = did_you_mean(key, allowed)
             hint = (
-                f"did you mean {_show(guess)}?"
-                if guess
-                else "allowed fields: " + ", ".join(allowed)
+                f"did you mean {show(guess)}?" if guess else "allowed fields: " + ", ".join(allowed)
             )
-            out.append(([*where, key], True, f"unknown field {_show(key)}; {hint}"))
+            out.append(([*where, key], True, f"unknown field {show(key)}; {hint}"))
         return out
     if keyword == "required":
         props = schema.get("properties", {})
@@ -1049,7 +747,7 @@ def _translate(error: Any, data: bytes) -> list[_Finding]:
                 continue
             about = props.get(name, {}).get("description", "")
             extra = f" ({_first_sentence(about)})" if about else ""
-            out.append(([*where, name], False, f"missing required field {_show(name)}{extra}"))
+            out.append(([*where, name], False, f"missing required field {show(name)}{extra}"))
         return out
     if keyword == "type":
         return [(where, False, _type_message(value, instance, data, where))]
@@ -1068,23 +766,23 @@ def _value_findings(
     pattern, bounds, unique items); None for any other keyword."""
     message = schema.get("errorMessage") if keyword in ("const", "enum") else None
     if keyword == "const":
-        message = message or f"must be {_show(value)}"
-        return [(where, False, f"{message}, got {_show(instance)}")]
+        message = message or f"must be {show(value)}"
+        return [(where, False, f"{message}, got {show(instance)}")]
     if keyword == "enum":
         choices = ", ".join(str(v) for v in value)
-        text = f"must be one of {choices}; got {_show(instance)}"
+        text = f"must be one of {choices}; got {show(instance)}"
         if isinstance(instance, str):
-            guess = _did_you_mean(instance, [v for v in value if isinstance(v, str)])
+            guess = did_you_mean(instance, [v for v in value if isinstance(v, str)])
             if guess:
                 text += f" (did you mean {guess}?)"
         return [(where, False, text)]
     if keyword == "pattern":
         rule = schema.get("patternErrorMessage", "does not have the expected form")
-        return [(where, False, f"{rule}; got {_show(instance)}")]
+        return [(where, False, f"{rule}; got {show(instance)}")]
     if keyword == "minimum":
-        return [(where, False, f"must be at least {value}, got {_show(instance)}")]
+        return [(where, False, f"must be at least {value}, got {show(instance)}")]
     if keyword == "maximum":
-        return [(where, False, f"must be at most {value}, got {_show(instance)}")]
+        return [(where, False, f"must be at most {value}, got {show(instance)}")]
     if keyword == "minLength":
         if value == 1:
             return [(where, False, "must not be empty")]
@@ -1105,7 +803,7 @@ def _value_findings(
                     (
                         [*where, index],
                         False,
-                        f"{_show(item)} is listed more than once; list each value once",
+                        f"{show(item)} is listed more than once; list each value once",
                     )
                 ]
             seen.append(item)
@@ -1125,7 +823,7 @@ def _type_message(expected: Any, instance: Any, data: bytes, where: list[str | i
     wanted = [expected] if isinstance(expected, str) else list(expected)
     words = " or ".join(_TYPE_WORDS.get(w, w) for w in wanted)
     if "string" in wanted and isinstance(instance, bool | int | float) and instance is not None:
-        written = _written(data, where) or _show(instance)
+        written = _written(data, where) or show(instance)
         what = "a boolean" if isinstance(instance, bool) else "a number"
         return (
             f"must be text, but {written} without quotes is read as {what}; "
@@ -1218,7 +916,7 @@ def assemble(files: Iterable[ParsedFile]) -> Documents:
                         line,
                         column,
                         "metadata.name",
-                        f"{_show(item.declared_name)} is already the name of {owner}: "
+                        f"{show(item.declared_name)} is already the name of {owner}: "
                         "every name is used by one file only",
                     )
                 )
@@ -1240,6 +938,71 @@ def assemble(files: Iterable[ParsedFile]) -> Documents:
         rollouts=MappingProxyType(dict(sorted(rollouts.items()))),
         invalid_rollouts=MappingProxyType(dict(sorted(invalid.items()))),
         problems=tuple(sorted(problems, key=_problem_order)),
+    )
+
+
+def _rollout_spec(
+    name: str,
+    spec: dict[str, Any],
+    health: int | None,
+    checks: dict[str, Any] | None,
+    shapes: _Shapes,
+    spread_by: SpreadBy | None,
+    budget: int | str | None,
+    declared: artifact_rules.Declared,
+) -> RolloutSpec:
+    """The rollout a checked document declares, its defaults filled in; the
+    parts checked on their own (``healthTimeout``, shapes, capacity,
+    artifacts) come in as read."""
+    target = spec["target"]
+    request = spec.get("rollbackRequest")
+    rollback = None
+    if request is not None:
+        nodes = request["nodes"]
+        rollback = RollbackRequest(
+            id=request["id"], nodes=None if nodes == "all" else _unique(nodes)
+        )
+    selector = spec.get("selector")
+    node_ids = spec.get("nodeIds")
+    return RolloutSpec(
+        name=name,
+        target=Target(
+            runtime=target["runtime"],
+            provider=target["provider"],
+            model=target["model"],
+            profile=target.get("profile", "default"),
+        ),
+        selector=None if selector is None else tuple(sorted(selector.items())),
+        node_ids=None if node_ids is None else _unique(node_ids),
+        batch_size=spec.get("batchSize", 1),
+        health_timeout=health if health is not None else 300,
+        live=spec.get("live", False),
+        on_failure=spec.get("onFailure", "pause"),
+        pause_after=tuple(
+            e if isinstance(e, int) else e["batch"] for e in spec.get("pauseAfter", ())
+        ),
+        pause_for=shapes.pause_for,
+        batches=shapes.batches,
+        after=tuple(spec.get("after", ())),
+        ignore_windows=spec.get("ignoreWindows", False),
+        spread_by=spread_by,
+        failure_budget=budget,
+        start_at=spec.get("startAt"),
+        include_maintenance=spec.get("includeMaintenance", False),
+        allow_overlap=spec.get("allowOverlap", False),
+        paused=spec.get("paused", False),
+        abort=spec.get("abort", False),
+        resume_request=spec.get("resumeRequest", ""),
+        skip_nodes=_unique(spec.get("skipNodes", ())),
+        rollback_request=rollback,
+        health=None if checks is None else health_rules.from_document(checks),
+        artifacts=declared.artifacts,
+        stage=declared.stage,
+        drain=declared.drain,
+        warmup=declared.warmup,
+        signature=declared.signature,
+        standby=declared.standby,
+        evals=eval_rules.evals_from_document(checks.get("evals", ()) if checks else ()),
     )
 
 
@@ -1268,12 +1031,12 @@ def _rollout_result(
             broken = node_files.get(name)
             if broken is not None:
                 message = (
-                    f"node {_show(name)} cannot be used: its file {broken.path} is invalid; "
+                    f"node {show(name)} cannot be used: its file {broken.path} is invalid; "
                     "fix that file first"
                 )
             else:
                 message = (
-                    f"no node named {_show(name)}: there is no nodes/{name}.yaml; "
+                    f"no node named {show(name)}: there is no nodes/{name}.yaml; "
                     "check the spelling or add the node"
                 )
             index_in_file = _index_in_file(item.source, name, index)
@@ -1303,7 +1066,7 @@ def _suite_problems(item: ParsedFile, spec: RolloutSpec) -> list[Problem]:
                 line,
                 column,
                 safe_yaml.format_field(where),
-                f"no valid eval suite named {_show(e.suite_name)}: there is no valid "
+                f"no valid eval suite named {show(e.suite_name)}: there is no valid "
                 f"{eval_suite_path(e.suite_name)}; add it, fix it, or check the spelling",
             )
         )
@@ -1349,7 +1112,7 @@ def _signers_of(
         names = ", ".join(s.name for s in signers)
         line, column = safe_yaml.locate(item.path, item.source, ["spec", "target"])
         message = (
-            f"model {_show(model)} is covered by signer{'s' if len(signers) > 1 else ''} "
+            f"model {show(model)} is covered by signer{'s' if len(signers) > 1 else ''} "
             f"{names} in {SETTINGS_PATH}: give target.signature {{url, sha256, size}}, the "
             "producer's OpenSSF Model Signing signature of target.artifacts"
         )
@@ -1555,7 +1318,7 @@ def _after_problems(
                     line,
                     column,
                     where,
-                    f"no rollout named {_show(name)}: there is no rollouts/{name}.yaml; "
+                    f"no rollout named {show(name)}: there is no rollouts/{name}.yaml; "
                     "check the spelling or remove it from after",
                 )
             )

@@ -853,20 +853,7 @@ def to_record(status: RolloutStatus, *, inline_nodes: bool = True) -> dict[str, 
         "specCommit": status.spec_commit,
         "startCommit": status.start_commit,
         "firstSeenCommit": status.first_seen_commit,
-        **(
-            {
-                "approvedBy": [
-                    {
-                        "principal": a.principal,
-                        "keyId": a.key_id,
-                        **({"rules": list(a.rules)} if a.rules else {}),
-                    }
-                    for a in status.approved_by
-                ]
-            }
-            if status.approved_by
-            else {}
-        ),
+        **_approval_records(status),
         **_act_records(status),
         "healthTimeout": (
             None if status.health_timeout is None else format_duration(status.health_timeout)
@@ -896,23 +883,47 @@ def to_record(status: RolloutStatus, *, inline_nodes: bool = True) -> dict[str, 
         {
             "lastHandledResume": status.last_handled_resume,
             "rollbacks": [_rollback_record(r) for r in status.rollbacks],
-            "conditions": [
-                {"type": c.type, "message": c.message, "since": format_time(c.since)}
-                for c in status.conditions
-            ],
-            "transitions": [
-                {
-                    "time": format_time(t.time),
-                    "from": t.from_phase,
-                    "to": t.to_phase,
-                    "reason": t.reason,
-                    "commit": t.commit,
-                }
-                for t in status.transitions
-            ],
+            "conditions": _condition_records(status),
+            "transitions": _transition_records(status),
         }
     )
     return record
+
+
+def _approval_records(status: RolloutStatus) -> dict[str, Any]:
+    """``approvedBy``, absent when no approval is recorded."""
+    if not status.approved_by:
+        return {}
+    return {
+        "approvedBy": [
+            {
+                "principal": a.principal,
+                "keyId": a.key_id,
+                **({"rules": list(a.rules)} if a.rules else {}),
+            }
+            for a in status.approved_by
+        ]
+    }
+
+
+def _condition_records(status: RolloutStatus) -> list[dict[str, Any]]:
+    return [
+        {"type": c.type, "message": c.message, "since": format_time(c.since)}
+        for c in status.conditions
+    ]
+
+
+def _transition_records(status: RolloutStatus) -> list[dict[str, Any]]:
+    return [
+        {
+            "time": format_time(t.time),
+            "from": t.from_phase,
+            "to": t.to_phase,
+            "reason": t.reason,
+            "commit": t.commit,
+        }
+        for t in status.transitions
+    ]
 
 
 def _batch_records(status: RolloutStatus) -> list[dict[str, Any]]:

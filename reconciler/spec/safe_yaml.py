@@ -276,7 +276,13 @@ def _build(path: str, text: str) -> Any:
         else:  # pragma: no cover - libyaml emits nothing else inside a document
             raise _problem(path, text, event.start_mark, "unexpected YAML event")
 
-    event = get_event()  # DocumentEnd
+    _end_of_only_document(path, get_event)
+    return root
+
+
+def _end_of_only_document(path: str, get_event: Callable[[], Any]) -> None:
+    """Read the end of the document just built; a second document is a problem."""
+    get_event()  # DocumentEnd
     event = get_event()
     if type(event) is DocumentStartEvent:
         raise _problem(
@@ -286,7 +292,6 @@ def _build(path: str, text: str) -> Any:
             "a file holds exactly one document: remove the second '---' and what follows, "
             "or move it into its own file",
         )
-    return root
 
 
 # The problems ``_build`` finds, built apart from its loop (they end it).

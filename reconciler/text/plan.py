@@ -35,7 +35,6 @@ from reconciler.protocol.observations import Observations
 from reconciler.spec import documents
 from reconciler.spec.artifacts import SIGNATURE_NAME, Artifact, Drain, ModelSigner, Warmup
 from reconciler.spec.batch_shapes import describe_sizes
-from reconciler.spec.documents import DAY_NUMBERS
 from reconciler.spec.durations import format_duration
 from reconciler.spec.evals import uses_baseline
 from reconciler.spec.model import Fleet, Problem, RolloutSpec, Settings, SpreadBy, Target, Window
@@ -47,6 +46,7 @@ from reconciler.spec.rollout_status import (
     RolloutStatus,
     freeze,
 )
+from reconciler.spec.settings_documents import DAY_NUMBERS
 from reconciler.spec.times import format_time
 from reconciler.text import artifact_text, markdown, standby_text
 from reconciler.text.health_text import health_lines
@@ -284,25 +284,15 @@ def make_plan(
                 )
             continue  # an invalid new file shows under problems
         if name in base_names and name not in head_names:
-            recorded = statuses.get(name)
-            removed.append(
-                Removal(
-                    name,
-                    recorded.phase if recorded else "",
-                    tuple(effects) or (_removal_note(recorded),),
-                )
-            )
+            removed.append(_removal(name, statuses.get(name), effects))
             continue
         if name not in head_names:
             continue  # status of a file long gone
         old_spec, new_spec = base_docs.rollouts.get(name), head_docs.rollouts.get(name)
-        found = _intents(name, old_spec, new_spec, effects)
-        found = _noted(found, statuses.get(name), _jobs_at_merge(name, before, after))
+        found, rest = _kept(name, old_spec, new_spec, statuses.get(name), effects, before, after)
         intents += found
-        explained = {e for i in found for e in i.effects}
-        rest = [e for e in effects if e not in explained]
         changed += _field_changes(name, old_spec, new_spec, statuses.get(name))
-        changed += [Change(name, e) for e in rest]
+        changed += rest
 
     base_problems = {(p.path, p.field, p.message) for p in base_docs.problems}
     settings = settings_changes(base_docs.settings, head_docs.settings)
@@ -323,6 +313,32 @@ def make_plan(
             1 for p in head_docs.problems if (p.path, p.field, p.message) not in base_problems
         ),
     )
+
+
+def _removal(name: str, recorded: RolloutStatus | None, effects: list[str]) -> Removal:
+    """A rollout file the merge removes: its phase, and what removing it does."""
+    return Removal(
+        name,
+        recorded.phase if recorded else "",
+        tuple(effects) or (_removal_note(recorded),),
+    )
+
+
+def _kept(
+    name: str,
+    old_spec: RolloutSpec | None,
+    new_spec: RolloutSpec | None,
+    recorded: RolloutStatus | None,
+    effects: list[str],
+    before: FleetStep,
+    after: FleetStep,
+) -> tuple[list[Intent], list[Change]]:
+    """A rollout file in both trees: the operator's intents the edit
+    writes, and the effects no intent explains."""
+    found = _intents(name, old_spec, new_spec, effects)
+    found = _noted(found, recorded, _jobs_at_merge(name, before, after))
+    explained = {e for i in found for e in i.effects}
+    return found, [Change(name, e) for e in effects if e not in explained]
 
 
 @dataclass(frozen=True)

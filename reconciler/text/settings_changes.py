@@ -13,9 +13,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from reconciler.spec.documents import DAY_NUMBERS
 from reconciler.spec.durations import format_duration
 from reconciler.spec.model import ApprovalRule, Freeze, Receiver, Settings, Window
+from reconciler.spec.settings_documents import DAY_NUMBERS
 from reconciler.spec.times import format_time
 
 

@@ -13,6 +13,9 @@ from reconciler.cli.remote_options import REPO_ENV, add_remote_arguments, repo_d
 from reconciler.spec.errors import UsageError, redact_url
 
 if TYPE_CHECKING:  # imported when run, so that other verbs never pay for them
+    from collections.abc import Callable
+
+    from reconciler.daemon.agent_client import AgentClient
     from reconciler.daemon.crashpoints import CrashPoints
     from reconciler.daemon.logs import EventLog
     from reconciler.daemon.loop import Daemon
@@ -239,7 +242,6 @@ def _run(args: argparse.Namespace, start_up: _StartUp, log: EventLog) -> int:
     from reconciler.daemon.metrics import Metrics
     from reconciler.daemon.soft_state import SoftState
     from reconciler.daemon.state import DaemonState, default_state_root
-    from reconciler.git.sshsig import sign_commit_payload
     from reconciler.protocol.signing import load_private_key
     from reconciler.spec.safe_yaml import loader_warning
 
@@ -253,18 +255,11 @@ def _run(args: argparse.Namespace, start_up: _StartUp, log: EventLog) -> int:
     store = _open_store(args, crash_points)
     start_up.check()
     approver = _approver(store, args)
-    sign = (
-        (lambda payload: sign_commit_payload(key.private_key, payload))
-        if args.sign_commits
-        else None
-    )
     metrics = Metrics()
     if args.metrics and args.metrics != args.http:
         _serve_metrics(args, log, metrics)
     web = _web_server(args, log, metrics)
-    status_signers = (
-        _status_signers(approver, key, args.sign_commits, log) if approver is not None else ()
-    )
+    sign, status_signers = _commit_signing(args, key, approver, log)
     state = DaemonState.for_branch(args.state_dir or default_state_root(), args.repo, args.branch)
     notifier = _notifier(store, approver, log, metrics, state)
     soft = SoftState()
@@ -302,15 +297,45 @@ def _run(args: argparse.Namespace, start_up: _StartUp, log: EventLog) -> int:
         start_up.check()
         return _serve(daemon, store, args, log, metrics, start_up)
     finally:
-        client.close()
-        log.flush()
-        if web is not None:
-            web.close()
-        if notifier is not None:
-            # One pass's events still go out; a hanging receiver delays the
-            # exit this long at most (a restart delivers what is still true).
-            notifier.drain(NOTIFY_DRAIN if args.once else 2.0)
-            notifier.close()
+        _shut_down(client, log, web, notifier, once=args.once)
+
+
+def _shut_down(
+    client: AgentClient,
+    log: EventLog,
+    web: WebServer | None,
+    notifier: Notifier | None,
+    *,
+    once: bool,
+) -> None:
+    """Close what ``_run`` opened, however the daemon ended."""
+    client.close()
+    log.flush()
+    if web is not None:
+        web.close()
+    if notifier is not None:
+        # One pass's events still go out; a hanging receiver delays the
+        # exit this long at most (a restart delivers what is still true).
+        notifier.drain(NOTIFY_DRAIN if once else 2.0)
+        notifier.close()
+
+
+def _commit_signing(
+    args: argparse.Namespace, key: SigningKey, approver: Approver | None, log: EventLog
+) -> tuple[Callable[[bytes], str] | None, tuple[AllowedSigner, ...]]:
+    """How this daemon signs its status commits (``--sign-commits``), and,
+    under verification, whose signed status commits count."""
+    from reconciler.git.sshsig import sign_commit_payload
+
+    sign = (
+        (lambda payload: sign_commit_payload(key.private_key, payload))
+        if args.sign_commits
+        else None
+    )
+    status_signers = (
+        _status_signers(approver, key, args.sign_commits, log) if approver is not None else ()
+    )
+    return sign, status_signers
 
 
 def _open_store(args: argparse.Namespace, crash_points: CrashPoints) -> GitStore:
