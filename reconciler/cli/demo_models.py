@@ -64,6 +64,7 @@ SIGNER = "tiny-release"
 LOAD_WORKERS = 4
 LOAD_REQUESTS = 20_000  # the client load's bounds
 LOAD_SECONDS = 300.0
+TERMINAL = ("completed", "aborted", "failed")  # phases a rollout never leaves
 
 
 class ModelsDemo(Demo):
@@ -505,9 +506,6 @@ class ModelsDemo(Demo):
 def _rolled_back(statuses: Statuses) -> bool:
     status = statuses.get("tiny-b")
     return status is not None and all(n.state == "rolled_back" for n in status.nodes)
-
-
-TERMINAL = ("completed", "aborted", "failed")
 
 
 def _standby_rolled_back(statuses: Statuses) -> bool:
