@@ -63,6 +63,11 @@ def after_apply_script() -> Path:
     return example_dir() / "deploy" / "llama-server-after-apply.sh"
 
 
+def slot_script() -> Path:
+    """The shipped slot commands (start, stop, route behind nginx)."""
+    return example_dir() / "deploy" / "llama-server-slot.sh"
+
+
 @dataclass(frozen=True)
 class LlamaNode:
     """One node's llama-server, run by the shipped after-apply script in its
