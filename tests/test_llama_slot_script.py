@@ -8,8 +8,14 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import httpx
+
+from tests.kit.nginx import NginxRouter
 from tests.kit.standby import slot_script
 
 
@@ -75,3 +81,104 @@ def test_an_unknown_action_fails_saying_which_there_are(tmp_path: Path) -> None:
 
     assert done.returncode == 1
     assert "use start, stop or route" in done.stderr
+
+
+class _StandIn(ThreadingHTTPServer):
+    """An upstream on 127.0.0.1 that answers ``name``; with ``hold``, it
+    keeps every request open until the event is set."""
+
+    def __init__(self, name: str, hold: threading.Event | None = None) -> None:
+        self.name, self.hold, self.received = name, hold, threading.Event()
+        super().__init__(("127.0.0.1", 0), _StandInHandler)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+
+class _StandInHandler(BaseHTTPRequestHandler):
+    server: _StandIn
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:
+        self.server.received.set()
+        if self.server.hold is not None:
+            self.server.hold.wait(60)
+        body = self.server.name.encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_route_returns_while_an_old_worker_finishes_and_stop_waits_for_it(
+    tmp_path: Path,
+) -> None:
+    """A real nginx routes to stand-in upstreams, because a real
+    llama-server cannot be made to hold a request open for a controlled
+    time. Route must return while the old worker still proxies a slow
+    request to the old slot, and send new requests to the new one; stopping
+    the old slot must wait until that request is answered."""
+    release = threading.Event()
+    old_slot, new_slot = _StandIn("old", hold=release), _StandIn("new")
+    old_port, new_port = old_slot.server_address[1], new_slot.server_address[1]
+    (tmp_path / "run").mkdir()
+    # A process the stop command takes for the old slot's llama-server
+    # (a command line with "--port PORT ").
+    server = subprocess.Popen(
+        ["python3", "-c", "import time; time.sleep(600)", "--port", str(old_port), "-m"]
+    )
+    threading.Thread(target=server.wait, daemon=True).start()  # reaped once stopped
+    (tmp_path / "run" / f"{old_port}.pid").write_text(f"{server.pid}\n")
+    router = NginxRouter(tmp_path / "nginx", tmp_path / "upstream.conf", old_port)
+    slow: list[httpx.Response] = []
+    try:
+        client = threading.Thread(
+            target=lambda: slow.append(httpx.get(router.base_url + "/slow", timeout=60))
+        )
+        client.start()
+        assert old_slot.received.wait(30)
+        nginx = {
+            "NGINX_UPSTREAM_FILE": str(router.upstream),
+            "NGINX_PID_FILE": str(router.root / "nginx.pid"),
+            "NGINX_RELOAD": router.reload_command(),
+            "NGINX_RELOAD_WAIT": "30",
+        }
+
+        routed = _run("route", tmp_path, RECONCILER_SLOT_PORT=str(new_port), **nginx)
+
+        assert routed.returncode == 0, routed.stderr
+        assert "after 30s" not in routed.stdout  # the bound was not hit
+        assert client.is_alive()  # the old worker still holds the slow request
+        assert httpx.get(router.base_url + "/next", timeout=30).text == "new"
+
+        stop = subprocess.Popen(
+            ["bash", str(slot_script()), "stop"],
+            env={
+                **os.environ,
+                **nginx,
+                "RECONCILER_SLOT": "a",
+                "RECONCILER_SLOT_PORT": str(old_port),
+                "LLAMA_SERVER_MODE": "pidfile",
+                "LLAMA_SERVER_RUN_DIR": str(tmp_path / "run"),
+            },
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        time.sleep(1)  # room for a stop that does not wait to stop the server
+        still_running = server.poll() is None
+        release.set()
+        out, _ = stop.communicate(timeout=60)
+        client.join(60)
+
+        assert still_running, out
+        assert stop.returncode == 0
+        assert "llama-server" in out and "stopped" in out
+        assert [r.text for r in slow] == ["old"] and slow[0].status_code == 200
+    finally:
+        release.set()
+        router.close()
+        server.kill()
+        server.wait()
+        old_slot.shutdown()
+        new_slot.shutdown()

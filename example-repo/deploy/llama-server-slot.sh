@@ -11,18 +11,24 @@
 #          slot's config ($RECONCILER_CONFIG: {modelDir}/model.gguf), through
 #          llama-server-after-apply.sh beside this script (same settings, same
 #          pid file $LLAMA_SERVER_RUN_DIR/PORT.pid, waits for /health);
-#   stop   stops the server of that slot's pid file only, and only while that
-#          pid is still a llama-server on the slot's port (a pid file can
-#          outlive its process, and pids are reused); under systemd, stops
-#          llama-server@PORT;
+#   stop   first waits until no worker of the nginx master named by
+#          $NGINX_PID_FILE is "shutting down" (such a worker may still be
+#          answering a request through this slot), at most $NGINX_RELOAD_WAIT
+#          seconds, saying so; then stops the server of that slot's pid file
+#          only, and only while that pid is still a llama-server on the slot's
+#          port (a pid file can outlive its process, and pids are reused);
+#          under systemd, stops llama-server@PORT. With no nginx pid file
+#          readable, it stops at once;
 #   route  points nginx at the slot: rewrites the upstream include file
 #          $NGINX_UPSTREAM_FILE to "server 127.0.0.1:PORT;" and reloads nginx
 #          ($NGINX_RELOAD, default "nginx -s reload"): workers started by the
 #          reload send new requests to the slot, old workers finish theirs.
 #          If the reload fails, the previous include is put back. It returns
-#          once the workers that ran before the reload (the master's children
-#          named by $NGINX_PID_FILE) have exited, or after $NGINX_RELOAD_WAIT
-#          seconds, saying so: from then on nothing is sent to the old slot.
+#          once every worker that ran before the reload is shutting down or
+#          gone and a new worker runs, or after $NGINX_RELOAD_WAIT seconds,
+#          saying so: a worker shutting down has closed its listening sockets
+#          and idle connections, so every new request reaches a new worker.
+#          It does not wait for the old workers' requests: stop does.
 #
 # Settings (environment), besides those of llama-server-after-apply.sh:
 # NGINX_UPSTREAM_FILE (/etc/nginx/reconciler/llama-upstream.conf), NGINX_RELOAD,
@@ -66,6 +72,50 @@ stop_pidfile() {
   echo "slot ${RECONCILER_SLOT:-?} on port $port: llama-server $pid stopped"
 }
 
+reload_wait=${NGINX_RELOAD_WAIT:-30}
+
+# The nginx worker PID is retitled "... shutting down" after a reload.
+shutting_down() {
+  tr '\0' ' ' <"/proc/$1/cmdline" 2>/dev/null | grep -q "shutting down"
+}
+
+# Every worker of $old shutting down or gone, and a worker of master $1 not
+# in $old running; bounded by $NGINX_RELOAD_WAIT.
+wait_moved() {
+  local master=$1 old=$2 deadline=$((SECONDS + reload_wait)) pid moved
+  while :; do
+    moved=yes
+    for pid in $old; do
+      [ -d "/proc/$pid" ] && ! shutting_down "$pid" && moved=""
+    done
+    [ -n "$moved" ] && pgrep -P "$master" | grep -qvxF -- "${old:-none}" && return
+    if [ "$SECONDS" -ge "$deadline" ]; then
+      echo "nginx workers of $master not yet replaced after ${reload_wait}s"
+      return
+    fi
+    sleep 0.02
+  done
+}
+
+# Before a slot is stopped: old nginx workers may still be answering
+# requests through it; wait until none is shutting down.
+wait_old_workers() {
+  local pidfile=${NGINX_PID_FILE:-/run/nginx.pid} master pid busy deadline=$((SECONDS + reload_wait))
+  [ -r "$pidfile" ] && master=$(cat "$pidfile") && [ -n "$master" ] || return 0
+  while :; do
+    busy=""
+    for pid in $(pgrep -P "$master" || true); do
+      shutting_down "$pid" && busy="$busy $pid"
+    done
+    [ -z "$busy" ] && return
+    if [ "$SECONDS" -ge "$deadline" ]; then
+      echo "nginx workers$busy still finishing requests after ${reload_wait}s; stopping anyway"
+      return
+    fi
+    sleep 0.05
+  done
+}
+
 route() {
   local upstream=${NGINX_UPSTREAM_FILE:-/etc/nginx/reconciler/llama-upstream.conf}
   local saved="$upstream.previous"
@@ -81,16 +131,11 @@ route() {
     fail "nginx reload failed; $upstream was put back as it was"
   fi
   rm -f "$saved"
-  # The reload returns at once; the workers that read the old upstream end
-  # once their requests are answered. Only then has all traffic moved, and
-  # may the slot routed away from be stopped (a rollback does at once).
-  deadline=$((SECONDS + ${NGINX_RELOAD_WAIT:-30}))
-  for pid in $old; do
-    while [ -d "/proc/$pid" ] && [ "$SECONDS" -lt "$deadline" ]; do sleep 0.05; done
-  done
-  for pid in $old; do
-    [ -d "/proc/$pid" ] && echo "nginx worker $pid still finishing requests after ${NGINX_RELOAD_WAIT:-30}s"
-  done
+  # The reload returns at once. Traffic has moved once each old worker has
+  # begun shutting down (it closes its listening sockets and idle
+  # connections then) and a new worker, reading the new upstream, runs.
+  # The old workers' requests in flight are stop's to wait for, not ours.
+  [ -n "$master" ] && wait_moved "$master" "$old"
   echo "nginx sends the runtime's requests to slot ${RECONCILER_SLOT:-?} on port $port"
 }
 
@@ -102,8 +147,8 @@ case "$action" in
   start) LLAMA_SERVER_PORT=$port LLAMA_SERVER_MODE=$mode exec bash "$here/llama-server-after-apply.sh" ;;
   stop)
     case "$mode" in
-      systemd) systemctl stop "llama-server@$port.service" ;;
-      pidfile) stop_pidfile ;;
+      systemd) wait_old_workers && systemctl stop "llama-server@$port.service" ;;
+      pidfile) wait_old_workers && stop_pidfile ;;
       *) fail "LLAMA_SERVER_MODE=$mode: use systemd or pidfile" ;;
     esac
     ;;
