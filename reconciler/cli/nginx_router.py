@@ -55,7 +55,7 @@ class NginxRouter:
         self.upstream.write_text(f"server 127.0.0.1:{initial};\n")
         self.port = free_port()
         self.config = root / "nginx.conf"
-        self.config.write_text(_config(self.port, self.upstream))
+        self.config.write_text(router_config(self.port, self.upstream))
         self.log = root / "error.log"
         self.log.write_bytes(b"")
         self.process = subprocess.Popen(
@@ -109,7 +109,9 @@ class NginxRouter:
             self.process.wait()
 
 
-def _config(port: int, upstream: Path) -> str:
+def router_config(port: int, upstream: Path) -> str:
+    """nginx.conf for a router on 127.0.0.1:``port`` to the one server the
+    include file ``upstream`` names."""
     user = "user root root;\n" if os.geteuid() == 0 else ""  # workers must read the folder
     return (
         "daemon off;\nmaster_process on;\nworker_processes 1;\n"

@@ -30,6 +30,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from reconciler.cli.nginx_router import router_config
 from tests.kit.servers import require_binary
 
 
@@ -147,26 +148,7 @@ class NginxRouter(NginxServer):
         gzip: bool,
         redirects: Mapping[str, str],
     ) -> str:
-        user = "user root root;\n" if os.geteuid() == 0 else ""
-        return (
-            "daemon off;\nmaster_process on;\nworker_processes 1;\n"
-            + user
-            + "pid nginx.pid;\nerror_log error.log notice;\n"
-            "events { worker_connections 256; }\n"
-            "http {\n"
-            "  access_log off;\n"
-            "  client_body_temp_path tmp; proxy_temp_path tmp; fastcgi_temp_path tmp;\n"
-            "  uwsgi_temp_path tmp; scgi_temp_path tmp;\n"
-            f"  upstream runtime {{ include {self.upstream}; keepalive 8; }}\n"
-            f"  server {{\n    listen 127.0.0.1:{self.port};\n"
-            "    location / {\n"
-            "      proxy_pass http://runtime;\n"
-            "      proxy_http_version 1.1;\n"
-            '      proxy_set_header Connection "";\n'
-            "      proxy_read_timeout 300s;\n"
-            "    }\n  }\n"
-            "}\n"
-        )
+        return router_config(self.port, self.upstream)  # the demo's router, as shipped
 
     def reload_command(self) -> str:
         """``nginx -s reload`` for this instance (its prefix, config and log)."""
