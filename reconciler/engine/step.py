@@ -115,9 +115,10 @@ __all__ = [
 # --- the pass ------------------------------------------------------------------
 
 
-class _Pass:
-    """What every rollout's step shares in one pass: the same ``now``, the
-    fleet, the observations, and every rollout's status as it stands."""
+class PassScope:
+    """What every rollout's step shares within one pass of the engine: the
+    same ``now``, the fleet, the observations, and every rollout's status
+    as it stands so far. Made by ``step_fleet``, gone when it returns."""
 
     def __init__(
         self, fleet: Fleet, settings: Settings, observations: Observations, now: datetime
@@ -295,7 +296,7 @@ def step_fleet(
     changed since), so the round repeats until no status changes: stepping
     again with the same inputs then changes nothing.
     """
-    ctx = _Pass(fleet, settings, observations, now)
+    ctx = PassScope(fleet, settings, observations, now)
     ctx.unreadable = dict(unreadable or {})
     stepped = _seed(ctx, rollouts, memo, changed)
     rounds = _Rounds(ctx)
@@ -329,7 +330,7 @@ def step_fleet(
 
 
 def _seed(
-    ctx: _Pass,
+    ctx: PassScope,
     rollouts: Collection[RolloutInput],
     memo: StepMemo | None,
     changed: Mapping[str, RolloutInput | None] | None,
@@ -359,7 +360,7 @@ def _seed(
 class _Rounds:
     """Rounds of one pass over the rollouts to step, and what they gave."""
 
-    def __init__(self, ctx: _Pass) -> None:
+    def __init__(self, ctx: PassScope) -> None:
         self.ctx = ctx
         self.effects: list[SendJob] = []
         self.transitions: list[Transition] = []
@@ -426,7 +427,7 @@ def naming_who_paused(wait: tuple[str, str], by: OperatorAct | None) -> tuple[st
 class RolloutStep(BaselineDraft):
     """One rollout's step: the rules, applied to its status draft."""
 
-    def __init__(self, inp: RolloutInput, status: RolloutStatus | None, ctx: _Pass) -> None:
+    def __init__(self, inp: RolloutInput, status: RolloutStatus | None, ctx: PassScope) -> None:
         old = status or RolloutStatus(
             name=inp.name, spec_commit=inp.spec_commit, first_seen_commit=inp.first_seen_commit
         )
