@@ -5,8 +5,11 @@ journal keeps the payload exactly as it was signed."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from reconciler.protocol.job_payload import payload_problems
 from reconciler.protocol.job_view import (
@@ -201,10 +204,15 @@ def test_a_journalled_job_reads_back_after_a_restart_as_the_job_admitted(tmp_pat
     )
 
 
-def test_node_commands_see_every_job_variable_as_before(tmp_path: Path) -> None:
+def test_node_commands_see_every_job_variable_as_before(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Every RECONCILER_ variable an apply and then a restore of its backup
     give the after-apply command, compared whole: the typed job must leave
-    them byte for byte as the signed payload gave them."""
+    them byte for byte as the signed payload gave them. The agent's own
+    environment holds none, so every one seen is the job's."""
+    for name in [n for n in os.environ if n.startswith("RECONCILER_")]:
+        monkeypatch.delenv(name)
     key: SigningKey = make_key(tmp_path / "keys" / "reconciler").signing
     state = tmp_path / "state"
     (state / "runtimes").mkdir(parents=True)

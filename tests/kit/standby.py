@@ -78,7 +78,8 @@ class Answer:
 
 @dataclass
 class Load:
-    """Completions through the router, one after another, until closed."""
+    """Completions through the router, one after another, each on a new
+    connection, until closed."""
 
     url: str
     models: dict[str, Path]
@@ -86,7 +87,11 @@ class Load:
     _stop: threading.Event = field(default_factory=threading.Event)
 
     def run(self) -> None:
-        with httpx.Client(timeout=60) as client:
+        # A connection per request: a reloading nginx closes idle kept-alive
+        # connections, which a client must retry (docs/standby.md); counted
+        # here, that would be the client's race, not a request dropped.
+        no_reuse = httpx.Limits(max_keepalive_connections=0)
+        with httpx.Client(timeout=60, limits=no_reuse) as client:
             while not self._stop.is_set():
                 sent = time.time()
                 body = {"prompt": "Hello", "max_tokens": 2, "temperature": 0}
