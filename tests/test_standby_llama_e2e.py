@@ -102,7 +102,8 @@ def roll_under_load(
         )
     for node, load in loads.items():
         print(
-            f"{name} {node}: {len(load.answers)} client requests, {len(load.failed())} failed, "
+            f"{name} {node}: {len(load.answers)} client requests, {len(load.failed())} failed "
+            f"({load.resent} resent after nginx closed the connection), "
             f"outOfService {nodes_of(done, name)[node]['outOfService']}"
         )
     return done, loads, routed
