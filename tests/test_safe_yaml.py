@@ -318,6 +318,7 @@ _scalars = st.one_of(
     st.none(),
     st.booleans(),
     st.integers(min_value=-(10**12), max_value=10**12),
+    st.floats(allow_nan=False),
     st.text(max_size=30),
     st.sampled_from(["yes", "on", "010", "2026-12-01T09:00:00Z", "", " x", "a: b", "- a", "#"]),
 )
@@ -406,3 +407,14 @@ def test_per_node_values_are_written_as_the_emitter_writes_them(text: str) -> No
     doc = {"nodes": [{"evidence": {"keyId": text, "signatures": {"jobRecord": text}}}]}
     assert safe_yaml.dump_yaml(doc) == safe_yaml._dump_with_emitter(doc)
     assert safe_yaml.load_yaml("x.yaml", safe_yaml.dump_yaml(doc)) == doc
+
+
+@given(st.floats() | st.sampled_from([0.004, -0.0, 1e-05, 1.5e16, 5e-324]))
+@settings(max_examples=600, deadline=None)
+def test_a_node_record_with_seconds_in_it_is_written_without_the_emitter(seconds: float) -> None:
+    # Live applies record outOfService in seconds: a float in every node
+    # record. Left to the emitter, it sent each status file there whole.
+    record = {"name": "node-001", "outOfService": seconds, "timings": {"warmedAt": None}}
+    assert safe_yaml.entry_text(record) is not None
+    doc = {"phase": "running", "nodes": [record]}
+    assert safe_yaml.dump_yaml(doc) == safe_yaml._dump_with_emitter(doc)

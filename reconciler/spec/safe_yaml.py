@@ -693,12 +693,7 @@ def _emit_value(value: Any, emit: Callable[[Event], None], stack: list[tuple[Any
     elif kind is int:
         emit(_number(str(value)))
     elif kind is float:
-        if math.isnan(value):
-            emit(_number(".nan"))
-        elif math.isinf(value):
-            emit(_number(".inf" if value > 0 else "-.inf"))
-        else:
-            emit(_number(repr(value)))
+        emit(_number(_float_text(value)))
     elif isinstance(value, dict):
         emit(MappingStartEvent(None, None, True, flow_style=not value))
         stack.append((iter(value.items()), True))
@@ -713,6 +708,14 @@ def _emit_value(value: Any, emit: Callable[[Event], None], stack: list[tuple[Any
         _emit_value(int(value) if isinstance(value, int) else float(value), emit, stack)
     else:
         raise TypeError(f"cannot write {type(value).__name__} to YAML: {value!r}")
+
+
+def _float_text(value: float) -> str:
+    if math.isnan(value):
+        return ".nan"
+    if math.isinf(value):
+        return ".inf" if value > 0 else "-.inf"
+    return repr(value)
 
 
 def _emit_document(data: Any, emit: Callable[[Event], None]) -> None:
@@ -760,10 +763,12 @@ def dump_yaml(data: Any) -> bytes:
 # Status files are most of what the daemon writes (thousands of node records
 # a pass), and driving the emitter event by event cost more than the rest of
 # writing them. For the shapes status files have (block mappings and
-# sequences, one-line text, ints, booleans, nulls) the text is written here,
-# byte for byte what the emitter writes: each distinct scalar is rendered
-# once by the emitter itself and cached. Anything else (multi-line or very
-# long text, floats, odd keys) goes to the emitter whole.
+# sequences, one-line text, ints, floats, booleans, nulls) the text is
+# written here, byte for byte what the emitter writes: each distinct string
+# is rendered once by the emitter itself and cached, and a number is the
+# plain text ``_emit_value`` hands the emitter, which writes it unchanged.
+# Anything else (multi-line or very long text, odd keys) goes to the
+# emitter whole.
 
 _SURELY_PLAIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@+/-]*")
 # Values that differ in every node record and would each cost an emitter run:
@@ -826,6 +831,8 @@ def _scalar_text(value: Any) -> str:
         return "true" if value else "false"
     if kind is int:
         return str(value)
+    if kind is float:
+        return _float_text(value)
     if (kind is dict or kind is list or kind is tuple) and not value:
         return "[]" if kind is not dict else "{}"
     raise _Unusual
