@@ -253,7 +253,6 @@ class OurSide:
         self.agents: list[subprocess.Popen[bytes]] = []
         self.daemon: subprocess.Popen[bytes] | None = None
         self.moves: BranchMoves | None = None
-        urls: dict[str, str] = {}
         try:
             for name in names:
                 home = self.root / "agents" / name
@@ -287,12 +286,7 @@ class OurSide:
                         cwd=cwd,
                     )
                 )  # fmt: skip
-            for name, agent in zip(names, self.agents, strict=True):
-                assert agent.stdout is not None
-                line = agent.stdout.readline().decode()
-                if not line.startswith("listening on "):
-                    raise RuntimeError(f"agent {name} did not start: {line!r}")
-                urls[name] = "http://" + line.split()[-1]
+            urls = listening_urls(names, self.agents)
             self.bare = self.root / "fleet.git"
             make_bare(
                 self.bare,
@@ -459,6 +453,18 @@ class OurSide:
         if self.moves is not None:
             self.moves.close()
         stop_processes(([self.daemon] if self.daemon else []) + self.agents)
+
+
+def listening_urls(names: list[str], agents: list[subprocess.Popen[bytes]]) -> dict[str, str]:
+    """Each agent's URL, from the "listening on HOST:PORT" line it prints once up."""
+    urls = {}
+    for name, agent in zip(names, agents, strict=True):
+        assert agent.stdout is not None
+        line = agent.stdout.readline().decode()
+        if not line.startswith("listening on "):
+            raise RuntimeError(f"agent {name} did not start: {line!r}")
+        urls[name] = "http://" + line.split()[-1]
+    return urls
 
 
 def stop_processes(processes: list[subprocess.Popen[bytes]]) -> None:
@@ -808,7 +814,6 @@ class ArtifactOurs:
         self.key, public = generate_key(self.root / "keys")
         self.agents: list[subprocess.Popen[bytes]] = []
         self.daemon: subprocess.Popen[bytes] | None = None
-        urls = {}
         for name in names:
             home = self.root / "agents" / name
             (home / "state" / "runtimes").mkdir(parents=True)
@@ -826,12 +831,7 @@ class ArtifactOurs:
                     stderr=open(home / "agent.log", "wb"),  # noqa: SIM115 (the child's)
                 )
             )  # fmt: skip
-        for name, agent in zip(names, self.agents, strict=True):
-            assert agent.stdout is not None
-            line = agent.stdout.readline().decode()
-            if not line.startswith("listening on "):
-                raise RuntimeError(f"agent {name} did not start: {line!r}")
-            urls[name] = "http://" + line.split()[-1]
+        urls = listening_urls(names, self.agents)
         self.bare = self.root / "fleet.git"
         make_bare(
             self.bare, {f"nodes/{n}.yaml": node_text(n, urls[n], {"role": "gpu"}) for n in names}
