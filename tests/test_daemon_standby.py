@@ -6,6 +6,7 @@ keepPrevious says, records it, and never reopens a finished rollout."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from typing import Any
 import pytest
 
 from reconciler.cli import main as cli
+from reconciler.daemon.loop import Daemon
 from reconciler.spec.times import parse_time
 from tests.kit.documents import rollout_yaml
 from tests.kit.fleets import FleetKit
@@ -48,19 +50,39 @@ def release_count(kit: FleetKit) -> int:
     return sum(1 for j in kit.fleet.stats()["executed"] if j.startswith("release-"))
 
 
+def in_state(node: str, state: str) -> Callable[[dict[str, Any]], bool]:
+    return lambda s: "llama" in s and nodes_of(s)[node]["state"] == state
+
+
+Started = tuple[FleetKit, Daemon]
+
+
+@pytest.fixture
+def standby_fleet(tmp_path: Path) -> Iterator[Callable[..., Started]]:
+    """Starts the three-node simulated fleet with ``behaviour``, pushes
+    ``standby_rollout(keep, **spec)`` and makes a daemon for it."""
+    kits: list[FleetKit] = []
+
+    def start(behaviour: str, keep: str, **spec: Any) -> Started:
+        kit = FleetKit.create(tmp_path, THREE, behaviour=behaviour)
+        kits.append(kit)
+        kit.push(standby_rollout(keep, **spec))
+        return kit, kit.daemon()
+
+    yield start
+    for kit in kits:
+        kit.close()
+
+
 @pytest.mark.parametrize("keep", ["untilSoaked", "untilCompleted"])
 def test_a_standby_rollout_completes_and_each_node_is_released_when_keep_previous_says(
-    tmp_path: Path, keep: str
+    standby_fleet: Callable[..., Started], keep: str
 ) -> None:
-    kit = FleetKit.create(tmp_path, THREE, behaviour="default: {action: succeed, delay: 0.2}\n")
-    try:
-        kit.push(standby_rollout(keep))
-        daemon = kit.daemon()
-        done = kit.run_until(daemon, all_released, timeout=60)
-        stats = kit.fleet.stats()
-        sent = daemon.metrics.jobs_sent.labels(kind="release")._value.get()
-    finally:
-        kit.close()
+    kit, daemon = standby_fleet("default: {action: succeed, delay: 0.2}\n", keep)
+
+    done = kit.run_until(daemon, all_released, timeout=60)
+    stats = kit.fleet.stats()
+    sent = daemon.metrics.jobs_sent.labels(kind="release")._value.get()
 
     llama = done["llama"]
     nodes = nodes_of(done)
@@ -84,56 +106,42 @@ def test_a_standby_rollout_completes_and_each_node_is_released_when_keep_previou
     assert sent == 3
 
 
-def test_abort_releases_the_slots_kept_and_the_phase_stays_aborted(tmp_path: Path) -> None:
+def test_abort_releases_the_slots_kept_and_the_phase_stays_aborted(
+    standby_fleet: Callable[..., Started],
+) -> None:
     # gpu-2's apply never finishes: the rollout is aborted with gpu-1 switched.
-    behaviour = "default: succeed\nnodes:\n  gpu-2: hang\n"
-    kit = FleetKit.create(tmp_path, THREE, behaviour=behaviour)
-    try:
-        kit.push(standby_rollout("untilCompleted"))
-        daemon = kit.daemon()
+    kit, daemon = standby_fleet("default: succeed\nnodes:\n  gpu-2: hang\n", "untilCompleted")
+    kit.run_until(daemon, in_state("gpu-2", "dispatched"))
+    assert release_count(kit) == 0  # untilCompleted: kept while the rollout runs
 
-        def second_dispatched(s: dict[str, Any]) -> bool:
-            return "llama" in s and nodes_of(s)["gpu-2"]["state"] == "dispatched"
-
-        kit.run_until(daemon, second_dispatched)
-        assert release_count(kit) == 0  # untilCompleted: kept while the rollout runs
-        kit.push(standby_rollout("untilCompleted", abort=True), message="Abort llama")
-
-        def aborted(s: dict[str, Any]) -> bool:
-            return s["llama"]["phase"] == "aborted"
-
-        ended = kit.run_until(daemon, aborted)
-        released = kit.run_until(
-            daemon, lambda s: bool((nodes_of(s)["gpu-1"]["standby"] or {}).get("releasedAt"))
-        )
-        executed = release_count(kit)
-    finally:
-        kit.close()
+    kit.push(standby_rollout("untilCompleted", abort=True), message="Abort llama")
+    ended = kit.run_until(daemon, lambda s: s["llama"]["phase"] == "aborted")
+    released = kit.run_until(
+        daemon, lambda s: bool((nodes_of(s)["gpu-1"]["standby"] or {}).get("releasedAt"))
+    )
 
     assert released["llama"]["phase"] == "aborted"
     assert released["llama"]["transitions"] == ended["llama"]["transitions"]
     assert released["llama"]["finishedAt"] == ended["llama"]["finishedAt"]
     nodes = nodes_of(released)
     assert "standby" not in nodes["gpu-2"] and "standby" not in nodes["gpu-3"]
-    assert executed == 1
+    assert release_count(kit) == 1
 
 
-def test_a_failed_release_is_recorded_and_the_rollout_completes(tmp_path: Path) -> None:
-    behaviour = "default: succeed\nnodes:\n  gpu-2: {release: fail}\n"
-    kit = FleetKit.create(tmp_path, THREE, behaviour=behaviour)
-    try:
-        kit.push(standby_rollout("untilSoaked"))
-        daemon = kit.daemon()
+def test_a_failed_release_is_recorded_and_the_rollout_completes(
+    standby_fleet: Callable[..., Started],
+) -> None:
+    kit, daemon = standby_fleet(
+        "default: succeed\nnodes:\n  gpu-2: {release: fail}\n", "untilSoaked"
+    )
 
-        def settled(s: dict[str, Any]) -> bool:
-            llama = s.get("llama", {})
-            return llama.get("phase") == "completed" and all(
-                n["standby"]["releasedAt"] or n["standby"]["releaseError"] for n in llama["nodes"]
-            )
+    def settled(s: dict[str, Any]) -> bool:
+        llama = s.get("llama", {})
+        return llama.get("phase") == "completed" and all(
+            n["standby"]["releasedAt"] or n["standby"]["releaseError"] for n in llama["nodes"]
+        )
 
-        done = kit.run_until(daemon, settled, timeout=60)
-    finally:
-        kit.close()
+    done = kit.run_until(daemon, settled, timeout=60)
 
     nodes = nodes_of(done)
     assert nodes["gpu-2"]["standby"]["releasedAt"] is None
@@ -142,14 +150,14 @@ def test_a_failed_release_is_recorded_and_the_rollout_completes(tmp_path: Path) 
     assert done["llama"]["hold"] is None
 
 
-def test_a_node_without_slots_refuses_the_standby_apply(tmp_path: Path) -> None:
-    behaviour = "default: succeed\nnodes:\n  gpu-1: {slots: false}\n"
-    kit = FleetKit.create(tmp_path, THREE, behaviour=behaviour)
-    try:
-        kit.push(standby_rollout("untilCompleted"))
-        held = kit.run_until(kit.daemon(), lambda s: s.get("llama", {}).get("phase") == "paused")
-    finally:
-        kit.close()
+def test_a_node_without_slots_refuses_the_standby_apply(
+    standby_fleet: Callable[..., Started],
+) -> None:
+    kit, daemon = standby_fleet(
+        "default: succeed\nnodes:\n  gpu-1: {slots: false}\n", "untilCompleted"
+    )
+
+    held = kit.run_until(daemon, lambda s: s.get("llama", {}).get("phase") == "paused")
 
     node = nodes_of(held)["gpu-1"]
     assert node["verdict"] == "failed" and "standby_not_supported" in node["error"]
@@ -174,27 +182,19 @@ def test_validate_refuses_standby_on_a_dry_run(
 
 
 def test_a_policy_restore_routes_back_to_the_warm_slot_and_its_release_follows(
-    tmp_path: Path,
+    standby_fleet: Callable[..., Started],
 ) -> None:
     # gpu-2 switches slots but keeps serving the old model (drift): it fails,
     # and the rollback policy restores it by routing back to slot a.
-    behaviour = "default: succeed\nnodes:\n  gpu-2: drift\n"
-    kit = FleetKit.create(tmp_path, THREE, behaviour=behaviour)
-    try:
-        kit.push(standby_rollout("untilCompleted", onFailure="rollback", healthTimeout="3s"))
-        daemon = kit.daemon()
+    policy = {"onFailure": "rollback", "healthTimeout": "3s"}
+    kit, daemon = standby_fleet(
+        "default: succeed\nnodes:\n  gpu-2: drift\n", "untilCompleted", **policy
+    )
+    kit.run_until(daemon, in_state("gpu-2", "rolled_back"), timeout=60)
+    assert release_count(kit) == 0  # nothing ended: every kept slot stays warm
 
-        def rolled_back(s: dict[str, Any]) -> bool:
-            return "llama" in s and nodes_of(s)["gpu-2"]["state"] == "rolled_back"
-
-        kit.run_until(daemon, rolled_back, timeout=60)
-        assert release_count(kit) == 0  # nothing ended: every kept slot stays warm
-        kit.push(
-            standby_rollout("untilCompleted", onFailure="rollback", healthTimeout="3s", abort=True)
-        )
-        done = kit.run_until(daemon, all_released, timeout=60)
-    finally:
-        kit.close()
+    kit.push(standby_rollout("untilCompleted", **policy, abort=True))
+    done = kit.run_until(daemon, all_released, timeout=60)
 
     nodes = nodes_of(done)
     restore = nodes["gpu-2"]["restore"]
@@ -206,34 +206,26 @@ def test_a_policy_restore_routes_back_to_the_warm_slot_and_its_release_follows(
     assert "standby" not in nodes["gpu-3"]
 
 
-def test_a_release_the_agent_missed_is_sent_again_once_it_is_back(tmp_path: Path) -> None:
+def test_a_release_the_agent_missed_is_sent_again_once_it_is_back(
+    standby_fleet: Callable[..., Started],
+) -> None:
     behaviour = "default: succeed\nnodes:\n  gpu-3: {action: succeed, delay: 1}\n"
-    kit = FleetKit.create(tmp_path, THREE, behaviour=behaviour)
-    try:
-        kit.push(standby_rollout("untilCompleted"))
-        daemon = kit.daemon()
+    kit, daemon = standby_fleet(behaviour, "untilCompleted")
+    kit.run_until(daemon, in_state("gpu-3", "dispatched"))
+    kit.fleet.set_behaviour(behaviour + "  gpu-1: unreachable\n")
 
-        def last_dispatched(s: dict[str, Any]) -> bool:
-            return "llama" in s and nodes_of(s)["gpu-3"]["state"] == "dispatched"
+    def release_sent(s: dict[str, Any]) -> bool:
+        return bool((nodes_of(s)["gpu-1"].get("standby") or {}).get("releaseJobId"))
 
-        kit.run_until(daemon, last_dispatched)
-        kit.fleet.set_behaviour(behaviour + "  gpu-1: unreachable\n")
-
-        def release_sent(s: dict[str, Any]) -> bool:
-            return bool((nodes_of(s)["gpu-1"].get("standby") or {}).get("releaseJobId"))
-
-        sent = kit.run_until(daemon, release_sent)
-        assert sent["llama"]["phase"] == "completed"
-        for _ in range(3):  # passes while the agent cannot be reached
-            daemon.run_pass()
-        missed = nodes_of(kit.statuses())["gpu-1"]["standby"]
-        kit.fleet.set_behaviour(behaviour)
-        done = kit.run_until(daemon, all_released)
-        stats = kit.fleet.stats()
-    finally:
-        kit.close()
+    sent = kit.run_until(daemon, release_sent)
+    assert sent["llama"]["phase"] == "completed"
+    for _ in range(3):  # passes while the agent cannot be reached
+        daemon.run_pass()
+    missed = nodes_of(kit.statuses())["gpu-1"]["standby"]
+    kit.fleet.set_behaviour(behaviour)
+    done = kit.run_until(daemon, all_released)
 
     assert missed["releasedAt"] is None and missed["releaseError"] == ""
     kept = nodes_of(done)["gpu-1"]["standby"]
     assert kept["releaseJobId"] == missed["releaseJobId"] and kept["releaseError"] == ""
-    assert stats["executed"][kept["releaseJobId"]] == 1
+    assert kit.fleet.stats()["executed"][kept["releaseJobId"]] == 1

@@ -91,6 +91,29 @@ def test_a_config_it_cannot_use_fails_before_touching_the_server(
     assert not node.pid_file.exists()
 
 
+def test_stop_stops_the_server_of_its_port_and_starts_none(
+    tmp_path: Path, node: LlamaNode, models: Models
+) -> None:
+    """The slot script stops a slot this way (test_llama_slot_script.py)."""
+    started = node.start(_config(tmp_path / "a.yaml", f"modelDir: {_model_dir(models, 1)}\n"))
+    assert started.returncode == 0, started.stderr
+    pid = node.pid_file.read_text().strip()
+
+    done = subprocess.run(
+        ["bash", str(after_apply_script()), "stop"],
+        env={**os.environ, **node.environment()},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"port {node.port}: llama-server {pid} stopped\n"
+    assert not node.pid_file.exists()
+    assert not Path(f"/proc/{pid}").exists()
+    assert health(node.url) == 0
+
+
 def test_the_systemd_unit_template_is_one_systemd_accepts(tmp_path: Path) -> None:
     """systemd's own checker (systemd-analyze verify) on an instance of the
     template, its binary pointed at one that exists on this machine."""

@@ -183,6 +183,21 @@ def ansible_bin(root: Path) -> Path:
     return playbook
 
 
+def ansible_env(home: Path, playbook_bin: Path) -> dict[str, str]:
+    """The environment ``playbook_bin`` runs in: Ansible's own files under
+    ``home``, no colours or retry files, modules run by the Python beside it."""
+    python = playbook_bin.parent / "python"
+    return {
+        **os.environ,
+        "ANSIBLE_HOME": str(home / "home"),
+        "ANSIBLE_LOCAL_TEMP": str(home / "tmp"),
+        "ANSIBLE_REMOTE_TMP": str(home / "tmp"),
+        "ANSIBLE_NOCOLOR": "1",
+        "ANSIBLE_RETRY_FILES_ENABLED": "0",
+        "ANSIBLE_PYTHON_INTERPRETER": str(python if python.exists() else sys.executable),
+    }
+
+
 class AnsibleSide:
     def __init__(self, root: Path, names: list[str]) -> None:
         self.root = root / "ansible"
@@ -192,17 +207,7 @@ class AnsibleSide:
             (self.root / "nodes" / name).mkdir(parents=True, exist_ok=True)
             (self.root / "nodes" / name / "hermes.yaml").write_text(BASE)
         (self.root / "rollout.yml").write_text(PLAYBOOK)
-        python = self.playbook_bin.parent / "python"
-        self.python = str(python if python.exists() else sys.executable)
-        self.env = {
-            **os.environ,
-            "ANSIBLE_HOME": str(self.root / "home"),
-            "ANSIBLE_LOCAL_TEMP": str(self.root / "tmp"),
-            "ANSIBLE_REMOTE_TMP": str(self.root / "tmp"),
-            "ANSIBLE_NOCOLOR": "1",
-            "ANSIBLE_RETRY_FILES_ENABLED": "0",
-            "ANSIBLE_PYTHON_INTERPRETER": self.python,
-        }
+        self.env = ansible_env(self.root, self.playbook_bin)
 
     def run(self, model: str, fault: bool, hosts: int | None = None) -> tuple[float, float, bool]:
         """(wall seconds, CPU seconds, succeeded), on the first ``hosts`` nodes (all: None)."""
@@ -248,7 +253,6 @@ class OurSide:
         self.agents: list[subprocess.Popen[bytes]] = []
         self.daemon: subprocess.Popen[bytes] | None = None
         self.moves: BranchMoves | None = None
-        urls: dict[str, str] = {}
         try:
             for name in names:
                 home = self.root / "agents" / name
@@ -282,12 +286,7 @@ class OurSide:
                         cwd=cwd,
                     )
                 )  # fmt: skip
-            for name, agent in zip(names, self.agents, strict=True):
-                assert agent.stdout is not None
-                line = agent.stdout.readline().decode()
-                if not line.startswith("listening on "):
-                    raise RuntimeError(f"agent {name} did not start: {line!r}")
-                urls[name] = "http://" + line.split()[-1]
+            urls = listening_urls(names, self.agents)
             self.bare = self.root / "fleet.git"
             make_bare(
                 self.bare,
@@ -453,18 +452,34 @@ class OurSide:
     def close(self) -> None:
         if self.moves is not None:
             self.moves.close()
-        processes = ([self.daemon] if self.daemon else []) + self.agents
-        for process in processes:
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-        for process in processes:
-            try:
-                process.wait(20)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-            if process.stdout is not None:
-                process.stdout.close()
+        stop_processes(([self.daemon] if self.daemon else []) + self.agents)
+
+
+def listening_urls(names: list[str], agents: list[subprocess.Popen[bytes]]) -> dict[str, str]:
+    """Each agent's URL, from the "listening on HOST:PORT" line it prints once up."""
+    urls = {}
+    for name, agent in zip(names, agents, strict=True):
+        assert agent.stdout is not None
+        line = agent.stdout.readline().decode()
+        if not line.startswith("listening on "):
+            raise RuntimeError(f"agent {name} did not start: {line!r}")
+        urls[name] = "http://" + line.split()[-1]
+    return urls
+
+
+def stop_processes(processes: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM to each still running, then wait for each, SIGKILL after 20 s."""
+    for process in processes:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+    for process in processes:
+        try:
+            process.wait(20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        if process.stdout is not None:
+            process.stdout.close()
 
 
 # -- the run ------------------------------------------------------------------
@@ -772,16 +787,7 @@ def artifact_ansible(
         )
     (home / "inventory.ini").write_text("\n".join(lines) + "\n")
     (home / "rollout.yml").write_text(ART_PLAYBOOK)
-    python = playbook_bin.parent / "python"
-    env = {
-        **os.environ,
-        "ANSIBLE_HOME": str(home / "home"),
-        "ANSIBLE_LOCAL_TEMP": str(home / "tmp"),
-        "ANSIBLE_REMOTE_TMP": str(home / "tmp"),
-        "ANSIBLE_NOCOLOR": "1",
-        "ANSIBLE_RETRY_FILES_ENABLED": "0",
-        "ANSIBLE_PYTHON_INTERPRETER": str(python if python.exists() else sys.executable),
-    }
+    env = ansible_env(home, playbook_bin)
     extra = {
         "artifact_url": mirror.url("model.gguf"),
         "artifact_sha256": sha,
@@ -808,7 +814,6 @@ class ArtifactOurs:
         self.key, public = generate_key(self.root / "keys")
         self.agents: list[subprocess.Popen[bytes]] = []
         self.daemon: subprocess.Popen[bytes] | None = None
-        urls = {}
         for name in names:
             home = self.root / "agents" / name
             (home / "state" / "runtimes").mkdir(parents=True)
@@ -826,12 +831,7 @@ class ArtifactOurs:
                     stderr=open(home / "agent.log", "wb"),  # noqa: SIM115 (the child's)
                 )
             )  # fmt: skip
-        for name, agent in zip(names, self.agents, strict=True):
-            assert agent.stdout is not None
-            line = agent.stdout.readline().decode()
-            if not line.startswith("listening on "):
-                raise RuntimeError(f"agent {name} did not start: {line!r}")
-            urls[name] = "http://" + line.split()[-1]
+        urls = listening_urls(names, self.agents)
         self.bare = self.root / "fleet.git"
         make_bare(
             self.bare, {f"nodes/{n}.yaml": node_text(n, urls[n], {"role": "gpu"}) for n in names}
@@ -899,18 +899,7 @@ class ArtifactOurs:
         return wall, _out_of_service(runtimes, since), status
 
     def close(self) -> None:
-        processes = ([self.daemon] if self.daemon else []) + self.agents
-        for process in processes:
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-        for process in processes:
-            try:
-                process.wait(20)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-            if process.stdout is not None:
-                process.stdout.close()
+        stop_processes(([self.daemon] if self.daemon else []) + self.agents)
 
 
 def measure_artifacts(nodes: int, size_mib: int, seconds: float) -> list[Row]:

@@ -49,12 +49,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
 from _common import Row, median, row
+from ansible import ansible_env
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # the tests package: its kits start the real parts
@@ -63,6 +64,12 @@ from reconciler.cli.gguf_models import write_model  # noqa: E402
 from reconciler.cli.llama_runtime import Answer, Balancer, LlamaNode, free_port  # noqa: E402
 from tests.kit.llama import file_digest, llama_server_binary, node_config  # noqa: E402
 from tests.kit.nginx import NginxServer  # noqa: E402
+
+if TYPE_CHECKING:
+    from reconciler.daemon.loop import Daemon
+    from tests.kit.fleets import RepoKit
+
+T = TypeVar("T")
 
 NODES = ["gpu-1", "gpu-2", "gpu-3"]
 CLIENTS = 4
@@ -156,8 +163,21 @@ def client_load(balancer: Balancer) -> Iterator[Callable[[], list[Answer]]]:
         balancer.stop()
 
 
-def _during(answers: list[Answer], start: float, end: float) -> list[Answer]:
-    return [a for a in answers if start <= a.sent <= end]
+def _under_load(
+    name: str, balancer: Balancer, urls: Mapping[str, str], change: Callable[[], T]
+) -> tuple[Side, T]:
+    """``change`` run and timed under steady load through ``balancer``, the
+    nodes at ``urls`` probed meanwhile: side ``name``'s figures, and what
+    ``change`` returned."""
+    with client_load(balancer) as answered, Probes(urls, balancer) as probes:
+        time.sleep(2.0)  # the load runs before the change starts
+        start = time.time()
+        result = change()
+        end = time.time()
+        time.sleep(1.0)  # requests sent at the end are answered
+        during = [a for a in answered() if start <= a.sent <= end]
+    failed = sum(1 for a in during if a.status != 200)
+    return Side(name, end - start, dict(probes.out), failed, len(during)), result
 
 
 def _models(root: Path) -> dict[str, Path]:
@@ -194,16 +214,7 @@ def ansible_side(root: Path, models: dict[str, Path], playbook_bin: Path) -> Sid
         )
     (home / "inventory.ini").write_text("\n".join(lines) + "\n")
     (home / "rollout.yml").write_text(PLAYBOOK)
-    python = playbook_bin.parent / "python"
-    env = {
-        **os.environ,
-        "ANSIBLE_HOME": str(home / "home"),
-        "ANSIBLE_LOCAL_TEMP": str(home / "tmp"),
-        "ANSIBLE_REMOTE_TMP": str(home / "tmp"),
-        "ANSIBLE_NOCOLOR": "1",
-        "ANSIBLE_RETRY_FILES_ENABLED": "0",
-        "ANSIBLE_PYTHON_INTERPRETER": str(python if python.exists() else sys.executable),
-    }
+    env = ansible_env(home, playbook_bin)
     size = models["B"].stat().st_size
     balancer = Balancer({n: s.url for n, s in servers.items()})
     try:
@@ -222,28 +233,18 @@ def ansible_side(root: Path, models: dict[str, Path], playbook_bin: Path) -> Sid
             }
             command = [str(playbook_bin), "-i", str(home / "inventory.ini"),
                        "-e", json.dumps(extra), str(home / "rollout.yml")]  # fmt: skip
-            with (
-                client_load(balancer) as answered,
-                Probes({n: s.url for n, s in servers.items()}, balancer) as probes,
-            ):
-                time.sleep(2.0)  # the load runs before the change starts
-                start = time.time()
-                done = subprocess.run(
+            side, done = _under_load(
+                "Ansible",
+                balancer,
+                {n: s.url for n, s in servers.items()},
+                lambda: subprocess.run(
                     command, env=env, capture_output=True, text=True, check=False, timeout=TIMEOUT
-                )
-                end = time.time()
-                time.sleep(1.0)  # requests sent at the end are answered
-                during = _during(answered(), start, end)
+                ),
+            )
         if done.returncode != 0:
             raise RuntimeError(f"the playbook failed:\n{done.stdout[-3000:]}{done.stderr[-2000:]}")
         _check_serving(servers, models["B"])
-        return Side(
-            "Ansible",
-            end - start,
-            dict(probes.out),
-            sum(1 for a in during if a.status != 200),
-            len(during),
-        )
+        return side
     finally:
         balancer.close()
         for server in servers.values():
@@ -281,33 +282,45 @@ def our_side(root: Path, models: dict[str, Path], standby: bool, warmup: bool = 
         daemon = fleet.daemon()
         fleet.run_until(daemon, lambda s: True)  # the first pass: an idle daemon
         text = live_rollout("change", "tiny-llama-2", world, drain=True)
-        with (
-            client_load(world.balancer) as answered,
-            Probes({n: s.url for n, s in world.servers.items()}, world.balancer) as probes,
-        ):
-            time.sleep(2.0)
-            start = time.time()
-            fleet.push({"rollouts/change.yaml": text})
-            done = fleet.run_until(daemon, _ended("change"), timeout=TIMEOUT, pause=0.02)
-            end = time.time()
-            time.sleep(1.0)
-            during = _during(answered(), start, end)
-        status = done["change"]
-        if status["phase"] != "completed":
-            raise RuntimeError(f"our rollout ended {status['phase']}: {status}")
-        _check_serving(world.servers, models["B"])
-        return Side(
+        side = _timed_rollout(
             "ours, drain and warm-up",
-            end - start,
-            dict(probes.out),
-            sum(1 for a in during if a.status != 200),
-            len(during),
-            recorded={n["name"]: float(n.get("outOfService", 0)) for n in status["nodes"]},
+            fleet,
+            daemon,
+            text,
+            world.balancer,
+            {n: s.url for n, s in world.servers.items()},
         )
+        _check_serving(world.servers, models["B"])
+        return side
 
 
-def _ended(name: str) -> Callable[[dict[str, Any]], bool]:
-    return lambda s: s.get(name, {}).get("phase") in ("completed", "paused", "failed", "aborted")
+def _roll(fleet: RepoKit, daemon: Daemon, name: str, text: str) -> dict[str, Any]:
+    """Rollout ``name`` pushed, the daemon stepped until it ends: its status,
+    which must say completed."""
+    fleet.push({f"rollouts/{name}.yaml": text})
+    ended = ("completed", "paused", "failed", "aborted")
+    done = fleet.run_until(
+        daemon, lambda s: s.get(name, {}).get("phase") in ended, timeout=TIMEOUT, pause=0.02
+    )
+    status: dict[str, Any] = done[name]
+    if status["phase"] != "completed":
+        raise RuntimeError(f"rollout {name} ended {status['phase']}: {status}")
+    return status
+
+
+def _timed_rollout(
+    name: str,
+    fleet: RepoKit,
+    daemon: Daemon,
+    text: str,
+    balancer: Balancer,
+    urls: Mapping[str, str],
+) -> Side:
+    """Our rollout ``change`` (``text``) under load: side ``name``'s
+    figures, with the outOfService its status records."""
+    side, status = _under_load(name, balancer, urls, lambda: _roll(fleet, daemon, "change", text))
+    recorded = {n["name"]: float(n.get("outOfService", 0)) for n in status["nodes"]}
+    return replace(side, recorded=recorded)
 
 
 def _standby_side(home: Path, models: dict[str, Path], warmup: bool) -> Side:
@@ -348,32 +361,12 @@ def _standby_side(home: Path, models: dict[str, Path], warmup: bool) -> Side:
         files = parts[NODES[0]]
         daemon = fleet.daemon()
         first = _standby_rollout("first", "tiny-llama-1", files.artifacts["A"], warmup)
-        fleet.push({"rollouts/first.yaml": first})
-        done = fleet.run_until(daemon, _ended("first"), timeout=TIMEOUT, pause=0.02)
-        if done["first"]["phase"] != "completed":
-            raise RuntimeError(f"the first standby rollout ended: {done['first']}")
+        _roll(fleet, daemon, "first", first)
         text = _standby_rollout("change", "tiny-llama-2", files.artifacts["B"], warmup)
-        with client_load(balancer) as answered, Probes(urls, balancer) as probes:
-            time.sleep(2.0)
-            start = time.time()
-            fleet.push({"rollouts/change.yaml": text})
-            done = fleet.run_until(daemon, _ended("change"), timeout=TIMEOUT, pause=0.02)
-            end = time.time()
-            time.sleep(1.0)
-            during = _during(answered(), start, end)
-        status = done["change"]
-        if status["phase"] != "completed":
-            raise RuntimeError(f"the standby rollout ended {status['phase']}: {status}")
+        side = _timed_rollout("ours, warm standby", fleet, daemon, text, balancer, urls)
         if any(node.serving() != "B" for node in parts.values()):
             raise RuntimeError("a node does not serve the new model after the standby rollout")
-        return Side(
-            "ours, warm standby",
-            end - start,
-            dict(probes.out),
-            sum(1 for a in during if a.status != 200),
-            len(during),
-            recorded={n["name"]: float(n.get("outOfService", 0)) for n in status["nodes"]},
-        )
+        return side
 
 
 def _standby_rollout(name: str, model: str, artifact: Any, warmup: bool) -> str:

@@ -30,14 +30,20 @@
 # corrupt or truncated GGUF) then fails the job as warmup_failed, after
 # which the agent puts the previous config back and runs this script for it.
 # With the default (1) the same model fails here, as an after-apply failure.
+#
+# With the argument "stop" it stops the server of its port and starts none:
+# under systemd llama-server@PORT; otherwise the server in PORT.pid, only
+# while that pid is still a llama-server on the port (a pid file can
+# outlive its process, and pids are reused). llama-server-slot.sh stops a
+# slot with it.
 set -euo pipefail
 
+action=${1:-}
 port=${LLAMA_SERVER_PORT:-8080}
 host=${LLAMA_SERVER_HOST:-127.0.0.1}
 run_dir=${LLAMA_SERVER_RUN_DIR:-/run/llama-server}
 ready_timeout=${LLAMA_SERVER_READY_TIMEOUT:-120}
 stop_timeout=${LLAMA_SERVER_STOP_TIMEOUT:-10}
-config=${RECONCILER_CONFIG:?"run by reconciler agent --after-apply (RECONCILER_CONFIG is not set)"}
 
 fail() {
   echo "llama-server-after-apply: $*" >&2
@@ -82,7 +88,10 @@ alive() {
     tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q -- "--port $port "
 }
 
-restart_pidfile() {
+# SIGTERM the server in the pid file, SIGKILL after $LLAMA_SERVER_STOP_TIMEOUT
+# seconds, and remove the file; $stopped names the pid stopped, if any.
+stopped=""
+stop_pidfile() {
   local pidfile="$run_dir/$port.pid" pid waited=0
   if alive "$pidfile"; then
     pid=$(cat "$pidfile")
@@ -93,8 +102,14 @@ restart_pidfile() {
     done
     kill -KILL "$pid" 2>/dev/null || true
     while kill -0 "$pid" 2>/dev/null; do sleep 0.05; done
+    stopped=$pid
   fi
   rm -f "$pidfile"
+}
+
+restart_pidfile() {
+  local pidfile="$run_dir/$port.pid"
+  stop_pidfile
   # shellcheck disable=SC2086 # LLAMA_SERVER_ARGS is a list of flags
   setsid "${LLAMA_SERVER:-llama-server}" -m "$1" --host "$host" --port "$port" \
     ${LLAMA_SERVER_ARGS:---metrics -c 4096 -np 4} </dev/null >>"$run_dir/$port.log" 2>&1 &
@@ -107,17 +122,43 @@ restart_systemd() {
   systemctl restart "llama-server@$port.service"
 }
 
+# Stop the server of this port, saying which (and the slot, run for one).
+stop() {
+  local where="port $port"
+  if [ -n "${RECONCILER_SLOT:-}" ]; then where="slot $RECONCILER_SLOT on port $port"; fi
+  case "$mode" in
+    systemd) systemctl stop "llama-server@$port.service" ;;
+    pidfile)
+      stop_pidfile
+      if [ -n "$stopped" ]; then
+        echo "$where: llama-server $stopped stopped"
+      else
+        echo "$where: no llama-server of ours running"
+      fi
+      ;;
+  esac
+}
+
 mode=${LLAMA_SERVER_MODE:-}
 if [ -z "$mode" ]; then
   if [ -d /run/systemd/system ] && command -v systemctl >/dev/null; then mode=systemd; else mode=pidfile; fi
 fi
+case "$mode" in
+  systemd | pidfile) ;;
+  *) fail "LLAMA_SERVER_MODE=$mode: use systemd or pidfile" ;;
+esac
+if [ "$action" = stop ]; then
+  stop
+  exit 0
+fi
+[ -z "$action" ] || fail "unknown argument $action: use stop, or none to restart on \$RECONCILER_CONFIG"
+config=${RECONCILER_CONFIG:?"run by reconciler agent --after-apply (RECONCILER_CONFIG is not set)"}
 model=$(model_file)
 [ -f "$model" ] || fail "model file $model (from $config) does not exist"
 mkdir -p "$run_dir"
 case "$mode" in
   systemd) restart_systemd "$model" ;;
   pidfile) restart_pidfile "$model" ;;
-  *) fail "LLAMA_SERVER_MODE=$mode: use systemd or pidfile" ;;
 esac
 
 if [ "${LLAMA_SERVER_WAIT:-1}" = 0 ]; then

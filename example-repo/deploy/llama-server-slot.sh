@@ -14,10 +14,11 @@
 #   stop   first waits until no worker of the nginx master named by
 #          $NGINX_PID_FILE is "shutting down" (such a worker may still be
 #          answering a request through this slot), at most $NGINX_RELOAD_WAIT
-#          seconds, saying so; then stops the server of that slot's pid file
-#          only, and only while that pid is still a llama-server on the slot's
-#          port (a pid file can outlive its process, and pids are reused);
-#          under systemd, stops llama-server@PORT. With no nginx pid file
+#          seconds, saying so; then stops the slot's server through
+#          "llama-server-after-apply.sh stop": the server of that slot's pid
+#          file only, and only while that pid is still a llama-server on the
+#          slot's port (a pid file can outlive its process, and pids are
+#          reused); under systemd, llama-server@PORT. With no nginx pid file
 #          readable, it stops at once;
 #   route  points nginx at the slot: rewrites the upstream include file
 #          $NGINX_UPSTREAM_FILE to "server 127.0.0.1:PORT;" and reloads nginx
@@ -38,38 +39,10 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 action=${1:?"usage: llama-server-slot.sh start|stop|route"}
 port=${RECONCILER_SLOT_PORT:?"run by reconciler agent --slot-*-command (RECONCILER_SLOT_PORT is not set)"}
-run_dir=${LLAMA_SERVER_RUN_DIR:-/run/llama-server}
-stop_timeout=${LLAMA_SERVER_STOP_TIMEOUT:-10}
 
 fail() {
   echo "llama-server-slot $action (slot ${RECONCILER_SLOT:-?}): $*" >&2
   exit 1
-}
-
-# The pid file names a running llama-server on our port.
-alive() {
-  local pid
-  [ -f "$1" ] && pid=$(cat "$1") && kill -0 "$pid" 2>/dev/null &&
-    tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q -- "--port $port "
-}
-
-stop_pidfile() {
-  local pidfile="$run_dir/$port.pid" pid waited=0
-  if ! alive "$pidfile"; then
-    rm -f "$pidfile"
-    echo "slot ${RECONCILER_SLOT:-?} on port $port: no llama-server of ours running"
-    return
-  fi
-  pid=$(cat "$pidfile")
-  kill -TERM "$pid" 2>/dev/null || true
-  while kill -0 "$pid" 2>/dev/null && [ "$waited" -lt $((stop_timeout * 10)) ]; do
-    sleep 0.1
-    waited=$((waited + 1))
-  done
-  kill -KILL "$pid" 2>/dev/null || true
-  while kill -0 "$pid" 2>/dev/null; do sleep 0.05; done
-  rm -f "$pidfile"
-  echo "slot ${RECONCILER_SLOT:-?} on port $port: llama-server $pid stopped"
 }
 
 reload_wait=${NGINX_RELOAD_WAIT:-30}
@@ -139,19 +112,10 @@ route() {
   echo "nginx sends the runtime's requests to slot ${RECONCILER_SLOT:-?} on port $port"
 }
 
-mode=${LLAMA_SERVER_MODE:-}
-if [ -z "$mode" ]; then
-  if [ -d /run/systemd/system ] && command -v systemctl >/dev/null; then mode=systemd; else mode=pidfile; fi
-fi
+# The server's settings and LLAMA_SERVER_MODE are llama-server-after-apply.sh's.
 case "$action" in
-  start) LLAMA_SERVER_PORT=$port LLAMA_SERVER_MODE=$mode exec bash "$here/llama-server-after-apply.sh" ;;
-  stop)
-    case "$mode" in
-      systemd) wait_old_workers && systemctl stop "llama-server@$port.service" ;;
-      pidfile) wait_old_workers && stop_pidfile ;;
-      *) fail "LLAMA_SERVER_MODE=$mode: use systemd or pidfile" ;;
-    esac
-    ;;
+  start) LLAMA_SERVER_PORT=$port exec bash "$here/llama-server-after-apply.sh" ;;
+  stop) wait_old_workers && LLAMA_SERVER_PORT=$port exec bash "$here/llama-server-after-apply.sh" stop ;;
   route) route ;;
   *) fail "unknown action $action: use start, stop or route" ;;
 esac

@@ -5,7 +5,9 @@ copied only when the first one changes, and only the batches a step
 touches are re-examined, so an idle step on a large rollout costs about
 the size of its running batch. Counts by state are taken from the node
 records, never from the stored ``progress``. No rollout rule lives here:
-the step (``reconciler.engine.step``) decides, this records."""
+the step (``reconciler.engine.step``) decides, this records; which nodes
+are open and whether the rollout is held ask the staging window and the
+baseline gate."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-from reconciler.engine import lifecycle
+from reconciler.engine import baselines, lifecycle, staging
 from reconciler.engine.holds import RESTORE_STATES, operator_words
 from reconciler.engine.inputs import NodeChange, Transition
 from reconciler.protocol.effects import SendJob
@@ -139,7 +141,8 @@ class StatusDraft:
 
     def open_indexes(self) -> Iterable[int]:
         """Indexes of nodes that may have a job in flight or be held: those
-        of batches not done, plus any node being restored."""
+        of batches not done, plus any node being restored, plus those of
+        the batches staged ahead (a stage job in flight)."""
         for b in self.batches:
             if b.state == "running":
                 yield from self.batch_range(b.index)
@@ -147,6 +150,8 @@ class StatusDraft:
             for i, node in enumerate(self.nodes):
                 if node.state in RESTORE_STATES and self.batches[node.batch - 1].state != "running":
                     yield i
+        for batch in staging.window(self.frozen, self.batches):
+            yield from self.batch_range(batch)
 
     def restores_in_flight(self) -> bool:
         """Restores sent, or an accepted rollback request waiting to send them:
@@ -158,7 +163,10 @@ class StatusDraft:
         )
 
     def any_held(self) -> bool:
-        return any(self.nodes[i].held is not None for i in self.open_indexes())
+        """A node held, or a baseline eval job failed."""
+        return any(self.nodes[i].held is not None for i in self.open_indexes()) or (
+            baselines.gate(self.frozen, self.eval_baseline) == "hold"
+        )
 
     def phase_terminal(self) -> bool:
         return self.phase in ("completed", "failed", "aborted")

@@ -24,9 +24,10 @@ step records in its working copy (``draft``): why a start waits
 (``starts``), what evidence writes (``verdicts``), the failure budget
 (``budget``), the operator's intents (``intents``, ``rollback``), what a
 send records (``attempts``), batch progress (``batches``), holds
-(``holds``) and condition words (``conditions``). Restores are sent and
-recorded by ``restores``, which takes the draft and, as arguments, what
-else it reads. None of them imports this module.
+(``holds``) and condition words (``conditions``). Restores, stage jobs and
+baseline eval jobs are sent and recorded by ``restores``, ``staged_draft``
+and ``baseline_draft``, whose functions take the draft and, as arguments,
+what else they read. None of them imports this module.
 
 Every phase and node-state change is checked against ``reconciler.engine.lifecycle``.
 Status never goes backwards: terminal phases stay, attempts only grow, and a
@@ -43,6 +44,7 @@ from operator import attrgetter
 
 from reconciler.engine import (
     attempts,
+    baseline_draft,
     batches,
     budget,
     comparisons,
@@ -52,11 +54,12 @@ from reconciler.engine import (
     releases,
     restores,
     rollback,
+    staged_draft,
     starts,
     verdicts,
 )
-from reconciler.engine.baseline_draft import BaselineDraft
 from reconciler.engine.calendar import batch_gate
+from reconciler.engine.draft import StatusDraft
 from reconciler.engine.holds import (
     ASK_AGAIN,
     CARRY_ON,
@@ -424,7 +427,7 @@ def naming_who_paused(wait: tuple[str, str], by: OperatorAct | None) -> tuple[st
     return reason, message
 
 
-class RolloutStep(BaselineDraft):
+class RolloutStep(StatusDraft):
     """One rollout's step: the rules, applied to its status draft."""
 
     def __init__(self, inp: RolloutInput, status: RolloutStatus | None, ctx: PassScope) -> None:
@@ -565,7 +568,7 @@ class RolloutStep(BaselineDraft):
                 self.pause_by_operator(spec.paused, inp.paused_by)
         self.observe()
         if not self.phase_terminal():
-            self.observe_baseline(self.ctx.obs, self.ctx.node)
+            baseline_draft.observe_baseline(self, self.ctx.obs, self.ctx.node)
         self.health_conditions()
         if self.phase_terminal():
             self.carry_out_decided_restores()
@@ -577,12 +580,14 @@ class RolloutStep(BaselineDraft):
             self.apply(intents.skips(spec, self.nodes, self.index))
             alert_wait = comparisons.batch_wait(self.frozen, self.ctx.obs.alerts.get(self.name))
             for _ in range(len(self.batches) + 3):
-                progressed = self.decide_verdicts() | self.decide_stages(self.policy, self.ctx.node)
+                progressed = self.decide_verdicts() | staged_draft.decide_stages(
+                    self, self.policy, self.ctx.node
+                )
                 progressed |= self.handle_resume(spec)
-                progressed |= self.send_baseline(self.ctx.node)
-                progressed |= self.stage_ahead(spec, self.ctx.node, alert_wait)
+                progressed |= baseline_draft.send_baseline(self, self.ctx.node)
+                progressed |= staged_draft.stage_ahead(self, spec, self.ctx.node, alert_wait)
                 progressed |= self.advance(spec)
-                progressed |= self.dispatch_staged(self.dispatch)
+                progressed |= staged_draft.dispatch_staged(self, self.dispatch)
                 if not progressed:
                     break
         self.settle_hold()
@@ -666,7 +671,7 @@ class RolloutStep(BaselineDraft):
         self.apply(observed.changes)
         assert self.frozen is not None
         self.apply(budget.past_budget(self.frozen, self.nodes, observed.changes))
-        self.observe_stages(lambda: _seen(self), ctx.node)
+        staged_draft.observe_stages(self, lambda: _seen(self), ctx.node)
         for ended in observed.outcomes:
             self.rollbacks = rollback.with_outcome(
                 self.rollbacks, ended.request, ended.node, ended.outcome, ended.error
@@ -752,7 +757,7 @@ class RolloutStep(BaselineDraft):
         if paused_after is not None and not self.any_held() and not self.gate_open():
             return False  # it would start a batch: it waits, unhandled, for the window
         self.last_handled_resume = token
-        self.resume_baseline(self.ctx.node)
+        baseline_draft.resume_baseline(self, self.ctx.node)
         answer = intents.answer_resume(
             token,
             [(i, self.nodes[i]) for i in self.open_indexes()],
@@ -766,7 +771,7 @@ class RolloutStep(BaselineDraft):
             if held.action == SKIP:
                 self.set_node(held.index, evolve(node, state="skipped", held=None), held.reason)
             elif held.action == ASK_AGAIN:
-                self.ask_again(held.index, held.reason, self.dispatch, self.ctx.node)
+                staged_draft.ask_again(self, held.index, held.reason, self.dispatch, self.ctx.node)
             elif held.action == CARRY_ON:
                 self.set_node(held.index, evolve(node, held=None), held.reason)
         if answer.next_batch is not None:
@@ -794,7 +799,9 @@ class RolloutStep(BaselineDraft):
         )
         self.set_node(i, new, reason if send else new.error)
         if send:
-            self.effects.append(apply_job(self.name, self.frozen, new, self.baseline_answers()))
+            self.effects.append(
+                apply_job(self.name, self.frozen, new, baseline_draft.baseline_answers(self))
+            )
         else:  # a node removed before it was sent ends unknown: the budget counts it
             ended = (NodeChange(i, new, new.error),)
             self.apply(budget.past_budget(self.frozen, self.nodes, ended))
@@ -825,9 +832,9 @@ class RolloutStep(BaselineDraft):
                 return False
             if self.now < until:
                 return False
-        if not self.baseline_ready() or not self.gate_open():
+        if not baseline_draft.baseline_ready(self) or not self.gate_open():
             return False
-        if not self.batch_ready((last or 0) + 1, self.policy):
+        if not staged_draft.batch_ready(self, (last or 0) + 1, self.policy):
             return False
         why = "timed pauseAfter lifted" if paused_after is not None else "started"
         self.dispatch_batch((last or 0) + 1, f"batch {(last or 0) + 1} {why}")
@@ -848,9 +855,9 @@ class RolloutStep(BaselineDraft):
         self.waiting = None
         self.set_batch(batch, "running")
         for i in self.batch_range(batch):
-            if self.nodes[i].state == "pending" and not self.staged_rollout():
+            if self.nodes[i].state == "pending" and not staged_draft.staged_rollout(self):
                 self.dispatch(i, reason)
-        self.dispatch_staged(self.dispatch, reason)
+        staged_draft.dispatch_staged(self, self.dispatch, reason)
         self.touched_batches.add(batch)
         self.update_batches()
 
@@ -872,7 +879,7 @@ class RolloutStep(BaselineDraft):
             return
         self.update_batches()
         held = [self.nodes[i] for i in self.open_indexes() if self.nodes[i].held is not None]
-        held += self.baseline_held()
+        held += baseline_draft.baseline_held(self)
         spec = self.inp.spec
         batch = self.pause_after_waiting(spec) if spec is not None and not held else None
         until = None
