@@ -462,6 +462,9 @@ class JobRunner:
             self._prune_artifacts(job)
 
     def _prune_artifacts(self, job: JobPayload) -> None:
+        held = self.store.held()
+        if not held:
+            return  # nothing to delete: no need to work out what is pinned
         pinned: set[str] = set()
         newest_backup: dict[str, BackupInfo] = {}
         for backup in self.state.list_backups():
@@ -481,9 +484,7 @@ class JobRunner:
         with self.journal.lock:
             pinned |= pinned_by_jobs(list(self.journal.jobs.values()))
         pinned |= job_artifacts(job.signed)
-        doomed = artifacts_to_prune(
-            self.store.uses, self.store.held(), pinned, self.config.keep_artifacts
-        )
+        doomed = artifacts_to_prune(self.store.uses, held, pinned, self.config.keep_artifacts)
         if doomed:
             # The directories first: a crash in between leaves files, not a
             # directory missing some.
