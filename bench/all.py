@@ -52,6 +52,7 @@ SCRIPTS = (
     Script("engine", (), ("--nodes", "1000", "--batch", "100")),
     Script("dispatch", (), ("--nodes", "1000")),
     Script("job_parts", (), ("--quick",)),
+    Script("client_floor", (), ("--quick",)),
     Script("fleet_watch", (), ("--quick",)),
     Script("validate", ("--runs", "3"), ("--nodes", "1000", "--rollouts", "100", "--runs", "1")),
     Script("sshsig", (), ("--commits", "20", "--git-sample", "3", "--status", "200")),

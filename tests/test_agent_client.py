@@ -4,6 +4,7 @@ good or bad, becomes an observation; nothing raises."""
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -218,6 +219,61 @@ def test_chunked_and_close_delimited_answers(client: AgentClient) -> None:
 
     assert beats["old"] is not None and beats["old"].time == "2026-12-01T09:00:00Z"
     assert backups["old"] is not None and backups["old"].backups == ()
+
+
+class _HeadRecorder(BaseHTTPRequestHandler):
+    """Answers a heartbeat or accepts a job, keeping each request's line and
+    headers as they came: what every agent gets to read."""
+
+    protocol_version = "HTTP/1.1"
+    seen: list[tuple[str, list[tuple[str, str]]]]
+
+    def do_GET(self) -> None:
+        self.seen.append((self.requestline, list(self.headers.items())))
+        self._answer(200, {"node": "a", "time": "2026-12-01T09:00:00Z", "runtimes": []})
+
+    def do_POST(self) -> None:
+        self.seen.append((self.requestline, list(self.headers.items())))
+        posted = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self._answer(202, {"jobId": posted["payload"]["jobId"], "state": "accepted"})
+
+    def _answer(self, status: int, data: dict[str, object]) -> None:
+        body = json.dumps(data).encode()
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def test_requests_carry_only_the_headers_an_agent_reads(client: AgentClient) -> None:
+    """Reads (again and again on one connection) name the host and the
+    daemon; a job adds its body's type and length. Nothing else is sent."""
+    seen: list[tuple[str, list[tuple[str, str]]]] = []
+    handler = type("Recorder", (_HeadRecorder,), {"seen": seen})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    port = server.server_address[1]
+    url = f"http://127.0.0.1:{port}/agent"
+    try:
+        for _ in range(3):
+            assert client.read_heartbeats([(url, "a")])["a"] is not None
+        sent = client.send_jobs([(url, job("apply-7", node="a"))], datetime.now(UTC))
+    finally:
+        server.shutdown()
+        server.server_close()
+
+    host = [("Host", f"127.0.0.1:{port}"), ("User-Agent", "reconciler-daemon")]
+    read = ("GET /agent/v1/nodes/a/heartbeat HTTP/1.1", host)
+    assert seen[:3] == [read, read, read]
+    line, headers = seen[3]
+    assert line == "POST /agent/v1/nodes/a/jobs HTTP/1.1"
+    assert headers[:3] == [*host, ("Content-Type", "application/json")]
+    assert headers[3][0] == "Content-Length" and len(headers) == 4
+    assert sent["apply-7"].state == "accepted"
 
 
 def test_keep_alive_connections_are_reused_and_renewed_when_the_agent_drops_them(

@@ -88,6 +88,13 @@ class Origin:
     def host_bytes(self) -> bytes:
         return self.host_header.encode("idna")
 
+    @functools.cached_property
+    def bare_request(self) -> h11.Request:
+        """A request without a body, its headers validated once: h11 takes
+        them as they are for every such request (events are values)."""
+        headers = [(b"Host", self.host_bytes), (b"User-Agent", USER_AGENT)]
+        return h11.Request(method="GET", target="/", headers=headers)
+
 
 def parse_base(url: str) -> Origin:
     parts = urlsplit(url)
@@ -183,7 +190,10 @@ class _Connection(asyncio.BufferedProtocol):
                 return
             # InformationalResponse (1xx): the real answer follows
 
-    async def exchange(self, request: h11.Request, body: bytes | None) -> tuple[int, bytes, bool]:
+    def exchange(
+        self, request: h11.Request, body: bytes | None
+    ) -> asyncio.Future[tuple[int, bytes, bool]]:
+        """Write the request; the future is its answer: (status, body, reusable)."""
         assert self.transport is not None
         wire = self.wire
         data = wire.send(request) or b""
@@ -191,9 +201,9 @@ class _Connection(asyncio.BufferedProtocol):
             data += wire.send(h11.Data(data=body)) or b""
         data += wire.send(_END) or b""
         self.status, self.body, self.received = 0, bytearray(), 0
-        self.waiter = asyncio.get_running_loop().create_future()
+        waiter = self.waiter = asyncio.get_running_loop().create_future()
         self.transport.write(data)
-        return await self.waiter
+        return waiter
 
     def close(self) -> None:
         self.closed = True
@@ -331,11 +341,23 @@ class HttpClient:
         content_type: bytes,
     ) -> tuple[int, bytes]:
         # Bytes, and only the headers an agent reads: h11 validates each one.
-        headers = [(b"Host", origin.host_bytes), (b"User-Agent", USER_AGENT)]
-        if body is not None:
-            headers += [(b"Content-Type", content_type), (b"Content-Length", b"%d" % len(body))]
+        target = origin.prefix + path
         try:
-            request = h11.Request(method=method, target=origin.prefix + path, headers=headers)
+            if body is None:
+                headers = origin.bare_request.headers
+                request = h11.Request(method=method, target=target, headers=headers)
+            else:
+                length = b"%d" % len(body)
+                request = h11.Request(
+                    method=method,
+                    target=target,
+                    headers=[
+                        (b"Host", origin.host_bytes),
+                        (b"User-Agent", USER_AGENT),
+                        (b"Content-Type", content_type),
+                        (b"Content-Length", length),
+                    ],
+                )
         except h11.LocalProtocolError as exc:
             raise Unreachable(f"cannot ask for {path!r}: {exc}") from None
         deadline = asyncio.get_running_loop().time() + limit
