@@ -280,7 +280,9 @@ def measure(
     results = []
     for k in range(runs):
         # The parts alone just before the run and just after it: the load moves.
-        before = job_parts.measure(PARTS_JOBS, PARTS_ROUNDS) if with_parts else {}
+        before = (
+            job_parts.measure(PARTS_JOBS, PARTS_ROUNDS, artifacts=artifacts) if with_parts else {}
+        )
         with tempfile.TemporaryDirectory(prefix="bench-fleet-") as tmp:
             r = one_run(
                 Path(tmp),
@@ -308,7 +310,7 @@ def measure(
             flush=True,
         )
         if with_parts:
-            after = job_parts.measure(PARTS_JOBS, PARTS_ROUNDS)
+            after = job_parts.measure(PARTS_JOBS, PARTS_ROUNDS, artifacts=artifacts)
             parts = {name: (ms + after[name]) / 2 for name, ms in before.items()}
             r["floor"] = sum(parts.values())
             r["per_job"] = r["cpu"] / r["jobs"] * 1e3

@@ -6,6 +6,7 @@ budget a per-node overhead target leaves.
     .venv/bin/python bench/job_parts.py            # 20,000 jobs
     .venv/bin/python bench/job_parts.py --jobs 2000
     .venv/bin/python bench/job_parts.py --eval-cases 20   # live applies with a 20-case suite
+    .venv/bin/python bench/job_parts.py --artifacts       # the jobs of fleet.py --artifacts
 
 Each figure is CPU time (``time.process_time``) per job, the median of
 ``--runs`` rounds:
@@ -22,6 +23,11 @@ The sum is what these parts cost per job before the event loop, the
 sockets and the passes; ``bench/fleet.py --artifacts`` gives the whole.
 With two jobs a node (stage and apply), a per-node overhead of 0.5 ms
 leaves 0.25 ms of daemon CPU per job.
+
+With ``--artifacts`` the jobs are those of ``bench/fleet.py --artifacts``:
+a dry-run stage and a dry-run apply per node, each carrying the rollout's
+model artifact, answered as the simulated fleet answers them; that run's
+``--with-parts`` measures these, so its ratio compares like with like.
 
 With ``--eval-cases N`` each job is a live apply carrying an eval suite of
 N cases, and its finished answer the suite's results (an answer of 200
@@ -48,6 +54,7 @@ from reconciler.protocol.evidence import (
 )
 from reconciler.protocol.job_payload import build_payload
 from reconciler.protocol.signing import canonical_json, envelope_bytes
+from reconciler.spec.artifacts import Artifact
 from reconciler.spec.evals import Eval, EvalCase, EvalSuite
 from reconciler.spec.model import Target
 
@@ -55,14 +62,23 @@ SEED = "bench-job-parts"
 BUDGET_MS = 0.25  # of daemon CPU per job: 0.5 ms per node, two jobs a node
 
 
-def jobs(count: int, eval_cases: int = 0) -> list[SendJob]:
+# The artifact of bench/fleet.py's staged rollout.
+WEIGHTS = Artifact("weights", "https://mirror.example/w.gguf", "0f" * 32, 4920734976)
+
+
+def jobs(count: int, eval_cases: int = 0, artifacts: bool = False) -> list[SendJob]:
     target = Target("hermes", "vllm", "llama3.1-8b", "default")
     evals = _evals(eval_cases) if eval_cases else ()
     mode = "live" if evals else "dry_run"
+    carried = (WEIGHTS,) if artifacts else ()
+
+    def kind(i: int) -> str:
+        return "stage" if artifacts and i % 2 == 0 else "apply"
+
     return [
         SendJob(
-            f"apply-{i:032x}",
-            "apply",
+            f"{kind(i)}-{i:032x}",
+            kind(i),
             f"n{i % 1000:05d}",
             "big",
             1,
@@ -70,6 +86,8 @@ def jobs(count: int, eval_cases: int = 0) -> list[SendJob]:
             target,
             "ab" * 20,
             evals=evals,
+            artifacts=carried,
+            stage_timeout=3600 if kind(i) == "stage" else None,
         )
         for i in range(count)
     ]
@@ -115,10 +133,18 @@ def answer(job: SendJob, state: str) -> bytes:
         "backupId": None,
         "finishedAt": "2026-12-02T20:50:04Z" if state == "succeeded" else None,
         "sourceCommit": job.source_commit,
+        "detail": _detail(job) if state == "succeeded" else "",
     }
     if job.evals and state == "succeeded":
         record["evals"] = _results(job)
     return signed_answer_bytes(record, derived_agent_key(SEED, job.node))
+
+
+def _detail(job: SendJob) -> str:
+    """What the simulated fleet says of a finished dry run (an apply's
+    detail is of the same length)."""
+    size = sum(a.size for a in job.artifacts)
+    return f"the server reports {size} bytes; 0 of {len(job.artifacts)} held" if size else ""
 
 
 def http_answer(body: bytes, status: int) -> bytes:
@@ -137,8 +163,10 @@ def exchange(wire: h11.Connection, request: h11.Request, body: bytes | None, rep
     wire.start_next_cycle()
 
 
-def measure(count: int, runs: int, eval_cases: int = 0) -> dict[str, float]:
-    batch = jobs(count, eval_cases)
+def measure(
+    count: int, runs: int, eval_cases: int = 0, artifacts: bool = False
+) -> dict[str, float]:
+    batch = jobs(count, eval_cases, artifacts)
     key = derived_agent_key(SEED, "daemon")
     now = datetime.now(UTC)
     bodies = [envelope_bytes(build_payload(j, now), key) for j in batch]
@@ -206,12 +234,16 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="2,000 jobs, 1 run")
     parser.add_argument("--eval-cases", type=int, default=0, help="live applies with evals")
+    parser.add_argument(
+        "--artifacts", action="store_true", help="stage and apply jobs carrying an artifact"
+    )
     args = parser.parse_args()
     if args.quick:
         args.jobs, args.runs = 2_000, 1
-    evals = f", an eval suite of {args.eval_cases} cases" if args.eval_cases else ""
-    announce(f"job parts: {args.jobs:,} jobs, {args.runs} runs{evals}")
-    figures = measure(args.jobs, args.runs, args.eval_cases)
+    shape = f", an eval suite of {args.eval_cases} cases" if args.eval_cases else ""
+    shape += ", stages and applies carrying an artifact" if args.artifacts else ""
+    announce(f"job parts: {args.jobs:,} jobs, {args.runs} runs{shape}")
+    figures = measure(args.jobs, args.runs, args.eval_cases, args.artifacts)
     rows = [row(f"per job: {name}", ms, "ms") for name, ms in figures.items()]
     total = sum(figures.values())
     rows.append(row("per job: these parts together", total, "ms", BUDGET_MS, "budget"))
