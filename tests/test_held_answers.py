@@ -23,6 +23,7 @@ from test_event_driven import serving, status_commit_messages, wait_for
 
 from reconciler.daemon import agent_reads, observer
 from reconciler.daemon.agent_reads import watch_limit
+from reconciler.daemon.crashpoints import CrashPoints
 from reconciler.daemon.loop import Daemon
 from reconciler.protocol.evidence import derived_agent_key
 from tests.kit.documents import node_states, node_yaml, rollout_yaml
@@ -146,6 +147,42 @@ def test_a_held_answer_older_than_its_limit_is_read_again(tmp_path: Path) -> Non
         before = requests(kit)
         daemon.run_pass()  # not quiet: the answers it used are too old now
         assert requests(kit) - before == 1 + 3  # each job read, as without held reads
+    finally:
+        kit.close()
+
+
+class SlowCommit(CrashPoints):
+    """Kills nothing: the clock moves on by ``seconds`` once the status
+    commit is made, before its jobs are sent, as it does when the commit
+    and the send take seconds on a loaded machine."""
+
+    def __init__(self, clock: Clock, seconds: float) -> None:
+        super().__init__()
+        self.clock = clock
+        self.seconds = seconds
+
+    def reach(self, point: str) -> None:
+        if point == "after_push":
+            self.clock.advance(self.seconds)
+
+
+def test_an_answer_to_a_job_sent_late_in_a_pass_counts_from_the_send(tmp_path: Path) -> None:
+    """The pass steps, then its commit takes HELD_ANSWER_SECONDS before the
+    jobs go out. Their agents answered them accepted when they were sent,
+    not when the pass stepped: the next pass, at once, leaves them to their
+    held reads rather than reading them again."""
+    clock = Clock()
+    kit = make_kit(tmp_path, "default: hang\n", ignore_wait=False)
+    try:
+        daemon = kit.daemon(
+            clock=clock, crash_points=SlowCommit(clock, observer.HELD_ANSWER_SECONDS)
+        )
+        daemon._wake = threading.Event().set
+        dispatched(kit, daemon)
+        wait_held(daemon, 3)
+        before = requests(kit)
+        daemon.run_pass()
+        assert requests(kit) - before == 1  # the stats read above, no job read
     finally:
         kit.close()
 

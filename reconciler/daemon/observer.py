@@ -462,12 +462,15 @@ class Observer:
         answers = self.client.send_jobs(
             jobs, now, halfway=lambda: self.crash_points.reach("mid_send"), on_finished=wake
         )
+        # The answers came after ``now`` (the step's), by the commit's and the
+        # send's time, seconds under load: they are counted from when all are in.
+        answered = self.clock()
         lines: list[tuple[str, str, dict[str, str]]] = []
         for url, job in jobs:
             answer = answers.get(job.job_id)
             if answer is not None and answer.state in ("accepted", "running"):
                 # Taken: it need not be asked while its held read is in flight.
-                self.memory.held_jobs[job.job_id] = now
+                self.memory.held_jobs[job.job_id] = answered
             lines.append(
                 (
                     "sent",
