@@ -10,6 +10,9 @@ promises checked after every step (docs/rollouts.md and docs/architecture.md):
   or a restore;
 - every job id always carries the same payload;
 - stepping twice with the same inputs changes nothing the second time;
+- nor does a step that observes none of the jobs still in flight (each left
+  to its held read) and reads no heartbeat, backup list, metric or alert,
+  up to its next wakeup: the daemon does not run that pass;
 - every status validates against the status schema and round-trips through
   its records.
 """
@@ -17,6 +20,7 @@ promises checked after every step (docs/rollouts.md and docs/architecture.md):
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -26,8 +30,16 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from reconciler.engine.canary_queries import wanted_alerts
 from reconciler.engine.policy import decide
-from reconciler.engine.step import in_flight, step_fleet
+from reconciler.engine.step import (
+    in_flight,
+    next_wakeup,
+    step_fleet,
+    wanted_backups,
+    wanted_heartbeats,
+    wanted_metric_checks,
+)
 from reconciler.protocol.effects import SendJob
 from reconciler.spec.model import Fleet, RollbackRequest, Settings
 from reconciler.spec.rollout_status import (
@@ -222,8 +234,11 @@ class EngineMachine(RuleBasedStateMachine):
 
     # -- the daemon
 
-    @rule(seconds=st.sampled_from([0, 1, 1, 5, 5, 30, 61, 95, 301, 950]))
-    def step(self, seconds: int) -> None:
+    @rule(
+        seconds=st.sampled_from([0, 1, 1, 5, 5, 30, 61, 95, 301, 950]),
+        later=st.sampled_from([0, 1, 4, 30, 301]),
+    )
+    def step(self, seconds: int, later: int) -> None:
         w = self.w
         w.now += timedelta(seconds=seconds)
         before = dict(w.statuses)
@@ -235,6 +250,41 @@ class EngineMachine(RuleBasedStateMachine):
         )
         assert dict(again.statuses) == {}, f"second step changed {list(again.statuses)}"
         assert again.effects == ()
+        self.check_nothing_to_observe(later)
+
+    def check_nothing_to_observe(self, later: int) -> None:
+        """A pass right after the step that observes none of the jobs in
+        flight (each waits on its held read, which no answer older than 5 s
+        stands in for) and reads nothing else, before the next wakeup: the
+        step made a fixed point, so it changes nothing either."""
+        w = self.w
+        statuses = list(w.statuses.values())
+        if (
+            wanted_heartbeats(statuses)
+            or wanted_backups(statuses)
+            or wanted_metric_checks(statuses)
+            or wanted_alerts(statuses)
+        ):
+            return
+        jobs = in_flight(statuses)
+        observations = w.observations()
+        if any(j.job_id in observations.jobs or j.node in w.unreachable for j in jobs):
+            return
+        wakeup = next_wakeup(statuses)
+        at = w.now + timedelta(seconds=later)
+        if (jobs and later >= 5) or (wakeup is not None and at >= wakeup):
+            return
+        quiet = step_fleet(
+            w.inputs(),
+            Fleet(tuple(w.fleet.values())),
+            w.settings,
+            replace(observations, jobs={}),
+            at,
+        )
+        assert dict(quiet.statuses) == {}, (
+            f"a pass observing nothing changed {list(quiet.statuses)}"
+        )
+        assert quiet.effects == ()
 
     def check_step(
         self,

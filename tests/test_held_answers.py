@@ -23,6 +23,7 @@ from test_event_driven import serving, status_commit_messages, wait_for
 
 from reconciler.daemon import agent_reads, observer
 from reconciler.daemon.agent_reads import watch_limit
+from reconciler.daemon.crashpoints import CrashPoints
 from reconciler.daemon.loop import Daemon
 from reconciler.protocol.evidence import derived_agent_key
 from tests.kit.documents import node_states, node_yaml, rollout_yaml
@@ -132,6 +133,59 @@ def test_passes_do_not_read_jobs_whose_held_reads_are_in_flight(tmp_path: Path) 
         plain_kit.close()
 
 
+def counted_steps(daemon: Daemon, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """One entry per pass that stepped the rollouts (a quiet pass does not)."""
+    steps: list[int] = []
+    step = daemon._step
+
+    def counting(*args: Any) -> Any:
+        steps.append(1)
+        return step(*args)
+
+    monkeypatch.setattr(daemon, "_step", counting)
+    return steps
+
+
+def test_the_pass_after_a_dispatch_left_to_held_reads_is_not_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pass that dispatches the batch commits and sends; every job sent
+    waits on its held read and nothing else is asked. A pass right after
+    would step what that pass made with no new observation: it is not run
+    (the fast daemon) until a held read ends, and then the pass that runs
+    decides what the plain daemon, which runs every pass, decides."""
+    kit = make_kit(tmp_path / "fast", "default: hang\n", ignore_wait=False)
+    plain_kit = make_kit(tmp_path / "plain", "default: hang\n", ignore_wait=False)
+    try:
+        daemon, _ = held_daemon(kit)
+        plain = plain_kit.daemon(plain=True)
+        plain._wake = threading.Event().set
+        dispatched(kit, daemon)
+        dispatched(plain_kit, plain)
+        wait_held(daemon, 3)
+        wait_held(plain, 3)
+        steps, plain_steps = counted_steps(daemon, monkeypatch), counted_steps(plain, monkeypatch)
+        for _ in range(3):
+            daemon.run_pass()
+            plain.run_pass()
+        assert (len(steps), len(plain_steps)) == (0, 3)
+        assert comparable(kit.statuses()["r"]) == comparable(plain_kit.statuses()["r"])
+        _nodes_go_down(kit)
+        _nodes_go_down(plain_kit)
+        for one in (daemon, plain):
+            deadline = time.monotonic() + 15
+            while one.client.watching():
+                assert time.monotonic() < deadline, "held reads still in flight"
+                time.sleep(0.05)
+        daemon.run_pass()
+        plain.run_pass()
+        assert len(steps) == 1  # the held reads ended: news
+        assert set(daemon.observer.unreachable) == set(plain.observer.unreachable) == set(NODES)
+    finally:
+        kit.close()
+        plain_kit.close()
+
+
 def test_a_held_answer_older_than_its_limit_is_read_again(tmp_path: Path) -> None:
     clock = Clock()
     kit = make_kit(tmp_path, "default: hang\n", ignore_wait=False)
@@ -146,6 +200,42 @@ def test_a_held_answer_older_than_its_limit_is_read_again(tmp_path: Path) -> Non
         before = requests(kit)
         daemon.run_pass()  # not quiet: the answers it used are too old now
         assert requests(kit) - before == 1 + 3  # each job read, as without held reads
+    finally:
+        kit.close()
+
+
+class SlowCommit(CrashPoints):
+    """Kills nothing: the clock moves on by ``seconds`` once the status
+    commit is made, before its jobs are sent, as it does when the commit
+    and the send take seconds on a loaded machine."""
+
+    def __init__(self, clock: Clock, seconds: float) -> None:
+        super().__init__()
+        self.clock = clock
+        self.seconds = seconds
+
+    def reach(self, point: str) -> None:
+        if point == "after_push":
+            self.clock.advance(self.seconds)
+
+
+def test_an_answer_to_a_job_sent_late_in_a_pass_counts_from_the_send(tmp_path: Path) -> None:
+    """The pass steps, then its commit takes HELD_ANSWER_SECONDS before the
+    jobs go out. Their agents answered them accepted when they were sent,
+    not when the pass stepped: the next pass, at once, leaves them to their
+    held reads rather than reading them again."""
+    clock = Clock()
+    kit = make_kit(tmp_path, "default: hang\n", ignore_wait=False)
+    try:
+        daemon = kit.daemon(
+            clock=clock, crash_points=SlowCommit(clock, observer.HELD_ANSWER_SECONDS)
+        )
+        daemon._wake = threading.Event().set
+        dispatched(kit, daemon)
+        wait_held(daemon, 3)
+        before = requests(kit)
+        daemon.run_pass()
+        assert requests(kit) - before == 1  # the stats read above, no job read
     finally:
         kit.close()
 
@@ -295,7 +385,20 @@ def test_the_gather_ends_at_its_limit(tmp_path: Path, monkeypatch: pytest.Monkey
     assert len(commits) >= 2, commits
 
 
-def gathered_commits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, limit: float) -> list[str]:
+def test_the_interval_does_not_cut_a_gather_short(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same finishes with a pass due every 0.2 s while the rollout is
+    active: every job in flight waits on its held read, so no pass runs
+    until the gather ends, and the three verdicts are still one commit."""
+    monkeypatch.setattr(agent_reads, "GATHER_SECONDS", 1.5)
+    commits = gathered_commits(tmp_path, monkeypatch, limit=10, interval=0.2)
+    assert len(commits) == 1, commits
+
+
+def gathered_commits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, limit: float, interval: float = 120.0
+) -> list[str]:
     monkeypatch.setattr(agent_reads, "GATHER_LIMIT", limit)
     behaviour = (
         "default: succeed\nnodes:\n"
@@ -306,7 +409,7 @@ def gathered_commits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, limit: flo
     try:
         kit.push({"rollouts/r.yaml": rollout_yaml("r", selector={"role": "web"}, batchSize=3)})
         daemon = kit.daemon()
-        with serving(kit, daemon, interval=120.0, reread=120.0):
+        with serving(kit, daemon, interval=interval, reread=120.0):
             done = wait_for(kit, lambda s: s.get("r", {}).get("phase") == "completed", 60)
         assert set(node_states(done["r"]).values()) == {"succeeded"}
         return [m for m in status_commit_messages(kit) if "-> succeeded" in m]

@@ -235,10 +235,21 @@ class AgentClient:
         return self._call(take())
 
     def has_news(self) -> bool:
-        """Whether a held job read ended (finished, failed, or lost) since
-        the last ``take_held``: the jobs ``take_held`` named as held are no
-        longer all so."""
+        """Whether, since the last ``take_held``, a held job read ended
+        unfinished (lost), or a finished one's wake-up came (at once for a
+        failure, else when the gather of the batch's finishes ends): the
+        jobs ``take_held`` named as held are no longer all so."""
         return self._observer.has_news()
+
+    def awaited(self) -> set[str]:
+        """The job ids a pass hears of without asking: a held read is in
+        flight for each, or its finished record waits for the gathered
+        wake-up."""
+
+        async def ids() -> set[str]:
+            return self._observer.awaited()
+
+        return self._call(ids())
 
     def take_finished(self, job_ids: Iterable[str]) -> dict[str, JobObservation]:
         """The finished records of ``job_ids`` that held reads brought since

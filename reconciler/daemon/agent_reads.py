@@ -124,8 +124,9 @@ class AgentReads:
         # apply succeed, or a held heartbeat read brought: read meanwhile.
         self._heartbeats: dict[str, Heartbeat] = {}
         self.posting = 0  # POSTs in flight (loop thread): their held reads are still to come
-        # Set (loop thread) when a held job read ends, finished or not; reset
-        # by ``take_held``: a pass has something new to look at.
+        # Set (loop thread) when a held job read ends unfinished, or when the
+        # gather of finished ones ends; reset by ``take_held``: a pass has
+        # something new to look at.
         self._news = False
         # Loop thread only: node -> its held heartbeat read; origins that
         # answer heartbeats at once whatever the query.
@@ -223,6 +224,16 @@ class AgentReads:
     def watching(self) -> set[str]:
         return set(self._watches)
 
+    def awaited(self) -> set[str]:
+        """The jobs a pass hears of without asking: those whose held read is
+        in flight, and those whose finished record waits for the gather's
+        wake-up (``has_news`` turns true with it)."""
+        awaited = set(self._watches)
+        if self._gathering is not None:
+            with self._lock:
+                awaited.update(self._finished)
+        return awaited
+
     async def _held_read(
         self, origin: Origin, url: str, job: SendJob, on_finished: Callable[[], None]
     ) -> None:
@@ -231,6 +242,7 @@ class AgentReads:
         loop = asyncio.get_running_loop()
         me = asyncio.current_task()  # asked once: in Python 3.11 it is not free
         path = f"/v1/nodes/{job.node}/jobs/{job.job_id}?{wait_query(DAEMON_WAIT_SECONDS)}"
+        gathered = False  # a finish is news once its gather ends (``_wake_gathered``)
         try:
             while True:
                 asked = loop.time()
@@ -242,6 +254,7 @@ class AgentReads:
                 seen = job_observation(job.job_id, answer)
                 if seen.state in FINISHED_JOB_STATES:
                     await self._finished_read(url, job, seen, me)
+                    gathered = True
                     self._wake_gathered(seen.state == "failed", on_finished)
                     return
                 if loop.time() - asked < DAEMON_WAIT_SECONDS / 2:
@@ -252,7 +265,8 @@ class AgentReads:
         except Unreachable:
             return
         finally:
-            self._news = True
+            if not gathered:
+                self._news = True
             if self._watches.get(job.job_id) is me:
                 del self._watches[job.job_id]
 
@@ -293,6 +307,7 @@ class AgentReads:
             if self._gathering is not None:
                 self._gathering.cancel()
                 self._gathering = None
+            self._news = True
             on_finished()
             return
         loop = asyncio.get_running_loop()
@@ -312,6 +327,7 @@ class AgentReads:
             self._gathering = loop.call_at(due, self._gathered)
             return
         self._gathering = None
+        self._news = True
         self._on_gathered()
 
     # -- held heartbeat reads ---------------------------------------------------------

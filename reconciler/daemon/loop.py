@@ -36,7 +36,7 @@ import signal
 import time
 import traceback
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from types import FrameType
 from typing import Any
@@ -98,8 +98,9 @@ class PassOutcome:
 
 
 def _earliest(*moments: datetime | None) -> datetime | None:
-    """A pass is due at the first of these: a deadline or start time, or the
-    end of a soak that the daemon's clock keeps (the comparisons')."""
+    """A pass is due at the first of these: a deadline or start time, the
+    end of a soak that the daemon's clock keeps (the comparisons'), or a
+    held answer growing too old to stand in for a read."""
     return min((m for m in moments if m is not None), default=None)
 
 
@@ -109,7 +110,13 @@ class _Quiet:
     branches move or ``wakeup`` comes, another pass would step the same
     inputs with the same (empty) observations: the engine is pure and, with
     nothing in flight, reads the clock only against start times and
-    deadlines, which ``wakeup`` covers. So it is not run again."""
+    deadlines, which ``wakeup`` covers. So it is not run again.
+
+    With ``seen``, the pass changed statuses (``lively``, those not inert
+    after its step) and the next pass is quiet only if, when it is due, it
+    would observe nothing (``Observer.left_to_held_reads``): it would step
+    what this step made with no observation of the jobs in flight, and the
+    step stops at a fixed point (a property test pins it)."""
 
     tip: str
     status_branch: str
@@ -117,6 +124,8 @@ class _Quiet:
     wakeup: datetime | None
     outcome: PassOutcome
     approvals_tip: str | None = None  # the approvals notes ref, when approvals are required
+    seen: Observed | None = None
+    lively: tuple[RolloutStatus, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -335,8 +344,9 @@ class Daemon:
             and not self.fleet_watch.wants_pass()
             and not self.client.has_news()
         ):
-            self.quiet = quiet
-            return tip, quiet.outcome
+            self.quiet = _still_quiet(quiet, self.observer, self.clock)
+            if self.quiet is not None:
+                return tip, self.quiet.outcome
         return tip, None
 
     def _verify(self, tip: str) -> tuple[Snapshot, Delta, BuiltInputs]:
@@ -541,20 +551,11 @@ class Daemon:
             wakeup=_earliest(engine.next_wakeup(lively), seen.soak_end),
             job_ids=tuple(job.job_id for job in step.effects),
         )
-        if commit is None and not sent and not step.transitions and not seen.watching:
-            # Jobs answered by held answers only: quiet until one of those
-            # is too old to stand in for a read, or a held read ends.
-            wakeup, held_until = outcome.wakeup, seen.held_until
-            if held_until is not None and (wakeup is None or held_until < wakeup):
-                wakeup = held_until
-            self.quiet = _Quiet(
-                snapshot.tip,
-                snapshot.status_branch,
-                snapshot.status_tip,
-                wakeup,
-                outcome,
-                self.reader.approvals_tip(),
-            )
+        serving = self._wake is not None and not self.plain
+        own = snapshot.status_branch == self.store.branch
+        self.quiet = _quiet_after(
+            snapshot, seen, lively, outcome, self.reader.approvals_tip(), serving, own
+        )
         return outcome
 
     # -- reporting -----------------------------------------------------------
@@ -641,6 +642,63 @@ def _freeze_long_lived() -> None:
     gc.unfreeze()
     gc.collect()
     gc.freeze()
+
+
+def _quiet_after(
+    snapshot: Snapshot,
+    seen: Observed,
+    lively: Sequence[RolloutStatus],
+    outcome: PassOutcome,
+    approvals_tip: str | None,
+    serving: bool,
+    own_branch: bool,
+) -> _Quiet | None:
+    """Whether the pass after ``outcome`` may be skipped (``_Quiet``): this
+    one changed nothing and asked nothing, its jobs answered by held
+    answers only, until one of those is too old to stand in for a read or
+    a held read ends; or, while ``serving`` keeps held reads (not the plain
+    daemon), it changed statuses and the next one may observe nothing
+    (asked when it is due, ``_still_quiet``). ``own_branch``: the status
+    branch is the branch read, so the next pass reads this pass's commit."""
+    commit = outcome.commit
+    if commit is None and not outcome.jobs_sent and not outcome.transitions and not seen.watching:
+        wakeup = _earliest(outcome.wakeup, seen.held_until)
+        return _Quiet(
+            snapshot.tip,
+            snapshot.status_branch,
+            snapshot.status_tip,
+            wakeup,
+            outcome,
+            approvals_tip,
+        )
+    if not serving:
+        return None
+    tip = commit if commit is not None and own_branch else snapshot.tip
+    return _Quiet(
+        tip,
+        snapshot.status_branch,
+        commit or snapshot.status_tip,
+        outcome.wakeup,
+        PassOutcome(tip, None, 0, 0, outcome.active, outcome.wakeup),
+        approvals_tip,
+        seen,
+        tuple(lively),
+    )
+
+
+def _still_quiet(quiet: _Quiet, observer: Observer, clock: Callable[[], datetime]) -> _Quiet | None:
+    """``quiet``, when nothing moved since it was made, if the pass it
+    skips would still change nothing. After a pass that changed statuses
+    that is asked now, once, when the pass is due: most passes after a
+    commit come with news, and the question costs a look at every job in
+    flight. Then quiet until the first held answer grows too old too."""
+    if quiet.seen is None:
+        return quiet
+    asks_nothing, held_until = observer.left_to_held_reads(quiet.seen, quiet.lively)
+    wakeup = _earliest(quiet.wakeup, held_until)
+    if not asks_nothing or (wakeup is not None and clock() >= wakeup):
+        return None
+    return replace(quiet, wakeup=wakeup, seen=None, lively=())
 
 
 def _sweep_decision(

@@ -367,6 +367,44 @@ class Observer:
             until = expires if until is None or expires < until else until
         return waiting, until
 
+    def left_to_held_reads(
+        self, seen: Observed, lively: Sequence[RolloutStatus]
+    ) -> tuple[bool, datetime | None]:
+        """After a pass that observed ``seen`` and whose step left ``lively``
+        (the statuses not inert): whether a pass now would observe nothing
+        at all, and until when at the latest (the first held answer to grow
+        too old to stand in for a read). So it is when every job in flight
+        in ``lively`` waits on its held read (``_waiting_on_held``; a
+        finished record whose gathered wake-up is still to come counts as
+        held), none of them was observed by ``seen`` or is a finished
+        record kept here, and neither ``seen`` nor ``lively`` reads
+        heartbeats, backup lists, Prometheus or Alertmanager. What ends the
+        wait is news the client reports (``has_news``)."""
+        obs = seen.observations
+        if (
+            obs.heartbeats
+            or obs.backups
+            or obs.metric_checks
+            or obs.canary
+            or obs.alerts
+            or obs.unverified
+            or seen.soak_end is not None
+            or engine.wanted_heartbeats(lively)
+            or engine.wanted_backups(lively)
+            or engine.wanted_metric_checks(lively)
+            or canary_queries.wanted_alerts(lively)
+            or next(canary_queries.wanted_nodes(lively), None) is not None
+        ):
+            return False, None
+        in_flight = engine.in_flight(lively)
+        if any(job.job_id in obs.jobs or job.job_id in self.finished_jobs for job in in_flight):
+            return False, None
+        jobs = [(url, job) for job in in_flight if (url := self._address(job.node))]
+        if not jobs:
+            return True, None
+        waiting, until = self._waiting_on_held(lively, jobs, self.client.awaited(), self.clock())
+        return len(waiting) == len(jobs), until
+
     def _unverified(self, node: str, kind: str, problem: str, found: dict[str, str]) -> None:
         """An answer not believed: counted, logged once per problem, and
         handed to the engine, which names the node in a status condition."""
@@ -462,12 +500,15 @@ class Observer:
         answers = self.client.send_jobs(
             jobs, now, halfway=lambda: self.crash_points.reach("mid_send"), on_finished=wake
         )
+        # The answers came after ``now`` (the step's), by the commit's and the
+        # send's time, seconds under load: they are counted from when all are in.
+        answered = self.clock()
         lines: list[tuple[str, str, dict[str, str]]] = []
         for url, job in jobs:
             answer = answers.get(job.job_id)
             if answer is not None and answer.state in ("accepted", "running"):
                 # Taken: it need not be asked while its held read is in flight.
-                self.memory.held_jobs[job.job_id] = now
+                self.memory.held_jobs[job.job_id] = answered
             lines.append(
                 (
                     "sent",
