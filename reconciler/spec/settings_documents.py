@@ -11,7 +11,7 @@ inside it). Must not: read files.
 from __future__ import annotations
 
 import zoneinfo
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from datetime import tzinfo
 from typing import Any
 
@@ -115,25 +115,12 @@ def receivers(entries: Any, add: Add, ok: Check, whole: Check) -> tuple[Receiver
     if not isinstance(entries, list) or not ok("spec.notifications"):
         return ()
     receivers: list[Receiver] = []
-    seen: dict[str, int] = {}
-    for index, entry in enumerate(entries):
-        where = f"spec.notifications[{index}]"
-        if not isinstance(entry, dict) or not whole(where):
-            continue  # the schema's problem is reported already
-        name = entry["name"]
-        if name in seen:
-            add(
-                ["spec", "notifications", index, "name"],
-                f"receiver {show(name)} is named twice (also entry {seen[name] + 1}): "
-                "give every receiver its own name",
-            )
-            continue
-        seen[name] = index
+    for at, name, entry in _named_entries(entries, "notifications", "receiver", add, whole):
         events = entry.get("events", NOTIFICATION_EVENTS)
-        for at, event in enumerate(events):
+        for position, event in enumerate(events):
             if event not in NOTIFICATION_EVENTS:
                 add(
-                    ["spec", "notifications", index, "events", at],
+                    [*at, "events", position],
                     f"receiver {show(name)}: unknown event {show(event)}; "
                     f"use one of {', '.join(NOTIFICATION_EVENTS)}",
                 )
@@ -157,20 +144,7 @@ def approval_rules(entries: Any, add: Add, ok: Check, whole: Check) -> tuple[App
     if not isinstance(entries, list) or not ok("spec.approvalRules"):
         return ()
     rules: list[ApprovalRule] = []
-    seen: dict[str, int] = {}
-    for index, entry in enumerate(entries):
-        if not isinstance(entry, dict) or not whole(f"spec.approvalRules[{index}]"):
-            continue  # the schema's problem is reported already
-        at: list[str | int] = ["spec", "approvalRules", index]
-        name = entry["name"]
-        if name in seen:
-            add(
-                [*at, "name"],
-                f"approval rule {show(name)} is named twice (also entry {seen[name] + 1}): "
-                "give every rule its own name",
-            )
-            continue
-        seen[name] = index
+    for at, name, entry in _named_entries(entries, "approvalRules", "approval rule", add, whole):
         nodes = entry.get("nodes")
         settings = entry.get("settings", False)
         if nodes is None and not settings:
@@ -220,26 +194,36 @@ def model_signers(
     if not isinstance(entries, list) or not ok("spec.modelSigners"):
         return ()
     signers: list[ModelSigner] = []
-    seen: dict[str, int] = {}
-    for index, entry in enumerate(entries):
-        if not isinstance(entry, dict) or not whole(f"spec.modelSigners[{index}]"):
-            continue  # the schema's problem is reported already
-        at: list[str | int] = ["spec", "modelSigners", index]
-        name = entry["name"]
-        if name in seen:
-            add(
-                [*at, "name"],
-                f"signer {show(name)} is named twice (also entry {seen[name] + 1}): "
-                "give every signer its own name",
-            )
-            continue
-        seen[name] = index
+    for at, name, entry in _named_entries(entries, "modelSigners", "signer", add, whole):
         why = signer_keys.key_problem(entry["publicKey"])
         if why:
             add([*at, "publicKey"], f"signer {show(name)}: the key {why}")
             continue
         signers.append(ModelSigner(name, entry["publicKey"], tuple(entry.get("models", ("*",)))))
     return tuple(signers)
+
+
+def _named_entries(
+    entries: list[Any], field: str, what: str, add: Add, whole: Check
+) -> Iterator[tuple[list[str | int], str, dict[str, Any]]]:
+    """(path, name, entry) of each entry of ``spec.FIELD`` the schema took
+    whole, the first of each name only; a name given twice is reported at
+    the later entry, calling each a ``what``."""
+    seen: dict[str, int] = {}
+    for index, entry in enumerate(entries):
+        if not isinstance(entry, dict) or not whole(f"spec.{field}[{index}]"):
+            continue  # the schema's problem is reported already
+        at: list[str | int] = ["spec", field, index]
+        name = entry["name"]
+        if name in seen:
+            add(
+                [*at, "name"],
+                f"{what} {show(name)} is named twice (also entry {seen[name] + 1}): "
+                f"give every {what} its own name",
+            )
+            continue
+        seen[name] = index
+        yield at, name, entry
 
 
 def _minutes(text: str) -> int | None:
