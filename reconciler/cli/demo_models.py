@@ -130,15 +130,7 @@ class ModelsDemo(Demo):
             "Alice rolls tiny-b back on every node: each agent restores its previous config "
             "byte for byte and the after-apply script restarts llama-server on tiny-a.",
         )
-        self.git("-C", str(self.work), "pull", "--quiet", "--ff-only")
-        self.say(
-            '$ reconciler rollback tiny-b --all --message "back to tiny-a" --commit && git push'
-        )
-        self.reconciler(
-            "rollback", "tiny-b", "--all", "--repo", str(self.work),
-            "--message", "back to tiny-a", "--commit",
-        )  # fmt: skip
-        self.git("-C", str(self.work), "push", "--quiet", "origin", "main")
+        self.roll_back_all("tiny-b", "back to tiny-a")
         self.wait_for("every node of tiny-b is rolled back", _rolled_back)
         self.say(_indent(self.serving()))
         self.golden_prompts()
@@ -213,16 +205,20 @@ class ModelsDemo(Demo):
         self.show_detail("standby-a")
         self.say(_indent(self.serving(routers)))
 
-    def roll_back_to_warm_slots(self) -> None:
+    def roll_back_all(self, rollout: str, message: str) -> None:
+        """Alice's rollback of every node of ``rollout``, committed and pushed."""
         self.git("-C", str(self.work), "pull", "--quiet", "--ff-only")
         self.say(
-            '$ reconciler rollback standby-a --all --message "back to tiny-b" --commit && git push'
+            f'$ reconciler rollback {rollout} --all --message "{message}" --commit && git push'
         )
         self.reconciler(
-            "rollback", "standby-a", "--all", "--repo", str(self.work),
-            "--message", "back to tiny-b", "--commit",
+            "rollback", rollout, "--all", "--repo", str(self.work),
+            "--message", message, "--commit",
         )  # fmt: skip
         self.git("-C", str(self.work), "push", "--quiet", "origin", "main")
+
+    def roll_back_to_warm_slots(self) -> None:
+        self.roll_back_all("standby-a", "back to tiny-b")
         rolled = self.wait_for("every node of standby-a is rolled back", _standby_rolled_back)
         self.say(_indent(self.restore_times(rolled)))
         if _phase(self.statuses(), "standby-a") not in TERMINAL:
