@@ -62,8 +62,10 @@ drained and warmed up. Out of service per node is what each runtime saw
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -75,6 +77,7 @@ import tempfile
 import time
 import venv
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +101,7 @@ from _common import (
 
 from reconciler.protocol.signing import generate_key
 from reconciler.spec.safe_yaml import load_yaml
+from reconciler.spec.times import parse_time
 
 BATCH = 10
 FAULT_NODE = 15
@@ -349,6 +353,19 @@ class OurSide:
         pids = [a.pid for a in self.agents] + ([self.daemon.pid] if self.daemon else [])
         return sum(_process_cpu(pid) for pid in pids)
 
+    def daemon_cpu(self) -> float:
+        return _process_cpu(self.daemon.pid) if self.daemon else 0.0
+
+    def batches(self, rollout: str) -> BatchTimes:
+        """Where ``rollout``'s batches went, from the agents' own job records
+        (accepted and finished times, microseconds; each node's one job)."""
+        jobs = []
+        for record in self.root.glob("agents/*/state/jobs/*.json"):
+            data = json.loads(record.read_text())
+            if data["payload"]["rollout"] == rollout:
+                jobs.append((parse_time(data["accepted_at"]), parse_time(data["finished_at"])))
+        return batch_times(sorted(jobs))
+
     @staticmethod
     def rollout_text(name: str, model: str, *intents: str) -> str:
         return (
@@ -485,6 +502,38 @@ def stop_processes(processes: list[subprocess.Popen[bytes]]) -> None:
 # -- the run ------------------------------------------------------------------
 
 
+@dataclasses.dataclass(frozen=True)
+class BatchTimes:
+    """Medians over a rollout's batches, in milliseconds."""
+
+    period: float  # a batch's first accept to the next batch's
+    accepts: float  # first to last accept of a batch
+    job: float  # accepted to finished, the median job of a batch
+    between: float  # a batch's last finish to the next batch's first accept
+
+    def __str__(self) -> str:
+        return (
+            f"a batch {self.period:.0f} ms: accepts over {self.accepts:.1f}, a job "
+            f"{self.job:.1f}, last finish to the next batch's first accept {self.between:.1f}"
+        )
+
+
+def batch_times(jobs: list[tuple[datetime, datetime]]) -> BatchTimes:
+    """``jobs`` (accepted, finished), in the order accepted, cut into batches of BATCH."""
+    batches = [jobs[k : k + BATCH] for k in range(0, len(jobs), BATCH)]
+
+    def ms(later: datetime, earlier: datetime) -> float:
+        return (later - earlier).total_seconds() * 1000
+
+    pairs = list(itertools.pairwise(batches))
+    return BatchTimes(
+        period=median([ms(after[0][0], batch[0][0]) for batch, after in pairs]),
+        accepts=median([ms(batch[-1][0], batch[0][0]) for batch in batches]),
+        job=median([median([ms(done, accepted) for accepted, done in b]) for b in batches]),
+        between=median([ms(after[0][0], max(d for _, d in batch)) for batch, after in pairs]),
+    )
+
+
 def spread(values: list[float]) -> str:
     return f"median {median(values):.2f} s, min {min(values):.2f}, max {max(values):.2f}"
 
@@ -590,6 +639,20 @@ def measure(nodes: int, runs: int) -> tuple[list[Row], float]:
     return rows, median([x[0] for x, _ in results["rollout"]])
 
 
+def _first_run_rollout(ours: OurSide, name: str) -> tuple[float, float]:
+    """One timed rollout of ``--first-run``: (wall, CPU); prints the CPU of
+    the daemon apart from the agents' and where the batches went."""
+    daemon_before = ours.daemon_cpu()
+    wall, cpu, _ = ours.rollout(name, f"model-{name}", False)
+    daemon = ours.daemon_cpu() - daemon_before
+    print(
+        f"  {name}: CPU daemon {daemon:.2f} s, agents and probes {cpu - daemon:.2f} s; "
+        f"{ours.batches(name)}",
+        flush=True,
+    )
+    return wall, cpu
+
+
 def measure_first_runs(nodes: int, runs: int, other_trees: list[str]) -> list[Row]:
     """The rollout at N right after the agents start: each run starts new
     agents and a new daemon (of this tree, then of each of ``other_trees``),
@@ -608,8 +671,8 @@ def measure_first_runs(nodes: int, runs: int, other_trees: list[str]) -> list[Ro
                 ansible_wall = theirs.run(f"model-{run}-{root.name}", False)[0]
                 ours = OurSide(root, names, tree)
                 try:
-                    first = ours.rollout("first", "model-first", False)
-                    second = ours.rollout("second", "model-second", False)
+                    first = _first_run_rollout(ours, "first")
+                    second = _first_run_rollout(ours, "second")
                 finally:
                     ours.close()
                 found[label].append((ansible_wall, first[0], second[0]))
