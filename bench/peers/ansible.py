@@ -41,7 +41,9 @@ starts new agents and a new daemon, waits for its first fleet sweep, and
 times the first rollout (each agent's first job) and a second one, after an
 Ansible run of the same rollout. ``--other-tree DIR`` (a source tree, e.g.
 a ``git worktree add`` of an older version; repeatable) alternates its
-agents and daemon with this tree's, each against Ansible.
+agents and daemon with this tree's, each against Ansible. Each rollout
+also prints the daemon's CPU apart from the agents', and its batches'
+medians from the agents' own job records.
 
 ``--model-change`` (with ``--standby``: a warm standby too) runs the model
 change on three real llama-server nodes instead: bench/peers/model_change.py.
