@@ -6,7 +6,9 @@ real slots and routing a real nginx is in test_standby_llama.py."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import threading
 import time
@@ -14,6 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.kit.nginx import NginxRouter
 from tests.kit.standby import slot_script
@@ -111,14 +114,31 @@ class _StandInHandler(BaseHTTPRequestHandler):
         pass
 
 
-def test_route_returns_while_an_old_worker_finishes_and_stop_waits_for_it(
-    tmp_path: Path,
+def _replacing(tmp_path: Path) -> dict[str, str]:
+    """What ``start`` needs to replace a slot's server without a real
+    llama-server: a config naming a model file, and a stand-in binary that
+    waits (it is not asked for /health)."""
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "model.gguf").write_bytes(b"GGUF")
+    config = tmp_path / "hermes.yaml"
+    config.write_text(f"modelDir: {model_dir}\n")
+    binary = tmp_path / "llama-server"
+    binary.write_text("#!/bin/sh\nexec sleep 600\n")
+    binary.chmod(0o755)
+    return {"RECONCILER_CONFIG": str(config), "LLAMA_SERVER": str(binary), "LLAMA_SERVER_WAIT": "0"}
+
+
+@pytest.mark.parametrize("action", ["stop", "start"])
+def test_route_returns_while_an_old_worker_finishes_and_the_old_slot_waits_for_it(
+    tmp_path: Path, action: str
 ) -> None:
     """A real nginx routes to stand-in upstreams, because a real
     llama-server cannot be made to hold a request open for a controlled
     time. Route must return while the old worker still proxies a slow
-    request to the old slot, and send new requests to the new one; stopping
-    the old slot must wait until that request is answered."""
+    request to the old slot, and send new requests to the new one. Stopping
+    the old slot's server, or starting another in its place (a warm slot
+    taken by a later rollout), must wait until that request is answered."""
     release = threading.Event()
     old_slot, new_slot = _StandIn("old", hold=release), _StandIn("new")
     old_port, new_port = old_slot.server_address[1], new_slot.server_address[1]
@@ -152,11 +172,13 @@ def test_route_returns_while_an_old_worker_finishes_and_stop_waits_for_it(
         assert client.is_alive()  # the old worker still holds the slow request
         assert httpx.get(router.base_url + "/next", timeout=30).text == "new"
 
-        stop = subprocess.Popen(
-            ["bash", str(slot_script()), "stop"],
+        replacing = _replacing(tmp_path) if action == "start" else {}
+        command = subprocess.Popen(
+            ["bash", str(slot_script()), action],
             env={
                 **os.environ,
                 **nginx,
+                **replacing,
                 "RECONCILER_SLOT": "a",
                 "RECONCILER_SLOT_PORT": str(old_port),
                 "LLAMA_SERVER_MODE": "pidfile",
@@ -165,20 +187,32 @@ def test_route_returns_while_an_old_worker_finishes_and_stop_waits_for_it(
             stdout=subprocess.PIPE,
             text=True,
         )
-        time.sleep(1)  # room for a stop that does not wait to stop the server
+        time.sleep(1)  # room for a command that does not wait to stop the server
         still_running = server.poll() is None
         release.set()
-        out, _ = stop.communicate(timeout=60)
+        out, _ = command.communicate(timeout=60)
         client.join(60)
 
         assert still_running, out
-        assert stop.returncode == 0
-        assert "llama-server" in out and "stopped" in out
+        assert command.returncode == 0
+        server.wait(timeout=10)  # stopped once the request was answered
         assert [r.text for r in slow] == ["old"] and slow[0].status_code == 200
     finally:
         release.set()
         router.close()
         server.kill()
         server.wait()
+        _stop_started(tmp_path / "run" / f"{old_port}.pid", server.pid)
         old_slot.shutdown()
         new_slot.shutdown()
+
+
+def _stop_started(pid_file: Path, stopped: int) -> None:
+    """The stand-in server ``start`` left running, if any."""
+    try:
+        pid = int(pid_file.read_text())
+    except (OSError, ValueError):
+        return
+    if pid != stopped:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)

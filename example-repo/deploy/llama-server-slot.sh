@@ -10,7 +10,10 @@
 #   start  starts llama-server on $RECONCILER_SLOT_PORT with the model of the
 #          slot's config ($RECONCILER_CONFIG: {modelDir}/model.gguf), through
 #          llama-server-after-apply.sh beside this script (same settings, same
-#          pid file $LLAMA_SERVER_RUN_DIR/PORT.pid, waits for /health);
+#          pid file $LLAMA_SERVER_RUN_DIR/PORT.pid, waits for /health). A
+#          server still running in the slot (one kept warm, just routed away
+#          from) is replaced, so start first waits for old nginx workers as
+#          stop does;
 #   stop   first waits until no worker of the nginx master named by
 #          $NGINX_PID_FILE is "shutting down" (such a worker may still be
 #          answering a request through this slot), at most $NGINX_RELOAD_WAIT
@@ -70,8 +73,8 @@ wait_moved() {
   done
 }
 
-# Before a slot is stopped: old nginx workers may still be answering
-# requests through it; wait until none is shutting down.
+# Before a slot's server is stopped or replaced: old nginx workers may
+# still be answering requests through it; wait until none is shutting down.
 wait_old_workers() {
   local pidfile=${NGINX_PID_FILE:-/run/nginx.pid} master pid busy deadline=$((SECONDS + reload_wait))
   [ -r "$pidfile" ] && master=$(cat "$pidfile") && [ -n "$master" ] || return 0
@@ -114,7 +117,7 @@ route() {
 
 # The server's settings and LLAMA_SERVER_MODE are llama-server-after-apply.sh's.
 case "$action" in
-  start) LLAMA_SERVER_PORT=$port exec bash "$here/llama-server-after-apply.sh" ;;
+  start) wait_old_workers && LLAMA_SERVER_PORT=$port exec bash "$here/llama-server-after-apply.sh" ;;
   stop) wait_old_workers && LLAMA_SERVER_PORT=$port exec bash "$here/llama-server-after-apply.sh" stop ;;
   route) route ;;
   *) fail "unknown action $action: use start, stop or route" ;;
