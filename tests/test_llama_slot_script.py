@@ -197,6 +197,11 @@ def test_route_returns_while_an_old_worker_finishes_and_the_old_slot_waits_for_i
         assert command.returncode == 0
         server.wait(timeout=10)  # stopped once the request was answered
         assert [r.text for r in slow] == ["old"] and slow[0].status_code == 200
+        if action == "stop":
+            assert "llama-server" in out and "stopped" in out
+        else:  # another server now holds the slot's pid file
+            started = int((tmp_path / "run" / f"{old_port}.pid").read_text())
+            assert started != server.pid and "starting on" in out, out
     finally:
         release.set()
         router.close()
