@@ -527,12 +527,16 @@ def batch_times(jobs: list[tuple[datetime, datetime]]) -> BatchTimes:
     def ms(later: datetime, earlier: datetime) -> float:
         return (later - earlier).total_seconds() * 1000
 
+    def across(values: list[float]) -> float:
+        """The median from one batch to the next; NaN for a rollout of one batch."""
+        return median(values) if values else float("nan")
+
     pairs = list(itertools.pairwise(batches))
     return BatchTimes(
-        period=median([ms(after[0][0], batch[0][0]) for batch, after in pairs]),
+        period=across([ms(after[0][0], batch[0][0]) for batch, after in pairs]),
         accepts=median([ms(batch[-1][0], batch[0][0]) for batch in batches]),
         job=median([median([ms(done, accepted) for accepted, done in b]) for b in batches]),
-        between=median([ms(after[0][0], max(d for _, d in batch)) for batch, after in pairs]),
+        between=across([ms(after[0][0], max(d for _, d in batch)) for batch, after in pairs]),
     )
 
 
