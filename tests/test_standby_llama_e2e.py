@@ -57,12 +57,15 @@ def ended_and_released(rollout: str) -> Callable[[dict[str, Any]], bool]:
 
 def serve_everywhere(world: StandbyWorld, label: str) -> None:
     """Every node serves model ``label`` through its router (a standby
-    rollout to it, unless every heartbeat already reports it)."""
+    rollout to it, unless every heartbeat already reports it). Each such
+    rollout has a name of its own: the module's tests share one world, in
+    whatever order the workers take them, and A may be served again."""
     model = target(label).model
     beats = [agent.get("heartbeat")["runtimes"] for agent in world.fleet.agents.values()]
     if all(runtimes and runtimes[0]["model"] == model for runtimes in beats):
         return
-    name = f"serve-{label.lower()}"
+    earlier = len(list((world.fleet.work / "rollouts").glob("serve-*.yaml")))
+    name = f"serve-{label.lower()}-{earlier + 1}"
     world.fleet.push({f"rollouts/{name}.yaml": world.rollout(name, label, "untilCompleted")})
     done = world.fleet.run_until(world.fleet.daemon(), ended_and_released(name), timeout=300)
     assert done[name]["phase"] == "completed", done[name]
