@@ -109,14 +109,15 @@ class NginxRouter:
             self.process.wait()
 
 
-def router_config(port: int, upstream: Path) -> str:
+def router_config(port: int, upstream: Path, log_level: str = "notice") -> str:
     """nginx.conf for a router on 127.0.0.1:``port`` to the one server the
-    include file ``upstream`` names."""
+    include file ``upstream`` names; ``log_level``: error_log's (``info``
+    adds what nginx saw of each client connection)."""
     user = "user root root;\n" if os.geteuid() == 0 else ""  # workers must read the folder
     return (
         "daemon off;\nmaster_process on;\nworker_processes 1;\n"
         + user
-        + "pid nginx.pid;\nerror_log error.log notice;\n"
+        + f"pid nginx.pid;\nerror_log error.log {log_level};\n"
         "events { worker_connections 256; }\n"
         "http {\n"
         "  access_log off;\n"

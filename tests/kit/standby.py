@@ -227,11 +227,21 @@ class SlotNode:
 
     def serving(self, url: str | None = None) -> str:
         """The label of the model answering at ``url`` (the router by default)."""
-        answer = httpx.post(
-            f"{url or self.router.base_url}/v1/completions",
-            json={"prompt": "Hello", "max_tokens": 1, "temperature": 0},
-            timeout=60,
-        )
+        try:
+            answer = httpx.post(
+                f"{url or self.router.base_url}/v1/completions",
+                json={"prompt": "Hello", "max_tokens": 1, "temperature": 0},
+                timeout=60,
+            )
+        except httpx.TransportError as error:
+            # Not resent, unlike the Load's kept-alive connection: this one is
+            # opened after the last reload moved traffic, so nothing may cut
+            # it. If something does, what nginx saw says which side did.
+            seen = self.router.log.read_text(errors="replace").splitlines()[-20:]
+            raise AssertionError(
+                f"{error!r} from {url or self.router.base_url}; the router sends to "
+                f"{self.router.upstream.read_text().strip()!r}, its log ends:\n" + "\n".join(seen)
+            ) from error
         assert answer.status_code == 200, answer.text
         return which_model(answer.json()["model"], self.models)
 
