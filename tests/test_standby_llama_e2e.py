@@ -228,7 +228,7 @@ def test_a_failed_health_check_rolls_the_last_node_back_to_its_warm_slot_under_l
     listens on, so its check fails once it serves B."""
     serve_everywhere(world, "A")
     # The slot A runs in depends on the tests this world ran before.
-    [a_slot] = [slot for slot in "ab" if world.nodes[NODES[-1]].slot_running(slot)]
+    [a_slot] = world.nodes[NODES[-1]].running_slots()
     routes = {n: node.router.base_url for n, node in world.nodes.items()}
     routes[NODES[-1]] = f"http://127.0.0.1:{free_port()}"
     router = NodeRouter(routes)
@@ -271,7 +271,7 @@ def test_a_failed_health_check_rolls_the_last_node_back_to_its_warm_slot_under_l
     assert {a.model for a in answers if a.sent >= back_at} == {"A"}
     assert "B" in {a.model for a in answers}  # it served B before the check failed
     assert world.nodes[last].serving() == "A"
-    assert [slot for slot in "ab" if world.nodes[last].slot_running(slot)] == [a_slot]
+    assert world.nodes[last].running_slots() == [a_slot]
     for node, record in records.items():
         assert record["outOfService"] == 0, record
         assert loads[node].failed() == [], node

@@ -227,9 +227,10 @@ class SlotNode:
 
     def serving(self, url: str | None = None) -> str:
         """The label of the model answering at ``url`` (the router by default)."""
+        url = url or self.router.base_url
         try:
             answer = httpx.post(
-                f"{url or self.router.base_url}/v1/completions",
+                f"{url}/v1/completions",
                 json={"prompt": "Hello", "max_tokens": 1, "temperature": 0},
                 timeout=60,
             )
@@ -239,7 +240,7 @@ class SlotNode:
             # it. If something does, what nginx saw says which side did.
             seen = self.router.log.read_text(errors="replace").splitlines()[-20:]
             raise AssertionError(
-                f"{error!r} from {url or self.router.base_url}; the router sends to "
+                f"{error!r} from {url}; the router sends to "
                 f"{self.router.upstream.read_text().strip()!r}, its log ends:\n" + "\n".join(seen)
             ) from error
         assert answer.status_code == 200, answer.text
@@ -252,6 +253,10 @@ class SlotNode:
         except (OSError, ValueError):
             return False
         return _serves_port(pid, self.ports["ab".index(slot)])
+
+    def running_slots(self) -> list[str]:
+        """The slots whose server runs, in order."""
+        return [slot for slot in "ab" if self.slot_running(slot)]
 
     def kill_slot(self, slot: str) -> None:
         """SIGKILL the slot's server, as a crash would, and wait until it is gone."""
